@@ -1,0 +1,15 @@
+// Opening a tokenized dataset whatever its format (SPEC §1.1).
+#pragma once
+#include <filesystem>
+
+#include "data/dataset.h"
+
+namespace longtron::data {
+
+/// Opens `path`: a folder (every tokenized file below it, in sorted path order), a Megatron `.idx`
+/// or its `.bin`, or an InternEvo `.bin` of JSON lines (with or without `.bin.meta`).
+/// Throws Error naming the file (and offset/line) if anything is malformed, or if the dataset has
+/// no documents.
+Dataset open_dataset(const std::filesystem::path& path);
+
+}  // namespace longtron::data
