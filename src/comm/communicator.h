@@ -1,0 +1,224 @@
+// The communicator: rank, size, sub-groups and collectives with async handles, in the shape of
+// PyTorch c10d's ProcessGroup (DESIGN.md). Two implementations: over MPI (mpi_communicator.cpp,
+// the only files that include <mpi.h>) and a one-rank identity one (local_communicator.cpp, Marian's
+// fake single-process communicator), so a plain `longtron train` needs no mpirun.
+//
+// Rules every caller relies on:
+// - Collectives are called in the same order, with the same kind and count, on every rank of a
+//   group. With LONGTRON_COMM_CHECK=1 (default on in builds without NDEBUG, off with =0) each
+//   collective first all-gathers (sequence number, kind, count, dtype, op/root) across the group and
+//   throws longtron::Error naming the first mismatching rank — instead of hanging or corrupting.
+// - Chunks are in group-rank order: chunk r of a gather/scatter belongs to group rank r.
+// - Buffers of an async call must stay alive and untouched until wait() returns.
+// - Payload bytes (stats()) are the bytes of the buffer this rank hands to the collective: count ×
+//   element size for all_reduce/broadcast, the send chunk for all_gather, the whole send buffer
+//   (size × chunk) for reduce_scatter and all_to_all. Groups of one rank send nothing and count 0
+//   bytes (their calls are still counted).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace longtron::comm {
+
+/// Reduction of all_reduce / reduce_scatter.
+enum class ReduceOp { kSum, kMax };
+
+/// Element types the collectives accept (the template wrappers map C++ types onto these).
+enum class DType { kFloat32, kFloat64, kInt64, kInt32 };
+
+/// Collective kinds, for the byte counters and the order check.
+enum class Kind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kBarrier };
+inline constexpr int kNumKinds = 6;
+/// "all_reduce", "all_gather", ... (stable names for benchmark output).
+const char* kind_name(Kind kind);
+
+/// Calls and payload bytes per collective kind (indexed by int(Kind)).
+struct CommStats {
+  std::array<uint64_t, kNumKinds> calls{};
+  std::array<uint64_t, kNumKinds> bytes{};
+  uint64_t total_bytes() const;
+  void add(const CommStats& other);
+};
+
+/// The process-wide sum of every communicator's stats (all groups of this rank).
+CommStats& global_stats();
+
+/// An in-flight collective. wait() blocks until the buffers may be used (idempotent). A handle that
+/// was never waited on waits in its destructor. Move-only.
+class Work {
+ public:
+  /// What an implementation puts behind a handle.
+  struct Impl {
+    virtual ~Impl() = default;
+    virtual void wait() = 0;
+  };
+  Work() = default;  ///< an already-complete handle
+  explicit Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  Work(Work&&) noexcept = default;
+  Work& operator=(Work&& other) noexcept;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+  ~Work();
+  void wait();
+  bool pending() const { return impl_ != nullptr; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+template <typename T>
+constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::kFloat32; }
+template <> constexpr DType dtype_of<double>() { return DType::kFloat64; }
+template <> constexpr DType dtype_of<int64_t>() { return DType::kInt64; }
+template <> constexpr DType dtype_of<int32_t>() { return DType::kInt32; }
+/// Bytes of one element.
+int64_t dtype_size(DType dtype);
+
+/// A group of ranks. All typed methods accept T in {float, double, int64_t, int32_t}.
+/// Counts are element counts (int64_t); every error (bad root, negative count, mismatched
+/// collective order under the check) is a longtron::Error.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  /// This process's rank in the group, in [0, size()).
+  virtual int rank() const = 0;
+  /// Number of ranks in the group.
+  virtual int size() const = 0;
+  /// Collective over this group (MPI_Comm_split semantics): ranks with the same color form a new
+  /// group, ordered by (key, rank in this group). color must be >= 0.
+  virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
+  /// Blocks until every rank of the group has arrived.
+  void barrier();
+
+  /// In place: data[count] becomes the element-wise reduction over the group.
+  template <typename T>
+  void all_reduce(T* data, int64_t count, ReduceOp op = ReduceOp::kSum) {
+    all_reduce_async(data, count, op).wait();
+  }
+  template <typename T>
+  [[nodiscard]] Work all_reduce_async(T* data, int64_t count, ReduceOp op = ReduceOp::kSum) {
+    return issue({Kind::kAllReduce, dtype_of<T>(), count, op, 0}, data, data, nullptr);
+  }
+
+  /// recv[size()*count] = concat over group ranks r of rank r's send[count]. send may alias
+  /// recv + rank()*count (in place).
+  template <typename T>
+  void all_gather(T* recv, const T* send, int64_t count) {
+    all_gather_async(recv, send, count).wait();
+  }
+  template <typename T>
+  [[nodiscard]] Work all_gather_async(T* recv, const T* send, int64_t count) {
+    return issue({Kind::kAllGather, dtype_of<T>(), count, ReduceOp::kSum, 0}, send, recv, nullptr);
+  }
+
+  /// Uneven gather: recv[Σ counts] = concat of rank r's send[counts[r]]; counts has size() entries
+  /// and is the same on every rank.
+  template <typename T>
+  void all_gather_v(T* recv, const T* send, const std::vector<int64_t>& counts) {
+    issue({Kind::kAllGather, dtype_of<T>(), -1, ReduceOp::kSum, 0}, send, recv, &counts).wait();
+  }
+
+  /// recv[count] = Σ (or max) over group ranks of their send[r*count .. (r+1)*count) where r is
+  /// this rank: chunk r of the reduced send[size()*count].
+  template <typename T>
+  void reduce_scatter(T* recv, const T* send, int64_t count, ReduceOp op = ReduceOp::kSum) {
+    reduce_scatter_async(recv, send, count, op).wait();
+  }
+  template <typename T>
+  [[nodiscard]] Work reduce_scatter_async(T* recv, const T* send, int64_t count,
+                                          ReduceOp op = ReduceOp::kSum) {
+    return issue({Kind::kReduceScatter, dtype_of<T>(), count, op, 0}, send, recv, nullptr);
+  }
+
+  /// send[size()*count]: chunk j goes to group rank j; recv[size()*count]: chunk j came from group
+  /// rank j. send and recv must not overlap.
+  template <typename T>
+  void all_to_all(T* recv, const T* send, int64_t count) {
+    all_to_all_async(recv, send, count).wait();
+  }
+  template <typename T>
+  [[nodiscard]] Work all_to_all_async(T* recv, const T* send, int64_t count) {
+    return issue({Kind::kAllToAll, dtype_of<T>(), count, ReduceOp::kSum, 0}, send, recv, nullptr);
+  }
+
+  /// data[count] on every rank becomes root's data[count].
+  template <typename T>
+  void broadcast(T* data, int64_t count, int root) {
+    broadcast_async(data, count, root).wait();
+  }
+  template <typename T>
+  [[nodiscard]] Work broadcast_async(T* data, int64_t count, int root) {
+    return issue({Kind::kBroadcast, dtype_of<T>(), count, ReduceOp::kSum, root}, data, data,
+                 nullptr);
+  }
+
+  /// Calls and payload bytes of this group since creation (or the last reset_stats()).
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = CommStats{}; }
+  /// Number of collectives issued on this group so far (the order-check sequence number).
+  uint64_t sequence() const { return sequence_; }
+  /// Whether the cross-rank order check runs before each collective (LONGTRON_COMM_CHECK).
+  bool checking() const { return check_; }
+  void set_checking(bool on) { check_ = on; }
+
+  /// Description of one collective call (what the order check compares).
+  struct Op {
+    Kind kind;
+    DType dtype;
+    int64_t count;  ///< per-rank chunk (all_gather, reduce_scatter, all_to_all) or buffer size; -1 = v
+    ReduceOp reduce;
+    int root;
+  };
+
+ protected:
+  Communicator();
+  /// The implementation of every collective: `send`/`recv` as documented per method above
+  /// (all_reduce and broadcast pass the same in-place buffer twice); `counts` only for all_gather_v.
+  virtual Work do_issue(const Op& op, const void* send, void* recv,
+                        const std::vector<int64_t>* counts) = 0;
+  /// Gathers `words` from every rank (blocking, NOT counted): used by the order check.
+  virtual std::vector<int64_t> gather_check_words(const std::vector<int64_t>& words) = 0;
+
+ private:
+  Work issue(const Op& op, const void* send, void* recv, const std::vector<int64_t>* counts);
+  void check_order(const Op& op);
+  CommStats stats_;
+  uint64_t sequence_ = 0;
+  bool check_ = false;
+};
+
+using CommPtr = std::shared_ptr<Communicator>;
+
+/// A one-rank group with identity semantics (all_reduce leaves data, gathers and scatters copy).
+CommPtr make_local_communicator();
+
+/// Whether this process was started by mpirun/mpiexec (OpenMPI, PMIx or MPICH environment).
+bool launched_by_mpi();
+
+/// Starts communication for the process: under mpirun initialises MPI (thread level FUNNELED) and
+/// returns the MPI world; otherwise returns a one-rank local communicator and never touches MPI.
+/// Safe to call more than once (returns the same world).
+CommPtr init(int& argc, char**& argv);
+
+/// Finalises MPI if init() started it (all communicators must be destroyed first or unused).
+void finalize();
+
+/// Whether MPI is initialised with more than one rank in the world.
+bool mpi_active();
+
+/// Runs body() and returns its exit status. If it throws, prints "rank R: error: <what>" to stderr
+/// and, under MPI with more than one rank, calls MPI_Abort so the whole job ends within seconds
+/// instead of leaving the other ranks blocked in a collective; without MPI it returns 1 (or 2 for
+/// a non-longtron exception). `label` prefixes the message (e.g. "longtron").
+int abort_on_error(const std::function<int()>& body, const std::string& label = "longtron");
+
+/// Ends the whole job now with `message` on stderr (MPI_Abort under MPI, exit otherwise).
+[[noreturn]] void abort_job(const std::string& message, int status = 1);
+
+}  // namespace longtron::comm
