@@ -1,0 +1,156 @@
+// The implementation-independent part of Communicator: handles, byte counters and the cross-rank
+// order check (see communicator.h).
+#include "comm/communicator.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace longtron::comm {
+
+const char* kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::kAllReduce: return "all_reduce";
+    case Kind::kAllGather: return "all_gather";
+    case Kind::kReduceScatter: return "reduce_scatter";
+    case Kind::kAllToAll: return "all_to_all";
+    case Kind::kBroadcast: return "broadcast";
+    case Kind::kBarrier: return "barrier";
+  }
+  return "unknown";
+}
+
+static const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return "float32";
+    case DType::kFloat64: return "float64";
+    case DType::kInt64: return "int64";
+    case DType::kInt32: return "int32";
+  }
+  return "unknown";
+}
+
+int64_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return 4;
+    case DType::kFloat64: return 8;
+    case DType::kInt64: return 8;
+    case DType::kInt32: return 4;
+  }
+  return 0;
+}
+
+uint64_t CommStats::total_bytes() const {
+  uint64_t total = 0;
+  for (uint64_t b : bytes) total += b;
+  return total;
+}
+
+void CommStats::add(const CommStats& other) {
+  for (int i = 0; i < kNumKinds; ++i) {
+    calls[i] += other.calls[i];
+    bytes[i] += other.bytes[i];
+  }
+}
+
+CommStats& global_stats() {
+  static CommStats stats;
+  return stats;
+}
+
+Work& Work::operator=(Work&& other) noexcept {
+  if (this != &other) {
+    if (impl_) impl_->wait();
+    impl_ = std::move(other.impl_);
+  }
+  return *this;
+}
+
+Work::~Work() {
+  // An un-waited handle must not leave MPI writing into freed buffers.
+  if (impl_) impl_->wait();
+}
+
+void Work::wait() {
+  if (!impl_) return;
+  impl_->wait();
+  impl_.reset();
+}
+
+// The check is on when LONGTRON_COMM_CHECK=1, off when =0, and by default on only in debug builds.
+static bool check_from_env() {
+  const char* env = std::getenv("LONGTRON_COMM_CHECK");
+  if (env && *env) return std::strcmp(env, "0") != 0;
+#ifdef NDEBUG
+  return false;
+#else
+  return true;
+#endif
+}
+
+Communicator::Communicator() : check_(check_from_env()) {}
+
+void Communicator::barrier() {
+  issue({Kind::kBarrier, DType::kInt32, 0, ReduceOp::kSum, 0}, nullptr, nullptr, nullptr).wait();
+}
+
+// Payload bytes this rank hands to the collective (see the header for the definition).
+static uint64_t payload_bytes(const Communicator::Op& op, int size,
+                              const std::vector<int64_t>* counts, int rank) {
+  if (size <= 1) return 0;
+  int64_t elem = dtype_size(op.dtype);
+  switch (op.kind) {
+    case Kind::kAllReduce:
+    case Kind::kBroadcast: return uint64_t(op.count * elem);
+    case Kind::kAllGather:
+      return uint64_t((counts ? (*counts)[rank] : op.count) * elem);
+    case Kind::kReduceScatter:
+    case Kind::kAllToAll: return uint64_t(op.count * size * elem);
+    case Kind::kBarrier: return 0;
+  }
+  return 0;
+}
+
+Work Communicator::issue(const Op& op, const void* send, void* recv,
+                         const std::vector<int64_t>* counts) {
+  check(op.count >= 0 || counts, "communicator: negative count {} for {}", op.count,
+        kind_name(op.kind));
+  if (counts)
+    check(int64_t(counts->size()) == size(),
+          "communicator: all_gather_v needs {} counts (one per rank), got {}", size(),
+          counts->size());
+  if (op.kind == Kind::kBroadcast)
+    check(op.root >= 0 && op.root < size(), "communicator: broadcast root {} outside [0, {})",
+          op.root, size());
+  if (check_) check_order(op);
+  ++sequence_;
+  int k = int(op.kind);
+  uint64_t bytes = payload_bytes(op, size(), counts, rank());
+  stats_.calls[k] += 1;
+  stats_.bytes[k] += bytes;
+  global_stats().calls[k] += 1;
+  global_stats().bytes[k] += bytes;
+  return do_issue(op, send, recv, counts);
+}
+
+void Communicator::check_order(const Op& op) {
+  if (size() <= 1) return;
+  std::vector<int64_t> mine = {int64_t(sequence_), int64_t(op.kind), int64_t(op.dtype), op.count,
+                               int64_t(op.reduce), op.root};
+  std::vector<int64_t> all = gather_check_words(mine);
+  const size_t w = mine.size();
+  auto describe = [&](size_t r) {
+    const int64_t* v = &all[r * w];
+    return fmt::format("#{} {}({}, count {}, op {}, root {})", v[0], kind_name(Kind(v[1])),
+                       dtype_name(DType(v[2])), v[3], v[4] == 0 ? "sum" : "max", v[5]);
+  };
+  for (size_t r = 1; r < size_t(size()); ++r)
+    for (size_t i = 0; i < w; ++i)
+      if (all[r * w + i] != all[i])
+        fail("collective order mismatch in a group of {} ranks: group rank 0 issued {} but group "
+             "rank {} issued {} (every rank must call the same collectives in the same order)",
+             size(), describe(0), r, describe(r));
+}
+
+}  // namespace longtron::comm

@@ -1,0 +1,215 @@
+// The MPI communicator and the process-level MPI helpers (init, finalize, abort). This file and its
+// siblings in src/comm/ are the only ones that include <mpi.h> (DESIGN.md).
+#include <mpi.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <unistd.h>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+
+namespace longtron::comm {
+namespace {
+
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return MPI_FLOAT;
+    case DType::kFloat64: return MPI_DOUBLE;
+    case DType::kInt64: return MPI_INT64_T;
+    case DType::kInt32: return MPI_INT32_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM; }
+
+// MPI counts are int: refuse larger chunks instead of truncating them.
+int mpi_count(int64_t count, Kind kind) {
+  check(count <= INT_MAX, "communicator: {} of {} elements exceeds MPI's int count limit",
+        kind_name(kind), count);
+  return int(count);
+}
+
+bool mpi_finalized() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
+
+// An MPI request behind a Work handle.
+struct MpiWork final : Work::Impl {
+  MPI_Request request = MPI_REQUEST_NULL;
+  void wait() override {
+    if (request != MPI_REQUEST_NULL) MPI_Wait(&request, MPI_STATUS_IGNORE);
+  }
+  ~MpiWork() override {
+    if (request != MPI_REQUEST_NULL && !mpi_finalized()) MPI_Wait(&request, MPI_STATUS_IGNORE);
+  }
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // `owned`: the communicator came from MPI_Comm_split and is freed with this object.
+  MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiCommunicator() override {
+    if (owned_ && comm_ != MPI_COMM_NULL && !mpi_finalized()) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  std::shared_ptr<Communicator> split(int color, int key) override {
+    check(color >= 0, "communicator: split color must be >= 0, got {}", color);
+    MPI_Comm sub = MPI_COMM_NULL;
+    MPI_Comm_split(comm_, color, key, &sub);
+    auto result = std::make_shared<MpiCommunicator>(sub, true);
+    result->set_checking(checking());
+    return result;
+  }
+
+ protected:
+  Work do_issue(const Op& op, const void* send, void* recv,
+                const std::vector<int64_t>* counts) override {
+    if (counts) return all_gather_v(op, send, recv, *counts);
+    auto work = std::make_unique<MpiWork>();
+    MPI_Request* req = &work->request;
+    MPI_Datatype type = mpi_type(op.dtype);
+    int n = mpi_count(op.count, op.kind);
+    switch (op.kind) {
+      case Kind::kAllReduce:
+        MPI_Iallreduce(MPI_IN_PLACE, recv, n, type, mpi_op(op.reduce), comm_, req);
+        break;
+      case Kind::kAllGather: {
+        // send aliasing recv's own chunk is the in-place form.
+        auto* own = static_cast<char*>(recv) + int64_t(rank_) * op.count * dtype_size(op.dtype);
+        const void* s = (send == own) ? MPI_IN_PLACE : send;
+        MPI_Iallgather(s, n, type, recv, n, type, comm_, req);
+        break;
+      }
+      case Kind::kReduceScatter:
+        MPI_Ireduce_scatter_block(send, recv, n, type, mpi_op(op.reduce), comm_, req);
+        break;
+      case Kind::kAllToAll: MPI_Ialltoall(send, n, type, recv, n, type, comm_, req); break;
+      case Kind::kBroadcast: MPI_Ibcast(recv, n, type, op.root, comm_, req); break;
+      case Kind::kBarrier: MPI_Ibarrier(comm_, req); break;
+    }
+    return Work(std::move(work));
+  }
+
+  std::vector<int64_t> gather_check_words(const std::vector<int64_t>& words) override {
+    std::vector<int64_t> all(words.size() * size_t(size_));
+    MPI_Allgather(words.data(), int(words.size()), MPI_INT64_T, all.data(), int(words.size()),
+                  MPI_INT64_T, comm_);
+    return all;
+  }
+
+ private:
+  Work all_gather_v(const Op& op, const void* send, void* recv,
+                    const std::vector<int64_t>& counts) {
+    std::vector<int> n(static_cast<size_t>(size_)), displs(static_cast<size_t>(size_));
+    int64_t offset = 0;
+    for (int r = 0; r < size_; ++r) {
+      check(counts[r] >= 0, "communicator: all_gather_v count {} of rank {} is negative",
+            counts[r], r);
+      n[r] = mpi_count(counts[r], op.kind);
+      displs[r] = mpi_count(offset, op.kind);
+      offset += counts[r];
+    }
+    MPI_Datatype type = mpi_type(op.dtype);
+    MPI_Allgatherv(send, n[rank_], type, recv, n.data(), displs.data(), type, comm_);
+    return Work();
+  }
+
+  MPI_Comm comm_;
+  bool owned_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+bool g_we_initialised = false;
+CommPtr g_world;
+
+}  // namespace
+
+bool launched_by_mpi() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+    if (std::getenv(name)) return true;
+  return false;
+}
+
+CommPtr init(int& argc, char**& argv) {
+  if (g_world) return g_world;
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  if (!initialised && launched_by_mpi()) {
+    int provided = 0;
+    // Only the main thread calls MPI (OpenMP threads compute), so FUNNELED is enough.
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    g_we_initialised = true;
+    initialised = 1;
+  }
+  if (initialised)
+    g_world = std::make_shared<MpiCommunicator>(MPI_COMM_WORLD, false);
+  else
+    g_world = make_local_communicator();
+  return g_world;
+}
+
+void finalize() {
+  g_world.reset();
+  if (g_we_initialised && !mpi_finalized()) MPI_Finalize();
+  g_we_initialised = false;
+}
+
+bool mpi_active() {
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  if (!initialised || mpi_finalized()) return false;
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size > 1;
+}
+
+static int world_rank() {
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  if (!initialised || mpi_finalized()) return -1;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+void abort_job(const std::string& message, int status) {
+  std::fputs(message.c_str(), stderr);
+  std::fputc('\n', stderr);
+  std::fflush(stderr);
+  std::fflush(stdout);
+  if (mpi_active()) MPI_Abort(MPI_COMM_WORLD, status);
+  std::exit(status);
+}
+
+int abort_on_error(const std::function<int()>& body, const std::string& label) {
+  std::string message;
+  int status = 1;
+  try {
+    return body();
+  } catch (const Error& e) {
+    message = fmt::format("error: {}", e.what());
+  } catch (const std::exception& e) {
+    message = fmt::format("internal error: {}", e.what());
+    status = 2;
+  }
+  int rank = world_rank();
+  std::string line = rank >= 0 && mpi_active()
+                         ? fmt::format("{}: rank {}: {}", label, rank, message)
+                         : fmt::format("{}: {}", label, message);
+  if (mpi_active()) abort_job(line, status);
+  std::fputs((line + "\n").c_str(), stderr);
+  return status;
+}
+
+}  // namespace longtron::comm
