@@ -1,0 +1,139 @@
+// Parameter layout, flat buffers and the reproducible init of SPEC §2.
+#include "model/params.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <random>
+
+#include "core/error.h"
+
+namespace longtron::model {
+namespace {
+
+void check_config(const ModelConfig& c) {
+  check(c.vocab_size > 0, "model.vocab_size must be positive, got {}", c.vocab_size);
+  check(c.hidden_size > 0, "model.hidden_size must be positive, got {}", c.hidden_size);
+  check(c.num_layers > 0, "model.num_layers must be positive, got {}", c.num_layers);
+  check(c.num_attention_heads > 0, "model.num_attention_heads must be positive, got {}",
+        c.num_attention_heads);
+  check(c.num_kv_attention_heads > 0, "model.num_kv_attention_heads must be positive, got {}",
+        c.num_kv_attention_heads);
+  check(c.hidden_size % c.num_attention_heads == 0,
+        "model.num_attention_heads ({}) must divide model.hidden_size ({})",
+        c.num_attention_heads, c.hidden_size);
+  check(c.num_attention_heads % c.num_kv_attention_heads == 0,
+        "model.num_kv_attention_heads ({}) must divide model.num_attention_heads ({})",
+        c.num_kv_attention_heads, c.num_attention_heads);
+  check(c.head_dim() % 2 == 0, "head_dim = model.hidden_size / model.num_attention_heads = {} "
+        "must be even for RoPE", c.head_dim());
+  check(c.mlp_ratio > 0, "model.mlp_ratio must be positive, got {}", c.mlp_ratio);
+  check(c.multiple_of > 0, "model.multiple_of must be positive, got {}", c.multiple_of);
+}
+
+}  // namespace
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+ParamLayout::ParamLayout(const ModelConfig& config) : config_(config) {
+  check_config(config);
+  const int64_t V = config.vocab_size, H = config.hidden_size, F = config.ffn_size();
+  const int64_t Q = config.qkv_size();
+  tok_embeddings = add("model.tok_embeddings.weight", {V, H}, -1, 0.02, false, false, true);
+  for (int i = 0; i < static_cast<int>(config.num_layers); ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    const double out_std = 0.02 / std::sqrt(2.0 * (i + 1));  // InternEvo: per-layer depth
+    BlockParamIds b;
+    b.attention_norm = add(p + "attention_norm.weight", {H}, i, 0.0, true, false, false);
+    b.wqkv = add(p + "attention.wqkv.weight", {Q, H}, i, 0.02, false, false, false);
+    if (config.qkv_bias) b.wqkv_bias = add(p + "attention.wqkv.bias", {Q}, i, 0.0, false, true, false);
+    b.wo = add(p + "attention.wo.weight", {H, H}, i, out_std, false, false, false);
+    if (config.o_bias) b.wo_bias = add(p + "attention.wo.bias", {H}, i, 0.0, false, true, false);
+    b.ffn_norm = add(p + "ffn_norm.weight", {H}, i, 0.0, true, false, false);
+    b.w1 = add(p + "feed_forward.w1.weight", {F, H}, i, 0.02, false, false, false);
+    b.w3 = add(p + "feed_forward.w3.weight", {F, H}, i, 0.02, false, false, false);
+    b.w2 = add(p + "feed_forward.w2.weight", {H, F}, i, out_std, false, false, false);
+    layers.push_back(b);
+  }
+  norm = add("model.norm.weight", {H}, -1, 0.0, true, false, false);
+  output = add("output.weight", {V, H}, -1, 0.02, false, false, false);
+}
+
+int ParamLayout::add(std::string name, std::vector<int64_t> shape, int layer, double init_std,
+                     bool is_norm, bool is_bias, bool is_embedding) {
+  ParamView v;
+  v.name = std::move(name);
+  v.numel = 1;
+  for (int64_t s : shape) v.numel *= s;
+  v.shape = std::move(shape);
+  v.offset = numel_;
+  v.layer = layer;
+  v.is_matrix = v.shape.size() == 2;
+  v.is_norm = is_norm;
+  v.is_bias = is_bias;
+  v.is_embedding = is_embedding;
+  v.init_std = init_std;
+  numel_ += v.numel;
+  views_.push_back(std::move(v));
+  return static_cast<int>(views_.size()) - 1;
+}
+
+int ParamLayout::find(std::string_view name) const {
+  for (size_t i = 0; i < views_.size(); ++i)
+    if (views_[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+const ParamView& ParamLayout::at(std::string_view name) const {
+  const int i = find(name);
+  check(i >= 0, "unknown parameter '{}' for this model shape", name);
+  return views_[static_cast<size_t>(i)];
+}
+
+int64_t ParamLayout::matmul_numel() const {
+  int64_t n = 0;
+  for (const auto& v : views_)
+    if (v.is_matrix && !v.is_embedding) n += v.numel;
+  return n;
+}
+
+template <typename T>
+Params<T>::Params(const ParamLayout& layout)
+    : layout_(&layout), data_(static_cast<size_t>(layout.numel()), T(0)) {}
+
+template <typename T>
+void Params<T>::zero() {
+  std::fill(data_.begin(), data_.end(), T(0));
+}
+
+template <typename T>
+void init_params(Params<T>& params, uint64_t seed) {
+  const auto& views = params.layout().views();
+  for (size_t k = 0; k < views.size(); ++k) {
+    const ParamView& v = views[k];
+    T* p = params.data() + v.offset;
+    if (v.is_norm) { std::fill(p, p + v.numel, T(1)); continue; }
+    if (v.is_bias || v.init_std == 0.0) { std::fill(p, p + v.numel, T(0)); continue; }
+    std::mt19937_64 rng(splitmix64(seed + (k + 1) * 0x9E3779B97F4A7C15ull));
+    const auto uniform = [&rng] { return static_cast<double>(rng() >> 11) * 0x1.0p-53; };
+    for (int64_t i = 0; i < v.numel; i += 2) {
+      const double u1 = uniform(), u2 = uniform();
+      const double r = std::sqrt(-2.0 * std::log(1.0 - u1));
+      const double a = 2.0 * std::numbers::pi * u2;
+      p[i] = static_cast<T>(v.init_std * r * std::cos(a));
+      if (i + 1 < v.numel) p[i + 1] = static_cast<T>(v.init_std * r * std::sin(a));
+    }
+  }
+}
+
+template class Params<float>;
+template class Params<double>;
+template void init_params<float>(Params<float>&, uint64_t);
+template void init_params<double>(Params<double>&, uint64_t);
+
+}  // namespace longtron::model
