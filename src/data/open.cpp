@@ -1,0 +1,98 @@
+// open_dataset: format detection by file name, folders in sorted path order (SPEC §1.1).
+#include "data/open.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <vector>
+
+#include "core/error.h"
+#include "data/internevo.h"
+#include "data/megatron.h"
+#include "data/validate.h"
+
+namespace longtron::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path without_extension(const fs::path& path) {
+  fs::path prefix = path;
+  return prefix.replace_extension();
+}
+
+// Opens one file of a dataset, or returns nullptr for a file that is not a dataset's entry point
+// (a .meta, the .idx of a pair already opened through its .bin, dataset.json, tokenizer.model ...).
+std::unique_ptr<DocumentSource> open_file(const fs::path& path, bool explicit_file) {
+  const std::string ext = path.extension().string();
+  if (ext == ".bin") {
+    const fs::path prefix = without_extension(path);
+    if (fs::exists(prefix.string() + ".idx")) return open_megatron(prefix);
+    return open_internevo(path);
+  }
+  if (ext == ".idx") {
+    const fs::path prefix = without_extension(path);
+    check(fs::exists(prefix.string() + ".bin"), "{}: Megatron index without its data file {}.bin",
+          path.string(), prefix.string());
+    return explicit_file ? open_megatron(prefix) : nullptr;
+  }
+  if (explicit_file)
+    fail("{}: not a tokenized dataset file (expected a Megatron .idx/.bin or an InternEvo .bin)",
+         path.string());
+  return nullptr;
+}
+
+}  // namespace
+
+Dataset open_dataset(const fs::path& path) {
+  check(fs::exists(path), "{}: no such file or folder", path.string());
+  Dataset dataset;
+  if (fs::is_directory(path)) {
+    std::vector<fs::path> files;
+    for (const auto& entry : fs::recursive_directory_iterator(path)) {
+      if (entry.is_regular_file() && entry.path().filename().string().front() != '.')
+        files.push_back(entry.path());
+    }
+    std::sort(files.begin(), files.end());
+    for (const auto& file : files)
+      if (auto source = open_file(file, false)) dataset.push_back(std::move(source));
+  } else {
+    dataset.push_back(open_file(path, true));
+  }
+  check(count_documents(dataset) > 0, "{}: the dataset has no documents (no tokenized .bin/.idx "
+        "files with content were found)", path.string());
+  return dataset;
+}
+
+int64_t count_documents(const Dataset& dataset) {
+  int64_t n = 0;
+  for (const auto& source : dataset) n += static_cast<int64_t>(source->num_documents());
+  return n;
+}
+
+int64_t count_tokens(const Dataset& dataset) {
+  int64_t n = 0;
+  for (const auto& source : dataset)
+    for (size_t i = 0; i < source->num_documents(); ++i)
+      n += static_cast<int64_t>(source->document_length(i));
+  return n;
+}
+
+void validate_dataset(const Dataset& dataset, int64_t vocab_size) {
+  std::vector<int32_t> tokens;
+  for (const auto& source : dataset) {
+    for (size_t i = 0; i < source->num_documents(); ++i) {
+      const size_t length = source->document_length(i);
+      check(length > 0, "{}: document {} is empty (0 tokens)", source->path().string(), i);
+      tokens.resize(length);
+      source->read_tokens(i, 0, length, tokens.data());
+      for (size_t j = 0; j < length; ++j) {
+        check(std::abs(static_cast<int64_t>(tokens[j])) < vocab_size,
+              "{}: document {}, token {}: id {} is outside the vocabulary of {} ids",
+              source->path().string(), i, j, tokens[j], vocab_size);
+      }
+    }
+  }
+}
+
+}  // namespace longtron::data
