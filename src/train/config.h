@@ -1,0 +1,139 @@
+// The training job's configuration (SPEC §4.1): a TOML file plus `--set section.key=value`
+// overrides. Key names mirror InternEvo's config.py where it has one.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace longtron::train {
+
+/// `data` section (SPEC §1, §4.1). Paths are absolute after load_config (empty = not given).
+struct DataConfig {
+  std::string train_folder;
+  std::string valid_folder;  ///< empty: no validation
+  int64_t seq_len = 0;
+  int64_t micro_bsz = 0;
+  int64_t micro_num = 1;
+  bool use_packed_dataset = true;
+  bool pack_sample_into_one = false;
+  std::string pack_tail = "pad";  ///< "pad" | "drop"
+  bool shuffle = true;
+  int64_t seed = 1024;
+  int64_t min_length = 0;
+};
+
+/// `optimizer` section: AdamW (weight decay on matrices only).
+struct OptimizerConfig {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+  double clip_grad_norm = 1.0;  ///< <= 0: no clipping
+};
+
+/// `lr_scheduler` section. load_config sets min_lr = 0.1 × lr when the key is absent.
+struct LrSchedulerConfig {
+  int64_t warmup_steps = 0;
+  double min_lr = 1e-4;
+};
+
+/// parallel.tensor: `tensor = 4` means {size = 4, mode = "mtp"}.
+struct TensorParallelConfig {
+  int64_t size = 1;
+  std::string mode = "mtp";  ///< "mtp" | "msp" | "fsp" | "isp"
+};
+/// parallel.weight (ISP weight parallel).
+struct WeightParallelConfig {
+  int64_t size = 1;
+  bool overlap = false;
+};
+/// parallel.zero1: -1 = the whole data-parallel group, 1 = off.
+struct Zero1Config {
+  int64_t size = -1;
+};
+/// parallel.tensor_2d (MindSpeed 2D TP). `given` is true when the table appears in the config.
+struct Tensor2dConfig {
+  int64_t x = 1;
+  int64_t y = 1;
+  std::string overlap = "none";  ///< one of kTensor2dOverlaps
+  bool given = false;
+};
+/// Accepted values of parallel.tensor_2d.overlap (MindSpeed's two forward overlaps, or both).
+inline const std::vector<std::string> kTensor2dOverlaps = {"none", "ag_matmul", "matmul_rs", "both"};
+
+struct ParallelConfig {
+  TensorParallelConfig tensor;
+  WeightParallelConfig weight;
+  Zero1Config zero1;
+  Tensor2dConfig tensor_2d;
+  bool tensor_given = false;  ///< parallel.tensor appeared in the config
+};
+
+/// `train` section (common practice names).
+struct TrainSection {
+  int64_t total_steps = 0;
+  int64_t seed = 0;
+  int64_t num_threads = 0;  ///< 0 = auto
+  int64_t log_every = 1;
+  int64_t valid_every = 0;  ///< 0 = only at step 0 and the end
+  int64_t save_every = 0;   ///< 0 = only at the end
+  std::string checkpoint_dir;  ///< empty: no checkpoints
+  std::string metrics_file;    ///< empty: console only
+  std::string loss_reduction = "token";  ///< "token" | "micro_mean"
+};
+
+/// The whole job. `model_keys_given` lists the model.* keys that the TOML or --set spelt out
+/// (e.g. "hidden_size"), so --init-from can check them against config.json (hf_config.h).
+struct TrainConfig {
+  model::ModelConfig model;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  LrSchedulerConfig lr_scheduler;
+  ParallelConfig parallel;
+  TrainSection train;
+  std::set<std::string> model_keys_given;
+  std::string source;  ///< the config file path, for messages
+};
+
+/// What load_config insists on. Shape keys may be left out when the model comes from a
+/// Hugging Face folder (`--init-from`) or a checkpoint; data keys when no data is read.
+struct ConfigNeeds {
+  bool model_shape = true;  ///< model.vocab_size, hidden_size, num_layers, num_attention_heads, num_kv_attention_heads
+  bool data = true;         ///< data.train_folder, seq_len, micro_bsz
+  bool total_steps = true;  ///< train.total_steps
+};
+
+/// Reads `path` (TOML), applies `overrides` ("section.key=value" each, later wins), checks and
+/// returns the config. `--set` values are read as a TOML value when "k = <value>" parses (numbers,
+/// true/false, "quoted strings", inline tables, arrays), else as a bare string; dotted keys reach
+/// sub-tables (parallel.tensor.size=2). Relative paths become absolute from the working directory.
+/// Throws Error naming the file (with line) or the --set and the full key for: TOML syntax errors,
+/// unknown keys or sections ("data.seq_lenn: unknown key"), wrong types, missing required keys,
+/// and failed sanity checks (see check_config).
+TrainConfig load_config(const std::filesystem::path& path, const std::vector<std::string>& overrides = {},
+                        const ConfigNeeds& needs = {});
+
+/// As load_config, from TOML text (`source` names it in messages). For tests and embedded configs.
+TrainConfig parse_config(const std::string& toml_text, const std::string& source,
+                         const std::vector<std::string>& overrides = {}, const ConfigNeeds& needs = {});
+
+/// Sanity checks, naming the key: seq_len, micro_bsz, micro_num, total_steps > 0 (those needed),
+/// model sizes > 0, heads divide hidden, kv heads divide heads, mode/loss_reduction/pack_tail/overlap
+/// in their sets, tensor and tensor_2d not both > 1, sizes ≥ 1, lr/min_lr/betas in range. Call it
+/// again after filling the model shape from a Hugging Face config.
+void check_config(const TrainConfig& config, const ConfigNeeds& needs = {});
+
+/// Sanity checks of a model shape alone (prefix "model." in messages).
+void check_model_config(const model::ModelConfig& model);
+
+/// The config as JSON with the TOML section/key names (for state.json and logs).
+nlohmann::json to_json(const TrainConfig& config);
+
+}  // namespace longtron::train
