@@ -1,0 +1,82 @@
+// Checkpoints (SPEC §4.4): checkpoint_dir/step_N/{model.safetensors, optimizer.safetensors,
+// config.json, state.json} and checkpoint_dir/latest naming the newest step folder. The step folder
+// is written under a temporary name and renamed, then `latest` is replaced atomically, so a crash
+// never leaves a half checkpoint nor a `latest` pointing at one. Works on (name, shape, pointer)
+// lists, independent of the model's parameter struct; rank 0 writes full tensors.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace longtron::train {
+
+/// A read-only tensor view: HF name (SPEC §2), shape, `numel` floats at data.
+struct NamedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* data = nullptr;
+};
+
+/// A writable tensor view for loading.
+struct MutableTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  float* data = nullptr;
+};
+
+/// state.json: step, the config (to_json(TrainConfig)), sampler position and RNG state as the
+/// trainer defines them (opaque JSON here), plus anything extra (e.g. the layout it was saved from).
+struct CheckpointState {
+  int64_t step = 0;
+  nlohmann::json config = nlohmann::json::object();
+  nlohmann::json sampler = nlohmann::json::object();
+  nlohmann::json rng = nlohmann::json::object();
+  nlohmann::json extra = nlohmann::json::object();
+};
+
+/// Tensor names in optimizer.safetensors: "<kAdamM><param>", "<kAdamV><param>" (PyTorch AdamW's
+/// state names), and the I64 scalar kAdamStep (number of updates taken).
+inline constexpr const char* kAdamM = "exp_avg.";
+inline constexpr const char* kAdamV = "exp_avg_sq.";
+inline constexpr const char* kAdamStep = "step";
+
+/// What one checkpoint holds. adam_m/adam_v list the same names and shapes as params (may be empty
+/// lists to save weights only, e.g. export; then no optimizer.safetensors is written).
+struct CheckpointData {
+  std::vector<NamedTensor> params;
+  std::vector<NamedTensor> adam_m;
+  std::vector<NamedTensor> adam_v;
+  int64_t adam_step = 0;
+  model::ModelConfig model;
+  int64_t max_position_embeddings = 0;  ///< written to config.json when > 0 (e.g. seq_len)
+  CheckpointState state;
+};
+
+/// Writes root/step_<state.step>/ atomically (replacing an existing one), then root/latest
+/// ("step_N\n"). Creates root. Returns the step folder. Throws Error naming the file on any
+/// failure, leaving neither the step folder nor a changed `latest`.
+std::filesystem::path save_checkpoint(const std::filesystem::path& root, const CheckpointData& data);
+
+/// `path` is a step folder (holds state.json) → itself; a root (holds `latest`) → root/<latest>.
+/// Throws Error naming the path when neither, or when latest names a missing folder.
+std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
+
+/// state.json of a step folder. Throws Error naming the file when missing or malformed.
+CheckpointState read_checkpoint_state(const std::filesystem::path& step_dir);
+
+/// Fills each tensor from step_dir/model.safetensors (or any safetensors path/folder accepted by
+/// safetensors::Reader — an HF export works too). Throws Error naming file, tensor and shapes when a
+/// tensor is missing or its shape differs. Extra tensors in the file are an error too (they would
+/// mean a different model), naming the first one.
+void load_model(const std::filesystem::path& step_dir, const std::vector<MutableTensor>& params);
+
+/// Fills AdamW moments from step_dir/optimizer.safetensors; returns the stored step count.
+int64_t load_optimizer(const std::filesystem::path& step_dir, const std::vector<MutableTensor>& adam_m,
+                       const std::vector<MutableTensor>& adam_v);
+
+}  // namespace longtron::train

@@ -1,0 +1,93 @@
+// Training metrics (SPEC §4.3): console rows, one JSON object per line in metrics_file, a live
+// progress line on a terminal, and at the end an SVG of the train and valid loss curves written
+// next to the metrics file as `<stem>.svg`.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace longtron::train {
+
+/// A training row (SPEC §4.3). grad_norm is before clipping; tokens are the non-pad tokens of the
+/// step over all ranks; tgs = tokens / world size / step_time_s; mfu per SPEC §4.3.
+struct TrainRow {
+  int64_t step = 0;
+  double loss = 0;
+  double grad_norm = 0;
+  double lr = 0;
+  int64_t tokens = 0;
+  double tgs = 0;
+  double mfu = 0;
+  double step_time_s = 0;
+};
+
+/// A validation row: token-weighted loss over the valid set.
+struct ValidRow {
+  int64_t step = 0;
+  double valid_loss = 0;
+};
+
+struct MetricsOptions {
+  int64_t total_steps = 0;    ///< for the progress line and always logging the last step
+  int64_t log_every = 1;      ///< rows written (console and file) when step % log_every == 0 or last
+  bool console = true;        ///< print rows on stdout
+  bool progress = true;       ///< live line on stderr when stderr is a terminal
+  int64_t resume_step = -1;   ///< ≥ 0: keep the file's rows with step ≤ resume_step, drop the rest
+                              ///< (a resumed run continues the same file); < 0: start a new file
+};
+
+/// Writes the rows. Only rank 0 should construct one. Throws Error naming the file when it cannot
+/// be created/read.
+class MetricsWriter {
+ public:
+  /// `metrics_file` empty: console only and no SVG.
+  MetricsWriter(const std::filesystem::path& metrics_file, const MetricsOptions& options);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  /// Call once per step: updates the progress line; writes the row when due (log_every).
+  void train(const TrainRow& row);
+  /// Always written.
+  void valid(const ValidRow& row);
+  /// Ends the progress line and writes the SVG (if there is a metrics file). Idempotent.
+  void finish();
+  /// `<dir>/<stem>.svg` of the metrics file (empty path when console only).
+  std::filesystem::path svg_path() const;
+
+  const std::vector<TrainRow>& train_rows() const { return train_rows_; }
+  const std::vector<ValidRow>& valid_rows() const { return valid_rows_; }
+
+ private:
+  void emit(const std::string& console_line, const std::string& json_line);
+  void clear_progress();
+
+  std::filesystem::path path_;
+  MetricsOptions options_;
+  std::FILE* file_ = nullptr;
+  bool tty_ = false;
+  bool progress_shown_ = false;
+  bool finished_ = false;
+  std::vector<TrainRow> train_rows_;  ///< every step given (the SVG uses all of them)
+  std::vector<ValidRow> valid_rows_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+/// JSON line of a row (keys exactly as SPEC §4.3; NaN/inf become null).
+std::string to_json_line(const TrainRow& row);
+std::string to_json_line(const ValidRow& row);
+
+/// Reads a metrics file back (rows with "loss" are training rows, with "valid_loss" validation).
+/// Throws Error naming file and line on a malformed line.
+void read_metrics(const std::filesystem::path& path, std::vector<TrainRow>& train,
+                  std::vector<ValidRow>& valid);
+
+/// Writes an SVG line chart (axes, ticks, labels, legend): train loss per step and valid loss at
+/// its steps (with markers), loss on the y axis. Atomic. Non-finite values are skipped.
+void write_loss_svg(const std::filesystem::path& path, const std::vector<TrainRow>& train,
+                    const std::vector<ValidRow>& valid, const std::string& title = "loss");
+
+}  // namespace longtron::train
