@@ -1,0 +1,48 @@
+// The trainer's entry point to data: the rows of a dataset (pack.h) + the sampler (sampler.h) →
+// the micro-batches of (dp_rank, step), as InternEvo's dataloader + scheduler produce them.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "data/batch.h"
+#include "data/dataset.h"
+#include "data/pack.h"
+#include "data/sampler.h"
+
+namespace longtron::data {
+
+/// `data.*` settings (SPEC §4.1) that decide the batches.
+struct DataConfig {
+  PackConfig pack;          ///< seq_len, micro_bsz, use_packed_dataset, pack_sample_into_one, pack_tail
+  int64_t micro_num = 1;    ///< rows per step per dp rank (gradient accumulation)
+  bool shuffle = true;      ///< shuffles documents (per file) and rows
+  uint32_t seed = 1024;
+  int64_t min_length = 0;
+};
+
+/// Owns a dataset and serves micro-batches. Rows are built on demand (nothing is precomputed but
+/// prefix sums), so memory stays O(documents). Not thread-safe (row scratch buffers).
+class BatchLoader {
+ public:
+  /// Throws Error for a bad config (seq_len/micro_bsz/micro_num <= 0), an empty dataset, or fewer
+  /// rows than one step needs.
+  BatchLoader(Dataset dataset, const DataConfig& config, int64_t dp_size);
+  /// The micro_num normalized micro-batches of `dp_rank` at global step `step` (0-based; epochs
+  /// follow each other). Every rank of one TP/SP group passes its dp_rank and gets the same data;
+  /// apply split_for_sequence_parallel (sequence_split.h) for ISP/Ulysses.
+  std::vector<MicroBatch> step(int64_t dp_rank, int64_t step) const;
+  int64_t num_rows() const { return rows_->num_rows(); }
+  int64_t steps_per_epoch() const { return sampler_->steps_per_epoch(); }
+  const RowSource& rows() const { return *rows_; }
+  const StaticBatchSampler& sampler() const { return *sampler_; }
+  const DataConfig& config() const { return config_; }
+
+ private:
+  Dataset dataset_;
+  DataConfig config_;
+  std::unique_ptr<DatasetRows> rows_;
+  std::unique_ptr<StaticBatchSampler> sampler_;
+};
+
+}  // namespace longtron::data

@@ -1,0 +1,241 @@
+// build_pack / build_unpack (SPEC §1.3–§1.4). The hot path copies each document piece with one
+// read_tokens call (a memcpy for mapped int32 files) and then derives inputs and labels in one
+// branch-free pass, so the cost per token is a few instructions (bench/bench_pack.cpp).
+#include "data/pack.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+
+#include "core/error.h"
+#include "data/shuffle.h"
+
+namespace longtron::data {
+
+PackTail parse_pack_tail(const std::string& value) {
+  if (value == "pad") return PackTail::kPad;
+  if (value == "drop") return PackTail::kDrop;
+  fail("data.pack_tail must be \"pad\" or \"drop\", got \"{}\"", value);
+}
+
+void PackConfig::validate() const {
+  check(seq_len > 0, "data.seq_len must be > 0, got {}", seq_len);
+  check(micro_bsz > 0, "data.micro_bsz must be > 0, got {}", micro_bsz);
+  check(seq_len <= std::numeric_limits<int32_t>::max() / micro_bsz,
+        "packed_length = data.micro_bsz x data.seq_len = {} x {} exceeds 2^31-1 (int32 cu_seqlens)",
+        micro_bsz, seq_len);
+}
+
+std::vector<int64_t> document_order(const DocumentSource& source, int64_t min_length, bool shuffle,
+                                    uint32_t seed) {
+  std::vector<int64_t> order;
+  const size_t n = source.num_documents();
+  order.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const auto len = static_cast<int64_t>(source.document_length(i));
+    if (len > 0 && len >= min_length) order.push_back(static_cast<int64_t>(i));
+  }
+  if (shuffle) numpy_shuffle(order, seed);
+  return order;
+}
+
+namespace {
+
+// Stored id -> what the model reads (SPEC §1.1: negative ids are inputs without loss).
+inline int32_t input_of(int32_t id) { return id < 0 ? -id : id; }
+// Stored id of the target -> label (InternEvo collate: `label if label > 0 else -100`).
+inline int32_t label_of(int32_t id) { return id > 0 ? id : kIgnoreIndex; }
+
+// Writes segments [from, from+len) cut into pieces of at most `cut` tokens (cut <= 0: one piece).
+void append_segments(int64_t from, int64_t len, int64_t cut, MicroBatch& out) {
+  int64_t done = 0;
+  while (done < len) {
+    const int64_t seg = cut > 0 ? std::min(cut, len - done) : len - done;
+    int32_t* idx = out.indexes.data() + from + done;
+    for (int64_t i = 0; i < seg; ++i) idx[i] = static_cast<int32_t>(i);
+    done += seg;
+    out.cu_seqlens.push_back(static_cast<int32_t>(from + done));
+    out.max_seqlen = std::max(out.max_seqlen, static_cast<int32_t>(seg));
+  }
+}
+
+void resize_row(MicroBatch& out, int64_t P) {
+  out.input_ids.resize(P);
+  out.labels.resize(P);
+  out.indexes.resize(P);
+  out.cu_seqlens.clear();
+  out.cu_seqlens.push_back(0);
+  out.max_seqlen = 0;
+}
+
+void check_row(int64_t k, int64_t rows, const DocumentSource& source) {
+  check(k >= 0 && k < rows, "{}: row {} out of range (the file has {} rows)",
+        source.path().string(), k, rows);
+}
+
+}  // namespace
+
+PackedRows::PackedRows(const DocumentSource& source, std::vector<int64_t> order,
+                       const PackConfig& config)
+    : source_(source), order_(std::move(order)), config_(config) {
+  config_.validate();
+  P_ = config_.packed_length();
+  starts_.resize(order_.size() + 1);
+  starts_[0] = 0;
+  for (size_t i = 0; i < order_.size(); ++i) {
+    check(order_[i] >= 0 && static_cast<size_t>(order_[i]) < source_.num_documents(),
+          "{}: document order names document {} of {}", source_.path().string(), order_[i],
+          source_.num_documents());
+    starts_[i + 1] = starts_[i] + static_cast<int64_t>(source_.document_length(order_[i]));
+  }
+  const int64_t total = starts_.back();
+  num_rows_ = config_.pack_tail == PackTail::kPad ? (total + P_ - 1) / P_ : total / P_;
+  raw_.resize(P_ + 1);
+}
+
+void PackedRows::row_into(int64_t k, MicroBatch& out) const {
+  check_row(k, num_rows_, source_);
+  resize_row(out, P_);
+  const int64_t filled = fill_tokens(k, out);
+  fill_segments(filled, out);
+}
+
+// Copies the row's stored ids into raw_ piece by piece, then derives input_ids and labels.
+int64_t PackedRows::fill_tokens(int64_t k, MicroBatch& out) const {
+  const int64_t begin = k * P_;
+  const int64_t filled = std::min(begin + P_, starts_.back()) - begin;
+  // Last ordered document starting at or before `begin` (empty documents are skipped below).
+  int64_t d = std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin() - 1;
+  int32_t* raw = raw_.data();
+  int32_t* labels = out.labels.data();
+  int64_t pos = 0;
+  piece_ends_.clear();
+  doc_ends_.clear();
+  while (pos < filled) {
+    const int64_t len = starts_[d + 1] - starts_[d];
+    const int64_t offset = begin + pos - starts_[d];
+    const int64_t count = std::min(len - offset, filled - pos);
+    if (count > 0) {
+      source_.read_tokens(order_[d], offset, count, raw + pos);
+      pos += count;
+      piece_ends_.push_back(pos);
+      const bool doc_end = offset + count == len;
+      doc_ends_.push_back(doc_end);
+      // The row ends inside the document: its last label is the continuation token.
+      if (!doc_end) source_.read_tokens(order_[d], offset + count, 1, raw + pos);
+    }
+    ++d;
+  }
+  int32_t* input = out.input_ids.data();
+  for (int64_t i = 0; i < filled; ++i) {
+    input[i] = input_of(raw[i]);
+    labels[i] = label_of(raw[i + 1]);
+  }
+  // -100 at every document end; into-one rows also at the row end (InternEvo
+  // PackedDatasetWithoutCuSeqlen labels every piece `piece[1:] + [-100]`).
+  for (size_t p = 0; p < piece_ends_.size(); ++p)
+    if (doc_ends_[p] || config_.pack_sample_into_one) labels[piece_ends_[p] - 1] = kIgnoreIndex;
+  std::fill(input + filled, input + P_, 0);
+  std::fill(labels + filled, labels + P_, kIgnoreIndex);
+  return filled;
+}
+
+void PackedRows::fill_segments(int64_t filled, MicroBatch& out) const {
+  const int64_t L = config_.seq_len;
+  if (config_.pack_sample_into_one) {  // fixed windows; the pad (if any) stays inside them
+    append_segments(0, P_, L, out);
+    return;
+  }
+  int64_t from = 0;
+  for (const int64_t e : piece_ends_) {  // segments counted from each piece start
+    append_segments(from, e - from, L, out);
+    from = e;
+  }
+  if (filled < P_) append_segments(filled, P_ - filled, 0, out);  // the pad: one segment
+}
+
+UnpackedRows::UnpackedRows(const DocumentSource& source, std::vector<int64_t> order,
+                           const PackConfig& config)
+    : source_(source), order_(std::move(order)), config_(config) {
+  config_.validate();
+  for (const int64_t id : order_)
+    check(id >= 0 && static_cast<size_t>(id) < source_.num_documents(),
+          "{}: document order names document {} of {}", source_.path().string(), id,
+          source_.num_documents());
+  const auto n = static_cast<int64_t>(order_.size());
+  num_rows_ = (n + config_.micro_bsz - 1) / config_.micro_bsz;
+  raw_.resize(config_.seq_len);
+}
+
+void UnpackedRows::row_into(int64_t k, MicroBatch& out) const {
+  check_row(k, num_rows_, source_);
+  const int64_t P = config_.packed_length();
+  const int64_t L = config_.seq_len;
+  resize_row(out, P);
+  const auto n = static_cast<int64_t>(order_.size());
+  const int64_t first = k * config_.micro_bsz;
+  const int64_t last = std::min(first + config_.micro_bsz, n);
+  int64_t pos = 0;
+  for (int64_t d = first; d < last; ++d) {
+    const auto doc = order_[d];
+    const int64_t count = std::min<int64_t>(static_cast<int64_t>(source_.document_length(doc)), L);
+    if (count == 0) continue;
+    source_.read_tokens(doc, 0, count, raw_.data());
+    for (int64_t i = 0; i < count; ++i) {
+      out.input_ids[pos + i] = input_of(raw_[i]);
+      out.labels[pos + i] = i + 1 < count ? label_of(raw_[i + 1]) : kIgnoreIndex;
+    }
+    append_segments(pos, count, 0, out);
+    pos += count;
+  }
+  std::fill(out.input_ids.begin() + pos, out.input_ids.end(), 0);
+  std::fill(out.labels.begin() + pos, out.labels.end(), kIgnoreIndex);
+  if (pos < P) append_segments(pos, P - pos, 0, out);
+}
+
+std::unique_ptr<PackedRows> build_pack(const DocumentSource& source, std::vector<int64_t> order,
+                                       const PackConfig& config) {
+  return std::make_unique<PackedRows>(source, std::move(order), config);
+}
+
+std::unique_ptr<UnpackedRows> build_unpack(const DocumentSource& source,
+                                           std::vector<int64_t> order, const PackConfig& config) {
+  return std::make_unique<UnpackedRows>(source, std::move(order), config);
+}
+
+DatasetRows::DatasetRows(const Dataset& dataset, const PackConfig& config, int64_t min_length,
+                         bool shuffle, uint32_t seed)
+    : config_(config) {
+  config_.validate();
+  check(!dataset.empty(), "the dataset has no files");
+  row_starts_.push_back(0);
+  int64_t documents = 0, tokens = 0;
+  for (const auto& file : dataset) {
+    auto order = document_order(*file, min_length, shuffle, seed);
+    documents += static_cast<int64_t>(order.size());
+    for (const int64_t d : order) tokens += static_cast<int64_t>(file->document_length(d));
+    std::unique_ptr<RowSource> rows;
+    if (config_.use_packed_dataset)
+      rows = build_pack(*file, std::move(order), config_);
+    else
+      rows = build_unpack(*file, std::move(order), config_);
+    if (rows->num_rows() == 0) continue;
+    row_starts_.push_back(row_starts_.back() + rows->num_rows());
+    files_.push_back(std::move(rows));
+  }
+  check(documents > 0, "{}: the dataset has no documents{}", dataset.front()->path().string(),
+        min_length > 0 ? fmt::format(" of at least data.min_length = {} tokens", min_length)
+                       : std::string());
+  check(num_rows() > 0,
+        "{}: the dataset has no rows: every file has fewer than packed_length = {} tokens "
+        "({} in all) and data.pack_tail = \"drop\"",
+        dataset.front()->path().string(), config_.packed_length(), tokens);
+}
+
+void DatasetRows::row_into(int64_t k, MicroBatch& out) const {
+  check(k >= 0 && k < num_rows(), "row {} out of range (the dataset has {} rows)", k, num_rows());
+  const auto f = std::upper_bound(row_starts_.begin(), row_starts_.end(), k) - row_starts_.begin() - 1;
+  files_[f]->row_into(k - row_starts_[f], out);
+}
+
+}  // namespace longtron::data

@@ -1,0 +1,135 @@
+// Rows from documents (SPEC §1.2–§1.4): `build_pack` (packed rows) and `build_unpack` (one document
+// per SEQ_LEN slot). A row is located from prefix sums of document lengths (binary search), never by
+// replaying the stream, so any row of a dataset of any size costs O(log documents + P).
+// Upstream: InternEvo `PackedDatasetWithCut`, `PackedDatasetWithoutCuSeqlen`, `build_unpack`
+// (reference/internevo.md §1.3–§1.6); the padded tail is the seed 000 rule.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/batch.h"
+#include "data/dataset.h"
+
+namespace longtron::data {
+
+/// What happens to the last partial packed row: padded (seed 000, default) or dropped (InternEvo).
+enum class PackTail { kPad, kDrop };
+
+/// Parses "pad" / "drop" (config key `data.pack_tail`); anything else is an Error naming the key.
+PackTail parse_pack_tail(const std::string& value);
+
+/// The packing settings of `data.*` (SPEC §4.1). P = packed_length() = micro_bsz × seq_len.
+struct PackConfig {
+  int64_t seq_len = 0;     ///< L, the longest attention segment (SEQ_LEN)
+  int64_t micro_bsz = 0;   ///< rows of L per packed row
+  bool use_packed_dataset = true;
+  bool pack_sample_into_one = false;
+  PackTail pack_tail = PackTail::kPad;
+  /// Throws Error ("data.seq_len must be > 0, got 0") for seq_len or micro_bsz <= 0 or P > 2^31-1.
+  void validate() const;
+  int64_t packed_length() const { return seq_len * micro_bsz; }
+};
+
+/// Document order of one file (SPEC §1.1–§1.2): ids of documents with length >= min_length
+/// (empty documents are dropped too: they hold no token and would give empty segments), then, if
+/// `shuffle`, permuted exactly as InternEvo does: `RandomState(seed).shuffle` of the surviving list,
+/// reseeded per file.
+std::vector<int64_t> document_order(const DocumentSource& source, int64_t min_length, bool shuffle,
+                                    uint32_t seed);
+
+/// Rows of one packing mode. row_into() fills `out` (buffers reused) with a normalized micro-batch:
+/// input_ids/labels/indexes [P], cu_seqlens [k+1] (0 … P), max_seqlen (SPEC §1.5).
+class RowSource {
+ public:
+  virtual ~RowSource() = default;
+  virtual int64_t num_rows() const = 0;
+  /// Fills row k (0 <= k < num_rows(), else Error). Reads only the documents the row covers.
+  virtual void row_into(int64_t k, MicroBatch& out) const = 0;
+  /// Row k as a new MicroBatch.
+  MicroBatch row(int64_t k) const {
+    MicroBatch b;
+    row_into(k, b);
+    return b;
+  }
+  virtual int64_t packed_length() const = 0;
+};
+
+/// build_pack over one file (SPEC §1.3): the documents of `order`, concatenated; row k is tokens
+/// [kP, (k+1)P). Labels are the next token of the same document (also across a row boundary), -100
+/// at a document end; pieces are cut into attention segments of <= L from the piece start. With
+/// pack_sample_into_one, cu_seqlens is [0, L, …, P], indexes 0..L-1 repeated and labels are -100 at
+/// every piece end. The partial tail row is padded (tokens 0, labels -100, one pad segment with
+/// indexes 0..k-1; into-one: the fixed windows are kept) or dropped per pack_tail.
+/// Token rule (SPEC §1.1, InternEvo `packed_collate_fn`): input = abs(id); a label id <= 0 is -100.
+/// `source` must outlive the object.
+class PackedRows : public RowSource {
+ public:
+  PackedRows(const DocumentSource& source, std::vector<int64_t> order, const PackConfig& config);
+  int64_t num_rows() const override { return num_rows_; }
+  void row_into(int64_t k, MicroBatch& out) const override;
+  int64_t packed_length() const override { return P_; }
+  /// Tokens in the stream (sum of the ordered document lengths).
+  int64_t num_tokens() const { return starts_.back(); }
+
+ private:
+  int64_t fill_tokens(int64_t k, MicroBatch& out) const;  // returns tokens written (< P at tail)
+  void fill_segments(int64_t filled, MicroBatch& out) const;
+
+  const DocumentSource& source_;
+  std::vector<int64_t> order_;
+  std::vector<int64_t> starts_;  // [n+1] exclusive prefix sums of ordered lengths
+  PackConfig config_;
+  int64_t P_;
+  int64_t num_rows_;
+  // Scratch of the row being built (so row_into is not thread-safe: one PackedRows per thread).
+  mutable std::vector<int32_t> raw_;  // P+1 stored ids of the row (+ the continuation token)
+  mutable std::vector<int64_t> piece_ends_;  // row offset where each document piece ends
+  mutable std::vector<char> doc_ends_;       // whether that piece ends its document
+};
+
+/// build_unpack over one file (SPEC §1.4): row i holds documents [i·B, (i+1)·B) of `order`, each
+/// truncated to its first L tokens (labels shift inside the kept part, -100 at its end), one
+/// segment per document, padded to P with one pad segment. A last group of < B documents is kept.
+class UnpackedRows : public RowSource {
+ public:
+  UnpackedRows(const DocumentSource& source, std::vector<int64_t> order, const PackConfig& config);
+  int64_t num_rows() const override { return num_rows_; }
+  void row_into(int64_t k, MicroBatch& out) const override;
+  int64_t packed_length() const override { return config_.packed_length(); }
+
+ private:
+  const DocumentSource& source_;
+  std::vector<int64_t> order_;
+  PackConfig config_;
+  int64_t num_rows_;
+  mutable std::vector<int32_t> raw_;
+};
+
+/// Named after InternEvo's builders: packed rows / unpacked rows of one file.
+std::unique_ptr<PackedRows> build_pack(const DocumentSource& source, std::vector<int64_t> order,
+                                       const PackConfig& config);
+std::unique_ptr<UnpackedRows> build_unpack(const DocumentSource& source,
+                                           std::vector<int64_t> order, const PackConfig& config);
+
+/// The rows of a whole dataset: each file packed independently (packs never cross a file
+/// boundary, SPEC §1.1), rows of file f after those of file f-1 (InternEvo's ConcatDataset).
+class DatasetRows : public RowSource {
+ public:
+  /// One RowSource per file (packed or unpacked per config.use_packed_dataset), document order
+  /// from document_order(file, min_length, shuffle, seed). Throws Error if no row results
+  /// ("dataset has no rows: N tokens < packed_length P with pack_tail=drop" or no documents).
+  DatasetRows(const Dataset& dataset, const PackConfig& config, int64_t min_length, bool shuffle,
+              uint32_t seed);
+  int64_t num_rows() const override { return row_starts_.back(); }
+  void row_into(int64_t k, MicroBatch& out) const override;
+  int64_t packed_length() const override { return config_.packed_length(); }
+
+ private:
+  PackConfig config_;
+  std::vector<std::unique_ptr<RowSource>> files_;
+  std::vector<int64_t> row_starts_;  // [files+1]
+};
+
+}  // namespace longtron::data
