@@ -1,0 +1,412 @@
+#include "train/config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace longtron::train {
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    default: return "a date/time";
+  }
+}
+
+std::string node_text(const toml::node& n) {
+  std::ostringstream s;
+  n.visit([&](const auto& v) { s << v; });
+  return s.str();
+}
+
+/// Where a key came from, for messages: "FILE:LINE: key" or "--set key".
+class Locator {
+ public:
+  Locator(std::string source, std::set<std::string> overridden)
+      : source_(std::move(source)), overridden_(std::move(overridden)) {}
+
+  std::string at(const std::string& key, const toml::node* node) const {
+    for (std::string k = key;; k = k.substr(0, k.rfind('.'))) {
+      if (overridden_.count(k)) return "--set " + key;
+      if (k.find('.') == std::string::npos) break;
+    }
+    if (node && node->source().begin.line > 0)
+      return source_ + ":" + std::to_string(node->source().begin.line) + ": " + key;
+    return source_ + ": " + key;
+  }
+  const std::string& source() const { return source_; }
+
+ private:
+  std::string source_;
+  std::set<std::string> overridden_;
+};
+
+using Setter = std::function<void(const toml::node&, const std::string& where)>;
+using Schema = std::map<std::string, Setter>;
+
+[[noreturn]] void wrong_type(const std::string& where, const char* want, const toml::node& n) {
+  fail("{}: expected {}, got {} ({})", where, want, type_name(n), node_text(n));
+}
+
+Setter int_key(int64_t& out) {
+  return [&out](const toml::node& n, const std::string& where) {
+    if (!n.is_integer()) wrong_type(where, "an integer", n);
+    out = n.as_integer()->get();
+  };
+}
+
+Setter double_key(double& out, bool allow_fraction = false) {
+  return [&out, allow_fraction](const toml::node& n, const std::string& where) {
+    if (n.is_integer()) {
+      out = double(n.as_integer()->get());
+    } else if (n.is_floating_point()) {
+      out = n.as_floating_point()->get();
+    } else if (allow_fraction && n.is_string()) {  // mlp_ratio = "8/3" (TOML has no fractions)
+      const std::string s = n.as_string()->get();
+      double a = 0, b = 0;
+      char slash = 0, extra = 0;
+      std::istringstream in(s);
+      if (!(in >> a >> slash >> b) || slash != '/' || b == 0 || (in >> extra))
+        fail("{}: expected a number or a fraction like \"8/3\", got \"{}\"", where, s);
+      out = a / b;
+    } else {
+      wrong_type(where, "a number", n);
+    }
+  };
+}
+
+Setter bool_key(bool& out) {
+  return [&out](const toml::node& n, const std::string& where) {
+    if (!n.is_boolean()) wrong_type(where, "true or false", n);
+    out = n.as_boolean()->get();
+  };
+}
+
+Setter string_key(std::string& out) {
+  return [&out](const toml::node& n, const std::string& where) {
+    if (!n.is_string()) wrong_type(where, "a string", n);
+    out = n.as_string()->get();
+  };
+}
+
+/// Relative paths resolve from the working directory (SPEC §4.1).
+Setter path_key(std::string& out) {
+  return [&out](const toml::node& n, const std::string& where) {
+    if (!n.is_string()) wrong_type(where, "a path string", n);
+    const std::string s = n.as_string()->get();
+    out = s.empty() ? s : fs::absolute(s).lexically_normal().string();
+  };
+}
+
+/// Applies `schema` to every key of `table` (unknown keys are errors), returns the keys present.
+std::set<std::string> apply(const toml::table& table, const std::string& prefix, const Schema& schema,
+                            const Locator& loc) {
+  std::set<std::string> present;
+  for (const auto& [k, node] : table) {
+    const std::string key(k.str());
+    const std::string full = prefix + "." + key;
+    auto it = schema.find(key);
+    if (it == schema.end()) fail("{}: unknown key", loc.at(full, &node));
+    it->second(node, loc.at(full, &node));
+    present.insert(key);
+  }
+  return present;
+}
+
+/// A parallel sub-table that may also be a bare integer meaning {size = N}.
+Setter sized_table(Schema schema, int64_t& size, bool* given, const Locator& loc, std::string full) {
+  return [schema = std::move(schema), &size, given, &loc, full](const toml::node& n,
+                                                                const std::string& where) {
+    if (given) *given = true;
+    if (n.is_integer()) {
+      size = n.as_integer()->get();
+    } else if (n.is_table()) {
+      apply(*n.as_table(), full, schema, loc);
+    } else {
+      wrong_type(where, "an integer size or a table", n);
+    }
+  };
+}
+
+/// `--set a.b.c=value`: the value is TOML when "v = <value>" parses, else a bare string.
+void apply_override(toml::table& root, const std::string& item, std::set<std::string>& keys) {
+  const auto eq = item.find('=');
+  check(eq != std::string::npos && eq > 0, "--set {}: expected section.key=value", item);
+  const std::string key = item.substr(0, eq);
+  const std::string value = item.substr(eq + 1);
+  std::vector<std::string> parts;
+  for (size_t b = 0;;) {
+    const size_t e = key.find('.', b);
+    parts.push_back(key.substr(b, e == std::string::npos ? e : e - b));
+    check(!parts.back().empty(), "--set {}: empty part in key '{}'", item, key);
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  check(parts.size() >= 2, "--set {}: expected section.key=value (got no section)", item);
+  toml::table* t = &root;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    toml::node* child = t->get(parts[i]);
+    if (!child || !child->is_table()) {
+      t->insert_or_assign(parts[i], toml::table{});
+      child = t->get(parts[i]);
+    }
+    t = child->as_table();
+  }
+  try {
+    toml::table parsed = toml::parse("v = " + value);
+    t->insert_or_assign(parts.back(), std::move(*parsed.get("v")));
+  } catch (const toml::parse_error&) {
+    t->insert_or_assign(parts.back(), value);
+  }
+  keys.insert(key);
+}
+
+/// parallel.tensor = N → {size = N}, so that a later --set parallel.tensor.mode keeps the size.
+void normalize_parallel(toml::table& root) {
+  toml::table* par = root["parallel"].as_table();
+  if (!par) return;
+  for (const char* sub : {"tensor", "weight", "zero1"}) {
+    if (toml::node* n = par->get(sub); n && n->is_integer()) {
+      const int64_t size = n->as_integer()->get();
+      par->insert_or_assign(sub, toml::table{{"size", size}});
+    }
+  }
+}
+
+void require(const std::set<std::string>& present, const std::string& section,
+             std::initializer_list<const char*> keys, const std::string& source) {
+  for (const char* k : keys)
+    check(present.count(k), "{}: {}.{}: required key missing", source, section, k);
+}
+
+void check_in(const std::string& source, const std::string& key, const std::string& v,
+              const std::vector<std::string>& allowed) {
+  if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return;
+  std::string list;
+  for (const auto& a : allowed) list += (list.empty() ? "" : " | ") + a;
+  fail("{}: {}: \"{}\" is not one of {}", source, key, v, list);
+}
+
+}  // namespace
+
+TrainConfig parse_config(const std::string& toml_text, const std::string& source,
+                         const std::vector<std::string>& overrides, const ConfigNeeds& needs) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, source);
+  } catch (const toml::parse_error& e) {
+    fail("{}:{}:{}: {}", source, e.source().begin.line, e.source().begin.column, e.description());
+  }
+  normalize_parallel(root);
+  std::set<std::string> overridden;
+  for (const auto& o : overrides) apply_override(root, o, overridden);
+  const Locator loc(source, overridden);
+
+  TrainConfig c;
+  c.source = source;
+  auto& m = c.model;
+  auto& d = c.data;
+  auto& o = c.optimizer;
+  auto& p = c.parallel;
+  auto& t = c.train;
+  const Schema model = {
+      {"vocab_size", int_key(m.vocab_size)}, {"hidden_size", int_key(m.hidden_size)},
+      {"num_layers", int_key(m.num_layers)}, {"num_attention_heads", int_key(m.num_attention_heads)},
+      {"num_kv_attention_heads", int_key(m.num_kv_attention_heads)},
+      {"mlp_ratio", double_key(m.mlp_ratio, true)}, {"multiple_of", int_key(m.multiple_of)},
+      {"norm_eps", double_key(m.norm_eps)}, {"rope_base", double_key(m.rope_base)},
+      {"qkv_bias", bool_key(m.qkv_bias)}, {"o_bias", bool_key(m.o_bias)},
+      {"checkpoint", bool_key(m.checkpoint)}};
+  const Schema data = {
+      {"train_folder", path_key(d.train_folder)}, {"valid_folder", path_key(d.valid_folder)},
+      {"seq_len", int_key(d.seq_len)}, {"micro_bsz", int_key(d.micro_bsz)},
+      {"micro_num", int_key(d.micro_num)}, {"use_packed_dataset", bool_key(d.use_packed_dataset)},
+      {"pack_sample_into_one", bool_key(d.pack_sample_into_one)},
+      {"pack_tail", string_key(d.pack_tail)}, {"shuffle", bool_key(d.shuffle)},
+      {"seed", int_key(d.seed)}, {"min_length", int_key(d.min_length)}};
+  const Schema optimizer = {
+      {"lr", double_key(o.lr)}, {"beta1", double_key(o.beta1)}, {"beta2", double_key(o.beta2)},
+      {"eps", double_key(o.eps)}, {"weight_decay", double_key(o.weight_decay)},
+      {"clip_grad_norm", double_key(o.clip_grad_norm)}};
+  const Schema scheduler = {{"warmup_steps", int_key(c.lr_scheduler.warmup_steps)},
+                            {"min_lr", double_key(c.lr_scheduler.min_lr)}};
+  const Schema parallel = {
+      {"tensor", sized_table({{"size", int_key(p.tensor.size)}, {"mode", string_key(p.tensor.mode)}},
+                             p.tensor.size, &p.tensor_given, loc, "parallel.tensor")},
+      {"weight", sized_table({{"size", int_key(p.weight.size)}, {"overlap", bool_key(p.weight.overlap)}},
+                             p.weight.size, nullptr, loc, "parallel.weight")},
+      {"zero1", sized_table({{"size", int_key(p.zero1.size)}}, p.zero1.size, nullptr, loc,
+                            "parallel.zero1")},
+      {"tensor_2d", [&](const toml::node& n, const std::string& where) {
+         if (!n.is_table()) wrong_type(where, "a table {x, y, overlap}", n);
+         p.tensor_2d.given = true;
+         apply(*n.as_table(), "parallel.tensor_2d",
+               {{"x", int_key(p.tensor_2d.x)}, {"y", int_key(p.tensor_2d.y)},
+                {"overlap", string_key(p.tensor_2d.overlap)}}, loc);
+       }}};
+  const Schema train = {
+      {"total_steps", int_key(t.total_steps)}, {"seed", int_key(t.seed)},
+      {"num_threads", int_key(t.num_threads)}, {"log_every", int_key(t.log_every)},
+      {"valid_every", int_key(t.valid_every)}, {"save_every", int_key(t.save_every)},
+      {"checkpoint_dir", path_key(t.checkpoint_dir)}, {"metrics_file", path_key(t.metrics_file)},
+      {"loss_reduction", string_key(t.loss_reduction)}};
+  const std::map<std::string, const Schema*> sections = {
+      {"model", &model}, {"data", &data}, {"optimizer", &optimizer},
+      {"lr_scheduler", &scheduler}, {"parallel", &parallel}, {"train", &train}};
+
+  std::map<std::string, std::set<std::string>> present;
+  for (const auto& [k, node] : root) {
+    const std::string key(k.str());
+    auto it = sections.find(key);
+    if (it == sections.end())
+      fail("{}: unknown section (expected model, data, optimizer, lr_scheduler, parallel or train)",
+           loc.at(key, &node));
+    if (!node.is_table()) wrong_type(loc.at(key, &node), "a table", node);
+    present[key] = apply(*node.as_table(), key, *it->second, loc);
+  }
+  c.model_keys_given = present["model"];
+  if (!present["lr_scheduler"].count("min_lr")) c.lr_scheduler.min_lr = 0.1 * o.lr;
+  if (needs.model_shape)
+    require(present["model"], "model", {"vocab_size", "hidden_size", "num_layers",
+            "num_attention_heads", "num_kv_attention_heads"}, source);
+  if (needs.data) require(present["data"], "data", {"train_folder", "seq_len", "micro_bsz"}, source);
+  if (needs.total_steps) require(present["train"], "train", {"total_steps"}, source);
+  check_config(c, needs);
+  return c;
+}
+
+TrainConfig load_config(const fs::path& path, const std::vector<std::string>& overrides,
+                        const ConfigNeeds& needs) {
+  std::ifstream in(path);
+  check(in.good(), "{}: cannot open config file", path.string());
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_config(text.str(), path.string(), overrides, needs);
+}
+
+void check_model_config(const model::ModelConfig& m) {
+  const std::pair<const char*, int64_t> positive[] = {
+      {"vocab_size", m.vocab_size}, {"hidden_size", m.hidden_size}, {"num_layers", m.num_layers},
+      {"num_attention_heads", m.num_attention_heads},
+      {"num_kv_attention_heads", m.num_kv_attention_heads}, {"multiple_of", m.multiple_of}};
+  for (const auto& [k, v] : positive) check(v > 0, "model.{}: must be > 0, got {}", k, v);
+  check(m.hidden_size % m.num_attention_heads == 0,
+        "model.num_attention_heads: {} does not divide model.hidden_size {}", m.num_attention_heads,
+        m.hidden_size);
+  check(m.num_attention_heads % m.num_kv_attention_heads == 0,
+        "model.num_kv_attention_heads: {} does not divide model.num_attention_heads {}",
+        m.num_kv_attention_heads, m.num_attention_heads);
+  check(m.mlp_ratio > 0, "model.mlp_ratio: must be > 0, got {}", m.mlp_ratio);
+  check(m.norm_eps > 0, "model.norm_eps: must be > 0, got {}", m.norm_eps);
+  check(m.rope_base > 0, "model.rope_base: must be > 0, got {}", m.rope_base);
+}
+
+void check_config(const TrainConfig& c, const ConfigNeeds& needs) {
+  const std::string& s = c.source;
+  if (needs.model_shape) {
+    try {
+      check_model_config(c.model);
+    } catch (const Error& e) {
+      fail("{}: {}", s, e.what());
+    }
+  }
+  const auto& d = c.data;
+  auto positive = [&](const char* key, int64_t v) { check(v > 0, "{}: {}: must be > 0, got {}", s, key, v); };
+  auto non_negative = [&](const char* key, double v) {
+    check(v >= 0, "{}: {}: must be >= 0, got {}", s, key, v);
+  };
+  if (needs.data) {
+    positive("data.seq_len", d.seq_len);
+    positive("data.micro_bsz", d.micro_bsz);
+  }
+  positive("data.micro_num", d.micro_num);
+  non_negative("data.min_length", double(d.min_length));
+  non_negative("data.seed", double(d.seed));
+  check_in(s, "data.pack_tail", d.pack_tail, {"pad", "drop"});
+
+  const auto& o = c.optimizer;
+  check(o.lr > 0, "{}: optimizer.lr: must be > 0, got {}", s, o.lr);
+  check(o.beta1 >= 0 && o.beta1 < 1, "{}: optimizer.beta1: must be in [0, 1), got {}", s, o.beta1);
+  check(o.beta2 >= 0 && o.beta2 < 1, "{}: optimizer.beta2: must be in [0, 1), got {}", s, o.beta2);
+  check(o.eps > 0, "{}: optimizer.eps: must be > 0, got {}", s, o.eps);
+  non_negative("optimizer.weight_decay", o.weight_decay);
+  const auto& l = c.lr_scheduler;
+  non_negative("lr_scheduler.warmup_steps", double(l.warmup_steps));
+  check(l.min_lr >= 0 && l.min_lr <= o.lr, "{}: lr_scheduler.min_lr: must be in [0, optimizer.lr = {}], "
+        "got {}", s, o.lr, l.min_lr);
+
+  const auto& p = c.parallel;
+  positive("parallel.tensor.size", p.tensor.size);
+  check_in(s, "parallel.tensor.mode", p.tensor.mode, {"mtp", "msp", "fsp", "isp"});
+  positive("parallel.weight.size", p.weight.size);
+  check(p.zero1.size == -1 || p.zero1.size >= 1, "{}: parallel.zero1.size: must be -1 or >= 1, got {}",
+        s, p.zero1.size);
+  positive("parallel.tensor_2d.x", p.tensor_2d.x);
+  positive("parallel.tensor_2d.y", p.tensor_2d.y);
+  check_in(s, "parallel.tensor_2d.overlap", p.tensor_2d.overlap, kTensor2dOverlaps);
+  check(!(p.tensor.size > 1 && p.tensor_2d.given), "{}: parallel.tensor_2d: cannot be combined with "
+        "parallel.tensor.size = {} (use one form of tensor parallelism)", s, p.tensor.size);
+
+  const auto& t = c.train;
+  if (needs.total_steps) positive("train.total_steps", t.total_steps);
+  check(t.total_steps <= 0 || l.warmup_steps <= t.total_steps,
+        "{}: lr_scheduler.warmup_steps: {} exceeds train.total_steps {}", s, l.warmup_steps,
+        t.total_steps);
+  non_negative("train.seed", double(t.seed));
+  non_negative("train.num_threads", double(t.num_threads));
+  positive("train.log_every", t.log_every);
+  non_negative("train.valid_every", double(t.valid_every));
+  non_negative("train.save_every", double(t.save_every));
+  check_in(s, "train.loss_reduction", t.loss_reduction, {"token", "micro_mean"});
+}
+
+nlohmann::json to_json(const TrainConfig& c) {
+  const auto& m = c.model;
+  const auto& d = c.data;
+  const auto& o = c.optimizer;
+  const auto& p = c.parallel;
+  const auto& t = c.train;
+  nlohmann::json j;
+  j["model"] = {{"vocab_size", m.vocab_size}, {"hidden_size", m.hidden_size},
+                {"num_layers", m.num_layers}, {"num_attention_heads", m.num_attention_heads},
+                {"num_kv_attention_heads", m.num_kv_attention_heads}, {"mlp_ratio", m.mlp_ratio},
+                {"multiple_of", m.multiple_of}, {"norm_eps", m.norm_eps}, {"rope_base", m.rope_base},
+                {"qkv_bias", m.qkv_bias}, {"o_bias", m.o_bias}, {"checkpoint", m.checkpoint}};
+  j["data"] = {{"train_folder", d.train_folder}, {"valid_folder", d.valid_folder},
+               {"seq_len", d.seq_len}, {"micro_bsz", d.micro_bsz}, {"micro_num", d.micro_num},
+               {"use_packed_dataset", d.use_packed_dataset},
+               {"pack_sample_into_one", d.pack_sample_into_one}, {"pack_tail", d.pack_tail},
+               {"shuffle", d.shuffle}, {"seed", d.seed}, {"min_length", d.min_length}};
+  j["optimizer"] = {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps},
+                    {"weight_decay", o.weight_decay}, {"clip_grad_norm", o.clip_grad_norm}};
+  j["lr_scheduler"] = {{"warmup_steps", c.lr_scheduler.warmup_steps},
+                       {"min_lr", c.lr_scheduler.min_lr}};
+  j["parallel"] = {
+      {"tensor", {{"size", p.tensor.size}, {"mode", p.tensor.mode}}},
+      {"weight", {{"size", p.weight.size}, {"overlap", p.weight.overlap}}},
+      {"zero1", {{"size", p.zero1.size}}}};
+  if (p.tensor_2d.given)
+    j["parallel"]["tensor_2d"] = {{"x", p.tensor_2d.x}, {"y", p.tensor_2d.y},
+                                  {"overlap", p.tensor_2d.overlap}};
+  j["train"] = {{"total_steps", t.total_steps}, {"seed", t.seed}, {"num_threads", t.num_threads},
+                {"log_every", t.log_every}, {"valid_every", t.valid_every},
+                {"save_every", t.save_every}, {"checkpoint_dir", t.checkpoint_dir},
+                {"metrics_file", t.metrics_file}, {"loss_reduction", t.loss_reduction}};
+  return j;
+}
+
+}  // namespace longtron::train
