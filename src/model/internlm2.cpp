@@ -1,0 +1,260 @@
+// InternLM2 forward and backward over the ops of layers.h (SPEC §2; structure after llm.c).
+#include "model/internlm2.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace longtron::model {
+namespace {
+
+template <typename T>
+void add_into(T* out, const T* a, const T* b, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > 32768)
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+template <typename T>
+void accumulate(T* out, const T* a, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > 32768)
+  for (int64_t i = 0; i < n; ++i) out[i] += a[i];
+}
+
+void check_batch(const data::MicroBatch& b) {
+  const size_t N = b.input_ids.size();
+  check(N > 0, "micro-batch has no tokens");
+  check(b.labels.size() == N && b.indexes.size() == N,
+        "micro-batch arrays disagree: input_ids {}, labels {}, indexes {} tokens", N,
+        b.labels.size(), b.indexes.size());
+  check(b.cu_seqlens.size() >= 2 && b.cu_seqlens.front() == 0 &&
+            static_cast<size_t>(b.cu_seqlens.back()) == N,
+        "cu_seqlens must run from 0 to the {} tokens of the micro-batch", N);
+  for (size_t i = 1; i < b.cu_seqlens.size(); ++i)
+    check(b.cu_seqlens[i] >= b.cu_seqlens[i - 1], "cu_seqlens decreases at entry {} ({} < {})",
+          i, b.cu_seqlens[i], b.cu_seqlens[i - 1]);
+  for (size_t n = 0; n < N; ++n)
+    check(b.indexes[n] >= 0, "indexes[{}] = {} is negative", n, b.indexes[n]);
+}
+
+}  // namespace
+
+template <typename T>
+InternLM2<T>::InternLM2(const ParamLayout& layout, const Params<T>& params)
+    : InternLM2(layout, params, make_dense_ops<T>(layout)) {}
+
+template <typename T>
+InternLM2<T>::InternLM2(const ParamLayout& layout, const Params<T>& params, ModelOps<T> ops)
+    : layout_(layout), params_(params), ops_(std::move(ops)),
+      checkpoint_(layout.config().checkpoint) {
+  check(static_cast<int64_t>(ops_.blocks.size()) == layout.config().num_layers,
+        "model ops have {} blocks, model.num_layers is {}", ops_.blocks.size(),
+        layout.config().num_layers);
+  const BlockOps<T>& b = ops_.blocks.front();
+  H_ = b.wqkv->in();
+  Q_ = b.wqkv->out();
+  F_ = b.w1->out();
+  A_ = b.attention->out_features();
+  eps_ = layout.config().norm_eps;
+}
+
+template <typename T>
+void InternLM2<T>::set_checkpoint(bool on) {
+  checkpoint_ = on;
+}
+
+template <typename T>
+void InternLM2<T>::reserve(int64_t N) {
+  const bool want_all = !checkpoint_;
+  if (N <= capacity_ && want_all == saved_all_) return;
+  N = std::max(N, capacity_);
+  const int64_t L = static_cast<int64_t>(ops_.blocks.size());
+  const AttentionOp<T>& att = *ops_.blocks.front().attention;
+  const int64_t sq = att.saved_qkv_size(N), sl = att.saved_lse_size(N);
+  const int64_t per_acts = sq + N * A_ + sl + N * H_ + 2 * N + 2 * N * F_;
+  const int64_t nacts = want_all ? L : 1;
+  // Each buffer is padded to 16 elements (64-byte boundaries for float).
+  const auto pad = [](int64_t n) { return (n + 15) / 16 * 16; };
+  const int64_t total = (L + 1) * pad(N * H_) + nacts * (per_acts + 8 * 16) +
+                        pad(N * H_) * 3 + pad(N * Q_) + pad(N * F_) + pad(N) * 2 +
+                        pad(N * H_) * 3 + pad(N * F_) * 3 + pad(N * A_) + pad(sq) + 16 * 16;
+  arena_.assign(0, T(0));
+  arena_.shrink_to_fit();
+  arena_.assign(static_cast<size_t>(total), T(0));
+  T* p = arena_.data();
+  const auto take = [&](int64_t n) { T* r = p; p += pad(n); return r; };
+  xs_.assign(static_cast<size_t>(L + 1), nullptr);
+  for (auto& x : xs_) x = take(N * H_);
+  acts_.assign(static_cast<size_t>(nacts), BlockActs{});
+  for (auto& a : acts_) {
+    a.qkv_s = take(sq);
+    a.attn = take(N * A_);
+    a.lse = take(sl);
+    a.h = take(N * H_);
+    a.rstd1 = take(N);
+    a.rstd2 = take(N);
+    a.a = take(N * F_);
+    a.b = take(N * F_);
+  }
+  xn_ = take(N * H_), qkv_ = take(N * Q_), tmp_ = take(N * H_), g_ = take(N * F_);
+  xf_ = take(N * H_), rstdf_ = take(N), rstd_scratch_ = take(N);
+  dres_ = take(N * H_), dtmp_ = take(N * H_), dxn_ = take(N * H_);
+  dg_ = take(N * F_), da_ = take(N * F_), db_ = take(N * F_);
+  dattn_ = take(N * A_), dqkv_s_ = take(sq);
+  check(p <= arena_.data() + arena_.size(), "internal: model workspace overflow");
+  capacity_ = N;
+  saved_all_ = want_all;
+}
+
+template <typename T>
+AttentionBatch InternLM2<T>::attention_batch(const data::MicroBatch& b) const {
+  return AttentionBatch{b.indexes.data(), b.cu_seqlens.data(),
+                        static_cast<int64_t>(b.cu_seqlens.size()) - 1,
+                        static_cast<int64_t>(b.input_ids.size())};
+}
+
+template <typename T>
+typename InternLM2<T>::BlockActs& InternLM2<T>::acts(int layer, bool save) {
+  return (save && saved_all_) ? acts_[static_cast<size_t>(layer)] : acts_.front();
+}
+
+template <typename T>
+void InternLM2<T>::block_forward(int layer, BlockActs& A, T* y, const T* x,
+                                 const AttentionBatch& ab) {
+  BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
+  const BlockParamIds& id = layout_.layers[static_cast<size_t>(layer)];
+  const int64_t N = ab.num_tokens;
+  const T eps = static_cast<T>(eps_);
+  ops::rms_norm_forward(xn_, A.rstd1, x, params_.ptr(id.attention_norm), N, H_, eps);
+  o.wqkv->forward(qkv_, xn_, N, params_);
+  o.attention->forward(A.attn, A.qkv_s, A.lse, qkv_, ab);
+  o.wo->forward(tmp_, A.attn, N, params_);
+  add_into(A.h, x, tmp_, N * H_);
+  ops::rms_norm_forward(xn_, A.rstd2, A.h, params_.ptr(id.ffn_norm), N, H_, eps);
+  o.w1->forward(A.a, xn_, N, params_);
+  o.w3->forward(A.b, xn_, N, params_);
+  ops::swiglu_forward(g_, A.a, A.b, N * F_);
+  o.w2->forward(tmp_, g_, N, params_);
+  add_into(y, A.h, tmp_, N * H_);
+}
+
+template <typename T>
+void InternLM2<T>::block_backward(int layer, BlockActs& A, const T* x, const AttentionBatch& ab,
+                                  Params<T>& grads) {
+  BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
+  const BlockParamIds& id = layout_.layers[static_cast<size_t>(layer)];
+  const int64_t N = ab.num_tokens;
+  const T eps = static_cast<T>(eps_);
+  // FFN branch: y = h + w2(silu(a) ⊙ b), a = w1 z, b = w3 z, z = RMSNorm(h). g and z are cheap
+  // elementwise recomputations rather than saved tensors.
+  ops::swiglu_forward(g_, A.a, A.b, N * F_);
+  o.w2->backward(dg_, dres_, g_, N, params_, &grads, false);
+  ops::swiglu_backward(da_, db_, dg_, A.a, A.b, N * F_);
+  ops::rms_norm_forward(xn_, rstd_scratch_, A.h, params_.ptr(id.ffn_norm), N, H_, eps);
+  o.w1->backward(dxn_, da_, xn_, N, params_, &grads, false);
+  o.w3->backward(dxn_, db_, xn_, N, params_, &grads, true);
+  ops::rms_norm_backward(dtmp_, grads.ptr(id.ffn_norm), dxn_, A.h, params_.ptr(id.ffn_norm),
+                         A.rstd2, N, H_);
+  accumulate(dres_, dtmp_, N * H_);  // dres = dL/dh
+  // Attention branch: h = x + wo(Attn(qkv)), qkv = wqkv(RMSNorm(x)).
+  o.wo->backward(dattn_, dres_, A.attn, N, params_, &grads, false);
+  o.attention->backward(qkv_, dqkv_s_, dattn_, A.qkv_s, A.attn, A.lse, ab);
+  ops::rms_norm_forward(xn_, rstd_scratch_, x, params_.ptr(id.attention_norm), N, H_, eps);
+  o.wqkv->backward(dxn_, qkv_, xn_, N, params_, &grads, false);
+  ops::rms_norm_backward(dtmp_, grads.ptr(id.attention_norm), dxn_, x,
+                         params_.ptr(id.attention_norm), A.rstd1, N, H_);
+  accumulate(dres_, dtmp_, N * H_);  // dres = dL/dx
+}
+
+template <typename T>
+void InternLM2<T>::forward_blocks(const data::MicroBatch& batch, bool save) {
+  const int64_t N = static_cast<int64_t>(batch.input_ids.size());
+  if (save || N > capacity_) reserve(N);
+  const AttentionBatch ab = attention_batch(batch);
+  ops_.embedding->forward(xs_[0], batch.input_ids.data(), N, params_);
+  for (int i = 0; i < static_cast<int>(ops_.blocks.size()); ++i)
+    block_forward(i, acts(i, save), xs_[static_cast<size_t>(i) + 1], xs_[static_cast<size_t>(i)],
+                  ab);
+}
+
+template <typename T>
+LossSum InternLM2<T>::forward_backward(const data::MicroBatch& batch, Params<T>& grads,
+                                       double loss_scale) {
+  check_batch(batch);
+  check(&grads.layout() == &layout_ || grads.numel() == layout_.numel(),
+        "gradient buffer has {} elements, the model {}", grads.numel(), layout_.numel());
+  const int64_t N = static_cast<int64_t>(batch.input_ids.size());
+  const int L = static_cast<int>(ops_.blocks.size());
+  forward_blocks(batch, true);
+  const AttentionBatch ab = attention_batch(batch);
+  const T* wn = params_.ptr(layout_.norm);
+  ops::rms_norm_forward(xf_, rstdf_, xs_[static_cast<size_t>(L)], wn, N, H_,
+                        static_cast<T>(eps_));
+  const LossSum loss = ops_.head->forward_backward(dxn_, xf_, batch.labels.data(), N, params_,
+                                                   &grads, loss_scale, nullptr);
+  ops::rms_norm_backward(dres_, grads.ptr(layout_.norm), dxn_, xs_[static_cast<size_t>(L)], wn,
+                         rstdf_, N, H_);
+  for (int i = L - 1; i >= 0; --i) {
+    const T* x = xs_[static_cast<size_t>(i)];
+    if (checkpoint_) block_forward(i, acts_.front(), dtmp_, x, ab);  // recompute; y discarded
+    block_backward(i, acts(i, true), x, ab, grads);
+  }
+  ops_.embedding->backward(dres_, batch.input_ids.data(), N, &grads);
+  return loss;
+}
+
+template <typename T>
+LossSum InternLM2<T>::forward_loss(const data::MicroBatch& batch,
+                                   std::vector<double>* token_losses) {
+  check_batch(batch);
+  const int64_t N = static_cast<int64_t>(batch.input_ids.size());
+  forward_blocks(batch, false);
+  ops::rms_norm_forward(xf_, rstdf_, xs_.back(), params_.ptr(layout_.norm), N, H_,
+                        static_cast<T>(eps_));
+  if (token_losses) token_losses->assign(static_cast<size_t>(N), 0.0);
+  return ops_.head->forward_backward(nullptr, xf_, batch.labels.data(), N, params_, nullptr, 0.0,
+                                     token_losses ? token_losses->data() : nullptr);
+}
+
+template <typename T>
+std::vector<T> InternLM2<T>::logits_last(std::span<const int32_t> ids) {
+  check(!ids.empty(), "generation needs at least one prompt token");
+  const int32_t n = static_cast<int32_t>(ids.size());
+  data::MicroBatch b;
+  b.input_ids.assign(ids.begin(), ids.end());
+  b.labels.assign(ids.size(), data::kIgnoreIndex);
+  b.indexes.resize(ids.size());
+  for (int32_t i = 0; i < n; ++i) b.indexes[static_cast<size_t>(i)] = i;
+  b.cu_seqlens = {0, n};
+  b.max_seqlen = n;
+  forward_blocks(b, false);
+  ops::rms_norm_forward(xf_, rstdf_, xs_.back() + (n - 1) * H_, params_.ptr(layout_.norm), 1, H_,
+                        static_cast<T>(eps_));
+  std::vector<T> logits(static_cast<size_t>(layout_.config().vocab_size));
+  ops_.head->logits_row(logits.data(), xf_, params_);
+  return logits;
+}
+
+double model_flops(const ModelConfig& c, int64_t tokens, double sum_l2) {
+  const double H = static_cast<double>(c.hidden_size);
+  const double per_layer = static_cast<double>(c.qkv_size()) * H + H * H +
+                           3.0 * static_cast<double>(c.ffn_size()) * H;
+  const double matmul = static_cast<double>(c.num_layers) * per_layer +
+                        static_cast<double>(c.vocab_size) * H;
+  return 6.0 * matmul * static_cast<double>(tokens) +
+         6.0 * static_cast<double>(c.num_layers) * H * sum_l2;
+}
+
+double sum_squared_segments(std::span<const int32_t> cu_seqlens) {
+  double s = 0.0;
+  for (size_t i = 1; i < cu_seqlens.size(); ++i) {
+    const double l = static_cast<double>(cu_seqlens[i]) - static_cast<double>(cu_seqlens[i - 1]);
+    s += l * l;
+  }
+  return s;
+}
+
+template class InternLM2<float>;
+template class InternLM2<double>;
+
+}  // namespace longtron::model

@@ -1,0 +1,88 @@
+// The InternLM2 model (SPEC §2) with explicit forward and backward, after llm.c: embedding, blocks
+// h = x + wo(Attn(RoPE(split(wqkv(RMSNorm(x)))))), y = h + w2(silu(w1 z) ⊙ w3 z), z = RMSNorm(h),
+// final RMSNorm, untied output head, cross-entropy with ignore_index -100 as (loss sum, count).
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "data/batch.h"
+#include "model/layers.h"
+#include "model/params.h"
+
+namespace longtron::model {
+
+/// One InternLM2 model over a parameter buffer it does not own (the optimizer updates it in
+/// place between calls). Activations live in workspace buffers allocated on the first call and
+/// grown only when a longer micro-batch arrives; per block they are O(N·(H + Q + F)) — nothing
+/// O(N²). With config.checkpoint only each block's input is kept and the block is recomputed in
+/// backward (InternEvo's activation checkpointing); gradients are identical.
+template <typename T>
+class InternLM2 {
+ public:
+  /// Dense (single-process) ops. `layout` and `params` must outlive the model.
+  InternLM2(const ParamLayout& layout, const Params<T>& params);
+  /// Ops chosen by a parallel layout (local sizes come from the ops).
+  InternLM2(const ParamLayout& layout, const Params<T>& params, ModelOps<T> ops);
+
+  /// Forward and backward of one micro-batch. Returns (Σ token losses, valid labels) and
+  /// ACCUMULATES into grads the gradient of loss_scale · loss_sum (e.g. loss_scale = 1/Σcount of
+  /// the step). Throws longtron::Error for inconsistent batch arrays, ids outside the vocabulary
+  /// or labels other than -100 outside it.
+  LossSum forward_backward(const data::MicroBatch& batch, Params<T>& grads, double loss_scale);
+
+  /// Loss only (evaluation). If token_losses is not nullptr it is resized to N and receives each
+  /// token's loss (0 where the label is -100), so callers can sum per document.
+  LossSum forward_loss(const data::MicroBatch& batch, std::vector<double>* token_losses = nullptr);
+
+  /// Logits [V] of the next token after `ids` (one document, positions 0…n−1), recomputing the
+  /// whole prefix (no KV cache). ids must be non-empty and inside the vocabulary.
+  std::vector<T> logits_last(std::span<const int32_t> ids);
+
+  /// Bytes of activation workspace currently allocated (head chunk buffers excluded).
+  int64_t workspace_bytes() const { return static_cast<int64_t>(arena_.size() * sizeof(T)); }
+
+  bool checkpoint() const { return checkpoint_; }
+  void set_checkpoint(bool on);
+
+ private:
+  /// Saved state of one block: the split qkv after RoPE, attention output and lse, the residual
+  /// after attention, both norms' rstd, and the FFN's a = w1 z and b = w3 z.
+  struct BlockActs {
+    T *qkv_s, *attn, *lse, *h, *rstd1, *rstd2, *a, *b;
+  };
+  void reserve(int64_t N);
+  AttentionBatch attention_batch(const data::MicroBatch& batch) const;
+  /// Embedding and every block; xs_[L] holds the last block's output. save = keep per-block acts.
+  void forward_blocks(const data::MicroBatch& batch, bool save);
+  void block_forward(int layer, BlockActs& A, T* y, const T* x, const AttentionBatch& ab);
+  /// On entry dres_ = dL/dy of the block; on exit dL/dx.
+  void block_backward(int layer, BlockActs& A, const T* x, const AttentionBatch& ab,
+                      Params<T>& grads);
+  BlockActs& acts(int layer, bool save);
+
+  const ParamLayout& layout_;
+  const Params<T>& params_;
+  ModelOps<T> ops_;
+  bool checkpoint_;
+  int64_t H_, Q_, F_, A_;  // local hidden, qkv features, FFN width, attention output features
+  double eps_;
+
+  int64_t capacity_ = 0;   // tokens the workspace holds
+  bool saved_all_ = false;  // workspace laid out with per-block acts (checkpoint off)
+  std::vector<T> arena_;
+  std::vector<T*> xs_;              // residual stream: block inputs [L+1][N,H]
+  std::vector<BlockActs> acts_;     // L entries (checkpoint off) or 1 (shared)
+  T *xn_, *qkv_, *tmp_, *g_, *xf_, *rstdf_, *rstd_scratch_;       // forward temporaries
+  T *dres_, *dtmp_, *dxn_, *dg_, *da_, *db_, *dattn_, *dqkv_s_;   // backward temporaries
+};
+
+/// Model FLOPs of one step (SPEC §2): 6 × matmul parameters (all linears, head included; not the
+/// embedding, norms or biases) × tokens + 6 × num_layers × hidden × Σ lᵢ² over the attention
+/// segments of the step. Used for MFU (SPEC §4.3).
+double model_flops(const ModelConfig& config, int64_t tokens, double sum_l2);
+
+/// Σ lᵢ² over the segments of cu_seqlens (the attention term of model_flops).
+double sum_squared_segments(std::span<const int32_t> cu_seqlens);
+
+}  // namespace longtron::model

@@ -1,0 +1,205 @@
+// Single-process (dense) versions of the model's ops, built on the kernels of ops.h.
+#include "model/layers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace longtron::model {
+namespace {
+
+/// W[out, in] (+ bias[out]) of views `weight`, `bias` (-1 = none).
+template <typename T>
+class DenseLinear final : public LinearOp<T> {
+ public:
+  DenseLinear(const ParamLayout& layout, int weight, int bias)
+      : weight_(weight), bias_(bias), out_(layout.view(weight).shape[0]),
+        in_(layout.view(weight).shape[1]) {}
+  int64_t in() const override { return in_; }
+  int64_t out() const override { return out_; }
+
+  void forward(T* y, const T* x, int64_t N, const Params<T>& p) override {
+    ops::linear_forward(y, x, p.ptr(weight_), p.ptr(bias_), N, in_, out_);
+  }
+
+  void backward(T* dx, const T* dy, const T* x, int64_t N, const Params<T>& p, Params<T>* g,
+                bool accumulate_dx) override {
+    if (dx) ops::gemm<T>(false, false, N, in_, out_, T(1), dy, p.ptr(weight_),
+                         accumulate_dx ? T(1) : T(0), dx);
+    if (!g) return;
+    ops::gemm<T>(true, false, out_, in_, N, T(1), dy, x, T(1), g->ptr(weight_));
+    if (bias_ >= 0) {
+      T* db = g->ptr(bias_);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t o = 0; o < out_; ++o) db[o] += dy[n * out_ + o];
+    }
+  }
+
+ private:
+  int weight_, bias_;
+  int64_t out_, in_;
+};
+
+/// Split of the grouped qkv rows [Hkv, q_per_kv + 2, d] (SPEC §2) into [q heads | k heads |
+/// v heads] per token, so q, k and v are dense head ranges with token stride Q for the kernel.
+template <typename T>
+class DenseAttention final : public AttentionOp<T> {
+ public:
+  explicit DenseAttention(const ModelConfig& c)
+      : hq_(c.num_attention_heads), hkv_(c.num_kv_attention_heads), d_(c.head_dim()),
+        q_(c.qkv_size()), base_(c.rope_base) {}
+  int64_t qkv_features() const override { return q_; }
+  int64_t out_features() const override { return hq_ * d_; }
+  int64_t saved_qkv_size(int64_t N) const override { return N * q_; }
+  int64_t saved_lse_size(int64_t N) const override { return N * hq_; }
+
+  void forward(T* out, T* qkv_s, T* lse, const T* qkv, const AttentionBatch& b) override {
+    const int64_t N = b.num_tokens;
+    permute(qkv_s, qkv, N, /*to_split=*/true);
+    // q and k heads are adjacent in the split layout: one RoPE call rotates both.
+    ops::rope_forward(qkv_s, b.indexes, N, hq_ + hkv_, d_, q_, base_);
+    const ops::AttentionShape s = shape(b);
+    ops::varlen_attention_forward(out, lse, qkv_s, qkv_s + hq_ * d_, qkv_s + (hq_ + hkv_) * d_, s);
+  }
+
+  void backward(T* dqkv, T* dqkv_s, const T* dout, const T* qkv_s, const T* out, const T* lse,
+                const AttentionBatch& b) override {
+    const int64_t N = b.num_tokens;
+    const ops::AttentionShape s = shape(b);
+    ops::varlen_attention_backward(dqkv_s, dqkv_s + hq_ * d_, dqkv_s + (hq_ + hkv_) * d_, dout,
+                                   qkv_s, qkv_s + hq_ * d_, qkv_s + (hq_ + hkv_) * d_, out, lse, s);
+    ops::rope_backward(dqkv_s, b.indexes, N, hq_ + hkv_, d_, q_, base_);
+    permute(dqkv, dqkv_s, N, /*to_split=*/false);
+  }
+
+ private:
+  ops::AttentionShape shape(const AttentionBatch& b) const {
+    return ops::AttentionShape{b.num_tokens, hq_, hkv_, d_, q_, q_, b.cu_seqlens, b.num_segments,
+                               1.0 / std::sqrt(static_cast<double>(d_))};
+  }
+  /// grouped → split (to_split) or split → grouped; dst and src are [N, Q].
+  void permute(T* dst, const T* src, int64_t N, bool to_split) const {
+    const int64_t qpk = hq_ / hkv_;
+#pragma omp parallel for schedule(static) if (N * q_ > 32768)
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t g = 0; g < hkv_; ++g) {
+        for (int64_t j = 0; j < qpk + 2; ++j) {
+          const int64_t grouped = (g * (qpk + 2) + j) * d_;
+          const int64_t head = j < qpk ? g * qpk + j : (j == qpk ? hq_ + g : hq_ + hkv_ + g);
+          const int64_t split = head * d_;
+          const T* s = src + n * q_ + (to_split ? grouped : split);
+          T* o = dst + n * q_ + (to_split ? split : grouped);
+          std::copy(s, s + d_, o);
+        }
+      }
+    }
+  }
+  int64_t hq_, hkv_, d_, q_;
+  double base_;
+};
+
+template <typename T>
+class DenseEmbedding final : public EmbeddingOp<T> {
+ public:
+  DenseEmbedding(const ParamLayout& layout, int table)
+      : table_(table), V_(layout.view(table).shape[0]), H_(layout.view(table).shape[1]) {}
+  void forward(T* x, const int32_t* ids, int64_t N, const Params<T>& p) override {
+    for (int64_t n = 0; n < N; ++n)
+      check(ids[n] >= 0 && ids[n] < V_, "input_ids[{}] = {} is outside the vocabulary [0, {})",
+            n, ids[n], V_);
+    ops::embedding_forward(x, ids, p.ptr(table_), N, H_);
+  }
+  void backward(const T* dx, const int32_t* ids, int64_t N, Params<T>* g) override {
+    if (g) ops::embedding_backward(g->ptr(table_), dx, ids, N, H_);
+  }
+
+ private:
+  int table_;
+  int64_t V_, H_;
+};
+
+/// Head + cross-entropy over chunks of rows; logits exist for one chunk at a time.
+template <typename T>
+class DenseHeadLoss final : public HeadLossOp<T> {
+ public:
+  DenseHeadLoss(const ParamLayout& layout, int weight)
+      : weight_(weight), V_(layout.view(weight).shape[0]), H_(layout.view(weight).shape[1]),
+        chunk_(std::max<int64_t>(64, (int64_t{1} << 22) / V_)) {}
+
+  LossSum forward_backward(T* dxf, const T* xf, const int32_t* labels, int64_t N,
+                           const Params<T>& p, Params<T>* g, double loss_scale,
+                           double* token_losses) override {
+    for (int64_t n = 0; n < N; ++n)
+      check(labels[n] == -100 || (labels[n] >= 0 && labels[n] < V_),
+            "labels[{}] = {} is neither -100 nor inside the vocabulary [0, {})", n, labels[n], V_);
+    const int64_t C = std::min(chunk_, N);
+    if (static_cast<int64_t>(logits_.size()) < C * V_) {
+      logits_.assign(static_cast<size_t>(C * V_), T(0));
+      lse_.assign(static_cast<size_t>(C), T(0));
+      if (dxf) dlogits_.assign(static_cast<size_t>(C * V_), T(0));
+    }
+    if (dxf && static_cast<int64_t>(dlogits_.size()) < C * V_)
+      dlogits_.assign(static_cast<size_t>(C * V_), T(0));
+    const T* W = p.ptr(weight_);
+    LossSum loss;
+    for (int64_t n0 = 0; n0 < N; n0 += C) {
+      const int64_t rows = std::min(C, N - n0);
+      ops::gemm<T>(false, true, rows, V_, H_, T(1), xf + n0 * H_, W, T(0), logits_.data());
+      int64_t count = 0;
+      loss.sum += ops::cross_entropy_forward(lse_.data(), &count, logits_.data(), labels + n0,
+                                             rows, V_);
+      loss.count += count;
+      if (token_losses) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const int32_t y = labels[n0 + r];
+          token_losses[n0 + r] =
+              y < 0 ? 0.0 : double(lse_[r]) - double(logits_[static_cast<size_t>(r * V_ + y)]);
+        }
+      }
+      if (!dxf) continue;
+      ops::cross_entropy_backward(dlogits_.data(), logits_.data(), lse_.data(), labels + n0, rows,
+                                  V_, static_cast<T>(loss_scale));
+      ops::gemm<T>(false, false, rows, H_, V_, T(1), dlogits_.data(), W, T(0), dxf + n0 * H_);
+      if (g) ops::gemm<T>(true, false, V_, H_, rows, T(1), dlogits_.data(), xf + n0 * H_, T(1),
+                          g->ptr(weight_));
+    }
+    return loss;
+  }
+
+  void logits_row(T* logits, const T* xf, const Params<T>& p) override {
+    ops::gemm<T>(false, true, 1, V_, H_, T(1), xf, p.ptr(weight_), T(0), logits);
+  }
+
+ private:
+  int weight_;
+  int64_t V_, H_, chunk_;
+  std::vector<T> logits_, dlogits_, lse_;
+};
+
+}  // namespace
+
+template <typename T>
+ModelOps<T> make_dense_ops(const ParamLayout& layout) {
+  ModelOps<T> ops;
+  ops.embedding = std::make_unique<DenseEmbedding<T>>(layout, layout.tok_embeddings);
+  for (const BlockParamIds& b : layout.layers) {
+    BlockOps<T> block;
+    block.wqkv = std::make_unique<DenseLinear<T>>(layout, b.wqkv, b.wqkv_bias);
+    block.wo = std::make_unique<DenseLinear<T>>(layout, b.wo, b.wo_bias);
+    block.w1 = std::make_unique<DenseLinear<T>>(layout, b.w1, -1);
+    block.w3 = std::make_unique<DenseLinear<T>>(layout, b.w3, -1);
+    block.w2 = std::make_unique<DenseLinear<T>>(layout, b.w2, -1);
+    block.attention = std::make_unique<DenseAttention<T>>(layout.config());
+    ops.blocks.push_back(std::move(block));
+  }
+  ops.head = std::make_unique<DenseHeadLoss<T>>(layout, layout.output);
+  return ops;
+}
+
+template ModelOps<float> make_dense_ops<float>(const ParamLayout&);
+template ModelOps<double> make_dense_ops<double>(const ParamLayout&);
+
+}  // namespace longtron::model

@@ -1,0 +1,111 @@
+// The replaceable pieces of the InternLM2 model: linear, attention, embedding and head+loss ops.
+// The model is written against these interfaces only; the single-process (dense) versions live
+// here, and a parallel build passes sharded versions (column/row/ISP linears, Ulysses attention,
+// vocab-parallel embedding and cross-entropy) chosen once when the model is built (DESIGN.md).
+// Sizes an op reports (in/out features, local heads) are LOCAL sizes, so buffers follow shards.
+// Backward conventions follow ops.h: input gradients are overwritten (or accumulated when asked),
+// parameter gradients accumulate (+=) and are skipped when the gradient buffer is nullptr.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "model/params.h"
+
+namespace longtron::model {
+
+/// A linear layer y = x·Wᵀ (+ b), W in HF layout [out, in].
+template <typename T>
+class LinearOp {
+ public:
+  virtual ~LinearOp() = default;
+  /// Local input / output features.
+  virtual int64_t in() const = 0;
+  virtual int64_t out() const = 0;
+  /// y[N, out] = x[N, in]·Wᵀ + b (y overwritten).
+  virtual void forward(T* y, const T* x, int64_t N, const Params<T>& params) = 0;
+  /// dx[N, in] = dy·W (overwritten, or added when accumulate_dx); dW += dyᵀ·x, db += Σₙ dy
+  /// (skipped when grads is nullptr).
+  virtual void backward(T* dx, const T* dy, const T* x, int64_t N, const Params<T>& params,
+                        Params<T>* grads, bool accumulate_dx) = 0;
+};
+
+/// Inputs of one attention call besides q/k/v: per-token RoPE positions and the row's segments.
+struct AttentionBatch {
+  const int32_t* indexes;     ///< [N] RoPE position of each (local) token
+  const int32_t* cu_seqlens;  ///< [num_segments + 1] segment offsets
+  int64_t num_segments;
+  int64_t num_tokens;         ///< N, local tokens
+};
+
+/// Grouped qkv → RoPE → document-masked causal attention, and its adjoint.
+/// Input: qkv[N, Q] as the wqkv linear writes it (grouped rows, SPEC §2). Output: out[N, Hq·d].
+template <typename T>
+class AttentionOp {
+ public:
+  virtual ~AttentionOp() = default;
+  virtual int64_t qkv_features() const = 0;  ///< local Q = (Hq + 2Hkv)·d
+  virtual int64_t out_features() const = 0;  ///< local Hq·d
+  /// Elements of saved state per call of N tokens (split qkv after RoPE, and the lse).
+  virtual int64_t saved_qkv_size(int64_t N) const = 0;
+  virtual int64_t saved_lse_size(int64_t N) const = 0;
+  /// out (overwritten); saved_qkv and lse are written for backward.
+  virtual void forward(T* out, T* saved_qkv, T* lse, const T* qkv, const AttentionBatch& b) = 0;
+  /// dqkv[N, Q] (grouped layout, overwritten) from dout[N, Hq·d]; scratch has saved_qkv_size(N).
+  virtual void backward(T* dqkv, T* scratch, const T* dout, const T* saved_qkv, const T* out,
+                        const T* lse, const AttentionBatch& b) = 0;
+};
+
+/// Token embedding: x[N, H] = table[ids].
+template <typename T>
+class EmbeddingOp {
+ public:
+  virtual ~EmbeddingOp() = default;
+  virtual void forward(T* x, const int32_t* ids, int64_t N, const Params<T>& params) = 0;
+  /// dtable[ids] += dx (skipped when grads is nullptr).
+  virtual void backward(const T* dx, const int32_t* ids, int64_t N, Params<T>* grads) = 0;
+};
+
+/// Loss as (sum over valid labels, number of valid labels) — carried so until the step ends.
+struct LossSum {
+  double sum = 0.0;
+  int64_t count = 0;
+};
+
+/// Output head + cross-entropy (ignore_index -100), fused so logits never exist for all tokens
+/// at once (rows are processed in chunks).
+template <typename T>
+class HeadLossOp {
+ public:
+  virtual ~HeadLossOp() = default;
+  /// Loss of xf[N, H] (after the final norm) against labels[N]. When dxf is not nullptr, writes
+  /// dxf[N, H] = d(loss_scale · loss_sum)/dxf and accumulates the head's weight gradient into
+  /// grads (if not nullptr). When token_losses is not nullptr, writes each token's loss (0 where
+  /// the label is -100). Throws longtron::Error for a label outside [0, V) other than -100.
+  virtual LossSum forward_backward(T* dxf, const T* xf, const int32_t* labels, int64_t N,
+                                   const Params<T>& params, Params<T>* grads, double loss_scale,
+                                   double* token_losses) = 0;
+  /// logits[V] of one normalised row xf[H] (generation).
+  virtual void logits_row(T* logits, const T* xf, const Params<T>& params) = 0;
+};
+
+/// The ops of one block, in the order the block calls them.
+template <typename T>
+struct BlockOps {
+  std::unique_ptr<LinearOp<T>> wqkv, wo, w1, w3, w2;
+  std::unique_ptr<AttentionOp<T>> attention;
+};
+
+/// Every op of a model; built once (make_dense_ops or a parallel factory).
+template <typename T>
+struct ModelOps {
+  std::unique_ptr<EmbeddingOp<T>> embedding;
+  std::vector<BlockOps<T>> blocks;
+  std::unique_ptr<HeadLossOp<T>> head;
+};
+
+/// The single-process ops over the full tensors of `layout`.
+template <typename T>
+ModelOps<T> make_dense_ops(const ParamLayout& layout);
+
+}  // namespace longtron::model

@@ -1,0 +1,160 @@
+// Whole-model gradients against central finite differences in double (DESIGN.md), with and
+// without activation checkpointing, on a tiny GQA config over a packed row with length-1 segments
+// and a pad segment.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+#include "model/internlm2.h"
+#include "model_testing.h"
+
+namespace longtron::model {
+namespace {
+
+using testing::append_document;
+using testing::append_pad;
+using testing::random_document;
+
+/// Row of 24 tokens: documents of 7, 1, 5, 1, 6 tokens and a 4-token pad segment.
+data::MicroBatch tiny_row(int64_t vocab) {
+  std::mt19937_64 rng(7);
+  data::MicroBatch b;
+  for (int64_t len : {7, 1, 5, 1, 6}) append_document(b, random_document(rng, len, vocab));
+  append_pad(b, 4);
+  return b;
+}
+
+/// Parameters far from the init scale so every nonlinearity is exercised.
+void randomize(Params<double>& p, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 0.4);
+  for (const auto& v : p.layout().views()) {
+    double* x = p.data() + v.offset;
+    for (int64_t i = 0; i < v.numel; ++i) x[i] = v.is_norm ? 1.0 + 0.3 * normal(rng) : normal(rng);
+  }
+}
+
+void check_gradients(const ModelConfig& config, bool checkpoint) {
+  ModelConfig c = config;
+  c.checkpoint = checkpoint;
+  const ParamLayout layout(c);
+  Params<double> params(layout), grads(layout);
+  randomize(params, 11);
+  InternLM2<double> model(layout, params);
+  const data::MicroBatch batch = tiny_row(c.vocab_size);
+  const double scale = 0.37;
+  const LossSum loss = model.forward_backward(batch, grads, scale);
+  EXPECT_EQ(loss.count, 6 + 0 + 4 + 0 + 5);
+  EXPECT_NEAR(loss.sum, model.forward_loss(batch).sum, 1e-12 * std::abs(loss.sum));
+
+  std::mt19937_64 rng(3);
+  const double h = 1e-5;
+  int checked = 0;
+  for (const auto& v : layout.views()) {
+    std::uniform_int_distribution<int64_t> pick(0, v.numel - 1);
+    for (int k = 0; k < 8; ++k) {
+      const int64_t i = v.offset + pick(rng);
+      const double saved = params.data()[i];
+      params.data()[i] = saved + h;
+      const double up = model.forward_loss(batch).sum;
+      params.data()[i] = saved - h;
+      const double down = model.forward_loss(batch).sum;
+      params.data()[i] = saved;
+      const double fd = scale * (up - down) / (2 * h);
+      EXPECT_NEAR(grads.data()[i], fd, 1e-8 + 1e-6 * std::abs(fd))
+          << v.name << " element " << i - v.offset;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 8 * static_cast<int>(layout.views().size()));
+}
+
+TEST(ModelGrad, FiniteDifferences) { check_gradients(testing::tiny_config(), false); }
+
+TEST(ModelGrad, FiniteDifferencesWithCheckpoint) {
+  check_gradients(testing::tiny_config(), true);
+}
+
+TEST(ModelGrad, FiniteDifferencesWithBiasesAndOneKvHead) {
+  ModelConfig c = testing::tiny_config();
+  c.qkv_bias = true;
+  c.o_bias = true;
+  c.num_kv_attention_heads = 1;  // GQA with a single group
+  check_gradients(c, false);
+}
+
+TEST(ModelGrad, CheckpointGivesIdenticalGradients) {
+  ModelConfig c = testing::tiny_config();
+  const ParamLayout layout(c);
+  Params<double> params(layout), plain(layout), recomputed(layout);
+  randomize(params, 5);
+  const data::MicroBatch batch = tiny_row(c.vocab_size);
+  InternLM2<double> model(layout, params);
+  const LossSum a = model.forward_backward(batch, plain, 1.0);
+  model.set_checkpoint(true);
+  const LossSum b = model.forward_backward(batch, recomputed, 1.0);
+  EXPECT_EQ(a.sum, b.sum);
+  EXPECT_EQ(a.count, b.count);
+  for (int64_t i = 0; i < layout.numel(); ++i)
+    ASSERT_EQ(plain.data()[i], recomputed.data()[i]) << "element " << i;
+}
+
+TEST(ModelGrad, GradientsAccumulate) {
+  const ModelConfig c = testing::tiny_config();
+  const ParamLayout layout(c);
+  Params<double> params(layout), once(layout), twice(layout);
+  randomize(params, 9);
+  const data::MicroBatch batch = tiny_row(c.vocab_size);
+  InternLM2<double> model(layout, params);
+  model.forward_backward(batch, once, 1.0);
+  model.forward_backward(batch, twice, 0.5);
+  model.forward_backward(batch, twice, 1.5);
+  for (int64_t i = 0; i < layout.numel(); ++i)
+    ASSERT_NEAR(twice.data()[i], 2.0 * once.data()[i], 1e-12 + 1e-10 * std::abs(once.data()[i]));
+}
+
+TEST(ModelGrad, BadBatchesAreErrors) {
+  const ModelConfig c = testing::tiny_config();
+  const ParamLayout layout(c);
+  Params<double> params(layout), grads(layout);
+  InternLM2<double> model(layout, params);
+  data::MicroBatch b = tiny_row(c.vocab_size);
+  b.input_ids[3] = 32;  // outside the vocabulary
+  EXPECT_THROW(model.forward_loss(b), longtron::Error);
+  b = tiny_row(c.vocab_size);
+  b.labels[2] = -5;
+  EXPECT_THROW(model.forward_backward(b, grads, 1.0), longtron::Error);
+  b = tiny_row(c.vocab_size);
+  b.cu_seqlens.back() = 23;
+  EXPECT_THROW(model.forward_loss(b), longtron::Error);
+  b = tiny_row(c.vocab_size);
+  b.indexes.pop_back();
+  EXPECT_THROW(model.forward_loss(b), longtron::Error);
+}
+
+TEST(ModelGrad, LogitsLastMatchesTokenLoss) {
+  // The loss of the last prompt token's label equals lse − logit from logits_last.
+  const ModelConfig c = testing::tiny_config();
+  const ParamLayout layout(c);
+  Params<double> params(layout);
+  randomize(params, 13);
+  InternLM2<double> model(layout, params);
+  const std::vector<int32_t> doc = {3, 9, 27, 4, 11};
+  data::MicroBatch b;
+  testing::append_document(b, doc);
+  std::vector<double> losses;
+  model.forward_loss(b, &losses);
+  const std::vector<double> logits =
+      model.logits_last(std::span<const int32_t>(doc.data(), doc.size() - 1));
+  double mx = logits[0];
+  for (double l : logits) mx = std::max(mx, l);
+  double se = 0;
+  for (double l : logits) se += std::exp(l - mx);
+  EXPECT_NEAR(losses[3], mx + std::log(se) - logits[11], 1e-12);
+  EXPECT_EQ(losses[4], 0.0);  // last token: label -100
+}
+
+}  // namespace
+}  // namespace longtron::model
