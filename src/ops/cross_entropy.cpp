@@ -1,0 +1,77 @@
+// Cross-entropy over the vocabulary with ignore_index −100 (PyTorch semantics), carried as
+// (loss sum, valid-token count) until the step ends (Marian). Rows are independent, so threads
+// split the rows; the loss sum is reduced in double.
+#include <cmath>
+
+#include "core/error.h"
+#include "ops/fast_math.h"
+#include "ops/ops.h"
+
+namespace longtron::ops {
+
+namespace {
+constexpr int32_t kIgnoreIndex = -100;
+
+// log Σ_v exp(row[v]), stable: max first, then the sum of exp(row − max) in double.
+template <typename T>
+T row_logsumexp(const T* row, int64_t V) {
+  T max = row[0];
+#pragma omp simd reduction(max : max)
+  for (int64_t v = 0; v < V; ++v) max = row[v] > max ? row[v] : max;
+  double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t v = 0; v < V; ++v) sum += static_cast<double>(detail::fast_exp(row[v] - max));
+  return static_cast<T>(static_cast<double>(max) + std::log(sum));
+}
+}  // namespace
+
+template <typename T>
+double cross_entropy_forward(T* lse, int64_t* count, const T* logits, const int32_t* labels,
+                             int64_t N, int64_t V) {
+  for (int64_t n = 0; n < N; ++n) {
+    check(labels[n] == kIgnoreIndex || (labels[n] >= 0 && labels[n] < V),
+          "cross_entropy: label {} at token {} is outside [0, {}) and is not -100", labels[n], n,
+          V);
+  }
+  double loss = 0.0;
+  int64_t valid = 0;
+#pragma omp parallel for schedule(static) reduction(+ : loss, valid)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* row = logits + n * V;
+    lse[n] = row_logsumexp(row, V);
+    if (labels[n] == kIgnoreIndex) continue;
+    loss += static_cast<double>(lse[n]) - static_cast<double>(row[labels[n]]);
+    ++valid;
+  }
+  if (count != nullptr) *count = valid;
+  return loss;
+}
+
+template <typename T>
+void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int32_t* labels,
+                            int64_t N, int64_t V, T scale) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    T* d = dlogits + n * V;
+    if (labels[n] == kIgnoreIndex) {
+      for (int64_t v = 0; v < V; ++v) d[v] = T(0);
+      continue;
+    }
+    const T* row = logits + n * V;
+    const T l = lse[n];
+#pragma omp simd
+    for (int64_t v = 0; v < V; ++v) d[v] = scale * detail::fast_exp(row[v] - l);
+    d[labels[n]] -= scale;
+  }
+}
+
+#define LONGTRON_INSTANTIATE(T)                                                                \
+  template double cross_entropy_forward<T>(T*, int64_t*, const T*, const int32_t*, int64_t,    \
+                                           int64_t);                                           \
+  template void cross_entropy_backward<T>(T*, const T*, const T*, const int32_t*, int64_t,     \
+                                          int64_t, T);
+LONGTRON_INSTANTIATE(float)
+LONGTRON_INSTANTIATE(double)
+#undef LONGTRON_INSTANTIATE
+
+}  // namespace longtron::ops

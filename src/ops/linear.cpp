@@ -1,0 +1,41 @@
+// Linear layer in the Hugging Face layout W[out, in], through gemm (BLAS).
+#include "ops/ops.h"
+
+namespace longtron::ops {
+
+template <typename T>
+void linear_forward(T* y, const T* x, const T* W, const T* bias, int64_t N, int64_t in,
+                    int64_t out) {
+  gemm<T>(false, true, N, out, in, T(1), x, W, T(0), y);
+  if (bias == nullptr) return;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    T* row = y + n * out;
+    for (int64_t o = 0; o < out; ++o) row[o] += bias[o];
+  }
+}
+
+template <typename T>
+void linear_backward(T* dx, T* dW, T* dbias, const T* dy, const T* x, const T* W, int64_t N,
+                     int64_t in, int64_t out) {
+  if (dx != nullptr) gemm<T>(false, false, N, in, out, T(1), dy, W, T(0), dx);
+  if (dW != nullptr) gemm<T>(true, false, out, in, N, T(1), dy, x, T(1), dW);
+  if (dbias == nullptr) return;
+  // Column sums: each thread owns a range of output features, so there is no race.
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < out; ++o) {
+    double sum = 0.0;
+    for (int64_t n = 0; n < N; ++n) sum += static_cast<double>(dy[n * out + o]);
+    dbias[o] += static_cast<T>(sum);
+  }
+}
+
+#define LONGTRON_INSTANTIATE(T)                                                               \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t); \
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t,  \
+                                   int64_t);
+LONGTRON_INSTANTIATE(float)
+LONGTRON_INSTANTIATE(double)
+#undef LONGTRON_INSTANTIATE
+
+}  // namespace longtron::ops

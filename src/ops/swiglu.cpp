@@ -1,0 +1,36 @@
+// SwiGLU gate (Shazeer 2020): out = silu(a) ⊙ b, the InternLM2 FFN w2(silu(w1 z) ⊙ w3 z).
+#include <cmath>
+
+#include "ops/fast_math.h"
+#include "ops/ops.h"
+
+namespace longtron::ops {
+
+template <typename T>
+void swiglu_forward(T* out, const T* a, const T* b, int64_t count) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    const T s = T(1) / (T(1) + detail::fast_exp(-a[i]));
+    out[i] = a[i] * s * b[i];
+  }
+}
+
+// silu'(a) = s + a·s·(1 − s), s = sigmoid(a).
+template <typename T>
+void swiglu_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_t count) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    const T s = T(1) / (T(1) + detail::fast_exp(-a[i]));
+    if (da != nullptr) da[i] = dout[i] * b[i] * (s + a[i] * s * (T(1) - s));
+    if (db != nullptr) db[i] = dout[i] * a[i] * s;
+  }
+}
+
+#define LONGTRON_INSTANTIATE(T)                                                \
+  template void swiglu_forward<T>(T*, const T*, const T*, int64_t);            \
+  template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);
+LONGTRON_INSTANTIATE(float)
+LONGTRON_INSTANTIATE(double)
+#undef LONGTRON_INSTANTIATE
+
+}  // namespace longtron::ops

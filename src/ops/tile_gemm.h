@@ -1,0 +1,84 @@
+// Register-blocked micro-GEMM for attention tiles (at most a few hundred rows × 64–128 columns),
+// where a BLAS call's set-up costs more than the work. AVX2-sized vectors via GCC vector
+// extensions: 6 rows × 2 vectors of C stay in 12 registers while K runs (the layout of the
+// BLIS/OpenBLAS Haswell kernels). Always called from inside an OpenMP worker, single-threaded.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+namespace longtron::ops::detail {
+
+template <typename T>
+struct Vec;
+template <>
+struct Vec<float> {
+  typedef float type __attribute__((vector_size(32)));
+};
+template <>
+struct Vec<double> {
+  typedef double type __attribute__((vector_size(32)));
+};
+
+// C[R, NV·W] += A(R×K) · B(K × NV·W); A(i, k) = A[i·ars + k·acs] (any strides, so Aᵀ is free);
+// B rows are contiguous with leading dimension ldb.
+template <typename T, int R, int NV>
+inline void tile_block(int64_t K, const T* A, int64_t ars, int64_t acs, const T* B, int64_t ldb,
+                       T* C, int64_t ldc) {
+  using V = typename Vec<T>::type;
+  constexpr int W = 32 / sizeof(T);
+  V acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+  for (int64_t k = 0; k < K; ++k) {
+    V b[NV];
+    for (int v = 0; v < NV; ++v) std::memcpy(&b[v], B + k * ldb + v * W, sizeof(V));
+    for (int r = 0; r < R; ++r) {
+      const V a = V{} + A[r * ars + k * acs];
+      for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < NV; ++v) {
+      V c;
+      std::memcpy(&c, C + r * ldc + v * W, sizeof(V));
+      c += acc[r][v];
+      std::memcpy(C + r * ldc + v * W, &c, sizeof(V));
+    }
+  }
+}
+
+template <typename T, int NV>
+inline void tile_rows(int64_t M, int64_t K, const T* A, int64_t ars, int64_t acs, const T* B,
+                      int64_t ldb, T* C, int64_t ldc) {
+  int64_t i = 0;
+  for (; i + 6 <= M; i += 6) tile_block<T, 6, NV>(K, A + i * ars, ars, acs, B, ldb, C + i * ldc, ldc);
+  const T* a = A + i * ars;
+  T* c = C + i * ldc;
+  switch (M - i) {
+    case 5: tile_block<T, 5, NV>(K, a, ars, acs, B, ldb, c, ldc); break;
+    case 4: tile_block<T, 4, NV>(K, a, ars, acs, B, ldb, c, ldc); break;
+    case 3: tile_block<T, 3, NV>(K, a, ars, acs, B, ldb, c, ldc); break;
+    case 2: tile_block<T, 2, NV>(K, a, ars, acs, B, ldb, c, ldc); break;
+    case 1: tile_block<T, 1, NV>(K, a, ars, acs, B, ldb, c, ldc); break;
+    default: break;
+  }
+}
+
+/// C[M, N] (leading dimension ldc) += A · B with A(i, k) = A[i·ars + k·acs] and B[k·ldb + j].
+template <typename T>
+inline void tile_gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t ars, int64_t acs,
+                      const T* B, int64_t ldb, T* C, int64_t ldc) {
+  constexpr int64_t W = 32 / sizeof(T);
+  int64_t j = 0;
+  for (; j + 2 * W <= N; j += 2 * W) tile_rows<T, 2>(M, K, A, ars, acs, B + j, ldb, C + j, ldc);
+  for (; j + W <= N; j += W) tile_rows<T, 1>(M, K, A, ars, acs, B + j, ldb, C + j, ldc);
+  if (j == N) return;
+  for (int64_t i = 0; i < M; ++i) {  // columns left over (odd head_dim in tests)
+    for (int64_t k = 0; k < K; ++k) {
+      const T a = A[i * ars + k * acs];
+      for (int64_t jj = j; jj < N; ++jj) C[i * ldc + jj] += a * B[k * ldb + jj];
+    }
+  }
+}
+
+}  // namespace longtron::ops::detail

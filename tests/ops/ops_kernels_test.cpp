@@ -1,0 +1,212 @@
+// Every kernel but attention: central finite differences in double for each backward, plus the
+// forward values that have a closed form.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "fd_check.h"
+#include "ops/ops.h"
+
+namespace ops = longtron::ops;
+using longtron::testing::dot;
+using longtron::testing::expect_fd;
+using longtron::testing::random_vector;
+using Vec = std::vector<double>;
+
+TEST(Gemm, MatchesNaiveForAllTransposes) {
+  const int64_t M = 5, N = 4, K = 3;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      Vec A = random_vector(M * K, 1), B = random_vector(K * N, 2), C = random_vector(M * N, 3);
+      Vec expect = C;
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          double s = 0;
+          for (int64_t k = 0; k < K; ++k)
+            s += (ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
+          expect[i * N + j] = 2.0 * s + 0.5 * C[i * N + j];
+        }
+      ops::gemm<double>(ta, tb, M, N, K, 2.0, A.data(), B.data(), 0.5, C.data());
+      for (int64_t i = 0; i < M * N; ++i) EXPECT_NEAR(C[i], expect[i], 1e-12);
+    }
+  }
+}
+
+TEST(Linear, BackwardMatchesFiniteDifferencesWithBias) {
+  const int64_t N = 3, in = 4, out = 5;
+  Vec x = random_vector(N * in, 1), W = random_vector(out * in, 2), b = random_vector(out, 3);
+  const Vec dy = random_vector(N * out, 4);
+  auto loss = [&] {
+    Vec y(N * out);
+    ops::linear_forward<double>(y.data(), x.data(), W.data(), b.data(), N, in, out);
+    return dot(y, dy);
+  };
+  Vec dx(N * in), dW(out * in, 0.0), db(out, 0.0);
+  ops::linear_backward<double>(dx.data(), dW.data(), db.data(), dy.data(), x.data(), W.data(), N,
+                               in, out);
+  expect_fd(x, dx, loss, "dx");
+  expect_fd(W, dW, loss, "dW");
+  expect_fd(b, db, loss, "dbias");
+  // Parameter gradients accumulate.
+  Vec dW2 = dW;
+  ops::linear_backward<double>(nullptr, dW2.data(), nullptr, dy.data(), x.data(), W.data(), N, in,
+                               out);
+  for (size_t i = 0; i < dW.size(); ++i) EXPECT_NEAR(dW2[i], 2 * dW[i], 1e-12);
+}
+
+TEST(Embedding, GathersRowsAndScattersRepeatedIds) {
+  const int64_t V = 4, H = 70, N = 5;  // H > 64 exercises two column blocks
+  const std::vector<int32_t> ids = {2, 0, 2, 3, 2};
+  Vec table = random_vector(V * H, 1);
+  const Vec dout = random_vector(N * H, 2);
+  Vec out(N * H);
+  ops::embedding_forward<double>(out.data(), ids.data(), table.data(), N, H);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < H; ++i) EXPECT_EQ(out[n * H + i], table[ids[n] * H + i]);
+  auto loss = [&] {
+    Vec o(N * H);
+    ops::embedding_forward<double>(o.data(), ids.data(), table.data(), N, H);
+    return dot(o, dout);
+  };
+  Vec dtable(V * H, 0.0);
+  ops::embedding_backward<double>(dtable.data(), dout.data(), ids.data(), N, H);
+  expect_fd(table, dtable, loss, "dtable");
+}
+
+TEST(RmsNorm, ForwardValueAndBackwardFiniteDifferences) {
+  const int64_t N = 3, H = 7;
+  Vec x = random_vector(N * H, 1), w = random_vector(H, 2);
+  const Vec dout = random_vector(N * H, 3);
+  const double eps = 1e-5;
+  Vec out(N * H), rstd(N);
+  ops::rms_norm_forward<double>(out.data(), rstd.data(), x.data(), w.data(), N, H, eps);
+  double ms = 0;
+  for (int64_t i = 0; i < H; ++i) ms += x[i] * x[i] / H;
+  EXPECT_NEAR(out[2], x[2] / std::sqrt(ms + eps) * w[2], 1e-12);
+  auto loss = [&] {
+    Vec o(N * H), r(N);
+    ops::rms_norm_forward<double>(o.data(), r.data(), x.data(), w.data(), N, H, eps);
+    return dot(o, dout);
+  };
+  Vec dx(N * H), dw(H, 0.0);
+  ops::rms_norm_backward<double>(dx.data(), dw.data(), dout.data(), x.data(), w.data(),
+                                 rstd.data(), N, H);
+  expect_fd(x, dx, loss, "dx");
+  expect_fd(w, dw, loss, "dweight");
+}
+
+TEST(Rope, RotatesPairsAndBackwardIsTheAdjoint) {
+  const int64_t N = 4, heads = 2, d = 6, stride = 17;  // strided rows inside a wider buffer
+  const std::vector<int32_t> indexes = {0, 1, 5, 0};
+  Vec x = random_vector(N * stride, 1);
+  const Vec dout = random_vector(N * stride, 2);
+  Vec rotated = x;
+  ops::rope_forward<double>(rotated.data(), indexes.data(), N, heads, d, stride, 10000.0);
+  // Token 2, head 1, pair i = 1: angle 5 · 10000^(−2/6).
+  const double angle = 5.0 * std::pow(10000.0, -2.0 / 6.0);
+  const double a = x[2 * stride + 6 + 1], b = x[2 * stride + 6 + 4];
+  EXPECT_NEAR(rotated[2 * stride + 6 + 1], a * std::cos(angle) - b * std::sin(angle), 1e-12);
+  EXPECT_NEAR(rotated[2 * stride + 6 + 4], b * std::cos(angle) + a * std::sin(angle), 1e-12);
+  EXPECT_EQ(rotated[12], x[12]);  // element 12 of token 0 is outside the heads: untouched
+  auto loss = [&] {
+    Vec y = x;
+    ops::rope_forward<double>(y.data(), indexes.data(), N, heads, d, stride, 10000.0);
+    double s = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < heads * d; ++i) s += y[n * stride + i] * dout[n * stride + i];
+    return s;
+  };
+  Vec dx = dout;
+  ops::rope_backward<double>(dx.data(), indexes.data(), N, heads, d, stride, 10000.0);
+  for (int64_t n = 0; n < N; ++n)  // elements outside the heads do not enter the loss
+    for (int64_t i = heads * d; i < stride; ++i) dx[n * stride + i] = 0;
+  expect_fd(x, dx, loss, "dx");
+  EXPECT_THROW(ops::rope_forward<double>(x.data(), indexes.data(), N, 1, 5, 17, 1e4),
+               longtron::Error);
+}
+
+TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
+  const int64_t count = 40;
+  Vec a = random_vector(count, 1, 3.0), b = random_vector(count, 2);
+  const Vec dout = random_vector(count, 3);
+  auto loss = [&] {
+    Vec o(count);
+    ops::swiglu_forward<double>(o.data(), a.data(), b.data(), count);
+    return dot(o, dout);
+  };
+  Vec o(count);
+  ops::swiglu_forward<double>(o.data(), a.data(), b.data(), count);
+  EXPECT_NEAR(o[0], a[0] / (1 + std::exp(-a[0])) * b[0], 1e-12);
+  Vec da(count), db(count);
+  ops::swiglu_backward<double>(da.data(), db.data(), dout.data(), a.data(), b.data(), count);
+  expect_fd(a, da, loss, "da");
+  expect_fd(b, db, loss, "db");
+  // Float agrees with double (the float path uses the vectorised exp).
+  std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end()), of(count);
+  ops::swiglu_forward<float>(of.data(), af.data(), bf.data(), count);
+  for (int64_t i = 0; i < count; ++i) EXPECT_NEAR(of[i], o[i], 1e-5 * std::max(1.0, std::abs(o[i])));
+}
+
+TEST(CrossEntropy, IgnoresMinus100AndBackwardMatchesFiniteDifferences) {
+  const int64_t N = 4, V = 6;
+  Vec logits = random_vector(N * V, 1, 2.0);
+  logits[7] = 800.0;  // a huge logit must not overflow (stable log-sum-exp)
+  const std::vector<int32_t> labels = {3, -100, 0, 5};
+  Vec lse(N);
+  int64_t count = 0;
+  const double loss_sum =
+      ops::cross_entropy_forward<double>(lse.data(), &count, logits.data(), labels.data(), N, V);
+  EXPECT_EQ(count, 3);
+  double expect = 0;
+  for (int64_t n : {0, 2, 3}) {
+    double mx = -1e300, s = 0;
+    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, logits[n * V + v]);
+    for (int64_t v = 0; v < V; ++v) s += std::exp(logits[n * V + v] - mx);
+    expect += mx + std::log(s) - logits[n * V + labels[n]];
+  }
+  EXPECT_NEAR(loss_sum, expect, 1e-10);
+  EXPECT_NEAR(lse[1], 800.0, 1e-9);
+  const double scale = 0.25;
+  auto loss = [&] {
+    Vec l(N);
+    return scale * ops::cross_entropy_forward<double>(l.data(), nullptr, logits.data(),
+                                                      labels.data(), N, V);
+  };
+  Vec dlogits(N * V, 7.0);
+  ops::cross_entropy_backward<double>(dlogits.data(), logits.data(), lse.data(), labels.data(), N,
+                                      V, scale);
+  for (int64_t v = 0; v < V; ++v) EXPECT_EQ(dlogits[1 * V + v], 0.0);
+  expect_fd(logits, dlogits, loss, "dlogits");
+  // Float agrees with double.
+  std::vector<float> lf(logits.begin(), logits.end()), lsef(N);
+  EXPECT_NEAR(ops::cross_entropy_forward<float>(lsef.data(), nullptr, lf.data(), labels.data(), N,
+                                                V),
+              loss_sum, 1e-4 * std::abs(loss_sum));
+  const std::vector<int32_t> bad = {3, 6, 0, 0};
+  EXPECT_THROW(ops::cross_entropy_forward<double>(lse.data(), nullptr, logits.data(), bad.data(),
+                                                  N, V),
+               longtron::Error);
+}
+
+TEST(AdamW, MatchesHandComputedSteps) {
+  float p[2] = {1.0f, -2.0f}, m[2] = {0, 0}, v[2] = {0, 0};
+  const float g1[2] = {0.5f, -1.0f}, g2[2] = {0.1f, 0.3f};
+  const float lr = 0.01f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+  ops::adamw_update(p, m, v, g1, 2, lr, b1, b2, eps, wd, 1);
+  // Step 1: m̂ = g, v̂ = g², so the update is lr·sign(g) after decay p·(1 − lr·wd).
+  EXPECT_NEAR(p[0], 1.0 * (1 - 0.001) - 0.01, 1e-6);
+  EXPECT_NEAR(p[1], -2.0 * (1 - 0.001) + 0.01, 1e-6);
+  ops::adamw_update(p, m, v, g2, 2, lr, b1, b2, eps, wd, 2);
+  for (int i = 0; i < 2; ++i) {
+    const double p1 = i == 0 ? 1.0 * 0.999 - 0.01 : -2.0 * 0.999 + 0.01;
+    const double m2 = 0.9 * 0.1 * g1[i] + 0.1 * g2[i];
+    const double v2 = 0.95 * 0.05 * g1[i] * g1[i] + 0.05 * g2[i] * g2[i];
+    const double mhat = m2 / (1 - 0.81), vhat = v2 / (1 - 0.9025);
+    const double expect = p1 * 0.999 - 0.01 * mhat / (std::sqrt(vhat) + 1e-8);
+    EXPECT_NEAR(p[i], expect, 1e-6) << i;
+    EXPECT_NEAR(m[i], m2, 1e-7);
+    EXPECT_NEAR(v[i], v2, 1e-7);
+  }
+  EXPECT_THROW(ops::adamw_update(p, m, v, g1, 2, lr, b1, b2, eps, wd, 0), longtron::Error);
+}
