@@ -1,0 +1,279 @@
+// Collective tests shared by comm_np2_test and comm_np4_test: every collective (and its async
+// handle) on the world and on split groups, checked against a direct computation — each rank's
+// input is a known function of (rank, index), so every rank can compute the expected result.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <type_traits>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/process_grid.h"
+#include "core/error.h"
+#include "mpi_test_main.h"
+
+namespace longtron::comm {
+namespace {
+
+using longtron::testing::world;
+
+// The value rank r contributes at index i.
+double value(int r, int64_t i) { return 0.25 * (r + 1) + 0.5 * double(i) - 0.125 * (r * i % 5); }
+
+template <typename T>
+std::vector<T> input(int r, int64_t n, int64_t offset = 0) {
+  std::vector<T> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    double x = value(r, i + offset);
+    if constexpr (std::is_integral_v<T>)
+      v[size_t(i)] = T(std::llround(x * 8));  // distinct integers
+    else
+      v[size_t(i)] = T(x);
+  }
+  return v;
+}
+
+template <typename T>
+void check_all_reduce(Communicator& c) {
+  const int64_t n = 37;
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+    std::vector<T> data = input<T>(c.rank(), n);
+    c.all_reduce(data.data(), n, op);
+    for (int64_t i = 0; i < n; ++i) {
+      T want = op == ReduceOp::kSum ? T(0) : input<T>(0, n)[size_t(i)];
+      for (int r = 0; r < c.size(); ++r) {
+        T x = input<T>(r, n)[size_t(i)];
+        want = op == ReduceOp::kSum ? T(want + x) : std::max(want, x);
+      }
+      EXPECT_NEAR(double(data[size_t(i)]), double(want), 1e-5) << "i=" << i;
+    }
+  }
+}
+
+TEST(Comm, AllReduceEachType) {
+  Communicator& c = *world();
+  check_all_reduce<float>(c);
+  check_all_reduce<double>(c);
+  check_all_reduce<int64_t>(c);
+  check_all_reduce<int32_t>(c);
+}
+
+TEST(Comm, AllGatherPlainInPlaceAndUneven) {
+  Communicator& c = *world();
+  const int T = c.size();
+  const int64_t n = 5;
+  std::vector<float> send = input<float>(c.rank(), n);
+  std::vector<float> recv(static_cast<size_t>(T * n), -1.f);
+  c.all_gather(recv.data(), send.data(), n);
+  for (int r = 0; r < T; ++r)
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(recv[size_t(r * n + i)], input<float>(r, n)[size_t(i)]);
+  // In place: this rank's chunk already sits in recv.
+  std::vector<double> inplace(static_cast<size_t>(T * n), 0.0);
+  auto mine = input<double>(c.rank(), n);
+  std::copy(mine.begin(), mine.end(), inplace.begin() + c.rank() * n);
+  c.all_gather(inplace.data(), inplace.data() + c.rank() * n, n);
+  for (int r = 0; r < T; ++r)
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(inplace[size_t(r * n + i)], input<double>(r, n)[size_t(i)]);
+  // Uneven: rank r sends r + 1 elements.
+  std::vector<int64_t> counts(static_cast<size_t>(T));
+  for (int r = 0; r < T; ++r) counts[size_t(r)] = r + 1;
+  std::vector<int64_t> v = input<int64_t>(c.rank(), c.rank() + 1);
+  std::vector<int64_t> all(static_cast<size_t>(T * (T + 1) / 2));
+  c.all_gather_v(all.data(), v.data(), counts);
+  size_t k = 0;
+  for (int r = 0; r < T; ++r)
+    for (int64_t i = 0; i <= r; ++i) EXPECT_EQ(all[k++], input<int64_t>(r, r + 1)[size_t(i)]);
+}
+
+TEST(Comm, ReduceScatterSumAndMax) {
+  Communicator& c = *world();
+  const int T = c.size();
+  const int64_t n = 6;
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+    std::vector<double> send = input<double>(c.rank(), T * n);
+    std::vector<double> recv(static_cast<size_t>(n));
+    c.reduce_scatter(recv.data(), send.data(), n, op);
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t g = c.rank() * n + i;
+      double want = op == ReduceOp::kSum ? 0.0 : -1e300;
+      for (int r = 0; r < T; ++r) {
+        double x = input<double>(r, T * n)[size_t(g)];
+        want = op == ReduceOp::kSum ? want + x : std::max(want, x);
+      }
+      EXPECT_NEAR(recv[size_t(i)], want, 1e-12);
+    }
+  }
+}
+
+TEST(Comm, AllToAll) {
+  Communicator& c = *world();
+  const int T = c.size();
+  const int64_t n = 3;
+  // Rank r sends value(r, j*n + i) as element i of chunk j.
+  std::vector<float> send = input<float>(c.rank(), T * n);
+  std::vector<float> recv(static_cast<size_t>(T * n));
+  c.all_to_all(recv.data(), send.data(), n);
+  for (int j = 0; j < T; ++j)
+    for (int64_t i = 0; i < n; ++i)
+      EXPECT_EQ(recv[size_t(j * n + i)], input<float>(j, T * n)[size_t(c.rank() * n + i)]);
+}
+
+TEST(Comm, BroadcastFromEveryRoot) {
+  Communicator& c = *world();
+  for (int root = 0; root < c.size(); ++root) {
+    std::vector<double> data = input<double>(c.rank(), 9);
+    c.broadcast(data.data(), 9, root);
+    EXPECT_EQ(data, input<double>(root, 9));
+  }
+  double dummy = 0;
+  EXPECT_THROW(c.broadcast(&dummy, 1, c.size()), Error);
+}
+
+TEST(Comm, AsyncHandlesOverlapAndWaitOutOfOrder) {
+  Communicator& c = *world();
+  const int T = c.size();
+  std::vector<float> a = input<float>(c.rank(), 100);
+  std::vector<float> g(static_cast<size_t>(T * 10));
+  std::vector<float> gs = input<float>(c.rank(), 10);
+  std::vector<float> rs_in = input<float>(c.rank(), T * 4), rs_out(4);
+  std::vector<float> b = input<float>(c.rank(), 7);
+  std::vector<float> tin = input<float>(c.rank(), T * 2), tout(size_t(T * 2));
+  Work w1 = c.all_reduce_async(a.data(), 100);
+  Work w2 = c.all_gather_async(g.data(), gs.data(), 10);
+  Work w3 = c.reduce_scatter_async(rs_out.data(), rs_in.data(), 4);
+  Work w4 = c.broadcast_async(b.data(), 7, T - 1);
+  Work w5 = c.all_to_all_async(tout.data(), tin.data(), 2);
+  EXPECT_TRUE(w1.pending());
+  w5.wait();
+  w3.wait();
+  w1.wait();
+  w1.wait();  // idempotent
+  w4.wait();
+  w2.wait();
+  EXPECT_FALSE(w1.pending());
+  for (int64_t i = 0; i < 100; ++i) {
+    double want = 0;
+    for (int r = 0; r < T; ++r) want += input<float>(r, 100)[size_t(i)];
+    EXPECT_NEAR(a[size_t(i)], want, 1e-4);
+  }
+  for (int r = 0; r < T; ++r) EXPECT_EQ(g[size_t(r * 10 + 3)], input<float>(r, 10)[3]);
+  double want_rs = 0;
+  for (int r = 0; r < T; ++r) want_rs += input<float>(r, T * 4)[size_t(c.rank() * 4 + 1)];
+  EXPECT_NEAR(rs_out[1], want_rs, 1e-5);
+  EXPECT_EQ(b, input<float>(T - 1, 7));
+  for (int j = 0; j < T; ++j) EXPECT_EQ(tout[size_t(j * 2 + 1)], input<float>(j, T * 2)[size_t(c.rank() * 2 + 1)]);
+}
+
+TEST(Comm, SplitEvenOddGroups) {
+  Communicator& w = *world();
+  // Reverse order inside the group through the key.
+  CommPtr sub = w.split(w.rank() % 2, -w.rank());
+  int members = (w.size() + 1 - w.rank() % 2) / 2;
+  EXPECT_EQ(sub->size(), members);
+  std::vector<int32_t> ranks(static_cast<size_t>(sub->size()));
+  int32_t me = w.rank();
+  sub->all_gather(ranks.data(), &me, 1);
+  EXPECT_EQ(ranks[size_t(sub->rank())], me);
+  for (size_t i = 1; i < ranks.size(); ++i) EXPECT_GT(ranks[i - 1], ranks[i]);  // key = -rank
+  for (int32_t r : ranks) EXPECT_EQ(r % 2, w.rank() % 2);
+  int64_t sum = w.rank();
+  sub->all_reduce(&sum, 1);
+  int64_t want = 0;
+  for (int r = w.rank() % 2; r < w.size(); r += 2) want += r;
+  EXPECT_EQ(sum, want);
+  EXPECT_THROW(w.split(-1, 0), Error);
+}
+
+TEST(Comm, PayloadBytesPerKind) {
+  Communicator& w = *world();
+  CommPtr c = w.split(0, w.rank());
+  CommStats before = global_stats();
+  std::vector<float> x(static_cast<size_t>(10 * c->size()));
+  std::vector<float> y(static_cast<size_t>(10 * c->size()));
+  c->all_reduce(x.data(), 10);
+  c->all_gather(y.data(), x.data(), 10);
+  c->reduce_scatter(y.data(), x.data(), 10);
+  c->all_to_all(y.data(), x.data(), 10);
+  c->broadcast(x.data(), 3, 0);
+  c->barrier();
+  const CommStats& s = c->stats();
+  int64_t T = c->size();
+  EXPECT_EQ(s.bytes[int(Kind::kAllReduce)], 40u);
+  EXPECT_EQ(s.bytes[int(Kind::kAllGather)], 40u);
+  EXPECT_EQ(s.bytes[int(Kind::kReduceScatter)], uint64_t(40 * T));
+  EXPECT_EQ(s.bytes[int(Kind::kAllToAll)], uint64_t(40 * T));
+  EXPECT_EQ(s.bytes[int(Kind::kBroadcast)], 12u);
+  EXPECT_EQ(s.calls[int(Kind::kBarrier)], 1u);
+  EXPECT_EQ(s.total_bytes(), uint64_t(40 + 40 + 80 * T + 12));
+  EXPECT_EQ(global_stats().total_bytes() - before.total_bytes(), s.total_bytes());
+  EXPECT_EQ(c->sequence(), 6u);
+  c->reset_stats();
+  EXPECT_EQ(c->stats().total_bytes(), 0u);
+}
+
+TEST(Comm, OrderCheckNamesTheMismatch) {
+  Communicator& w = *world();
+  CommPtr c = w.split(0, w.rank());
+  c->set_checking(true);
+  std::vector<float> x(8, 1.f);
+  // Different counts on rank 0: the check throws on every rank before any data moves.
+  try {
+    c->all_reduce(x.data(), c->rank() == 0 ? 3 : 4);
+    ADD_FAILURE() << "no error for mismatched counts";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("collective order mismatch"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("count 3"), std::string::npos) << e.what();
+  }
+  // Different kinds.
+  try {
+    if (c->rank() == c->size() - 1)
+      c->broadcast(x.data(), 4, 0);
+    else
+      c->all_reduce(x.data(), 4);
+    ADD_FAILURE() << "no error for mismatched kinds";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("broadcast"), std::string::npos) << e.what();
+  }
+  // Matching calls pass the check and still compute.
+  c->all_reduce(x.data(), 8);
+  EXPECT_EQ(x[0], float(c->size()));
+}
+
+// The communicators of a grid hold exactly the world ranks group_ranks names.
+void check_grid(const Layout& layout) {
+  Communicator& w = *world();
+  ProcessGrid g = make_process_grid(world(), layout);
+  EXPECT_EQ(g.tp * g.dp, w.size());
+  for (Group kind : {Group::kTensor, Group::kData, Group::kWeight, Group::kWeightData, Group::kZero1,
+                     Group::kZero1Replica, Group::kX, Group::kY}) {
+    std::vector<int> want = group_ranks(layout, w.size(), kind, w.rank());
+    Communicator& c = *g.get(kind);
+    std::vector<int32_t> got(static_cast<size_t>(c.size()));
+    int32_t me = w.rank();
+    c.all_gather(got.data(), &me, 1);
+    EXPECT_EQ(std::vector<int>(got.begin(), got.end()), want) << group_name(kind);
+  }
+}
+
+TEST(Comm, ProcessGridLayouts) {
+  const int W = world()->size();
+  check_grid(Layout{});
+  check_grid(Layout{.tensor_size = 2, .tensor_mode = TensorMode::kMsp, .zero1_size = -1});
+  check_grid(Layout{.tensor_size = 2, .tensor_mode = TensorMode::kIsp, .weight_size = W});
+  check_grid(Layout{.zero1_size = W});
+  check_grid(Layout{.tensor_2d_x = 2, .tensor_2d_y = 1});
+  if (W >= 4) {
+    check_grid(Layout{.tensor_size = 4, .tensor_mode = TensorMode::kFsp});
+    check_grid(Layout{.tensor_size = 2, .tensor_mode = TensorMode::kIsp, .weight_size = 4,
+                      .zero1_size = -1});
+    check_grid(Layout{.tensor_2d_x = 2, .tensor_2d_y = 2});
+    check_grid(Layout{.zero1_size = 2, .tensor_2d_x = 1, .tensor_2d_y = 2});
+    check_grid(Layout{.zero1_size = 2});
+  }
+  EXPECT_THROW(make_process_grid(world(), Layout{.tensor_size = W + 1}), Error);
+}
+
+}  // namespace
+}  // namespace longtron::comm

@@ -1,0 +1,2 @@
+// Every collective and the process grid on 2 ranks (see comm_cases.h).
+#include "comm_cases.h"
