@@ -1,0 +1,152 @@
+#include "train/checkpoint.h"
+
+#include <fstream>
+#include <set>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/safetensors.h"
+#include "model/hf_config.h"
+
+namespace longtron::train {
+namespace fs = std::filesystem;
+using nlohmann::json;
+namespace st = safetensors;
+
+namespace {
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path);
+  check(out.good(), "{}: cannot create", path.string());
+  out << text;
+  out.close();
+  check(out.good(), "{}: write failed (disk full?)", path.string());
+}
+
+std::vector<st::WriteTensor> as_f32(const std::vector<NamedTensor>& list, const std::string& prefix,
+                                    const std::string& what) {
+  std::vector<st::WriteTensor> out;
+  for (const auto& t : list) {
+    check(t.data != nullptr, "checkpoint: {} tensor {} has no data", what, t.name);
+    out.push_back({prefix + t.name, t.shape, st::DType::F32, t.data, nullptr});
+  }
+  return out;
+}
+
+void check_same_layout(const std::vector<NamedTensor>& params, const std::vector<NamedTensor>& other,
+                       const char* what) {
+  check(other.size() == params.size(), "checkpoint: {} lists {} tensors but params has {}", what,
+        other.size(), params.size());
+  for (size_t i = 0; i < params.size(); ++i)
+    check(other[i].name == params[i].name && other[i].shape == params[i].shape,
+          "checkpoint: {} tensor {} {} does not match parameter {} {}", what, other[i].name,
+          st::shape_string(other[i].shape), params[i].name, st::shape_string(params[i].shape));
+}
+
+json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  check(in.good(), "{}: cannot open", path.string());
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    fail("{}: not valid JSON: {}", path.string(), e.what());
+  }
+}
+
+void fill(const st::Reader& reader, const std::string& prefix, const std::vector<MutableTensor>& list) {
+  for (const auto& t : list) {
+    check(t.data != nullptr, "checkpoint: destination for {} is null", t.name);
+    reader.read_floats(prefix + t.name, t.shape, t.data);
+  }
+}
+
+}  // namespace
+
+fs::path save_checkpoint(const fs::path& root, const CheckpointData& d) {
+  check(d.state.step >= 0, "checkpoint: negative step {}", d.state.step);
+  const bool with_optimizer = !d.adam_m.empty() || !d.adam_v.empty();
+  if (with_optimizer) {
+    check_same_layout(d.params, d.adam_m, "adam_m");
+    check_same_layout(d.params, d.adam_v, "adam_v");
+  }
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  check(!ec, "{}: cannot create checkpoint folder ({})", root.string(), ec.message());
+  const std::string name = "step_" + std::to_string(d.state.step);
+  const fs::path dir = root / name;
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  write_atomically(dir, [&](const fs::path& tmp) {
+    fs::create_directory(tmp);
+    st::write_file(tmp / "model.safetensors", as_f32(d.params, "", "model"), meta);
+    if (with_optimizer) {
+      auto tensors = as_f32(d.adam_m, kAdamM, "adam_m");
+      auto v = as_f32(d.adam_v, kAdamV, "adam_v");
+      tensors.insert(tensors.end(), v.begin(), v.end());
+      tensors.push_back({kAdamStep, {}, st::DType::I64, nullptr, &d.adam_step});
+      st::write_file(tmp / "optimizer.safetensors", tensors, meta);
+    }
+    model::write_hf_config(tmp / "config.json", d.model, d.max_position_embeddings);
+    const json state = {{"step", d.state.step}, {"config", d.state.config},
+                        {"sampler", d.state.sampler}, {"rng", d.state.rng}, {"extra", d.state.extra}};
+    write_text(tmp / "state.json", state.dump(2) + "\n");
+  });
+  write_atomically(root / "latest", [&](const fs::path& tmp) { write_text(tmp, name + "\n"); });
+  return dir;
+}
+
+fs::path resolve_checkpoint(const fs::path& path) {
+  check(fs::exists(path), "{}: no such checkpoint", path.string());
+  if (fs::exists(path / "state.json")) return path;
+  const fs::path latest = path / "latest";
+  check(fs::exists(latest), "{}: neither a step folder (no state.json) nor a checkpoint root "
+        "(no latest)", path.string());
+  std::ifstream in(latest);
+  std::string name;
+  std::getline(in, name);
+  check(!name.empty() && name.find('/') == std::string::npos,
+        "{}: expected the name of a step folder, got '{}'", latest.string(), name);
+  const fs::path dir = path / name;
+  check(fs::exists(dir / "state.json"), "{}: names {}, which is not a complete checkpoint",
+        latest.string(), dir.string());
+  return dir;
+}
+
+CheckpointState read_checkpoint_state(const fs::path& step_dir) {
+  const fs::path file = step_dir / "state.json";
+  const json j = read_json(file);
+  check(j.is_object() && j.contains("step") && j["step"].is_number_integer(),
+        "{}: missing integer 'step'", file.string());
+  CheckpointState s;
+  s.step = j["step"].get<int64_t>();
+  auto take = [&](const char* key, json& out) {
+    if (j.contains(key)) out = j[key];
+  };
+  take("config", s.config);
+  take("sampler", s.sampler);
+  take("rng", s.rng);
+  take("extra", s.extra);
+  return s;
+}
+
+void load_model(const fs::path& step_dir, const std::vector<MutableTensor>& params) {
+  const st::Reader reader(step_dir);
+  fill(reader, "", params);
+  std::set<std::string> wanted;
+  for (const auto& t : params) wanted.insert(t.name);
+  for (const auto& name : reader.names())
+    check(wanted.count(name), "{}: tensor {} is not a parameter of this model (different model "
+          "shape or architecture?)", step_dir.string(), name);
+}
+
+int64_t load_optimizer(const fs::path& step_dir, const std::vector<MutableTensor>& adam_m,
+                       const std::vector<MutableTensor>& adam_v) {
+  const fs::path file = step_dir / "optimizer.safetensors";
+  const st::Reader reader(file);
+  fill(reader, kAdamM, adam_m);
+  fill(reader, kAdamV, adam_v);
+  const auto step = reader.file_of(kAdamStep).read_ints(kAdamStep);
+  check(step.size() == 1, "{}: tensor {} must hold one value", file.string(), kAdamStep);
+  return step[0];
+}
+
+}  // namespace longtron::train

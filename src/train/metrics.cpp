@@ -1,0 +1,166 @@
+#include "train/metrics.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+
+namespace longtron::train {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+double as_double(const json& j) { return j.is_number() ? j.get<double>() : std::nan(""); }
+}  // namespace
+
+std::string to_json_line(const TrainRow& r) {
+  json j = {{"step", r.step},       {"loss", number(r.loss)}, {"grad_norm", number(r.grad_norm)},
+            {"lr", number(r.lr)},   {"tokens", r.tokens},     {"tgs", number(r.tgs)},
+            {"mfu", number(r.mfu)}, {"step_time_s", number(r.step_time_s)}};
+  return j.dump();
+}
+
+std::string to_json_line(const ValidRow& r) {
+  return json{{"step", r.step}, {"valid_loss", number(r.valid_loss)}}.dump();
+}
+
+void read_metrics(const fs::path& path, std::vector<TrainRow>& train, std::vector<ValidRow>& valid) {
+  std::ifstream in(path);
+  check(in.good(), "{}: cannot open metrics file", path.string());
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (line.empty()) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception& e) {
+      fail("{}:{}: not a JSON object: {}", path.string(), n, e.what());
+    }
+    check(j.is_object() && j.contains("step") && j["step"].is_number_integer(),
+          "{}:{}: row without an integer 'step'", path.string(), n);
+    if (j.contains("valid_loss")) {
+      valid.push_back({j["step"].get<int64_t>(), as_double(j["valid_loss"])});
+    } else if (j.contains("loss")) {
+      TrainRow r;
+      r.step = j["step"].get<int64_t>();
+      r.loss = as_double(j["loss"]);
+      r.grad_norm = as_double(j.value("grad_norm", json()));
+      r.lr = as_double(j.value("lr", json()));
+      r.tokens = j.value("tokens", int64_t(0));
+      r.tgs = as_double(j.value("tgs", json()));
+      r.mfu = as_double(j.value("mfu", json()));
+      r.step_time_s = as_double(j.value("step_time_s", json()));
+      train.push_back(r);
+    } else {
+      fail("{}:{}: row has neither 'loss' nor 'valid_loss'", path.string(), n);
+    }
+  }
+}
+
+MetricsWriter::MetricsWriter(const fs::path& metrics_file, const MetricsOptions& options)
+    : path_(metrics_file), options_(options), start_(std::chrono::steady_clock::now()) {
+  tty_ = options.progress && isatty(STDERR_FILENO);
+  if (path_.empty()) return;
+  if (!path_.parent_path().empty()) fs::create_directories(path_.parent_path());
+  if (options.resume_step >= 0 && fs::exists(path_)) {
+    std::vector<TrainRow> t;
+    std::vector<ValidRow> v;
+    read_metrics(path_, t, v);
+    for (const auto& r : t)
+      if (r.step <= options.resume_step) train_rows_.push_back(r);
+    for (const auto& r : v)
+      if (r.step <= options.resume_step) valid_rows_.push_back(r);
+    // Rewrite the kept rows (atomically), then continue appending.
+    write_atomically(path_, [&](const fs::path& tmp) {
+      std::ofstream out(tmp);
+      size_t vi = 0;
+      for (const auto& r : train_rows_) {
+        while (vi < valid_rows_.size() && valid_rows_[vi].step < r.step)
+          out << to_json_line(valid_rows_[vi++]) << "\n";
+        out << to_json_line(r) << "\n";
+      }
+      while (vi < valid_rows_.size()) out << to_json_line(valid_rows_[vi++]) << "\n";
+      check(out.good(), "{}: write failed", path_.string());
+    });
+  }
+  file_ = std::fopen(path_.c_str(), options.resume_step >= 0 ? "a" : "w");
+  check(file_ != nullptr, "{}: cannot create metrics file", path_.string());
+}
+
+MetricsWriter::~MetricsWriter() {
+  try {
+    finish();
+  } catch (...) {  // a destructor must not throw; finish() was the caller's chance to see errors
+  }
+  if (file_) std::fclose(file_);
+}
+
+void MetricsWriter::clear_progress() {
+  if (progress_shown_) {
+    std::fputs("\r\033[K", stderr);
+    progress_shown_ = false;
+  }
+}
+
+void MetricsWriter::emit(const std::string& console_line, const std::string& json_line) {
+  if (file_) {
+    std::fputs((json_line + "\n").c_str(), file_);
+    std::fflush(file_);  // a crash keeps every row written so far
+  }
+  if (options_.console) {
+    clear_progress();
+    std::fputs((console_line + "\n").c_str(), stdout);
+    std::fflush(stdout);
+  }
+}
+
+void MetricsWriter::train(const TrainRow& r) {
+  train_rows_.push_back(r);
+  const bool last = options_.total_steps > 0 && r.step >= options_.total_steps;
+  if (r.step % std::max<int64_t>(options_.log_every, 1) == 0 || last) {
+    emit(fmt::format("step {}/{}  loss {:.4f}  grad_norm {:.3f}  lr {:.3e}  tokens {}  tgs {:.1f}  "
+                     "mfu {:.3f}  step_time_s {:.3f}", r.step, options_.total_steps, r.loss,
+                     r.grad_norm, r.lr, r.tokens, r.tgs, r.mfu, r.step_time_s),
+         to_json_line(r));
+  }
+  if (tty_) {
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const int64_t first = train_rows_.front().step - 1;
+    const int64_t done = r.step - first;
+    const double eta = done > 0 ? elapsed / double(done) * double(options_.total_steps - r.step) : 0;
+    const double pct = options_.total_steps > 0 ? 100.0 * double(r.step) / double(options_.total_steps) : 0;
+    std::fprintf(stderr, "\r\033[K[%5.1f%%] step %lld/%lld  loss %.4f  %.0f tok/s  eta %.0fs", pct,
+                 static_cast<long long>(r.step), static_cast<long long>(options_.total_steps), r.loss,
+                 r.step_time_s > 0 ? double(r.tokens) / r.step_time_s : 0.0, eta);
+    std::fflush(stderr);
+    progress_shown_ = true;
+  }
+}
+
+void MetricsWriter::valid(const ValidRow& r) {
+  valid_rows_.push_back(r);
+  emit(fmt::format("step {}/{}  valid_loss {:.4f}", r.step, options_.total_steps, r.valid_loss),
+       to_json_line(r));
+}
+
+void MetricsWriter::finish() {
+  if (finished_) return;
+  finished_ = true;
+  clear_progress();
+  if (file_) std::fflush(file_);
+  if (!path_.empty()) write_loss_svg(svg_path(), train_rows_, valid_rows_, path_.stem().string());
+}
+
+fs::path MetricsWriter::svg_path() const {
+  if (path_.empty()) return {};
+  return path_.parent_path() / (path_.stem().string() + ".svg");
+}
+
+}  // namespace longtron::train
