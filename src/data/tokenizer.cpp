@@ -103,7 +103,7 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text, bool bos_eos) co
   return out;
 }
 
-std::vector<std::vector<int32_t>> Tokenizer::encode_all(const std::vector<std::string>& documents,
+std::vector<std::vector<int32_t>> Tokenizer::encode_all(std::span<const std::string> documents,
                                                         bool bos_eos, int threads) const {
   std::vector<std::vector<int32_t>> out(documents.size());
   const int n = threads > 0 ? threads : omp_get_max_threads();

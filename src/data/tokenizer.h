@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,7 @@ class Tokenizer {
   /// Token ids of `text`, with BOS first and EOS last when `bos_eos` (InternEvo convention).
   std::vector<int32_t> encode(const std::string& text, bool bos_eos = true) const;
   /// Encodes every document, `threads` at a time (0 = the OpenMP default). Output [documents][ids].
-  std::vector<std::vector<int32_t>> encode_all(const std::vector<std::string>& documents,
+  std::vector<std::vector<int32_t>> encode_all(std::span<const std::string> documents,
                                                bool bos_eos = true, int threads = 0) const;
   /// Text of `ids` (control ids such as BOS/EOS are dropped).
   std::string decode(const std::vector<int32_t>& ids) const;

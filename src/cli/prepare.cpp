@@ -1,0 +1,218 @@
+// `longtron prepare`: raw text -> tokenized dataset (SPEC §1.1, §5). Reads .jsonl/.json/.txt,
+// encodes with a SentencePiece model (given or trained here), optionally holds out a seeded
+// fraction of documents, and writes train/ [valid/] tokenizer.model dataset.json — all under a
+// temporary name renamed at the end, so a failure leaves nothing behind.
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+
+#include "cli/registry.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/threads.h"
+#include "data/internevo.h"
+#include "data/megatron.h"
+#include "data/open.h"
+#include "data/raw_text.h"
+#include "data/shuffle.h"
+#include "data/tokenizer.h"
+#include "data/validate.h"
+
+namespace longtron::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct PrepareOptions {
+  std::vector<std::string> inputs;
+  std::string output;
+  std::string tokenizer;
+  bool train_tokenizer = false;
+  int64_t vocab_size = 0;
+  std::string format = "megatron";
+  std::string text_field = "text";
+  double valid_fraction = 0.0;
+  uint32_t seed = 1024;
+  bool no_bos_eos = false;
+  int threads = 0;
+};
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Encodes in chunks so the progress line moves; each chunk is encoded in parallel.
+std::vector<std::vector<int32_t>> encode_with_progress(const data::Tokenizer& tokenizer,
+                                                       const std::vector<std::string>& documents,
+                                                       bool bos_eos, int threads) {
+  int64_t total_bytes = 0;
+  for (const auto& d : documents) total_bytes += static_cast<int64_t>(d.size());
+  Progress progress("tokenize", total_bytes);
+  const auto start = Clock::now();
+  std::vector<std::vector<int32_t>> out;
+  out.reserve(documents.size());
+  const size_t chunk = static_cast<size_t>(std::max(1, threads)) * 4;
+  int64_t done_bytes = 0, tokens = 0;
+  for (size_t begin = 0; begin < documents.size(); begin += chunk) {
+    const size_t n = std::min(chunk, documents.size() - begin);
+    auto encoded = tokenizer.encode_all(std::span(documents).subspan(begin, n), bos_eos, threads);
+    for (size_t i = 0; i < n; ++i) {
+      done_bytes += static_cast<int64_t>(documents[begin + i].size());
+      tokens += static_cast<int64_t>(encoded[i].size());
+      out.push_back(std::move(encoded[i]));
+    }
+    progress.update(done_bytes, fmt::format("{:.0f} tokens/s", tokens / std::max(1e-9, seconds_since(start))));
+  }
+  progress.finish(fmt::format("{} documents, {} tokens", documents.size(), tokens));
+  return out;
+}
+
+// Indices of the held-out documents: the first round(F * n) of the NumPy-compatible permutation
+// (SPEC §1.2), at least 1 and fewer than n, returned in corpus order.
+std::vector<int64_t> choose_valid(int64_t n, double fraction, uint32_t seed) {
+  if (fraction <= 0.0) return {};
+  const int64_t k = std::max<int64_t>(1, std::llround(fraction * static_cast<double>(n)));
+  check(k < n, "--valid-fraction {}: holding out {} of {} documents leaves nothing to train on",
+        fraction, k, n);
+  auto permutation = data::numpy_permutation(n, seed);
+  std::vector<int64_t> valid(permutation.begin(), permutation.begin() + k);
+  std::sort(valid.begin(), valid.end());
+  return valid;
+}
+
+// Writes one split (documents `ids` of `encoded`) into `folder`; returns its token count.
+int64_t write_split(const fs::path& folder, const std::vector<std::vector<int32_t>>& encoded,
+                    const std::vector<int64_t>& ids, const PrepareOptions& options, int64_t vocab_size) {
+  fs::create_directories(folder);
+  int64_t tokens = 0;
+  if (options.format == "megatron") {
+    data::MegatronWriter writer(folder / "tokens", data::megatron_dtype_for_vocab(vocab_size));
+    for (int64_t i : ids) writer.add_document(encoded[i].data(), encoded[i].size());
+    writer.finish();
+  } else {
+    data::InternEvoWriter writer(folder / "tokens.bin");
+    for (int64_t i : ids) writer.add_document(encoded[i].data(), encoded[i].size());
+    writer.finish();
+  }
+  for (int64_t i : ids) tokens += static_cast<int64_t>(encoded[i].size());
+  // Read back what was written: the readers' own checks, plus ids inside the vocabulary.
+  const auto written = data::open_dataset(folder);
+  data::validate_dataset(written, vocab_size);
+  check(data::count_tokens(written) == tokens, "{}: wrote {} tokens but read back {}",
+        folder.string(), tokens, data::count_tokens(written));
+  return tokens;
+}
+
+data::Tokenizer get_tokenizer(const PrepareOptions& options, const std::vector<std::string>& documents) {
+  if (!options.train_tokenizer) return data::Tokenizer::load(options.tokenizer);
+  const auto start = Clock::now();
+  fmt::print(stderr, "prepare: training a BPE tokenizer (vocab_size {}) on {} documents\n",
+             options.vocab_size, documents.size());
+  data::TokenizerTraining training;
+  training.vocab_size = options.vocab_size;
+  training.threads = options.threads;
+  auto tokenizer = data::train_bpe_tokenizer(documents, training);
+  fmt::print(stderr, "prepare: tokenizer trained in {:.1f} s\n", seconds_since(start));
+  return tokenizer;
+}
+
+void check_options(const PrepareOptions& options) {
+  check(options.train_tokenizer != !options.tokenizer.empty(),
+        "prepare: give exactly one of --tokenizer MODEL or --train-tokenizer --vocab-size N");
+  check(!options.train_tokenizer || options.vocab_size >= 16,
+        "prepare: --train-tokenizer needs --vocab-size N (N >= 16), got {}", options.vocab_size);
+  check(options.format == "megatron" || options.format == "internevo",
+        "prepare: --format {} is not megatron or internevo", options.format);
+  check(options.valid_fraction >= 0.0 && options.valid_fraction < 1.0,
+        "prepare: --valid-fraction {} is not in [0, 1)", options.valid_fraction);
+  const fs::path output(options.output);
+  check(!fs::exists(output) || fs::is_empty(output) || fs::exists(output / "dataset.json"),
+        "prepare: --output {} exists and is not a prepared dataset (refusing to replace it)",
+        options.output);
+}
+
+int run_prepare(const PrepareOptions& options) {
+  check_options(options);
+  const auto start = Clock::now();
+  const int threads = set_num_threads(options.threads);
+  std::vector<fs::path> inputs(options.inputs.begin(), options.inputs.end());
+  const auto documents = data::read_text_inputs(inputs, options.text_field);
+  check(!documents.empty(), "prepare: no documents in {}", fmt::join(options.inputs, ", "));
+  fmt::print(stderr, "prepare: {} documents from {} input(s)\n", documents.size(), inputs.size());
+
+  const auto tokenizer = get_tokenizer(options, documents);
+  const auto encode_start = Clock::now();
+  const auto encoded = encode_with_progress(tokenizer, documents, !options.no_bos_eos, threads);
+  const double encode_seconds = seconds_since(encode_start);
+
+  const auto n = static_cast<int64_t>(encoded.size());
+  const auto valid = choose_valid(n, options.valid_fraction, options.seed);
+  std::vector<int64_t> train;
+  for (int64_t i = 0, v = 0; i < n; ++i) {
+    if (v < static_cast<int64_t>(valid.size()) && valid[v] == i) ++v;
+    else train.push_back(i);
+  }
+
+  nlohmann::json info;
+  write_atomically(options.output, [&](const fs::path& tmp) {
+    fs::create_directories(tmp);
+    const int64_t vocab = tokenizer.vocab_size();
+    const int64_t train_tokens = write_split(tmp / "train", encoded, train, options, vocab);
+    info = {{"format", options.format}, {"documents", n}, {"vocab_size", vocab},
+            {"bos_id", tokenizer.bos_id()}, {"eos_id", tokenizer.eos_id()},
+            {"bos_eos", !options.no_bos_eos}, {"tokenizer", "tokenizer.model"}};
+    int64_t tokens = train_tokens;
+    if (!valid.empty()) {
+      const int64_t valid_tokens = write_split(tmp / "valid", encoded, valid, options, vocab);
+      tokens += valid_tokens;
+      info["valid_fraction"] = options.valid_fraction;
+      info["seed"] = options.seed;
+      info["train"] = {{"documents", train.size()}, {"tokens", train_tokens}};
+      info["valid"] = {{"documents", valid.size()}, {"tokens", valid_tokens}};
+    }
+    info["tokens"] = tokens;
+    std::ofstream model(tmp / "tokenizer.model", std::ios::binary);
+    model << tokenizer.serialized();
+    std::ofstream json(tmp / "dataset.json");
+    json << info.dump(2) << "\n";
+    check(model.good() && json.good(), "{}: write failed", tmp.string());
+  });
+
+  const int64_t tokens = info["tokens"].get<int64_t>();
+  fmt::print("prepare: wrote {} ({} format): {} documents ({} train, {} valid), {} tokens, "
+             "vocab_size {}\n", options.output, options.format, n, train.size(), valid.size(),
+             tokens, tokenizer.vocab_size());
+  fmt::print("prepare: tokenized at {:.0f} tokens/s on {} threads; total {:.1f} s\n",
+             static_cast<double>(tokens) / std::max(1e-9, encode_seconds), threads,
+             seconds_since(start));
+  return 0;
+}
+
+Subcommand prepare_command(10, [](CLI::App& app) {
+  auto options = std::make_shared<PrepareOptions>();
+  auto* sub = app.add_subcommand("prepare", "Tokenize raw text (.jsonl/.json/.txt) into a dataset");
+  sub->add_option("--input", options->inputs, "Text files or folders (searched recursively)")
+      ->required()->expected(1, -1);
+  sub->add_option("--output", options->output, "Output folder")->required();
+  sub->add_option("--tokenizer", options->tokenizer, "SentencePiece .model to encode with");
+  sub->add_flag("--train-tokenizer", options->train_tokenizer, "Train a BPE tokenizer on the input");
+  sub->add_option("--vocab-size", options->vocab_size, "Vocabulary size of the trained tokenizer");
+  sub->add_option("--format", options->format, "megatron (default) or internevo")
+      ->check(CLI::IsMember({"megatron", "internevo"}));
+  sub->add_option("--text-field", options->text_field, "JSON field holding the text (default text)");
+  sub->add_option("--valid-fraction", options->valid_fraction,
+                  "Fraction of documents held out into valid/ (seeded shuffle)");
+  sub->add_option("--seed", options->seed, "Seed of the held-out choice (default 1024)");
+  sub->add_flag("--no-bos-eos", options->no_bos_eos, "Do not add BOS/EOS around documents");
+  sub->add_option("--threads", options->threads, "Encoding threads (default: all cores)");
+  return [options] { return run_prepare(*options); };
+});
+
+}  // namespace
+}  // namespace longtron::cli
