@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The main job on the demo corpus: install and build (scripts/setup.sh), fetch the State of the
+# Union speeches, and tokenize them with a trained 8192-token SentencePiece BPE vocabulary, 2% of
+# the documents held out for validation.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh build
+scripts/fetch_corpus.sh demo/corpus
+if [ -f demo/data/dataset.json ]; then
+  echo "demo: demo/data already prepared (remove it to prepare again)"
+else
+  build/longtron prepare --input demo/corpus --output demo/data --train-tokenizer \
+    --vocab-size 8192 --valid-fraction 0.02
+fi
