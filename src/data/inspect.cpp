@@ -1,0 +1,100 @@
+#include "data/inspect.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "data/sequence_split.h"
+#include "data/unpack.h"
+
+namespace longtron::data {
+
+namespace {
+
+nlohmann::json rows_of(const std::vector<int32_t>& flat, int64_t width) {
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t i = 0; i < flat.size(); i += width)
+    out.push_back(std::vector<int32_t>(flat.begin() + i, flat.begin() + i + width));
+  return out;
+}
+
+nlohmann::json micro_batch_json(const MicroBatch& row, const InspectOptions& o) {
+  MicroBatch m = row;
+  packed_data_normalizer(m);
+  const MicroBatch s = split_for_sequence_parallel(m, o.sp_size, o.sp_rank);
+  nlohmann::json j{{"input_ids", s.input_ids}, {"labels", s.labels},
+                   {"cu_seqlens", s.cu_seqlens}, {"indexes", s.indexes},
+                   {"max_seqlen", s.max_seqlen}};
+  if (!o.data.pack.use_packed_dataset) {
+    UnpackedBatch u = unpack_data(m, o.data.pack.micro_bsz, o.data.pack.seq_len);
+    u = split_for_sequence_parallel(u, o.sp_size, o.sp_rank);
+    j["unpacked"] = {{"input_ids", rows_of(u.input_ids, u.seq_len)},
+                     {"labels", rows_of(u.labels, u.seq_len)}};
+  }
+  return j;
+}
+
+// `tensor([[a, b], [c, d]])` on several lines, as PyTorch (and seed 000) print a 2-D tensor.
+std::string tensor(const nlohmann::json& rows, bool two_d) {
+  if (!two_d) return fmt::format("tensor([{}])", fmt::join(rows.get<std::vector<int32_t>>(), ", "));
+  std::string out = "tensor([";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (i > 0) out += ",\n        ";
+    out += fmt::format("[{}]", fmt::join(rows[i].get<std::vector<int32_t>>(), ", "));
+  }
+  return out + "])";
+}
+
+nlohmann::json stack(const nlohmann::json& mbs, const char* key) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& m : mbs) out.push_back(m[key]);
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json inspect_json(Dataset dataset, const InspectOptions& o) {
+  check(o.steps > 0, "--steps must be > 0, got {}", o.steps);
+  check_sequence_parallel(o.sp_size, o.sp_rank);
+  BatchLoader loader(std::move(dataset), o.data, 1);
+  nlohmann::json steps = nlohmann::json::array();
+  for (int64_t step = 0; step < o.steps; ++step) {
+    nlohmann::json mbs = nlohmann::json::array();
+    for (const MicroBatch& row : loader.step(0, step)) mbs.push_back(micro_batch_json(row, o));
+    steps.push_back({{"micro_batches", mbs}});
+  }
+  return {{"steps", steps}};
+}
+
+std::string inspect_text(const nlohmann::json& batches, const InspectOptions& o) {
+  const bool sp = o.sp_size > 1;
+  std::string out;
+  const auto& steps = batches["steps"];
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const auto& mbs = steps[k]["micro_batches"];
+    out += fmt::format("step {}{}\n\n", k, sp ? fmt::format(" (sp rank {} of {})", o.sp_rank, o.sp_size) : "");
+    out += "batch_data[0]['input_ids']:\n" + tensor(stack(mbs, "input_ids"), true) + "\n";
+    out += "batch_data[0]['cu_seqlens']:\n" + tensor(stack(mbs, "cu_seqlens"), true) + "\n";
+    out += "batch_data[0]['indexes']:\n" + tensor(stack(mbs, "indexes"), true) + "\n";
+    out += "batch_data[1]:\n" + tensor(stack(mbs, "labels"), true) + "\n\n";
+    for (size_t m = 0; m < mbs.size(); ++m) {
+      const auto& mb = mbs[m];
+      out += fmt::format("micro batch {}:\n", m);
+      if (mb.contains("unpacked")) {
+        out += "data[\"input_ids\"]:\n" + tensor(mb["unpacked"]["input_ids"], true) + "\n";
+        out += "label:\n" + tensor(mb["unpacked"]["labels"], true) + "\n\n";
+        continue;
+      }
+      nlohmann::json one_row = nlohmann::json::array({mb["input_ids"]});
+      nlohmann::json one_label = nlohmann::json::array({mb["labels"]});
+      out += "data['input_ids']:\n" + tensor(one_row, true) + "\n";
+      out += "data['cu_seqlens']:\n" + tensor(mb["cu_seqlens"], false) + "\n";
+      out += "data['indexes']:\n" + tensor(mb["indexes"], false) + "\n";
+      out += fmt::format("data['max_seqlen']:\n{}\n", mb["max_seqlen"].get<int32_t>());
+      out += "label:\n" + tensor(one_label, true) + "\n\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace longtron::data

@@ -1,0 +1,34 @@
+// `longtron inspect` as a library: the micro-batches a data config produces (SPEC §5), as seed 000
+// prints them or as JSON. The CLI (src/cli/inspect.cpp) only parses flags and opens the dataset.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "data/dataset.h"
+#include "data/loader.h"
+
+namespace longtron::data {
+
+/// What to show. data.shuffle turns both document and row shuffling on (SPEC §1.2: inspect
+/// shuffles nothing unless asked). sp_size/sp_rank select one rank's sequence shard (SPEC §1.6).
+struct InspectOptions {
+  DataConfig data;
+  int64_t steps = 1;
+  int64_t sp_size = 1;
+  int64_t sp_rank = 0;
+};
+
+/// {"steps": [{"micro_batches": [{"input_ids", "labels", "cu_seqlens", "indexes", "max_seqlen"
+/// [, "unpacked": {"input_ids": [[…]], "labels": [[…]]}]}, …]}, …]} for dp rank 0 of dp size 1.
+/// With sp_size > 1 the arrays are rank sp_rank's slice; cu_seqlens/max_seqlen stay global; the
+/// unpacked arrays are split on their L dimension. Throws Error for bad options (steps, seq_len,
+/// micro_bsz, micro_num <= 0; sp_rank >= sp_size; a size not dividing the row) or an empty dataset.
+nlohmann::json inspect_json(Dataset dataset, const InspectOptions& options);
+
+/// The same content laid out as seed 000 prints it (`batch_data[0]['input_ids']: tensor([[…]])`,
+/// then per micro-batch `data[...]` after packed_data_normalizer / unpack_data and the split).
+std::string inspect_text(const nlohmann::json& batches, const InspectOptions& options);
+
+}  // namespace longtron::data

@@ -1,0 +1,109 @@
+// `longtron inspect` end to end on the seed 000 documents (any dataset format via open_dataset).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace longtron::testing {
+namespace {
+
+using nlohmann::json;
+using V = std::vector<int32_t>;
+
+const char* kSeedPacked =
+    "{\"tokens\": [2323, 442, 252, 341]}\n"
+    "{\"tokens\": [233, 3442, 322, 31, 2514, 49731, 51]}\n"
+    "{\"tokens\": [4326, 427, 465, 22, 314, 9725, 346, 1343]}\n"
+    "{\"tokens\": [24, 2562, 5, 25, 356]}\n";
+
+const char* kSeedUnpacked =
+    "{\"tokens\": [2323, 442, 252, 341]}\n"
+    "{\"tokens\": [233, 3442, 322, 31, 2514, 49731, 51]}\n"
+    "{\"tokens\": [4326, 427, 465, 22, 314, 9725, 346, 1343]}\n"
+    "{\"tokens\": [24, 2562, 5, 25, 356, 3145, 246, 25, 1451, 67, 73, 541, 265]}\n"
+    "{\"tokens\": [4524, 2465, 562, 67, 26, 265, 21, 256, 145, 1345]}\n"
+    "{\"tokens\": [34, 14]}\n";
+
+json inspect(const TempDir& dir, const std::string& flags) {
+  auto r = run_longtron("inspect --data " + (dir / "d.bin").string() + " " + flags + " --json");
+  EXPECT_EQ(r.status, 0) << r.output;
+  return json::parse(r.output);
+}
+
+TEST(Inspect, SeedPackedBatchAsJsonAndText) {
+  TempDir dir;
+  write_file(dir / "d.bin", kSeedPacked);
+  json j = inspect(dir, "--seq-len 8 --micro-bsz 2 --micro-num 2");
+  const auto& mbs = j["steps"][0]["micro_batches"];
+  ASSERT_EQ(mbs.size(), 2u);
+  EXPECT_EQ(mbs[0]["cu_seqlens"].get<V>(), (V{0, 4, 11, 16}));
+  EXPECT_EQ(mbs[0]["max_seqlen"], 7);
+  EXPECT_EQ(mbs[1]["input_ids"].get<V>(),
+            (V{9725, 346, 1343, 24, 2562, 5, 25, 356, 0, 0, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(mbs[1]["indexes"].get<V>(), (V{0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 7}));
+  auto text = run_longtron("inspect --data " + (dir / "d.bin").string() +
+                           " --seq-len 8 --micro-bsz 2 --micro-num 2");
+  ASSERT_EQ(text.status, 0);
+  EXPECT_NE(text.output.find("batch_data[0]['cu_seqlens']:\ntensor([[0, 4, 11, 16],\n"
+                             "        [0, 3, 8, 16]])"),
+            std::string::npos)
+      << text.output;
+  EXPECT_NE(text.output.find("data['max_seqlen']:\n7\n"), std::string::npos);
+}
+
+TEST(Inspect, SeedIspSplitAndShuffle) {
+  TempDir dir;
+  write_file(dir / "d.bin", kSeedPacked);
+  json j = inspect(dir, "--seq-len 8 --micro-bsz 2 --micro-num 1 --sp-size 2 --sp-rank 1");
+  const auto& mb = j["steps"][0]["micro_batches"][0];
+  EXPECT_EQ(mb["input_ids"].get<V>(), (V{2514, 49731, 51, 4326, 427, 465, 22, 314}));
+  EXPECT_EQ(mb["indexes"].get<V>(), (V{4, 5, 6, 0, 1, 2, 3, 4}));
+  EXPECT_EQ(mb["labels"].get<V>(), (V{49731, 51, -100, 427, 465, 22, 314, 9725}));
+  EXPECT_EQ(mb["cu_seqlens"].get<V>(), (V{0, 4, 11, 16}));
+  // --shuffle: seed 1024 orders the documents d0, d2, d1, d3 (one row with --pack-tail drop).
+  json s = inspect(dir, "--seq-len 8 --micro-bsz 2 --micro-num 1 --shuffle --pack-tail drop");
+  EXPECT_EQ(s["steps"][0]["micro_batches"][0]["cu_seqlens"].get<V>(), (V{0, 4, 12, 16}));
+}
+
+TEST(Inspect, SeedUnpackedWithSplit) {
+  TempDir dir;
+  write_file(dir / "d.bin", kSeedUnpacked);
+  json j = inspect(dir, "--seq-len 8 --micro-bsz 2 --micro-num 3 --unpacked");
+  const auto& mbs = j["steps"][0]["micro_batches"];
+  ASSERT_EQ(mbs.size(), 3u);
+  EXPECT_EQ(mbs[2]["cu_seqlens"].get<V>(), (V{0, 8, 10, 16}));
+  EXPECT_EQ(mbs[0]["unpacked"]["input_ids"].get<std::vector<V>>(),
+            (std::vector<V>{{2323, 442, 252, 341, 0, 0, 0, 0}, {233, 3442, 322, 31, 2514, 49731, 51, 0}}));
+  json r1 = inspect(dir, "--seq-len 8 --micro-bsz 2 --micro-num 1 --unpacked --sp-size 2 --sp-rank 1");
+  const auto& u = r1["steps"][0]["micro_batches"][0]["unpacked"];
+  EXPECT_EQ(u["input_ids"].get<std::vector<V>>(), (std::vector<V>{{0, 0, 0, 0}, {2514, 49731, 51, 0}}));
+  EXPECT_EQ(u["labels"].get<std::vector<V>>(),
+            (std::vector<V>{{-100, -100, -100, -100}, {49731, 51, -100, -100}}));
+}
+
+TEST(Inspect, BadInputIsAClearError) {
+  TempDir dir;
+  write_file(dir / "d.bin", kSeedPacked);
+  write_file(dir / "empty.bin", "");
+  const std::string data = " --data " + (dir / "d.bin").string();
+  auto expect_error = [](const CommandResult& r, const std::string& words) {
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_NE(r.output.find(words), std::string::npos) << r.output;
+  };
+  expect_error(run_longtron("inspect" + data + " --seq-len 0 --micro-bsz 2 --micro-num 1"),
+               "seq_len");
+  expect_error(run_longtron("inspect" + data + " --seq-len 8 --micro-bsz -1 --micro-num 1"),
+               "micro_bsz");
+  expect_error(run_longtron("inspect" + data + " --seq-len 8 --micro-bsz 2 --micro-num 1 --sp-size 3"),
+               "pad_for_sequence_parallel");
+  expect_error(run_longtron("inspect" + data + " --seq-len 8 --micro-bsz 2 --micro-num 1 --sp-size 2 --sp-rank 2"),
+               "rank 2");
+  auto r = run_longtron("inspect --data " + (dir / "empty.bin").string() +
+                        " --seq-len 8 --micro-bsz 2 --micro-num 1");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("error"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace longtron::testing
