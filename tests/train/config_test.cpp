@@ -1,0 +1,230 @@
+// TrainConfig: defaults, the --set grammar, and every error naming its key (SPEC §4.1).
+#include "train/config.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "core/error.h"
+
+using longtron::Error;
+using longtron::train::ConfigNeeds;
+using longtron::train::parse_config;
+using longtron::train::TrainConfig;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kBase = R"(
+[model]
+vocab_size = 100
+hidden_size = 32
+num_layers = 2
+num_attention_heads = 4
+num_kv_attention_heads = 2
+
+[data]
+train_folder = "corpus/train"
+seq_len = 16
+micro_bsz = 2
+
+[train]
+total_steps = 10
+)";
+
+TrainConfig parse(const std::vector<std::string>& sets = {}, const std::string& text = kBase) {
+  return parse_config(text, "job.toml", sets);
+}
+
+// Expects an Error whose message contains every part.
+void expect_error(const std::vector<std::string>& sets, std::initializer_list<std::string> parts,
+                  const std::string& text = kBase, const ConfigNeeds& needs = {}) {
+  try {
+    parse_config(text, "job.toml", sets, needs);
+    FAIL() << "no error for --set " << (sets.empty() ? "" : sets.back());
+  } catch (const Error& e) {
+    for (const auto& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
+          << "message '" << e.what() << "' lacks '" << p << "'";
+  }
+}
+
+}  // namespace
+
+TEST(Config, DefaultsOfSpec41) {
+  const TrainConfig c = parse();
+  EXPECT_DOUBLE_EQ(c.model.mlp_ratio, 8.0 / 3.0);
+  EXPECT_EQ(c.model.multiple_of, 256);
+  EXPECT_DOUBLE_EQ(c.model.norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c.model.rope_base, 10000);
+  EXPECT_FALSE(c.model.qkv_bias || c.model.o_bias || c.model.checkpoint);
+  EXPECT_EQ(c.data.micro_num, 1);
+  EXPECT_TRUE(c.data.use_packed_dataset);
+  EXPECT_FALSE(c.data.pack_sample_into_one);
+  EXPECT_EQ(c.data.pack_tail, "pad");
+  EXPECT_TRUE(c.data.shuffle);
+  EXPECT_EQ(c.data.seed, 1024);
+  EXPECT_EQ(c.data.min_length, 0);
+  EXPECT_EQ(c.data.valid_folder, "");
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-8);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.01);
+  EXPECT_DOUBLE_EQ(c.optimizer.clip_grad_norm, 1.0);
+  EXPECT_EQ(c.lr_scheduler.warmup_steps, 0);
+  EXPECT_DOUBLE_EQ(c.lr_scheduler.min_lr, 1e-4);
+  EXPECT_EQ(c.parallel.tensor.size, 1);
+  EXPECT_EQ(c.parallel.tensor.mode, "mtp");
+  EXPECT_EQ(c.parallel.weight.size, 1);
+  EXPECT_FALSE(c.parallel.weight.overlap);
+  EXPECT_EQ(c.parallel.zero1.size, -1);
+  EXPECT_FALSE(c.parallel.tensor_2d.given);
+  EXPECT_EQ(c.train.seed, 0);
+  EXPECT_EQ(c.train.num_threads, 0);
+  EXPECT_EQ(c.train.log_every, 1);
+  EXPECT_EQ(c.train.valid_every, 0);
+  EXPECT_EQ(c.train.save_every, 0);
+  EXPECT_EQ(c.train.loss_reduction, "token");
+  EXPECT_EQ(c.model_keys_given.size(), 5u);
+  // Relative paths resolve from the working directory.
+  EXPECT_EQ(c.data.train_folder, (fs::current_path() / "corpus/train").lexically_normal().string());
+}
+
+TEST(Config, MinLrFollowsOverriddenLr) {
+  EXPECT_DOUBLE_EQ(parse({"optimizer.lr=0.02"}).lr_scheduler.min_lr, 0.002);
+  EXPECT_DOUBLE_EQ(parse({"optimizer.lr=0.02", "lr_scheduler.min_lr=0"}).lr_scheduler.min_lr, 0.0);
+}
+
+TEST(Config, SetGrammar) {
+  const TrainConfig c = parse({"data.seq_len=64", "optimizer.lr=3e-4", "data.shuffle=false",
+                               "train.loss_reduction=micro_mean", "data.pack_tail=\"drop\"",
+                               "train.metrics_file=out/m.jsonl", "model.mlp_ratio=8/3",
+                               "optimizer.weight_decay=0", "data.seq_len=128"});
+  EXPECT_EQ(c.data.seq_len, 128);  // later wins
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_FALSE(c.data.shuffle);
+  EXPECT_EQ(c.train.loss_reduction, "micro_mean");  // bare string
+  EXPECT_EQ(c.data.pack_tail, "drop");              // quoted string
+  EXPECT_EQ(c.train.metrics_file, (fs::current_path() / "out/m.jsonl").string());
+  EXPECT_DOUBLE_EQ(c.model.mlp_ratio, 8.0 / 3.0);  // "8/3" is not TOML → string → fraction
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.0);  // an integer where a float is expected
+}
+
+TEST(Config, SetParallelTables) {
+  auto c = parse({"parallel.tensor={size=2, mode=\"isp\"}", "parallel.zero1.size=1"});
+  EXPECT_EQ(c.parallel.tensor.size, 2);
+  EXPECT_EQ(c.parallel.tensor.mode, "isp");
+  EXPECT_EQ(c.parallel.zero1.size, 1);
+  c = parse({"parallel.tensor=4"});  // a bare integer means mtp
+  EXPECT_EQ(c.parallel.tensor.size, 4);
+  EXPECT_EQ(c.parallel.tensor.mode, "mtp");
+  // The file says tensor = 4; a dotted --set changes the mode and keeps the size.
+  c = parse({"parallel.tensor.mode=fsp"}, kBase + "[parallel]\ntensor = 4\n");
+  EXPECT_EQ(c.parallel.tensor.size, 4);
+  EXPECT_EQ(c.parallel.tensor.mode, "fsp");
+  c = parse({"parallel.tensor_2d.x=2", "parallel.tensor_2d.y=2", "parallel.weight.overlap=true"});
+  EXPECT_TRUE(c.parallel.tensor_2d.given);
+  EXPECT_EQ(c.parallel.tensor_2d.x * c.parallel.tensor_2d.y, 4);
+  EXPECT_TRUE(c.parallel.weight.overlap);
+}
+
+TEST(Config, UnknownKeysNameTheFullKey) {
+  expect_error({"data.seq_lenn=3"}, {"--set data.seq_lenn", "unknown key"});
+  expect_error({}, {"job.toml:3: data.seq_lenn: unknown key"},
+               "\n[data]\nseq_lenn = 4\n");
+  expect_error({"parallel.tensor.sizee=2"}, {"parallel.tensor.sizee", "unknown key"});
+  expect_error({"parallel.tensor_2d.z=2"}, {"parallel.tensor_2d.z", "unknown key"});
+  expect_error({"modle.hidden_size=2"}, {"modle", "unknown section"});
+}
+
+TEST(Config, WrongTypesNameTheKey) {
+  expect_error({"data.seq_len=abc"}, {"--set data.seq_len", "expected an integer", "abc"});
+  expect_error({"data.seq_len=1.5"}, {"data.seq_len", "expected an integer", "float"});
+  expect_error({"data.shuffle=1"}, {"data.shuffle", "true or false"});
+  expect_error({"optimizer.lr=fast"}, {"optimizer.lr", "expected a number"});
+  expect_error({"model.mlp_ratio=8/0"}, {"model.mlp_ratio", "fraction"});
+  expect_error({"train.loss_reduction=3"}, {"train.loss_reduction", "expected a string"});
+  expect_error({"parallel.tensor=\"big\""}, {"parallel.tensor", "integer size or a table"});
+  expect_error({"parallel.tensor_2d=2"}, {"parallel.tensor_2d", "table"});
+  expect_error({}, {"job.toml:1: data", "expected a table"}, "data = 3\n");
+  expect_error({}, {"job.toml:3", "model.hidden_size", "expected an integer"},
+               "[model]\nvocab_size = 1\nhidden_size = \"big\"\n");
+}
+
+TEST(Config, SetSyntaxErrors) {
+  expect_error({"data.seq_len"}, {"--set data.seq_len", "section.key=value"});
+  expect_error({"seq_len=4"}, {"--set seq_len=4", "no section"});
+  expect_error({"data..seq_len=4"}, {"empty part"});
+}
+
+TEST(Config, TomlSyntaxErrorHasLine) {
+  expect_error({}, {"job.toml:3"}, "[data]\nseq_len = 4\nmicro_bsz = = 2\n");
+}
+
+TEST(Config, RequiredKeysMissing) {
+  for (const char* key : {"vocab_size", "hidden_size", "num_layers", "num_attention_heads",
+                          "num_kv_attention_heads"}) {
+    std::string text = kBase;
+    text.erase(text.find(std::string(key) + " ="), text.find('\n', text.find(std::string(key) + " =")) -
+                                                       text.find(std::string(key) + " =") + 1);
+    expect_error({}, {std::string("model.") + key, "required key missing"}, text);
+  }
+  expect_error({}, {"data.train_folder", "required"}, "[data]\nseq_len = 4\nmicro_bsz = 1\n",
+               {.model_shape = false});
+  expect_error({}, {"data.seq_len", "required"}, "[data]\ntrain_folder = \"x\"\nmicro_bsz = 1\n",
+               {.model_shape = false});
+  expect_error({}, {"train.total_steps", "required"},
+               "[data]\ntrain_folder = \"x\"\nseq_len = 4\nmicro_bsz = 1\n", {.model_shape = false});
+  // Relaxed needs: a model from --init-from, no data.
+  const auto c = parse_config("[train]\ntotal_steps = 3\n", "job.toml", {},
+                              {.model_shape = false, .data = false});
+  EXPECT_EQ(c.model.hidden_size, 0);
+  EXPECT_TRUE(c.model_keys_given.empty());
+}
+
+TEST(Config, SanityChecksNameTheKey) {
+  expect_error({"data.seq_len=0"}, {"data.seq_len", "> 0"});
+  expect_error({"data.micro_bsz=-1"}, {"data.micro_bsz", "> 0"});
+  expect_error({"data.micro_num=0"}, {"data.micro_num", "> 0"});
+  expect_error({"train.total_steps=0"}, {"train.total_steps", "> 0"});
+  expect_error({"model.hidden_size=30"}, {"model.num_attention_heads", "does not divide", "30"});
+  expect_error({"model.num_kv_attention_heads=3"}, {"model.num_kv_attention_heads", "does not divide"});
+  expect_error({"model.vocab_size=0"}, {"model.vocab_size", "> 0"});
+  expect_error({"parallel.tensor.mode=sp"}, {"parallel.tensor.mode", "\"sp\"", "mtp | msp | fsp | isp"});
+  expect_error({"train.loss_reduction=mean"}, {"train.loss_reduction", "token | micro_mean"});
+  expect_error({"data.pack_tail=keep"}, {"data.pack_tail", "pad | drop"});
+  expect_error({"parallel.tensor=2", "parallel.tensor_2d={x=2, y=1}"}, {"parallel.tensor_2d", "parallel.tensor"});
+  expect_error({"parallel.tensor_2d.overlap=yes"}, {"parallel.tensor_2d.overlap"});
+  expect_error({"parallel.zero1.size=0"}, {"parallel.zero1.size"});
+  expect_error({"parallel.weight.size=0"}, {"parallel.weight.size"});
+  expect_error({"lr_scheduler.warmup_steps=11"}, {"lr_scheduler.warmup_steps", "total_steps"});
+  expect_error({"lr_scheduler.min_lr=0.1"}, {"lr_scheduler.min_lr"});
+  expect_error({"optimizer.beta2=1"}, {"optimizer.beta2"});
+  expect_error({"optimizer.lr=0"}, {"optimizer.lr"});
+  expect_error({"train.log_every=0"}, {"train.log_every"});
+  expect_error({"train.num_threads=-2"}, {"train.num_threads"});
+}
+
+TEST(Config, ToJsonUsesSectionKeys) {
+  const auto j = longtron::train::to_json(parse({"parallel.tensor_2d={x=2, y=2}"}));
+  EXPECT_EQ(j["model"]["hidden_size"], 32);
+  EXPECT_EQ(j["data"]["seq_len"], 16);
+  EXPECT_EQ(j["parallel"]["tensor"]["mode"], "mtp");
+  EXPECT_EQ(j["parallel"]["tensor_2d"]["x"], 2);
+  EXPECT_EQ(j["train"]["total_steps"], 10);
+  EXPECT_DOUBLE_EQ(j["lr_scheduler"]["min_lr"].get<double>(), 1e-4);
+}
+
+TEST(Config, TinyConfigLoads) {
+  const auto c = longtron::train::load_config(fs::path(LONGTRON_SOURCE_DIR) / "configs/tiny.toml");
+  EXPECT_EQ(c.model.ffn_size(), 192);
+  EXPECT_EQ(c.data.micro_num, 2);
+  EXPECT_TRUE(fs::path(c.train.checkpoint_dir).is_absolute());
+  try {
+    longtron::train::load_config("no/such.toml");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no/such.toml"), std::string::npos);
+  }
+}
