@@ -2,6 +2,7 @@
 // `#pragma omp simd` loops (float), and the exact std::exp for double (the finite-difference
 // tests run in double, so their accuracy is not limited by the approximation).
 #pragma once
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -12,8 +13,13 @@ namespace longtron::ops::detail {
 /// degree-6 Taylor/minimax polynomial (Cephes expf coefficients). Relative error ≈ 2 ulp for
 /// x in [−87, 88]; inputs below −87 return 0 (exact underflow, which masked scores rely on).
 inline float fast_exp(float x) {
-  const float clamped = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float n = std::floor(clamped * 1.44269504088896341f + 0.5f);
+  // Branch-free and conversion-free so GCC vectorises it without -ffast-math: min/max instead of
+  // ?:, and n = round(x·log2 e) by adding 1.5·2²³ (the integer lands in the low mantissa bits),
+  // since a float→int conversion is not vectorised under the default -ftrapping-math.
+  constexpr float kMagic = 12582912.0f;
+  const float clamped = std::min(std::max(x, -87.0f), 88.0f);
+  const float shifted = clamped * 1.44269504088896341f + kMagic;
+  const float n = shifted - kMagic;
   float r = clamped - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -23,9 +29,9 @@ inline float fast_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  const float result = p * std::bit_cast<float>(bits);
-  return x < -87.0f ? 0.0f : result;
+  const int32_t bits = (std::bit_cast<int32_t>(shifted) - std::bit_cast<int32_t>(kMagic) + 127)
+                       << 23;
+  return p * std::bit_cast<float>(bits) * static_cast<float>(x >= -87.0f);
 }
 
 inline double fast_exp(double x) { return std::exp(x); }

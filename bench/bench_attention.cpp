@@ -1,0 +1,219 @@
+// Varlen attention speed (issue 4, "Speed and memory"): forward+backward of the tiled kernel on an
+// 8192-token row of documents with exponential lengths (mean 512, seeded), 8 query heads, 2 kv
+// heads, head_dim 64 and 128, against the sgemm rate of this machine measured in the same run,
+// and against a dense causal-masked attention over the whole row (sgemm on [P, P] scores).
+//
+// Useful FLOPs (SPEC §2): forward = 4 · d · Hq · Σ lᵢ²/2 = 2 · d · Hq · Σ lᵢ² (QKᵀ and PV, each
+// 2·d multiply-adds per visible pair, causal = half the square); forward+backward = 3 × forward.
+// The dense baseline is credited with the same useful FLOPs (the masked half and the
+// cross-document blocks are wasted work), so its GFLOP/s is comparable.
+//
+// Threads: OMP_NUM_THREADS if set (OpenMP and OpenBLAS alike), else all hardware threads.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "core/threads.h"
+#include "ops/ops.h"
+
+namespace ops = longtron::ops;
+
+namespace {
+
+constexpr int64_t kTokens = 8192, kHeads = 8, kKvHeads = 2;
+std::map<std::string, double> g_gflops;  // filled by each benchmark, summarised by main
+
+std::vector<int32_t> exponential_cu_seqlens(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> dist(1.0 / 512.0);
+  std::vector<int32_t> cu = {0};
+  while (cu.back() < kTokens) {
+    const int64_t len = std::max<int64_t>(1, std::llround(dist(rng)));
+    cu.push_back(static_cast<int32_t>(std::min<int64_t>(kTokens, cu.back() + len)));
+  }
+  return cu;
+}
+
+double sum_squares(const std::vector<int32_t>& cu) {
+  double s = 0;
+  for (size_t i = 0; i + 1 < cu.size(); ++i) s += double(cu[i + 1] - cu[i]) * (cu[i + 1] - cu[i]);
+  return s;
+}
+
+std::vector<float> random_floats(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+void BM_Sgemm(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const auto A = random_floats(n * n, 1), B = random_floats(n * n, 2);
+  std::vector<float> C(n * n);
+  for (auto _ : state) {
+    ops::gemm<float>(false, false, n, n, n, 1.0f, A.data(), B.data(), 0.0f, C.data());
+    benchmark::DoNotOptimize(C.data());
+  }
+  const double flops = 2.0 * n * n * n;
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Packed qkv row as the model lays it out: [N, (Hq + 2·Hkv)·d], q then k then v.
+struct AttentionData {
+  int64_t d;
+  std::vector<int32_t> cu;
+  std::vector<float> qkv, dqkv, out, lse, dout;
+  ops::AttentionShape shape;
+  explicit AttentionData(int64_t head_dim)
+      : d(head_dim), cu(exponential_cu_seqlens(2024)),
+        qkv(random_floats(kTokens * (kHeads + 2 * kKvHeads) * head_dim, 3)),
+        dqkv(qkv.size()), out(kTokens * kHeads * head_dim), lse(kHeads * kTokens),
+        dout(random_floats(kTokens * kHeads * head_dim, 4)) {
+    const int64_t width = (kHeads + 2 * kKvHeads) * d;
+    shape = {kTokens, kHeads, kKvHeads, d, width, width, cu.data(),
+             static_cast<int64_t>(cu.size()) - 1, 1.0 / std::sqrt(double(d))};
+  }
+  const float* q() const { return qkv.data(); }
+  const float* k() const { return qkv.data() + kHeads * d; }
+  const float* v() const { return qkv.data() + (kHeads + kKvHeads) * d; }
+  void forward() { ops::varlen_attention_forward<float>(out.data(), lse.data(), q(), k(), v(), shape); }
+  void backward() {
+    float* dq = dqkv.data();
+    ops::varlen_attention_backward<float>(dq, dq + kHeads * d, dq + (kHeads + kKvHeads) * d,
+                                          dout.data(), q(), k(), v(), out.data(), lse.data(),
+                                          shape);
+  }
+  double forward_flops() const { return 2.0 * d * kHeads * sum_squares(cu); }
+};
+
+void BM_VarlenAttentionForward(benchmark::State& state) {
+  AttentionData a(state.range(0));
+  for (auto _ : state) a.forward();
+  state.counters["GFLOP/s"] = benchmark::Counter(a.forward_flops() * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["segments"] = double(a.cu.size() - 1);
+}
+
+void BM_VarlenAttentionForwardBackward(benchmark::State& state) {
+  AttentionData a(state.range(0));
+  for (auto _ : state) {
+    a.forward();
+    a.backward();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(3 * a.forward_flops() * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Dense baseline: per query head, S = QKᵀ over the whole row [P, P] (sgemm), causal mask (not the
+// document mask: the baseline is what a kernel without varlen support would compute), softmax,
+// O = PV; backward dP = dO Vᵀ, dV = Pᵀ dO, dS = P ∘ (dP − D), dQ = dS K, dK = dSᵀ Q.
+void dense_causal_attention(AttentionData& a, std::vector<float>& S, std::vector<float>& dP) {
+  const int64_t P = kTokens, d = a.d, G = kHeads / kKvHeads;
+  std::vector<float> Q(P * d), K(P * d), V(P * d), O(P * d), dO(P * d), dQ(P * d), dK(P * d),
+      dV(P * d), D(P);
+  const float scale = 1.0f / std::sqrt(float(d));
+  for (int64_t h = 0; h < kHeads; ++h) {
+    for (int64_t n = 0; n < P; ++n) {
+      for (int64_t x = 0; x < d; ++x) {
+        Q[n * d + x] = a.q()[n * a.shape.q_stride + h * d + x];
+        K[n * d + x] = a.k()[n * a.shape.kv_stride + (h / G) * d + x];
+        V[n * d + x] = a.v()[n * a.shape.kv_stride + (h / G) * d + x];
+        dO[n * d + x] = a.dout[(n * kHeads + h) * d + x];
+      }
+    }
+    ops::gemm<float>(false, true, P, P, d, scale, Q.data(), K.data(), 0.0f, S.data());
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < P; ++i) {
+      float* row = &S[i * P];
+      float mx = -std::numeric_limits<float>::infinity(), sum = 0;
+      for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+      for (int64_t j = 0; j < P; ++j) {
+        row[j] = j <= i ? std::exp(row[j] - mx) : 0.0f;
+        sum += row[j];
+      }
+      for (int64_t j = 0; j <= i; ++j) row[j] /= sum;
+    }
+    ops::gemm<float>(false, false, P, d, P, 1.0f, S.data(), V.data(), 0.0f, O.data());
+    for (int64_t i = 0; i < P; ++i) {
+      float s = 0;
+      for (int64_t x = 0; x < d; ++x) s += O[i * d + x] * dO[i * d + x];
+      D[i] = s;
+    }
+    ops::gemm<float>(false, true, P, P, d, 1.0f, dO.data(), V.data(), 0.0f, dP.data());
+    ops::gemm<float>(true, false, P, d, P, 1.0f, S.data(), dO.data(), 0.0f, dV.data());
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < P; ++i)
+      for (int64_t j = 0; j < P; ++j) dP[i * P + j] = S[i * P + j] * (dP[i * P + j] - D[i]) * scale;
+    ops::gemm<float>(false, false, P, d, P, 1.0f, dP.data(), K.data(), 0.0f, dQ.data());
+    ops::gemm<float>(true, false, P, d, P, 1.0f, dP.data(), Q.data(), 0.0f, dK.data());
+    benchmark::DoNotOptimize(dQ.data());
+    benchmark::DoNotOptimize(dK.data());
+  }
+}
+
+void BM_DenseCausalAttentionForwardBackward(benchmark::State& state) {
+  AttentionData a(state.range(0));
+  std::vector<float> S(kTokens * kTokens), dP(kTokens * kTokens);
+  for (auto _ : state) dense_causal_attention(a, S, dP);
+  state.counters["GFLOP/s"] = benchmark::Counter(3 * a.forward_flops() * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+}  // namespace
+
+BENCHMARK(BM_Sgemm)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_VarlenAttentionForward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_VarlenAttentionForwardBackward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_DenseCausalAttentionForwardBackward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+
+// Collects every run's GFLOP/s and prints the ratios the issue asks for after the table.
+class SummaryReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run& r : runs) {
+      auto it = r.counters.find("GFLOP/s");
+      if (it != r.counters.end()) {
+        // kIsIterationInvariantRate counters are finalised by the reporter's caller already.
+        g_gflops[r.benchmark_name()] = it->second.value;
+        g_ms[r.benchmark_name()] = r.GetAdjustedRealTime();
+      }
+    }
+  }
+  static inline std::map<std::string, double> g_ms;
+};
+
+int main(int argc, char** argv) {
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  const int threads = longtron::set_num_threads(env != nullptr ? std::atoi(env) : 0);
+  benchmark::Initialize(&argc, argv);
+  SummaryReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  const auto cu = exponential_cu_seqlens(2024);
+  std::printf("\nthreads %d; row %ld tokens in %zu documents, sum l^2 = %.4g (dense P^2 = %.4g)\n",
+              threads, long(kTokens), cu.size() - 1, sum_squares(cu), double(kTokens) * kTokens);
+  const double sgemm = g_gflops["BM_Sgemm/2048/real_time"];
+  std::printf("sgemm 2048^3: %.1f GFLOP/s\n", sgemm);
+  for (int d : {64, 128}) {
+    const std::string suffix = "/" + std::to_string(d) + "/real_time";
+    const double fb = g_gflops["BM_VarlenAttentionForwardBackward" + suffix];
+    const double fw = g_gflops["BM_VarlenAttentionForward" + suffix];
+    const double dense_ms = SummaryReporter::g_ms["BM_DenseCausalAttentionForwardBackward" + suffix];
+    const double ms = SummaryReporter::g_ms["BM_VarlenAttentionForwardBackward" + suffix];
+    std::printf(
+        "head_dim %3d: varlen fwd %.1f GFLOP/s, fwd+bwd %.1f GFLOP/s = %.2f x sgemm (target >= "
+        "0.5); fwd+bwd %.1f ms vs dense causal %.1f ms: speed-up %.1fx\n",
+        d, fw, fb, sgemm > 0 ? fb / sgemm : 0.0, ms, dense_ms, ms > 0 ? dense_ms / ms : 0.0);
+  }
+  return 0;
+}
