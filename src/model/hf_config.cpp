@@ -70,7 +70,11 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
         source, c.hidden_size, inter);
   c.multiple_of = 256;
   while (inter % c.multiple_of != 0) c.multiple_of /= 2;
+  // Nudge the ratio by ulps so that int(hidden × ratio) is exactly intermediate_size (the plain
+  // quotient can land one ulp low, e.g. 100 × 0.29 = 28.999…), whatever multiple_of divides it.
   c.mlp_ratio = double(inter) / double(c.hidden_size);
+  while (int64_t(double(c.hidden_size) * c.mlp_ratio) < inter)
+    c.mlp_ratio = std::nextafter(c.mlp_ratio, 2 * c.mlp_ratio);
   check(c.ffn_size() == inter, "{}: cannot express intermediate_size {} (internal error)", source, inter);
   c.norm_eps = get_double(hf, "rms_norm_eps", source, 1e-6);
   c.rope_base = get_double(hf, "rope_theta", source, 10000.0);

@@ -21,9 +21,9 @@ nlohmann::json to_hf_config(const ModelConfig& config, int64_t max_position_embe
 /// Reads the HF keys above (`source` names the file in messages). Throws Error naming the key when
 /// one is missing or of the wrong type, or when architectures does not contain an InternLM2 class.
 /// mlp_ratio/multiple_of are derived so that ffn_size() == intermediate_size exactly:
-/// multiple_of = the largest power of two ≤ 256 dividing intermediate_size, and
-/// mlp_ratio = intermediate_size / hidden_size (int(hidden × ratio) is then intermediate_size or
-/// one less, which the ceiling maps back to intermediate_size).
+/// multiple_of = the largest power of two ≤ 256 dividing intermediate_size (256 for InternEvo
+/// shapes), and mlp_ratio = intermediate_size / hidden_size, raised by a few ulps if needed so that
+/// int(hidden × mlp_ratio) == intermediate_size exactly.
 ModelConfig from_hf_config(const nlohmann::json& hf, const std::string& source);
 
 /// File forms (`dir_or_file`: a folder holding config.json, or the file itself). Writing is atomic.
