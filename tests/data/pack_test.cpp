@@ -1,9 +1,14 @@
 // Seed 000 worked examples value for value, and the SPEC §1.2–§1.6 vectors.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <unistd.h>
+
 #include "core/error.h"
 #include "data/loader.h"
+#include "data/megatron.h"
 #include "data/memory_source.h"
+#include "data/open.h"
 #include "data/pack.h"
 #include "data/sequence_split.h"
 #include "data/shuffle.h"
@@ -197,6 +202,51 @@ TEST(Pack, SeveralFilesNeverShareARow) {
   DatasetRows longer(ds, cfg(4, 1), 4, false, 1024);
   EXPECT_EQ(longer.num_rows(), 2);
   EXPECT_EQ(longer.row(0).input_ids, (V{4, 5, 6, 7}));
+}
+
+TEST(Pack, IntoOnePaddedTailKeepsFixedWindows) {
+  // 20 tokens, L 8, B 2: row 1 holds the last 4 tokens, then the pad inside the fixed windows.
+  MemorySource src({{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20}});
+  PackConfig c = cfg(8, 2);
+  c.pack_sample_into_one = true;
+  auto rows = build_pack(src, in_order(src), c);
+  ASSERT_EQ(rows->num_rows(), 2);
+  EXPECT_EQ(rows->row(0).labels.back(), -100);  // row end of a continued document
+  MicroBatch r1 = rows->row(1);
+  EXPECT_EQ(r1.input_ids, (V{17, 18, 19, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(r1.labels, (V{18, 19, 20, -100, -100, -100, -100, -100, -100, -100, -100, -100, -100,
+                          -100, -100, -100}));
+  EXPECT_EQ(r1.cu_seqlens, (V{0, 8, 16}));
+}
+
+TEST(Pack, MegatronFolderGivesTheSameRowsAsMemory) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("longtron_pack_test_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::vector<std::vector<int32_t>> a = {{5, 6, 7}, {8, 9, 10, 11, 12}, {13}};
+  std::vector<std::vector<int32_t>> b = {{20, 21, 22, 23, 24, 25, 26, 27, 28}};
+  for (const auto& [name, docs] : {std::pair{"a", a}, std::pair{"b", b}}) {
+    MegatronWriter w(dir / name, MegatronDtype::kUint16);
+    for (const auto& d : docs) w.add_document(d.data(), d.size());
+    w.finish();
+  }
+  Dataset mapped = open_dataset(dir);
+  Dataset memory;
+  memory.push_back(std::make_unique<MemorySource>(a));
+  memory.push_back(std::make_unique<MemorySource>(b));
+  ASSERT_EQ(mapped.size(), 2u);
+  for (bool packed : {true, false}) {
+    PackConfig c = cfg(3, 2);
+    c.use_packed_dataset = packed;
+    DatasetRows x(mapped, c, 0, true, 1024), y(memory, c, 0, true, 1024);
+    ASSERT_EQ(x.num_rows(), y.num_rows());
+    for (int64_t k = 0; k < x.num_rows(); ++k) {
+      EXPECT_EQ(x.row(k).input_ids, y.row(k).input_ids);
+      EXPECT_EQ(x.row(k).labels, y.row(k).labels);
+      EXPECT_EQ(x.row(k).cu_seqlens, y.row(k).cu_seqlens);
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Pack, BadInput) {
