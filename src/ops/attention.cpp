@@ -70,8 +70,7 @@ void forward_item(T* out, T* lse, const T* q, const T* k, const T* v, const Atte
     const T* kb = k + k0 * s.kv_stride + it.kv_head * d;
     for (int64_t c = 0; c < bj; ++c)  // Kᵀ tile [d, bj] so the score GEMM reads rows
       for (int64_t x = 0; x < d; ++x) w.kt[x * bj + c] = kb[c * s.kv_stride + x];
-    std::fill(w.s.begin(), w.s.begin() + M * bj, T(0));
-    detail::tile_gemm<T>(M, bj, d, w.q.data(), d, 1, w.kt.data(), bj, w.s.data(), bj);
+    detail::tile_gemm<T>(M, bj, d, w.q.data(), d, 1, w.kt.data(), bj, w.s.data(), bj, false);
     for (int64_t row = 0; row < M; ++row) {
       const int64_t r = row % bi;
       const int64_t valid = j < it.block ? bj : std::min(bj, q0 + r - k0 + 1);
@@ -83,7 +82,7 @@ void forward_item(T* out, T* lse, const T* q, const T* k, const T* v, const Atte
       }
     }
     detail::tile_gemm<T>(M, d, bj, w.s.data(), bj, 1, v + k0 * s.kv_stride + it.kv_head * d,
-                         s.kv_stride, w.o.data(), d);
+                         s.kv_stride, w.o.data(), d, true);
   }
   for (int64_t h = 0; h < G; ++h) {
     const int64_t head = it.kv_head * G + h;

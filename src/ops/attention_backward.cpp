@@ -5,7 +5,8 @@
 // D = rowsum(dO ∘ O) replaces the softmax Jacobian. The query heads of the kv group are stacked
 // as tile rows, so the GQA sum over them is part of the dK/dV GEMMs. dQ of a query block receives
 // one tile from each key block; it is added under a lock per (query block, kv head), the CPU
-// counterpart of FA2's atomic adds, after the tile is computed in private memory.
+// counterpart of FA2's atomic adds, after the tile is computed in private memory. Extra memory:
+// the packed q, dO and dq of the call, O(N · Hq · d), never O(N²).
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -22,48 +23,69 @@ namespace {
 
 using detail::kAttnBlock;
 
+// Query-side rows packed once per call in tile order: the tile of (query block b, kv head g)
+// starts at row (b·Hkv + g)·G·64 and holds row h·bi + r for query head g·G + h at token q0 + r.
+// Every key block of the segment reads the same tile, so packing once (instead of per key block)
+// removes the copies from the inner loop; dq is accumulated in the same layout and scattered into
+// the caller's (possibly strided) dq at the end, which also makes it overwrite rather than add.
+template <typename T>
+struct PackedQueries {
+  int64_t tile_rows;  // G · 64
+  std::vector<T> q, dout, dq, lse, delta;
+  int64_t row(int64_t block_id, int64_t num_kv_heads, int64_t g) const {
+    return (block_id * num_kv_heads + g) * tile_rows;
+  }
+};
+
 template <typename T>
 struct BackwardScratch {
-  std::vector<T> q, dout, kt, vt, s, dp, dq, dk, dv, lse, delta;
+  std::vector<T> kt, vt, s, dp, dq, dk, dv;
   BackwardScratch(int64_t rows, int64_t d)
-      : q(rows * d), dout(rows * d), kt(d * kAttnBlock), vt(d * kAttnBlock),
-        s(rows * kAttnBlock), dp(rows * kAttnBlock), dq(rows * d), dk(kAttnBlock * d),
-        dv(kAttnBlock * d), lse(rows), delta(rows) {}
+      : kt(d * kAttnBlock), vt(d * kAttnBlock), s(rows * kAttnBlock), dp(rows * kAttnBlock),
+        dq(rows * d), dk(kAttnBlock * d), dv(kAttnBlock * d) {}
 };
 
-struct BackwardArgs {
-  const AttentionShape* s;
-  const void* delta;  // D[N, Hq] = rowsum(dO ∘ O)
-  std::mutex* locks;  // one per (global query block, kv head)
-};
-
-// Packs the query block's q and dO rows of the kv group (row h·bi + r), with their lse and D.
+// Copies (pack = true) the query block of `it` into PackedQueries with its lse and D, or scatters
+// (pack = false) its accumulated dq back to the caller's layout.
 template <typename T>
-void pack_query_block(BackwardScratch<T>& w, const T* q, const T* dout, const T* lse,
-                      const T* delta, const AttentionShape& s, int64_t g, int64_t q0, int64_t bi) {
-  const int64_t d = s.head_dim, G = s.num_heads / s.num_kv_heads;
+void move_query_block(PackedQueries<T>& pq, T* dq, const T* q, const T* dout, const T* out,
+                      const T* lse, const AttentionShape& s, const detail::AttnItem& it,
+                      bool pack) {
+  const int64_t d = s.head_dim, G = s.num_heads / s.num_kv_heads, g = it.kv_head;
+  const int64_t q0 = it.seg_begin + it.block * kAttnBlock;
+  const int64_t bi = std::min(kAttnBlock, it.seg_end - q0);
+  const int64_t base = pq.row(it.block_id, s.num_kv_heads, g);
   for (int64_t h = 0; h < G; ++h) {
     const int64_t head = g * G + h;
     for (int64_t r = 0; r < bi; ++r) {
-      const int64_t row = h * bi + r, n = q0 + r;
-      std::memcpy(&w.q[row * d], q + n * s.q_stride + head * d, sizeof(T) * d);
-      std::memcpy(&w.dout[row * d], dout + (n * s.num_heads + head) * d, sizeof(T) * d);
-      w.lse[row] = lse[head * s.num_tokens + n];
-      w.delta[row] = delta[n * s.num_heads + head];
+      const int64_t row = base + h * bi + r, n = q0 + r;
+      if (!pack) {
+        std::memcpy(dq + n * s.q_stride + head * d, &pq.dq[row * d], sizeof(T) * d);
+        continue;
+      }
+      const T* o = out + (n * s.num_heads + head) * d;
+      const T* g_o = dout + (n * s.num_heads + head) * d;
+      std::memcpy(&pq.q[row * d], q + n * s.q_stride + head * d, sizeof(T) * d);
+      std::memcpy(&pq.dout[row * d], g_o, sizeof(T) * d);
+      T delta = 0;  // D = rowsum(dO ∘ O)
+#pragma omp simd reduction(+ : delta)
+      for (int64_t x = 0; x < d; ++x) delta += o[x] * g_o[x];
+      pq.delta[row] = delta;
+      pq.lse[row] = lse[head * s.num_tokens + n];
     }
   }
 }
 
 // P = exp(scale·S − lse) (0 where masked) into w.s; dS = P ∘ (dP − D) · scale into w.dp.
 template <typename T>
-void probabilities_and_dscores(BackwardScratch<T>& w, int64_t M, int64_t bi, int64_t bj,
-                               int64_t q0, int64_t k0, bool diagonal, T scale) {
+void probabilities_and_dscores(BackwardScratch<T>& w, const T* lse, const T* delta, int64_t M,
+                               int64_t bi, int64_t bj, int64_t q0, int64_t k0, bool diagonal,
+                               T scale) {
   for (int64_t row = 0; row < M; ++row) {
-    const int64_t r = row % bi;
-    const int64_t valid = diagonal ? std::min(bj, q0 + r - k0 + 1) : bj;
+    const int64_t valid = diagonal ? std::min(bj, q0 + row % bi - k0 + 1) : bj;
     T* srow = &w.s[row * bj];
     T* dprow = &w.dp[row * bj];
-    const T l = w.lse[row], D = w.delta[row];
+    const T l = lse[row], D = delta[row];
 #pragma omp simd
     for (int64_t c = 0; c < valid; ++c) {
       const T p = detail::fast_exp(srow[c] * scale - l);
@@ -75,10 +97,9 @@ void probabilities_and_dscores(BackwardScratch<T>& w, int64_t M, int64_t bi, int
 }
 
 template <typename T>
-void backward_item(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
-                   const T* lse, const BackwardArgs& a, const detail::AttnItem& it,
+void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
+                   std::mutex* locks, const AttentionShape& s, const detail::AttnItem& it,
                    BackwardScratch<T>& w) {
-  const AttentionShape& s = *a.s;
   const int64_t d = s.head_dim, G = s.num_heads / s.num_kv_heads, g = it.kv_head;
   const int64_t k0 = it.seg_begin + it.block * kAttnBlock;
   const int64_t bj = std::min(kAttnBlock, it.seg_end - k0);
@@ -86,37 +107,31 @@ void backward_item(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, c
   const T scale = static_cast<T>(s.scale);
   const T* kb = k + k0 * s.kv_stride + g * d;
   const T* vb = v + k0 * s.kv_stride + g * d;
-  for (int64_t c = 0; c < bj; ++c) {
+  for (int64_t c = 0; c < bj; ++c) {  // Kᵀ and Vᵀ tiles [d, bj] so score GEMMs read rows
     for (int64_t x = 0; x < d; ++x) {
       w.kt[x * bj + c] = kb[c * s.kv_stride + x];
       w.vt[x * bj + c] = vb[c * s.kv_stride + x];
     }
   }
-  std::fill(w.dk.begin(), w.dk.end(), T(0));
-  std::fill(w.dv.begin(), w.dv.end(), T(0));
   for (int64_t i = it.block; i < blocks; ++i) {
     const int64_t q0 = it.seg_begin + i * kAttnBlock;
     const int64_t bi = std::min(kAttnBlock, it.seg_end - q0), M = G * bi;
-    pack_query_block(w, q, dout, lse, static_cast<const T*>(a.delta), s, g, q0, bi);
-    std::fill(w.s.begin(), w.s.begin() + M * bj, T(0));
-    std::fill(w.dp.begin(), w.dp.begin() + M * bj, T(0));
-    detail::tile_gemm<T>(M, bj, d, w.q.data(), d, 1, w.kt.data(), bj, w.s.data(), bj);
-    detail::tile_gemm<T>(M, bj, d, w.dout.data(), d, 1, w.vt.data(), bj, w.dp.data(), bj);
-    probabilities_and_dscores(w, M, bi, bj, q0, k0, i == it.block, scale);
+    const int64_t base = pq.row(it.block_id - it.block + i, s.num_kv_heads, g);
+    const T* qt = &pq.q[base * d];
+    const T* dot = &pq.dout[base * d];
+    const bool first = i == it.block;
+    detail::tile_gemm<T>(M, bj, d, qt, d, 1, w.kt.data(), bj, w.s.data(), bj, false);
+    detail::tile_gemm<T>(M, bj, d, dot, d, 1, w.vt.data(), bj, w.dp.data(), bj, false);
+    probabilities_and_dscores(w, &pq.lse[base], &pq.delta[base], M, bi, bj, q0, k0, first, scale);
     // dV += Pᵀ dO and dK += dSᵀ Q (the transposes are strides of A, nothing is copied).
-    detail::tile_gemm<T>(bj, d, M, w.s.data(), 1, bj, w.dout.data(), d, w.dv.data(), d);
-    detail::tile_gemm<T>(bj, d, M, w.dp.data(), 1, bj, w.q.data(), d, w.dk.data(), d);
-    std::fill(w.dq.begin(), w.dq.begin() + M * d, T(0));
-    detail::tile_gemm<T>(M, d, bj, w.dp.data(), bj, 1, kb, s.kv_stride, w.dq.data(), d);
-    std::lock_guard<std::mutex> lock(a.locks[(it.block_id - it.block + i) * s.num_kv_heads + g]);
-    for (int64_t h = 0; h < G; ++h) {
-      for (int64_t r = 0; r < bi; ++r) {
-        T* dst = dq + (q0 + r) * s.q_stride + (g * G + h) * d;
-        const T* src = &w.dq[(h * bi + r) * d];
+    detail::tile_gemm<T>(bj, d, M, w.s.data(), 1, bj, dot, d, w.dv.data(), d, !first);
+    detail::tile_gemm<T>(bj, d, M, w.dp.data(), 1, bj, qt, d, w.dk.data(), d, !first);
+    detail::tile_gemm<T>(M, d, bj, w.dp.data(), bj, 1, kb, s.kv_stride, w.dq.data(), d, false);
+    std::lock_guard<std::mutex> lock(locks[(it.block_id - it.block + i) * s.num_kv_heads + g]);
+    T* dst = &pq.dq[base * d];
+    const T* src = w.dq.data();
 #pragma omp simd
-        for (int64_t x = 0; x < d; ++x) dst[x] += src[x];
-      }
-    }
+    for (int64_t x = 0; x < M * d; ++x) dst[x] += src[x];
   }
   for (int64_t c = 0; c < bj; ++c) {
     std::memcpy(dk + (k0 + c) * s.kv_stride + g * d, &w.dk[c * d], sizeof(T) * d);
@@ -130,32 +145,28 @@ template <typename T>
 void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
                                const T* v, const T* out, const T* lse, const AttentionShape& s) {
   detail::validate_attention_shape(s);
-  const int64_t N = s.num_tokens, Hq = s.num_heads, d = s.head_dim;
-  std::vector<T> delta(N * Hq);
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t h = 0; h < Hq; ++h) {
-      const T* o = out + (n * Hq + h) * d;
-      const T* g = dout + (n * Hq + h) * d;
-      T sum = 0;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t x = 0; x < d; ++x) sum += o[x] * g[x];
-      delta[n * Hq + h] = sum;
-      std::memset(dq + n * s.q_stride + h * d, 0, sizeof(T) * d);  // dq is accumulated into
-    }
-  }
   int64_t total_blocks = 0;
   const std::vector<detail::AttnItem> items = detail::attention_items(s, true, &total_blocks);
-  std::unique_ptr<std::mutex[]> locks(new std::mutex[total_blocks * s.num_kv_heads]);
-  const BackwardArgs args{&s, delta.data(), locks.get()};
-  const int64_t rows = (Hq / s.num_kv_heads) * kAttnBlock;
   const int64_t n_items = static_cast<int64_t>(items.size());
+  const int64_t tile_rows = (s.num_heads / s.num_kv_heads) * kAttnBlock;
+  const int64_t rows = total_blocks * s.num_kv_heads * tile_rows;  // ≤ (N + 64·segments)·Hq
+  PackedQueries<T> pq{tile_rows,
+                      std::vector<T>(rows * s.head_dim), std::vector<T>(rows * s.head_dim),
+                      std::vector<T>(rows * s.head_dim), std::vector<T>(rows),
+                      std::vector<T>(rows)};
+  std::unique_ptr<std::mutex[]> locks(new std::mutex[total_blocks * s.num_kv_heads]);
 #pragma omp parallel
   {
-    BackwardScratch<T> scratch(rows, d);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n_items; ++i)
+      move_query_block(pq, dq, q, dout, out, lse, s, items[i], true);
+    BackwardScratch<T> scratch(tile_rows, s.head_dim);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < n_items; ++i)
-      backward_item(dq, dk, dv, dout, q, k, v, lse, args, items[i], scratch);
+      backward_item(dk, dv, k, v, pq, locks.get(), s, items[i], scratch);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n_items; ++i)
+      move_query_block(pq, dq, q, dout, out, lse, s, items[i], false);
   }
 }
 
