@@ -22,10 +22,23 @@ using detail::kAttnBlock;
 
 template <typename T>
 struct ForwardScratch {
-  std::vector<T> q, kt, s, o, m, l;
+  std::vector<T> q, s, o, m, l;
   ForwardScratch(int64_t rows, int64_t d)
-      : q(rows * d), kt(d * kAttnBlock), s(rows * kAttnBlock), o(rows * d), m(rows), l(rows) {}
+      : q(rows * d), s(rows * kAttnBlock), o(rows * d), m(rows), l(rows) {}
 };
+
+// Kᵀ tiles [d, bj] of every (key block, kv head), packed once per call so the score GEMM reads
+// rows; every later query block of the segment reuses them. O(N · Hkv · d) floats.
+template <typename T>
+void pack_key_block(T* kt_all, const T* k, const AttentionShape& s, const detail::AttnItem& it) {
+  const int64_t d = s.head_dim;
+  const int64_t k0 = it.seg_begin + it.block * kAttnBlock;
+  const int64_t bj = std::min(kAttnBlock, it.seg_end - k0);
+  const T* kb = k + k0 * s.kv_stride + it.kv_head * d;
+  T* kt = kt_all + (it.block_id * s.num_kv_heads + it.kv_head) * d * kAttnBlock;
+  for (int64_t c = 0; c < bj; ++c)
+    for (int64_t x = 0; x < d; ++x) kt[x * bj + c] = kb[c * s.kv_stride + x];
+}
 
 // Online-softmax update of one score row of `valid` visible keys (the rest are masked, p = 0).
 // Returns the factor exp(m_old − m_new) by which the row's output accumulator must be scaled.
@@ -50,8 +63,8 @@ T softmax_row_update(T* srow, int64_t bj, int64_t valid, T scale, T& m, T& l) {
 }
 
 template <typename T>
-void forward_item(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionShape& s,
-                  const detail::AttnItem& it, ForwardScratch<T>& w) {
+void forward_item(T* out, T* lse, const T* q, const T* kt_all, const T* v,
+                  const AttentionShape& s, const detail::AttnItem& it, ForwardScratch<T>& w) {
   const int64_t d = s.head_dim, G = s.num_heads / s.num_kv_heads, N = s.num_tokens;
   const int64_t q0 = it.seg_begin + it.block * kAttnBlock;
   const int64_t bi = std::min(kAttnBlock, it.seg_end - q0), M = G * bi;
@@ -67,10 +80,9 @@ void forward_item(T* out, T* lse, const T* q, const T* k, const T* v, const Atte
   for (int64_t j = 0; j <= it.block; ++j) {
     const int64_t k0 = it.seg_begin + j * kAttnBlock;
     const int64_t bj = std::min(kAttnBlock, it.seg_end - k0);
-    const T* kb = k + k0 * s.kv_stride + it.kv_head * d;
-    for (int64_t c = 0; c < bj; ++c)  // Kᵀ tile [d, bj] so the score GEMM reads rows
-      for (int64_t x = 0; x < d; ++x) w.kt[x * bj + c] = kb[c * s.kv_stride + x];
-    detail::tile_gemm<T>(M, bj, d, w.q.data(), d, 1, w.kt.data(), bj, w.s.data(), bj, false);
+    const T* kt =
+        kt_all + ((it.block_id - it.block + j) * s.num_kv_heads + it.kv_head) * d * kAttnBlock;
+    detail::tile_gemm<T>(M, bj, d, w.q.data(), d, 1, kt, bj, w.s.data(), bj, false);
     for (int64_t row = 0; row < M; ++row) {
       const int64_t r = row % bi;
       const int64_t valid = j < it.block ? bj : std::min(bj, q0 + r - k0 + 1);
@@ -102,14 +114,19 @@ template <typename T>
 void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
                               const AttentionShape& s) {
   detail::validate_attention_shape(s);
-  const std::vector<detail::AttnItem> items = detail::attention_items(s, false, nullptr);
+  int64_t total_blocks = 0;
+  const std::vector<detail::AttnItem> items = detail::attention_items(s, false, &total_blocks);
   const int64_t rows = (s.num_heads / s.num_kv_heads) * kAttnBlock;
   const int64_t n_items = static_cast<int64_t>(items.size());
+  std::vector<T> kt_all(total_blocks * s.num_kv_heads * s.head_dim * kAttnBlock);
 #pragma omp parallel
   {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n_items; ++i) pack_key_block(kt_all.data(), k, s, items[i]);
     ForwardScratch<T> scratch(rows, s.head_dim);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n_items; ++i) forward_item(out, lse, q, k, v, s, items[i], scratch);
+    for (int64_t i = 0; i < n_items; ++i)
+      forward_item(out, lse, q, kt_all.data(), v, s, items[i], scratch);
   }
 }
 
