@@ -5,10 +5,12 @@
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <random>
 
 #include "data/megatron.h"
+#include "data/memory_source.h"
 #include "data/pack.h"
 #include "data/sampler.h"
 
@@ -23,7 +25,9 @@ constexpr int64_t kTokens = 100'000'000;
 struct BenchData {
   fs::path dir;
   std::unique_ptr<DocumentSource> source;
+  std::unique_ptr<DocumentSource> memory;  // the same documents as int32 vectors (reader baseline)
   BenchData() {
+    std::vector<std::vector<int32_t>> docs;
     dir = fs::temp_directory_path() / ("longtron_bench_pack_" + std::to_string(getpid()));
     fs::create_directories(dir);
     MegatronWriter writer(dir / "data", MegatronDtype::kUint16);
@@ -34,10 +38,12 @@ struct BenchData {
       doc.resize(std::uniform_int_distribution<int>(1 << shift, (2 << shift) - 1)(g));
       for (auto& t : doc) t = static_cast<int32_t>(g() % 65000);
       writer.add_document(doc.data(), doc.size());
+      docs.push_back(doc);
       written += static_cast<int64_t>(doc.size());
     }
     writer.finish();
     source = open_megatron(dir / "data");
+    memory = std::make_unique<MemorySource>(std::move(docs));
   }
   ~BenchData() { fs::remove_all(dir); }
 };
@@ -47,9 +53,10 @@ BenchData& data() {
   return d;
 }
 
-// Args: seq_len, micro_bsz, pack_sample_into_one.
+// Args: seq_len, micro_bsz, pack_sample_into_one, source (0: mapped Megatron uint16, 1: the same
+// documents in memory as int32, to tell the packer's cost from the reader's).
 void BM_PackedRows(benchmark::State& state) {
-  const DocumentSource& src = *data().source;
+  const DocumentSource& src = state.range(3) == 0 ? *data().source : *data().memory;
   PackConfig c;
   c.seq_len = state.range(0);
   c.micro_bsz = state.range(1);
@@ -72,8 +79,29 @@ void BM_PackedRows(benchmark::State& state) {
   state.counters["dataset_tokens"] = static_cast<double>(rows.num_tokens());
 }
 
-BENCHMARK(BM_PackedRows)->Args({4096, 1, 0})->Args({2048, 4, 0})->Args({32768, 1, 0})
-    ->Args({2048, 4, 1})->Unit(benchmark::kMicrosecond)->UseRealTime();
+// Baseline for a ratio measured in the same run (DESIGN.md "Speed"): copying the same number of
+// int32 tokens from random offsets of a 400 MB buffer with memcpy.
+void BM_MemcpyBaseline(benchmark::State& state) {
+  static std::vector<int32_t> big(kTokens, 1);
+  const int64_t P = state.range(0);
+  std::vector<int32_t> out(P);
+  std::mt19937_64 g(1);
+  int64_t made = 0;
+  for (auto _ : state) {
+    const int64_t at = static_cast<int64_t>(g() % static_cast<uint64_t>(kTokens - P));
+    std::memcpy(out.data(), big.data() + at, P * sizeof(int32_t));
+    benchmark::DoNotOptimize(out.data());
+    ++made;
+  }
+  const double tokens = static_cast<double>(made) * static_cast<double>(P);
+  state.counters["tokens_per_s"] = benchmark::Counter(tokens, benchmark::Counter::kIsRate);
+  state.counters["x1M_tok_per_s"] = benchmark::Counter(tokens / 1e6, benchmark::Counter::kIsRate);
+}
+
+BENCHMARK(BM_MemcpyBaseline)->Arg(4096)->Arg(8192)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+BENCHMARK(BM_PackedRows)->Args({4096, 1, 0, 0})->Args({2048, 4, 0, 0})->Args({32768, 1, 0, 0})
+    ->Args({2048, 4, 1, 0})->Args({2048, 4, 0, 1})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 
