@@ -26,26 +26,36 @@ T load(const uint8_t* p) {
 
 bool valid_dtype(uint8_t code) { return code >= 1 && code <= 8; }
 
-// Reads token j of a sequence stored with `dtype` at `p` as an int32, or reports where it is not one.
+// Converts a real-valued token to an int32 id; sets *ok = false unless it is an integer in range
+// (checked before the cast, which would be undefined behaviour otherwise).
+int32_t real_token(double real, bool* ok) {
+  if (!(std::isfinite(real) && real > -2147483649.0 && real < 2147483648.0 &&
+        std::trunc(real) == real)) {
+    *ok = false;
+    return 0;
+  }
+  return static_cast<int32_t>(real);
+}
+
+// Reads the token stored with `dtype` at `p` as an int32; sets *ok = false if it is not one.
 int32_t token_at(const uint8_t* p, MegatronDtype dtype, bool* ok) {
-  double real = 0;
-  int64_t value = 0;
   switch (dtype) {
     case MegatronDtype::kUint8: return load<uint8_t>(p);
     case MegatronDtype::kInt8: return load<int8_t>(p);
     case MegatronDtype::kInt16: return load<int16_t>(p);
     case MegatronDtype::kUint16: return load<uint16_t>(p);
     case MegatronDtype::kInt32: return load<int32_t>(p);
-    case MegatronDtype::kInt64: value = load<int64_t>(p); break;
-    case MegatronDtype::kFloat32: real = load<float>(p); value = static_cast<int64_t>(real); break;
-    case MegatronDtype::kFloat64: real = load<double>(p); value = static_cast<int64_t>(real); break;
+    case MegatronDtype::kInt64: {
+      const auto value = load<int64_t>(p);
+      if (value < std::numeric_limits<int32_t>::min() || value > std::numeric_limits<int32_t>::max())
+        *ok = false;
+      return static_cast<int32_t>(value);
+    }
+    case MegatronDtype::kFloat32: return real_token(load<float>(p), ok);
+    case MegatronDtype::kFloat64: return real_token(load<double>(p), ok);
   }
-  const bool is_real = dtype == MegatronDtype::kFloat32 || dtype == MegatronDtype::kFloat64;
-  if (is_real && !(std::isfinite(real) && std::abs(real) < 2147483648.0 && std::trunc(real) == real))
-    *ok = false;
-  if (value < std::numeric_limits<int32_t>::min() || value > std::numeric_limits<int32_t>::max())
-    *ok = false;
-  return static_cast<int32_t>(value);
+  *ok = false;
+  return 0;
 }
 
 class MegatronSource final : public DocumentSource {

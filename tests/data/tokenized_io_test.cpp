@@ -114,6 +114,33 @@ TEST(Megatron, DocumentsOfSeveralSequences) {
   EXPECT_EQ(part, (std::vector<int32_t>{10, 6, 1, 2}));
 }
 
+TEST(Megatron, NonIntegerOrOutOfRangeTokensAreErrors) {
+  TempDir dir;
+  {
+    ld::MegatronWriter writer(dir / "i", ld::MegatronDtype::kInt64);
+    const std::vector<int64_t> tokens{1, int64_t{1} << 40};
+    writer.add_sequence(tokens.data(), tokens.size());
+    writer.end_document();
+    writer.finish();
+  }
+  const auto wide = ld::open_megatron(dir / "i");
+  expect_error([&] { read_doc(*wide, 0); }, {(dir / "i.bin").string(), "byte offset 8", "int32"});
+  // A float32 .bin with 2.5 in it: write integers, then patch the bytes.
+  {
+    ld::MegatronWriter writer(dir / "f", ld::MegatronDtype::kFloat32);
+    const std::vector<int64_t> tokens{4, 5, 6};
+    writer.add_sequence(tokens.data(), tokens.size());
+    writer.end_document();
+    writer.finish();
+  }
+  std::string bin = read_file(dir / "f.bin");
+  const float half = 2.5f;
+  std::memcpy(bin.data() + 4, &half, 4);
+  write_file(dir / "f.bin", bin);
+  const auto real = ld::open_megatron(dir / "f");
+  expect_error([&] { read_doc(*real, 0); }, {(dir / "f.bin").string(), "byte offset 4"});
+}
+
 TEST(Megatron, PrepareDtypeFollowsVocabulary) {
   EXPECT_EQ(ld::megatron_dtype_for_vocab(8192), ld::MegatronDtype::kUint16);
   EXPECT_EQ(ld::megatron_dtype_for_vocab(65499), ld::MegatronDtype::kUint16);
