@@ -21,15 +21,16 @@ void accumulate(T* out, const T* a, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] += a[i];
 }
 
-void check_batch(const data::MicroBatch& b) {
+void check_batch(const data::MicroBatch& b, int64_t sp) {
   const size_t N = b.input_ids.size();
   check(N > 0, "micro-batch has no tokens");
   check(b.labels.size() == N && b.indexes.size() == N,
         "micro-batch arrays disagree: input_ids {}, labels {}, indexes {} tokens", N,
         b.labels.size(), b.indexes.size());
   check(b.cu_seqlens.size() >= 2 && b.cu_seqlens.front() == 0 &&
-            static_cast<size_t>(b.cu_seqlens.back()) == N,
-        "cu_seqlens must run from 0 to the {} tokens of the micro-batch", N);
+            static_cast<int64_t>(b.cu_seqlens.back()) == static_cast<int64_t>(N) * sp,
+        "cu_seqlens must run from 0 to the {} tokens of the micro-batch (got {} … {})",
+        static_cast<int64_t>(N) * sp, b.cu_seqlens.front(), b.cu_seqlens.back());
   for (size_t i = 1; i < b.cu_seqlens.size(); ++i)
     check(b.cu_seqlens[i] >= b.cu_seqlens[i - 1], "cu_seqlens decreases at entry {} ({} < {})",
           i, b.cu_seqlens[i], b.cu_seqlens[i - 1]);
@@ -55,7 +56,6 @@ InternLM2<T>::InternLM2(const ParamLayout& layout, const Params<T>& params, Mode
   Q_ = b.wqkv->out();
   F_ = b.w1->out();
   A_ = b.attention->out_features();
-  eps_ = layout.config().norm_eps;
 }
 
 template <typename T>
@@ -122,15 +122,13 @@ template <typename T>
 void InternLM2<T>::block_forward(int layer, BlockActs& A, T* y, const T* x,
                                  const AttentionBatch& ab) {
   BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
-  const BlockParamIds& id = layout_.layers[static_cast<size_t>(layer)];
   const int64_t N = ab.num_tokens;
-  const T eps = static_cast<T>(eps_);
-  ops::rms_norm_forward(xn_, A.rstd1, x, params_.ptr(id.attention_norm), N, H_, eps);
+  o.attention_norm->forward(xn_, A.rstd1, x, N, params_);
   o.wqkv->forward(qkv_, xn_, N, params_);
   o.attention->forward(A.attn, A.qkv_s, A.lse, qkv_, ab);
   o.wo->forward(tmp_, A.attn, N, params_);
   add_into(A.h, x, tmp_, N * H_);
-  ops::rms_norm_forward(xn_, A.rstd2, A.h, params_.ptr(id.ffn_norm), N, H_, eps);
+  o.ffn_norm->forward(xn_, A.rstd2, A.h, N, params_);
   o.w1->forward(A.a, xn_, N, params_);
   o.w3->forward(A.b, xn_, N, params_);
   ops::swiglu_forward(g_, A.a, A.b, N * F_);
@@ -142,27 +140,23 @@ template <typename T>
 void InternLM2<T>::block_backward(int layer, BlockActs& A, const T* x, const AttentionBatch& ab,
                                   Params<T>& grads) {
   BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
-  const BlockParamIds& id = layout_.layers[static_cast<size_t>(layer)];
   const int64_t N = ab.num_tokens;
-  const T eps = static_cast<T>(eps_);
   // FFN branch: y = h + w2(silu(a) ⊙ b), a = w1 z, b = w3 z, z = RMSNorm(h). g and z are cheap
   // elementwise recomputations rather than saved tensors.
   ops::swiglu_forward(g_, A.a, A.b, N * F_);
   o.w2->backward(dg_, dres_, g_, N, params_, &grads, false);
   ops::swiglu_backward(da_, db_, dg_, A.a, A.b, N * F_);
-  ops::rms_norm_forward(xn_, rstd_scratch_, A.h, params_.ptr(id.ffn_norm), N, H_, eps);
+  o.ffn_norm->forward(xn_, rstd_scratch_, A.h, N, params_);
   o.w1->backward(dxn_, da_, xn_, N, params_, &grads, false);
   o.w3->backward(dxn_, db_, xn_, N, params_, &grads, true);
-  ops::rms_norm_backward(dtmp_, grads.ptr(id.ffn_norm), dxn_, A.h, params_.ptr(id.ffn_norm),
-                         A.rstd2, N, H_);
+  o.ffn_norm->backward(dtmp_, dxn_, A.h, A.rstd2, N, params_, &grads);
   accumulate(dres_, dtmp_, N * H_);  // dres = dL/dh
   // Attention branch: h = x + wo(Attn(qkv)), qkv = wqkv(RMSNorm(x)).
   o.wo->backward(dattn_, dres_, A.attn, N, params_, &grads, false);
   o.attention->backward(qkv_, dqkv_s_, dattn_, A.qkv_s, A.attn, A.lse, ab);
-  ops::rms_norm_forward(xn_, rstd_scratch_, x, params_.ptr(id.attention_norm), N, H_, eps);
+  o.attention_norm->forward(xn_, rstd_scratch_, x, N, params_);
   o.wqkv->backward(dxn_, qkv_, xn_, N, params_, &grads, false);
-  ops::rms_norm_backward(dtmp_, grads.ptr(id.attention_norm), dxn_, x,
-                         params_.ptr(id.attention_norm), A.rstd1, N, H_);
+  o.attention_norm->backward(dtmp_, dxn_, x, A.rstd1, N, params_, &grads);
   accumulate(dres_, dtmp_, N * H_);  // dres = dL/dx
 }
 
@@ -180,20 +174,17 @@ void InternLM2<T>::forward_blocks(const data::MicroBatch& batch, bool save) {
 template <typename T>
 LossSum InternLM2<T>::forward_backward(const data::MicroBatch& batch, Params<T>& grads,
                                        double loss_scale) {
-  check_batch(batch);
+  check_batch(batch, ops_.sequence_parallel_size);
   check(&grads.layout() == &layout_ || grads.numel() == layout_.numel(),
         "gradient buffer has {} elements, the model {}", grads.numel(), layout_.numel());
   const int64_t N = static_cast<int64_t>(batch.input_ids.size());
   const int L = static_cast<int>(ops_.blocks.size());
   forward_blocks(batch, true);
   const AttentionBatch ab = attention_batch(batch);
-  const T* wn = params_.ptr(layout_.norm);
-  ops::rms_norm_forward(xf_, rstdf_, xs_[static_cast<size_t>(L)], wn, N, H_,
-                        static_cast<T>(eps_));
+  ops_.norm->forward(xf_, rstdf_, xs_.back(), N, params_);
   const LossSum loss = ops_.head->forward_backward(dxn_, xf_, batch.labels.data(), N, params_,
                                                    &grads, loss_scale, nullptr);
-  ops::rms_norm_backward(dres_, grads.ptr(layout_.norm), dxn_, xs_[static_cast<size_t>(L)], wn,
-                         rstdf_, N, H_);
+  ops_.norm->backward(dres_, dxn_, xs_.back(), rstdf_, N, params_, &grads);
   for (int i = L - 1; i >= 0; --i) {
     const T* x = xs_[static_cast<size_t>(i)];
     if (checkpoint_) block_forward(i, acts_.front(), dtmp_, x, ab);  // recompute; y discarded
@@ -206,11 +197,10 @@ LossSum InternLM2<T>::forward_backward(const data::MicroBatch& batch, Params<T>&
 template <typename T>
 LossSum InternLM2<T>::forward_loss(const data::MicroBatch& batch,
                                    std::vector<double>* token_losses) {
-  check_batch(batch);
+  check_batch(batch, ops_.sequence_parallel_size);
   const int64_t N = static_cast<int64_t>(batch.input_ids.size());
   forward_blocks(batch, false);
-  ops::rms_norm_forward(xf_, rstdf_, xs_.back(), params_.ptr(layout_.norm), N, H_,
-                        static_cast<T>(eps_));
+  ops_.norm->forward(xf_, rstdf_, xs_.back(), N, params_);
   if (token_losses) token_losses->assign(static_cast<size_t>(N), 0.0);
   return ops_.head->forward_backward(nullptr, xf_, batch.labels.data(), N, params_, nullptr, 0.0,
                                      token_losses ? token_losses->data() : nullptr);
@@ -228,8 +218,7 @@ std::vector<T> InternLM2<T>::logits_last(std::span<const int32_t> ids) {
   b.cu_seqlens = {0, n};
   b.max_seqlen = n;
   forward_blocks(b, false);
-  ops::rms_norm_forward(xf_, rstdf_, xs_.back() + (n - 1) * H_, params_.ptr(layout_.norm), 1, H_,
-                        static_cast<T>(eps_));
+  ops_.norm->forward(xf_, rstdf_, xs_.back() + (n - 1) * H_, 1, params_);
   std::vector<T> logits(static_cast<size_t>(layout_.config().vocab_size));
   ops_.head->logits_row(logits.data(), xf_, params_);
   return logits;

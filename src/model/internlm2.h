@@ -66,7 +66,6 @@ class InternLM2 {
   ModelOps<T> ops_;
   bool checkpoint_;
   int64_t H_, Q_, F_, A_;  // local hidden, qkv features, FFN width, attention output features
-  double eps_;
 
   int64_t capacity_ = 0;   // tokens the workspace holds
   bool saved_all_ = false;  // workspace laid out with per-block acts (checkpoint off)

@@ -43,6 +43,28 @@ class DenseLinear final : public LinearOp<T> {
   int64_t out_, in_;
 };
 
+/// RMSNorm with weight view `weight` [H].
+template <typename T>
+class DenseNorm final : public NormOp<T> {
+ public:
+  DenseNorm(const ParamLayout& layout, int weight)
+      : weight_(weight), H_(layout.view(weight).shape[0]),
+        eps_(static_cast<T>(layout.config().norm_eps)) {}
+  void forward(T* out, T* rstd, const T* x, int64_t N, const Params<T>& p) override {
+    ops::rms_norm_forward(out, rstd, x, p.ptr(weight_), N, H_, eps_);
+  }
+  void backward(T* dx, const T* dout, const T* x, const T* rstd, int64_t N, const Params<T>& p,
+                Params<T>* g) override {
+    ops::rms_norm_backward(dx, g ? g->ptr(weight_) : nullptr, dout, x, p.ptr(weight_), rstd, N,
+                           H_);
+  }
+
+ private:
+  int weight_;
+  int64_t H_;
+  T eps_;
+};
+
 /// Split of the grouped qkv rows [Hkv, q_per_kv + 2, d] (SPEC §2) into [q heads | k heads |
 /// v heads] per token, so q, k and v are dense head ranges with token stride Q for the kernel.
 template <typename T>
@@ -187,6 +209,8 @@ ModelOps<T> make_dense_ops(const ParamLayout& layout) {
   ops.embedding = std::make_unique<DenseEmbedding<T>>(layout, layout.tok_embeddings);
   for (const BlockParamIds& b : layout.layers) {
     BlockOps<T> block;
+    block.attention_norm = std::make_unique<DenseNorm<T>>(layout, b.attention_norm);
+    block.ffn_norm = std::make_unique<DenseNorm<T>>(layout, b.ffn_norm);
     block.wqkv = std::make_unique<DenseLinear<T>>(layout, b.wqkv, b.wqkv_bias);
     block.wo = std::make_unique<DenseLinear<T>>(layout, b.wo, b.wo_bias);
     block.w1 = std::make_unique<DenseLinear<T>>(layout, b.w1, -1);
@@ -195,6 +219,7 @@ ModelOps<T> make_dense_ops(const ParamLayout& layout) {
     block.attention = std::make_unique<DenseAttention<T>>(layout.config());
     ops.blocks.push_back(std::move(block));
   }
+  ops.norm = std::make_unique<DenseNorm<T>>(layout, layout.norm);
   ops.head = std::make_unique<DenseHeadLoss<T>>(layout, layout.output);
   return ops;
 }

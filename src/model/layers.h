@@ -30,6 +30,19 @@ class LinearOp {
                         Params<T>* grads, bool accumulate_dx) = 0;
 };
 
+/// RMSNorm over the hidden features of each token: out = x / sqrt(mean(x²) + eps) ⊙ w. A 2D
+/// tensor-parallel version all-reduces the sum of squares over its y group (SPEC §3).
+template <typename T>
+class NormOp {
+ public:
+  virtual ~NormOp() = default;
+  /// out[N, H] (overwritten) and rstd[N] (saved for backward).
+  virtual void forward(T* out, T* rstd, const T* x, int64_t N, const Params<T>& params) = 0;
+  /// dx[N, H] overwritten; dweight += (skipped when grads is nullptr).
+  virtual void backward(T* dx, const T* dout, const T* x, const T* rstd, int64_t N,
+                        const Params<T>& params, Params<T>* grads) = 0;
+};
+
 /// Inputs of one attention call besides q/k/v: per-token RoPE positions and the row's segments.
 struct AttentionBatch {
   const int32_t* indexes;     ///< [N] RoPE position of each (local) token
@@ -92,6 +105,7 @@ class HeadLossOp {
 /// The ops of one block, in the order the block calls them.
 template <typename T>
 struct BlockOps {
+  std::unique_ptr<NormOp<T>> attention_norm, ffn_norm;
   std::unique_ptr<LinearOp<T>> wqkv, wo, w1, w3, w2;
   std::unique_ptr<AttentionOp<T>> attention;
 };
@@ -101,7 +115,11 @@ template <typename T>
 struct ModelOps {
   std::unique_ptr<EmbeddingOp<T>> embedding;
   std::vector<BlockOps<T>> blocks;
+  std::unique_ptr<NormOp<T>> norm;  ///< the final RMSNorm
   std::unique_ptr<HeadLossOp<T>> head;
+  /// Ranks a row's tokens are split over (SPEC §1.6): the batch holds P / T tokens while
+  /// cu_seqlens stays global (its last entry is P). 1 in a single process.
+  int64_t sequence_parallel_size = 1;
 };
 
 /// The single-process ops over the full tensors of `layout`.
