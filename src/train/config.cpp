@@ -146,7 +146,11 @@ Setter sized_table(Schema schema, int64_t& size, bool* given, const Locator& loc
 void apply_override(toml::table& root, const std::string& item, std::set<std::string>& keys) {
   const auto eq = item.find('=');
   check(eq != std::string::npos && eq > 0, "--set {}: expected section.key=value", item);
-  const std::string key = item.substr(0, eq);
+  auto trim = [](std::string s) {
+    const auto b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+    return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+  };
+  const std::string key = trim(item.substr(0, eq));
   const std::string value = item.substr(eq + 1);
   std::vector<std::string> parts;
   for (size_t b = 0;;) {

@@ -31,6 +31,18 @@ std::vector<double> nice_ticks(double lo, double hi, int count) {
   return ticks;
 }
 
+/// XML-escapes text (the title comes from a file name).
+std::string escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '&') out += "&amp;";
+    else if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else out += c;
+  }
+  return out;
+}
+
 std::string label(double v) {
   std::ostringstream s;
   s << std::setprecision(4) << v;
@@ -66,11 +78,11 @@ void write_loss_svg(const fs::path& path, const std::vector<TrainRow>& train,
   s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
     << "\" viewBox=\"0 0 " << W << " " << H << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-    << "<text x=\"" << W / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">" << title
+    << "<text x=\"" << W / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">" << escape(title)
     << "</text>\n";
   // Axes, grid and ticks.
   s << "<g stroke=\"#ccc\" stroke-width=\"1\">\n";
-  const auto xt = nice_ticks(x0, x1, 8), yt = nice_ticks(y0, y1, 6);
+  const auto xt = nice_ticks(x0, x1, 10), yt = nice_ticks(y0, y1, 8);
   for (double t : xt)
     if (t >= x0 && t <= x1)
       s << "<line x1=\"" << px(t) << "\" y1=\"" << T << "\" x2=\"" << px(t) << "\" y2=\"" << H - B << "\"/>\n";

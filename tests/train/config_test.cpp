@@ -116,7 +116,7 @@ TEST(Config, SetParallelTables) {
   EXPECT_EQ(c.parallel.tensor.size, 2);
   EXPECT_EQ(c.parallel.tensor.mode, "isp");
   EXPECT_EQ(c.parallel.zero1.size, 1);
-  c = parse({"parallel.tensor=4"});  // a bare integer means mtp
+  c = parse({" parallel.tensor = 4"});  // a bare integer means mtp; spaces are trimmed
   EXPECT_EQ(c.parallel.tensor.size, 4);
   EXPECT_EQ(c.parallel.tensor.mode, "mtp");
   // The file says tensor = 4; a dotted --set changes the mode and keeps the size.
