@@ -102,6 +102,22 @@ int64_t ParamLayout::matmul_numel() const {
   return n;
 }
 
+ParamLayout ParamLayout::with_shapes(const std::vector<std::vector<int64_t>>& shapes) const {
+  check(shapes.size() == views_.size(), "with_shapes: {} shapes for {} tensors", shapes.size(),
+        views_.size());
+  ParamLayout out = *this;
+  out.numel_ = 0;
+  for (size_t i = 0; i < views_.size(); ++i) {
+    ParamView& v = out.views_[i];
+    v.shape = shapes[i];
+    v.numel = 1;
+    for (int64_t s : v.shape) v.numel *= s;
+    v.offset = out.numel_;
+    out.numel_ += v.numel;
+  }
+  return out;
+}
+
 template <typename T>
 Params<T>::Params(const ParamLayout& layout)
     : layout_(&layout), data_(static_cast<size_t>(layout.numel()), T(0)) {}

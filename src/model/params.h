@@ -56,6 +56,10 @@ class ParamLayout {
   /// Parameters that take part in matmuls (every linear weight, head included; not the
   /// embedding, norms or biases) — the count of SPEC §2's FLOPs formula.
   int64_t matmul_numel() const;
+  /// The same tensors (names, order, flags, init std, view indices) with other shapes — one
+  /// rank's shards (parallel/shard_plan.h) — and offsets recomputed. `shapes` has one entry per
+  /// view; throws longtron::Error otherwise.
+  ParamLayout with_shapes(const std::vector<std::vector<int64_t>>& shapes) const;
 
   int tok_embeddings = -1;             ///< view index of model.tok_embeddings.weight
   int norm = -1;                       ///< view index of model.norm.weight

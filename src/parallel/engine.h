@@ -1,0 +1,146 @@
+// The distributed engine: one InternLM2 replica spread over a process grid (SPEC §3), with the
+// exact gradient of the global token-weighted loss on every rank, whatever the layout.
+//
+// ---- How the pieces fit (read this to add a mode: P6 ISP, P7 2D) ---------------------------------
+// 1. ShardPlan (shard_plan.h): for each full HF tensor, the local view (splits over groups) and the
+//    groups its gradient is SUMMED over. The rank's params/grads are model::Params over
+//    plan.local_layout() (same names and view indices as the full layout, local shapes).
+// 2. A mode = ModeFactory {plan, make_ops, local_batch}, registered under a name:
+//      plan(ShardPlan&)                 adds the mode's splits and gradient sums;
+//      make_ops(const ModeContext&)     builds model::ModelOps<float> over the LOCAL layout (the
+//                                       ops hold their communicators, from ctx.grid);
+//      local_batch(row, ctx)            (optional) the part of a full packed row this rank feeds
+//                                       the model (ISP: the sequence shard, SPEC §1.6; default:
+//                                       the whole row, as MTP/MSP/FSP do).
+//    mode_name(layout) picks the factory: "dense" (tp 1, no isp/2d), "mtp", "msp", "fsp", "isp"
+//    (tensor.mode isp, any T/W), "2d" (parallel.tensor_2d). Registration: define
+//    `void register_<mode>_mode()` in your own .cpp (calling register_mode) and add ONE call to it
+//    in register_builtin_modes() in engine_registry.cpp (static registrars would be dropped by the
+//    static-library link).
+// 3. Op conventions beyond model/layers.h: an op never knows the mode beyond what it was built
+//    with. Under MSP/FSP every op receives N = the tokens of the whole row and the residual-stream
+//    buffers (embedding out, norm in/out, row-linear out, head in) hold this rank's N/T rows at the
+//    front; column linears gather them, row linears reduce-scatter into them. Under ISP the batch
+//    itself is the shard (ModelOps::sequence_parallel_size = T) and N is the local count.
+// 4. ParallelEngine (below) owns params, grads and the model, and does the reductions:
+//      finish_gradients(): plan SUMs (e.g. norm weights over TENSOR), then SUM over DATA;
+//      grad_norm(): each element once (local Σg² weighted 1/replicas, all-reduced over the world);
+//    The optimizer (train::AdamW over local_layout(), ZeRO-1 over grid.zero1) updates the local
+//    flat buffers: replicated tensors stay identical because their gradients are.
+// 5. Checkpoints: gather_full() builds HF-named full tensors from any local param-shaped buffer
+//    (params, AdamW moments); scatter_full() loads them back into any layout.
+//
+// The step, as the trainer runs it (token-weighted loss, SPEC §3):
+//   engine.zero_grads();
+//   int64_t count = engine.global_label_count(my_micro_batches);   // all-reduced over DATA
+//   for (mb : my_micro_batches) sum += engine.forward_backward(mb, 1.0 / count);
+//   engine.finish_gradients();  double norm = engine.grad_norm();  clip;  adamw.update(...);
+//   step loss = engine.reduce_loss(sum) → Σ loss_sum / Σ count over the data-parallel group.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/process_grid.h"
+#include "data/batch.h"
+#include "model/internlm2.h"
+#include "model/layers.h"
+#include "model/params.h"
+#include "parallel/shard_plan.h"
+
+namespace longtron::parallel {
+
+/// What a mode's make_ops / local_batch may use.
+struct ModeContext {
+  const model::ParamLayout& full;   ///< the full (HF) layout
+  const model::ParamLayout& local;  ///< this rank's layout (plan.local_layout())
+  const ShardPlan& plan;
+  const comm::ProcessGrid& grid;
+};
+
+/// One parallel mode.
+struct ModeFactory {
+  std::function<void(ShardPlan& plan)> plan;
+  std::function<model::ModelOps<float>(const ModeContext& ctx)> make_ops;
+  /// nullptr = feed the whole row.
+  std::function<data::MicroBatch(const data::MicroBatch& row, const ModeContext& ctx)> local_batch;
+};
+
+/// Registers `factory` under `name` (replacing an earlier one).
+void register_mode(const std::string& name, ModeFactory factory);
+/// The factory of `name`; throws Error listing the registered names when there is none.
+const ModeFactory& find_mode(const std::string& name);
+/// "dense" | "mtp" | "msp" | "fsp" | "isp" | "2d" for a layout (see the top of this file).
+std::string mode_name(const comm::Layout& layout);
+/// Registers every built-in mode once (idempotent; called by the engine's constructor).
+void register_builtin_modes();
+
+/// One rank's share of a model replica and its training-step reductions.
+class ParallelEngine {
+ public:
+  /// Validates the layout against the model (validate_model_layout with packed_length, 0 = skip
+  /// the P check) BEFORE any allocation, builds the plan and the ops of mode_name(grid.layout),
+  /// and initialises the parameters from `seed` exactly as one process would (init_params on the
+  /// full layout, then this rank's slice). Collective over the grid's world.
+  ParallelEngine(const model::ModelConfig& config, const comm::ProcessGrid& grid, uint64_t seed,
+                 int64_t packed_length = 0);
+  ~ParallelEngine();
+  ParallelEngine(const ParallelEngine&) = delete;
+  ParallelEngine& operator=(const ParallelEngine&) = delete;
+
+  const model::ParamLayout& full_layout() const { return full_; }
+  const model::ParamLayout& local_layout() const { return local_; }
+  const ShardPlan& plan() const { return plan_; }
+  const comm::ProcessGrid& grid() const { return grid_; }
+  const std::string& mode() const { return mode_; }
+  model::Params<float>& params() { return params_; }
+  model::Params<float>& grads() { return grads_; }
+  model::InternLM2<float>& model() { return *model_; }
+
+  /// The part of a full packed row this rank feeds to the model (the mode's local_batch).
+  data::MicroBatch local_batch(const data::MicroBatch& row) const;
+
+  /// Σ over this rank's micro-batches of the labels that take loss (≠ −100), summed over DATA:
+  /// the step's global count (SPEC §3); every rank of the job gets the same number. The rows are
+  /// full rows (as the sampler gives them), before local_batch.
+  int64_t global_label_count(const std::vector<data::MicroBatch>& rows) const;
+
+  /// Forward + backward of one full row (local_batch applied inside); ACCUMULATES the gradient of
+  /// loss_scale · loss_sum into grads(). Returns the row's (loss_sum, count), identical on every
+  /// rank of the model replica.
+  model::LossSum forward_backward(const data::MicroBatch& row, double loss_scale);
+  /// Loss only (evaluation); token_losses as InternLM2::forward_loss (only under whole-row modes).
+  model::LossSum forward_loss(const data::MicroBatch& row, std::vector<double>* token_losses = nullptr);
+
+  /// Sets grads() to 0.
+  void zero_grads() { grads_.zero(); }
+  /// The plan's gradient SUMs (over TENSOR etc.), then SUM over DATA: afterwards every rank holds
+  /// its shard of the exact gradient of the global step loss.
+  void finish_gradients();
+  /// sqrt(Σ g²) over the FULL model, each element counted once (call after finish_gradients).
+  double grad_norm() const;
+  /// grads() *= factor (clipping).
+  void scale_grads(float factor);
+  /// Σ over DATA of a LossSum (the step's loss numerator and count).
+  model::LossSum reduce_loss(model::LossSum local) const;
+
+  /// Full HF tensors of a local param-shaped buffer (params, grads, AdamW moments): `full` (over
+  /// full_layout()) receives every tensor on every rank. Collective over the model-parallel groups.
+  void gather_full(model::Params<float>& full, const model::Params<float>& local) const;
+  /// This rank's slices of full tensors (every rank passes the full buffer). No communication.
+  void scatter_full(model::Params<float>& local, const model::Params<float>& full) const;
+
+ private:
+  comm::ProcessGrid grid_;
+  model::ParamLayout full_;
+  ShardPlan plan_;
+  model::ParamLayout local_;
+  std::string mode_;
+  const ModeFactory* factory_ = nullptr;
+  model::Params<float> params_, grads_;
+  std::unique_ptr<model::InternLM2<float>> model_;
+};
+
+}  // namespace longtron::parallel
