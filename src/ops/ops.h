@@ -83,14 +83,22 @@ struct AttentionShape {
   int64_t num_segments;
   double scale;
 };
-/// out[N,Hq,d] and the log-sum-exp of every score row lse[Hq, N] (saved for backward).
-/// Tiled with an online softmax; work O(Σ lᵢ² d), memory O(N) beyond inputs and outputs.
-/// Method: FlashAttention-2 (Dao 2023), varlen as flash_attn_varlen_func.
+/// out[N,Hq,d] and the log-sum-exp of every score row lse[Hq, N] (saved for backward; natural log
+/// of Σ exp(scale · q·k)). Tiled (64×64 blocks inside each segment, the q heads of a kv group
+/// stacked as tile rows) with an online softmax; blocks above the diagonal and across segments are
+/// never computed: work ≈ Σ lᵢ²/2 · d per head, extra memory O(N · Hkv · d) (packed Kᵀ tiles) plus
+/// a few tiles per thread. Parallel over (segment, kv head, query block), largest first, dynamic.
+/// Throws longtron::Error on an inconsistent shape or cu_seqlens. Float uses a vectorised exp with
+/// ≈1e-7 relative error. Method: FlashAttention-2 (Dao 2023), varlen as flash_attn_varlen_func.
 template <typename T>
 void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
                               const AttentionShape& s);
 /// dq (same layout as q), dk, dv (layout of k, v) OVERWRITTEN, from dout[N,Hq,d]; uses
-/// D = rowsum(dout ∘ out) and the saved lse. GQA gradients of the shared kv heads are summed.
+/// D = rowsum(dout ∘ out) and the saved lse (P is recomputed per tile, never stored). GQA
+/// gradients of the shared kv heads are summed. Only the head columns of the strided buffers are
+/// written, so dq, dk, dv may be views into one packed dqkv buffer. Parallel over (segment, kv
+/// head, key block): dK/dV accumulate privately (FA2 Algorithm 2 loop order), dQ tiles are added
+/// under a per-(query block, kv head) lock. Extra memory O(N · Hq · d) (packed q, dO, dq).
 template <typename T>
 void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
                                const T* v, const T* out, const T* lse, const AttentionShape& s);
