@@ -33,7 +33,8 @@ std::vector<std::vector<int32_t>> random_docs(int n, int max_len, int32_t lo, in
   std::vector<std::vector<int32_t>> docs(n);
   for (auto& d : docs) {
     d.resize(1 + gen() % max_len);
-    for (auto& t : d) t = lo + static_cast<int32_t>(gen() % static_cast<uint32_t>(hi - lo));
+    const auto span = static_cast<uint64_t>(int64_t{hi} - lo);  // hi - lo may not fit an int32
+    for (auto& t : d) t = static_cast<int32_t>(lo + static_cast<int64_t>(gen() % span));
   }
   return docs;
 }
