@@ -118,15 +118,15 @@ void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v
   const std::vector<detail::AttnItem> items = detail::attention_items(s, false, &total_blocks);
   const int64_t rows = (s.num_heads / s.num_kv_heads) * kAttnBlock;
   const int64_t n_items = static_cast<int64_t>(items.size());
-  std::vector<T> kt_all(total_blocks * s.num_kv_heads * s.head_dim * kAttnBlock);
+  T* kt_all = detail::workspace<T>(0, total_blocks * s.num_kv_heads * s.head_dim * kAttnBlock);
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < n_items; ++i) pack_key_block(kt_all.data(), k, s, items[i]);
+    for (int64_t i = 0; i < n_items; ++i) pack_key_block(kt_all, k, s, items[i]);
     ForwardScratch<T> scratch(rows, s.head_dim);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < n_items; ++i)
-      forward_item(out, lse, q, kt_all.data(), v, s, items[i], scratch);
+      forward_item(out, lse, q, kt_all, v, s, items[i], scratch);
   }
 }
 

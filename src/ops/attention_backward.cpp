@@ -31,7 +31,7 @@ using detail::kAttnBlock;
 template <typename T>
 struct PackedQueries {
   int64_t tile_rows;  // G · 64
-  std::vector<T> q, dout, dq, lse, delta;
+  T *q, *dout, *dq, *lse, *delta;
   int64_t row(int64_t block_id, int64_t num_kv_heads, int64_t g) const {
     return (block_id * num_kv_heads + g) * tile_rows;
   }
@@ -66,6 +66,7 @@ void move_query_block(PackedQueries<T>& pq, T* dq, const T* q, const T* dout, co
       const T* o = out + (n * s.num_heads + head) * d;
       const T* g_o = dout + (n * s.num_heads + head) * d;
       std::memcpy(&pq.q[row * d], q + n * s.q_stride + head * d, sizeof(T) * d);
+      std::memset(&pq.dq[row * d], 0, sizeof(T) * d);
       std::memcpy(&pq.dout[row * d], g_o, sizeof(T) * d);
       T delta = 0;  // D = rowsum(dO ∘ O)
 #pragma omp simd reduction(+ : delta)
@@ -150,10 +151,11 @@ void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
   const int64_t n_items = static_cast<int64_t>(items.size());
   const int64_t tile_rows = (s.num_heads / s.num_kv_heads) * kAttnBlock;
   const int64_t rows = total_blocks * s.num_kv_heads * tile_rows;  // ≤ (N + 64·segments)·Hq
-  PackedQueries<T> pq{tile_rows,
-                      std::vector<T>(rows * s.head_dim), std::vector<T>(rows * s.head_dim),
-                      std::vector<T>(rows * s.head_dim), std::vector<T>(rows),
-                      std::vector<T>(rows)};
+  const size_t values = static_cast<size_t>(rows * s.head_dim);
+  T* buffer = detail::workspace<T>(1, 3 * values + 2 * static_cast<size_t>(rows));
+  PackedQueries<T> pq{tile_rows,       buffer,
+                      buffer + values, buffer + 2 * values,
+                      buffer + 3 * values, buffer + 3 * values + rows};
   std::unique_ptr<std::mutex[]> locks(new std::mutex[total_blocks * s.num_kv_heads]);
 #pragma omp parallel
   {
