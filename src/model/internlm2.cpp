@@ -64,9 +64,10 @@ void InternLM2<T>::set_checkpoint(bool on) {
 }
 
 template <typename T>
-void InternLM2<T>::reserve(int64_t N) {
-  const bool want_all = !checkpoint_;
+void InternLM2<T>::reserve(int64_t N, bool want_all) {
   if (N <= capacity_ && want_all == saved_all_) return;
+  // Grow geometrically so generation (one token longer per call) reallocates O(log n) times.
+  if (N > capacity_ && capacity_ > 0) N = std::max(N, capacity_ + capacity_ / 2);
   N = std::max(N, capacity_);
   const int64_t L = static_cast<int64_t>(ops_.blocks.size());
   const AttentionOp<T>& att = *ops_.blocks.front().attention;
@@ -163,7 +164,10 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const T* x, const Att
 template <typename T>
 void InternLM2<T>::forward_blocks(const data::MicroBatch& batch, bool save) {
   const int64_t N = static_cast<int64_t>(batch.input_ids.size());
-  if (save || N > capacity_) reserve(N);
+  // Training keeps every block's acts unless checkpointing; a forward-only call keeps whatever
+  // layout exists, or the compact one.
+  if (save) reserve(N, !checkpoint_);
+  else if (N > capacity_) reserve(N, capacity_ > 0 && saved_all_);
   const AttentionBatch ab = attention_batch(batch);
   ops_.embedding->forward(xs_[0], batch.input_ids.data(), N, params_);
   for (int i = 0; i < static_cast<int>(ops_.blocks.size()); ++i)

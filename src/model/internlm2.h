@@ -51,7 +51,8 @@ class InternLM2 {
   struct BlockActs {
     T *qkv_s, *attn, *lse, *h, *rstd1, *rstd2, *a, *b;
   };
-  void reserve(int64_t N);
+  /// Workspace for N tokens; want_all = one set of block acts per layer (else one shared set).
+  void reserve(int64_t N, bool want_all);
   AttentionBatch attention_batch(const data::MicroBatch& batch) const;
   /// Embedding and every block; xs_[L] holds the last block's output. save = keep per-block acts.
   void forward_blocks(const data::MicroBatch& batch, bool save);
