@@ -6,6 +6,8 @@
 // MFU (SPEC §4.3) = model FLOPs of the micro-batch (SPEC §2: 6 × matmul parameters × tokens +
 // 6 × layers × hidden × Σ lᵢ²) ÷ step time ÷ the sgemm FLOP/s measured in the same run (2048³).
 // Also printed: peak resident memory of the process (getrusage) and the model's workspace.
+// LONGTRON_BENCH_ROUNDS (default 5) sets the interleaved rounds; 0 skips them, so that
+// `--benchmark_filter=BM_Step/0` alone gives the peak RSS of one training configuration.
 // Threads: OMP_NUM_THREADS if set (OpenMP and OpenBLAS alike), else all hardware threads.
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
@@ -115,6 +117,7 @@ void BM_Step(benchmark::State& state) {
 /// back, so both see the same load; returns the median over rounds of the per-round MFU and
 /// prints the best round too.
 void interleaved_mfu(bool checkpoint, int rounds) {
+  if (rounds <= 0) return;
   const model::ModelConfig c = small_config(checkpoint);
   const model::ParamLayout layout(c);
   model::Params<float> params(layout), grads(layout);
