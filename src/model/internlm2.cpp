@@ -191,7 +191,8 @@ LossSum InternLM2<T>::forward_backward(const data::MicroBatch& batch, Params<T>&
   ops_.norm->backward(dres_, dxn_, xs_.back(), rstdf_, N, params_, &grads);
   for (int i = L - 1; i >= 0; --i) {
     const T* x = xs_[static_cast<size_t>(i)];
-    if (checkpoint_) block_forward(i, acts_.front(), dtmp_, x, ab);  // recompute; y discarded
+    // Recompute the block (y discarded); the shared acts still hold the last block's state.
+    if (checkpoint_ && i != L - 1) block_forward(i, acts_.front(), dtmp_, x, ab);
     block_backward(i, acts(i, true), x, ab, grads);
   }
   ops_.embedding->backward(dres_, batch.input_ids.data(), N, &grads);
