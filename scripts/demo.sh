@@ -12,3 +12,9 @@ else
   build/longtron prepare --input demo/corpus --output demo/data --train-tokenizer \
     --vocab-size 8192 --valid-fraction 0.02
 fi
+# Train configs/demo.toml (the SOTU model; ~10 minutes on 2 cores), then a greedy sample from the
+# trained checkpoint (the checkpoint carries tokenizer.model, so generate needs nothing else).
+build/longtron train --config configs/demo.toml "$@"
+echo "demo: sample from demo/checkpoints (greedy):"
+build/longtron generate --checkpoint demo/checkpoints --prompt "Fellow citizens of the Senate and" \
+  --max-new-tokens 40

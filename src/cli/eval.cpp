@@ -1,0 +1,72 @@
+// `longtron eval`: loss of a checkpoint on a dataset (SPEC §5), documents packed as in training.
+#include <fmt/core.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/registry.h"
+#include "core/error.h"
+#include "core/threads.h"
+#include "data/open.h"
+#include "train/evaluate.h"
+#include "train/model_io.h"
+
+namespace longtron::cli {
+namespace {
+
+struct EvalOptions {
+  std::string checkpoint, data;
+  bool json = false;
+  int64_t seq_len = 0, micro_bsz = 0;
+  int threads = 0;
+};
+
+int64_t config_int(const nlohmann::json& config, const char* key) {
+  if (config.contains("data") && config["data"].contains(key) && config["data"][key].is_number_integer())
+    return config["data"][key].get<int64_t>();
+  return 0;
+}
+
+int run_eval(const EvalOptions& o) {
+  set_num_threads(o.threads);
+  train::LoadedModel m = train::load_model_dir(o.checkpoint);
+  data::PackConfig pack;
+  pack.seq_len = o.seq_len > 0 ? o.seq_len : config_int(m.train_config, "seq_len");
+  pack.micro_bsz = o.micro_bsz > 0 ? o.micro_bsz : config_int(m.train_config, "micro_bsz");
+  check(pack.seq_len > 0 && pack.micro_bsz > 0,
+        "eval: {} holds no data.seq_len/micro_bsz (an HF folder?): pass --seq-len and --micro-bsz",
+        o.checkpoint);
+  if (m.train_config.contains("data")) {
+    const auto& d = m.train_config["data"];
+    if (d.contains("use_packed_dataset")) pack.use_packed_dataset = d["use_packed_dataset"].get<bool>();
+    if (d.contains("pack_sample_into_one")) pack.pack_sample_into_one = d["pack_sample_into_one"].get<bool>();
+  }
+  const data::Dataset dataset = data::open_dataset(o.data);
+  const train::EvalResult r = train::evaluate_documents(*m.model, dataset, pack);
+  if (o.json) {
+    nlohmann::json docs = nlohmann::json::array();
+    for (const auto& d : r.documents)
+      docs.push_back({{"index", d.index}, {"tokens", d.tokens}, {"loss_sum", d.loss_sum}});
+    fmt::print("{}\n", nlohmann::json{{"documents", docs}, {"loss", r.loss()}}.dump());
+  } else {
+    fmt::print("eval: {} documents, {} tokens scored, loss {:.6f} (checkpoint {})\n",
+               r.documents.size(), r.count, r.loss(), m.dir.string());
+  }
+  return 0;
+}
+
+Subcommand eval_command(40, [](CLI::App& app) {
+  auto o = std::make_shared<EvalOptions>();
+  auto* sub = app.add_subcommand("eval", "Loss of a checkpoint on a dataset");
+  sub->add_option("--checkpoint", o->checkpoint, "Checkpoint root, step folder or HF folder")->required();
+  sub->add_option("--data", o->data, "Tokenized dataset (folder or file)")->required();
+  sub->add_flag("--json", o->json, "Print {documents: [{index, tokens, loss_sum}], loss}");
+  sub->add_option("--seq-len", o->seq_len, "Override the checkpoint's data.seq_len");
+  sub->add_option("--micro-bsz", o->micro_bsz, "Override the checkpoint's data.micro_bsz");
+  sub->add_option("--threads", o->threads, "Compute threads (default: all cores)");
+  return [o] { return run_eval(*o); };
+});
+
+}  // namespace
+}  // namespace longtron::cli

@@ -1,0 +1,97 @@
+#include "train/evaluate.h"
+
+#include <algorithm>
+
+namespace longtron::train {
+
+model::LossSum evaluate_rows(model::InternLM2<float>& model, const data::RowSource& rows,
+                             comm::Communicator* dp) {
+  const int64_t rank = dp ? dp->rank() : 0;
+  const int64_t size = dp ? dp->size() : 1;
+  double sum = 0;
+  int64_t count = 0;
+  data::MicroBatch batch;
+  for (int64_t k = rank; k < rows.num_rows(); k += size) {
+    rows.row_into(k, batch);
+    const model::LossSum ls = model.forward_loss(batch);
+    sum += ls.sum;
+    count += ls.count;
+  }
+  if (size > 1) {
+    dp->all_reduce(&sum, 1);
+    dp->all_reduce(&count, 1);
+  }
+  return {sum, count};
+}
+
+namespace {
+
+/// Scores the rows of one file and adds each token's loss to its document.
+void score_file(model::InternLM2<float>& model, const data::DocumentSource& file,
+                const data::PackConfig& pack, int64_t first_index, EvalResult& result) {
+  std::vector<int64_t> order = data::document_order(file, 0, /*shuffle=*/false, 0);
+  if (order.empty()) return;
+  const size_t base = result.documents.size();
+  std::vector<int64_t> starts{0};  // prefix sums of the ordered lengths (packed stream positions)
+  for (int64_t d : order) {
+    const auto len = static_cast<int64_t>(file.document_length(static_cast<size_t>(d)));
+    starts.push_back(starts.back() + len);
+    result.documents.push_back({first_index + d, 0, 0.0});
+  }
+  std::unique_ptr<data::RowSource> rows;
+  if (pack.use_packed_dataset)
+    rows = data::build_pack(file, order, pack);
+  else
+    rows = data::build_unpack(file, order, pack);
+  const int64_t P = pack.packed_length();
+  data::MicroBatch batch;
+  std::vector<double> token_losses;
+  for (int64_t k = 0; k < rows->num_rows(); ++k) {
+    rows->row_into(k, batch);
+    model.forward_loss(batch, &token_losses);
+    auto add = [&](size_t doc, int64_t j) {
+      if (batch.labels[static_cast<size_t>(j)] == data::kIgnoreIndex) return;
+      auto& d = result.documents[base + doc];
+      d.tokens += 1;
+      d.loss_sum += token_losses[static_cast<size_t>(j)];
+    };
+    if (pack.use_packed_dataset) {
+      // Row k holds stream positions [kP, kP + P); the tail past the stream is pad.
+      for (int64_t j = 0; j < P; ++j) {
+        const int64_t pos = k * P + j;
+        if (pos >= starts.back()) break;
+        const auto it = std::upper_bound(starts.begin(), starts.end(), pos);
+        add(static_cast<size_t>(it - starts.begin() - 1), j);
+      }
+    } else {
+      // Unpacked: segment s of row k is document k·micro_bsz + s (the pad segment follows).
+      for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s) {
+        const int64_t doc = k * pack.micro_bsz + static_cast<int64_t>(s);
+        if (doc >= static_cast<int64_t>(order.size()) || static_cast<int64_t>(s) >= pack.micro_bsz)
+          break;
+        for (int32_t j = batch.cu_seqlens[s]; j < batch.cu_seqlens[s + 1]; ++j)
+          add(static_cast<size_t>(doc), j);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+EvalResult evaluate_documents(model::InternLM2<float>& model, const data::Dataset& dataset,
+                              const data::PackConfig& pack) {
+  pack.validate();
+  EvalResult result;
+  int64_t first_index = 0;
+  for (const auto& file : dataset) {
+    score_file(model, *file, pack, first_index, result);
+    first_index += static_cast<int64_t>(file->num_documents());
+  }
+  for (const auto& d : result.documents) {
+    result.loss_sum += d.loss_sum;
+    result.count += d.tokens;
+  }
+  return result;
+}
+
+}  // namespace longtron::train

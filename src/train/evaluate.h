@@ -1,0 +1,40 @@
+// Held-out loss (SPEC §4.3 valid_loss, §5 `longtron eval`): forward only, token-weighted.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "data/dataset.h"
+#include "data/pack.h"
+#include "model/internlm2.h"
+
+namespace longtron::train {
+
+/// Σ token losses and valid labels over every row of `rows` (in row order). With a data-parallel
+/// communicator of size D, rank r scores rows r, r+D, … and the sums are all-reduced, so every
+/// rank returns the same total. valid_loss = sum / count (token-weighted).
+model::LossSum evaluate_rows(model::InternLM2<float>& model, const data::RowSource& rows,
+                             comm::Communicator* dp = nullptr);
+
+/// Loss of one document as scored by `longtron eval`.
+struct DocumentLoss {
+  int64_t index = 0;   ///< document index in the dataset (files in order, documents in file order)
+  int64_t tokens = 0;  ///< tokens scored (labels ≠ -100 that belong to the document)
+  double loss_sum = 0;
+};
+
+struct EvalResult {
+  std::vector<DocumentLoss> documents;  ///< documents of length 0 are left out
+  double loss_sum = 0;
+  int64_t count = 0;
+  double loss() const { return count > 0 ? loss_sum / static_cast<double>(count) : 0.0; }
+};
+
+/// Per-document losses of a dataset packed as in training (SPEC §5): each file's documents in
+/// stored order (no shuffle) through build_pack (or build_unpack when !use_packed_dataset), so a
+/// document longer than seq_len or cut by a row edge is scored in segments, exactly as training
+/// sees it. Tokens of a document are attributed through the prefix sums of document lengths.
+EvalResult evaluate_documents(model::InternLM2<float>& model, const data::Dataset& dataset,
+                              const data::PackConfig& pack);
+
+}  // namespace longtron::train

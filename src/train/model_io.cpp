@@ -1,0 +1,37 @@
+#include "train/model_io.h"
+
+#include "core/error.h"
+#include "model/hf_config.h"
+#include "train/checkpoint.h"
+#include "train/optimizer.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace longtron::train {
+
+LoadedModel load_model_dir(const fs::path& path) {
+  LoadedModel m;
+  const bool hf = fs::is_regular_file(path / "config.json") && !fs::exists(path / "state.json") &&
+                  !fs::exists(path / "latest");
+  m.dir = hf ? path : resolve_checkpoint(path);
+  m.train_config = hf ? nlohmann::json::object() : read_checkpoint_state(m.dir).config;
+  const model::ModelConfig config = model::read_hf_config(m.dir);
+  m.layout = std::make_unique<model::ParamLayout>(config);
+  m.params = std::make_unique<model::Params<float>>(*m.layout);
+  load_model(m.dir, mutable_tensors(*m.params));
+  m.model = std::make_unique<model::InternLM2<float>>(*m.layout, *m.params);
+  for (const fs::path& p : {m.dir / "tokenizer.model", m.dir.parent_path() / "tokenizer.model"})
+    if (fs::is_regular_file(p)) {
+      m.tokenizer = p;
+      break;
+    }
+  if (m.tokenizer.empty() && m.train_config.contains("data")) {
+    const auto& d = m.train_config["data"];
+    if (d.contains("train_folder") && d["train_folder"].is_string())
+      m.tokenizer = find_tokenizer(d["train_folder"].get<std::string>());
+  }
+  return m;
+}
+
+}  // namespace longtron::train

@@ -1,0 +1,28 @@
+// A trained model read back from a checkpoint or a Hugging Face folder (eval, export, generate).
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <memory>
+
+#include "model/internlm2.h"
+
+namespace longtron::train {
+
+/// Weights, shape and the run's settings of one checkpoint step (or HF folder).
+struct LoadedModel {
+  std::filesystem::path dir;      ///< the step folder (or the HF folder)
+  nlohmann::json train_config;    ///< state.json "config" (empty object for an HF folder)
+  std::filesystem::path tokenizer;  ///< tokenizer.model found for it (empty when none)
+  std::unique_ptr<model::ParamLayout> layout;
+  std::unique_ptr<model::Params<float>> params;
+  std::unique_ptr<model::InternLM2<float>> model;
+};
+
+/// Loads `path`: a checkpoint root (its latest step), a step folder, or a Hugging Face folder
+/// (config.json + safetensors, f32/bf16/f16, single or sharded). The tokenizer is looked up in the
+/// folder, its parent, then next to the run's data.train_folder. Throws Error naming the path when
+/// nothing loadable is there or a tensor is missing or mis-shaped.
+LoadedModel load_model_dir(const std::filesystem::path& path);
+
+}  // namespace longtron::train

@@ -1,0 +1,71 @@
+// The training job (SPEC §4.2): micro_num micro-batches per step from the sampler, gradient
+// accumulation of the token-weighted step loss, data-parallel gradient all-reduce, global-norm
+// clipping, AdamW with warmup + cosine, metrics (§4.3), validation and checkpoints (§4.4).
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "data/loader.h"
+#include "model/internlm2.h"
+#include "train/config.h"
+#include "train/metrics.h"
+
+namespace longtron::train {
+
+/// Command-line options of `longtron train` beyond the config (SPEC §5).
+struct TrainOptions {
+  std::filesystem::path resume;      ///< checkpoint root or step folder; empty = fresh start
+  std::filesystem::path init_from;   ///< Hugging Face folder (config.json + safetensors); empty = init
+  std::filesystem::path dump_grads;  ///< writes the first step's gradients here; empty = no dump
+  bool console = true;               ///< metric rows on stdout (rank 0)
+  bool progress = true;              ///< live progress line on a terminal (rank 0)
+  int64_t sgemm_size = 2048;         ///< n of the start-up sgemm timing (tests use a small one)
+};
+
+/// What a run did (for the CLI summary and tests).
+struct TrainSummary {
+  int64_t start_step = 0;            ///< step the run started after (0, or the resumed step)
+  int64_t end_step = 0;              ///< last step taken
+  std::vector<double> losses;        ///< step loss of steps start_step+1 … end_step
+  std::vector<double> grad_norms;    ///< before clipping, same steps
+  std::vector<TrainRow> rows;        ///< every step's metrics row (step time, tgs, mfu, ...)
+  std::vector<std::pair<int64_t, double>> valid;  ///< (step, valid_loss) rows written
+  double seconds = 0;                ///< wall time of the loop (validation and saving included)
+  double sgemm_flops = 0;            ///< FLOP/s measured at start-up (MFU denominator)
+  std::filesystem::path last_checkpoint;  ///< step folder written last (empty if none)
+};
+
+/// The data.* settings of the loader (SPEC §1) from a TrainConfig.
+data::DataConfig loader_config(const TrainConfig& config);
+
+/// Fills config.model from the Hugging Face config.json of `options.init_from`, or of the
+/// checkpoint of `options.resume`, when one is given: model.* keys spelt out in the TOML must agree
+/// (Error naming the key and both values, hf_config.h merge_model_config). Then re-checks the config.
+void resolve_model_config(TrainConfig& config, const TrainOptions& options);
+
+/// How the step loss combines micro-batches (SPEC §4.2, train.loss_reduction):
+/// "token": Σ loss_sum / Σ count over the step (all dp ranks);
+/// "micro_mean": InternEvo's mean over micro-batches (and dp ranks) of each micro-batch's mean.
+/// `micro` lists every micro-batch of the step (over all ranks). Micro-batches with count 0 add 0.
+double combine_step_loss(const std::vector<model::LossSum>& micro, const std::string& reduction);
+
+/// loss_scale passed to forward_backward for a micro-batch with `count` valid labels, so that the
+/// accumulated (and dp-summed) gradients are those of combine_step_loss: 1/step_count ("token"),
+/// or 1/(micro_num · dp_size · count) ("micro_mean"); 0 when the denominator is 0.
+double micro_loss_scale(const std::string& reduction, int64_t count, int64_t step_count,
+                        int64_t micro_num, int64_t dp_size);
+
+/// Runs the job on `world` (a one-rank local communicator, or the MPI world: pure data parallel,
+/// dp = world size; ZeRO-1 over parallel.zero1). Sets threads to train.num_threads, measures sgemm
+/// FLOP/s, builds or loads the model (options), trains steps start+1 … total_steps. Rank 0 writes
+/// metrics and checkpoints. Throws Error for bad data, configs or checkpoints (naming them).
+TrainSummary run_training(const TrainConfig& config, const TrainOptions& options, comm::CommPtr world);
+
+/// Finds tokenizer.model for a data folder: in it, or in its parent (prepare writes
+/// DIR/tokenizer.model next to DIR/train and DIR/valid). Empty path when absent.
+std::filesystem::path find_tokenizer(const std::filesystem::path& data_folder);
+
+}  // namespace longtron::train
