@@ -212,6 +212,10 @@ void finalize();
 /// Whether MPI is initialised with more than one rank in the world.
 bool mpi_active();
 
+/// Number of ranks of the world on this machine (MPI_Comm_split_type SHARED; 1 without MPI), for
+/// set_num_threads(n, ranks_on_node) so several ranks never oversubscribe the cores (SPEC §3).
+int ranks_on_node();
+
 /// Runs body() and returns its exit status. If it throws, prints "rank R: error: <what>" to stderr
 /// and, under MPI with more than one rank, calls MPI_Abort so the whole job ends within seconds
 /// instead of leaving the other ranks blocked in a collective; without MPI it returns 1 (or 2 for

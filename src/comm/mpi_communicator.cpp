@@ -174,6 +174,18 @@ bool mpi_active() {
   return size > 1;
 }
 
+int ranks_on_node() {
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  if (!initialised || mpi_finalized()) return 1;
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int size = 1;
+  MPI_Comm_size(node, &size);
+  MPI_Comm_free(&node);
+  return size;
+}
+
 static int world_rank() {
   int initialised = 0;
   MPI_Initialized(&initialised);

@@ -71,6 +71,7 @@ TEST(LocalComm, InitWithoutMpirunIsOneRank) {
   EXPECT_EQ(world->size(), 1);
   EXPECT_EQ(world->rank(), 0);
   EXPECT_FALSE(mpi_active());
+  EXPECT_EQ(ranks_on_node(), 1);
   EXPECT_EQ(init(argc, argv), world);
   world.reset();
   finalize();

@@ -257,6 +257,12 @@ void check_grid(const Layout& layout) {
   }
 }
 
+TEST(Comm, AllRanksOnThisMachine) {
+  // mpirun on one machine: every rank shares the node (the MPI tests never span machines).
+  EXPECT_EQ(ranks_on_node(), world()->size());
+  EXPECT_TRUE(mpi_active());
+}
+
 TEST(Comm, ProcessGridLayouts) {
   const int W = world()->size();
   check_grid(Layout{});
