@@ -159,8 +159,11 @@ int run_prepare(const PrepareOptions& options) {
     else train.push_back(i);
   }
 
+  // "out/" would put the temporary name inside the target: drop a trailing separator.
+  fs::path output = fs::path(options.output).lexically_normal();
+  if (output.filename().empty()) output = output.parent_path();
   nlohmann::json info;
-  write_atomically(options.output, [&](const fs::path& tmp) {
+  write_atomically(output, [&](const fs::path& tmp) {
     fs::create_directories(tmp);
     const int64_t vocab = tokenizer.vocab_size();
     const int64_t train_tokens = write_split(tmp / "train", encoded, train, options, vocab);

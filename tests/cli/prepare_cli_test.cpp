@@ -104,7 +104,7 @@ TEST(PrepareCli, TrainsTokenizerSplitsAndRoundTrips) {
 
   // The same tokenizer, Megatron format, no BOS/EOS, no split: same ids without the ends.
   const auto m = run_longtron("prepare --input " + (dir / "corpus.jsonl").string() + " --output " +
-                              (dir / "meg").string() + " --tokenizer " +
+                              (dir / "meg").string() + "/ --tokenizer " +
                               (dir / "out" / "tokenizer.model").string() + " --no-bos-eos");
   ASSERT_EQ(m.status, 0) << m.output;
   const auto meg = ld::open_dataset(dir / "meg" / "train");
@@ -112,6 +112,8 @@ TEST(PrepareCli, TrainsTokenizerSplitsAndRoundTrips) {
   ASSERT_EQ(meg[0]->num_documents(), 12u);
   EXPECT_EQ(read_doc(*meg[0], 0), tokenizer.encode(docs[0], false));
   EXPECT_FALSE(fs::exists(dir / "meg" / "valid"));
+  EXPECT_TRUE(nothing_left(dir / "meg", ".tmp"));  // "--output meg/" worked like "meg"
+  EXPECT_TRUE(nothing_left(dir.path(), "meg.tmp"));
   const auto check = run_longtron("check-data " + (dir / "meg" / "train").string());
   EXPECT_EQ(check.status, 0) << check.output;
   EXPECT_TRUE(contains(check.output, "12 documents")) << check.output;
