@@ -60,6 +60,20 @@ TEST(Comm, AllReduceEachType) {
   check_all_reduce<int32_t>(c);
 }
 
+// Replicated parameters stay identical only if a float all-reduce gives bitwise the same result
+// on every rank, for small (recursive doubling) and large (ring) messages alike.
+TEST(Comm, AllReduceIsBitwiseReplicated) {
+  Communicator& c = *world();
+  for (int64_t n : {int64_t(7), int64_t(1) << 18}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) x[size_t(i)] = float(std::sin(0.37 * double(i) + c.rank())) * 1e3f;
+    c.all_reduce(x.data(), n);
+    std::vector<float> root = x;
+    c.broadcast(root.data(), n, 0);
+    EXPECT_EQ(root, x) << "n=" << n;
+  }
+}
+
 TEST(Comm, AllGatherPlainInPlaceAndUneven) {
   Communicator& c = *world();
   const int T = c.size();
