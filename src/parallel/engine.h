@@ -133,12 +133,14 @@ class ParallelEngine {
   void scatter_full(model::Params<float>& local, const model::Params<float>& full) const;
 
  private:
-  comm::ProcessGrid grid_;
+  ModeContext context() const { return ModeContext{full_, local_, plan_, grid_}; }
+
+  comm::ProcessGrid grid_;  // validated against the model first (initialiser order matters)
+  std::string mode_;
+  const ModeFactory* factory_;
   model::ParamLayout full_;
   ShardPlan plan_;
   model::ParamLayout local_;
-  std::string mode_;
-  const ModeFactory* factory_ = nullptr;
   model::Params<float> params_, grads_;
   std::unique_ptr<model::InternLM2<float>> model_;
 };

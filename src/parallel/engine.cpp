@@ -1,0 +1,184 @@
+// The distributed engine (see engine.h): plan, ops, reductions and full-tensor import/export.
+#include "parallel/engine.h"
+
+#include <cmath>
+#include <map>
+
+#include "core/error.h"
+
+namespace longtron::parallel {
+namespace {
+
+std::map<std::string, ModeFactory>& registry() {
+  static std::map<std::string, ModeFactory> modes;
+  return modes;
+}
+
+// Checks the layout against the world and the model before anything is allocated.
+const comm::ProcessGrid& validated(const comm::ProcessGrid& grid, const model::ModelConfig& c,
+                                   int64_t packed_length) {
+  comm::ModelShape shape;
+  shape.num_heads = c.num_attention_heads;
+  shape.num_kv_heads = c.num_kv_attention_heads;
+  shape.hidden_size = c.hidden_size;
+  shape.packed_length = packed_length;
+  comm::validate_model_layout(grid.layout, grid.world_size, shape);
+  return grid;
+}
+
+ShardPlan build_plan(const model::ParamLayout& full, const comm::ProcessGrid& grid,
+                     const ModeFactory& factory) {
+  ShardPlan plan(full, grid);
+  if (factory.plan) factory.plan(plan);
+  return plan;
+}
+
+double sum_squares(const float* x, int64_t n) {
+  double s = 0.0;
+#pragma omp parallel for reduction(+ : s) schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
+  return s;
+}
+
+}  // namespace
+
+void register_mode(const std::string& name, ModeFactory factory) {
+  registry()[name] = std::move(factory);
+}
+
+const ModeFactory& find_mode(const std::string& name) {
+  register_builtin_modes();
+  auto it = registry().find(name);
+  if (it == registry().end()) {
+    std::string known;
+    for (const auto& [k, _] : registry()) known += (known.empty() ? "" : ", ") + k;
+    fail("parallel layout '{}' is not implemented (available: {})", name, known);
+  }
+  return it->second;
+}
+
+std::string mode_name(const comm::Layout& layout) {
+  if (layout.is_2d()) return "2d";
+  if (layout.tensor_mode == comm::TensorMode::kIsp) return "isp";
+  if (layout.tensor_size == 1) return "dense";
+  return comm::tensor_mode_name(layout.tensor_mode);
+}
+
+ParallelEngine::ParallelEngine(const model::ModelConfig& config, const comm::ProcessGrid& grid,
+                               uint64_t seed, int64_t packed_length)
+    : grid_(validated(grid, config, packed_length)),
+      mode_(mode_name(grid.layout)),
+      factory_(&find_mode(mode_)),
+      full_(config),
+      plan_(build_plan(full_, grid_, *factory_)),
+      local_(plan_.local_layout()),
+      params_(local_),
+      grads_(local_) {
+  {
+    // Every rank draws the full tensors (init_params seeds each tensor on its own) and keeps its
+    // slices, so any layout starts from the one-process parameters.
+    model::Params<float> full(full_);
+    model::init_params(full, seed);
+    scatter_full(params_, full);
+  }
+  model_ = std::make_unique<model::InternLM2<float>>(local_, params_, factory_->make_ops(context()));
+}
+
+ParallelEngine::~ParallelEngine() = default;
+
+data::MicroBatch ParallelEngine::local_batch(const data::MicroBatch& row) const {
+  return factory_->local_batch ? factory_->local_batch(row, context()) : row;
+}
+
+int64_t ParallelEngine::global_label_count(const std::vector<data::MicroBatch>& rows) const {
+  int64_t count = 0;
+  for (const auto& r : rows)
+    for (int32_t y : r.labels) count += (y != data::kIgnoreIndex);
+  if (grid_.data->size() > 1) grid_.data->all_reduce(&count, 1);
+  return count;
+}
+
+model::LossSum ParallelEngine::forward_backward(const data::MicroBatch& row, double loss_scale) {
+  if (!factory_->local_batch) return model_->forward_backward(row, grads_, loss_scale);
+  return model_->forward_backward(local_batch(row), grads_, loss_scale);
+}
+
+model::LossSum ParallelEngine::forward_loss(const data::MicroBatch& row,
+                                            std::vector<double>* token_losses) {
+  if (!factory_->local_batch) return model_->forward_loss(row, token_losses);
+  return model_->forward_loss(local_batch(row), token_losses);
+}
+
+void ParallelEngine::finish_gradients() {
+  // 1. The plan's SUMs, one packed all-reduce per group kind (the same order on every rank:
+  // every rank has the same plan structure).
+  std::map<comm::Group, std::vector<int>> by_group;
+  for (int v = 0; v < plan_.num_views(); ++v)
+    for (comm::Group g : plan_.tensor(v).grad_sum_groups) by_group[g].push_back(v);
+  std::vector<float> pack;
+  for (const auto& [group, views] : by_group) {
+    comm::Communicator& c = *grid_.get(group);
+    if (c.size() == 1) continue;
+    pack.clear();
+    for (int v : views) pack.insert(pack.end(), grads_.ptr(v), grads_.ptr(v) + local_.view(v).numel);
+    c.all_reduce(pack.data(), static_cast<int64_t>(pack.size()));
+    const float* src = pack.data();
+    for (int v : views) {
+      std::copy(src, src + local_.view(v).numel, grads_.ptr(v));
+      src += local_.view(v).numel;
+    }
+  }
+  // 2. Data parallel: each dp rank saw its own micro-batches; the step gradient is their SUM
+  // (the loss scale already divides by the global count).
+  if (grid_.data->size() > 1) grid_.data->all_reduce(grads_.data(), grads_.numel());
+}
+
+double ParallelEngine::grad_norm() const {
+  // Each element is held by world / split_parts ranks with the same value: weight it by the
+  // inverse so the world sum counts it once.
+  double acc = 0.0;
+  for (int v = 0; v < plan_.num_views(); ++v) {
+    const double replicas = double(grid_.world_size) / double(plan_.tensor(v).split_parts());
+    acc += sum_squares(grads_.ptr(v), local_.view(v).numel) / replicas;
+  }
+  if (grid_.world_size > 1) grid_.world->all_reduce(&acc, 1);
+  return std::sqrt(acc);
+}
+
+void ParallelEngine::scale_grads(float factor) {
+  float* g = grads_.data();
+  const int64_t n = grads_.numel();
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) g[i] *= factor;
+}
+
+model::LossSum ParallelEngine::reduce_loss(model::LossSum local) const {
+  double buf[2] = {local.sum, double(local.count)};
+  if (grid_.data->size() > 1) grid_.data->all_reduce(buf, 2);
+  return model::LossSum{buf[0], static_cast<int64_t>(std::llround(buf[1]))};
+}
+
+void ParallelEngine::gather_full(model::Params<float>& full, const model::Params<float>& local) const {
+  check(full.numel() == full_.numel() && local.numel() == local_.numel(),
+        "gather_full: buffers of {} and {} elements, layouts of {} and {}", full.numel(),
+        local.numel(), full_.numel(), local_.numel());
+  full.zero();
+  for (int v = 0; v < plan_.num_views(); ++v) {
+    plan_.unslice(full.ptr(v), local.ptr(v), v);
+    // Every element is held by exactly one rank of each split group: summing the zero-padded
+    // copies over each group in turn assembles the tensor on every rank.
+    for (const Split& s : plan_.tensor(v).splits) {
+      comm::Communicator& c = *grid_.get(s.group);
+      if (c.size() > 1) c.all_reduce(full.ptr(v), full_.view(v).numel);
+    }
+  }
+}
+
+void ParallelEngine::scatter_full(model::Params<float>& local, const model::Params<float>& full) const {
+  check(full.numel() == full_.numel() && local.numel() == local_.numel(),
+        "scatter_full: buffers of {} and {} elements, layouts of {} and {}", full.numel(),
+        local.numel(), full_.numel(), local_.numel());
+  for (int v = 0; v < plan_.num_views(); ++v) plan_.slice(local.ptr(v), full.ptr(v), v);
+}
+
+}  // namespace longtron::parallel

@@ -1,0 +1,398 @@
+// Megatron tensor parallel as model ops: MTP, and its sequence-parallel forms MSP and FSP
+// (SPEC §3; reference/tensor_parallel.md §2–§4; reference/internevo.md §4.2–§4.4).
+//
+// Plan (T = TENSOR size, r = tensor rank): wqkv rows = whole kv-head groups [r·Hkv/T, …) with their
+// q heads (the grouped layout of SPEC §2 makes that contiguous), w1/w3 rows and w2 columns = the
+// same FFN range (shard_range), wo columns = this rank's q heads, output rows = vocabulary
+// shard_range(V, T, r) (uneven allowed), embedding columns = shard_range(H, T, r) (InternEvo's
+// hidden-split Embedding1D). Under MSP/FSP the norm weights and the wo bias see only this rank's
+// N/T tokens: their gradients are SUMMED over TENSOR (Megatron's sequence_parallel attribute).
+//
+// Sequence parallel (MSP/FSP): every op receives N = the row's tokens; the residual stream holds
+// this rank's rows [r·N/T, (r+1)·N/T) at the front of the model's buffers. Column linears gather
+// them (MSP keeps the gathered copy per layer for backward; FSP keeps only one scratch copy for the
+// whole model and gathers again in backward); row linears reduce-scatter into them.
+// w1 and w3 read the same input: they are built as a pair that shares one gathered input and sums
+// their partial input gradients before ONE reduction (Megatron's fused gate/up projection). The
+// pair relies on the model calling w1 then w3 with the same input, forward and backward.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/ops.h"
+#include "parallel/engine.h"
+#include "parallel/layers.h"
+#include "parallel/mappings.h"
+
+namespace longtron::parallel {
+namespace {
+
+using comm::CommPtr;
+using comm::Group;
+using model::ModelOps;
+using model::Params;
+using model::ParamLayout;
+using Buffer = std::vector<float>;
+
+float* ensure(Buffer& b, int64_t n) {
+  if (static_cast<int64_t>(b.size()) < n) b.assign(static_cast<size_t>(n), 0.0f);
+  return b.data();
+}
+
+int64_t shard_tokens(int64_t N, SequenceParallel sp, const Communicator& c) {
+  if (sp == SequenceParallel::kNone) return N;
+  check(N % c.size() == 0, "sequence parallel: {} tokens are not divisible by tensor size {}", N,
+        c.size());
+  return N / c.size();
+}
+
+/// Buffers shared by the column linears of one model: the gathered input (per layer under MSP,
+/// one for all under FSP) and the partial input gradient of a pair.
+struct ColumnShared {
+  std::shared_ptr<Buffer> gathered;
+  std::shared_ptr<Buffer> dx_partial;
+};
+
+enum class PairRole { kAlone, kFirst, kSecond };
+
+class ColumnLinear final : public model::LinearOp<float> {
+ public:
+  ColumnLinear(const ParamLayout& local, int weight, int bias, SequenceParallel sp, CommPtr comm,
+               ColumnShared shared, PairRole role)
+      : weight_(weight), bias_(bias), out_(local.view(weight).shape[0]),
+        in_(local.view(weight).shape[1]), sp_(sp), comm_(std::move(comm)),
+        shared_(std::move(shared)), role_(role) {}
+  int64_t in() const override { return in_; }
+  int64_t out() const override { return out_; }
+
+  void forward(float* y, const float* x, int64_t N, const Params<float>& p) override {
+    const float* X = x;
+    if (sp_ != SequenceParallel::kNone) {
+      float* full = ensure(*shared_.gathered, N * in_);
+      if (role_ != PairRole::kSecond) all_gather_first_dim_forward(full, x, N, in_, *comm_);
+      X = full;
+    }
+    ops::linear_forward(y, X, p.ptr(weight_), p.ptr(bias_), N, in_, out_);
+  }
+
+  void backward(float* dx, const float* dy, const float* x, int64_t N, const Params<float>& p,
+                Params<float>* g, bool accumulate_dx) override {
+    const float* X = x;
+    if (sp_ != SequenceParallel::kNone) {
+      float* full = ensure(*shared_.gathered, N * in_);
+      // FSP kept only the shard: gather it again (the second of a pair reuses the first's).
+      if (sp_ == SequenceParallel::kRegather && role_ != PairRole::kSecond)
+        all_gather_first_dim_forward(full, x, N, in_, *comm_);
+      X = full;
+    }
+    comm::Work reduce;
+    float* reduced = nullptr;  // where the reduction lands, then added/copied into dx
+    const int64_t rows = shard_tokens(N, sp_, *comm_);
+    if (dx != nullptr) {
+      float* part = ensure(*shared_.dx_partial, N * in_);
+      ops::gemm<float>(false, false, N, in_, out_, 1.0f, dy, p.ptr(weight_),
+                       role_ == PairRole::kSecond ? 1.0f : 0.0f, part);
+      if (role_ != PairRole::kFirst) {
+        if (sp_ == SequenceParallel::kNone) {
+          reduce = comm_->all_reduce_async(part, N * in_);
+          reduced = part;
+        } else {
+          reduced = ensure(scratch_, rows * in_);
+          reduce = comm_->reduce_scatter_async(reduced, part, rows * in_);
+        }
+      }
+    }
+    if (g != nullptr) {  // overlapped with the input-gradient reduction
+      ops::gemm<float>(true, false, out_, in_, N, 1.0f, dy, X, 1.0f, g->ptr(weight_));
+      if (bias_ >= 0) {
+        float* db = g->ptr(bias_);
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t o = 0; o < out_; ++o) db[o] += dy[n * out_ + o];
+      }
+    }
+    reduce.wait();
+    if (reduced == nullptr) return;
+    // The second of a pair carries both partial sums: it overwrites dx (the first wrote none).
+    if (accumulate_dx && role_ == PairRole::kAlone) {
+      for (int64_t i = 0; i < rows * in_; ++i) dx[i] += reduced[i];
+    } else {
+      std::memcpy(dx, reduced, size_t(rows * in_) * sizeof(float));
+    }
+  }
+
+ private:
+  int weight_, bias_;
+  int64_t out_, in_;
+  SequenceParallel sp_;
+  CommPtr comm_;
+  ColumnShared shared_;
+  PairRole role_;
+  Buffer scratch_;
+};
+
+class RowLinear final : public model::LinearOp<float> {
+ public:
+  RowLinear(const ParamLayout& local, int weight, int bias, SequenceParallel sp, CommPtr comm)
+      : weight_(weight), bias_(bias), out_(local.view(weight).shape[0]),
+        in_(local.view(weight).shape[1]), sp_(sp), comm_(std::move(comm)) {}
+  int64_t in() const override { return in_; }
+  int64_t out() const override { return out_; }
+
+  void forward(float* y, const float* x, int64_t N, const Params<float>& p) override {
+    row_parallel_forward(y, x, p.ptr(weight_), p.ptr(bias_), N, in_, out_, sp_, *comm_);
+  }
+  void backward(float* dx, const float* dy, const float* x, int64_t N, const Params<float>& p,
+                Params<float>* g, bool accumulate_dx) override {
+    float* target = dx;
+    if (dx != nullptr && accumulate_dx) target = ensure(scratch_, N * in_);
+    row_parallel_backward(target, g ? g->ptr(weight_) : nullptr, g ? g->ptr(bias_) : nullptr, dy,
+                          x, p.ptr(weight_), N, in_, out_, sp_, *comm_);
+    if (target != dx)
+      for (int64_t i = 0; i < N * in_; ++i) dx[i] += target[i];
+  }
+
+ private:
+  int weight_, bias_;
+  int64_t out_, in_;
+  SequenceParallel sp_;
+  CommPtr comm_;
+  Buffer scratch_;
+};
+
+/// RMSNorm over the rows this rank holds (all N, or N/T under sequence parallel).
+class ShardNorm final : public model::NormOp<float> {
+ public:
+  ShardNorm(const ParamLayout& local, int weight, SequenceParallel sp, CommPtr comm)
+      : weight_(weight), H_(local.view(weight).shape[0]),
+        eps_(static_cast<float>(local.config().norm_eps)), sp_(sp), comm_(std::move(comm)) {}
+  void forward(float* out, float* rstd, const float* x, int64_t N, const Params<float>& p) override {
+    ops::rms_norm_forward(out, rstd, x, p.ptr(weight_), shard_tokens(N, sp_, *comm_), H_, eps_);
+  }
+  void backward(float* dx, const float* dout, const float* x, const float* rstd, int64_t N,
+                const Params<float>& p, Params<float>* g) override {
+    ops::rms_norm_backward(dx, g ? g->ptr(weight_) : nullptr, dout, x, p.ptr(weight_), rstd,
+                           shard_tokens(N, sp_, *comm_), H_);
+  }
+
+ private:
+  int weight_;
+  int64_t H_;
+  float eps_;
+  SequenceParallel sp_;
+  CommPtr comm_;
+};
+
+/// InternEvo's Embedding1D: table columns split over TENSOR, lookup then all-gather along hidden;
+/// under sequence parallel this rank keeps its rows (backward: all-gather of the row gradients).
+class SplitEmbedding final : public model::EmbeddingOp<float> {
+ public:
+  SplitEmbedding(const ParamLayout& full, int table, SequenceParallel sp, CommPtr comm)
+      : table_(table), V_(full.view(table).shape[0]), H_(full.view(table).shape[1]), sp_(sp),
+        comm_(std::move(comm)) {}
+  void forward(float* x, const int32_t* ids, int64_t N, const Params<float>& p) override {
+    for (int64_t n = 0; n < N; ++n)
+      check(ids[n] >= 0 && ids[n] < V_, "input_ids[{}] = {} is outside the vocabulary [0, {})",
+            n, ids[n], V_);
+    if (sp_ == SequenceParallel::kNone) {
+      split_hidden_embedding_forward(x, ids, p.ptr(table_), N, H_, *comm_);
+      return;
+    }
+    float* full = ensure(full_, N * H_);
+    split_hidden_embedding_forward(full, ids, p.ptr(table_), N, H_, *comm_);
+    const int64_t rows = shard_tokens(N, sp_, *comm_);
+    std::memcpy(x, full + comm_->rank() * rows * H_, size_t(rows * H_) * sizeof(float));
+  }
+  void backward(const float* dx, const int32_t* ids, int64_t N, Params<float>* g) override {
+    if (g == nullptr) return;
+    const float* d = dx;
+    if (sp_ != SequenceParallel::kNone) {
+      float* full = ensure(full_, N * H_);
+      all_gather_first_dim_forward(full, dx, N, H_, *comm_);
+      d = full;
+    }
+    split_hidden_embedding_backward(g->ptr(table_), d, ids, N, H_, *comm_);
+  }
+
+ private:
+  int table_;
+  int64_t V_, H_;
+  SequenceParallel sp_;
+  CommPtr comm_;
+  Buffer full_;
+};
+
+/// Vocab-parallel output head + cross-entropy: logits [rows, V_r] per chunk of rows, never [N, V].
+class VocabParallelHead final : public model::HeadLossOp<float> {
+ public:
+  VocabParallelHead(const ParamLayout& full, const ParamLayout& local, int weight,
+                    SequenceParallel sp, CommPtr comm)
+      : weight_(weight), V_(full.view(weight).shape[0]), Vr_(local.view(weight).shape[0]),
+        H_(full.view(weight).shape[1]), sp_(sp), comm_(std::move(comm)) {
+    v0_ = shard_range(V_, comm_->size(), comm_->rank()).start;
+    // The same chunk on every rank (the collectives per chunk must match).
+    const int64_t per_rank = (V_ + comm_->size() - 1) / comm_->size();
+    chunk_ = std::max<int64_t>(64, (int64_t{1} << 22) / per_rank);
+  }
+
+  model::LossSum forward_backward(float* dxf, const float* xf, const int32_t* labels, int64_t N,
+                                  const Params<float>& p, Params<float>* g, double loss_scale,
+                                  double* token_losses) override {
+    const float* X = xf;
+    if (sp_ != SequenceParallel::kNone) {
+      X = ensure(x_full_, N * H_);
+      all_gather_first_dim_forward(x_full_.data(), xf, N, H_, *comm_);
+    }
+    float* dX = nullptr;  // partial dL/dX over this rank's vocabulary, [N, H]
+    if (dxf != nullptr) dX = sp_ == SequenceParallel::kNone ? dxf : ensure(dx_full_, N * H_);
+    const int64_t C = std::min(chunk_, N);
+    float* logits = ensure(logits_, C * Vr_ + 1);
+    float* lse = ensure(lse_, C);
+    const float* W = p.ptr(weight_);
+    model::LossSum loss;
+    for (int64_t n0 = 0; n0 < N; n0 += C) {
+      const int64_t rows = std::min(C, N - n0);
+      ops::gemm<float>(false, true, rows, Vr_, H_, 1.0f, X + n0 * H_, W, 0.0f, logits);
+      int64_t count = 0;
+      loss.sum += vocab_parallel_cross_entropy_forward(lse, &count, logits, labels + n0, rows, Vr_,
+                                                       v0_, *comm_);
+      loss.count += count;
+      if (token_losses != nullptr) token_loss(token_losses + n0, logits, lse, labels + n0, rows);
+      if (dX == nullptr) continue;
+      float* dlogits = ensure(dlogits_, C * Vr_ + 1);
+      vocab_parallel_cross_entropy_backward(dlogits, logits, lse, labels + n0, rows, Vr_, v0_,
+                                            static_cast<float>(loss_scale));
+      ops::gemm<float>(false, false, rows, H_, Vr_, 1.0f, dlogits, W, 0.0f, dX + n0 * H_);
+      if (g != nullptr)
+        ops::gemm<float>(true, false, Vr_, H_, rows, 1.0f, dlogits, X + n0 * H_, 1.0f,
+                         g->ptr(weight_));
+    }
+    if (dX != nullptr) {
+      if (sp_ == SequenceParallel::kNone) comm_->all_reduce(dX, N * H_);
+      else reduce_scatter_first_dim_forward(dxf, dX, N, H_, *comm_);
+    }
+    return loss;
+  }
+
+  /// Whole-vocabulary logits of one full (replicated) row: local logits, all-gathered unevenly.
+  void logits_row(float* logits, const float* xf, const Params<float>& p) override {
+    std::vector<float> mine(static_cast<size_t>(Vr_) + 1);
+    ops::gemm<float>(false, true, 1, Vr_, H_, 1.0f, xf, p.ptr(weight_), 0.0f, mine.data());
+    std::vector<int64_t> counts;
+    for (int r = 0; r < comm_->size(); ++r) counts.push_back(shard_range(V_, comm_->size(), r).count);
+    comm_->all_gather_v(logits, mine.data(), counts);
+  }
+
+ private:
+  // token loss = lse − target logit; the target logit lives on one rank: one SUM all-reduce.
+  void token_loss(double* out, const float* logits, const float* lse, const int32_t* labels,
+                  int64_t rows) {
+    std::vector<double> target(static_cast<size_t>(rows), 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t local = int64_t(labels[r]) - v0_;
+      if (labels[r] != data::kIgnoreIndex && local >= 0 && local < Vr_)
+        target[size_t(r)] = logits[r * Vr_ + local];
+    }
+    comm_->all_reduce(target.data(), rows);
+    for (int64_t r = 0; r < rows; ++r)
+      out[r] = labels[r] == data::kIgnoreIndex ? 0.0 : double(lse[r]) - target[size_t(r)];
+  }
+
+  int weight_;
+  int64_t V_, Vr_, H_, v0_ = 0, chunk_ = 64;
+  SequenceParallel sp_;
+  CommPtr comm_;
+  Buffer x_full_, dx_full_, logits_, dlogits_, lse_;
+};
+
+SequenceParallel sequence_parallel_of(const comm::Layout& layout) {
+  switch (layout.tensor_mode) {
+    case comm::TensorMode::kMsp: return SequenceParallel::kKeepGathered;
+    case comm::TensorMode::kFsp: return SequenceParallel::kRegather;
+    default: return SequenceParallel::kNone;
+  }
+}
+
+void megatron_plan(ShardPlan& plan) {
+  const ParamLayout& full = plan.full_layout();
+  const model::ModelConfig& c = full.config();
+  const comm::CommPtr& tp = plan.grid().tensor;
+  const int T = tp->size(), r = tp->rank();
+  const bool sp = sequence_parallel_of(plan.grid().layout) != SequenceParallel::kNone;
+  const int64_t d = c.head_dim();
+  const int64_t groups = c.num_kv_attention_heads / T;  // kv groups per rank (validated)
+  const int64_t group_rows = (c.num_attention_heads / c.num_kv_attention_heads + 2) * d;
+  const int64_t q_cols = c.num_attention_heads / T * d;
+  plan.split(full.tok_embeddings, 1, Group::kTensor);
+  for (const model::BlockParamIds& b : full.layers) {
+    plan.split_range(b.wqkv, 0, Group::kTensor, r * groups * group_rows, groups * group_rows);
+    plan.split_range(b.wqkv_bias, 0, Group::kTensor, r * groups * group_rows, groups * group_rows);
+    plan.split_range(b.wo, 1, Group::kTensor, r * q_cols, q_cols);
+    plan.split(b.w1, 0, Group::kTensor);
+    plan.split(b.w3, 0, Group::kTensor);
+    plan.split(b.w2, 1, Group::kTensor);
+    if (sp) {
+      plan.sum_gradient(b.attention_norm, Group::kTensor);
+      plan.sum_gradient(b.ffn_norm, Group::kTensor);
+      plan.sum_gradient(b.wo_bias, Group::kTensor);
+    }
+  }
+  if (sp) plan.sum_gradient(full.norm, Group::kTensor);
+  plan.split(full.output, 0, Group::kTensor);
+}
+
+ModelOps<float> megatron_ops(const ModeContext& ctx) {
+  const SequenceParallel sp = sequence_parallel_of(ctx.grid.layout);
+  const CommPtr& tp = ctx.grid.tensor;
+  const int T = tp->size();
+  const ParamLayout& L = ctx.local;
+  // Local heads: the dense attention of a model with heads/T, kv heads/T and hidden/T (same
+  // head_dim), which is exactly the grouped layout of this rank's wqkv rows.
+  model::ModelConfig local_config = ctx.full.config();
+  local_config.num_attention_heads /= T;
+  local_config.num_kv_attention_heads /= T;
+  local_config.hidden_size /= T;
+  const ParamLayout attention_layout(local_config);
+  ModelOps<float> dense = model::make_dense_ops<float>(attention_layout);
+
+  ModelOps<float> ops;
+  ops.embedding = std::make_unique<SplitEmbedding>(ctx.full, L.tok_embeddings, sp, tp);
+  auto fsp_scratch = std::make_shared<Buffer>();  // FSP: one gathered copy for the whole model
+  auto dx_partial = std::make_shared<Buffer>();
+  const auto gathered = [&] {
+    return sp == SequenceParallel::kRegather ? fsp_scratch : std::make_shared<Buffer>();
+  };
+  for (size_t i = 0; i < L.layers.size(); ++i) {
+    const model::BlockParamIds& b = L.layers[i];
+    model::BlockOps<float> block;
+    block.attention_norm = std::make_unique<ShardNorm>(L, b.attention_norm, sp, tp);
+    block.ffn_norm = std::make_unique<ShardNorm>(L, b.ffn_norm, sp, tp);
+    block.wqkv = std::make_unique<ColumnLinear>(L, b.wqkv, b.wqkv_bias, sp, tp,
+                                                ColumnShared{gathered(), dx_partial},
+                                                PairRole::kAlone);
+    block.wo = std::make_unique<RowLinear>(L, b.wo, b.wo_bias, sp, tp);
+    const ColumnShared ffn{gathered(), dx_partial};
+    block.w1 = std::make_unique<ColumnLinear>(L, b.w1, -1, sp, tp, ffn, PairRole::kFirst);
+    block.w3 = std::make_unique<ColumnLinear>(L, b.w3, -1, sp, tp, ffn, PairRole::kSecond);
+    block.w2 = std::make_unique<RowLinear>(L, b.w2, -1, sp, tp);
+    block.attention = std::move(dense.blocks[i].attention);
+    ops.blocks.push_back(std::move(block));
+  }
+  ops.norm = std::make_unique<ShardNorm>(L, L.norm, sp, tp);
+  ops.head = std::make_unique<VocabParallelHead>(ctx.full, L, L.output, sp, tp);
+  return ops;
+}
+
+}  // namespace
+
+void register_megatron_modes() {
+  for (const char* name : {"mtp", "msp", "fsp"}) {
+    ModeFactory f;
+    f.plan = megatron_plan;
+    f.make_ops = megatron_ops;
+    register_mode(name, std::move(f));
+  }
+}
+
+}  // namespace longtron::parallel
