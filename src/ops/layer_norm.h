@@ -1,0 +1,24 @@
+// LayerNorm (Ba, Kiros & Hinton 2016) with explicit forward and backward, for models that use it
+// and as the single-rank reference of the distributed LayerNorm (parallel/dist_norm.h; seed 004,
+// SPEC §3). Same conventions as ops.h: (outputs, saved state, inputs, weights, sizes), input
+// gradients overwritten, parameter gradients accumulated, nullptr skips a gradient.
+#pragma once
+#include <cstdint>
+
+namespace longtron::ops {
+
+/// out[N,H] = (x − μ)·rstd ⊙ weight[H] (+ bias[H] when bias != nullptr), per token:
+/// μ = Σx/H, var = Σx²/H − μ² (sums accumulated in double, as SPEC §3 asks of the distributed
+/// form), rstd = 1/sqrt(var + eps). mean[N] and rstd[N] are saved for backward.
+template <typename T>
+void layer_norm_forward(T* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
+                        int64_t N, int64_t H, T eps);
+
+/// With x̂ = (x − μ)·rstd and g = dout ⊙ weight:
+/// dx = rstd·(g − mean(g) − x̂·mean(g ⊙ x̂)) (overwritten); dweight += Σₙ dout ⊙ x̂;
+/// dbias += Σₙ dout. Any gradient pointer may be nullptr.
+template <typename T>
+void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x, const T* weight,
+                         const T* mean, const T* rstd, int64_t N, int64_t H);
+
+}  // namespace longtron::ops
