@@ -35,6 +35,7 @@ struct Layout {
   int tensor_size = 1;                    ///< parallel.tensor.size (T)
   TensorMode tensor_mode = TensorMode::kMtp;  ///< parallel.tensor.mode
   int weight_size = 1;                    ///< parallel.weight.size (W), ISP only
+  bool weight_overlap = false;            ///< parallel.weight.overlap: prefetch the next gather (ISP)
   int zero1_size = 1;                     ///< parallel.zero1.size: -1 whole group, 1 off, k
   int tensor_2d_x = 0;                    ///< parallel.tensor_2d.x (0 = 2D TP not used)
   int tensor_2d_y = 0;                    ///< parallel.tensor_2d.y

@@ -1,0 +1,60 @@
+// ISP (InternEvo "isp" = Ulysses sequence parallel + weight parallel) as a set of model ops, and
+// the sharding plan the engine needs (SPEC §2–§3, reference/internevo.md §4.3–§4.6, seed 000).
+//
+// Data: rank r of a TENSOR group (size T) holds tokens [rP/T, (r+1)P/T) of input_ids, indexes and
+// labels; cu_seqlens stays global (data/sequence_split.h). Parameters:
+// - every linear weight (wqkv, wo, w1, w3, w2) and the head: rows sharded over WEIGHT (size W);
+// - the embedding: hidden columns sharded over WEIGHT;
+// - norm weights and linear biases: replicated.
+// Gradient reductions (exact SUM semantics, not InternEvo's AVG, reference §4.6):
+// - sharded tensors: the ops reduce-scatter over WEIGHT; the engine then SUMS over WEIGHT_DATA
+//   (the ranks with the same weight rank), where ZeRO-1 also lives;
+// - replicated tensors: each rank holds a partial sum over its own tokens; the engine SUMS over
+//   the whole world (every rank saw different tokens).
+// Loss: each rank's (loss sum, count) over its own labels, summed over the world by the engine.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/process_grid.h"
+#include "model/layers.h"
+#include "model/params.h"
+#include "parallel/isp_weights.h"
+
+namespace longtron::parallel {
+
+/// How one full tensor is held under ISP on this rank.
+struct IspShard {
+  int view = -1;       ///< index into the full ParamLayout's views
+  int dim = -1;        ///< split dim (0 rows, 1 columns), -1 = replicated
+  int64_t start = 0;   ///< first row/column held (along dim)
+  int64_t count = 0;   ///< rows/columns held (the whole extent when replicated)
+  /// Group whose ranks saw different tokens of the same values, so gradients are SUMMED over it
+  /// after the ops ran: WEIGHT_DATA for sharded tensors, the world for replicated ones.
+  comm::Group sum_over = comm::Group::kWeightData;
+  bool replicated_over_world = false;  ///< true for norms/biases (sum over every rank)
+  /// Elements this rank holds.
+  int64_t numel(const model::ParamLayout& full) const;
+};
+
+/// The ISP plan of every view of `full` for weight rank `weight_rank` of W (shard_range rows for
+/// the linears and head, uneven allowed; H / W columns for the embedding). Throws Error (naming
+/// parallel.weight.size) if W does not divide hidden_size.
+std::vector<IspShard> isp_shard_plan(const model::ParamLayout& full, int W, int weight_rank);
+
+/// Copies this rank's part of every full tensor into `local` (same view indices; `local`'s view v
+/// must hold plan[v].numel elements from its start, e.g. a full-size buffer or a local layout).
+void isp_scatter_params(model::Params<float>& local, const model::Params<float>& full,
+                        const std::vector<IspShard>& plan);
+
+/// The ISP ops of one rank. `full` is the full ParamLayout (shapes); the Params the model is given
+/// must hold at view v this rank's part per isp_shard_plan (replicated views whole). Ops registered
+/// in call order: embedding first (it marks the start of each pass for the prefetcher).
+/// `store_out`, if given, receives the weight store (prefetch counters for tests/benchmarks).
+/// Throws Error for heads that cannot be divided by T (ulysses_heads) or hidden by W.
+model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const comm::ProcessGrid& grid,
+                                    bool overlap,
+                                    std::shared_ptr<IspWeightStore>* store_out = nullptr);
+
+}  // namespace longtron::parallel

@@ -1,0 +1,278 @@
+// ISP weight parallel (see isp_weights.h).
+#include "parallel/isp_weights.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace longtron::parallel {
+
+// ---- IspWeightStore ------------------------------------------------------------------------------
+
+IspWeightStore::IspWeightStore(comm::CommPtr weight, bool overlap)
+    : comm_(std::move(weight)), W_(comm_->size()), rank_(comm_->rank()), overlap_(overlap) {}
+
+IspWeightStore::~IspWeightStore() {
+  // A prefetch still in flight must finish before its buffer goes away (Work waits in its
+  // destructor, but members are destroyed after this body: wait explicitly, in a fixed order).
+  next_.work.wait();
+  current_.work.wait();
+}
+
+int IspWeightStore::add(int view, int64_t rows, int64_t cols, int dim) {
+  check(dim == 0 || dim == 1, "ISP: a weight is sharded on dim 0 or 1, not {}", dim);
+  Entry e{view, rows, cols, dim, {}, 0};
+  for (int r = 0; r < W_; ++r) {
+    if (dim == 0) {
+      e.counts.push_back(shard_range(rows, W_, r).count * cols);
+    } else {
+      check(cols % W_ == 0,
+            "ISP: the embedding's hidden size {} is not divisible by parallel.weight.size = {}",
+            cols, W_);
+      e.counts.push_back(rows * (cols / W_));
+    }
+    e.max_count = std::max(e.max_count, e.counts.back());
+  }
+  entries_.push_back(std::move(e));
+  return static_cast<int>(entries_.size()) - 1;
+}
+
+Range IspWeightStore::shard(int id) const {
+  const Entry& e = entries_.at(static_cast<size_t>(id));
+  return shard_range(e.dim == 0 ? e.rows : e.cols, W_, rank_);
+}
+
+float* IspWeightStore::grad_scratch(int64_t n) {
+  if (static_cast<int64_t>(grad_.size()) < n) grad_.resize(static_cast<size_t>(n));
+  return grad_.data();
+}
+
+void IspWeightStore::start_gather(Slot& slot, int id, const model::Params<float>& params) {
+  const Entry& e = entries_[static_cast<size_t>(id)];
+  slot.id = id;
+  slot.buf.resize(static_cast<size_t>(W_ * e.max_count));
+  const float* shard = params.ptr(e.view);
+  const int64_t mine = e.counts[static_cast<size_t>(rank_)];
+  if (mine == e.max_count) {
+    slot.work = comm_->all_gather_async(slot.buf.data(), shard, e.max_count);
+  } else {  // uneven rows: a padded chunk, sent in place
+    float* own = slot.buf.data() + rank_ * e.max_count;
+    std::copy(shard, shard + mine, own);
+    std::fill(own + mine, own + e.max_count, 0.f);
+    slot.work = comm_->all_gather_async(slot.buf.data(), own, e.max_count);
+  }
+}
+
+void IspWeightStore::finish_gather(Slot& slot) {
+  if (!slot.work.pending()) return;
+  slot.work.wait();
+  const Entry& e = entries_[static_cast<size_t>(slot.id)];
+  // Uneven rows: move chunk j from j·max_count down to its packed offset (never moves upward).
+  int64_t offset = e.counts[0];
+  for (int j = 1; j < W_; ++j) {
+    const int64_t c = e.counts[static_cast<size_t>(j)];
+    if (offset != j * e.max_count)
+      std::memmove(slot.buf.data() + offset, slot.buf.data() + j * e.max_count,
+                   static_cast<size_t>(c) * sizeof(float));
+    offset += c;
+  }
+}
+
+const float* IspWeightStore::acquire(int id, WeightUse use, const model::Params<float>& params) {
+  const Key key{id, use};
+  if (id == 0 && use == WeightUse::kForward) {  // a pass starts: parameters may have changed
+    current_.work.wait();
+    current_.id = -1;
+    next_.work.wait();  // a prefetch from the last pass may hold old values
+    next_.id = -1;
+    if (recording_ && !trace_.empty()) recording_ = false;
+    pos_ = 0;
+  }
+  if (recording_) {
+    trace_.push_back(key);
+  } else if (pos_ < trace_.size() && trace_[pos_] == key) {
+    ++pos_;
+  } else {  // this pass differs from the last one: record it from here on
+    trace_.resize(pos_);
+    trace_.push_back(key);
+    recording_ = true;
+  }
+
+  if (current_.id != id) {
+    if (next_.id == id) {
+      std::swap(current_, next_);
+      ++used_;
+    } else {
+      next_.work.wait();  // a wrong guess: finish it (every rank guessed the same) and drop it
+      next_.id = -1;
+      start_gather(current_, id, params);
+    }
+    next_.id = -1;
+    finish_gather(current_);
+  }
+  if (overlap_ && !recording_ && pos_ < trace_.size()) {
+    const int predicted = trace_[pos_].id;
+    if (predicted != id && predicted != next_.id) {
+      start_gather(next_, predicted, params);
+      ++started_;
+    }
+  }
+  return current_.buf.data();
+}
+
+void IspWeightStore::reduce_grad(float* grad_shard, float* full_grad, int id) {
+  const Entry& e = entries_.at(static_cast<size_t>(id));
+  const int64_t mine = e.counts[static_cast<size_t>(rank_)];
+  const float* send = full_grad;
+  bool uniform = true;
+  for (int64_t c : e.counts) uniform = uniform && c == e.max_count;
+  if (!uniform) {  // pad chunk j (rows of rank j) to max_count
+    send_.assign(static_cast<size_t>(W_ * e.max_count), 0.f);
+    int64_t offset = 0;
+    for (int j = 0; j < W_; ++j) {
+      const int64_t c = e.counts[static_cast<size_t>(j)];
+      std::copy(full_grad + offset, full_grad + offset + c, send_.data() + j * e.max_count);
+      offset += c;
+    }
+    send = send_.data();
+  }
+  // The reduced chunk lands in full_grad's own chunk position (full_grad is scratch by contract).
+  std::vector<float> recv(static_cast<size_t>(e.max_count));
+  comm_->reduce_scatter(recv.data(), send, e.max_count);
+  for (int64_t i = 0; i < mine; ++i) grad_shard[i] += recv[static_cast<size_t>(i)];
+}
+
+// ---- IspLinear -----------------------------------------------------------------------------------
+
+IspLinear::IspLinear(std::shared_ptr<IspWeightStore> store, int weight_view, int bias_view,
+                     int64_t out, int64_t in)
+    : store_(std::move(store)), weight_view_(weight_view), bias_view_(bias_view), out_(out),
+      in_(in) {
+  id_ = store_->add(weight_view, out, in, 0);
+}
+
+void IspLinear::forward(float* y, const float* x, int64_t N, const model::Params<float>& p) {
+  const float* W = store_->acquire(id_, WeightUse::kForward, p);
+  ops::linear_forward(y, x, W, p.ptr(bias_view_), N, in_, out_);
+}
+
+void IspLinear::backward(float* dx, const float* dy, const float* x, int64_t N,
+                         const model::Params<float>& p, model::Params<float>* g,
+                         bool accumulate_dx) {
+  const float* W = store_->acquire(id_, WeightUse::kBackward, p);
+  if (dx) ops::gemm<float>(false, false, N, in_, out_, 1.f, dy, W, accumulate_dx ? 1.f : 0.f, dx);
+  if (!g) return;
+  float* G = store_->grad_scratch(out_ * in_);
+  ops::gemm<float>(true, false, out_, in_, N, 1.f, dy, x, 0.f, G);
+  store_->reduce_grad(g->ptr(weight_view_), G, id_);
+  if (bias_view_ >= 0) {  // replicated bias: partial sum over local tokens (engine sums it)
+    float* db = g->ptr(bias_view_);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < out_; ++o) db[o] += dy[n * out_ + o];
+  }
+}
+
+// ---- IspEmbedding --------------------------------------------------------------------------------
+
+IspEmbedding::IspEmbedding(std::shared_ptr<IspWeightStore> store, int table_view, int64_t V,
+                           int64_t H)
+    : store_(std::move(store)), view_(table_view), V_(V), H_(H) {
+  id_ = store_->add(table_view, V, H, 1);
+  Hl_ = H / store_->weight_size();
+}
+
+void IspEmbedding::forward(float* x, const int32_t* ids, int64_t N,
+                           const model::Params<float>& p) {
+  for (int64_t n = 0; n < N; ++n)
+    check(ids[n] >= 0 && ids[n] < V_, "input_ids[{}] = {} is outside the vocabulary [0, {})", n,
+          ids[n], V_);
+  const float* chunks = store_->acquire(id_, WeightUse::kForward, p);  // [W][V][H/W]
+  const int W = store_->weight_size();
+#pragma omp parallel for schedule(static) if (N * H_ > 65536)
+  for (int64_t n = 0; n < N; ++n)
+    for (int j = 0; j < W; ++j) {
+      const float* src = chunks + (j * V_ + ids[n]) * Hl_;
+      std::copy(src, src + Hl_, x + n * H_ + j * Hl_);
+    }
+}
+
+void IspEmbedding::backward(const float* dx, const int32_t* ids, int64_t N,
+                            model::Params<float>* g) {
+  if (!g) return;
+  const int W = store_->weight_size();
+  float* G = store_->grad_scratch(V_ * H_);  // [W][V][H/W], this rank's tokens only
+  std::fill(G, G + V_ * H_, 0.f);
+  for (int64_t n = 0; n < N; ++n)
+    for (int j = 0; j < W; ++j) {
+      float* dst = G + (j * V_ + ids[n]) * Hl_;
+      const float* src = dx + n * H_ + j * Hl_;
+      for (int64_t c = 0; c < Hl_; ++c) dst[c] += src[c];
+    }
+  store_->reduce_grad(g->ptr(view_), G, id_);
+}
+
+// ---- IspHeadLoss ---------------------------------------------------------------------------------
+
+IspHeadLoss::IspHeadLoss(std::shared_ptr<IspWeightStore> store, int weight_view, int64_t V,
+                         int64_t H, comm::CommPtr tensor)
+    : store_(std::move(store)), tensor_(std::move(tensor)), view_(weight_view), V_(V), H_(H),
+      chunk_(std::max<int64_t>(64, (int64_t{1} << 22) / V)) {
+  id_ = store_->add(weight_view, V, H, 0);
+}
+
+model::LossSum IspHeadLoss::forward_backward(float* dxf, const float* xf, const int32_t* labels,
+                                             int64_t N, const model::Params<float>& p,
+                                             model::Params<float>* g, double loss_scale,
+                                             double* token_losses) {
+  for (int64_t n = 0; n < N; ++n)
+    check(labels[n] == -100 || (labels[n] >= 0 && labels[n] < V_),
+          "labels[{}] = {} is neither -100 nor inside the vocabulary [0, {})", n, labels[n], V_);
+  const float* W = store_->acquire(id_, WeightUse::kForward, p);
+  const int64_t C = std::max<int64_t>(1, std::min(chunk_, N));
+  logits_.resize(static_cast<size_t>(C * V_));
+  lse_.resize(static_cast<size_t>(C));
+  if (dxf) dlogits_.resize(static_cast<size_t>(C * V_));
+  float* G = nullptr;
+  if (dxf && g) {
+    G = store_->grad_scratch(V_ * H_);
+    std::fill(G, G + V_ * H_, 0.f);
+  }
+  model::LossSum loss;
+  for (int64_t n0 = 0; n0 < N; n0 += C) {
+    const int64_t rows = std::min(C, N - n0);
+    ops::gemm<float>(false, true, rows, V_, H_, 1.f, xf + n0 * H_, W, 0.f, logits_.data());
+    int64_t count = 0;
+    loss.sum += ops::cross_entropy_forward(lse_.data(), &count, logits_.data(), labels + n0, rows,
+                                           V_);
+    loss.count += count;
+    if (token_losses)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int32_t y = labels[n0 + r];
+        token_losses[n0 + r] =
+            y < 0 ? 0.0 : double(lse_[size_t(r)]) - double(logits_[size_t(r * V_ + y)]);
+      }
+    if (!dxf) continue;
+    ops::cross_entropy_backward(dlogits_.data(), logits_.data(), lse_.data(), labels + n0, rows,
+                                V_, static_cast<float>(loss_scale));
+    ops::gemm<float>(false, false, rows, H_, V_, 1.f, dlogits_.data(), W, 0.f, dxf + n0 * H_);
+    if (G) ops::gemm<float>(true, false, V_, H_, rows, 1.f, dlogits_.data(), xf + n0 * H_, 1.f, G);
+  }
+  if (G) store_->reduce_grad(g->ptr(view_), G, id_);
+  if (tensor_ && tensor_->size() > 1) {
+    double sum = loss.sum;
+    tensor_->all_reduce(&sum, 1);
+    tensor_->all_reduce(&loss.count, 1);
+    loss.sum = sum;
+  }
+  return loss;
+}
+
+void IspHeadLoss::logits_row(float* logits, const float* xf, const model::Params<float>& p) {
+  const float* W = store_->acquire(id_, WeightUse::kForward, p);
+  ops::gemm<float>(false, true, 1, V_, H_, 1.f, xf, W, 0.f, logits);
+}
+
+}  // namespace longtron::parallel

@@ -1,0 +1,157 @@
+// ISP weight parallel (InternEvo "isp", reference/internevo.md §4.3; seed 000 ISP data flow):
+// every linear weight and the head are sharded on dim 0 (output features) over the WEIGHT group,
+// the embedding on its hidden dim. A weight is all-gathered before its forward and again before
+// its backward; its full-shape gradient (from this rank's tokens only) is reduce-scattered with SUM
+// so each rank ends with its shard's exact gradient over every token of the WEIGHT group (SPEC §3:
+// partial gradients of sequence shards are summed, not averaged as InternEvo does).
+//
+// Tokens stay local: a rank computes on its own [P/T, in] activations with the full weight.
+// With overlap on, IspWeightStore starts the gather of the weight it predicts comes next (an async
+// Work) before returning the current one, so the next gather runs while this layer computes
+// (InternEvo prefetches block i+1 from a pre-forward hook). The prediction is the recorded order of
+// the previous pass (see acquire); a wrong guess costs a wasted gather, never a wrong result.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/layers.h"
+#include "parallel/layers.h"
+
+namespace longtron::parallel {
+
+/// Which computation uses a weight (the key of the prefetch order).
+enum class WeightUse { kForward, kBackward };
+
+/// The gathered copies of one rank's weight-parallel weights. Shards are read from the Params the
+/// ops receive (view index → this rank's shard), so any buffer whose view `v` holds the shard works.
+/// Sharding: dim 0 uses shard_range (uneven allowed: padded collectives); dim 1 needs cols % W == 0
+/// and the gathered form is chunk-major [W][rows][cols/W].
+class IspWeightStore {
+ public:
+  /// `weight`: the WEIGHT group; `overlap`: parallel.weight.overlap.
+  IspWeightStore(comm::CommPtr weight, bool overlap);
+  ~IspWeightStore();
+
+  /// Registers the full tensor [rows, cols] of view `view`, sharded on `dim` (0 or 1). Returns its id.
+  /// Throws Error if dim is 1 and W does not divide cols.
+  int add(int view, int64_t rows, int64_t cols, int dim);
+
+  /// The gathered weight `id` ([rows, cols] for dim 0, [W][rows][cols/W] for dim 1), valid until
+  /// the next acquire. The first acquire of the embedding (id 0 by convention: the first add) starts
+  /// a pass. With overlap, also starts the gather of the predicted next weight before returning.
+  /// Collective over the WEIGHT group (every rank acquires in the same order).
+  const float* acquire(int id, WeightUse use, const model::Params<float>& params);
+
+  /// grad_shard (+=) = this rank's chunk of Σ over the WEIGHT group of full_grad, which is in the
+  /// gathered form of `id` and is clobbered. Collective over the WEIGHT group.
+  void reduce_grad(float* grad_shard, float* full_grad, int id);
+
+  /// Scratch of at least `n` floats for a full-shape gradient (shared by all ops of this rank).
+  float* grad_scratch(int64_t n);
+
+  /// This rank's part of tensor `id`: rows (dim 0) or cols (dim 1) [start, start + count).
+  Range shard(int id) const;
+  int weight_size() const { return W_; }
+  int weight_rank() const { return rank_; }
+  bool overlap() const { return overlap_; }
+  comm::Communicator& comm() { return *comm_; }
+  /// Prefetches started / prefetches that were used (for tests and the benchmark).
+  int64_t prefetches_started() const { return started_; }
+  int64_t prefetches_used() const { return used_; }
+
+ private:
+  struct Entry {
+    int view;
+    int64_t rows, cols;
+    int dim;
+    std::vector<int64_t> counts;  // elements of each rank's shard
+    int64_t max_count;            // padded chunk of the collectives
+  };
+  struct Slot {
+    int id = -1;
+    std::vector<float> buf;
+    comm::Work work;
+  };
+  struct Key {
+    int id;
+    WeightUse use;
+    bool operator==(const Key&) const = default;
+  };
+  void start_gather(Slot& slot, int id, const model::Params<float>& params);
+  void finish_gather(Slot& slot);
+  void predict_and_prefetch(const Key& key, const model::Params<float>& params);
+
+  comm::CommPtr comm_;
+  int W_, rank_;
+  bool overlap_;
+  std::vector<Entry> entries_;
+  Slot current_, next_;
+  std::vector<float> send_, grad_;
+  // Prefetch order: the keys of the last pass; pos_ = how many of them this pass has matched.
+  std::vector<Key> trace_;
+  size_t pos_ = 0;
+  bool recording_ = true;
+  int64_t started_ = 0, used_ = 0;
+};
+
+/// y = x·Wᵀ (+ b) with W [out, in] sharded on rows over WEIGHT (gathered per use). The bias, if
+/// any, is replicated (full [out] on every rank): its gradient is a partial sum over this rank's
+/// tokens that the engine sums over every rank, like the norm weights.
+class IspLinear final : public model::LinearOp<float> {
+ public:
+  IspLinear(std::shared_ptr<IspWeightStore> store, int weight_view, int bias_view, int64_t out,
+            int64_t in);
+  int64_t in() const override { return in_; }
+  int64_t out() const override { return out_; }
+  void forward(float* y, const float* x, int64_t N, const model::Params<float>& params) override;
+  void backward(float* dx, const float* dy, const float* x, int64_t N,
+                const model::Params<float>& params, model::Params<float>* grads,
+                bool accumulate_dx) override;
+
+ private:
+  std::shared_ptr<IspWeightStore> store_;
+  int id_, weight_view_, bias_view_;
+  int64_t out_, in_;
+};
+
+/// Token embedding with the table [V, H] sharded on H over WEIGHT (seed 000: [vocab, hidden/wp]),
+/// gathered before forward; backward reduce-scatters the full-table gradient of this rank's tokens.
+class IspEmbedding final : public model::EmbeddingOp<float> {
+ public:
+  IspEmbedding(std::shared_ptr<IspWeightStore> store, int table_view, int64_t V, int64_t H);
+  void forward(float* x, const int32_t* ids, int64_t N, const model::Params<float>& params) override;
+  void backward(const float* dx, const int32_t* ids, int64_t N,
+                model::Params<float>* grads) override;
+
+ private:
+  std::shared_ptr<IspWeightStore> store_;
+  int id_, view_;
+  int64_t V_, H_, Hl_;
+};
+
+/// Weight-parallel head [V, H] (rows sharded over WEIGHT, gathered) + cross-entropy over this
+/// rank's own tokens and labels (the labels were computed on the whole row before the split, so no
+/// target is lost). Each rank's (loss sum, count) is over its own labels — a rank with no valid
+/// label has (0, 0), never NaN; when `tensor` is given the pair is then summed exactly (double
+/// sum, integer count) over the TENSOR group, so every rank of a row returns the row's loss (the
+/// engine sums rows over the data-parallel group). token_losses stay per local token.
+class IspHeadLoss final : public model::HeadLossOp<float> {
+ public:
+  IspHeadLoss(std::shared_ptr<IspWeightStore> store, int weight_view, int64_t V, int64_t H,
+              comm::CommPtr tensor = nullptr);
+  model::LossSum forward_backward(float* dxf, const float* xf, const int32_t* labels, int64_t N,
+                                  const model::Params<float>& params, model::Params<float>* grads,
+                                  double loss_scale, double* token_losses) override;
+  void logits_row(float* logits, const float* xf, const model::Params<float>& params) override;
+
+ private:
+  std::shared_ptr<IspWeightStore> store_;
+  comm::CommPtr tensor_;
+  int id_, view_;
+  int64_t V_, H_, chunk_;
+  std::vector<float> logits_, dlogits_, lse_;
+};
+
+}  // namespace longtron::parallel
