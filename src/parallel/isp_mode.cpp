@@ -1,0 +1,40 @@
+// The "isp" mode of the engine registry (engine.h): plan, ops and the local sequence shard.
+// Plan (isp_ops.h): linears and head split on dim 0 over WEIGHT (shard_range), the embedding on
+// dim 1 over WEIGHT; norm weights and biases replicated with their partial gradients summed over
+// the ranks that saw other tokens of the same data-parallel replica.
+#include "core/error.h"
+#include "data/sequence_split.h"
+#include "parallel/engine.h"
+#include "parallel/isp_ops.h"
+
+namespace longtron::parallel {
+
+void register_isp_mode() {
+  ModeFactory f;
+  f.plan = [](ShardPlan& plan) {
+    const model::ParamLayout& full = plan.full_layout();
+    for (int v = 0; v < static_cast<int>(full.views().size()); ++v) {
+      const model::ParamView& view = full.view(v);
+      if (view.is_embedding)
+        plan.split(v, 1, comm::Group::kWeight);
+      else if (view.is_matrix)
+        plan.split(v, 0, comm::Group::kWeight);
+      else  // replicated: each sequence shard contributed a partial sum
+        plan.sum_gradient(v, comm::Group::kTensor);
+    }
+  };
+  f.make_ops = [](const ModeContext& ctx) {
+    return make_isp_ops(ctx.full, ctx.grid, ctx.grid.layout.weight_overlap);
+  };
+  f.local_batch = [](const data::MicroBatch& row, const ModeContext& ctx) {
+    const int64_t T = ctx.grid.tensor->size();
+    if (static_cast<int64_t>(row.input_ids.size()) % T == 0)
+      return data::split_for_sequence_parallel(row, T, ctx.grid.tensor->rank());
+    data::MicroBatch padded = row;  // pad is its own segment (SPEC §1.6)
+    data::pad_for_sequence_parallel(padded, T);
+    return data::split_for_sequence_parallel(padded, T, ctx.grid.tensor->rank());
+  };
+  register_mode("isp", std::move(f));
+}
+
+}  // namespace longtron::parallel
