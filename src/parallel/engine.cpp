@@ -130,7 +130,8 @@ void ParallelEngine::finish_gradients() {
   }
   // 2. Data parallel: each dp rank saw its own micro-batches; the step gradient is their SUM
   // (the loss scale already divides by the global count).
-  if (grid_.data->size() > 1) grid_.data->all_reduce(grads_.data(), grads_.numel());
+  comm::Communicator& dp = *grid_.get(factory_->data_group);
+  if (dp.size() > 1) dp.all_reduce(grads_.data(), grads_.numel());
 }
 
 double ParallelEngine::grad_norm() const {

@@ -66,6 +66,9 @@ struct ModeFactory {
   std::function<model::ModelOps<float>(const ModeContext& ctx)> make_ops;
   /// nullptr = feed the whole row.
   std::function<data::MicroBatch(const data::MicroBatch& row, const ModeContext& ctx)> local_batch;
+  /// The group of finish_gradients' data-parallel SUM: the ranks holding the same shards that saw
+  /// different rows. DATA for every mode but ISP, whose weight shards live in WEIGHT_DATA (SPEC §2).
+  comm::Group data_group = comm::Group::kData;
 };
 
 /// Registers `factory` under `name` (replacing an earlier one).

@@ -1,7 +1,7 @@
 // The "isp" mode of the engine registry (engine.h): plan, ops and the local sequence shard.
 // Plan (isp_ops.h): linears and head split on dim 0 over WEIGHT (shard_range), the embedding on
-// dim 1 over WEIGHT; norm weights and biases replicated with their partial gradients summed over
-// the ranks that saw other tokens of the same data-parallel replica.
+// dim 1 over WEIGHT; norm weights and biases replicated, their partial gradients summed over
+// WEIGHT then WEIGHT_DATA (every rank saw other tokens).
 #include "core/error.h"
 #include "data/sequence_split.h"
 #include "parallel/engine.h"
@@ -19,10 +19,13 @@ void register_isp_mode() {
         plan.split(v, 1, comm::Group::kWeight);
       else if (view.is_matrix)
         plan.split(v, 0, comm::Group::kWeight);
-      else  // replicated: each sequence shard contributed a partial sum
-        plan.sum_gradient(v, comm::Group::kTensor);
+      else  // replicated: each rank of the weight group contributed a partial sum
+        plan.sum_gradient(v, comm::Group::kWeight);
     }
   };
+  // Weight shards are reduce-scattered over WEIGHT inside the ops; the rest of the world (the
+  // ranks with the same weight rank) is WEIGHT_DATA. WEIGHT x WEIGHT_DATA = world.
+  f.data_group = comm::Group::kWeightData;
   f.make_ops = [](const ModeContext& ctx) {
     return make_isp_ops(ctx.full, ctx.grid, ctx.grid.layout.weight_overlap);
   };
