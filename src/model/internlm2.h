@@ -42,6 +42,8 @@ class InternLM2 {
   /// Bytes of activation workspace currently allocated (head chunk buffers excluded).
   int64_t workspace_bytes() const { return static_cast<int64_t>(arena_.size() * sizeof(T)); }
 
+  /// Activation recomputation (starts as config.checkpoint); switching re-lays the workspace on
+  /// the next forward_backward.
   bool checkpoint() const { return checkpoint_; }
   void set_checkpoint(bool on);
 
