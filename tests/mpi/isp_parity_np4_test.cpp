@@ -28,14 +28,14 @@ TEST(IspParityNp4, Dp2Isp2Zero1) {
 }
 
 TEST(IspParityNp4, OverlapAndCheckpoint) {
-  IspCase c{"isp4 checkpoint", with_kv({"", isp(4, 4)}, 2)};
+  IspCase c = with_kv({"isp4 2 kv heads checkpoint", isp(4, 4)}, 2);
   c.model.checkpoint = true;
   check_overlap_identical(c);
 }
 
 TEST(IspParityNp4, UnpackedWithPaddingShards) {
   // 2 documents of <= 4 tokens in a 16-token row: ranks 2 and 3 hold only padding.
-  IspCase c{"isp4 unpacked, 2 shards all pad", with_kv({"", isp(4, 4)}, 2)};
+  IspCase c = with_kv({"isp4 unpacked, 2 shards all pad", isp(4, 4)}, 2);
   c.row = unpacked_rows(8, 2, 4, c.model.vocab_size);
   check_isp_parity(c);
 }
