@@ -155,12 +155,12 @@ void MetricsWriter::finish() {
   finished_ = true;
   clear_progress();
   if (file_) std::fflush(file_);
-  if (!path_.empty()) write_loss_svg(svg_path(), train_rows_, valid_rows_, path_.stem().string());
+  if (!path_.empty()) write_loss_plot(plot_path(), train_rows_, valid_rows_, path_.stem().string());
 }
 
-fs::path MetricsWriter::svg_path() const {
+fs::path MetricsWriter::plot_path() const {
   if (path_.empty()) return {};
-  return path_.parent_path() / (path_.stem().string() + ".svg");
+  return path_.parent_path() / (path_.stem().string() + ".png");
 }
 
 }  // namespace longtron::train

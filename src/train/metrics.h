@@ -1,6 +1,6 @@
 // Training metrics (SPEC §4.3): console rows, one JSON object per line in metrics_file, a live
-// progress line on a terminal, and at the end an SVG of the train and valid loss curves written
-// next to the metrics file as `<stem>.svg`.
+// progress line on a terminal, and at the end a PNG picture of the train and valid loss curves
+// written next to the metrics file as `<stem>.png`.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include "train/raster.h"
 
 namespace longtron::train {
 
@@ -43,7 +45,7 @@ struct MetricsOptions {
 /// be created/read.
 class MetricsWriter {
  public:
-  /// `metrics_file` empty: console only and no SVG.
+  /// `metrics_file` empty: console only and no picture.
   MetricsWriter(const std::filesystem::path& metrics_file, const MetricsOptions& options);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
@@ -53,10 +55,10 @@ class MetricsWriter {
   void train(const TrainRow& row);
   /// Always written.
   void valid(const ValidRow& row);
-  /// Ends the progress line and writes the SVG (if there is a metrics file). Idempotent.
+  /// Ends the progress line and writes the loss picture (if there is a metrics file). Idempotent.
   void finish();
-  /// `<dir>/<stem>.svg` of the metrics file (empty path when console only).
-  std::filesystem::path svg_path() const;
+  /// `<dir>/<stem>.png` of the metrics file (empty path when console only).
+  std::filesystem::path plot_path() const;
 
   const std::vector<TrainRow>& train_rows() const { return train_rows_; }
   const std::vector<ValidRow>& valid_rows() const { return valid_rows_; }
@@ -71,7 +73,7 @@ class MetricsWriter {
   bool tty_ = false;
   bool progress_shown_ = false;
   bool finished_ = false;
-  std::vector<TrainRow> train_rows_;  ///< every step given (the SVG uses all of them)
+  std::vector<TrainRow> train_rows_;  ///< every step given (the picture uses all of them)
   std::vector<ValidRow> valid_rows_;
   std::chrono::steady_clock::time_point start_;
 };
@@ -85,9 +87,15 @@ std::string to_json_line(const ValidRow& row);
 void read_metrics(const std::filesystem::path& path, std::vector<TrainRow>& train,
                   std::vector<ValidRow>& valid);
 
-/// Writes an SVG line chart (axes, ticks, labels, legend): train loss per step and valid loss at
-/// its steps (with markers), loss on the y axis. Atomic. Non-finite values are skipped.
-void write_loss_svg(const std::filesystem::path& path, const std::vector<TrainRow>& train,
-                    const std::vector<ValidRow>& valid, const std::string& title = "loss");
+/// Curve colours of the loss picture (tests look for them).
+inline constexpr raster::Rgb kTrainLossColor{31, 119, 180};
+inline constexpr raster::Rgb kValidLossColor{214, 39, 40};
+
+/// Writes an 800×480 PNG line chart (white background, grid, axes with ticks and tick labels, axis
+/// titles, legend, `title` on top): train loss per step and valid loss at its steps (with
+/// markers), loss on the y axis. Non-finite values are skipped; either series may be empty.
+/// Atomic. Throws Error naming the file when it cannot be written.
+void write_loss_plot(const std::filesystem::path& path, const std::vector<TrainRow>& train,
+                     const std::vector<ValidRow>& valid, const std::string& title = "loss");
 
 }  // namespace longtron::train
