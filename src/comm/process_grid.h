@@ -39,6 +39,9 @@ struct Layout {
   int zero1_size = 1;                     ///< parallel.zero1.size: -1 whole group, 1 off, k
   int tensor_2d_x = 0;                    ///< parallel.tensor_2d.x (0 = 2D TP not used)
   int tensor_2d_y = 0;                    ///< parallel.tensor_2d.y
+  /// parallel.tensor_2d.overlap: "none" | "ag_with_matmul" | "matmul_with_rs" (parsed by
+  /// parallel::parse_overlap_2d when the 2D ops are built).
+  std::string tensor_2d_overlap = "none";
   bool is_2d() const { return tensor_2d_x > 0 || tensor_2d_y > 0; }
   /// Size of one TENSOR group: T, or x·y under 2D.
   int tp() const { return is_2d() ? tensor_2d_x * tensor_2d_y : tensor_size; }

@@ -9,6 +9,7 @@ namespace longtron::parallel {
 
 void register_megatron_modes();  // megatron_ops.cpp: "mtp", "msp", "fsp"
 void register_isp_mode();        // isp_mode.cpp: "isp"
+void register_2d_mode();         // tp2d_ops.cpp: "2d"
 
 namespace {
 
@@ -28,7 +29,7 @@ void register_builtin_modes() {
     register_dense_mode();
     register_megatron_modes();
     register_isp_mode();
-    // P7: register_2d_mode();
+    register_2d_mode();
   });
 }
 

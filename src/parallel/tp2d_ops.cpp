@@ -1,0 +1,324 @@
+// The ops of the 2D tensor-parallel mode (see tp2d_ops.h).
+#include "parallel/tp2d_ops.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/ops.h"
+#include "parallel/dist_norm.h"
+#include "parallel/isp_attention.h"
+#include "parallel/layers.h"
+#include "parallel/tp2d_linear.h"
+
+namespace longtron::parallel {
+
+void tp2d_blocks_to_full(float* full, const float* blocks, int64_t N, int64_t H, int x, int y) {
+  const int64_t nx = N / x, hy = H / y;
+  for (int r = 0; r < x * y; ++r) {
+    const int a = r % x, b = r / x;
+    for (int64_t n = 0; n < nx; ++n)
+      std::memcpy(full + (a * nx + n) * H + b * hy, blocks + (r * nx + n) * hy,
+                  size_t(hy) * sizeof(float));
+  }
+}
+
+void tp2d_full_to_blocks(float* blocks, const float* full, int64_t N, int64_t H, int x, int y) {
+  const int64_t nx = N / x, hy = H / y;
+  for (int r = 0; r < x * y; ++r) {
+    const int a = r % x, b = r / x;
+    for (int64_t n = 0; n < nx; ++n)
+      std::memcpy(blocks + (r * nx + n) * hy, full + (a * nx + n) * H + b * hy,
+                  size_t(hy) * sizeof(float));
+  }
+}
+
+namespace {
+
+using comm::CommPtr;
+using model::Params;
+using model::ParamLayout;
+using Buffer = std::vector<float>;
+
+float* ensure(Buffer& b, int64_t n) {
+  if (static_cast<int64_t>(b.size()) < n) b.assign(static_cast<size_t>(n), 0.0f);
+  return b.data();
+}
+
+/// The grid position of this rank.
+struct Pos {
+  int x, y, xr, yr;
+  CommPtr X, Y, tensor;
+  explicit Pos(const comm::ProcessGrid& g)
+      : x(g.x->size()), y(g.y->size()), xr(g.x->rank()), yr(g.y->rank()), X(g.x), Y(g.y),
+        tensor(g.tensor) {}
+  int64_t rows_x(int64_t N) const {
+    check(N % x == 0 && N % y == 0,
+          "2D tensor parallel: the row's {} tokens are not divisible by parallel.tensor_2d.x ({}) "
+          "and .y ({})", N, x, y);
+    return N / x;
+  }
+};
+
+/// [N, H] → this rank's block [N/x, H/y] gathered over the tensor group into full [N, H].
+void gather_blocks(float* full, Buffer& scratch, const float* block, int64_t N, int64_t H,
+                   const Pos& g) {
+  const int64_t count = g.rows_x(N) * (H / g.y);
+  if (g.y == 1) return g.tensor->all_gather(full, block, count);  // blocks are row blocks (MSP)
+  float* blocks = ensure(scratch, count * g.x * g.y);
+  g.tensor->all_gather(blocks, block, count);
+  tp2d_blocks_to_full(full, blocks, N, H, g.x, g.y);
+}
+
+/// RMSNorm over [N/x, H/y] with the sum of squares all-reduced over y (dist_norm.h).
+class Norm2D final : public model::NormOp<float> {
+ public:
+  Norm2D(const ParamLayout& full, int weight, const Pos& g)
+      : weight_(weight), H_(full.view(weight).shape[0]),
+        eps_(static_cast<float>(full.config().norm_eps)), g_(g) {}
+  void forward(float* out, float* rstd, const float* x, int64_t N, const Params<float>& p) override {
+    dist_rms_norm_forward(out, rstd, x, p.ptr(weight_), g_.rows_x(N), H_ / g_.y, H_, eps_, *g_.Y);
+  }
+  void backward(float* dx, const float* dout, const float* x, const float* rstd, int64_t N,
+                const Params<float>& p, Params<float>* grads) override {
+    dist_rms_norm_backward(dx, grads ? grads->ptr(weight_) : nullptr, dout, x, p.ptr(weight_),
+                           rstd, g_.rows_x(N), H_ / g_.y, H_, *g_.Y);
+  }
+
+ private:
+  int weight_;
+  int64_t H_;
+  float eps_;
+  Pos g_;
+};
+
+/// Attention on this x rank's heads: the dense op when y = 1 (exactly MSP), else Ulysses over y
+/// on the rank's sequence chunk [N/y] (rows yr·N/y …) with global cu_seqlens.
+class Attention2D final : public model::AttentionOp<float> {
+ public:
+  Attention2D(const model::ModelConfig& local_heads, std::unique_ptr<model::AttentionOp<float>> dense,
+              const Pos& g)
+      : g_(g), inner_(g.y == 1 ? std::move(dense)
+                               : std::make_unique<UlyssesAttention>(local_heads, g.Y)) {}
+  int64_t qkv_features() const override { return inner_->qkv_features(); }
+  int64_t out_features() const override { return inner_->out_features(); }
+  int64_t saved_qkv_size(int64_t N) const override { return inner_->saved_qkv_size(chunk(N)); }
+  int64_t saved_lse_size(int64_t N) const override { return inner_->saved_lse_size(chunk(N)); }
+  void forward(float* out, float* saved_qkv, float* lse, const float* qkv,
+               const model::AttentionBatch& b) override {
+    inner_->forward(out, saved_qkv, lse, qkv, local(b));
+  }
+  void backward(float* dqkv, float* scratch, const float* dout, const float* saved_qkv,
+                const float* out, const float* lse, const model::AttentionBatch& b) override {
+    inner_->backward(dqkv, scratch, dout, saved_qkv, out, lse, local(b));
+  }
+
+ private:
+  int64_t chunk(int64_t N) const { return (N + g_.y - 1) / g_.y; }
+  model::AttentionBatch local(const model::AttentionBatch& b) const {
+    if (g_.y == 1) return b;
+    g_.rows_x(b.num_tokens);
+    model::AttentionBatch l = b;
+    l.num_tokens = b.num_tokens / g_.y;
+    l.indexes = b.indexes + g_.yr * l.num_tokens;
+    return l;
+  }
+  Pos g_;
+  std::unique_ptr<model::AttentionOp<float>> inner_;
+};
+
+/// Hidden-split embedding over the whole tensor group, then this rank's block.
+class Embedding2D final : public model::EmbeddingOp<float> {
+ public:
+  Embedding2D(const ParamLayout& full, int table, const Pos& g)
+      : table_(table), V_(full.view(table).shape[0]), H_(full.view(table).shape[1]), g_(g) {}
+  void forward(float* x, const int32_t* ids, int64_t N, const Params<float>& p) override {
+    for (int64_t n = 0; n < N; ++n)
+      check(ids[n] >= 0 && ids[n] < V_, "input_ids[{}] = {} is outside the vocabulary [0, {})",
+            n, ids[n], V_);
+    const int64_t nx = g_.rows_x(N), hy = H_ / g_.y;
+    float* full = ensure(full_, N * H_);
+    split_hidden_embedding_forward(full, ids, p.ptr(table_), N, H_, *g_.tensor);
+    for (int64_t n = 0; n < nx; ++n)
+      std::memcpy(x + n * hy, full + (g_.xr * nx + n) * H_ + g_.yr * hy, size_t(hy) * sizeof(float));
+  }
+  void backward(const float* dx, const int32_t* ids, int64_t N, Params<float>* grads) override {
+    if (grads == nullptr) return;
+    float* full = ensure(full_, N * H_);
+    gather_blocks(full, blocks_, dx, N, H_, g_);
+    split_hidden_embedding_backward(grads->ptr(table_), full, ids, N, H_, *g_.tensor);
+  }
+
+ private:
+  int table_;
+  int64_t V_, H_;
+  Pos g_;
+  Buffer full_, blocks_;
+};
+
+/// Gather the final-norm blocks to [N, H], vocab-parallel head + cross-entropy over the tensor
+/// group in row chunks (logits never [N, V]), reduce-scatter dX back into the blocks.
+class Head2D final : public model::HeadLossOp<float> {
+ public:
+  Head2D(const ParamLayout& full, const ParamLayout& local, int weight, const Pos& g)
+      : weight_(weight), V_(full.view(weight).shape[0]), Vr_(local.view(weight).shape[0]),
+        H_(full.view(weight).shape[1]), g_(g) {
+    const int T = g_.tensor->size();
+    v0_ = shard_range(V_, T, g_.tensor->rank()).start;
+    const int64_t per_rank = (V_ + T - 1) / T;  // the same chunk on every rank
+    chunk_ = std::max<int64_t>(64, (int64_t{1} << 22) / per_rank);
+  }
+
+  model::LossSum forward_backward(float* dxf, const float* xf, const int32_t* labels, int64_t N,
+                                  const Params<float>& p, Params<float>* g, double loss_scale,
+                                  double* token_losses) override {
+    float* X = ensure(x_full_, N * H_);
+    gather_blocks(X, blocks_, xf, N, H_, g_);
+    float* dX = dxf != nullptr ? ensure(dx_full_, N * H_) : nullptr;
+    const int64_t C = std::min(chunk_, N);
+    float* logits = ensure(logits_, C * Vr_ + 1);
+    float* lse = ensure(lse_, C);
+    const float* W = p.ptr(weight_);
+    comm::Communicator& tp = *g_.tensor;
+    model::LossSum loss;
+    for (int64_t n0 = 0; n0 < N; n0 += C) {
+      const int64_t rows = std::min(C, N - n0);
+      ops::gemm<float>(false, true, rows, Vr_, H_, 1.0f, X + n0 * H_, W, 0.0f, logits);
+      int64_t count = 0;
+      loss.sum += vocab_parallel_cross_entropy_forward(lse, &count, logits, labels + n0, rows,
+                                                       Vr_, v0_, tp);
+      loss.count += count;
+      if (token_losses != nullptr) token_loss(token_losses + n0, logits, lse, labels + n0, rows);
+      if (dX == nullptr) continue;
+      float* dlogits = ensure(dlogits_, C * Vr_ + 1);
+      vocab_parallel_cross_entropy_backward(dlogits, logits, lse, labels + n0, rows, Vr_, v0_,
+                                            static_cast<float>(loss_scale));
+      ops::gemm<float>(false, false, rows, H_, Vr_, 1.0f, dlogits, W, 0.0f, dX + n0 * H_);
+      if (g != nullptr)
+        ops::gemm<float>(true, false, Vr_, H_, rows, 1.0f, dlogits, X + n0 * H_, 1.0f,
+                         g->ptr(weight_));
+    }
+    if (dX != nullptr) {
+      const int64_t count = g_.rows_x(N) * (H_ / g_.y);
+      const float* send = dX;
+      if (g_.y > 1) {
+        float* blocks = ensure(blocks_, N * H_);
+        tp2d_full_to_blocks(blocks, dX, N, H_, g_.x, g_.y);
+        send = blocks;
+      }
+      tp.reduce_scatter(dxf, send, count);
+    }
+    return loss;
+  }
+
+  void logits_row(float*, const float*, const Params<float>&) override {
+    fail("generation is not supported under parallel.tensor_2d (export the checkpoint and "
+         "generate with one process)");
+  }
+
+ private:
+  // token loss = lse − target logit; the target logit lives on one rank: one SUM all-reduce.
+  void token_loss(double* out, const float* logits, const float* lse, const int32_t* labels,
+                  int64_t rows) {
+    std::vector<double> target(static_cast<size_t>(rows), 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t local = int64_t(labels[r]) - v0_;
+      if (labels[r] != data::kIgnoreIndex && local >= 0 && local < Vr_)
+        target[size_t(r)] = logits[r * Vr_ + local];
+    }
+    g_.tensor->all_reduce(target.data(), rows);
+    for (int64_t r = 0; r < rows; ++r)
+      out[r] = labels[r] == data::kIgnoreIndex ? 0.0 : double(lse[r]) - target[size_t(r)];
+  }
+
+  int weight_;
+  int64_t V_, Vr_, H_, v0_ = 0, chunk_ = 64;
+  Pos g_;
+  Buffer x_full_, dx_full_, blocks_, logits_, dlogits_, lse_;
+};
+
+}  // namespace
+
+model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
+  const Pos g(ctx.grid);
+  const Overlap2D overlap = parse_overlap_2d(ctx.grid.layout.tensor_2d_overlap);
+  const ParamLayout& L = ctx.local;
+  // This x rank's heads: a model with heads/x, kv heads/x and hidden/x (same head_dim), which is
+  // exactly the grouped layout of its wqkv rows.
+  model::ModelConfig heads = ctx.full.config();
+  heads.num_attention_heads /= g.x;
+  heads.num_kv_attention_heads /= g.x;
+  heads.hidden_size /= g.x;
+  const ParamLayout attention_layout(heads);
+  model::ModelOps<float> dense = model::make_dense_ops<float>(attention_layout);
+
+  model::ModelOps<float> ops;
+  ops.embedding = std::make_unique<Embedding2D>(ctx.full, L.tok_embeddings, g);
+  for (size_t i = 0; i < L.layers.size(); ++i) {
+    const model::BlockParamIds& b = L.layers[i];
+    model::BlockOps<float> block;
+    block.attention_norm = std::make_unique<Norm2D>(ctx.full, b.attention_norm, g);
+    block.ffn_norm = std::make_unique<Norm2D>(ctx.full, b.ffn_norm, g);
+    block.wqkv = std::make_unique<Linear2D>(L, b.wqkv, b.wqkv_bias, g.X, g.Y, overlap,
+                                            Linear2DShared{}, Pair2D::kAlone);
+    block.wo = std::make_unique<Linear2D>(L, b.wo, b.wo_bias, g.Y, g.X, overlap, Linear2DShared{},
+                                          Pair2D::kAlone);
+    const Linear2DShared ffn;
+    block.w1 = std::make_unique<Linear2D>(L, b.w1, -1, g.X, g.Y, overlap, ffn, Pair2D::kFirst);
+    block.w3 = std::make_unique<Linear2D>(L, b.w3, -1, g.X, g.Y, overlap, ffn, Pair2D::kSecond);
+    block.w2 = std::make_unique<Linear2D>(L, b.w2, -1, g.Y, g.X, overlap, Linear2DShared{},
+                                          Pair2D::kAlone);
+    block.attention = std::make_unique<Attention2D>(heads, std::move(dense.blocks[i].attention), g);
+    ops.blocks.push_back(std::move(block));
+  }
+  ops.norm = std::make_unique<Norm2D>(ctx.full, L.norm, g);
+  ops.head = std::make_unique<Head2D>(ctx.full, L, L.output, g);
+  return ops;
+}
+
+void tp2d_plan(ShardPlan& plan) {
+  using comm::Group;
+  const ParamLayout& full = plan.full_layout();
+  const model::ModelConfig& c = full.config();
+  const comm::ProcessGrid& grid = plan.grid();
+  const int x = grid.x->size(), xr = grid.x->rank();
+  const int64_t d = c.head_dim();
+  const int64_t groups = c.num_kv_attention_heads / x;  // kv groups per x rank (validated)
+  const int64_t group_rows = (c.num_attention_heads / c.num_kv_attention_heads + 2) * d;
+  const int64_t q_cols = c.num_attention_heads / x * d;
+  plan.split(full.tok_embeddings, 1, Group::kTensor);
+  for (const model::BlockParamIds& b : full.layers) {
+    plan.split_range(b.wqkv, 0, Group::kX, xr * groups * group_rows, groups * group_rows);
+    plan.split(b.wqkv, 1, Group::kY);
+    plan.split_range(b.wqkv_bias, 0, Group::kX, xr * groups * group_rows, groups * group_rows);
+    plan.sum_gradient(b.wqkv_bias, Group::kY);
+    plan.split(b.wo, 0, Group::kY);
+    plan.split_range(b.wo, 1, Group::kX, xr * q_cols, q_cols);
+    plan.split(b.wo_bias, 0, Group::kY);
+    plan.sum_gradient(b.wo_bias, Group::kX);
+    for (int w : {b.w1, b.w3}) {
+      plan.split(w, 0, Group::kX);
+      plan.split(w, 1, Group::kY);
+    }
+    plan.split(b.w2, 0, Group::kY);
+    plan.split(b.w2, 1, Group::kX);
+    for (int norm : {b.attention_norm, b.ffn_norm}) {
+      plan.split(norm, 0, Group::kY);
+      plan.sum_gradient(norm, Group::kX);
+    }
+  }
+  plan.split(full.norm, 0, Group::kY);
+  plan.sum_gradient(full.norm, Group::kX);
+  plan.split(full.output, 0, Group::kTensor);
+}
+
+void register_2d_mode() {
+  ModeFactory f;
+  f.plan = tp2d_plan;
+  f.make_ops = make_tp2d_ops;
+  register_mode("2d", std::move(f));
+}
+
+}  // namespace longtron::parallel

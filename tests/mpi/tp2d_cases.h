@@ -1,0 +1,77 @@
+// 2D tensor parallel (parallel/tp2d_ops.h) parity cases shared by tp2d_np2_test.cpp and
+// tp2d_np4_test.cpp: the engine_parity.h contract against one process, plus bitwise comparisons of
+// the overlap options with "none" and of x2×y1 with MSP.
+#pragma once
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "engine_parity.h"
+
+namespace longtron::testing {
+
+inline comm::Layout layout_2d(int x, int y, const std::string& overlap = "none", int zero1 = 1) {
+  comm::Layout l;
+  l.tensor_2d_x = x;
+  l.tensor_2d_y = y;
+  l.tensor_2d_overlap = overlap;
+  l.zero1_size = zero1;
+  return l;
+}
+
+/// Step-1 loss and full gradients of a layout (one forward/backward per row of its dp share).
+struct StepOne {
+  double loss = 0;
+  std::vector<float> grads;
+};
+
+inline StepOne step_one(const ParityCase& c, const comm::Layout& l) {
+  comm::ProcessGrid grid = comm::make_process_grid(world(), l);
+  parallel::ParallelEngine engine(c.model, grid, 42, c.P);
+  const auto all = global_rows(c, 0);
+  const int micro_num = c.rows / grid.dp;
+  std::vector<MicroBatch> mine(all.begin() + grid.data->rank() * micro_num,
+                               all.begin() + (grid.data->rank() + 1) * micro_num);
+  engine.zero_grads();
+  const int64_t count = engine.global_label_count(mine);
+  model::LossSum loss;
+  for (const auto& r : mine) {
+    const model::LossSum s = engine.forward_backward(r, 1.0 / double(count));
+    loss.sum += s.sum, loss.count += s.count;
+  }
+  engine.finish_gradients();
+  loss = engine.reduce_loss(loss);
+  model::Params<float> full(engine.full_layout());
+  engine.gather_full(full, engine.grads());
+  return {loss.sum / double(loss.count), std::vector<float>(full.data(), full.data() + full.numel())};
+}
+
+/// Max |a − b| over the gradients (and the loss difference), printed; `exact` requires 0.
+inline void compare_layouts(const ParityCase& c, const comm::Layout& a, const std::string& a_name,
+                            const comm::Layout& b, const std::string& b_name, double tol) {
+  const StepOne ra = step_one(c, a), rb = step_one(c, b);
+  double diff = 0;
+  for (size_t i = 0; i < ra.grads.size(); ++i)
+    diff = std::max(diff, double(std::abs(ra.grads[i] - rb.grads[i])));
+  const double ldiff = std::abs(ra.loss - rb.loss);
+  double both[2] = {diff, ldiff};
+  world()->all_reduce(both, 2, comm::ReduceOp::kMax);
+  if (world()->rank() == 0)
+    std::printf("[tp2d] %s vs %s: step-1 loss |diff| %.3e, gradient max |diff| %.3e\n",
+                a_name.c_str(), b_name.c_str(), both[1], both[0]);
+  EXPECT_LE(both[0], tol) << a_name << " vs " << b_name;
+  EXPECT_LE(both[1], tol) << a_name << " vs " << b_name;
+}
+
+/// The engine error message of a layout (empty when it builds).
+inline std::string engine_error_2d(const model::ModelConfig& m, const comm::Layout& l, int64_t P) {
+  try {
+    comm::ProcessGrid grid = comm::make_process_grid(world(), l);
+    parallel::ParallelEngine engine(m, grid, 1, P);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace longtron::testing

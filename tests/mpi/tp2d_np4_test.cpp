@@ -1,0 +1,31 @@
+// 2D tensor parallel on 4 ranks: x2×y2 (with each overlap option), x1×y4, dp2×(x2×y1) and
+// dp2×(x1×y2) with ZeRO-1, against one process; overlaps bitwise equal to "none"; per-x heads by y.
+#include "tp2d_cases.h"
+
+namespace longtron::testing {
+namespace {
+
+TEST(Tp2dNp4, X2Y2) { check_parity({"2d x2 y2", layout_2d(2, 2)}); }
+TEST(Tp2dNp4, X2Y2AgWithMatmul) { check_parity({"2d x2 y2 ag_with_matmul", layout_2d(2, 2, "ag_with_matmul")}); }
+TEST(Tp2dNp4, X2Y2MatmulWithRs) { check_parity({"2d x2 y2 matmul_with_rs", layout_2d(2, 2, "matmul_with_rs")}); }
+TEST(Tp2dNp4, X1Y4) { check_parity({"2d x1 y4", layout_2d(1, 4)}); }
+TEST(Tp2dNp4, Dp2X2Y1) { check_parity({"dp2 x 2d x2 y1", layout_2d(2, 1)}); }
+TEST(Tp2dNp4, Dp2X2Y1Zero1) { check_parity({"dp2 x 2d x2 y1 zero1", layout_2d(2, 1, "none", -1)}); }
+TEST(Tp2dNp4, Dp2X1Y2MatmulWithRs) { check_parity({"dp2 x 2d x1 y2 mm_rs", layout_2d(1, 2, "matmul_with_rs")}); }
+
+TEST(Tp2dNp4, OverlapsAreBitwiseNone) {
+  ParityCase c{"overlap", {}};
+  c.P = 48;
+  for (const char* o : {"ag_with_matmul", "matmul_with_rs"})
+    compare_layouts(c, layout_2d(2, 2, o), std::string("x2 y2 ") + o, layout_2d(2, 2), "none", 0.0);
+}
+
+TEST(Tp2dNp4, PerXHeadsByY) {
+  model::ModelConfig m = tiny_model();
+  m.num_attention_heads = 2, m.num_kv_attention_heads = 2;  // 1 head per x rank, y = 2
+  const std::string e = engine_error_2d(m, layout_2d(2, 2), 16);
+  EXPECT_NE(e.find("heads per x rank"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace longtron::testing
