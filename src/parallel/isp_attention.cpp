@@ -25,11 +25,13 @@ UlyssesHeads ulysses_heads(int64_t hq, int64_t hkv, int64_t T) {
   return UlyssesHeads{hq, hkv, repeat, hq / T, hkv * repeat / T};
 }
 
-UlyssesAttention::UlyssesAttention(const model::ModelConfig& c, comm::CommPtr tensor)
+UlyssesAttention::UlyssesAttention(const model::ModelConfig& c, comm::CommPtr tensor,
+                                   std::shared_ptr<Scratch> scratch)
     : comm_(std::move(tensor)), T_(comm_->size()),
       h_(ulysses_heads(c.num_attention_heads, c.num_kv_attention_heads, comm_->size())),
       d_(c.head_dim()), q_(c.qkv_size()), local_(h_.hq_local + 2 * h_.hkv_local),
-      base_(c.rope_base) {}
+      base_(c.rope_base),
+      scratch_(scratch ? std::move(scratch) : std::make_shared<Scratch>()) {}
 
 void UlyssesAttention::permute(float* dst, const float* src, int64_t N, bool to_split) const {
   const int64_t hq = h_.hq, hkv = h_.hkv, qpk = hq / hkv;
@@ -98,15 +100,17 @@ void UlyssesAttention::forward(float* out, float* saved, float* lse, const float
                                const model::AttentionBatch& b) {
   const int64_t N = b.num_tokens;
   const model::AttentionBatch g = check_batch(b);
-  split_.resize(static_cast<size_t>(N * q_));
-  packed_.resize(static_cast<size_t>(N * T_ * local_ * d_));
-  permute(split_.data(), qkv, N, /*to_split=*/true);
+  std::vector<float>& split = scratch_->split;
+  std::vector<float>& packed = scratch_->packed;
+  split.resize(static_cast<size_t>(N * q_));
+  packed.resize(static_cast<size_t>(N * T_ * local_ * d_));
+  permute(split.data(), qkv, N, /*to_split=*/true);
   // RoPE is per token, so the local (split) indexes rotate q and k before the swap.
-  ops::rope_forward(split_.data(), b.indexes, N, h_.hq + h_.hkv, d_, q_, base_);
-  pack(packed_.data(), split_.data(), N);
+  ops::rope_forward(split.data(), b.indexes, N, h_.hq + h_.hkv, d_, q_, base_);
+  pack(packed.data(), split.data(), N);
   float* qkv_g = saved;                         // [T·N, local, d]
   float* out_g = saved + T_ * N * local_ * d_;  // [T·N, hq_local, d]
-  ulysses_scatter_heads(qkv_g, packed_.data(), N, T_ * local_, d_, *comm_);
+  ulysses_scatter_heads(qkv_g, packed.data(), N, T_ * local_, d_, *comm_);
   const int64_t stride = local_ * d_;
   const ops::AttentionShape s{g.num_tokens, h_.hq_local, h_.hkv_local, d_, stride, stride,
                               g.cu_seqlens, g.num_segments, 1.0 / std::sqrt(double(d_))};
@@ -132,12 +136,14 @@ void UlyssesAttention::backward(float* dqkv, float* scratch, const float* dout, 
                                  dqkv_g + (h_.hq_local + h_.hkv_local) * d_, dout_g, qkv_g,
                                  qkv_g + h_.hq_local * d_,
                                  qkv_g + (h_.hq_local + h_.hkv_local) * d_, out_g, lse, s);
-  split_.resize(static_cast<size_t>(N * q_));
-  packed_.resize(static_cast<size_t>(N * T_ * local_ * d_));
-  ulysses_gather_heads(packed_.data(), dqkv_g, N, T_ * local_, d_, *comm_);
-  pack_back(split_.data(), packed_.data(), N);
-  ops::rope_backward(split_.data(), b.indexes, N, h_.hq + h_.hkv, d_, q_, base_);
-  permute(dqkv, split_.data(), N, /*to_split=*/false);
+  std::vector<float>& split = scratch_->split;
+  std::vector<float>& packed = scratch_->packed;
+  split.resize(static_cast<size_t>(N * q_));
+  packed.resize(static_cast<size_t>(N * T_ * local_ * d_));
+  ulysses_gather_heads(packed.data(), dqkv_g, N, T_ * local_, d_, *comm_);
+  pack_back(split.data(), packed.data(), N);
+  ops::rope_backward(split.data(), b.indexes, N, h_.hq + h_.hkv, d_, q_, base_);
+  permute(dqkv, split.data(), N, /*to_split=*/false);
 }
 
 }  // namespace longtron::parallel

@@ -11,6 +11,7 @@
 // copies are summed. Heads that cannot be divided are an Error naming both numbers.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -33,7 +34,14 @@ UlyssesHeads ulysses_heads(int64_t num_heads, int64_t num_kv_heads, int64_t T);
 /// attention output [T·N, hq_local, d]; lse [hq_local, T·N]. Collective over `tensor`.
 class UlyssesAttention final : public model::AttentionOp<float> {
  public:
-  UlyssesAttention(const model::ModelConfig& config, comm::CommPtr tensor);
+  /// Token-sized buffers between calls (the split qkv and the all-to-all order), shared by the
+  /// attention ops of one model so they exist once, not once per layer.
+  struct Scratch {
+    std::vector<float> split, packed;
+  };
+  /// `scratch` nullptr = buffers of its own.
+  UlyssesAttention(const model::ModelConfig& config, comm::CommPtr tensor,
+                   std::shared_ptr<Scratch> scratch = nullptr);
   int64_t qkv_features() const override { return q_; }
   int64_t out_features() const override { return h_.hq * d_; }
   int64_t saved_qkv_size(int64_t N) const override { return N * (T_ * local_ + h_.hq) * d_; }
@@ -57,7 +65,7 @@ class UlyssesAttention final : public model::AttentionOp<float> {
   UlyssesHeads h_;
   int64_t d_, q_, local_;  // head dim, full qkv features, local heads (q + 2 kv) after the swap
   double base_;
-  std::vector<float> split_, packed_;
+  std::shared_ptr<Scratch> scratch_;
 };
 
 }  // namespace longtron::parallel

@@ -105,6 +105,7 @@ model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const comm::
     const model::ParamView& v = full.view(w);
     return std::make_unique<IspLinear>(store, w, b, v.shape[0], v.shape[1]);
   };
+  auto scratch = std::make_shared<UlyssesAttention::Scratch>();
   for (const model::BlockParamIds& b : full.layers) {
     model::BlockOps<float> block;
     block.attention_norm = std::make_unique<ReplicatedNorm>(b.attention_norm, H, eps);
@@ -114,7 +115,7 @@ model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const comm::
     block.w1 = linear(b.w1, -1);
     block.w3 = linear(b.w3, -1);
     block.w2 = linear(b.w2, -1);
-    block.attention = std::make_unique<UlyssesAttention>(c, grid.tensor);
+    block.attention = std::make_unique<UlyssesAttention>(c, grid.tensor, scratch);
     ops.blocks.push_back(std::move(block));
   }
   ops.norm = std::make_unique<ReplicatedNorm>(full.norm, H, eps);

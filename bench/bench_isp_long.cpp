@@ -1,0 +1,190 @@
+// Long context under ISP (issue 6): one packed row of P tokens (default 32768; documents of mixed
+// lengths, log-uniform in [64, 8192], packed by build_pack) trained with the engine in mode "isp",
+// T = W = world size (run with `mpirun -np T`, T = 1, 2 or 4; T = 1 is the same code path with
+// groups of one). Per rank it reports:
+// - resident memory after parameters, gradients and AdamW state are allocated (baseline), peak
+//   resident memory (getrusage) after the steps, and activation memory = peak − baseline;
+// - bytes per step of the Ulysses all-to-alls (TENSOR group) and of the weight all-gathers and
+//   gradient reduce-scatters (WEIGHT group), as the communicator counts them (the send buffer a
+//   rank hands to the collective), next to the Ulysses formula of seqpar_attention.md §2.3:
+//   per layer and direction (N/P)·d·(2·h_q + 2·h_kv')·4 bytes (fp32) sent, of which (P−1)/P leave
+//   the rank;
+// - the step time (median of the timed steps; the first step is a warm-up).
+// Options (argv): tokens=N checkpoint=0|1 overlap=0|1 steps=K layers=L hidden=H (defaults 32768,
+// 0, 0, 2, 4, 128). Threads per rank: hardware threads ÷ ranks (SPEC §3), at least 1.
+// This is a plain MPI program (not Google Benchmark): each configuration is one mpirun.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/process_grid.h"
+#include "core/threads.h"
+#include "data/memory_source.h"
+#include "data/pack.h"
+#include "model/internlm2.h"
+#include "parallel/engine.h"
+#include "parallel/isp_attention.h"
+#include "train/optimizer.h"
+
+namespace {
+
+using namespace longtron;
+
+double rss_mib() {  // current resident set
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return double(resident) * double(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
+}
+
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_maxrss) / 1024.0;  // KiB on Linux
+}
+
+std::map<std::string, long> parse_args(int argc, char** argv) {
+  std::map<std::string, long> a{{"tokens", 32768}, {"checkpoint", 0}, {"overlap", 0},
+                                {"steps", 2},      {"layers", 4},     {"hidden", 128}};
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i];
+    const auto eq = s.find('=');
+    if (eq == std::string::npos || !a.count(s.substr(0, eq))) {
+      std::fprintf(stderr, "unknown option %s (tokens= checkpoint= overlap= steps= layers= hidden=)\n",
+                   argv[i]);
+      std::exit(2);
+    }
+    a[s.substr(0, eq)] = std::atol(s.c_str() + eq + 1);
+  }
+  return a;
+}
+
+/// One packed row of P tokens from documents of log-uniform lengths in [64, 8192] (seeded).
+data::MicroBatch long_row(int64_t P, int64_t vocab) {
+  std::mt19937 gen(2024);
+  std::vector<std::vector<int32_t>> docs;
+  int64_t total = 0;
+  while (total < P + 8192) {
+    const double u = std::uniform_real_distribution<double>(std::log(64.0), std::log(8192.0))(gen);
+    std::vector<int32_t> d(size_t(std::exp(u)));
+    for (auto& t : d) t = std::uniform_int_distribution<int32_t>(1, int32_t(vocab) - 1)(gen);
+    total += int64_t(d.size());
+    docs.push_back(std::move(d));
+  }
+  data::MemorySource src(docs);
+  data::PackConfig pc;
+  pc.seq_len = P;
+  pc.micro_bsz = 1;
+  std::vector<int64_t> order(docs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
+  data::MicroBatch row;
+  data::build_pack(src, order, pc)->row_into(0, row);
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ensure_passive_omp_wait(argv);
+  comm::CommPtr world = comm::init(argc, argv);
+  const auto a = parse_args(argc, argv);
+  {  // everything holding communicators ends before finalize
+  const int T = world->size(), rank = world->rank();
+  set_num_threads(0, T);
+
+  model::ModelConfig c;
+  c.vocab_size = 4096;
+  c.hidden_size = a.at("hidden");
+  c.num_layers = a.at("layers");
+  c.num_attention_heads = 4;
+  c.num_kv_attention_heads = 2;  // T = 4 repeats each kv head twice
+  c.multiple_of = 64;
+  c.checkpoint = a.at("checkpoint") != 0;
+  const int64_t P = a.at("tokens");
+  const data::MicroBatch row = long_row(P, c.vocab_size);
+
+  comm::Layout layout;
+  layout.tensor_size = T;
+  layout.tensor_mode = comm::TensorMode::kIsp;
+  layout.weight_size = T;
+  layout.weight_overlap = a.at("overlap") != 0;
+  comm::ProcessGrid grid = comm::make_process_grid(world, layout);
+  parallel::ParallelEngine engine(c, grid, 42, P);
+  train::OptimizerConfig oc;
+  train::AdamW adam(engine.local_layout(), oc, grid.zero1);
+  world->barrier();
+  const double baseline = rss_mib();
+
+  std::vector<double> times;
+  comm::CommStats tensor_bytes, weight_bytes;
+  double loss = 0;
+  for (long s = 0; s < a.at("steps"); ++s) {
+    grid.tensor->reset_stats();
+    grid.weight->reset_stats();
+    world->barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    engine.zero_grads();
+    const int64_t count = engine.global_label_count({row});
+    const model::LossSum l = engine.forward_backward(row, 1.0 / double(count));
+    engine.finish_gradients();
+    const double norm = engine.grad_norm();
+    if (norm > 1.0) engine.scale_grads(float(1.0 / norm));
+    adam.update(engine.params(), engine.grads(), 1e-3);
+    world->barrier();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    tensor_bytes = grid.tensor->stats();
+    weight_bytes = grid.weight->stats();
+    loss = l.sum / double(l.count);
+  }
+  const double peak = peak_rss_mib();
+
+  double mine[3] = {baseline, peak, peak - baseline};
+  std::vector<double> all(size_t(3 * T));
+  world->all_gather(all.data(), mine, 3);
+  std::vector<double> timed(times.begin() + (times.size() > 1 ? 1 : 0), times.end());
+  std::sort(timed.begin(), timed.end());
+  if (rank == 0) {
+    const auto h = parallel::ulysses_heads(c.num_attention_heads, c.num_kv_attention_heads, T);
+    const double d = double(c.head_dim()), n_local = double(P) / T;
+    const double per_layer_dir = n_local * d * double(2 * h.hq + 2 * h.hkv_local * T) * 4.0;
+    const int a2a_per_layer = c.checkpoint ? 3 : 2;  // fwd, (recomputed fwd), bwd
+    const auto k = [](comm::Kind kind) { return int(kind); };
+    std::printf("isp_long tokens %lld T %d W %d checkpoint %d overlap %d layers %lld hidden %lld "
+                "threads/rank %d: loss %.4f step %.3f s (median of %zu)\n",
+                (long long)P, T, T, int(c.checkpoint), int(layout.weight_overlap),
+                (long long)c.num_layers, (long long)c.hidden_size, num_threads(), loss,
+                timed[timed.size() / 2], timed.size());
+    for (int r = 0; r < T; ++r)
+      std::printf("  rank %d: baseline %.1f MiB, peak %.1f MiB, activation %.1f MiB\n", r,
+                  all[size_t(3 * r)], all[size_t(3 * r + 1)], all[size_t(3 * r + 2)]);
+    std::printf("  bytes/step/rank: all_to_all %.2f MiB (%llu calls); formula %d x %lld layers x "
+                "(N/P)d(2hq+2hkv')4 = %.2f MiB sent, %.2f MiB leaving the rank\n",
+                tensor_bytes.bytes[k(comm::Kind::kAllToAll)] / 1048576.0,
+                (unsigned long long)tensor_bytes.calls[k(comm::Kind::kAllToAll)], a2a_per_layer,
+                (long long)c.num_layers,
+                a2a_per_layer * c.num_layers * per_layer_dir / 1048576.0,
+                a2a_per_layer * c.num_layers * per_layer_dir * (T - 1) / T / 1048576.0);
+    std::printf("  bytes/step/rank: weight all_gather %.2f MiB sent (%llu calls, x%d gathered), "
+                "reduce_scatter %.2f MiB (%llu calls)\n",
+                weight_bytes.bytes[k(comm::Kind::kAllGather)] / 1048576.0,
+                (unsigned long long)weight_bytes.calls[k(comm::Kind::kAllGather)], T,
+                weight_bytes.bytes[k(comm::Kind::kReduceScatter)] / 1048576.0,
+                (unsigned long long)weight_bytes.calls[k(comm::Kind::kReduceScatter)]);
+  }
+  }
+  world.reset();
+  comm::finalize();
+  return 0;
+}
