@@ -191,13 +191,7 @@ BENCHMARK(BM_Sgemm)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Step)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 
 int main(int argc, char** argv) {
-  // libgomp reads OMP_WAIT_POLICY when it loads, so it can only be set by re-running ourselves.
-  // Passive: an idle OpenMP worker sleeps instead of spinning while OpenBLAS's own threads run a
-  // GEMM (with 2 cores, a spinning worker takes a core from the BLAS: MFU 0.52 → 0.83 measured).
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
-    setenv("OMP_WAIT_POLICY", "passive", 1);
-    execv("/proc/self/exe", argv);  // returns only on failure: continue with the default
-  }
+  longtron::ensure_passive_omp_wait(argv);
   const char* env = std::getenv("OMP_NUM_THREADS");
   const int threads = longtron::set_num_threads(env != nullptr ? std::atoi(env) : 0);
   benchmark::Initialize(&argc, argv);

@@ -7,6 +7,7 @@
 
 #include "cli/registry.h"
 #include "core/error.h"
+#include "core/threads.h"
 
 namespace longtron::cli {
 
@@ -23,6 +24,7 @@ Subcommand::Subcommand(int order, Registrar registrar) {
 
 int main(int argc, char** argv) {
   using namespace longtron::cli;
+  longtron::ensure_passive_omp_wait(argv);
   CLI::App app{"longtron: train LLMs on packed long-context data with hybrid parallelism"};
   app.require_subcommand(1);
   auto subs = registered_subcommands();

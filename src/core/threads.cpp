@@ -2,7 +2,10 @@
 
 #include <omp.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 extern "C" void openblas_set_num_threads(int num_threads);
@@ -23,5 +26,11 @@ int set_num_threads(int n, int ranks_on_node) {
 }
 
 int num_threads() { return g_threads > 0 ? g_threads : hardware_threads(); }
+
+void ensure_passive_omp_wait(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: continue with the default policy
+}
 
 }  // namespace longtron
