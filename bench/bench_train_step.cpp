@@ -1,0 +1,133 @@
+// A full training step of configs/small.toml (issue 4, "Speed and memory"): the trainer's own loop
+// (micro-batches from the sampler, forward+backward, gradient-norm clipping, AdamW) on a random
+// dataset of documents with exponential lengths (mean 300 tokens, seeded), written to a temporary
+// Megatron dataset. Reports step time, tokens/s, MFU (SPEC §4.3: model FLOPs ÷ step time ÷ the sgemm
+// FLOP/s the trainer measures at start-up) and peak RSS; then the peak RSS of one step at
+// P = 2048, 4096 and 8192 (seq_len 512 × micro_bsz 4, 8, 16), each in a fresh process, so the
+// per-token growth shows whether anything grows with P².
+//
+// Usage: bench_train_step [--steps N] [--config FILE]   (threads: train.num_threads, 0 = all)
+//        bench_train_step --child MICRO_BSZ STEPS CONFIG   (one run; prints one line)
+#include <fmt/core.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "data/megatron.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace longtron;
+
+namespace {
+
+/// Random documents (ids 3…vocab-1, exponential lengths of mean 300) until `tokens` are written.
+void write_random_dataset(const fs::path& dir, int64_t vocab, int64_t tokens, uint64_t seed) {
+  fs::create_directories(dir);
+  data::MegatronWriter w(dir / "random", data::MegatronDtype::kUint16);
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> length(1.0 / 300.0);
+  std::uniform_int_distribution<int32_t> id(3, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> doc;
+  for (int64_t written = 0; written < tokens;) {
+    doc.resize(static_cast<size_t>(std::max<int64_t>(2, std::llround(length(rng)))));
+    for (auto& t : doc) t = id(rng);
+    w.add_document(doc.data(), doc.size());
+    written += static_cast<int64_t>(doc.size());
+  }
+  w.finish();
+}
+
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // Linux: KiB
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+/// One run of `steps` steps; prints "P rss_mib median_step_s median_tgs median_mfu sgemm_gflops".
+int child(int64_t micro_bsz, int64_t steps, const std::string& config_path) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("longtron_bench_{}", getpid());
+  train::TrainConfig c = train::load_config(config_path, {}, {.model_shape = true, .data = false});
+  c.data.train_folder = (dir / "train").string();
+  c.data.valid_folder.clear();
+  c.data.micro_bsz = micro_bsz;
+  c.train.total_steps = steps;
+  c.train.checkpoint_dir.clear();
+  c.train.metrics_file.clear();
+  const int64_t P = c.data.seq_len * micro_bsz;
+  write_random_dataset(dir / "train", c.model.vocab_size, P * c.data.micro_num * (steps + 2), 2024);
+  train::TrainOptions o;
+  o.console = false;
+  o.progress = false;
+  const train::TrainSummary s = train::run_training(c, o, comm::make_local_communicator());
+  fs::remove_all(dir);
+  std::vector<double> t, tgs, mfu;
+  // The first step pays for allocating the workspace: leave it out when there are others.
+  for (size_t i = s.rows.size() > 1 ? 1 : 0; i < s.rows.size(); ++i) {
+    t.push_back(s.rows[i].step_time_s);
+    tgs.push_back(s.rows[i].tgs);
+    mfu.push_back(s.rows[i].mfu);
+  }
+  fmt::print("{} {:.1f} {:.4f} {:.1f} {:.4f} {:.1f}\n", P, peak_rss_mib(), median(t), median(tgs),
+             median(mfu), s.sgemm_flops * 1e-9);
+  return 0;
+}
+
+std::vector<double> run_child(const std::string& self, int64_t micro_bsz, int64_t steps,
+                              const std::string& config) {
+  const std::string cmd = fmt::format("'{}' --child {} {} '{}'", self, micro_bsz, steps, config);
+  std::FILE* pipe = popen(cmd.c_str(), "r");
+  std::vector<double> v(6, 0.0);
+  if (pipe == nullptr) return v;
+  char line[512] = {};
+  while (std::fgets(line, sizeof line, pipe) != nullptr) {
+    std::vector<double> parsed(6, 0.0);
+    if (std::sscanf(line, "%lf %lf %lf %lf %lf %lf", &parsed[0], &parsed[1], &parsed[2], &parsed[3],
+                    &parsed[4], &parsed[5]) == 6)
+      v = parsed;
+  }
+  pclose(pipe);
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() == 4 && args[0] == "--child")
+    return child(std::atoll(args[1].c_str()), std::atoll(args[2].c_str()), args[3]);
+  int64_t steps = 6;
+  std::string config = "configs/small.toml";
+  for (size_t i = 0; i + 1 < args.size(); i += 2) {
+    if (args[i] == "--steps") steps = std::atoll(args[i + 1].c_str());
+    if (args[i] == "--config") config = args[i + 1];
+  }
+  const std::string self = fs::canonical("/proc/self/exe").string();
+  const auto main_run = run_child(self, 4, steps, config);
+  fmt::print("full training step of {} (P = {:.0f}, {} steps, first left out): median step {:.3f} s, "
+             "{:.0f} tokens/s, MFU {:.3f} (sgemm {:.1f} GFLOP/s), peak RSS {:.1f} MiB\n",
+             config, main_run[0], steps, main_run[2], main_run[3], main_run[4], main_run[5],
+             main_run[1]);
+  std::vector<std::vector<double>> mem;
+  for (int64_t b : {4, 8, 16}) mem.push_back(run_child(self, b, 1, config));
+  for (const auto& m : mem)
+    fmt::print("  P = {:5.0f}: peak RSS {:8.1f} MiB (1 step, {:.2f} s)\n", m[0], m[1], m[2]);
+  for (size_t i = 1; i < mem.size(); ++i)
+    fmt::print("  RSS growth P {:.0f} -> {:.0f}: {:.1f} KiB per added token\n", mem[i - 1][0], mem[i][0],
+               (mem[i][1] - mem[i - 1][1]) * 1024.0 / (mem[i][0] - mem[i - 1][0]));
+  return 0;
+}
