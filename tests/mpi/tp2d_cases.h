@@ -1,6 +1,6 @@
 // 2D tensor parallel (parallel/tp2d_ops.h) parity cases shared by tp2d_np2_test.cpp and
-// tp2d_np4_test.cpp: the engine_parity.h contract against one process, plus bitwise comparisons of
-// the overlap options with "none" and of x2×y1 with MSP.
+// tp2d_np4_test.cpp: the engine_parity.h contract against one process, plus comparisons of the overlap
+// options with "none" and of x2×y1 with MSP (bit-identical).
 #pragma once
 #include <cstring>
 #include <string>
@@ -46,7 +46,8 @@ inline StepOne step_one(const ParityCase& c, const comm::Layout& l) {
   return {loss.sum / double(loss.count), std::vector<float>(full.data(), full.data() + full.numel())};
 }
 
-/// Max |a − b| over the gradients (and the loss difference), printed; `exact` requires 0.
+/// Max |a − b| over the full step-1 gradients and |loss a − loss b|, printed; both must be <= tol
+/// (0 = bit-identical).
 inline void compare_layouts(const ParityCase& c, const comm::Layout& a, const std::string& a_name,
                             const comm::Layout& b, const std::string& b_name, double tol) {
   const StepOne ra = step_one(c, a), rb = step_one(c, b);

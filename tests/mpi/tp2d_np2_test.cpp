@@ -1,5 +1,5 @@
 // 2D tensor parallel on 2 ranks: x2×y1 (= MSP) and x1×y2 against one process, with each overlap
-// option; overlap options bitwise equal to "none"; x2×y1 against MSP; size errors.
+// option; overlap options equal to "none" (to float rounding); x2×y1 against MSP; size errors.
 #include "tp2d_cases.h"
 
 #include "core/error.h"
@@ -27,14 +27,16 @@ TEST(Tp2dNp2, X2Y1EqualsMsp) {
   compare_layouts(c, layout_2d(2, 1), "2d x2 y1", layout(2, comm::TensorMode::kMsp), "msp tp2", 0.0);
 }
 
-// Each output element is the same dot product whatever the chunking: bit-identical results.
-TEST(Tp2dNp2, OverlapsAreBitwiseNone) {
+// Each output element is the same dot product whatever the chunking; OpenBLAS picks its kernel by
+// matrix shape, so a chunk's rows may round differently from the whole GEMM's (float rounding
+// only: the bound is 1e-6 absolute on gradients of norm ~1.7, the measured value is printed).
+TEST(Tp2dNp2, OverlapsEqualNone) {
   ParityCase c{"overlap", {}};
   c.P = 48;  // 24 rows per rank: 4 chunks of 6
   for (auto [x, y] : {std::pair{2, 1}, std::pair{1, 2}})
     for (const char* o : {"ag_with_matmul", "matmul_with_rs"})
       compare_layouts(c, layout_2d(x, y, o), fmt::format("x{} y{} {}", x, y, o),
-                      layout_2d(x, y), "none", 0.0);
+                      layout_2d(x, y), "none", 1e-6);
 }
 
 TEST(Tp2dNp2, SizeErrorsNameTheConstraint) {
