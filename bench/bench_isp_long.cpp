@@ -159,7 +159,9 @@ int main(int argc, char** argv) {
     const auto h = parallel::ulysses_heads(c.num_attention_heads, c.num_kv_attention_heads, T);
     const double d = double(c.head_dim()), n_local = double(P) / T;
     const double per_layer_dir = n_local * d * double(2 * h.hq + 2 * h.hkv_local * T) * 4.0;
-    const int a2a_per_layer = c.checkpoint ? 3 : 2;  // fwd, (recomputed fwd), bwd
+    // Passes over the layers: forward, backward, and under checkpointing the recomputed forward
+    // of every block but the last (the model still holds the last block's activations).
+    const int64_t passes = c.checkpoint ? 3 * c.num_layers - 1 : 2 * c.num_layers;
     const auto k = [](comm::Kind kind) { return int(kind); };
     std::printf("isp_long tokens %lld T %d W %d checkpoint %d overlap %d layers %lld hidden %lld "
                 "threads/rank %d: loss %.4f step %.3f s (median of %zu)\n",
@@ -169,13 +171,12 @@ int main(int argc, char** argv) {
     for (int r = 0; r < T; ++r)
       std::printf("  rank %d: baseline %.1f MiB, peak %.1f MiB, activation %.1f MiB\n", r,
                   all[size_t(3 * r)], all[size_t(3 * r + 1)], all[size_t(3 * r + 2)]);
-    std::printf("  bytes/step/rank: all_to_all %.2f MiB (%llu calls); formula %d x %lld layers x "
+    std::printf("  bytes/step/rank: all_to_all %.2f MiB (%llu calls); formula %lld layer passes x "
                 "(N/P)d(2hq+2hkv')4 = %.2f MiB sent, %.2f MiB leaving the rank\n",
                 tensor_bytes.bytes[k(comm::Kind::kAllToAll)] / 1048576.0,
-                (unsigned long long)tensor_bytes.calls[k(comm::Kind::kAllToAll)], a2a_per_layer,
-                (long long)c.num_layers,
-                a2a_per_layer * c.num_layers * per_layer_dir / 1048576.0,
-                a2a_per_layer * c.num_layers * per_layer_dir * (T - 1) / T / 1048576.0);
+                (unsigned long long)tensor_bytes.calls[k(comm::Kind::kAllToAll)], (long long)passes,
+                double(passes) * per_layer_dir / 1048576.0,
+                double(passes) * per_layer_dir * (T - 1) / T / 1048576.0);
     std::printf("  bytes/step/rank: weight all_gather %.2f MiB sent (%llu calls, x%d gathered), "
                 "reduce_scatter %.2f MiB (%llu calls)\n",
                 weight_bytes.bytes[k(comm::Kind::kAllGather)] / 1048576.0,

@@ -1,0 +1,27 @@
+// Activation recomputation per block (model.checkpoint = true) in every mode of the engine on 2
+// ranks: parity with one process is unchanged (same contract as engine_parity.h).
+#include "engine_parity.h"
+
+namespace longtron::testing {
+namespace {
+
+using comm::TensorMode;
+
+ParityCase recompute(const std::string& name, comm::Layout l) {
+  ParityCase c{name + " checkpoint", l};
+  c.model.checkpoint = true;
+  return c;
+}
+
+TEST(RecomputeNp2, Dp2) { check_parity(recompute("dp2", layout(1, TensorMode::kMtp))); }
+TEST(RecomputeNp2, Mtp) { check_parity(recompute("tp2 mtp", layout(2, TensorMode::kMtp))); }
+TEST(RecomputeNp2, Msp) { check_parity(recompute("tp2 msp", layout(2, TensorMode::kMsp))); }
+TEST(RecomputeNp2, Fsp) { check_parity(recompute("tp2 fsp", layout(2, TensorMode::kFsp))); }
+TEST(RecomputeNp2, Isp) {
+  comm::Layout l = layout(2, TensorMode::kIsp);
+  l.weight_size = 2;
+  check_parity(recompute("isp2 W=2", l));
+}
+
+}  // namespace
+}  // namespace longtron::testing
