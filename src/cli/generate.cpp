@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <memory>
 #include <numeric>
@@ -70,6 +71,7 @@ int run_generate(const GenerateOptions& o) {
   }
   // Decoding the whole sequence keeps SentencePiece's word-boundary spaces right at the seam.
   fmt::print("{}\n", tok.decode(ids));
+  std::fflush(stdout);
   fmt::print(stderr, "generate: {} prompt tokens, {} new\n", prompt_len, ids.size() - prompt_len);
   return 0;
 }
