@@ -20,6 +20,11 @@ TEST(Tp2dNp2, X2Y1CheckpointedBlocksZero1) {
   check_parity(c);
 }
 
+// Full-tensor checkpoints move between 2D and other layouts (engine gather_full/scatter_full).
+TEST(Tp2dNp2, SaveX1Y2ResumeX2Y1Overlap) {
+  check_resume({"2d x1 y2 -> 2d x2 y1 ag", {}}, layout_2d(1, 2), layout_2d(2, 1, "ag_with_matmul"), 2);
+}
+
 // x2×y1 is MSP op for op: same collectives, same GEMM calls.
 TEST(Tp2dNp2, X2Y1EqualsMsp) {
   ParityCase c{"x2y1 vs msp", {}};
