@@ -1,11 +1,17 @@
 // 2D tensor parallel on 2 ranks: x2×y1 (= MSP) and x1×y2 against one process, with each overlap
 // option; overlap options equal to "none" (to float rounding); x2×y1 against MSP; size errors.
 #include "tp2d_cases.h"
+#include "tp2d_linear_cases.h"
 
 #include "core/error.h"
 
 namespace longtron::testing {
 namespace {
+
+TEST(Tp2dNp2, Linear2DMatchesDense) {
+  check_linear_2d_grid(2, 1);
+  check_linear_2d_grid(1, 2);
+}
 
 TEST(Tp2dNp2, X2Y1) { check_parity({"2d x2 y1", layout_2d(2, 1)}); }
 TEST(Tp2dNp2, X2Y1AgWithMatmul) { check_parity({"2d x2 y1 ag_with_matmul", layout_2d(2, 1, "ag_with_matmul")}); }

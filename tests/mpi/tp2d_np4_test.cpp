@@ -1,9 +1,12 @@
 // 2D tensor parallel on 4 ranks: x2×y2 (with each overlap option), x1×y4, dp2×(x2×y1) and
 // dp2×(x1×y2) with ZeRO-1, against one process; overlaps equal (to float rounding) to "none"; per-x heads by y.
 #include "tp2d_cases.h"
+#include "tp2d_linear_cases.h"
 
 namespace longtron::testing {
 namespace {
+
+TEST(Tp2dNp4, Linear2DMatchesDense) { check_linear_2d_grid(2, 2); }
 
 TEST(Tp2dNp4, X2Y2) { check_parity({"2d x2 y2", layout_2d(2, 2)}); }
 TEST(Tp2dNp4, X2Y2AgWithMatmul) { check_parity({"2d x2 y2 ag_with_matmul", layout_2d(2, 2, "ag_with_matmul")}); }
