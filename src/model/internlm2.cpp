@@ -72,34 +72,36 @@ void InternLM2<T>::reserve(int64_t N, bool want_all) {
   const int64_t L = static_cast<int64_t>(ops_.blocks.size());
   const AttentionOp<T>& att = *ops_.blocks.front().attention;
   const int64_t sq = att.saved_qkv_size(N), sl = att.saved_lse_size(N);
-  const int64_t per_acts = sq + N * A_ + sl + N * H_ + 2 * N + 2 * N * F_;
+  // R: rows of the residual stream (N, or this rank's share under sequence parallel).
+  const int64_t R = (N + ops_.residual_split - 1) / ops_.residual_split;
+  const int64_t per_acts = sq + N * A_ + sl + R * H_ + 2 * R + 2 * N * F_;
   const int64_t nacts = want_all ? L : 1;
   // Each buffer is padded to 16 elements (64-byte boundaries for float).
   const auto pad = [](int64_t n) { return (n + 15) / 16 * 16; };
-  const int64_t total = (L + 1) * pad(N * H_) + nacts * (per_acts + 8 * 16) +
-                        pad(N * H_) * 3 + pad(N * Q_) + pad(N * F_) + pad(N) * 2 +
-                        pad(N * H_) * 3 + pad(N * F_) * 3 + pad(N * A_) + pad(sq) + 16 * 16;
+  const int64_t total = (L + 1) * pad(R * H_) + nacts * (per_acts + 8 * 16) +
+                        pad(R * H_) * 3 + pad(N * Q_) + pad(N * F_) + pad(R) * 2 +
+                        pad(R * H_) * 3 + pad(N * F_) * 3 + pad(N * A_) + pad(sq) + 16 * 16;
   arena_.assign(0, T(0));
   arena_.shrink_to_fit();
   arena_.assign(static_cast<size_t>(total), T(0));
   T* p = arena_.data();
   const auto take = [&](int64_t n) { T* r = p; p += pad(n); return r; };
   xs_.assign(static_cast<size_t>(L + 1), nullptr);
-  for (auto& x : xs_) x = take(N * H_);
+  for (auto& x : xs_) x = take(R * H_);
   acts_.assign(static_cast<size_t>(nacts), BlockActs{});
   for (auto& a : acts_) {
     a.qkv_s = take(sq);
     a.attn = take(N * A_);
     a.lse = take(sl);
-    a.h = take(N * H_);
-    a.rstd1 = take(N);
-    a.rstd2 = take(N);
+    a.h = take(R * H_);
+    a.rstd1 = take(R);
+    a.rstd2 = take(R);
     a.a = take(N * F_);
     a.b = take(N * F_);
   }
-  xn_ = take(N * H_), qkv_ = take(N * Q_), tmp_ = take(N * H_), g_ = take(N * F_);
-  xf_ = take(N * H_), rstdf_ = take(N), rstd_scratch_ = take(N);
-  dres_ = take(N * H_), dtmp_ = take(N * H_), dxn_ = take(N * H_);
+  xn_ = take(R * H_), qkv_ = take(N * Q_), tmp_ = take(R * H_), g_ = take(N * F_);
+  xf_ = take(R * H_), rstdf_ = take(R), rstd_scratch_ = take(R);
+  dres_ = take(R * H_), dtmp_ = take(R * H_), dxn_ = take(R * H_);
   dg_ = take(N * F_), da_ = take(N * F_), db_ = take(N * F_);
   dattn_ = take(N * A_), dqkv_s_ = take(sq);
   check(p <= arena_.data() + arena_.size(), "internal: model workspace overflow");
@@ -128,13 +130,14 @@ void InternLM2<T>::block_forward(int layer, BlockActs& A, T* y, const T* x,
   o.wqkv->forward(qkv_, xn_, N, params_);
   o.attention->forward(A.attn, A.qkv_s, A.lse, qkv_, ab);
   o.wo->forward(tmp_, A.attn, N, params_);
-  add_into(A.h, x, tmp_, N * H_);
+  const int64_t R = N / ops_.residual_split;  // residual-stream rows
+  add_into(A.h, x, tmp_, R * H_);
   o.ffn_norm->forward(xn_, A.rstd2, A.h, N, params_);
   o.w1->forward(A.a, xn_, N, params_);
   o.w3->forward(A.b, xn_, N, params_);
   ops::swiglu_forward(g_, A.a, A.b, N * F_);
   o.w2->forward(tmp_, g_, N, params_);
-  add_into(y, A.h, tmp_, N * H_);
+  add_into(y, A.h, tmp_, R * H_);
 }
 
 template <typename T>
@@ -151,14 +154,15 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const T* x, const Att
   o.w1->backward(dxn_, da_, xn_, N, params_, &grads, false);
   o.w3->backward(dxn_, db_, xn_, N, params_, &grads, true);
   o.ffn_norm->backward(dtmp_, dxn_, A.h, A.rstd2, N, params_, &grads);
-  accumulate(dres_, dtmp_, N * H_);  // dres = dL/dh
+  const int64_t R = N / ops_.residual_split;  // residual-stream rows
+  accumulate(dres_, dtmp_, R * H_);  // dres = dL/dh
   // Attention branch: h = x + wo(Attn(qkv)), qkv = wqkv(RMSNorm(x)).
   o.wo->backward(dattn_, dres_, A.attn, N, params_, &grads, false);
   o.attention->backward(qkv_, dqkv_s_, dattn_, A.qkv_s, A.attn, A.lse, ab);
   o.attention_norm->forward(xn_, rstd_scratch_, x, N, params_);
   o.wqkv->backward(dxn_, qkv_, xn_, N, params_, &grads, false);
   o.attention_norm->backward(dtmp_, dxn_, x, A.rstd1, N, params_, &grads);
-  accumulate(dres_, dtmp_, N * H_);  // dres = dL/dx
+  accumulate(dres_, dtmp_, R * H_);  // dres = dL/dx
 }
 
 template <typename T>

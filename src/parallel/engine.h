@@ -19,8 +19,9 @@
 //    static-library link).
 // 3. Op conventions beyond model/layers.h: an op never knows the mode beyond what it was built
 //    with. Under MSP/FSP every op receives N = the tokens of the whole row and the residual-stream
-//    buffers (embedding out, norm in/out, row-linear out, head in) hold this rank's N/T rows at the
-//    front; column linears gather them, row linears reduce-scatter into them. Under ISP the batch
+//    buffers (embedding out, norm in/out, row-linear out, head in) hold this rank's N/T rows
+//    (ModelOps::residual_split = T, so the model allocates them at N/T rows); column linears
+//    gather them, row linears reduce-scatter into them. Under ISP the batch
 //    itself is the shard (ModelOps::sequence_parallel_size = T) and N is the local count.
 // 4. ParallelEngine (below) owns params, grads and the model, and does the reductions:
 //      finish_gradients(): plan SUMs (e.g. norm weights over TENSOR), then SUM over DATA;

@@ -381,6 +381,7 @@ ModelOps<float> megatron_ops(const ModeContext& ctx) {
   }
   ops.norm = std::make_unique<ShardNorm>(L, L.norm, sp, tp);
   ops.head = std::make_unique<VocabParallelHead>(ctx.full, L, L.output, sp, tp);
+  if (sp != SequenceParallel::kNone) ops.residual_split = T;  // activations [N/T, H] between blocks
   return ops;
 }
 
