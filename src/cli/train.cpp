@@ -1,5 +1,5 @@
 // `longtron train`: the main job (SPEC §4, §5). Single process by default; under mpirun the ranks
-// form a data-parallel group.
+// form the process grid of the config's parallel.* layout (SPEC §3).
 #include <fmt/core.h>
 
 #include <memory>

@@ -12,6 +12,7 @@
 #include "core/threads.h"
 #include "data/open.h"
 #include "model/hf_config.h"
+#include "parallel/engine.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/flops.h"
@@ -107,16 +108,34 @@ void copy_file_atomically(const fs::path& from, const fs::path& to) {
   fs::rename(tmp, to);
 }
 
-/// Everything one run holds.
+/// The comm::Layout of the config's parallel.* keys (SPEC §3).
+comm::Layout layout_of(const ParallelConfig& p) {
+  comm::Layout l;
+  l.tensor_size = static_cast<int>(p.tensor.size);
+  l.tensor_mode = comm::parse_tensor_mode(p.tensor.mode);
+  l.weight_size = static_cast<int>(p.weight.size);
+  l.weight_overlap = p.weight.overlap;
+  l.zero1_size = static_cast<int>(p.zero1.size);
+  if (p.tensor_2d.given) {
+    l.tensor_2d_x = static_cast<int>(p.tensor_2d.x);
+    l.tensor_2d_y = static_cast<int>(p.tensor_2d.y);
+  }
+  return l;
+}
+
+/// Everything one run holds. The model lives in a ParallelEngine (parallel/engine.h): this rank's
+/// shards of the parameters and gradients, the layout's ops and reductions; params/grads/model
+/// are references into it. Checkpoints hold full HF-named tensors whatever the layout.
 struct Run {
   const TrainConfig& config;
   const TrainOptions& options;
-  comm::CommPtr dp;     // data-parallel group (the world: no model parallelism yet)
-  comm::CommPtr zero1;  // optimizer sharding group (nullptr = off)
-  bool rank0;
-  model::ParamLayout layout;
-  model::Params<float> params, grads;
-  model::InternLM2<float> model;
+  comm::ProcessGrid grid;
+  comm::CommPtr dp;  // data-parallel group: ranks that read different rows
+  bool rank0;        // world rank 0 writes metrics and checkpoints
+  parallel::ParallelEngine engine;
+  model::Params<float>& params;
+  model::Params<float>& grads;
+  model::InternLM2<float>& model;
   AdamW optimizer;
   LrSchedule schedule;
   data::BatchLoader loader;
@@ -126,10 +145,12 @@ struct Run {
   fs::path tokenizer;
   double sgemm_flops = 0;
 
-  Run(const TrainConfig& c, const TrainOptions& o, comm::CommPtr world, comm::CommPtr z)
-      : config(c), options(o), dp(std::move(world)), zero1(std::move(z)), rank0(dp->rank() == 0),
-        layout(c.model), params(layout), grads(layout), model(layout, params),
-        optimizer(layout, c.optimizer, zero1),
+  Run(const TrainConfig& c, const TrainOptions& o, comm::ProcessGrid g)
+      : config(c), options(o), grid(std::move(g)), dp(grid.data), rank0(grid.world_rank == 0),
+        engine(c.model, grid, static_cast<uint64_t>(c.train.seed),
+               loader_config(c).pack.packed_length()),
+        params(engine.params()), grads(engine.grads()), model(engine.model()),
+        optimizer(engine.local_layout(), c.optimizer, grid.zero1),
         loader(data::open_dataset(c.data.train_folder), loader_config(c), dp->size()) {
     schedule.lr = c.optimizer.lr;
     schedule.min_lr = c.lr_scheduler.min_lr;
@@ -149,13 +170,31 @@ struct Run {
     return ls.count > 0 ? ls.sum / static_cast<double>(ls.count) : 0.0;
   }
 
+  /// Full tensors of a local param-shaped buffer (collective: every rank calls it).
+  std::unique_ptr<model::Params<float>> full_of(const model::Params<float>& local) {
+    auto full = std::make_unique<model::Params<float>>(engine.full_layout());
+    engine.gather_full(*full, local);
+    return full;
+  }
+
+  /// Loads full HF tensors from `dir` into this rank's shards of `local`.
+  void load_full(const fs::path& dir, model::Params<float>& local) {
+    model::Params<float> full(engine.full_layout());
+    load_model(dir, mutable_tensors(full));
+    engine.scatter_full(local, full);
+  }
+
   fs::path save(int64_t step) {
+    if (config.train.checkpoint_dir.empty()) return {};
     optimizer.gather_state();
-    if (!rank0 || config.train.checkpoint_dir.empty()) return {};
+    const auto full_params = full_of(params);
+    const auto full_m = full_of(optimizer.exp_avg());
+    const auto full_v = full_of(optimizer.exp_avg_sq());
+    if (!rank0) return {};
     CheckpointData d;
-    d.params = named_tensors(params);
-    d.adam_m = optimizer.named_exp_avg();
-    d.adam_v = optimizer.named_exp_avg_sq();
+    d.params = named_tensors(*full_params);
+    d.adam_m = named_tensors(*full_m);
+    d.adam_v = named_tensors(*full_v);
     d.adam_step = optimizer.step();
     d.model = config.model;
     d.max_position_embeddings = config.data.seq_len;
@@ -163,7 +202,7 @@ struct Run {
     d.state.config = to_json(config);
     d.state.sampler = loader.sampler().state_at(step);
     d.state.rng = {{"init_seed", config.train.seed}, {"data_seed", config.data.seed}};
-    d.state.extra = {{"dp_size", dp->size()}};
+    d.state.extra = {{"dp_size", dp->size()}, {"tensor_size", grid.tp}, {"mode", engine.mode()}};
     const fs::path dir = save_checkpoint(config.train.checkpoint_dir, d);
     // The tokenizer travels with the checkpoint so generate/export need nothing else.
     if (!tokenizer.empty()) copy_file_atomically(tokenizer, dir / "tokenizer.model");
@@ -171,10 +210,11 @@ struct Run {
   }
 
   void dump_grads(const fs::path& dir) {
+    const auto full = full_of(grads);
     if (!rank0) return;
     fs::create_directories(dir);
     std::vector<safetensors::WriteTensor> tensors;
-    for (const auto& t : named_tensors(grads))
+    for (const auto& t : named_tensors(*full))
       tensors.push_back({t.name, t.shape, safetensors::DType::F32, t.data, nullptr});
     safetensors::write_file(dir / "model.safetensors", tensors, {{"content", "gradients of the step loss, before clipping"}});
   }
@@ -201,24 +241,21 @@ struct Run {
     for (const auto& b : batches) {
       const double scale = micro_loss_scale(reduction, count_labels(b), counts[0],
                                             config.data.micro_num, dp->size());
-      const model::LossSum ls = model.forward_backward(b, grads, scale);
+      const model::LossSum ls = engine.forward_backward(b, scale);
       if (reduction == "micro_mean")
         loss_parts[0] += ls.count > 0 ? ls.sum / static_cast<double>(ls.count) : 0.0;
       else
         loss_parts[0] += ls.sum;
     }
-    if (dp->size() > 1) {
-      dp->all_reduce(grads.data(), grads.numel());
-      dp->all_reduce(loss_parts, 1);
-    }
+    engine.finish_gradients();  // the layout's SUMs, then over data parallel
+    if (dp->size() > 1) dp->all_reduce(loss_parts, 1);
     const double loss =
         reduction == "micro_mean"
             ? loss_parts[0] / static_cast<double>(config.data.micro_num * dp->size())
             : (counts[0] > 0 ? loss_parts[0] / static_cast<double>(counts[0]) : 0.0);
     if (dump) dump_grads(options.dump_grads);
     const ClipResult clip =
-        clip_grad_norm(squared_norm(grads.data(), static_cast<size_t>(grads.numel())),
-                       config.optimizer.clip_grad_norm);
+        clip_grad_norm(std::pow(engine.grad_norm(), 2), config.optimizer.clip_grad_norm);
     const double lr = schedule.at(step);
     if (clip.finite) {
       scale_grads(grads.data(), static_cast<size_t>(grads.numel()), clip.scale);
@@ -237,34 +274,23 @@ struct Run {
     row.lr = lr;
     row.tokens = counts[1];
     row.step_time_s = seconds;
-    row.tgs = static_cast<double>(counts[1]) / static_cast<double>(dp->size()) / seconds;
+    row.tgs = static_cast<double>(counts[1]) / static_cast<double>(grid.world_size) / seconds;
     // Model FLOPs of every position the ranks computed (pad included: it is computed) over the
     // sgemm speed of all ranks together.
     row.mfu = model::model_flops(config.model, processed, sum_l2) / seconds /
-              (sgemm_flops * static_cast<double>(dp->size()));
+              (sgemm_flops * static_cast<double>(grid.world_size));
     return row;
   }
 };
-
-comm::CommPtr make_zero1_group(const TrainConfig& config, const comm::CommPtr& dp) {
-  int64_t z = config.parallel.zero1.size;
-  if (z == -1) z = dp->size();
-  check(z >= 1 && dp->size() % z == 0,
-        "parallel.zero1.size = {} must divide the data-parallel size {} (or be -1)", z, dp->size());
-  if (z == 1) return nullptr;
-  if (z == dp->size()) return dp;
-  return dp->split(dp->rank() / static_cast<int>(z), dp->rank());
-}
 
 }  // namespace
 
 TrainSummary run_training(const TrainConfig& config, const TrainOptions& options,
                           comm::CommPtr world) {
-  check(config.parallel.tensor.size == 1 && config.parallel.weight.size == 1 &&
-            config.parallel.tensor_2d.x * config.parallel.tensor_2d.y == 1,
-        "parallel.tensor/weight/tensor_2d: the trainer runs data parallel only so far (sizes must be 1)");
-  set_num_threads(static_cast<int>(config.train.num_threads));
-  Run run(config, options, world, make_zero1_group(config, world));
+  // Layout errors (world, heads, P against the layout) come first, before any data or memory.
+  comm::ProcessGrid grid = comm::make_process_grid(world, layout_of(config.parallel));
+  set_num_threads(static_cast<int>(config.train.num_threads), comm::ranks_on_node());
+  Run run(config, options, std::move(grid));
   run.sgemm_flops = measure_sgemm_flops(options.sgemm_size);
 
   TrainSummary summary;
@@ -273,17 +299,19 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
   if (!options.resume.empty()) {
     const fs::path dir = resolve_checkpoint(options.resume);
     const CheckpointState state = read_checkpoint_state(dir);
-    load_model(dir, mutable_tensors(run.params));
-    run.optimizer.set_step(load_optimizer(dir, run.optimizer.mutable_exp_avg(),
-                                          run.optimizer.mutable_exp_avg_sq()));
+    run.load_full(dir, run.params);
+    {
+      model::Params<float> m(run.engine.full_layout()), v(run.engine.full_layout());
+      run.optimizer.set_step(load_optimizer(dir, mutable_tensors(m), mutable_tensors(v)));
+      run.engine.scatter_full(run.optimizer.exp_avg(), m);
+      run.engine.scatter_full(run.optimizer.exp_avg_sq(), v);
+    }
     start = state.step;
     check(start <= config.train.total_steps, "--resume {}: checkpoint step {} is past train.total_steps = {}",
           options.resume.string(), start, config.train.total_steps);
   } else if (!options.init_from.empty()) {
-    load_model(options.init_from, mutable_tensors(run.params));
-  } else {
-    model::init_params(run.params, static_cast<uint64_t>(config.train.seed));
-  }
+    run.load_full(options.init_from, run.params);
+  }  // else: the engine drew train.seed's parameters (init_params of the full model, sliced)
   summary.start_step = start;
   if (run.rank0) {
     MetricsOptions mo;
@@ -294,8 +322,9 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     mo.resume_step = options.resume.empty() ? -1 : start;
     run.metrics = std::make_unique<MetricsWriter>(config.train.metrics_file, mo);
     fmt::print(stderr,
-               "train: {} parameters, {} rows/epoch ({} steps), dp {}, {} threads, sgemm {:.1f} GFLOP/s\n",
-               run.layout.numel(), run.loader.num_rows(), run.loader.steps_per_epoch(), world->size(),
+               "train: {} parameters, {} rows/epoch ({} steps), dp {}, tp {} ({}), {} threads, sgemm {:.1f} GFLOP/s\n",
+               run.engine.full_layout().numel(), run.loader.num_rows(), run.loader.steps_per_epoch(),
+               run.dp->size(), run.grid.tp, run.engine.mode(),
                num_threads(), run.sgemm_flops * 1e-9);
   }
   auto valid = [&](int64_t step) {

@@ -58,10 +58,13 @@ double combine_step_loss(const std::vector<model::LossSum>& micro, const std::st
 double micro_loss_scale(const std::string& reduction, int64_t count, int64_t step_count,
                         int64_t micro_num, int64_t dp_size);
 
-/// Runs the job on `world` (a one-rank local communicator, or the MPI world: pure data parallel,
-/// dp = world size; ZeRO-1 over parallel.zero1). Sets threads to train.num_threads, measures sgemm
-/// FLOP/s, builds or loads the model (options), trains steps start+1 … total_steps. Rank 0 writes
-/// metrics and checkpoints. Throws Error for bad data, configs or checkpoints (naming them).
+/// Runs the job on `world` (a one-rank local communicator, or the MPI world split into the process
+/// grid of parallel.* — dp × tensor/weight/2D — with the model in a parallel::ParallelEngine and
+/// ZeRO-1 over parallel.zero1). Layout errors are raised first, before data or parameters. Sets
+/// threads to train.num_threads (0: cores ÷ ranks on the node), measures sgemm FLOP/s, builds or
+/// loads the model (options; checkpoints hold full HF-named tensors whatever the layout), trains
+/// steps start+1 … total_steps. World rank 0 writes metrics and checkpoints. Throws Error for bad
+/// data, configs, layouts or checkpoints (naming them).
 TrainSummary run_training(const TrainConfig& config, const TrainOptions& options, comm::CommPtr world);
 
 /// Finds tokenizer.model for a data folder: in it, or in its parent (prepare writes

@@ -1,0 +1,153 @@
+// `mpirun -np 2 longtron train` with tensor parallelism (issue 5): the losses of every step equal
+// one process's; a checkpoint saved under one layout resumes under another with the same losses;
+// layout errors stop the job before any work, naming the constraint.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <chrono>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "../test_util.h"
+
+namespace fs = std::filesystem;
+using longtron::testing::read_file;
+using longtron::testing::run_command;
+using longtron::testing::run_longtron;
+using longtron::testing::TempDir;
+using longtron::testing::write_file;
+
+namespace {
+
+/// A tiny prepared corpus (vocab 400) and a tiny model config on it (P = 2 × 64, 6 steps).
+struct Prepared {
+  TempDir dir;
+  Prepared() {
+    const char* words[] = {"the", "state", "of", "union", "congress", "people", "nation", "peace",
+                           "war", "trade", "law", "citizens", "government", "treaty", "revenue"};
+    std::mt19937 gen(5);
+    std::string jsonl;
+    for (int d = 0; d < 16; ++d) {
+      std::string doc;
+      for (int s = 0; s < 12 + d * 3; ++s) {
+        for (int w = 0; w < 7; ++w) doc += std::string(w ? " " : "") + words[gen() % 15];
+        doc += ". ";
+      }
+      jsonl += nlohmann::json{{"text", doc}}.dump() + "\n";
+    }
+    write_file(dir / "corpus.jsonl", jsonl);
+    const auto r = run_longtron("prepare --input " + (dir / "corpus.jsonl").string() + " --output " +
+                                (dir / "data").string() +
+                                " --train-tokenizer --vocab-size 400 --valid-fraction 0 --threads 1");
+    EXPECT_EQ(r.status, 0) << r.output;
+    write_file(dir / "tiny.toml",
+               "[model]\nvocab_size = 400\nhidden_size = 32\nnum_layers = 2\nnum_attention_heads = 4\n"
+               "num_kv_attention_heads = 2\nmultiple_of = 8\n"
+               "[data]\ntrain_folder = \"" + (dir / "data" / "train").string() +
+               "\"\nseq_len = 64\nmicro_bsz = 2\nmicro_num = 2\n"
+               "[optimizer]\nlr = 1e-2\n"
+               // A constant learning rate: the 3-step run then follows the 6-step run's schedule.
+               "[lr_scheduler]\nmin_lr = 1e-2\n[train]\ntotal_steps = 6\nnum_threads = 1\n");
+  }
+  /// `train` arguments writing metrics (and checkpoints) under dir/<run>.
+  std::string args(const std::string& run, const std::string& extra = "") const {
+    return "train --config " + (dir / "tiny.toml").string() + " --set train.metrics_file=\"" +
+           (dir / run / "metrics.jsonl").string() + "\" --set train.checkpoint_dir=\"" +
+           (dir / run / "ckpt").string() + "\" " + extra;
+  }
+};
+
+longtron::testing::CommandResult mpirun(int np, const std::string& args) {
+  return run_command("OMP_NUM_THREADS=1 timeout 120 mpirun -np " + std::to_string(np) +
+                     " --oversubscribe --allow-run-as-root --bind-to none " + LONGTRON_BINARY +
+                     " " + args + " 2>&1");
+}
+
+/// step → loss of the training rows of a metrics file.
+std::map<int64_t, double> losses(const fs::path& metrics) {
+  std::map<int64_t, double> out;
+  std::istringstream in(read_file(metrics));
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return out;
+}
+
+double max_rel_error(const std::map<int64_t, double>& got, const std::map<int64_t, double>& ref) {
+  double e = 0;
+  for (const auto& [step, loss] : got) {
+    EXPECT_TRUE(ref.count(step)) << "step " << step;
+    if (ref.count(step)) e = std::max(e, std::abs(loss - ref.at(step)) / std::abs(ref.at(step)));
+  }
+  return e;
+}
+
+TEST(TrainParallel, TensorParallelMatchesOneProcessAndResumesInAnotherLayout) {
+  Prepared p;
+  auto r = run_longtron(p.args("one"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto ref = losses(p.dir / "one" / "metrics.jsonl");
+  ASSERT_EQ(ref.size(), 6u);
+
+  // dp 1 × tp 2 (MSP) for 3 steps: micro_num 2 rows per step, as the one process.
+  r = mpirun(2, p.args("msp", "--set train.total_steps=3 --set parallel.tensor.size=2 "
+                              "--set parallel.tensor.mode=\"msp\""));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto msp = losses(p.dir / "msp" / "metrics.jsonl");
+  EXPECT_EQ(msp.size(), 3u);
+  const double e1 = max_rel_error(msp, ref);
+  EXPECT_LT(e1, 1e-4);
+
+  // Resume that checkpoint under tp 2 FSP for steps 4–6.
+  r = mpirun(2, p.args("msp", "--resume " + (p.dir / "msp" / "ckpt").string() +
+                                  " --set parallel.tensor.size=2 --set parallel.tensor.mode=\"fsp\""));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto resumed = losses(p.dir / "msp" / "metrics.jsonl");
+  EXPECT_EQ(resumed.size(), 6u);
+  const double e2 = max_rel_error(resumed, ref);
+  EXPECT_LT(e2, 1e-4);
+
+  // And the tp2 checkpoint of step 3 resumed in one process (HF-named full tensors).
+  r = run_longtron(p.args("single", "--resume " + (p.dir / "msp" / "ckpt" / "step_3").string()));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto single = losses(p.dir / "single" / "metrics.jsonl");
+  EXPECT_EQ(single.size(), 3u);
+  const double e3 = max_rel_error(single, ref);
+  EXPECT_LT(e3, 1e-4);
+  std::printf("[train-parallel] tp2 msp vs one process %.2e; resumed tp2 fsp %.2e; resumed one "
+              "process %.2e (max rel loss err)\n", e1, e2, e3);
+}
+
+TEST(TrainParallel, LayoutErrorsStopTheJobFirst) {
+  Prepared p;
+  // One kv head cannot be split over 2 tensor ranks.
+  auto r = mpirun(2, p.args("kv", "--set parallel.tensor.size=2 --set model.num_kv_attention_heads=1"));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("num_kv_attention_heads (1)"), std::string::npos) << r.output;
+  // A world of one process cannot hold tensor size 2.
+  r = run_longtron(p.args("world", "--set parallel.tensor.size=2"));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("parallel.tensor.size"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(p.dir / "world" / "metrics.jsonl")) << "work started before the error";
+}
+
+// Rank 0 alone fails (its checkpoint folder cannot be created) while rank 1 goes on into the next
+// step's collectives: the job must end within seconds with rank 0's error, not hang.
+TEST(TrainParallel, ARankThatThrowsEndsTheJobWithItsError) {
+  Prepared p;
+  write_file(p.dir / "blocker", "a file where the checkpoint folder should go");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = mpirun(2, p.args("throw", "--set parallel.tensor.size=2 --set train.save_every=1 "
+                                     "--set train.checkpoint_dir=\"" +
+                                         (p.dir / "blocker" / "ckpt").string() + "\""));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.status, 124) << "timed out (hang): " << r.output;
+  EXPECT_NE(r.output.find("rank 0: error:"), std::string::npos) << r.output;
+  EXPECT_LT(seconds, 60.0) << r.output;
+}
+
+}  // namespace
