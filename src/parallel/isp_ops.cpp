@@ -60,7 +60,6 @@ std::vector<IspShard> isp_shard_plan(const model::ParamLayout& full, int W, int 
       s.count = r.count;
     } else {  // norms and biases: replicated, partial gradients summed over the world
       s.count = v.shape[0];
-      s.replicated_over_world = true;
     }
     plan.push_back(s);
   }

@@ -24,16 +24,13 @@
 
 namespace longtron::parallel {
 
-/// How one full tensor is held under ISP on this rank.
+/// How one full tensor is held under ISP on this rank (the same split as the engine's "isp" plan,
+/// isp_mode.cpp; this form serves tests and tools that build the ops without the engine).
 struct IspShard {
   int view = -1;       ///< index into the full ParamLayout's views
   int dim = -1;        ///< split dim (0 rows, 1 columns), -1 = replicated
   int64_t start = 0;   ///< first row/column held (along dim)
   int64_t count = 0;   ///< rows/columns held (the whole extent when replicated)
-  /// Group whose ranks saw different tokens of the same values, so gradients are SUMMED over it
-  /// after the ops ran: WEIGHT_DATA for sharded tensors, the world for replicated ones.
-  comm::Group sum_over = comm::Group::kWeightData;
-  bool replicated_over_world = false;  ///< true for norms/biases (sum over every rank)
   /// Elements this rank holds.
   int64_t numel(const model::ParamLayout& full) const;
 };

@@ -139,10 +139,9 @@ void IspWeightStore::reduce_grad(float* grad_shard, float* full_grad, int id) {
     }
     send = send_.data();
   }
-  // The reduced chunk lands in full_grad's own chunk position (full_grad is scratch by contract).
-  std::vector<float> recv(static_cast<size_t>(e.max_count));
-  comm_->reduce_scatter(recv.data(), send, e.max_count);
-  for (int64_t i = 0; i < mine; ++i) grad_shard[i] += recv[static_cast<size_t>(i)];
+  recv_.resize(static_cast<size_t>(e.max_count));
+  comm_->reduce_scatter(recv_.data(), send, e.max_count);
+  for (int64_t i = 0; i < mine; ++i) grad_shard[i] += recv_[static_cast<size_t>(i)];
 }
 
 // ---- IspLinear -----------------------------------------------------------------------------------

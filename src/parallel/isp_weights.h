@@ -88,7 +88,7 @@ class IspWeightStore {
   bool overlap_;
   std::vector<Entry> entries_;
   Slot current_, next_;
-  std::vector<float> send_, grad_;
+  std::vector<float> send_, recv_, grad_;
   // Prefetch order: the keys of the last pass; pos_ = how many of them this pass has matched.
   std::vector<Key> trace_;
   size_t pos_ = 0;
