@@ -255,6 +255,7 @@ model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
   model::ModelOps<float> dense = model::make_dense_ops<float>(attention_layout);
 
   model::ModelOps<float> ops;
+  ops.residual_split = g.x;  // the residual stream holds N/x rows (of H/y features)
   ops.embedding = std::make_unique<Embedding2D>(ctx.full, L.tok_embeddings, g);
   for (size_t i = 0; i < L.layers.size(); ++i) {
     const model::BlockParamIds& b = L.layers[i];
