@@ -29,6 +29,30 @@ TEST(Tp2dNp4, OverlapsEqualNone) {  // see tp2d_np2_test.cpp
     compare_layouts(c, layout_2d(2, 2, o), std::string("x2 y2 ") + o, layout_2d(2, 2), "none", 1e-6);
 }
 
+// Evaluation (forward only, per-token losses) under x2×y2 equals one process.
+TEST(Tp2dNp4, ForwardLossTokenLosses) {
+  const model::ModelConfig m = tiny_model();
+  const MicroBatch row = random_row(32, m.vocab_size, 99);
+  model::ParamLayout layout(m);
+  model::Params<float> params(layout);
+  model::init_params(params, 42);
+  model::InternLM2<float> net(layout, params);
+  std::vector<double> want, got;
+  const model::LossSum ref = net.forward_loss(row, &want);
+  comm::ProcessGrid grid = comm::make_process_grid(world(), layout_2d(2, 2));
+  parallel::ParallelEngine engine(m, grid, 42, 32);
+  const model::LossSum l = engine.forward_loss(row, &got);
+  EXPECT_EQ(l.count, ref.count);
+  EXPECT_LT(rel(l.sum, ref.sum), 1e-5);
+  ASSERT_EQ(got.size(), want.size());
+  double err = 0;
+  for (size_t i = 0; i < got.size(); ++i) err = std::max(err, std::abs(got[i] - want[i]));
+  if (world()->rank() == 0)
+    std::printf("[tp2d] x2 y2 forward_loss: loss rel err %.2e, token loss max |diff| %.2e\n",
+                rel(l.sum, ref.sum), err);
+  EXPECT_LT(err, 1e-4);
+}
+
 TEST(Tp2dNp4, PerXHeadsByY) {
   model::ModelConfig m = tiny_model();
   m.num_attention_heads = 2, m.num_kv_attention_heads = 2;  // 1 head per x rank, y = 2
