@@ -165,8 +165,18 @@ struct Run {
     tokenizer = find_tokenizer(c.data.train_folder);
   }
 
+  /// evaluate_rows' split (dp rank r scores rows r, r+D, …) through the engine, so that a mode
+  /// feeding each rank a shard of the row (ISP) gets its local batch.
   double validate() {
-    const model::LossSum ls = evaluate_rows(model, *valid_rows, dp.get());
+    model::LossSum local;
+    data::MicroBatch batch;
+    for (int64_t k = dp->rank(); k < valid_rows->num_rows(); k += dp->size()) {
+      valid_rows->row_into(k, batch);
+      const model::LossSum ls = engine.forward_loss(batch);
+      local.sum += ls.sum;
+      local.count += ls.count;
+    }
+    const model::LossSum ls = engine.reduce_loss(local);
     return ls.count > 0 ? ls.sum / static_cast<double>(ls.count) : 0.0;
   }
 

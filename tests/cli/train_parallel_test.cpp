@@ -100,6 +100,12 @@ TEST(TrainParallel, TensorParallelMatchesOneProcessAndResumesInAnotherLayout) {
   const double e1 = max_rel_error(msp, ref);
   EXPECT_LT(e1, 1e-4);
 
+  // dp 2 with one row each: the sampler's union is the one process's two rows per step.
+  r = mpirun(2, p.args("dp", "--set train.total_steps=3 --set data.micro_num=1"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const double e0 = max_rel_error(losses(p.dir / "dp" / "metrics.jsonl"), ref);
+  EXPECT_LT(e0, 1e-4);
+
   // Resume that checkpoint under tp 2 FSP for steps 4–6.
   r = mpirun(2, p.args("msp", "--resume " + (p.dir / "msp" / "ckpt").string() +
                                   " --set parallel.tensor.size=2 --set parallel.tensor.mode=\"fsp\""));
@@ -116,8 +122,8 @@ TEST(TrainParallel, TensorParallelMatchesOneProcessAndResumesInAnotherLayout) {
   EXPECT_EQ(single.size(), 3u);
   const double e3 = max_rel_error(single, ref);
   EXPECT_LT(e3, 1e-4);
-  std::printf("[train-parallel] tp2 msp vs one process %.2e; resumed tp2 fsp %.2e; resumed one "
-              "process %.2e (max rel loss err)\n", e1, e2, e3);
+  std::printf("[train-parallel] max rel loss err vs one process: tp2 msp %.2e, dp2 %.2e, resumed "
+              "tp2 fsp %.2e, resumed one process %.2e\n", e1, e0, e2, e3);
 }
 
 TEST(TrainParallel, LayoutErrorsStopTheJobFirst) {
