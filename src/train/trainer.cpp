@@ -119,6 +119,7 @@ comm::Layout layout_of(const ParallelConfig& p) {
   if (p.tensor_2d.given) {
     l.tensor_2d_x = static_cast<int>(p.tensor_2d.x);
     l.tensor_2d_y = static_cast<int>(p.tensor_2d.y);
+    l.tensor_2d_overlap = p.tensor_2d.overlap;
   }
   return l;
 }
