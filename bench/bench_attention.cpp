@@ -213,6 +213,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
 };
 
 int main(int argc, char** argv) {
+  longtron::ensure_passive_omp_wait(argv);  // see core/threads.h: spinning OpenMP workers starve the BLAS
   const char* env = std::getenv("OMP_NUM_THREADS");
   const int threads = longtron::set_num_threads(env != nullptr ? std::atoi(env) : 0);
   benchmark::Initialize(&argc, argv);

@@ -120,6 +120,7 @@ int sum_l2_report(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  longtron::ensure_passive_omp_wait(argv);  // see core/threads.h: spinning OpenMP workers starve the BLAS
   if (flag(argc, argv, "--sum-l2")) return sum_l2_report(argc, argv);
   comm::CommPtr world = comm::init(argc, argv);
   int status = comm::abort_on_error([&] {
