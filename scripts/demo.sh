@@ -12,9 +12,9 @@ else
   build/longtron prepare --input demo/corpus --output demo/data --train-tokenizer \
     --vocab-size 8192 --valid-fraction 0.02
 fi
-# Train configs/demo.toml (the SOTU model; ~10 minutes on 2 cores), then a greedy sample from the
+# Train configs/demo.toml (the SOTU model; ~10 minutes on 2 cores), then a sampled continuation from the
 # trained checkpoint (the checkpoint carries tokenizer.model, so generate needs nothing else).
 build/longtron train --config configs/demo.toml "$@"
-echo "demo: sample from demo/checkpoints (greedy):"
+echo "demo: sample from demo/checkpoints (temperature 0.8, top-p 0.9, seed 1):"
 build/longtron generate --checkpoint demo/checkpoints --prompt "Fellow citizens of the Senate and" \
-  --max-new-tokens 40
+  --max-new-tokens 40 --temperature 0.8 --top-p 0.9 --seed 1
