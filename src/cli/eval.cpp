@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "data/open.h"
+#include "data/validate.h"
 #include "train/evaluate.h"
 #include "train/model_io.h"
 
@@ -43,6 +44,8 @@ int run_eval(const EvalOptions& o) {
     if (d.contains("pack_sample_into_one")) pack.pack_sample_into_one = d["pack_sample_into_one"].get<bool>();
   }
   const data::Dataset dataset = data::open_dataset(o.data);
+  // eval reads every token anyway: check ids first so the error names the file and document.
+  data::validate_dataset(dataset, m.layout->config().vocab_size);
   const train::EvalResult r = train::evaluate_documents(*m.model, dataset, pack);
   if (o.json) {
     nlohmann::json docs = nlohmann::json::array();

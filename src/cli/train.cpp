@@ -2,12 +2,16 @@
 // form the process grid of the config's parallel.* layout (SPEC §3).
 #include <fmt/core.h>
 
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "cli/registry.h"
 #include "comm/communicator.h"
+#include "core/error.h"
 #include "train/config.h"
 #include "train/trainer.h"
 
@@ -19,6 +23,27 @@ struct TrainCliOptions {
   std::vector<std::string> overrides;
   std::string resume, init_from, dump_grads;
 };
+
+/// Fails before any output is written when `folder` (data.train_folder / data.valid_folder, named
+/// by `key`) was prepared with a larger vocabulary than model.vocab_size: `longtron prepare` writes
+/// dataset.json (with vocab_size) next to train/ and valid/. Reads only that small file, so it is
+/// cheap on any corpus; a dataset without one is checked token by token by the model as before.
+void check_dataset_vocab(const std::string& folder, const char* key, int64_t vocab_size) {
+  namespace fs = std::filesystem;
+  if (folder.empty()) return;
+  const fs::path dir = fs::is_directory(folder) ? fs::path(folder) : fs::path(folder).parent_path();
+  for (const fs::path& meta : {dir / "dataset.json", dir.parent_path() / "dataset.json"}) {
+    std::ifstream in(meta);
+    if (!in) continue;
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("vocab_size") || !j["vocab_size"].is_number_integer()) return;
+    const int64_t data_vocab = j["vocab_size"].get<int64_t>();
+    check(data_vocab <= vocab_size,
+          "{} = {}: tokenized with vocab_size {} ({}), but model.vocab_size is {} (set "
+          "model.vocab_size >= {})", key, folder, data_vocab, meta.string(), vocab_size, data_vocab);
+    return;
+  }
+}
 
 int run_train(const TrainCliOptions& o) {
   int argc = 0;
@@ -33,6 +58,8 @@ int run_train(const TrainCliOptions& o) {
     needs.model_shape = o.resume.empty() && o.init_from.empty();
     train::TrainConfig config = train::load_config(o.config, o.overrides, needs);
     train::resolve_model_config(config, options);
+    check_dataset_vocab(config.data.train_folder, "data.train_folder", config.model.vocab_size);
+    check_dataset_vocab(config.data.valid_folder, "data.valid_folder", config.model.vocab_size);
     const train::TrainSummary s = train::run_training(config, options, world);
     if (world->rank() == 0) {
       std::string valid;

@@ -148,4 +148,25 @@ TEST(TrainCli, ConfigErrorsNameTheKey) {
   EXPECT_TRUE(contains(r.output, "x")) << r.output;
 }
 
+// A dataset tokenized with a larger vocabulary than the model's is refused before anything is
+// written, naming the data key and dataset.json; eval names the file and document of a bad id.
+TEST(TrainCli, VocabMismatchNamesTheDataset) {
+  Prepared p;
+  auto r = run_longtron("train" + p.config() + " --set model.vocab_size=300");
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "data.train_folder") && contains(r.output, "dataset.json") &&
+              contains(r.output, "model.vocab_size is 300"))
+      << r.output;
+  EXPECT_FALSE(fs::exists(p.dir / "metrics.jsonl"));
+  EXPECT_FALSE(fs::exists(p.dir / "ckpt"));
+
+  r = run_longtron("train" + p.config() + " --set train.total_steps=1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  write_file(p.dir / "big_ids.bin", "{\"tokens\": [1, 5, 2]}\n{\"tokens\": [1, 450, 2]}\n");
+  r = run_longtron("eval --checkpoint " + (p.dir / "ckpt").string() + " --data " +
+                   (p.dir / "big_ids.bin").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "big_ids.bin: document 1, token 1: id 450")) << r.output;
+}
+
 }  // namespace
