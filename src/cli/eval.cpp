@@ -65,8 +65,10 @@ Subcommand eval_command(40, [](CLI::App& app) {
   sub->add_option("--checkpoint", o->checkpoint, "Checkpoint root, step folder or HF folder")->required();
   sub->add_option("--data", o->data, "Tokenized dataset (folder or file)")->required();
   sub->add_flag("--json", o->json, "Print {documents: [{index, tokens, loss_sum}], loss}");
-  sub->add_option("--seq-len", o->seq_len, "Override the checkpoint's data.seq_len");
-  sub->add_option("--micro-bsz", o->micro_bsz, "Override the checkpoint's data.micro_bsz");
+  sub->add_option("--seq-len", o->seq_len, "Override the checkpoint's data.seq_len")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  sub->add_option("--micro-bsz", o->micro_bsz, "Override the checkpoint's data.micro_bsz")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   sub->add_option("--threads", o->threads, "Compute threads (default: all cores)");
   return [o] { return run_eval(*o); };
 });
