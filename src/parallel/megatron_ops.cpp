@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "ops/ops.h"
 #include "parallel/engine.h"
+#include "parallel/head_loss.h"
 #include "parallel/layers.h"
 #include "parallel/mappings.h"
 
@@ -229,12 +230,9 @@ class VocabParallelHead final : public model::HeadLossOp<float> {
   VocabParallelHead(const ParamLayout& full, const ParamLayout& local, int weight,
                     SequenceParallel sp, CommPtr comm)
       : weight_(weight), V_(full.view(weight).shape[0]), Vr_(local.view(weight).shape[0]),
-        H_(full.view(weight).shape[1]), sp_(sp), comm_(std::move(comm)) {
-    v0_ = shard_range(V_, comm_->size(), comm_->rank()).start;
-    // The same chunk on every rank (the collectives per chunk must match).
-    const int64_t per_rank = (V_ + comm_->size() - 1) / comm_->size();
-    chunk_ = std::max<int64_t>(64, (int64_t{1} << 22) / per_rank);
-  }
+        H_(full.view(weight).shape[1]), sp_(sp), comm_(std::move(comm)),
+        loss_(V_, Vr_, H_,
+              shard_range(V_, comm_->size(), comm_->rank()).start, comm_->size()) {}
 
   model::LossSum forward_backward(float* dxf, const float* xf, const int32_t* labels, int64_t N,
                                   const Params<float>& p, Params<float>* g, double loss_scale,
@@ -246,28 +244,9 @@ class VocabParallelHead final : public model::HeadLossOp<float> {
     }
     float* dX = nullptr;  // partial dL/dX over this rank's vocabulary, [N, H]
     if (dxf != nullptr) dX = sp_ == SequenceParallel::kNone ? dxf : ensure(dx_full_, N * H_);
-    const int64_t C = std::min(chunk_, N);
-    float* logits = ensure(logits_, C * Vr_ + 1);
-    float* lse = ensure(lse_, C);
-    const float* W = p.ptr(weight_);
-    model::LossSum loss;
-    for (int64_t n0 = 0; n0 < N; n0 += C) {
-      const int64_t rows = std::min(C, N - n0);
-      ops::gemm<float>(false, true, rows, Vr_, H_, 1.0f, X + n0 * H_, W, 0.0f, logits);
-      int64_t count = 0;
-      loss.sum += vocab_parallel_cross_entropy_forward(lse, &count, logits, labels + n0, rows, Vr_,
-                                                       v0_, *comm_);
-      loss.count += count;
-      if (token_losses != nullptr) token_loss(token_losses + n0, logits, lse, labels + n0, rows);
-      if (dX == nullptr) continue;
-      float* dlogits = ensure(dlogits_, C * Vr_ + 1);
-      vocab_parallel_cross_entropy_backward(dlogits, logits, lse, labels + n0, rows, Vr_, v0_,
-                                            static_cast<float>(loss_scale));
-      ops::gemm<float>(false, false, rows, H_, Vr_, 1.0f, dlogits, W, 0.0f, dX + n0 * H_);
-      if (g != nullptr)
-        ops::gemm<float>(true, false, Vr_, H_, rows, 1.0f, dlogits, X + n0 * H_, 1.0f,
-                         g->ptr(weight_));
-    }
+    float* dW = g != nullptr ? g->ptr(weight_) : nullptr;
+    const model::LossSum loss = loss_.forward_backward(dX, dW, X, p.ptr(weight_), labels, N,
+                                                       loss_scale, token_losses, *comm_);
     if (dX != nullptr) {
       if (sp_ == SequenceParallel::kNone) comm_->all_reduce(dX, N * H_);
       else reduce_scatter_first_dim_forward(dxf, dX, N, H_, *comm_);
@@ -285,25 +264,12 @@ class VocabParallelHead final : public model::HeadLossOp<float> {
   }
 
  private:
-  // token loss = lse − target logit; the target logit lives on one rank: one SUM all-reduce.
-  void token_loss(double* out, const float* logits, const float* lse, const int32_t* labels,
-                  int64_t rows) {
-    std::vector<double> target(static_cast<size_t>(rows), 0.0);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t local = int64_t(labels[r]) - v0_;
-      if (labels[r] != data::kIgnoreIndex && local >= 0 && local < Vr_)
-        target[size_t(r)] = logits[r * Vr_ + local];
-    }
-    comm_->all_reduce(target.data(), rows);
-    for (int64_t r = 0; r < rows; ++r)
-      out[r] = labels[r] == data::kIgnoreIndex ? 0.0 : double(lse[r]) - target[size_t(r)];
-  }
-
   int weight_;
-  int64_t V_, Vr_, H_, v0_ = 0, chunk_ = 64;
+  int64_t V_, Vr_, H_;
   SequenceParallel sp_;
   CommPtr comm_;
-  Buffer x_full_, dx_full_, logits_, dlogits_, lse_;
+  VocabParallelHeadLoss loss_;
+  Buffer x_full_, dx_full_;
 };
 
 SequenceParallel sequence_parallel_of(const comm::Layout& layout) {

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "ops/ops.h"
 #include "parallel/dist_norm.h"
+#include "parallel/head_loss.h"
 #include "parallel/isp_attention.h"
 #include "parallel/layers.h"
 #include "parallel/tp2d_linear.h"
@@ -163,13 +164,10 @@ class Embedding2D final : public model::EmbeddingOp<float> {
 class Head2D final : public model::HeadLossOp<float> {
  public:
   Head2D(const ParamLayout& full, const ParamLayout& local, int weight, const Pos& g)
-      : weight_(weight), V_(full.view(weight).shape[0]), Vr_(local.view(weight).shape[0]),
-        H_(full.view(weight).shape[1]), g_(g) {
-    const int T = g_.tensor->size();
-    v0_ = shard_range(V_, T, g_.tensor->rank()).start;
-    const int64_t per_rank = (V_ + T - 1) / T;  // the same chunk on every rank
-    chunk_ = std::max<int64_t>(64, (int64_t{1} << 22) / per_rank);
-  }
+      : weight_(weight), H_(full.view(weight).shape[1]), g_(g),
+        loss_(full.view(weight).shape[0], local.view(weight).shape[0], H_,
+              shard_range(full.view(weight).shape[0], g.tensor->size(), g.tensor->rank()).start,
+              g.tensor->size()) {}
 
   model::LossSum forward_backward(float* dxf, const float* xf, const int32_t* labels, int64_t N,
                                   const Params<float>& p, Params<float>* g, double loss_scale,
@@ -177,29 +175,10 @@ class Head2D final : public model::HeadLossOp<float> {
     float* X = ensure(x_full_, N * H_);
     gather_blocks(X, blocks_, xf, N, H_, g_);
     float* dX = dxf != nullptr ? ensure(dx_full_, N * H_) : nullptr;
-    const int64_t C = std::min(chunk_, N);
-    float* logits = ensure(logits_, C * Vr_ + 1);
-    float* lse = ensure(lse_, C);
-    const float* W = p.ptr(weight_);
     comm::Communicator& tp = *g_.tensor;
-    model::LossSum loss;
-    for (int64_t n0 = 0; n0 < N; n0 += C) {
-      const int64_t rows = std::min(C, N - n0);
-      ops::gemm<float>(false, true, rows, Vr_, H_, 1.0f, X + n0 * H_, W, 0.0f, logits);
-      int64_t count = 0;
-      loss.sum += vocab_parallel_cross_entropy_forward(lse, &count, logits, labels + n0, rows,
-                                                       Vr_, v0_, tp);
-      loss.count += count;
-      if (token_losses != nullptr) token_loss(token_losses + n0, logits, lse, labels + n0, rows);
-      if (dX == nullptr) continue;
-      float* dlogits = ensure(dlogits_, C * Vr_ + 1);
-      vocab_parallel_cross_entropy_backward(dlogits, logits, lse, labels + n0, rows, Vr_, v0_,
-                                            static_cast<float>(loss_scale));
-      ops::gemm<float>(false, false, rows, H_, Vr_, 1.0f, dlogits, W, 0.0f, dX + n0 * H_);
-      if (g != nullptr)
-        ops::gemm<float>(true, false, Vr_, H_, rows, 1.0f, dlogits, X + n0 * H_, 1.0f,
-                         g->ptr(weight_));
-    }
+    float* dW = g != nullptr ? g->ptr(weight_) : nullptr;
+    const model::LossSum loss = loss_.forward_backward(dX, dW, X, p.ptr(weight_), labels, N,
+                                                       loss_scale, token_losses, tp);
     if (dX != nullptr) {
       const int64_t count = g_.rows_x(N) * (H_ / g_.y);
       const float* send = dX;
@@ -219,24 +198,11 @@ class Head2D final : public model::HeadLossOp<float> {
   }
 
  private:
-  // token loss = lse − target logit; the target logit lives on one rank: one SUM all-reduce.
-  void token_loss(double* out, const float* logits, const float* lse, const int32_t* labels,
-                  int64_t rows) {
-    std::vector<double> target(static_cast<size_t>(rows), 0.0);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t local = int64_t(labels[r]) - v0_;
-      if (labels[r] != data::kIgnoreIndex && local >= 0 && local < Vr_)
-        target[size_t(r)] = logits[r * Vr_ + local];
-    }
-    g_.tensor->all_reduce(target.data(), rows);
-    for (int64_t r = 0; r < rows; ++r)
-      out[r] = labels[r] == data::kIgnoreIndex ? 0.0 : double(lse[r]) - target[size_t(r)];
-  }
-
   int weight_;
-  int64_t V_, Vr_, H_, v0_ = 0, chunk_ = 64;
+  int64_t H_;
   Pos g_;
-  Buffer x_full_, dx_full_, blocks_, logits_, dlogits_, lse_;
+  VocabParallelHeadLoss loss_;
+  Buffer x_full_, dx_full_, blocks_;
 };
 
 }  // namespace

@@ -1,0 +1,71 @@
+// Chunked vocab-parallel head + cross-entropy (see head_loss.h).
+#include "parallel/head_loss.h"
+
+#include <algorithm>
+
+#include "data/batch.h"
+#include "ops/ops.h"
+#include "parallel/layers.h"
+
+namespace longtron::parallel {
+namespace {
+
+float* ensure(std::vector<float>& b, int64_t n) {
+  if (static_cast<int64_t>(b.size()) < n) b.assign(static_cast<size_t>(n), 0.0f);
+  return b.data();
+}
+
+}  // namespace
+
+VocabParallelHeadLoss::VocabParallelHeadLoss(int64_t V, int64_t V_local, int64_t H,
+                                             int64_t vocab_start, int group_size)
+    : V_local_(V_local), H_(H), vocab_start_(vocab_start) {
+  // About 4M logits per chunk on the largest shard, at least 64 rows.
+  const int64_t per_rank = (V + group_size - 1) / group_size;
+  chunk_ = std::max<int64_t>(64, (int64_t{1} << 22) / per_rank);
+}
+
+model::LossSum VocabParallelHeadLoss::forward_backward(float* dX, float* dW, const float* X,
+                                                       const float* W, const int32_t* labels,
+                                                       int64_t N, double loss_scale,
+                                                       double* token_losses,
+                                                       comm::Communicator& comm) {
+  const int64_t C = std::min(chunk_, N), Vr = V_local_, H = H_;
+  float* logits = ensure(logits_, C * Vr + 1);
+  float* lse = ensure(lse_, C);
+  model::LossSum loss;
+  for (int64_t n0 = 0; n0 < N; n0 += C) {
+    const int64_t rows = std::min(C, N - n0);
+    ops::gemm<float>(false, true, rows, Vr, H, 1.0f, X + n0 * H, W, 0.0f, logits);
+    int64_t count = 0;
+    loss.sum += vocab_parallel_cross_entropy_forward(lse, &count, logits, labels + n0, rows, Vr,
+                                                     vocab_start_, comm);
+    loss.count += count;
+    if (token_losses != nullptr)
+      token_loss(token_losses + n0, logits, lse, labels + n0, rows, comm);
+    if (dX == nullptr) continue;
+    float* dlogits = ensure(dlogits_, C * Vr + 1);
+    vocab_parallel_cross_entropy_backward(dlogits, logits, lse, labels + n0, rows, Vr,
+                                          vocab_start_, static_cast<float>(loss_scale));
+    ops::gemm<float>(false, false, rows, H, Vr, 1.0f, dlogits, W, 0.0f, dX + n0 * H);
+    if (dW != nullptr)
+      ops::gemm<float>(true, false, Vr, H, rows, 1.0f, dlogits, X + n0 * H, 1.0f, dW);
+  }
+  return loss;
+}
+
+void VocabParallelHeadLoss::token_loss(double* out, const float* logits, const float* lse,
+                                       const int32_t* labels, int64_t rows,
+                                       comm::Communicator& comm) const {
+  std::vector<double> target(static_cast<size_t>(rows), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t local = int64_t(labels[r]) - vocab_start_;
+    if (labels[r] != data::kIgnoreIndex && local >= 0 && local < V_local_)
+      target[size_t(r)] = logits[r * V_local_ + local];
+  }
+  comm.all_reduce(target.data(), rows);
+  for (int64_t r = 0; r < rows; ++r)
+    out[r] = labels[r] == data::kIgnoreIndex ? 0.0 : double(lse[r]) - target[size_t(r)];
+}
+
+}  // namespace longtron::parallel

@@ -1,0 +1,45 @@
+// Chunked vocab-parallel output head + cross-entropy, shared by the Megatron (MTP/MSP/FSP) and the
+// 2D tensor-parallel heads (SPEC §3; reference/tensor_parallel.md; Megatron's
+// vocab_parallel_cross_entropy fused with the output GEMMs so logits never exist for all rows).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/layers.h"
+
+namespace longtron::parallel {
+
+/// The head's row loop over one tensor group: for each chunk of rows, logits = X·Wᵀ on this rank's
+/// vocabulary shard, vocab-parallel cross-entropy forward and (when dX is given) backward, then
+/// dX = dlogits·W and dW += dlogitsᵀ·X. Holds the per-chunk scratch (logits, dlogits, lse), so one
+/// object per head. The chunk size depends only on V and the group size: the same on every rank
+/// (each chunk issues collectives that must match).
+class VocabParallelHeadLoss {
+ public:
+  /// V: whole vocabulary; this rank holds output rows [vocab_start, vocab_start + V_local) of the
+  /// [V, H] weight (shard_range(V, group_size, rank), uneven allowed).
+  VocabParallelHeadLoss(int64_t V, int64_t V_local, int64_t H, int64_t vocab_start, int group_size);
+
+  /// X[N, H] full rows (replicated over the group), W[V_local, H], labels[N] global ids (-100 =
+  /// ignored). Returns the loss sum and valid count (identical on every rank of `comm`). When dX
+  /// is not nullptr: dX[N, H] = this rank's PARTIAL d(loss_scale · loss_sum)/dX over its
+  /// vocabulary shard (overwritten; the caller reduces it over the group), and dW[V_local, H] is
+  /// accumulated when not nullptr. When token_losses is not nullptr, writes each row's loss (0
+  /// where ignored; one extra SUM all-reduce per chunk). Throws Error (on every rank) for a label
+  /// outside [0, V) other than -100.
+  model::LossSum forward_backward(float* dX, float* dW, const float* X, const float* W,
+                                  const int32_t* labels, int64_t N, double loss_scale,
+                                  double* token_losses, comm::Communicator& comm);
+
+ private:
+  // token loss = lse − target logit; the target logit lives on one rank: one SUM all-reduce.
+  void token_loss(double* out, const float* logits, const float* lse, const int32_t* labels,
+                  int64_t rows, comm::Communicator& comm) const;
+
+  int64_t V_local_, H_, vocab_start_, chunk_;
+  std::vector<float> logits_, dlogits_, lse_;
+};
+
+}  // namespace longtron::parallel
