@@ -125,8 +125,10 @@ data::Tokenizer get_tokenizer(const PrepareOptions& options, const std::vector<s
 void check_options(const PrepareOptions& options) {
   check(options.train_tokenizer != !options.tokenizer.empty(),
         "prepare: give exactly one of --tokenizer MODEL or --train-tokenizer --vocab-size N");
-  check(!options.train_tokenizer || options.vocab_size >= 16,
-        "prepare: --train-tokenizer needs --vocab-size N (N >= 16), got {}", options.vocab_size);
+  // The trained BPE has byte fallback: 256 byte pieces + <unk>, <s>, </s> + one per character.
+  check(!options.train_tokenizer || options.vocab_size >= 260,
+        "prepare: --train-tokenizer needs --vocab-size N >= 260 (256 byte pieces, <unk>, <s>, </s> "
+        "and one piece per distinct character of the corpus), got {}", options.vocab_size);
   check(options.format == "megatron" || options.format == "internevo",
         "prepare: --format {} is not megatron or internevo", options.format);
   check(options.valid_fraction >= 0.0 && options.valid_fraction < 1.0,

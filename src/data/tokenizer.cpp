@@ -158,8 +158,8 @@ Tokenizer train_bpe_tokenizer(const std::vector<std::string>& documents,
   LineIterator iterator(lines);
   std::string model;
   const auto status = sentencepiece::SentencePieceTrainer::Train(kwargs, &iterator, &model);
-  check(status.ok(), "tokenizer training (BPE, vocab_size {}) failed: {}", options.vocab_size,
-        status.ToString());
+  check(status.ok(), "tokenizer training (BPE, vocab_size {}) failed: {} (change --vocab-size)",
+        options.vocab_size, status.ToString());
   return Tokenizer::from_serialized(model, "trained tokenizer");
 }
 
