@@ -36,6 +36,20 @@ int main(int argc, char** argv) {
     auto action = registrar(app);
     actions.emplace_back(app.get_subcommands({}).at(before), std::move(action));
   }
+  // CLI11 reports a mistyped command as "A subcommand is required"; name it instead.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const auto& action : actions) {
+      known = known || action.first->get_name() == argv[1];
+      if (!action.first->get_group().empty())  // hidden commands (group "") are not advertised
+        names += (names.empty() ? "" : ", ") + action.first->get_name();
+    }
+    if (!known) {
+      fmt::print(stderr, "longtron: error: unknown command '{}' (expected one of: {})\n", argv[1], names);
+      return 1;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
