@@ -67,7 +67,12 @@ MetricsWriter::MetricsWriter(const fs::path& metrics_file, const MetricsOptions&
     : path_(metrics_file), options_(options), start_(std::chrono::steady_clock::now()) {
   tty_ = options.progress && isatty(STDERR_FILENO);
   if (path_.empty()) return;
-  if (!path_.parent_path().empty()) fs::create_directories(path_.parent_path());
+  if (!path_.parent_path().empty()) {
+    std::error_code ec;
+    fs::create_directories(path_.parent_path(), ec);
+    check(!ec, "train.metrics_file = {}: cannot create its folder {} ({})", path_.string(),
+          path_.parent_path().string(), ec.message());
+  }
   if (options.resume_step >= 0 && fs::exists(path_)) {
     std::vector<TrainRow> t;
     std::vector<ValidRow> v;
