@@ -32,16 +32,6 @@ TEST(EngineNp2, SaveDp2ResumeTp2Fsp) {
 }
 
 // Layout errors come from the constructor, before any parameter is allocated, on every rank.
-std::string engine_error(const model::ModelConfig& m, const comm::Layout& l, int64_t P) {
-  try {
-    comm::ProcessGrid grid = comm::make_process_grid(world(), l);
-    parallel::ParallelEngine engine(m, grid, 1, P);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(EngineNp2, LayoutErrors) {
   model::ModelConfig one_kv = tiny_model(1);  // 4 heads divide by 2, 1 kv head does not
   std::string e = engine_error(one_kv, layout(2, TensorMode::kMtp), 16);

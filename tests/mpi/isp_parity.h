@@ -1,4 +1,4 @@
-// ISP parity with one process (SPEC §3 contract, thresholds of engine_parity.h): step-1 loss and
+// ISP parity with one process (SPEC §3 contract; harness in parity_harness.h): step-1 loss and
 // gradient norm within 1e-5 relative, every parameter's gradient within 1e-4 (max-norm), 5 steps
 // of losses within 1e-4. Rows come from a generator so that the data path can be the real one:
 // packed rows (random documents), unpacked rows (build_unpack: one document per segment + a pad
@@ -78,68 +78,15 @@ inline RowFn unpacked_rows(int64_t seq_len, int64_t micro_bsz, int max_len, int6
 
 /// One process, dense ops, every row of every step.
 inline RunResult isp_reference(const IspCase& c) {
-  model::ParamLayout layout(c.model);
-  model::Params<float> params(layout), grads(layout);
-  model::init_params(params, 42);
-  model::InternLM2<float> net(layout, params);
-  train::AdamW adam(layout, parity_optimizer());
-  RunResult out;
-  for (int step = 0; step < c.steps; ++step) {
-    const auto rows = rows_of_step(c, step);
-    const int64_t count = count_labels(rows);
-    grads.zero();
-    model::LossSum loss;
-    for (const auto& r : rows) {
-      const model::LossSum l = net.forward_backward(r, grads, 1.0 / double(count));
-      loss.sum += l.sum, loss.count += l.count;
-    }
-    double sq = 0;
-    for (int64_t i = 0; i < grads.numel(); ++i) sq += double(grads.data()[i]) * grads.data()[i];
-    const double norm = std::sqrt(sq);
-    if (step == 0) out.step1_grads.assign(grads.data(), grads.data() + grads.numel());
-    const double clip = parity_optimizer().clip_grad_norm;
-    if (norm > clip)
-      for (int64_t i = 0; i < grads.numel(); ++i) grads.data()[i] *= float(clip / norm);
-    adam.update(params, grads, parity_optimizer().lr);
-    out.losses.push_back(loss.sum / double(loss.count));
-    out.norms.push_back(norm);
-  }
-  return out;
+  return reference_run(c.model, c.steps, [&c](int step) { return rows_of_step(c, step); });
 }
 
 /// The layout under test through the engine: each dp rank its rows, the engine's reductions,
 /// AdamW with ZeRO-1 over grid.zero1 (WEIGHT_DATA sub-groups under ISP).
 inline RunResult isp_run(const IspCase& c, parallel::ParallelEngine& engine) {
-  const comm::ProcessGrid& grid = engine.grid();
-  train::AdamW adam(engine.local_layout(), parity_optimizer(), grid.zero1);
+  train::AdamW adam(engine.local_layout(), parity_optimizer(), engine.grid().zero1);
   RunResult out;
-  for (int step = 0; step < c.steps; ++step) {
-    const auto all = rows_of_step(c, step);
-    const int micro_num = c.rows / grid.dp;
-    std::vector<MicroBatch> mine(all.begin() + grid.data->rank() * micro_num,
-                                 all.begin() + (grid.data->rank() + 1) * micro_num);
-    engine.zero_grads();
-    const int64_t count = engine.global_label_count(mine);
-    model::LossSum loss;
-    for (const auto& r : mine) {
-      const model::LossSum l = engine.forward_backward(r, 1.0 / double(count));
-      loss.sum += l.sum, loss.count += l.count;
-    }
-    EXPECT_TRUE(std::isfinite(loss.sum)) << c.name;
-    engine.finish_gradients();
-    const double norm = engine.grad_norm();
-    if (step == 0) {
-      model::Params<float> full(engine.full_layout());
-      engine.gather_full(full, engine.grads());
-      out.step1_grads.assign(full.data(), full.data() + full.numel());
-    }
-    const double clip = parity_optimizer().clip_grad_norm;
-    if (norm > clip) engine.scale_grads(float(clip / norm));
-    adam.update(engine.params(), engine.grads(), parity_optimizer().lr);
-    loss = engine.reduce_loss(loss);
-    out.losses.push_back(loss.sum / double(loss.count));
-    out.norms.push_back(norm);
-  }
+  engine_steps(engine, adam, [&c](int step) { return rows_of_step(c, step); }, 0, c.steps, out);
   return out;
 }
 
@@ -150,23 +97,15 @@ inline RunResult check_isp_parity(const IspCase& c) {
   parallel::ParallelEngine engine(c.model, grid, 42, c.P);
   EXPECT_EQ(engine.mode(), "isp");
   const RunResult got = isp_run(c, engine);
-  std::string worst;
-  const double gerr = max_grad_error(engine.full_layout(), got.step1_grads, ref.step1_grads, &worst);
-  double lerr = 0;
-  for (int s = 0; s < c.steps; ++s)
-    lerr = std::max(lerr, rel(got.losses[size_t(s)], ref.losses[size_t(s)]));
-  const double l1 = rel(got.losses[0], ref.losses[0]), n1 = rel(got.norms[0], ref.norms[0]);
+  const ParityErrors e = parity_errors(engine.full_layout(), got, ref);
   if (world()->rank() == 0)
     std::printf("[isp-parity] %-30s T %d W %d dp %d zero1 %d overlap %d ckpt %d: step-1 loss %.6f "
                 "rel err %.2e, grad norm %.6f rel err %.2e, max grad err %.2e (%s), 5-step loss "
                 "max rel err %.2e\n",
                 c.name.c_str(), grid.tp, c.layout.weight_size, grid.dp, grid.zero1->size(),
-                int(c.layout.weight_overlap), int(c.model.checkpoint), ref.losses[0], l1,
-                ref.norms[0], n1, gerr, worst.c_str(), lerr);
-  EXPECT_LT(l1, 1e-5) << c.name;
-  EXPECT_LT(n1, 1e-5) << c.name;
-  EXPECT_LT(gerr, 1e-4) << c.name << " worst tensor " << worst;
-  EXPECT_LT(lerr, 1e-4) << c.name;
+                int(c.layout.weight_overlap), int(c.model.checkpoint), ref.losses[0], e.loss1,
+                ref.norms[0], e.norm1, e.grads, e.worst.c_str(), e.losses);
+  expect_parity(e, c.name);
   return got;
 }
 

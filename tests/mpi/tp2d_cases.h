@@ -28,19 +28,8 @@ struct StepOne {
 inline StepOne step_one(const ParityCase& c, const comm::Layout& l) {
   comm::ProcessGrid grid = comm::make_process_grid(world(), l);
   parallel::ParallelEngine engine(c.model, grid, 42, c.P);
-  const auto all = global_rows(c, 0);
-  const int micro_num = c.rows / grid.dp;
-  std::vector<MicroBatch> mine(all.begin() + grid.data->rank() * micro_num,
-                               all.begin() + (grid.data->rank() + 1) * micro_num);
-  engine.zero_grads();
-  const int64_t count = engine.global_label_count(mine);
-  model::LossSum loss;
-  for (const auto& r : mine) {
-    const model::LossSum s = engine.forward_backward(r, 1.0 / double(count));
-    loss.sum += s.sum, loss.count += s.count;
-  }
-  engine.finish_gradients();
-  loss = engine.reduce_loss(loss);
+  const model::LossSum loss =
+      engine.reduce_loss(engine_gradients(engine, dp_share(global_rows(c, 0), grid)));
   model::Params<float> full(engine.full_layout());
   engine.gather_full(full, engine.grads());
   return {loss.sum / double(loss.count), std::vector<float>(full.data(), full.data() + full.numel())};
@@ -62,17 +51,6 @@ inline void compare_layouts(const ParityCase& c, const comm::Layout& a, const st
                 a_name.c_str(), b_name.c_str(), both[1], both[0]);
   EXPECT_LE(both[0], tol) << a_name << " vs " << b_name;
   EXPECT_LE(both[1], tol) << a_name << " vs " << b_name;
-}
-
-/// The engine error message of a layout (empty when it builds).
-inline std::string engine_error_2d(const model::ModelConfig& m, const comm::Layout& l, int64_t P) {
-  try {
-    comm::ProcessGrid grid = comm::make_process_grid(world(), l);
-    parallel::ParallelEngine engine(m, grid, 1, P);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace longtron::testing

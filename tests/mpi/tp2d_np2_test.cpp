@@ -53,28 +53,28 @@ TEST(Tp2dNp2, OverlapsEqualNone) {
 TEST(Tp2dNp2, SizeErrorsNameTheConstraint) {
   model::ModelConfig m = tiny_model();  // 4 heads, 2 kv heads, hidden 32
   m.num_attention_heads = 3, m.num_kv_attention_heads = 1, m.hidden_size = 24;
-  std::string e = engine_error_2d(m, layout_2d(2, 1), 16);
+  std::string e = engine_error(m, layout_2d(2, 1), 16);
   EXPECT_NE(e.find("num_attention_heads"), std::string::npos) << e;
   EXPECT_NE(e.find("parallel.tensor_2d.x"), std::string::npos) << e;
   m = tiny_model(1);  // kv heads 1 not divisible by x = 2
-  e = engine_error_2d(m, layout_2d(2, 1), 16);
+  e = engine_error(m, layout_2d(2, 1), 16);
   EXPECT_NE(e.find("num_kv_attention_heads"), std::string::npos) << e;
   m = tiny_model();
   m.num_attention_heads = 2, m.num_kv_attention_heads = 1, m.hidden_size = 34;  // hidden by y
-  e = engine_error_2d(m, layout_2d(1, 2), 16);
+  e = engine_error(m, layout_2d(1, 2), 16);
   EXPECT_NE(e.find("hidden_size"), std::string::npos) << e;
-  e = engine_error_2d(tiny_model(), layout_2d(1, 2), 15);  // row by y
+  e = engine_error(tiny_model(), layout_2d(1, 2), 15);  // row by y
   EXPECT_NE(e.find("15"), std::string::npos) << e;
   EXPECT_NE(e.find("parallel.tensor_2d.y"), std::string::npos) << e;
-  e = engine_error_2d(tiny_model(), layout_2d(2, 1), 15);  // row by x
+  e = engine_error(tiny_model(), layout_2d(2, 1), 15);  // row by x
   EXPECT_NE(e.find("parallel.tensor_2d.x"), std::string::npos) << e;
-  e = engine_error_2d(tiny_model(), layout_2d(2, 2), 16);  // tp = x·y = 4 > world 2
+  e = engine_error(tiny_model(), layout_2d(2, 2), 16);  // tp = x·y = 4 > world 2
   EXPECT_NE(e.find("x·y"), std::string::npos) << e;
-  e = engine_error_2d(tiny_model(), layout_2d(2, 1, "both"), 16);
+  e = engine_error(tiny_model(), layout_2d(2, 1, "both"), 16);
   EXPECT_NE(e.find("parallel.tensor_2d.overlap"), std::string::npos) << e;
   comm::Layout both = layout_2d(2, 1);
   both.tensor_size = 2;
-  e = engine_error_2d(tiny_model(), both, 16);
+  e = engine_error(tiny_model(), both, 16);
   EXPECT_NE(e.find("parallel.tensor_2d"), std::string::npos) << e;
 }
 

@@ -56,7 +56,7 @@ TEST(Tp2dNp4, ForwardLossTokenLosses) {
 TEST(Tp2dNp4, PerXHeadsByY) {
   model::ModelConfig m = tiny_model();
   m.num_attention_heads = 2, m.num_kv_attention_heads = 2;  // 1 head per x rank, y = 2
-  const std::string e = engine_error_2d(m, layout_2d(2, 2), 16);
+  const std::string e = engine_error(m, layout_2d(2, 2), 16);
   EXPECT_NE(e.find("heads per x rank"), std::string::npos) << e;
 }
 
