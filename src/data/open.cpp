@@ -2,7 +2,9 @@
 #include "data/open.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
+#include <fstream>
 #include <vector>
 
 #include "core/error.h"
@@ -28,6 +30,13 @@ std::unique_ptr<DocumentSource> open_file(const fs::path& path, bool explicit_fi
   if (ext == ".bin") {
     const fs::path prefix = without_extension(path);
     if (fs::exists(prefix.string() + ".idx")) return open_megatron(prefix);
+    // InternEvo .bin files are JSON lines; anything else is most likely a Megatron .bin whose .idx
+    // was not copied along, which the JSON reader would only report as "expected a JSON object".
+    std::ifstream in(path, std::ios::binary);
+    char first = 0;
+    while (in.get(first) && std::isspace(static_cast<unsigned char>(first))) {}
+    check(!in || first == '{', "{}: neither an InternEvo .bin (JSON lines) nor a Megatron .bin with "
+          "its index ({}.idx is missing)", path.string(), prefix.string());
     return open_internevo(path);
   }
   if (ext == ".idx") {

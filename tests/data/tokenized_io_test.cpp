@@ -149,6 +149,14 @@ TEST(Megatron, PrepareDtypeFollowsVocabulary) {
   EXPECT_EQ(ld::megatron_dtype_for_vocab(92544), ld::MegatronDtype::kInt32);
 }
 
+// A Megatron .bin opened without its .idx is named as such (not as a bad JSON line).
+TEST(Megatron, BinWithoutIndexNamesTheMissingIdx) {
+  TempDir dir;
+  write_megatron(dir / "x", random_docs(3, 20, 0, 100, 5), ld::MegatronDtype::kUint16);
+  std::filesystem::remove(dir / "x.idx");
+  expect_error([&] { ld::open_dataset(dir / "x.bin"); }, {(dir / "x.bin").string(), "x.idx is missing"});
+}
+
 TEST(Megatron, BadIndexErrorsNameFileAndOffset) {
   TempDir dir;
   write_megatron(dir / "x", random_docs(5, 20, 0, 100, 3), ld::MegatronDtype::kUint16);
