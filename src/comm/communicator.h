@@ -118,7 +118,7 @@ class Communicator {
   }
 
   /// Uneven gather: recv[Σ counts] = concat of rank r's send[counts[r]]; counts has size() entries
-  /// and is the same on every rank.
+  /// and is the same on every rank. send may alias recv + Σ_{r<rank()} counts[r] (in place).
   template <typename T>
   void all_gather_v(T* recv, const T* send, const std::vector<int64_t>& counts) {
     issue({Kind::kAllGather, dtype_of<T>(), -1, ReduceOp::kSum, 0}, send, recv, &counts).wait();

@@ -120,7 +120,10 @@ class MpiCommunicator final : public Communicator {
       offset += counts[r];
     }
     MPI_Datatype type = mpi_type(op.dtype);
-    MPI_Allgatherv(send, n[rank_], type, recv, n.data(), displs.data(), type, comm_);
+    // send aliasing recv's own segment is the in-place form (MPI forbids overlapping buffers).
+    const auto* own = static_cast<const char*>(recv) + int64_t(displs[rank_]) * dtype_size(op.dtype);
+    const void* s = (send == own) ? MPI_IN_PLACE : send;
+    MPI_Allgatherv(s, n[rank_], type, recv, n.data(), displs.data(), type, comm_);
     return Work();
   }
 

@@ -1,6 +1,7 @@
 #include "train/optimizer.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/error.h"
 #include "ops/ops.h"
@@ -8,7 +9,7 @@
 namespace longtron::train {
 
 AdamW::AdamW(const model::ParamLayout& layout, const OptimizerConfig& config, comm::CommPtr zero1)
-    : layout_(layout), config_(config), zero1_(std::move(zero1)), m_(layout), v_(layout) {
+    : layout_(layout), config_(config), zero1_(std::move(zero1)) {
   check(config.lr > 0, "optimizer.lr must be > 0, got {}", config.lr);
   const int64_t n = layout.numel();
   const int z = zero1_ ? zero1_->size() : 1;
@@ -16,45 +17,55 @@ AdamW::AdamW(const model::ParamLayout& layout, const OptimizerConfig& config, co
   const int r = zero1_ ? zero1_->rank() : 0;
   begin_ = std::min<int64_t>(n, r * chunk_);
   end_ = std::min<int64_t>(n, begin_ + chunk_);
+  m_.assign(static_cast<size_t>(end_ - begin_), 0.0f);
+  v_.assign(static_cast<size_t>(end_ - begin_), 0.0f);
+}
+
+std::vector<int64_t> AdamW::shard_counts() const {
+  const int64_t n = layout_.numel();
+  const int z = zero1_->size();
+  std::vector<int64_t> counts(static_cast<size_t>(z));
+  for (int r = 0; r < z; ++r)
+    counts[r] = std::min<int64_t>(n, (r + 1) * chunk_) - std::min<int64_t>(n, r * chunk_);
+  return counts;
 }
 
 void AdamW::update(model::Params<float>& params, const model::Params<float>& grads, double lr) {
   ++step_;
-  // Walk the views that intersect this rank's slice: weight decay differs per view.
+  // Walk the views that intersect this rank's slice: weight decay differs per view. The moments
+  // are indexed from begin_.
   for (const auto& view : layout_.views()) {
     const int64_t lo = std::max(begin_, view.offset);
     const int64_t hi = std::min(end_, view.offset + view.numel);
     if (lo >= hi) continue;
     const float decay = view.is_matrix ? static_cast<float>(config_.weight_decay) : 0.0f;
-    ops::adamw_update(params.data() + lo, m_.data() + lo, v_.data() + lo, grads.data() + lo, hi - lo,
-                      static_cast<float>(lr), static_cast<float>(config_.beta1),
-                      static_cast<float>(config_.beta2), static_cast<float>(config_.eps), decay,
-                      step_);
+    ops::adamw_update(params.data() + lo, m_.data() + (lo - begin_), v_.data() + (lo - begin_),
+                      grads.data() + lo, hi - lo, static_cast<float>(lr),
+                      static_cast<float>(config_.beta1), static_cast<float>(config_.beta2),
+                      static_cast<float>(config_.eps), decay, step_);
   }
-  if (zero1_ && zero1_->size() > 1) {
-    // All-gather needs equal chunks: pad the tail through a scratch buffer of Z·chunk floats.
-    const int64_t n = layout_.numel();
-    const int z = zero1_->size();
-    std::vector<float> gathered(static_cast<size_t>(chunk_ * z));
-    std::vector<float> mine(static_cast<size_t>(chunk_), 0.0f);
-    std::copy(params.data() + begin_, params.data() + end_, mine.begin());
-    zero1_->all_gather(gathered.data(), mine.data(), chunk_);
-    std::copy(gathered.begin(), gathered.begin() + n, params.data());
+  // In place: each rank's slice already sits at its offset of the flat buffer, so no scratch.
+  if (zero1_ && zero1_->size() > 1)
+    zero1_->all_gather_v(params.data(), params.data() + begin_, shard_counts());
+}
+
+void AdamW::gather_state(model::Params<float>& exp_avg, model::Params<float>& exp_avg_sq) const {
+  check(exp_avg.numel() == layout_.numel() && exp_avg_sq.numel() == layout_.numel(),
+        "AdamW::gather_state: buffers of {} and {} elements, layout of {}", exp_avg.numel(),
+        exp_avg_sq.numel(), layout_.numel());
+  const bool sharded = zero1_ && zero1_->size() > 1;
+  for (auto [full, mine] : {std::pair{&exp_avg, &m_}, std::pair{&exp_avg_sq, &v_}}) {
+    std::copy(mine->begin(), mine->end(), full->data() + begin_);
+    if (sharded) zero1_->all_gather_v(full->data(), full->data() + begin_, shard_counts());
   }
 }
 
-void AdamW::gather_state() {
-  if (!zero1_ || zero1_->size() <= 1) return;
-  const int64_t n = layout_.numel();
-  const int z = zero1_->size();
-  std::vector<float> gathered(static_cast<size_t>(chunk_ * z));
-  std::vector<float> mine(static_cast<size_t>(chunk_));
-  for (auto* buf : {&m_, &v_}) {
-    std::fill(mine.begin(), mine.end(), 0.0f);
-    std::copy(buf->data() + begin_, buf->data() + end_, mine.begin());
-    zero1_->all_gather(gathered.data(), mine.data(), chunk_);
-    std::copy(gathered.begin(), gathered.begin() + n, buf->data());
-  }
+void AdamW::load_state(const model::Params<float>& exp_avg, const model::Params<float>& exp_avg_sq) {
+  check(exp_avg.numel() == layout_.numel() && exp_avg_sq.numel() == layout_.numel(),
+        "AdamW::load_state: buffers of {} and {} elements, layout of {}", exp_avg.numel(),
+        exp_avg_sq.numel(), layout_.numel());
+  std::copy(exp_avg.data() + begin_, exp_avg.data() + end_, m_.begin());
+  std::copy(exp_avg_sq.data() + begin_, exp_avg_sq.data() + end_, v_.begin());
 }
 
 std::vector<NamedTensor> named_tensors(const model::Params<float>& buffer, const std::string& prefix) {
@@ -72,10 +83,5 @@ std::vector<MutableTensor> mutable_tensors(model::Params<float>& buffer, const s
     out.push_back({prefix + views[i].name, views[i].shape, buffer.ptr(static_cast<int>(i))});
   return out;
 }
-
-std::vector<NamedTensor> AdamW::named_exp_avg() const { return named_tensors(m_); }
-std::vector<NamedTensor> AdamW::named_exp_avg_sq() const { return named_tensors(v_); }
-std::vector<MutableTensor> AdamW::mutable_exp_avg() { return mutable_tensors(m_); }
-std::vector<MutableTensor> AdamW::mutable_exp_avg_sq() { return mutable_tensors(v_); }
 
 }  // namespace longtron::train

@@ -1,6 +1,7 @@
 // AdamW over the flat parameter buffer (SPEC §4.1, §4.2): weight decay on matrices only (not norms
 // or biases), global gradient-norm clipping, and an optional ZeRO-1 shard (each rank of the zero1
-// group updates one contiguous slice of the flat buffer and the slices are all-gathered after).
+// group holds the moments of, and updates, one contiguous slice of the flat buffer; the slices
+// are all-gathered after).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -16,44 +17,49 @@ namespace longtron::train {
 /// the flat buffer of a ParamLayout. Decay is applied to views with is_matrix (all 2-D weights,
 /// the embedding included, as InternEvo's default param groups do) and not to norms or biases.
 /// With a zero1 communicator of size Z > 1 the buffer is split into Z contiguous slices of
-/// ceil(n/Z) elements; this rank keeps moments for, and updates, only its slice, then the slices
-/// are all-gathered into every rank's parameters (ZeRO stage 1, Rajbhandari et al. 2020).
+/// ceil(n/Z) elements (the last ones shorter or empty); this rank ALLOCATES moments only for its
+/// slice, updates only that slice, and the slices are then all-gathered in place into every
+/// rank's parameters (ZeRO stage 1, Rajbhandari et al. 2020): the optimizer state per rank is
+/// 2·ceil(n/Z) floats instead of 2·n, and an update allocates nothing.
 class AdamW {
  public:
   /// `zero1` may be nullptr (no sharding). Throws Error for a non-positive lr.
   AdamW(const model::ParamLayout& layout, const OptimizerConfig& config, comm::CommPtr zero1 = nullptr);
 
   /// One update of `params` with `grads` (already reduced over data parallel and clipped) at
-  /// learning rate `lr`. Increments step().
+  /// learning rate `lr`. Increments step(). With ZeRO-1, collective over the zero1 group.
   void update(model::Params<float>& params, const model::Params<float>& grads, double lr);
 
   /// Number of updates taken (AdamW's bias-correction step).
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
 
-  /// Full moment buffers (every rank holds full-size buffers; with ZeRO-1 only the own slice is
-  /// meaningful until gather_state()).
-  model::Params<float>& exp_avg() { return m_; }
-  model::Params<float>& exp_avg_sq() { return v_; }
-  /// All-gathers the moments so every rank holds full tensors (before a checkpoint). No-op without
-  /// ZeRO-1.
-  void gather_state();
+  /// Floats of optimizer state this rank holds: exp_avg + exp_avg_sq over its slice
+  /// (2·(shard_end() − shard_begin()); 2·layout.numel() without ZeRO-1).
+  int64_t state_numel() const { return static_cast<int64_t>(m_.size() + v_.size()); }
 
-  /// Tensor lists for checkpoint.h (HF names, full shapes) over the moment buffers.
-  std::vector<NamedTensor> named_exp_avg() const;
-  std::vector<NamedTensor> named_exp_avg_sq() const;
-  std::vector<MutableTensor> mutable_exp_avg();
-  std::vector<MutableTensor> mutable_exp_avg_sq();
+  /// Full moments over the layout this optimizer was built on (for a checkpoint): every rank of
+  /// the zero1 group receives the whole `exp_avg` and `exp_avg_sq` (all_gather_v of the slices).
+  /// Buffers must be over that layout. Collective over the zero1 group (no-op communication
+  /// without ZeRO-1). The engine's gather_full() then assembles HF tensors under tensor sharding.
+  void gather_state(model::Params<float>& exp_avg, model::Params<float>& exp_avg_sq) const;
+  /// Loads this rank's slice of full moments over the layout (resume from a checkpoint saved in
+  /// any layout: the engine's scatter_full() first cuts the HF tensors to the local layout). No
+  /// communication.
+  void load_state(const model::Params<float>& exp_avg, const model::Params<float>& exp_avg_sq);
 
   /// [begin, end) of this rank's slice of the flat buffer.
   int64_t shard_begin() const { return begin_; }
   int64_t shard_end() const { return end_; }
 
  private:
+  /// Elements per zero1 rank (the uneven split), for all_gather_v.
+  std::vector<int64_t> shard_counts() const;
+
   const model::ParamLayout& layout_;
   OptimizerConfig config_;
   comm::CommPtr zero1_;
-  model::Params<float> m_, v_;
+  std::vector<float> m_, v_;  // moments of [begin_, end_) only
   int64_t step_ = 0;
   int64_t begin_ = 0, end_ = 0, chunk_ = 0;
 };

@@ -197,10 +197,16 @@ struct Run {
 
   fs::path save(int64_t step) {
     if (config.train.checkpoint_dir.empty()) return {};
-    optimizer.gather_state();
     const auto full_params = full_of(params);
-    const auto full_m = full_of(optimizer.exp_avg());
-    const auto full_v = full_of(optimizer.exp_avg_sq());
+    std::unique_ptr<model::Params<float>> full_m, full_v;
+    {
+      // ZeRO-1 slices → this rank's local moments (zero1 group), then HF tensors (model groups);
+      // the local buffers live only for the save.
+      model::Params<float> m(engine.local_layout()), v(engine.local_layout());
+      optimizer.gather_state(m, v);
+      full_m = full_of(m);
+      full_v = full_of(v);
+    }
     if (!rank0) return {};
     CheckpointData d;
     d.params = named_tensors(*full_params);
@@ -314,8 +320,11 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     {
       model::Params<float> m(run.engine.full_layout()), v(run.engine.full_layout());
       run.optimizer.set_step(load_optimizer(dir, mutable_tensors(m), mutable_tensors(v)));
-      run.engine.scatter_full(run.optimizer.exp_avg(), m);
-      run.engine.scatter_full(run.optimizer.exp_avg_sq(), v);
+      // HF tensors → this layout's local tensors → this rank's ZeRO-1 slice.
+      model::Params<float> local_m(run.engine.local_layout()), local_v(run.engine.local_layout());
+      run.engine.scatter_full(local_m, m);
+      run.engine.scatter_full(local_v, v);
+      run.optimizer.load_state(local_m, local_v);
     }
     start = state.step;
     check(start <= config.train.total_steps, "--resume {}: checkpoint step {} is past train.total_steps = {}",

@@ -119,18 +119,23 @@ inline void check_resume(const ParityCase& c, const comm::Layout& a, const comm:
     parallel::ParallelEngine engine(c.model, grid, 42, c.P);
     train::AdamW adam(engine.local_layout(), parity_optimizer(), grid.zero1);
     run_engine_steps(engine, adam, c, 0, split, got);
-    adam.gather_state();
+    model::Params<float> local_m(engine.local_layout()), local_v(engine.local_layout());
+    adam.gather_state(local_m, local_v);
     engine.gather_full(params, engine.params());
-    engine.gather_full(m, adam.exp_avg());
-    engine.gather_full(v, adam.exp_avg_sq());
+    engine.gather_full(m, local_m);
+    engine.gather_full(v, local_v);
     adam_step = adam.step();
   }
   comm::ProcessGrid grid = comm::make_process_grid(world(), b);
   parallel::ParallelEngine engine(c.model, grid, /*seed (overwritten)=*/7, c.P);
   train::AdamW adam(engine.local_layout(), parity_optimizer(), grid.zero1);
   engine.scatter_full(engine.params(), params);
-  engine.scatter_full(adam.exp_avg(), m);
-  engine.scatter_full(adam.exp_avg_sq(), v);
+  {
+    model::Params<float> local_m(engine.local_layout()), local_v(engine.local_layout());
+    engine.scatter_full(local_m, m);
+    engine.scatter_full(local_v, v);
+    adam.load_state(local_m, local_v);
+  }
   adam.set_step(adam_step);
   run_engine_steps(engine, adam, c, split, c.steps, got);
   double err = 0;
