@@ -11,10 +11,12 @@
 #include "data/open.h"
 #include "data/shuffle.h"
 #include "data/tokenizer.h"
-#include "test_util.h"
+#include "cli_fixture.h"
 
 namespace fs = std::filesystem;
 namespace ld = longtron::data;
+using longtron::testing::english_document;
+using longtron::testing::jsonl_of;
 using longtron::testing::read_file;
 using longtron::testing::run_longtron;
 using longtron::testing::TempDir;
@@ -24,22 +26,13 @@ namespace {
 
 // 12 documents of generated English-like text, as .jsonl.
 std::vector<std::string> write_corpus(const fs::path& file) {
-  const char* words[] = {"the", "state", "of", "union", "congress", "people", "nation", "peace",
-                         "war", "trade", "law", "citizens", "government", "treaty", "revenue"};
   std::mt19937 gen(3);
   std::vector<std::string> docs;
-  std::string jsonl;
   for (int d = 0; d < 12; ++d) {
-    std::string doc;
-    for (int s = 0; s < 30 + d * 5; ++s) {
-      for (int w = 0; w < 7; ++w) doc += std::string(w ? " " : "") + words[gen() % 15];
-      doc += ". ";
-    }
-    doc.pop_back();
-    docs.push_back(doc);
-    jsonl += nlohmann::json{{"text", doc}}.dump() + "\n";
+    docs.push_back(english_document(gen, 30 + d * 5));
+    docs.back().pop_back();  // no trailing space
   }
-  write_file(file, jsonl);
+  write_file(file, jsonl_of(docs));
   return docs;
 }
 

@@ -9,13 +9,17 @@
 #include <random>
 #include <sstream>
 
-#include "../test_util.h"
+#include "cli_fixture.h"
 
 namespace fs = std::filesystem;
+using longtron::testing::english_document;
+using longtron::testing::jsonl_of;
+using longtron::testing::prepare_corpus;
 using longtron::testing::read_file;
 using longtron::testing::run_command;
 using longtron::testing::run_longtron;
 using longtron::testing::TempDir;
+using longtron::testing::tiny_model_toml;
 using longtron::testing::write_file;
 
 namespace {
@@ -24,26 +28,12 @@ namespace {
 struct Prepared {
   TempDir dir;
   Prepared() {
-    const char* words[] = {"the", "state", "of", "union", "congress", "people", "nation", "peace",
-                           "war", "trade", "law", "citizens", "government", "treaty", "revenue"};
     std::mt19937 gen(5);
-    std::string jsonl;
-    for (int d = 0; d < 16; ++d) {
-      std::string doc;
-      for (int s = 0; s < 12 + d * 3; ++s) {
-        for (int w = 0; w < 7; ++w) doc += std::string(w ? " " : "") + words[gen() % 15];
-        doc += ". ";
-      }
-      jsonl += nlohmann::json{{"text", doc}}.dump() + "\n";
-    }
-    write_file(dir / "corpus.jsonl", jsonl);
-    const auto r = run_longtron("prepare --input " + (dir / "corpus.jsonl").string() + " --output " +
-                                (dir / "data").string() +
-                                " --train-tokenizer --vocab-size 400 --valid-fraction 0 --threads 1");
-    EXPECT_EQ(r.status, 0) << r.output;
+    std::vector<std::string> docs;
+    for (int d = 0; d < 16; ++d) docs.push_back(english_document(gen, 12 + d * 3));
+    prepare_corpus(dir, jsonl_of(docs), "0");
     write_file(dir / "tiny.toml",
-               "[model]\nvocab_size = 400\nhidden_size = 32\nnum_layers = 2\nnum_attention_heads = 4\n"
-               "num_kv_attention_heads = 2\nmultiple_of = 8\n"
+               tiny_model_toml(8) +
                "[data]\ntrain_folder = \"" + (dir / "data" / "train").string() +
                "\"\nseq_len = 64\nmicro_bsz = 2\nmicro_num = 2\n"
                "[optimizer]\nlr = 1e-2\n"

@@ -1,0 +1,54 @@
+// Fixture pieces shared by the CLI tests: a generated English-like corpus and `longtron prepare`
+// on it (the tokenizer is trained on the corpus itself, so the tests need no data files).
+#pragma once
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace longtron::testing {
+
+/// One document of `sentences` sentences of 7 words drawn by `gen` from a fixed 15-word list, each
+/// sentence ending in ". " (so the text ends with a space). Draws exactly 7·sentences numbers.
+inline std::string english_document(std::mt19937& gen, int sentences) {
+  static const char* const words[] = {"the", "state", "of", "union", "congress",
+                                      "people", "nation", "peace", "war", "trade",
+                                      "law", "citizens", "government", "treaty", "revenue"};
+  std::string doc;
+  for (int s = 0; s < sentences; ++s) {
+    for (int w = 0; w < 7; ++w) doc += std::string(w ? " " : "") + words[gen() % 15];
+    doc += ". ";
+  }
+  return doc;
+}
+
+/// The documents as .jsonl text: one {"text": doc} object per line.
+inline std::string jsonl_of(const std::vector<std::string>& docs) {
+  std::string jsonl;
+  for (const std::string& doc : docs) jsonl += nlohmann::json{{"text", doc}}.dump() + "\n";
+  return jsonl;
+}
+
+/// Writes `jsonl` to dir/corpus.jsonl and runs `longtron prepare` into dir/data with a tokenizer
+/// trained on it (vocab 400, one thread) and the given --valid-fraction; expects exit status 0.
+inline void prepare_corpus(const TempDir& dir, const std::string& jsonl,
+                           const std::string& valid_fraction) {
+  write_file(dir / "corpus.jsonl", jsonl);
+  const CommandResult r = run_longtron(
+      "prepare --input " + (dir / "corpus.jsonl").string() + " --output " +
+      (dir / "data").string() + " --train-tokenizer --vocab-size 400 --valid-fraction " +
+      valid_fraction + " --threads 1");
+  EXPECT_EQ(r.status, 0) << r.output;
+}
+
+/// The [model] table of the tiny test model (vocab 400, hidden 32, 2 layers, 4 heads, 2 kv heads).
+inline std::string tiny_model_toml(int multiple_of) {
+  return "[model]\nvocab_size = 400\nhidden_size = 32\nnum_layers = 2\nnum_attention_heads = 4\n"
+         "num_kv_attention_heads = 2\nmultiple_of = " + std::to_string(multiple_of) + "\n";
+}
+
+}  // namespace longtron::testing
