@@ -199,9 +199,10 @@ static int world_rank() {
 }
 
 void abort_job(const std::string& message, int status) {
-  std::fputs(message.c_str(), stderr);
-  std::fputc('\n', stderr);
+  // One write per line, so lines of ranks failing at once do not run into each other.
+  const std::string line = message + "\n";
   std::fflush(stderr);
+  if (::write(STDERR_FILENO, line.data(), line.size()) < 0) std::fputs(line.c_str(), stderr);
   std::fflush(stdout);
   if (mpi_active()) MPI_Abort(MPI_COMM_WORLD, status);
   std::exit(status);

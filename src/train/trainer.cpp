@@ -11,6 +11,7 @@
 #include "core/safetensors.h"
 #include "core/threads.h"
 #include "data/open.h"
+#include "data/validate.h"
 #include "model/hf_config.h"
 #include "parallel/engine.h"
 #include "train/checkpoint.h"
@@ -23,6 +24,7 @@
 namespace fs = std::filesystem;
 
 namespace longtron::train {
+
 
 data::DataConfig loader_config(const TrainConfig& config) {
   data::DataConfig d;
@@ -85,6 +87,27 @@ fs::path find_tokenizer(const fs::path& data_folder) {
 }
 
 namespace {
+
+/// Opens the dataset of config key `key` and checks every token id against the model's vocabulary
+/// before any work, so a mismatched dataset (even one without dataset.json) fails up front with
+/// its file, document and position rather than mid-run. One read pass over the tokens.
+data::Dataset open_checked(const fs::path& folder, const char* key, int64_t vocab_size) {
+  data::Dataset dataset = data::open_dataset(folder);
+  try {
+    data::validate_dataset(dataset, vocab_size);
+  } catch (const Error& e) {
+    fail("{} = {}: {} (model.vocab_size = {})", key, folder.string(), e.what(), vocab_size);
+  }
+  return dataset;
+}
+
+/// Creates `dir` (named by `what`, e.g. a config key) or fails with a user error naming it.
+void ensure_directory(const fs::path& dir, const std::string& what) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  check(!ec, "{} = {}: cannot create the folder ({})", what, dir.string(), ec.message());
+}
+
 
 /// Valid labels of a micro-batch (the denominator of its loss).
 int64_t count_labels(const data::MicroBatch& b) {
@@ -152,13 +175,14 @@ struct Run {
                loader_config(c).pack.packed_length()),
         params(engine.params()), grads(engine.grads()), model(engine.model()),
         optimizer(engine.local_layout(), c.optimizer, grid.zero1),
-        loader(data::open_dataset(c.data.train_folder), loader_config(c), dp->size()) {
+        loader(open_checked(c.data.train_folder, "data.train_folder", c.model.vocab_size),
+               loader_config(c), dp->size()) {
     schedule.lr = c.optimizer.lr;
     schedule.min_lr = c.lr_scheduler.min_lr;
     schedule.warmup_steps = c.lr_scheduler.warmup_steps;
     schedule.total_steps = c.train.total_steps;
     if (!c.data.valid_folder.empty()) {
-      valid_dataset = data::open_dataset(c.data.valid_folder);
+      valid_dataset = open_checked(c.data.valid_folder, "data.valid_folder", c.model.vocab_size);
       valid_rows = std::make_unique<data::DatasetRows>(valid_dataset, loader_config(c).pack,
                                                        c.data.min_length, /*shuffle=*/false,
                                                        static_cast<uint32_t>(c.data.seed));
@@ -229,7 +253,7 @@ struct Run {
   void dump_grads(const fs::path& dir) {
     const auto full = full_of(grads);
     if (!rank0) return;
-    fs::create_directories(dir);
+    ensure_directory(dir, "--dump-grads");
     std::vector<safetensors::WriteTensor> tensors;
     for (const auto& t : named_tensors(*full))
       tensors.push_back({t.name, t.shape, safetensors::DType::F32, t.data, nullptr});
@@ -334,6 +358,9 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
   }  // else: the engine drew train.seed's parameters (init_params of the full model, sliced)
   summary.start_step = start;
   if (run.rank0) {
+    // Found now rather than at the first save, which by default is the end of the run.
+    if (!config.train.checkpoint_dir.empty())
+      ensure_directory(config.train.checkpoint_dir, "train.checkpoint_dir");
     MetricsOptions mo;
     mo.total_steps = config.train.total_steps;
     mo.log_every = config.train.log_every;
