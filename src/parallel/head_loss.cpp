@@ -6,16 +6,9 @@
 #include "data/batch.h"
 #include "ops/ops.h"
 #include "parallel/layers.h"
+#include "parallel/scratch.h"
 
 namespace longtron::parallel {
-namespace {
-
-float* ensure(std::vector<float>& b, int64_t n) {
-  if (static_cast<int64_t>(b.size()) < n) b.assign(static_cast<size_t>(n), 0.0f);
-  return b.data();
-}
-
-}  // namespace
 
 VocabParallelHeadLoss::VocabParallelHeadLoss(int64_t V, int64_t V_local, int64_t H,
                                              int64_t vocab_start, int group_size)

@@ -26,6 +26,7 @@
 #include "parallel/head_loss.h"
 #include "parallel/layers.h"
 #include "parallel/mappings.h"
+#include "parallel/scratch.h"
 
 namespace longtron::parallel {
 namespace {
@@ -36,11 +37,6 @@ using model::ModelOps;
 using model::Params;
 using model::ParamLayout;
 using Buffer = std::vector<float>;
-
-float* ensure(Buffer& b, int64_t n) {
-  if (static_cast<int64_t>(b.size()) < n) b.assign(static_cast<size_t>(n), 0.0f);
-  return b.data();
-}
 
 int64_t shard_tokens(int64_t N, SequenceParallel sp, const Communicator& c) {
   if (sp == SequenceParallel::kNone) return N;

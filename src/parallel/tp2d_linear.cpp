@@ -6,14 +6,10 @@
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "parallel/scratch.h"
 
 namespace longtron::parallel {
 namespace {
-
-float* ensure(std::vector<float>& b, int64_t n) {
-  if (static_cast<int64_t>(b.size()) < n) b.assign(static_cast<size_t>(n), 0.0f);
-  return b.data();
-}
 
 // Chunk c of k over [0, n): [n·c/k, n·(c+1)/k) (the same on every rank: n and k are).
 int64_t chunk_start(int64_t n, int64_t k, int64_t c) { return n * c / k; }

@@ -12,6 +12,7 @@
 #include "parallel/head_loss.h"
 #include "parallel/isp_attention.h"
 #include "parallel/layers.h"
+#include "parallel/scratch.h"
 #include "parallel/tp2d_linear.h"
 
 namespace longtron::parallel {
@@ -42,11 +43,6 @@ using comm::CommPtr;
 using model::Params;
 using model::ParamLayout;
 using Buffer = std::vector<float>;
-
-float* ensure(Buffer& b, int64_t n) {
-  if (static_cast<int64_t>(b.size()) < n) b.assign(static_cast<size_t>(n), 0.0f);
-  return b.data();
-}
 
 /// The grid position of this rank.
 struct Pos {
