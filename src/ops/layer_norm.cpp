@@ -53,6 +53,12 @@ void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x,
       }
     }
   }
+  norm_param_grads<T>(dweight, dbias, dout, x, mean, rstd, N, H);
+}
+
+template <typename T>
+void norm_param_grads(T* dweight, T* dbias, const T* dout, const T* x, const T* mean,
+                      const T* rstd, int64_t N, int64_t H) {
   if (dweight == nullptr && dbias == nullptr) return;
   // Threads own blocks of 64 features, so the sums over tokens need no reduction step.
   const int64_t blocks = (H + 63) / 64;
@@ -61,7 +67,7 @@ void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x,
     const int64_t begin = b * 64, end = begin + 64 < H ? begin + 64 : H;
     double aw[64] = {}, ab[64] = {};
     for (int64_t n = 0; n < N; ++n) {
-      const double mu = mean[n], r = rstd[n];
+      const double mu = mean != nullptr ? double(mean[n]) : 0.0, r = rstd[n];
       for (int64_t i = begin; i < end; ++i) {
         aw[i - begin] += static_cast<double>(dout[n * H + i]) * (x[n * H + i] - mu) * r;
         ab[i - begin] += static_cast<double>(dout[n * H + i]);
@@ -78,7 +84,9 @@ void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x,
   template void layer_norm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, \
                                       T);                                                         \
   template void layer_norm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,        \
-                                       const T*, int64_t, int64_t);
+                                       const T*, int64_t, int64_t);                          \
+  template void norm_param_grads<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t,      \
+                                    int64_t);
 LONGTRON_INSTANTIATE(float)
 LONGTRON_INSTANTIATE(double)
 #undef LONGTRON_INSTANTIATE

@@ -21,4 +21,12 @@ template <typename T>
 void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dout, const T* x, const T* weight,
                          const T* mean, const T* rstd, int64_t N, int64_t H);
 
+/// The parameter gradients of a norm over x[N,H] with saved mean[N] and rstd[N]:
+/// dweight[H] += Σₙ dout ⊙ (x − μ)·rstd, dbias[H] += Σₙ dout (either may be nullptr).
+/// mean == nullptr means μ = 0 (RMSNorm). Sums in double; threads own blocks of features.
+/// Shared by layer_norm_backward and the distributed norms (parallel/dist_norm.h).
+template <typename T>
+void norm_param_grads(T* dweight, T* dbias, const T* dout, const T* x, const T* mean,
+                      const T* rstd, int64_t N, int64_t H);
+
 }  // namespace longtron::ops

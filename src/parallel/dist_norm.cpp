@@ -24,28 +24,6 @@ void row_sums(double* acc, int64_t N, int stride, F&& f) {
   for (int64_t n = 0; n < N; ++n) f(n, acc + n * stride);
 }
 
-template <typename T>
-void weight_grads(T* dweight, T* dbias, const T* dout, const T* x, const T* mean, const T* rstd,
-                  int64_t N, int64_t H) {
-  const int64_t blocks = (H + 63) / 64;
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t begin = b * 64, end = begin + 64 < H ? begin + 64 : H;
-    double aw[64] = {}, ab[64] = {};
-    for (int64_t n = 0; n < N; ++n) {
-      const double mu = mean != nullptr ? double(mean[n]) : 0.0, r = rstd[n];
-      for (int64_t i = begin; i < end; ++i) {
-        aw[i - begin] += static_cast<double>(dout[n * H + i]) * (x[n * H + i] - mu) * r;
-        ab[i - begin] += static_cast<double>(dout[n * H + i]);
-      }
-    }
-    for (int64_t i = begin; i < end; ++i) {
-      if (dweight != nullptr) dweight[i] += static_cast<T>(aw[i - begin]);
-      if (dbias != nullptr) dbias[i] += static_cast<T>(ab[i - begin]);
-    }
-  }
-}
-
 }  // namespace
 
 template <typename T>
@@ -96,7 +74,7 @@ void dist_rms_norm_backward(T* dx, T* dweight, const T* dout, const T* x, const 
     }
   }
   if (dweight != nullptr)
-    weight_grads<T>(dweight, nullptr, dout, x, nullptr, rstd, N, H_local);
+    ops::norm_param_grads<T>(dweight, nullptr, dout, x, nullptr, rstd, N, H_local);
 }
 
 template <typename T>
@@ -159,7 +137,7 @@ void dist_layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dout, const 
       }
     }
   }
-  weight_grads<T>(dweight, dbias, dout, x, mean, rstd, N, H_local);
+  ops::norm_param_grads<T>(dweight, dbias, dout, x, mean, rstd, N, H_local);
 }
 
 #define LONGTRON_INSTANTIATE(T)                                                                  \
