@@ -1,4 +1,5 @@
 // Safetensors: round trips, bf16/f16 bit patterns, sharded folders, corrupt files.
+#include "expect_error.h"
 #include "core/safetensors.h"
 
 #include <gtest/gtest.h>
@@ -19,16 +20,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // Expects `fn` to throw Error whose message contains every string in `parts`.
-template <typename F>
-void expect_error(F fn, std::initializer_list<std::string> parts) {
-  try {
-    fn();
-    FAIL() << "no error thrown";
-  } catch (const Error& e) {
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-        << "message '" << e.what() << "' lacks '" << p << "'";
-  }
-}
+using longtron::testing::expect_error;
 
 std::string read_all(const fs::path& p) { return longtron::testing::read_file(p); }
 

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <random>
 
+#include "expect_error.h"
 #include "core/error.h"
 #include "data/internevo.h"
 #include "data/megatron.h"
@@ -40,16 +41,7 @@ std::vector<std::vector<int32_t>> random_docs(int n, int max_len, int32_t lo, in
 }
 
 // Expects `f` to throw Error whose message contains every one of `parts`.
-template <typename F>
-void expect_error(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    FAIL() << "expected an Error";
-  } catch (const Error& e) {
-    for (const auto& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-        << "message: " << e.what() << "\nmissing: " << part;
-  }
-}
+using longtron::testing::expect_error;
 
 void write_megatron(const std::filesystem::path& prefix, const std::vector<std::vector<int32_t>>& docs,
                     ld::MegatronDtype dtype) {

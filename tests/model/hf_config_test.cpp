@@ -1,4 +1,5 @@
 // Hugging Face config.json ↔ ModelConfig (SPEC §2).
+#include "expect_error.h"
 #include "model/hf_config.h"
 
 #include <gtest/gtest.h>
@@ -21,16 +22,7 @@ ModelConfig demo() {
   return c;  // mlp_ratio 8/3, multiple_of 256 → ffn 1024
 }
 
-template <typename F>
-void expect_error(F fn, std::initializer_list<std::string> parts) {
-  try {
-    fn();
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    for (const auto& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << " lacks " << p;
-  }
-}
+using longtron::testing::expect_error;
 }  // namespace
 
 TEST(HfConfig, WritesHfKeys) {

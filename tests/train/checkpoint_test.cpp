@@ -1,4 +1,5 @@
 // Checkpoints (SPEC §4.4): round trip, latest/resolve, and atomicity of a failing write.
+#include "expect_error.h"
 #include "train/checkpoint.h"
 
 #include <gtest/gtest.h>
@@ -39,16 +40,7 @@ struct Fake {  // two "parameters" and their AdamW moments
   }
 };
 
-template <typename F>
-void expect_error(F fn, std::initializer_list<std::string> parts) {
-  try {
-    fn();
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    for (const auto& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << " lacks " << p;
-  }
-}
+using longtron::testing::expect_error;
 
 std::string latest(const fs::path& root) { return longtron::testing::read_file(root / "latest"); }
 
