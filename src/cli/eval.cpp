@@ -42,6 +42,7 @@ int run_eval(const EvalOptions& o) {
     const auto& d = m.train_config["data"];
     if (d.contains("use_packed_dataset")) pack.use_packed_dataset = d["use_packed_dataset"].get<bool>();
     if (d.contains("pack_sample_into_one")) pack.pack_sample_into_one = d["pack_sample_into_one"].get<bool>();
+    if (d.contains("split_documents")) pack.split_documents = d["split_documents"].get<bool>();
   }
   const data::Dataset dataset = data::open_dataset(o.data);
   // eval reads every token anyway: check ids first so the error names the file and document.

@@ -14,6 +14,7 @@
 #include "cli/registry.h"
 #include "core/error.h"
 #include "core/threads.h"
+#include "data/chat_template.h"
 #include "data/tokenizer.h"
 #include "train/model_io.h"
 
@@ -27,6 +28,8 @@ struct GenerateOptions {
   double top_p = 1.0;
   uint64_t seed = 0;
   int threads = 0;
+  bool chat = false;           // the prompt is a user message of this chat template
+  std::string chat_template, system;
 };
 
 /// The next token: argmax (temperature 0), else a draw from the smallest set of most likely tokens
@@ -59,18 +62,32 @@ int run_generate(const GenerateOptions& o) {
   check(!m.tokenizer.empty(), "generate: no tokenizer.model in {} or next to its training data",
         m.dir.string());
   const data::Tokenizer tok = data::Tokenizer::load(m.tokenizer);
-  std::vector<int32_t> ids = tok.encode(o.prompt, /*bos_eos=*/false);
-  if (tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());
+  std::vector<int32_t> ids;
+  int32_t stop = tok.eos_id();
+  if (o.chat) {  // the template's reply prompt; the answer ends at its end-of-turn token
+    check(!o.chat_template.empty(), "generate: --chat needs --chat-template NAME|FILE");
+    const data::ChatEncoder encoder(data::load_chat_template(o.chat_template), tok);
+    data::Conversation c;
+    if (!o.system.empty()) c.push_back({data::ChatMessage::Role::kSystem, o.system});
+    c.push_back({data::ChatMessage::Role::kUser, o.prompt});
+    ids = encoder.encode_prompt(c);
+    stop = encoder.end_of_turn_id();
+  } else {
+    ids = tok.encode(o.prompt, /*bos_eos=*/false);
+    if (tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());
+  }
   check(!ids.empty(), "generate: empty prompt and the tokenizer has no BOS");
   const size_t prompt_len = ids.size();
   std::mt19937_64 rng(o.seed);
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
     const int32_t next = pick(m.model->logits_last(ids), o, rng);
-    if (next == tok.eos_id()) break;
+    if (next == stop) break;
     ids.push_back(next);
   }
-  // Decoding the whole sequence keeps SentencePiece's word-boundary spaces right at the seam.
-  fmt::print("{}\n", tok.decode(ids));
+  // Decoding the whole sequence keeps SentencePiece's word-boundary spaces right at the seam;
+  // a chat prints only the answer.
+  fmt::print("{}\n", o.chat ? tok.decode({ids.begin() + static_cast<std::ptrdiff_t>(prompt_len), ids.end()})
+                            : tok.decode(ids));
   std::fflush(stdout);
   fmt::print(stderr, "generate: {} prompt tokens, {} new\n", prompt_len, ids.size() - prompt_len);
   return 0;
@@ -86,6 +103,11 @@ Subcommand generate_command(45, [](CLI::App& app) {
   sub->add_option("--top-p", o->top_p, "Nucleus sampling mass (default 1)");
   sub->add_option("--seed", o->seed, "Sampling seed (default 0)");
   sub->add_option("--threads", o->threads, "Compute threads (default: all cores)");
+  sub->add_flag("--chat", o->chat, "The prompt is a user message: apply --chat-template, stop at "
+                "its end-of-turn token, print the answer");
+  sub->add_option("--chat-template", o->chat_template,
+                  "internlm2 | chatml | llama2 | mistral | a template file (with --chat)");
+  sub->add_option("--system", o->system, "System message (with --chat)");
   return [o] { return run_generate(*o); };
 });
 

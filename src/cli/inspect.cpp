@@ -16,7 +16,7 @@ namespace {
 struct InspectArgs {
   std::string data;
   int64_t seq_len = 0, micro_bsz = 0, micro_num = 1, steps = 1;
-  bool unpacked = false, into_one = false, shuffle = false, json = false;
+  bool unpacked = false, into_one = false, shuffle = false, json = false, no_split = false;
   std::string pack_tail = "pad";
   int64_t seed = 1024, sp_size = 1, sp_rank = 0;
 };
@@ -33,6 +33,8 @@ Subcommand inspect_command(20, [](CLI::App& app) {
   sub->add_flag("--unpacked", args->unpacked, "use_packed_dataset = false (build_unpack)");
   sub->add_flag("--pack-sample-into-one", args->into_one, "pack_sample_into_one = true");
   sub->add_option("--pack-tail", args->pack_tail, "pad | drop")->capture_default_str();
+  sub->add_flag("--no-split-documents", args->no_split,
+                "data.split_documents = false: a document that does not fit starts the next row");
   sub->add_flag("--shuffle", args->shuffle, "Shuffle documents and rows (off by default)");
   sub->add_option("--seed", args->seed, "Shuffle seed (data.seed)")->capture_default_str();
   sub->add_option("--sp-size", args->sp_size, "Sequence parallel size T")->capture_default_str();
@@ -45,6 +47,7 @@ Subcommand inspect_command(20, [](CLI::App& app) {
     o.data.pack.use_packed_dataset = !args->unpacked;
     o.data.pack.pack_sample_into_one = args->into_one;
     o.data.pack.pack_tail = data::parse_pack_tail(args->pack_tail);
+    o.data.pack.split_documents = !args->no_split;
     o.data.micro_num = args->micro_num;
     o.data.shuffle = args->shuffle;
     longtron::check(args->seed >= 0 && args->seed <= 0xffffffffLL, "--seed must be in [0, 2^32), got {}",

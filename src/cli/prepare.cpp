@@ -9,12 +9,14 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <optional>
 
 #include "cli/registry.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/threads.h"
+#include "data/chat_template.h"
 #include "data/internevo.h"
 #include "data/megatron.h"
 #include "data/open.h"
@@ -35,12 +37,14 @@ struct PrepareOptions {
   std::string tokenizer;
   bool train_tokenizer = false;
   int64_t vocab_size = 0;
-  std::string format = "megatron";
+  std::string format;  // "" = megatron, or internevo with --chat
   std::string text_field = "text";
   double valid_fraction = 0.0;
   uint32_t seed = 1024;
   bool no_bos_eos = false;
   int threads = 0;
+  bool chat = false;          // conversations -> SFT documents (no-loss tokens stored negative)
+  std::string chat_template;  // built-in name or template file
 };
 
 double seconds_since(Clock::time_point start) {
@@ -109,7 +113,8 @@ int64_t write_split(const fs::path& folder, const std::vector<std::vector<int32_
   return tokens;
 }
 
-data::Tokenizer get_tokenizer(const PrepareOptions& options, const std::vector<std::string>& documents) {
+data::Tokenizer get_tokenizer(const PrepareOptions& options, const std::vector<std::string>& documents,
+                              const data::ChatTemplate* chat = nullptr) {
   if (!options.train_tokenizer) return data::Tokenizer::load(options.tokenizer);
   const auto start = Clock::now();
   fmt::print(stderr, "prepare: training a BPE tokenizer (vocab_size {}) on {} documents\n",
@@ -117,6 +122,12 @@ data::Tokenizer get_tokenizer(const PrepareOptions& options, const std::vector<s
   data::TokenizerTraining training;
   training.vocab_size = options.vocab_size;
   training.threads = options.threads;
+  if (chat) {  // the template's special tokens become single pieces; "\n" stays a newline
+    for (const auto& token : chat->special_tokens)
+      if (token != "<s>" && token != "</s>" && token != "<unk>")  // already control pieces
+        training.user_defined_symbols.push_back(token);
+    training.keep_whitespace = true;
+  }
   auto tokenizer = data::train_bpe_tokenizer(documents, training);
   fmt::print(stderr, "prepare: tokenizer trained in {:.1f} s\n", seconds_since(start));
   return tokenizer;
@@ -131,6 +142,13 @@ void check_options(const PrepareOptions& options) {
         "and one piece per distinct character of the corpus), got {}", options.vocab_size);
   check(options.format == "megatron" || options.format == "internevo",
         "prepare: --format {} is not megatron or internevo", options.format);
+  check(!options.chat || options.format == "internevo",
+        "prepare: --chat writes InternEvo .bin (no-loss tokens are stored as negative ids); "
+        "--format {} cannot hold them", options.format);
+  check(options.chat == !options.chat_template.empty(),
+        "prepare: --chat and --chat-template NAME|FILE go together");
+  check(!options.chat || !options.no_bos_eos,
+        "prepare: --no-bos-eos has no meaning with --chat (the chat template places BOS/EOS)");
   check(options.valid_fraction >= 0.0 && options.valid_fraction < 1.0,
         "prepare: --valid-fraction {} is not in [0, 1)", options.valid_fraction);
   const fs::path output(options.output);
@@ -139,18 +157,61 @@ void check_options(const PrepareOptions& options) {
         options.output);
 }
 
+// --chat: conversations of the .jsonl inputs through the template; no-loss tokens stored negative.
+std::vector<std::vector<int32_t>> encode_chat(const PrepareOptions& options,
+                                              const std::vector<fs::path>& inputs,
+                                              const data::ChatTemplate& chat,
+                                              std::optional<data::Tokenizer>& tokenizer) {
+  std::vector<data::NamedConversation> conversations;
+  for (const auto& file : data::list_text_files(inputs)) {
+    check(file.extension() == ".jsonl", "prepare --chat: {} is not a .jsonl of conversations",
+          file.string());
+    auto more = data::read_conversations(file);
+    std::move(more.begin(), more.end(), std::back_inserter(conversations));
+  }
+  check(!conversations.empty(), "prepare: no conversations in {}", fmt::join(options.inputs, ", "));
+  fmt::print(stderr, "prepare: {} conversations from {} input(s), template {}\n",
+             conversations.size(), inputs.size(), chat.name);
+  std::vector<std::string> texts;  // tokenizer training corpus: the rendered conversations
+  if (options.train_tokenizer)
+    for (const auto& c : conversations) texts.push_back(data::chat_text(chat, c.messages));
+  tokenizer.emplace(get_tokenizer(options, texts, &chat));
+  const data::ChatEncoder encoder(chat, *tokenizer);
+  std::vector<std::vector<int32_t>> encoded(conversations.size());
+  std::string error;
+#pragma omp parallel for schedule(dynamic, 16)
+  for (size_t i = 0; i < conversations.size(); ++i) {
+    try {
+      const auto& c = conversations[i];
+      encoded[i] = data::to_stored_ids(encoder.encode(c.messages, c.where), c.where);
+    } catch (const Error& e) {
+#pragma omp critical
+      if (error.empty()) error = e.what();
+    }
+  }
+  if (!error.empty()) throw Error("prepare: " + error);
+  return encoded;
+}
+
 int run_prepare(const PrepareOptions& options) {
   check_options(options);
   const auto start = Clock::now();
   const int threads = set_num_threads(options.threads);
   std::vector<fs::path> inputs(options.inputs.begin(), options.inputs.end());
-  const auto documents = data::read_text_inputs(inputs, options.text_field);
-  check(!documents.empty(), "prepare: no documents in {}", fmt::join(options.inputs, ", "));
-  fmt::print(stderr, "prepare: {} documents from {} input(s)\n", documents.size(), inputs.size());
-
-  const auto tokenizer = get_tokenizer(options, documents);
+  std::optional<data::Tokenizer> tokenizer;
+  std::vector<std::vector<int32_t>> encoded;
+  std::optional<data::ChatTemplate> chat;
   const auto encode_start = Clock::now();
-  const auto encoded = encode_with_progress(tokenizer, documents, !options.no_bos_eos, threads);
+  if (options.chat) {
+    chat = data::load_chat_template(options.chat_template);
+    encoded = encode_chat(options, inputs, *chat, tokenizer);
+  } else {
+    const auto documents = data::read_text_inputs(inputs, options.text_field);
+    check(!documents.empty(), "prepare: no documents in {}", fmt::join(options.inputs, ", "));
+    fmt::print(stderr, "prepare: {} documents from {} input(s)\n", documents.size(), inputs.size());
+    tokenizer.emplace(get_tokenizer(options, documents));
+    encoded = encode_with_progress(*tokenizer, documents, !options.no_bos_eos, threads);
+  }
   const double encode_seconds = seconds_since(encode_start);
 
   const auto n = static_cast<int64_t>(encoded.size());
@@ -167,11 +228,12 @@ int run_prepare(const PrepareOptions& options) {
   nlohmann::json info;
   write_atomically(output, [&](const fs::path& tmp) {
     fs::create_directories(tmp);
-    const int64_t vocab = tokenizer.vocab_size();
+    const int64_t vocab = tokenizer->vocab_size();
     const int64_t train_tokens = write_split(tmp / "train", encoded, train, options, vocab);
     info = {{"format", options.format}, {"documents", n}, {"vocab_size", vocab},
-            {"bos_id", tokenizer.bos_id()}, {"eos_id", tokenizer.eos_id()},
-            {"bos_eos", !options.no_bos_eos}, {"tokenizer", "tokenizer.model"}};
+            {"bos_id", tokenizer->bos_id()}, {"eos_id", tokenizer->eos_id()},
+            {"bos_eos", !options.no_bos_eos && !options.chat}, {"tokenizer", "tokenizer.model"}};
+    if (chat) info["chat_template"] = chat->name;
     int64_t tokens = train_tokens;
     if (!valid.empty()) {
       const int64_t valid_tokens = write_split(tmp / "valid", encoded, valid, options, vocab);
@@ -183,7 +245,7 @@ int run_prepare(const PrepareOptions& options) {
     }
     info["tokens"] = tokens;
     std::ofstream model(tmp / "tokenizer.model", std::ios::binary);
-    model << tokenizer.serialized();
+    model << tokenizer->serialized();
     std::ofstream json(tmp / "dataset.json");
     json << info.dump(2) << "\n";
     check(model.good() && json.good(), "{}: write failed", tmp.string());
@@ -192,7 +254,7 @@ int run_prepare(const PrepareOptions& options) {
   const int64_t tokens = info["tokens"].get<int64_t>();
   fmt::print("prepare: wrote {} ({} format): {} documents ({} train, {} valid), {} tokens, "
              "vocab_size {}\n", options.output, options.format, n, train.size(), valid.size(),
-             tokens, tokenizer.vocab_size());
+             tokens, tokenizer->vocab_size());
   fmt::print("prepare: tokenized at {:.0f} tokens/s on {} threads; total {:.1f} s\n",
              static_cast<double>(tokens) / std::max(1e-9, encode_seconds), threads,
              seconds_since(start));
@@ -208,7 +270,12 @@ Subcommand prepare_command(10, [](CLI::App& app) {
   sub->add_option("--tokenizer", options->tokenizer, "SentencePiece .model to encode with");
   sub->add_flag("--train-tokenizer", options->train_tokenizer, "Train a BPE tokenizer on the input");
   sub->add_option("--vocab-size", options->vocab_size, "Vocabulary size of the trained tokenizer");
-  sub->add_option("--format", options->format, "megatron (default) or internevo")
+  sub->add_flag("--chat", options->chat,
+                "Inputs are .jsonl conversations (messages or XTuner conversation); writes an "
+                "InternEvo .bin where only assistant answers carry loss");
+  sub->add_option("--chat-template", options->chat_template,
+                  "With --chat: internlm2 | chatml | llama2 | mistral | a template file (JSON)");
+  sub->add_option("--format", options->format, "megatron (default; internevo with --chat) or internevo")
       ->check(CLI::IsMember({"megatron", "internevo"}));
   sub->add_option("--text-field", options->text_field, "JSON field holding the text (default text)");
   sub->add_option("--valid-fraction", options->valid_fraction,
@@ -216,7 +283,10 @@ Subcommand prepare_command(10, [](CLI::App& app) {
   sub->add_option("--seed", options->seed, "Seed of the held-out choice (default 1024)");
   sub->add_flag("--no-bos-eos", options->no_bos_eos, "Do not add BOS/EOS around documents");
   sub->add_option("--threads", options->threads, "Encoding threads (default: all cores)");
-  return [options] { return run_prepare(*options); };
+  return [options] {
+    if (options->format.empty()) options->format = options->chat ? "internevo" : "megatron";
+    return run_prepare(*options);
+  };
 });
 
 }  // namespace

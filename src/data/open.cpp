@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "data/internevo.h"
 #include "data/megatron.h"
+#include "data/pretokenized.h"
 #include "data/validate.h"
 
 namespace longtron::data {
@@ -39,6 +40,7 @@ std::unique_ptr<DocumentSource> open_file(const fs::path& path, bool explicit_fi
           "its index ({}.idx is missing)", path.string(), prefix.string());
     return open_internevo(path);
   }
+  if (ext == ".jsonl") return open_pretokenized(path);  // in a folder too: raw text is an error
   if (ext == ".idx") {
     const fs::path prefix = without_extension(path);
     check(fs::exists(prefix.string() + ".bin"), "{}: Megatron index without its data file {}.bin",
@@ -46,7 +48,8 @@ std::unique_ptr<DocumentSource> open_file(const fs::path& path, bool explicit_fi
     return explicit_file ? open_megatron(prefix) : nullptr;
   }
   if (explicit_file)
-    fail("{}: not a tokenized dataset file (expected a Megatron .idx/.bin or an InternEvo .bin)",
+    fail("{}: not a tokenized dataset file (expected a Megatron .idx/.bin, an InternEvo .bin or "
+         "a pre-tokenized .jsonl)",
          path.string());
   return nullptr;
 }

@@ -80,17 +80,33 @@ PackedRows::PackedRows(const DocumentSource& source, std::vector<int64_t> order,
     : source_(source), order_(std::move(order)), config_(config) {
   config_.validate();
   P_ = config_.packed_length();
+  place_documents();
+  const int64_t total = starts_.back();
+  num_rows_ = config_.pack_tail == PackTail::kPad ? (total + P_ - 1) / P_ : total / P_;
+  raw_.resize(P_ + 1);
+}
+
+// Stream offsets of the ordered documents. Split (InternEvo): back to back. Not split: a document
+// that does not fit the rest of the current row moves to the next row start (the skipped rest is a
+// pad gap); one longer than P starts on a fresh row and runs on, cut into P-long pieces.
+void PackedRows::place_documents() {
   starts_.resize(order_.size() + 1);
-  starts_[0] = 0;
+  lengths_.resize(order_.size());
+  int64_t at = 0;
+  num_tokens_ = 0;
   for (size_t i = 0; i < order_.size(); ++i) {
     check(order_[i] >= 0 && static_cast<size_t>(order_[i]) < source_.num_documents(),
           "{}: document order names document {} of {}", source_.path().string(), order_[i],
           source_.num_documents());
-    starts_[i + 1] = starts_[i] + static_cast<int64_t>(source_.document_length(order_[i]));
+    const auto len = static_cast<int64_t>(source_.document_length(order_[i]));
+    const int64_t used = at % P_;
+    if (!config_.split_documents && used > 0 && len > P_ - used) at += P_ - used;
+    starts_[i] = at;
+    lengths_[i] = len;
+    at += len;
+    num_tokens_ += len;
   }
-  const int64_t total = starts_.back();
-  num_rows_ = config_.pack_tail == PackTail::kPad ? (total + P_ - 1) / P_ : total / P_;
-  raw_.resize(P_ + 1);
+  starts_.back() = at;
 }
 
 void PackedRows::row_into(int64_t k, MicroBatch& out) const {
@@ -100,19 +116,32 @@ void PackedRows::row_into(int64_t k, MicroBatch& out) const {
   fill_segments(filled, out);
 }
 
-// Copies the row's stored ids into raw_ piece by piece, then derives input_ids and labels.
+// Copies the row's stored ids into raw_ piece by piece (pad gaps as zeros), then derives
+// input_ids and labels.
 int64_t PackedRows::fill_tokens(int64_t k, MicroBatch& out) const {
   const int64_t begin = k * P_;
   const int64_t filled = std::min(begin + P_, starts_.back()) - begin;
-  // Last ordered document starting at or before `begin` (empty documents are skipped below).
-  int64_t d = std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin() - 1;
+  const auto n = static_cast<int64_t>(order_.size());
+  // Last ordered document starting at or before `begin`; one ending before it is skipped below.
+  int64_t d = std::max<int64_t>(
+      0, std::upper_bound(starts_.begin(), starts_.begin() + n, begin) - starts_.begin() - 1);
   int32_t* raw = raw_.data();
   int32_t* labels = out.labels.data();
   int64_t pos = 0;
   piece_ends_.clear();
   doc_ends_.clear();
+  pads_.clear();
   while (pos < filled) {
-    const int64_t len = starts_[d + 1] - starts_[d];
+    const int64_t gap = std::min(starts_[d] - begin, filled) - pos;
+    if (gap > 0) {  // a pad gap before document d (split_documents = false)
+      std::fill(raw + pos, raw + pos + gap, 0);
+      pos += gap;
+      piece_ends_.push_back(pos);
+      doc_ends_.push_back(true);
+      pads_.push_back(true);
+      continue;
+    }
+    const int64_t len = lengths_[d];
     const int64_t offset = begin + pos - starts_[d];
     const int64_t count = std::min(len - offset, filled - pos);
     if (count > 0) {
@@ -121,6 +150,7 @@ int64_t PackedRows::fill_tokens(int64_t k, MicroBatch& out) const {
       piece_ends_.push_back(pos);
       const bool doc_end = offset + count == len;
       doc_ends_.push_back(doc_end);
+      pads_.push_back(false);
       // The row ends inside the document: its last label is the continuation token.
       if (!doc_end) source_.read_tokens(order_[d], offset + count, 1, raw + pos);
     }
@@ -132,9 +162,13 @@ int64_t PackedRows::fill_tokens(int64_t k, MicroBatch& out) const {
     labels[i] = label_of(raw[i + 1]);
   }
   // -100 at every document end; into-one rows also at the row end (InternEvo
-  // PackedDatasetWithoutCuSeqlen labels every piece `piece[1:] + [-100]`).
-  for (size_t p = 0; p < piece_ends_.size(); ++p)
+  // PackedDatasetWithoutCuSeqlen labels every piece `piece[1:] + [-100]`); all of a pad gap.
+  int64_t from = 0;
+  for (size_t p = 0; p < piece_ends_.size(); ++p) {
+    if (pads_[p]) std::fill(labels + from, labels + piece_ends_[p], kIgnoreIndex);
     if (doc_ends_[p] || config_.pack_sample_into_one) labels[piece_ends_[p] - 1] = kIgnoreIndex;
+    from = piece_ends_[p];
+  }
   std::fill(input + filled, input + P_, 0);
   std::fill(labels + filled, labels + P_, kIgnoreIndex);
   return filled;
@@ -147,9 +181,9 @@ void PackedRows::fill_segments(int64_t filled, MicroBatch& out) const {
     return;
   }
   int64_t from = 0;
-  for (const int64_t e : piece_ends_) {  // segments counted from each piece start
-    append_segments(from, e - from, L, out);
-    from = e;
+  for (size_t p = 0; p < piece_ends_.size(); ++p) {  // segments counted from each piece start
+    append_segments(from, piece_ends_[p] - from, pads_[p] ? 0 : L, out);  // a pad gap: one segment
+    from = piece_ends_[p];
   }
   if (filled < P_) append_segments(filled, P_ - filled, 0, out);  // the pad: one segment
 }

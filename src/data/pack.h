@@ -27,6 +27,10 @@ struct PackConfig {
   bool use_packed_dataset = true;
   bool pack_sample_into_one = false;
   PackTail pack_tail = PackTail::kPad;
+  /// `data.split_documents`: true (InternEvo) cuts documents at row edges; false starts a document
+  /// that does not fit the rest of a row on the next row (the rest is one pad segment). A document
+  /// longer than P starts on a fresh row and is still cut into P-long pieces.
+  bool split_documents = true;
   /// Throws Error ("data.seq_len must be > 0, got 0") for seq_len or micro_bsz <= 0 or P > 2^31-1.
   void validate() const;
   int64_t packed_length() const { return seq_len * micro_bsz; }
@@ -63,23 +67,30 @@ class RowSource {
 /// every piece end. The partial tail row is padded (tokens 0, labels -100, one pad segment with
 /// indexes 0..k-1; into-one: the fixed windows are kept) or dropped per pack_tail.
 /// Token rule (SPEC §1.1, InternEvo `packed_collate_fn`): input = abs(id); a label id <= 0 is -100.
-/// `source` must outlive the object.
+/// With split_documents = false the stream has pad gaps (tokens 0, labels -100, one segment each)
+/// wherever a document was moved to the next row. `source` must outlive the object.
 class PackedRows : public RowSource {
  public:
   PackedRows(const DocumentSource& source, std::vector<int64_t> order, const PackConfig& config);
   int64_t num_rows() const override { return num_rows_; }
   void row_into(int64_t k, MicroBatch& out) const override;
   int64_t packed_length() const override { return P_; }
-  /// Tokens in the stream (sum of the ordered document lengths).
-  int64_t num_tokens() const { return starts_.back(); }
+  /// Tokens in the stream (sum of the ordered document lengths; pad gaps not counted).
+  int64_t num_tokens() const { return num_tokens_; }
+  /// [n+1] stream offset where each ordered document starts (row k covers [kP, (k+1)P)); the last
+  /// entry is the stream end. Equal to prefix sums of the lengths unless pad gaps were inserted.
+  const std::vector<int64_t>& document_starts() const { return starts_; }
 
  private:
   int64_t fill_tokens(int64_t k, MicroBatch& out) const;  // returns tokens written (< P at tail)
   void fill_segments(int64_t filled, MicroBatch& out) const;
+  void place_documents();  // fills starts_/lengths_ (with pad gaps when !split_documents)
 
   const DocumentSource& source_;
   std::vector<int64_t> order_;
-  std::vector<int64_t> starts_;  // [n+1] exclusive prefix sums of ordered lengths
+  std::vector<int64_t> starts_;   // [n+1] stream offset of each ordered document; [n] = stream end
+  std::vector<int64_t> lengths_;  // [n] their token counts (starts_[d+1] - starts_[d] - gap)
+  int64_t num_tokens_ = 0;
   PackConfig config_;
   int64_t P_;
   int64_t num_rows_;
@@ -87,6 +98,7 @@ class PackedRows : public RowSource {
   mutable std::vector<int32_t> raw_;  // P+1 stored ids of the row (+ the continuation token)
   mutable std::vector<int64_t> piece_ends_;  // row offset where each document piece ends
   mutable std::vector<char> doc_ends_;       // whether that piece ends its document
+  mutable std::vector<char> pads_;           // whether that piece is a pad gap
 };
 
 /// build_unpack over one file (SPEC §1.4): row i holds documents [i·B, (i+1)·B) of `order`, each

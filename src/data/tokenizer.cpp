@@ -129,6 +129,13 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return text;
 }
 
+int32_t Tokenizer::piece_id(const std::string& piece) const {
+  const int id = sp_->PieceToId(piece);
+  // PieceToId answers unk_id for unknown pieces: only the unk piece itself may map there.
+  if (id < 0 || (id == sp_->unk_id() && sp_->IdToPiece(id) != piece)) return -1;
+  return id;
+}
+
 int64_t Tokenizer::vocab_size() const { return sp_->GetPieceSize(); }
 int32_t Tokenizer::bos_id() const { return sp_->bos_id(); }
 int32_t Tokenizer::eos_id() const { return sp_->eos_id(); }
@@ -144,7 +151,7 @@ Tokenizer train_bpe_tokenizer(const std::vector<std::string>& documents,
   check(!lines.empty(), "tokenizer training: the corpus has no text");
   const int threads = options.threads > 0 ? options.threads
                                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const std::unordered_map<std::string, std::string> kwargs = {
+  std::unordered_map<std::string, std::string> kwargs = {
       {"model_type", "bpe"},
       {"vocab_size", std::to_string(options.vocab_size)},
       {"byte_fallback", "true"},
@@ -155,6 +162,19 @@ Tokenizer train_bpe_tokenizer(const std::vector<std::string>& documents,
       {"shuffle_input_sentence", "false"},
       {"minloglevel", "2"},
   };
+  if (!options.user_defined_symbols.empty()) {
+    std::string joined;
+    for (const auto& s : options.user_defined_symbols) {
+      check(s.find(',') == std::string::npos,
+            "tokenizer training: user-defined symbol \"{}\" contains a comma", s);
+      joined += (joined.empty() ? "" : ",") + s;
+    }
+    kwargs["user_defined_symbols"] = joined;
+  }
+  if (options.keep_whitespace) {
+    kwargs["normalization_rule_name"] = "identity";
+    kwargs["remove_extra_whitespaces"] = "false";
+  }
   LineIterator iterator(lines);
   std::string model;
   const auto status = sentencepiece::SentencePieceTrainer::Train(kwargs, &iterator, &model);

@@ -31,6 +31,8 @@ class Tokenizer {
                                                bool bos_eos = true, int threads = 0) const;
   /// Text of `ids` (control ids such as BOS/EOS are dropped).
   std::string decode(const std::vector<int32_t>& ids) const;
+  /// Id of the vocabulary piece spelled exactly `piece` (e.g. "<s>", "<|im_end|>"), -1 if none.
+  int32_t piece_id(const std::string& piece) const;
   int64_t vocab_size() const;
   int32_t bos_id() const;
   int32_t eos_id() const;
@@ -46,6 +48,12 @@ class Tokenizer {
 /// Options of train_bpe_tokenizer.
 struct TokenizerTraining {
   int64_t vocab_size = 8192;
+  /// Pieces that are always one id and never split (a chat template's special tokens).
+  std::vector<std::string> user_defined_symbols;
+  /// Keep text as written (identity normalization, whitespace runs and newlines kept; newlines
+  /// encode through byte fallback) instead of NFKC with collapsed whitespace. Chat templates
+  /// put meaning in "\n".
+  bool keep_whitespace = false;
   int threads = 0;                    // 0 = all hardware threads
   size_t max_sentence_bytes = 4000;   // training lines are kept shorter than this
   double character_coverage = 0.9995;

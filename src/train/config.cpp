@@ -241,7 +241,8 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
       {"micro_num", int_key(d.micro_num)}, {"use_packed_dataset", bool_key(d.use_packed_dataset)},
       {"pack_sample_into_one", bool_key(d.pack_sample_into_one)},
       {"pack_tail", string_key(d.pack_tail)}, {"shuffle", bool_key(d.shuffle)},
-      {"seed", int_key(d.seed)}, {"min_length", int_key(d.min_length)}};
+      {"seed", int_key(d.seed)}, {"min_length", int_key(d.min_length)},
+      {"split_documents", bool_key(d.split_documents)}};
   const Schema optimizer = {
       {"lr", double_key(o.lr)}, {"beta1", double_key(o.beta1)}, {"beta2", double_key(o.beta2)},
       {"eps", double_key(o.eps)}, {"weight_decay", double_key(o.weight_decay)},
@@ -394,7 +395,8 @@ nlohmann::json to_json(const TrainConfig& c) {
                {"seq_len", d.seq_len}, {"micro_bsz", d.micro_bsz}, {"micro_num", d.micro_num},
                {"use_packed_dataset", d.use_packed_dataset},
                {"pack_sample_into_one", d.pack_sample_into_one}, {"pack_tail", d.pack_tail},
-               {"shuffle", d.shuffle}, {"seed", d.seed}, {"min_length", d.min_length}};
+               {"shuffle", d.shuffle}, {"seed", d.seed}, {"min_length", d.min_length},
+               {"split_documents", d.split_documents}};
   j["optimizer"] = {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps},
                     {"weight_decay", o.weight_decay}, {"clip_grad_norm", o.clip_grad_norm}};
   j["lr_scheduler"] = {{"warmup_steps", c.lr_scheduler.warmup_steps},

@@ -23,6 +23,7 @@ struct DataConfig {
   bool use_packed_dataset = true;
   bool pack_sample_into_one = false;
   std::string pack_tail = "pad";  ///< "pad" | "drop"
+  bool split_documents = true;    ///< false: a document not fitting a row's rest starts the next
   bool shuffle = true;
   int64_t seed = 1024;
   int64_t min_length = 0;

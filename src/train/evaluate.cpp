@@ -32,17 +32,16 @@ void score_file(model::InternLM2<float>& model, const data::DocumentSource& file
   std::vector<int64_t> order = data::document_order(file, 0, /*shuffle=*/false, 0);
   if (order.empty()) return;
   const size_t base = result.documents.size();
-  std::vector<int64_t> starts{0};  // prefix sums of the ordered lengths (packed stream positions)
-  for (int64_t d : order) {
-    const auto len = static_cast<int64_t>(file.document_length(static_cast<size_t>(d)));
-    starts.push_back(starts.back() + len);
-    result.documents.push_back({first_index + d, 0, 0.0});
-  }
+  for (int64_t d : order) result.documents.push_back({first_index + d, 0, 0.0});
+  std::vector<int64_t> starts;  // packed stream position of each ordered document (+ the end)
   std::unique_ptr<data::RowSource> rows;
-  if (pack.use_packed_dataset)
-    rows = data::build_pack(file, order, pack);
-  else
+  if (pack.use_packed_dataset) {
+    auto packed = data::build_pack(file, order, pack);
+    starts = packed->document_starts();
+    rows = std::move(packed);
+  } else {
     rows = data::build_unpack(file, order, pack);
+  }
   const int64_t P = pack.packed_length();
   data::MicroBatch batch;
   std::vector<double> token_losses;

@@ -33,6 +33,7 @@ data::DataConfig loader_config(const TrainConfig& config) {
   d.pack.use_packed_dataset = config.data.use_packed_dataset;
   d.pack.pack_sample_into_one = config.data.pack_sample_into_one;
   d.pack.pack_tail = data::parse_pack_tail(config.data.pack_tail);
+  d.pack.split_documents = config.data.split_documents;
   d.micro_num = config.data.micro_num;
   d.shuffle = config.data.shuffle;
   d.seed = static_cast<uint32_t>(config.data.seed);

@@ -1,0 +1,115 @@
+// Chat templates for supervised fine-tuning: conversations -> token ids + which targets carry loss.
+// A template is a handful of literal strings with a `{content}` placeholder per role, the same
+// shape as XTuner's `PROMPT_TEMPLATE` entries and the Hugging Face chat templates of InternLM2,
+// ChatML, Llama 2 and Mistral; the format of a template file is documented in docs/sft.md.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "data/tokenizer.h"
+
+namespace longtron::data {
+
+/// One message of a conversation.
+struct ChatMessage {
+  enum class Role { kSystem, kUser, kAssistant };
+  Role role = Role::kUser;
+  std::string content;
+};
+using Conversation = std::vector<ChatMessage>;
+
+/// Parses "system" | "user" | "assistant"; anything else throws Error naming `where`.
+ChatMessage::Role parse_role(const std::string& role, const std::string& where);
+
+/// A chat template. Each role string holds `{content}` once; every other character is literal
+/// text, except the strings of `special_tokens`, which are encoded as one vocabulary id each.
+struct ChatTemplate {
+  std::string name;
+  std::string bos;        ///< literal text before the first message ("" for none)
+  std::string system;     ///< one system message ("" = the template has no system role)
+  std::string user;       ///< one user message
+  std::string assistant;  ///< one assistant message: prefix {content} suffix
+  /// The special token closing an assistant message (in `assistant` after {content}); generation
+  /// stops at it and it carries loss.
+  std::string end_of_turn;
+  /// The rendered system text is put in front of the first user message's content (Llama 2 and
+  /// Mistral) instead of being a turn of its own.
+  bool system_in_first_user = false;
+  std::vector<std::string> special_tokens;
+  /// Throws Error naming the template and the field for a malformed template.
+  void validate() const;
+};
+
+/// `internlm2`, `chatml`, `llama2` or `mistral`; otherwise `name` is a template file (TOML, keys
+/// as the fields above). Throws Error for an unknown name that is not a readable, valid file.
+ChatTemplate load_chat_template(const std::string& name_or_file);
+
+/// Names of the built-in templates.
+std::vector<std::string> builtin_chat_templates();
+
+/// A run of literal text of a rendered conversation and whether its tokens carry loss.
+struct ChatSegment {
+  std::string text;
+  bool loss = false;
+};
+
+/// `conversation` laid out by `chat`: bos, then each message's template text; an assistant message
+/// is split into prefix, content (loss), suffix text before the end-of-turn token, the end-of-turn
+/// token (loss), the rest. With add_reply_prefix the assistant prefix follows (a generation
+/// prompt). Throws Error naming `what` for an empty conversation, a system message that is not
+/// first, or one the template cannot place.
+std::vector<ChatSegment> chat_segments(const ChatTemplate& chat, const Conversation& conversation,
+                                       bool add_reply_prefix, const std::string& what);
+
+/// The whole rendered text of a conversation (tokenizer training input).
+std::string chat_text(const ChatTemplate& chat, const Conversation& conversation);
+
+/// A conversation as tokens: ids[i] and whether ids[i] is a target that carries loss (an assistant
+/// content token or the end-of-turn token closing an assistant message).
+struct EncodedConversation {
+  std::vector<int32_t> ids;
+  std::vector<char> loss;
+};
+
+/// A template bound to a tokenizer. Literal text between special tokens is encoded as one chunk;
+/// an assistant's content is encoded on its own, so the loss boundary is a token boundary.
+class ChatEncoder {
+ public:
+  /// Throws Error naming the token if a special token of `chat` is not a single id of `tokenizer`.
+  /// `tokenizer` must outlive the encoder.
+  ChatEncoder(const ChatTemplate& chat, const Tokenizer& tokenizer);
+  /// The tokens of chat_segments(): each segment split at special tokens, plain text encoded
+  /// without BOS/EOS. Errors as chat_segments, naming `what` (e.g. "file.jsonl, line 3").
+  EncodedConversation encode(const Conversation& conversation, const std::string& what) const;
+  /// The prompt of a reply: `conversation` (ending with a user message) then the assistant prefix.
+  std::vector<int32_t> encode_prompt(const Conversation& conversation) const;
+  int32_t end_of_turn_id() const { return end_of_turn_id_; }
+
+ private:
+  void append_literal(const std::string& text, bool loss, EncodedConversation& out) const;
+
+  ChatTemplate chat_;
+  const Tokenizer& tokenizer_;
+  std::vector<std::pair<std::string, int32_t>> specials_;  // longest first
+  int32_t end_of_turn_id_ = -1;
+};
+
+/// Stored ids of the InternEvo convention: a token that is a loss-carrying target stays positive,
+/// any other is stored negated. Throws Error naming `what` if a loss-carrying token has id 0
+/// (0 cannot be told from -0, and a target id <= 0 never carries loss).
+std::vector<int32_t> to_stored_ids(const EncodedConversation& encoded, const std::string& what);
+
+/// A conversation and where it was read ("file.jsonl, line 3"), for error messages.
+struct NamedConversation {
+  std::string where;
+  Conversation messages;
+};
+
+/// Conversations of a `.jsonl` file, one per non-blank line: `{"messages": [{"role", "content"}]}`
+/// or XTuner's `{"conversation": [{"system"?, "input"?, "output"?}, …]}`. Throws Error naming the
+/// file and line for invalid JSON or a row of neither shape.
+std::vector<NamedConversation> read_conversations(const std::filesystem::path& file);
+
+}  // namespace longtron::data

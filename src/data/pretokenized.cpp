@@ -1,0 +1,63 @@
+#include "data/pretokenized.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "data/memory_source.h"
+
+namespace longtron::data {
+
+namespace {
+
+std::vector<int32_t> stored_row(const nlohmann::json& row, const std::string& where) {
+  check(row.is_object() && row.contains("input_ids"),
+        "{}: a .jsonl in a dataset must hold pre-tokenized rows {{\"input_ids\": [...], "
+        "\"labels\": [...]}} (raw text is tokenized by `longtron prepare`)", where);
+  const auto& ids = row["input_ids"];
+  check(ids.is_array() && !ids.empty(), "{}: \"input_ids\" must be a non-empty array", where);
+  const bool has_labels = row.contains("labels");
+  check(!has_labels || (row["labels"].is_array() && row["labels"].size() == ids.size()),
+        "{}: \"labels\" must be an array as long as \"input_ids\" ({} ids)", where, ids.size());
+  std::vector<int32_t> stored(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    check(ids[i].is_number_integer() && ids[i].get<int64_t>() >= 0 &&
+              ids[i].get<int64_t>() <= INT32_MAX,
+          "{}: input_ids[{}] is not a token id (an integer in [0, 2^31))", where, i);
+    const auto id = ids[i].get<int32_t>();
+    bool loss = i > 0;  // position 0 is nobody's target
+    if (has_labels) {
+      const auto& label = row["labels"][i];
+      check(label.is_number_integer() && (label.get<int64_t>() == -100 || label.get<int64_t>() == id),
+            "{}: labels[{}] must be -100 or input_ids[{}] = {} (Hugging Face's aligned "
+            "convention), got {}", where, i, i, id, label.dump());
+      loss = loss && label.get<int64_t>() != -100;
+    }
+    check(!loss || id != 0, "{}: token {} has id 0 and carries loss, which the stored convention "
+          "(label id <= 0 = -100) cannot express", where, i);
+    stored[i] = loss ? id : -id;
+  }
+  return stored;
+}
+
+}  // namespace
+
+std::unique_ptr<DocumentSource> open_pretokenized(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  check(in.good(), "{}: cannot open for reading", file.string());
+  std::vector<std::vector<int32_t>> documents;
+  std::string line;
+  for (size_t number = 1; std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = file.string() + ", line " + std::to_string(number);
+    const auto row = nlohmann::json::parse(line, nullptr, false);
+    check(!row.is_discarded(), "{}: not valid JSON", where);
+    documents.push_back(stored_row(row, where));
+  }
+  return std::make_unique<MemorySource>(std::move(documents), file);
+}
+
+}  // namespace longtron::data

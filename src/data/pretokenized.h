@@ -1,0 +1,21 @@
+// Pre-tokenized conversations for tokenizers longtron does not run (Qwen2 and Llama 3 ship
+// `tokenizer.json`): a `.jsonl` of {"input_ids": [...], "labels": [...]} rows in Hugging Face's
+// aligned convention (labels[i] is input_ids[i] or -100; the model shifts), as XTuner and TRL write
+// them. Each row is one document, taken as given (no BOS/EOS added).
+#pragma once
+#include <filesystem>
+#include <memory>
+
+#include "data/dataset.h"
+
+namespace longtron::data {
+
+/// Reads the whole file into memory and serves each row as a document of stored ids: token i is
+/// stored negated when labels[i] is -100, so that the packer's shift (label of position i-1 =
+/// stored id i, -100 when <= 0) gives labels[i] as the target of position i-1. Without "labels"
+/// every token but the first is a target. Throws Error naming the file and line for a row without
+/// "input_ids" (raw text belongs to `prepare`), an empty row, a label that is neither -100 nor its
+/// input id, a negative id, or an id-0 token that should carry loss (not storable).
+std::unique_ptr<DocumentSource> open_pretokenized(const std::filesystem::path& file);
+
+}  // namespace longtron::data
