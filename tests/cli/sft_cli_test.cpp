@@ -134,10 +134,21 @@ TEST(SftCli, InspectTrainEvalGenerateChat) {
                  "checkpoint_dir = \"" + (p.dir / "ckpt").string() + "\"\n");
   auto r = run_longtron("train --config " + (p.dir / "sft.toml").string());
   ASSERT_EQ(r.status, 0) << r.output;
-  r = run_longtron("eval --checkpoint " + (p.dir / "ckpt").string() + " --data " +
+  // eval (split_documents = false from the checkpoint's config) scores exactly the answer
+  // tokens of each held-out conversation: its stored ids > 0 after the first.
+  r = run_longtron("eval --json --checkpoint " + (p.dir / "ckpt").string() + " --data " +
                    (p.dir / "data" / "valid").string());
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "loss")) << r.output;
+  const auto scored = nlohmann::json::parse(r.output.substr(0, r.output.find('\n')));
+  const ld::Dataset valid = ld::open_dataset(p.dir / "data" / "valid");
+  ASSERT_EQ(scored["documents"].size(), valid[0]->num_documents());
+  for (size_t d = 0; d < valid[0]->num_documents(); ++d) {
+    std::vector<int32_t> ids(valid[0]->document_length(d));
+    valid[0]->read_tokens(d, 0, ids.size(), ids.data());
+    int64_t answers = 0;
+    for (size_t i = 1; i < ids.size(); ++i) answers += ids[i] > 0;
+    EXPECT_EQ(scored["documents"][d]["tokens"].get<int64_t>(), answers) << "document " << d;
+  }
   r = run_longtron("generate --checkpoint " + (p.dir / "ckpt").string() +
                    " --chat --chat-template chatml --prompt 'the state of the union' "
                    "--max-new-tokens 4 --threads 1");
