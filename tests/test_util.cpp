@@ -12,10 +12,11 @@
 
 namespace longtron::testing {
 
-TempDir::TempDir() {
+TempDir::TempDir() : TempDir(std::filesystem::temp_directory_path()) {}
+
+TempDir::TempDir(const std::filesystem::path& base) {
   std::random_device rd;
-  path_ = std::filesystem::temp_directory_path() /
-          ("longtron-test-" + std::to_string(getpid()) + "-" + std::to_string(rd()));
+  path_ = base / ("longtron-test-" + std::to_string(getpid()) + "-" + std::to_string(rd()));
   std::filesystem::create_directories(path_);
 }
 

@@ -9,6 +9,8 @@ namespace longtron::testing {
 class TempDir {
  public:
   TempDir();
+  /// A fresh folder under `base` (e.g. a memory-backed /dev/shm for tests that write many files).
+  explicit TempDir(const std::filesystem::path& base);
   ~TempDir();
   const std::filesystem::path& path() const { return path_; }
   std::filesystem::path operator/(const std::string& name) const { return path_ / name; }

@@ -12,9 +12,11 @@
 #include <cstring>
 #include <fstream>
 #include <set>
+#include <tuple>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/shorten.h"
 
 static_assert(std::endian::native == std::endian::little, "safetensors reading assumes little endian");
 
@@ -26,6 +28,10 @@ namespace {
 // The reference implementation refuses headers above 100 MB; so do we (a corrupt length would
 // otherwise ask for absurd allocations).
 constexpr uint64_t kMaxHeader = 100'000'000;
+// A valid header nests three levels (header object, tensor entry, shape array). Parsing stops far
+// deeper than that but long before a deeply nested value could exhaust the stack of anything that
+// walks it recursively (printing, copying, destroying).
+constexpr int kMaxDepth = 64;
 
 constexpr struct {
   DType dtype;
@@ -50,7 +56,8 @@ size_t dtype_size(DType dtype) {
 DType parse_dtype(std::string_view name, const std::string& context) {
   for (const auto& d : kDTypes)
     if (name == d.name) return d.dtype;
-  fail("{}: unsupported dtype {} (expected F32, BF16, F16, F64, I64 or I32)", context, name);
+  fail("{}: unsupported dtype {} (expected F32, BF16, F16, F64, I64 or I32)", context,
+       shorten(name));
 }
 
 float bf16_to_float(uint16_t bits) { return std::bit_cast<float>(uint32_t(bits) << 16); }
@@ -116,9 +123,18 @@ std::string shape_string(std::span<const int64_t> shape) {
 // File
 
 namespace {
+// Element count × dtype size of a shape, or false when it does not fit 64 bits.
+bool byte_size(const std::vector<int64_t>& shape, DType dtype, uint64_t* bytes) {
+  uint64_t n = dtype_size(dtype);
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, uint64_t(d), &n)) return false;
+  *bytes = n;
+  return true;
+}
+
 TensorInfo parse_entry(const std::string& name, const json& e, uint64_t data_size,
                        const std::string& where) {
-  const std::string ctx = where + ": tensor " + name;
+  const std::string ctx = where + ": tensor " + shorten(name);
   check(e.is_object(), "{}: header entry is not an object", ctx);
   check(e.contains("dtype") && e["dtype"].is_string(), "{}: missing string 'dtype'", ctx);
   check(e.contains("shape") && e["shape"].is_array(), "{}: missing array 'shape'", ctx);
@@ -129,21 +145,64 @@ TensorInfo parse_entry(const std::string& name, const json& e, uint64_t data_siz
   t.dtype = parse_dtype(e["dtype"].get<std::string>(), ctx);
   for (const auto& d : e["shape"]) {
     check(d.is_number_integer() && d.get<int64_t>() >= 0, "{}: shape has a non-integer or negative "
-          "dimension {}", ctx, d.dump());
+          "dimension {}", ctx, shorten(d.dump()));
     t.shape.push_back(d.get<int64_t>());
   }
   for (const auto& o : e["data_offsets"])
     check(o.is_number_unsigned() || (o.is_number_integer() && o.get<int64_t>() >= 0),
-          "{}: data_offsets must be non-negative integers, got {}", ctx, e["data_offsets"].dump());
+          "{}: data_offsets must be non-negative integers, got {}", ctx,
+          shorten(e["data_offsets"].dump()));
   t.begin = e["data_offsets"][0].get<uint64_t>();
   t.end = e["data_offsets"][1].get<uint64_t>();
   check(t.begin <= t.end, "{}: data_offsets [{}, {}] are reversed", ctx, t.begin, t.end);
   check(t.end <= data_size, "{}: data_offsets [{}, {}] lie outside the file's {} data bytes "
         "(truncated file?)", ctx, t.begin, t.end, data_size);
-  const uint64_t want = uint64_t(t.numel()) * dtype_size(t.dtype);
+  uint64_t want = 0;
+  check(byte_size(t.shape, t.dtype, &want), "{}: shape {} {} is too large (its byte count "
+        "overflows 64 bits)", ctx, shorten(shape_string(t.shape)), dtype_name(t.dtype));
   check(t.end - t.begin == want, "{}: {} bytes for shape {} {} but data_offsets span {}", ctx, want,
-        shape_string(t.shape), dtype_name(t.dtype), t.end - t.begin);
+        shorten(shape_string(t.shape)), dtype_name(t.dtype), t.end - t.begin);
   return t;
+}
+
+// Parses the header JSON with its nesting depth bounded and each top-level key seen once (a JSON
+// object would otherwise keep the last of two equal keys without a word).
+json parse_header(const uint8_t* begin, const uint8_t* end, const std::string& where) {
+  std::set<std::string> keys;
+  const json::parser_callback_t bound = [&](int depth, json::parse_event_t event, json& parsed) {
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+        depth >= kMaxDepth)
+      fail("{}: header is nested deeper than {} levels (not a safetensors header)", where,
+           kMaxDepth);
+    if (event == json::parse_event_t::key && depth == 1 && parsed.is_string())
+      check(keys.insert(parsed.get<std::string>()).second,
+            "{}: tensor {} appears twice in the header", where, shorten(parsed.get<std::string>()));
+    return true;
+  };
+  try {
+    return json::parse(begin, end, bound);
+  } catch (const json::exception& e) {
+    fail("{}: header is not valid JSON: {}", where, shorten(e.what(), 200));
+  }
+}
+
+// The tensors, sorted by offsets, must cover [0, data_size) exactly once: no overlap, no hole,
+// nothing after the last one (the safetensors format's own rule).
+void check_tiling(const std::vector<TensorInfo>& sorted, uint64_t data_size,
+                  const std::string& where) {
+  uint64_t covered = 0;
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const TensorInfo& t = sorted[i];
+    if (t.begin < covered)  // then i > 0: `covered` is the end of the previous tensor
+      fail("{}: tensor {}: data_offsets [{}, {}] overlap tensor {}'s [{}, {}]", where,
+           shorten(t.name), t.begin, t.end, shorten(sorted[i - 1].name), sorted[i - 1].begin,
+           sorted[i - 1].end);
+    check(t.begin == covered, "{}: data bytes [{}, {}) belong to no tensor (a hole before tensor "
+          "{})", where, covered, t.begin, shorten(t.name));
+    covered = t.end;
+  }
+  check(covered == data_size, "{}: the file has {} data bytes but its tensors cover {} of them "
+        "(truncated header or trailing garbage?)", where, data_size, covered);
 }
 }  // namespace
 
@@ -173,12 +232,7 @@ File::File(const fs::path& path) : path_(path) {
     check(8 + n <= size_, "{}: header length {} runs past the end of the {}-byte file (truncated?)",
           where, n, size_);
     data_start_ = 8 + size_t(n);
-    json header;
-    try {
-      header = json::parse(map_ + 8, map_ + 8 + n);
-    } catch (const json::exception& e) {
-      fail("{}: header is not valid JSON: {}", where, e.what());
-    }
+    const json header = parse_header(map_ + 8, map_ + 8 + n, where);
     check(header.is_object(), "{}: header is not a JSON object", where);
     for (const auto& [name, entry] : header.items()) {
       if (name == "__metadata__") {
@@ -188,8 +242,10 @@ File::File(const fs::path& path) : path_(path) {
       }
       tensors_.push_back(parse_entry(name, entry, size_ - data_start_, where));
     }
-    std::sort(tensors_.begin(), tensors_.end(),
-              [](const TensorInfo& a, const TensorInfo& b) { return a.begin < b.begin; });
+    std::sort(tensors_.begin(), tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
+      return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+    });
+    check_tiling(tensors_, size_ - data_start_, where);
     for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = i;
   } catch (...) {
     if (map_) ::munmap(const_cast<uint8_t*>(map_), size_);
@@ -247,6 +303,15 @@ void File::read_floats(const std::string& name, std::span<const int64_t> expecte
       fail("{}: tensor {} has dtype {}, expected a floating type (F32, BF16, F16, F64)",
            path_.string(), name, dtype_name(t.dtype));
   }
+  check_finite(out, n, name);
+}
+
+template <typename T>
+void File::check_finite(const T* values, size_t n, const std::string& name) const {
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(values[i]))
+      fail("{}: tensor {} element {} is {} (not finite: a corrupt or diverged checkpoint)",
+           path_.string(), shorten(name), i, double(values[i]));
 }
 
 std::vector<float> File::read_floats(const std::string& name) const {
@@ -280,6 +345,7 @@ std::vector<double> File::read_doubles(const std::string& name) const {
   else
     fail("{}: tensor {} has dtype {}, expected F64 or F32", path_.string(), name,
          dtype_name(t.dtype));
+  check_finite(out.data(), out.size(), name);
   return out;
 }
 
@@ -368,6 +434,7 @@ uint64_t byte_count(const WriteTensor& t) {
 
 void write_data(std::ofstream& out, const WriteTensor& t, uint64_t bytes) {
   const size_t n = bytes / dtype_size(t.dtype);
+  if (n == 0) return;  // an empty tensor has no bytes, whatever its dtype
   if (t.raw) {
     out.write(static_cast<const char*>(t.raw), std::streamsize(bytes));
     return;

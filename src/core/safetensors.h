@@ -55,7 +55,10 @@ std::string shape_string(std::span<const int64_t> shape);
 /// validates the whole header: throws Error naming the file (and tensor) when the file is shorter
 /// than 8 bytes or than its header, the header is not JSON / not an object, an entry lacks
 /// dtype/shape/data_offsets, a dtype is unknown, a shape is negative, offsets are reversed or lie
-/// outside the file, or a byte range does not match numel × dtype size.
+/// outside the file, or a byte range does not match numel × dtype size; when the header nests
+/// deeper than 64 levels or names a tensor twice; and when the tensors do not tile the data bytes
+/// exactly (an overlap, a hole, or bytes after the last tensor). Untrusted names and values appear
+/// in messages shortened.
 class File {
  public:
   explicit File(const std::filesystem::path& path);
@@ -75,14 +78,15 @@ class File {
   std::span<const uint8_t> bytes(const std::string& name) const;
   /// Decodes a F32/BF16/F16/F64 tensor into `out` (numel floats). When `expected_shape` is given
   /// (non-empty span or `check_shape`), a different shape throws Error naming file, tensor and both
-  /// shapes. Integer dtypes throw.
+  /// shapes. Integer dtypes throw, and so does a NaN or infinite element (after conversion to
+  /// float), naming the tensor and the element's index.
   void read_floats(const std::string& name, std::span<const int64_t> expected_shape, float* out,
                    bool check_shape = true) const;
   /// Decodes a floating tensor to a new vector (no shape check).
   std::vector<float> read_floats(const std::string& name) const;
   /// Reads an I64/I32 tensor (any shape) as int64 values.
   std::vector<int64_t> read_ints(const std::string& name) const;
-  /// Reads an F64/F32 tensor as doubles.
+  /// Reads an F64/F32 tensor as doubles; a NaN or infinite element throws, as for read_floats.
   std::vector<double> read_doubles(const std::string& name) const;
 
  private:
@@ -93,6 +97,10 @@ class File {
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t> index_;
   nlohmann::json metadata_ = nlohmann::json::object();
+
+  // Throws Error naming the tensor and index of the first non-finite of `n` values.
+  template <typename T>
+  void check_finite(const T* values, size_t n, const std::string& name) const;
 };
 
 /// A checkpoint: a single `.safetensors` file, a folder holding `model.safetensors`, or a folder

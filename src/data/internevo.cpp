@@ -46,6 +46,9 @@ int64_t parse_tokens_fast(const char* p, const char* end, size_t skip, size_t co
       int32_t value;
       const auto [next, ec] = std::from_chars(p, end, value);
       if (ec != std::errc() || next == p) return -1;
+      // JSON has no leading zeros ("01", "-007"): leave those to the slow path, which refuses them.
+      const char* digits = *p == '-' ? p + 1 : p;
+      if (*digits == '0' && next - digits > 1) return -1;
       p = next;
       if (static_cast<size_t>(n) >= skip && static_cast<size_t>(n) < skip + count) out[n - skip] = value;
       ++n;
@@ -74,6 +77,9 @@ int64_t parse_tokens_json(const char* p, const char* end, size_t skip, size_t co
   int64_t n = 0;
   for (const auto& t : tokens) {
     if (!t.is_number_integer()) return -1;
+    // An unsigned value above 2^63 must not wrap around to a small negative one.
+    if (t.is_number_unsigned() && t.get<uint64_t>() > uint64_t(std::numeric_limits<int32_t>::max()))
+      return -1;
     const auto v = t.get<int64_t>();
     if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) return -1;
     if (static_cast<size_t>(n) >= skip && static_cast<size_t>(n) < skip + count)
@@ -144,7 +150,15 @@ class InternEvoSource final : public DocumentSource {
       check(offset >= 0 && offset < size,
             "{}: row {}: byte offset {} is outside {} ({} bytes)", meta_path.string(), r, offset,
             bin_.path().string(), size);
+      check(offset == 0 || chars()[offset - 1] == '\n',
+            "{}: row {}: byte offset {} is not the start of a line of {}", meta_path.string(), r,
+            offset, bin_.path().string());
       check(length >= 0, "{}: row {}: negative token count {}", meta_path.string(), r, length);
+      // Each token takes at least two bytes ("7,"), so no line can hold more than this; checking
+      // it here keeps a corrupt count from sizing a reader's buffer.
+      check(length <= (size - offset) / 2 + 1,
+            "{}: row {}: token count {} cannot fit in the {} bytes of {} from byte offset {}",
+            meta_path.string(), r, length, size - offset, bin_.path().string(), offset);
       offsets_.push_back(offset);
       lengths_.push_back(length);
     }

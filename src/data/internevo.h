@@ -12,7 +12,8 @@
 namespace longtron::data {
 
 /// Opens an InternEvo `.bin` (memory-mapped). With `X.bin.meta` present its rows give each
-/// document's line offset and length (int32/int64, (N,2) or (N,3) using column 1); without it the
+/// document's line offset (which must start a line) and length (int32/int64, (N,2) or (N,3) using
+/// column 1); without it the
 /// file is scanned once and the meta rebuilt in memory (never written: the data may be read-only).
 /// A document is parsed when read_tokens asks for it, and checked then: a line that is not
 /// {"tokens": [int32, ...]} or whose length disagrees with the meta throws Error naming the file,

@@ -120,13 +120,7 @@ class MegatronSource final : public DocumentSource {
     const auto num_seq = load<uint64_t>(p + 18);
     const auto num_doc_idx = load<uint64_t>(p + 26);
     check(num_doc_idx >= 1, "{}: byte offset 26: document index count is 0, expected >= 1", file);
-    // Compare in units that cannot overflow before multiplying.
-    const uint64_t room = n - kHeaderBytes;
-    check(num_seq <= room / 12 && num_doc_idx <= (room - num_seq * 12) / 8,
-          "{}: truncated: {} sequences and {} document-index entries need {} bytes after the "
-          "header at byte offset {}, the file has {}",
-          file, num_seq, num_doc_idx, num_seq <= room / 12 ? num_seq * 12 + num_doc_idx * 8 : 0,
-          kHeaderBytes, room);
+    check_index_size(num_seq, num_doc_idx);
     num_seq_ = static_cast<int64_t>(num_seq);
     sizes_ = p + kHeaderBytes;
     pointers_ = sizes_ + 4 * num_seq;
@@ -135,33 +129,79 @@ class MegatronSource final : public DocumentSource {
     check_documents(num_doc_idx);
   }
 
+  // The arrays after the header fill the rest of the .idx exactly: 12 bytes per sequence (an int32
+  // size and an int64 pointer) and 8 per document index entry. A count that disagrees with the
+  // file's size is refused rather than trusted (too small would silently drop documents).
+  void check_index_size(uint64_t num_seq, uint64_t num_doc_idx) const {
+    const uint64_t room = idx_.size() - kHeaderBytes;
+    uint64_t seq_bytes = 0, doc_bytes = 0, need = 0;
+    const bool overflow = __builtin_mul_overflow(num_seq, uint64_t{12}, &seq_bytes) ||
+                          __builtin_mul_overflow(num_doc_idx, uint64_t{8}, &doc_bytes) ||
+                          __builtin_add_overflow(seq_bytes, doc_bytes, &need);
+    if (!overflow && need == room) return;
+    const std::string need_text =
+        overflow ? "more than 2^64" : std::to_string(need);
+    const std::string total_text =
+        overflow ? "more than 2^64" : std::to_string(need + kHeaderBytes);
+    fail("{}: {}: the header's sequence count {} (byte offset 18: a 4-byte size and an 8-byte "
+         "pointer per sequence) and document index count {} (byte offset 26: documents + 1 entries "
+         "of 8 bytes) need {} bytes after the header at byte offset {}, the file has {} ({} bytes "
+         "in all; the file has {} bytes)",
+         idx_path_.string(), overflow || need > room ? "truncated" : "size disagrees with the header",
+         num_seq, num_doc_idx, need_text, kHeaderBytes, room, total_text, idx_.size());
+  }
+
+  // Each sequence starts where the previous one ends (pointers are the running sum of the sizes,
+  // hence aligned to the dtype) and the last one ends where the .bin ends. All arithmetic is
+  // unsigned and checked against the .bin size before it could overflow.
   void check_sequences() const {
-    const size_t elem = megatron_dtype_size(dtype_);
-    const auto bin_size = static_cast<int64_t>(bin_.size());
+    const uint64_t elem = megatron_dtype_size(dtype_);
+    const uint64_t bin_size = bin_.size();
+    const std::string& file = idx_path_.string();
+    uint64_t expected = 0;  // end of the previous sequence, <= bin_size
     for (int64_t s = 0; s < num_seq_; ++s) {
       const int32_t size = sizes(s);
       const int64_t ptr = pointers(s);
-      check(size >= 0, "{}: byte offset {}: negative size {} of sequence {}", idx_path_.string(),
+      const uint64_t ptr_offset = kHeaderBytes + 4 * uint64_t(num_seq_) + 8 * uint64_t(s);
+      check(size >= 0, "{}: byte offset {}: negative size {} of sequence {}", file,
             kHeaderBytes + 4 * s, size, s);
-      check(ptr >= 0 && ptr <= bin_size &&
-                static_cast<int64_t>(size) * static_cast<int64_t>(elem) <= bin_size - ptr,
-            "{}: sequence {} (pointer at byte offset {}) spans bytes [{}, {}) but {} has {} bytes",
-            idx_path_.string(), s, kHeaderBytes + 4 * num_seq_ + 8 * s, ptr,
-            ptr + static_cast<int64_t>(size) * static_cast<int64_t>(elem), bin_.path().string(),
-            bin_size);
+      check(ptr >= 0, "{}: byte offset {}: sequence {} has a negative pointer ({})", file,
+            ptr_offset, s, ptr);
+      check(uint64_t(ptr) % elem == 0, "{}: byte offset {}: sequence {} has pointer {}, not a "
+            "multiple of {} (the size of its dtype)", file, ptr_offset, s, ptr, elem);
+      if (uint64_t(ptr) != expected)
+        fail("{}: byte offset {}: sequence {} has pointer {}, expected {} ({}: pointers are the "
+             "running sum of the sizes)", file, ptr_offset, s, ptr, expected,
+             s == 0 ? std::string("the start of the .bin") : fmt::format("where sequence {} ends", s - 1));
+      const uint64_t end = expected + uint64_t(size) * elem;  // < 2^63 + 2^34: no overflow
+      check(end <= bin_size, "{}: sequence {} (pointer at byte offset {}) spans bytes [{}, {}) but "
+            "{} has {} bytes", file, s, ptr_offset, expected, end, bin_.path().string(), bin_size);
+      expected = end;
     }
+    check(expected == bin_size, "{}: {} has {} bytes but the sequences of {} cover {} (trailing "
+          "bytes, or an index of another file?)", bin_.path().string(), bin_.path().string(),
+          bin_size, file, expected);
   }
 
+  // doc_idx runs from 0 to the sequence count, non-decreasing (a document is the sequences
+  // doc_idx[i] .. doc_idx[i+1]-1; equal neighbours make an empty document).
   void check_documents(uint64_t num_doc_idx) {
     const size_t base = kHeaderBytes + 12 * static_cast<size_t>(num_seq_);
+    const std::string& file = idx_path_.string();
     doc_tokens_.assign(num_doc_idx, 0);
     int64_t previous = 0;
     for (size_t i = 0; i < num_doc_idx; ++i) {
       const int64_t d = doc_idx(i);
+      if (i == 0)
+        check(d == 0, "{}: byte offset {}: document index entry 0 is {}, expected 0", file, base, d);
       check(d >= previous && d <= num_seq_,
             "{}: byte offset {}: document index entry {} is {}, expected a non-decreasing value in "
             "[{}, {}]",
-            idx_path_.string(), base + 8 * i, i, d, previous, num_seq_);
+            file, base + 8 * i, i, d, previous, num_seq_);
+      if (i + 1 == num_doc_idx)
+        check(d == num_seq_, "{}: byte offset {}: document index entry {} is {}, expected {} (the "
+              "sequence count: every sequence belongs to a document)", file, base + 8 * i, i, d,
+              num_seq_);
       if (i > 0) {
         int64_t tokens = doc_tokens_[i - 1];
         for (int64_t s = previous; s < d; ++s) tokens += sizes(s);

@@ -22,9 +22,10 @@ size_t megatron_dtype_size(MegatronDtype dtype);
 MegatronDtype megatron_dtype_for_vocab(int64_t vocab_size);
 
 /// Opens `prefix`.idx and `prefix`.bin (memory-mapped). The .idx is validated whole at open:
-/// magic, version 1, dtype code, that sizes / pointers / doc_idx fit the file, that doc_idx is
-/// non-decreasing within [0, sequences], and that every sequence lies inside the .bin. Errors name
-/// the file and the byte offset. A document is sequences doc_idx[i] .. doc_idx[i+1]-1 concatenated.
+/// magic, version 1, dtype code, that the header's counts give exactly the .idx size, that the
+/// pointers are the running sum of the sizes (so aligned to the dtype) and tile the .bin exactly,
+/// and that doc_idx runs non-decreasing from 0 to the sequence count. Errors name the file and the
+/// byte offset; untrusted counts never wrap around in the arithmetic or the message. A document is sequences doc_idx[i] .. doc_idx[i+1]-1 concatenated.
 /// Float and int64 tokens must be integers within int32 (checked when read).
 std::unique_ptr<DocumentSource> open_megatron(const std::filesystem::path& prefix);
 

@@ -3,37 +3,128 @@
 // and a newline so the data starts on a 64-byte boundary (numpy/lib/format.py).
 #include "data/npy.h"
 
+#include <charconv>
 #include <cstring>
 #include <fstream>
-#include <regex>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "core/error.h"
+#include "core/shorten.h"
 #include "data/mapped_file.h"
 
 namespace longtron::data {
 
 namespace {
 
-// The value text of `key` in the header dict, e.g. "'<i8'" or "(3, 2)" or "False".
-std::string dict_value(const std::string& header, const std::string& key, const std::string& file) {
-  const std::regex pattern("['\"]" + key + "['\"]\\s*:\\s*('[^']*'|\"[^\"]*\"|\\([^)]*\\)|\\w+)");
-  std::smatch match;
-  check(std::regex_search(header, match, pattern), "{}: byte offset 10: .npy header has no '{}'",
-        file, key);
-  return match[1].str();
-}
+// A strict reader of the header dict numpy writes: {'descr': '<i8', 'fortran_order': False,
+// 'shape': (3, 2), } with any whitespace, either quote, keys in any order, each exactly once.
+// numpy itself reads it with ast.literal_eval; anything else here is an error naming the byte.
+class HeaderParser {
+ public:
+  HeaderParser(std::string_view text, size_t base, const std::string& file)
+      : text_(text), base_(base), file_(file) {}
 
-std::vector<int64_t> parse_shape(const std::string& text, const std::string& file) {
-  std::vector<int64_t> shape;
-  const std::regex number("\\d+");
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), number); it != std::sregex_iterator();
-       ++it)
-    shape.push_back(std::stoll(it->str()));
-  check(shape.size() == 2, "{}: byte offset 10: .npy shape {} is not 2-D (expected (N, 2) or (N, 3))",
-        file, text);
-  return shape;
-}
+  struct Dict {
+    std::string descr;
+    bool fortran_order = false;
+    std::vector<int64_t> shape;
+  };
+
+  Dict parse() {
+    Dict dict;
+    bool seen[3] = {false, false, false};
+    expect('{');
+    while (true) {
+      skip_ws();
+      if (peek() == '}') break;
+      const std::string key = quoted();
+      skip_ws();
+      expect(':');
+      skip_ws();
+      const int slot = key == "descr" ? 0 : key == "fortran_order" ? 1 : key == "shape" ? 2 : -1;
+      if (slot < 0) bad(fmt::format("unknown key '{}'", shorten(key)));
+      if (seen[slot]) bad(fmt::format("key '{}' given twice", key));
+      seen[slot] = true;
+      if (slot == 0) dict.descr = quoted();
+      if (slot == 1) dict.fortran_order = boolean();
+      if (slot == 2) dict.shape = tuple();
+      skip_ws();
+      if (peek() == ',') {
+        ++pos_;
+        continue;
+      }
+      skip_ws();
+      if (peek() != '}') bad("expected ',' or '}'");
+    }
+    ++pos_;
+    skip_ws();
+    if (pos_ != text_.size()) bad("text after the closing '}'");
+    for (int k = 0; k < 3; ++k)
+      if (!seen[k]) bad(fmt::format("no '{}'", k == 0 ? "descr" : k == 1 ? "fortran_order" : "shape"));
+    return dict;
+  }
+
+ private:
+  [[noreturn]] void bad(const std::string& what) const {
+    fail("{}: byte offset {}: malformed .npy header: {}", file_, base_ + pos_, what);
+  }
+  char peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
+  void skip_ws() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' ||
+                                   text_[pos_] == '\r'))
+      ++pos_;
+  }
+  void expect(char c) {
+    skip_ws();
+    if (peek() != c) bad(fmt::format("expected '{}'", c));
+    ++pos_;
+  }
+  std::string quoted() {
+    const char q = peek();
+    if (q != '\'' && q != '"') bad("expected a quoted string");
+    const size_t close = text_.find(q, pos_ + 1);
+    if (close == std::string_view::npos) bad("unterminated string");
+    std::string out(text_.substr(pos_ + 1, close - pos_ - 1));
+    pos_ = close + 1;
+    return out;
+  }
+  bool boolean() {
+    for (const auto& [word, value] : {std::pair{"True", true}, std::pair{"False", false}}) {
+      const std::string_view w(word);
+      if (text_.substr(pos_, w.size()) == w) {
+        pos_ += w.size();
+        return value;
+      }
+    }
+    bad("expected True or False");
+  }
+  std::vector<int64_t> tuple() {
+    std::vector<int64_t> out;
+    expect('(');
+    while (true) {
+      skip_ws();
+      if (peek() == ')') break;
+      int64_t value = 0;
+      const auto [next, ec] = std::from_chars(text_.data() + pos_, text_.data() + text_.size(), value);
+      if (ec != std::errc() || next == text_.data() + pos_ || value < 0)
+        bad("expected a non-negative dimension that fits 64 bits");
+      pos_ = size_t(next - text_.data());
+      out.push_back(value);
+      skip_ws();
+      if (peek() == ',') ++pos_;
+      else if (peek() != ')') bad("expected ',' or ')' in the shape");
+    }
+    ++pos_;
+    return out;
+  }
+
+  std::string_view text_;
+  size_t base_;
+  const std::string& file_;
+  size_t pos_ = 0;
+};
 
 }  // namespace
 
@@ -56,24 +147,33 @@ NpyIntMatrix read_npy_int_matrix(const std::filesystem::path& path) {
     header_len = len;
     header_start = 12;
   }
-  check(header_start + header_len <= n, "{}: byte offset {}: .npy header of {} bytes runs past the end",
-        file, header_start, header_len);
-  const std::string header(reinterpret_cast<const char*>(p + header_start), header_len);
-  const std::string descr = dict_value(header, "descr", file);
-  const bool int64 = descr == "'<i8'" || descr == "\"<i8\"";
-  const bool int32 = descr == "'<i4'" || descr == "\"<i4\"";
-  check(int64 || int32, "{}: .npy dtype {} is not '<i4' or '<i8' (little-endian int32/int64)", file,
-        descr);
-  check(dict_value(header, "fortran_order", file) == "False",
-        "{}: .npy array is in Fortran order, expected C order", file);
-  const auto shape = parse_shape(dict_value(header, "shape", file), file);
-  NpyIntMatrix matrix{shape[0], shape[1], {}};
+  check(header_len <= n - header_start,
+        "{}: byte offset {}: .npy header of {} bytes runs past the end of the {}-byte file", file,
+        header_start, header_len, n);
+  const std::string_view header(reinterpret_cast<const char*>(p + header_start), header_len);
+  check(!header.empty() && header.back() == '\n',
+        "{}: byte offset {}: .npy header does not end with a newline", file,
+        header_start + header_len - (header_len > 0 ? 1 : 0));
+  const auto dict = HeaderParser(header, header_start, file).parse();
+  const bool int64 = dict.descr == "<i8";
+  const bool int32 = dict.descr == "<i4";
+  check(int64 || int32, "{}: .npy dtype '{}' is not '<i4' or '<i8' (little-endian int32/int64)", file,
+        shorten(dict.descr));
+  check(!dict.fortran_order, "{}: .npy array is in Fortran order, expected C order", file);
+  check(dict.shape.size() == 2, "{}: .npy array has {} dimensions, expected 2 ((N, 2) or (N, 3))",
+        file, dict.shape.size());
+  NpyIntMatrix matrix{dict.shape[0], dict.shape[1], {}};
   const size_t elem = int64 ? 8 : 4;
   const size_t data_start = header_start + header_len;
-  const auto count = static_cast<size_t>(matrix.rows * matrix.cols);
-  check(count <= (n - data_start) / elem,
-        "{}: byte offset {}: .npy data holds {} bytes, shape ({}, {}) needs {}", file, data_start,
-        n - data_start, matrix.rows, matrix.cols, count * elem);
+  const uint64_t have = n - data_start;
+  uint64_t need = 0;
+  const bool fits = !__builtin_mul_overflow(uint64_t(matrix.rows), uint64_t(matrix.cols), &need) &&
+                    !__builtin_mul_overflow(need, uint64_t(elem), &need);
+  check(fits && need == have,
+        "{}: byte offset {}: .npy data holds {} bytes, shape ({}, {}) of {} needs {}", file,
+        data_start, have, matrix.rows, matrix.cols, dict.descr,
+        fits ? std::to_string(need) : std::string("more than 2^64"));
+  const size_t count = need / elem;
   matrix.values.resize(count);
   for (size_t i = 0; i < count; ++i) {
     if (int64) {

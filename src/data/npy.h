@@ -15,8 +15,9 @@ struct NpyIntMatrix {
 };
 
 /// Parses a .npy (format version 1, 2 or 3) holding a C-order 2-D array of '<i4' or '<i8'.
-/// Throws Error naming `path` and the byte offset for a bad magic, header, dtype, fortran order,
-/// shape that is not 2-D, or data shorter than the shape needs.
+/// Throws Error naming `path` and the byte offset for a bad magic, a header that is not the dict
+/// numpy writes (each of 'descr', 'fortran_order', 'shape' once, nothing else), a dtype other than
+/// those, fortran order, a shape that is not 2-D, or data not exactly the size the shape needs.
 NpyIntMatrix read_npy_int_matrix(const std::filesystem::path& path);
 
 /// Writes `values` [rows, cols] as a version 1.0 .npy of '<i8' (int64) or '<i4' (int32).

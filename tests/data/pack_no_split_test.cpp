@@ -63,7 +63,9 @@ TEST(PackNoSplit, RandomProperties) {
         ASSERT_EQ(first, seen[size_t(d)]) << "document " << d << " resumes where it stopped";
         // A document starting mid-row fits the row; one continued from the previous row was
         // longer than P and then started at a row start.
-        if (first == 0 && i > 0) ASSERT_LE(len, P - i) << "document " << d << " cut at row " << k;
+        if (first == 0 && i > 0) {
+          ASSERT_LE(len, P - i) << "document " << d << " cut at row " << k;
+        }
         if (first > 0) {
           ASSERT_EQ(i, 0);
           ASSERT_GT(len, P);
