@@ -289,7 +289,9 @@ void File::read_floats(const std::string& name, std::span<const int64_t> expecte
   const uint8_t* p = map_ + data_start_ + t.begin;
   const size_t n = size_t(t.numel());
   switch (t.dtype) {
-    case DType::F32: std::memcpy(out, p, n * 4); break;
+    case DType::F32:
+      if (n > 0) std::memcpy(out, p, n * 4);  // an empty tensor's buffer may be null
+      break;
     case DType::BF16:
       for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(load<uint16_t>(p, i));
       break;
