@@ -103,7 +103,7 @@ Setter string_key(std::string& out) {
   };
 }
 
-/// Relative paths resolve from the working directory (SPEC §4.1).
+/// Relative paths resolve from the working directory (docs/configuration.md).
 Setter path_key(std::string& out) {
   return [&out](const toml::node& n, const std::string& where) {
     if (!n.is_string()) wrong_type(where, "a path string", n);
