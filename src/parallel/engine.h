@@ -1,7 +1,7 @@
 // The distributed engine: one InternLM2 replica spread over a process grid (docs/parallel.md), with the
 // exact gradient of the global token-weighted loss on every rank, whatever the layout.
 //
-// ---- How the pieces fit (read this to add a mode: P6 ISP, P7 2D) ---------------------------------
+// ---- How the pieces fit (read this to add a mode, as ISP and 2D were added) ---------------------
 // 1. ShardPlan (shard_plan.h): for each full HF tensor, the local view (splits over groups) and the
 //    groups its gradient is SUMMED over. The rank's params/grads are model::Params over
 //    plan.local_layout() (same names and view indices as the full layout, local shapes).
