@@ -1,9 +1,9 @@
-// Varlen attention speed (issue 4, "Speed and memory"): forward+backward of the tiled kernel on an
+// Varlen attention speed (docs/benchmarks.md): forward+backward of the tiled kernel on an
 // 8192-token row of documents with exponential lengths (mean 512, seeded), 8 query heads, 2 kv
 // heads, head_dim 64 and 128, against the sgemm rate of this machine measured in the same run,
 // and against a dense causal-masked attention over the whole row (sgemm on [P, P] scores).
 //
-// Useful FLOPs (SPEC §2): forward = 4 · d · Hq · Σ lᵢ²/2 = 2 · d · Hq · Σ lᵢ² (QKᵀ and PV, each
+// Useful FLOPs (docs/model.md): forward = 4 · d · Hq · Σ lᵢ²/2 = 2 · d · Hq · Σ lᵢ² (QKᵀ and PV, each
 // 2·d multiply-adds per visible pair, causal = half the square); forward+backward = 3 × forward.
 // The dense baseline is credited with the same useful FLOPs (the masked half and the
 // cross-document blocks are wasted work), so its GFLOP/s is comparable.

@@ -1,4 +1,4 @@
-// Long context under ISP (issue 6): one packed row of P tokens (default 32768; documents of mixed
+// Long context under ISP (docs/isp.md): one packed row of P tokens (default 32768; documents of mixed
 // lengths, log-uniform in [64, 8192], packed by build_pack) trained with the engine in mode "isp",
 // T = W = world size (run with `mpirun -np T`, T = 1, 2 or 4; T = 1 is the same code path with
 // groups of one). Per rank it reports:
@@ -6,12 +6,12 @@
 //   resident memory (getrusage) after the steps, and activation memory = peak − baseline;
 // - bytes per step of the Ulysses all-to-alls (TENSOR group) and of the weight all-gathers and
 //   gradient reduce-scatters (WEIGHT group), as the communicator counts them (the send buffer a
-//   rank hands to the collective), next to the Ulysses formula of seqpar_attention.md §2.3:
+//   rank hands to the collective), next to the Ulysses formula of docs/isp.md:
 //   per layer and direction (N/P)·d·(2·h_q + 2·h_kv')·4 bytes (fp32) sent, of which (P−1)/P leave
 //   the rank;
 // - the step time (median of the timed steps; the first step is a warm-up).
 // Options (argv): tokens=N checkpoint=0|1 overlap=0|1 steps=K layers=L hidden=H (defaults 32768,
-// 0, 0, 2, 4, 128). Threads per rank: hardware threads ÷ ranks (SPEC §3), at least 1.
+// 0, 0, 2, 4, 128). Threads per rank: hardware threads ÷ ranks (docs/cluster.md), at least 1.
 // This is a plain MPI program (not Google Benchmark): each configuration is one mpirun.
 #include <sys/resource.h>
 #include <unistd.h>

@@ -1,7 +1,8 @@
-// Packing throughput (issue 3 "Speed"): packed micro-batches built single-threaded from a
+// Packing throughput (docs/benchmarks.md): packed micro-batches built single-threaded from a
 // memory-mapped Megatron dataset (uint16 tokens) of >= 100M tokens written to a temp folder.
-// Rates are per wall-clock second (UseRealTime). Reports rows/s, tokens/s and `x1M_tok_per_s` (the token rate as a multiple of 1M tokens/s; the
-// target is >= 50). Rows are visited in the sampler's shuffled order, as training does.
+// Rates are per wall-clock second (UseRealTime). Reports rows/s, tokens/s and `x1M_tok_per_s` (the
+// token rate as a multiple of 1M tokens/s; the target is >= 50). Rows are visited in the sampler's
+// shuffled order, as training does.
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 

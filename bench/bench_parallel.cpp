@@ -1,4 +1,4 @@
-// Distributed step benchmark (issue 5, "Measure and report"); run under mpirun, one layout per job
+// Distributed step benchmark (docs/benchmarks.md); run under mpirun, one layout per job
 // so that peak RSS belongs to that layout (bench/bench_parallel.sh runs them all):
 //   mpirun -np 2 bench_parallel --tp 2 --mode msp [--zero1 -1] [--steps 3]
 // On configs/small.toml's model (V 8192, H 384, 6 layers, 6 heads / 2 kv heads, P = 4 × 512) with
@@ -8,8 +8,9 @@
 // the model's activation workspace. Fixed iteration counts (no Google Benchmark timing loop):
 // every rank must issue the same collectives.
 //   bench_parallel --sum-l2 [--dp 2,4,8] [--steps 50]   (one process, no MPI)
-// prints each dp rank's attention cost Σ lᵢ² per step (seed 002's load-balance question) under the
-// sampler's split, and its spread across ranks: (max − min) / mean per step, mean and worst.
+// prints each dp rank's attention cost Σ lᵢ² per step (the load-balance question of packed
+// training) under the sampler's split, and its spread across ranks: (max − min) / mean per step,
+// mean and worst.
 #include <sys/resource.h>
 
 #include <algorithm>

@@ -1,11 +1,11 @@
-// One training micro-batch of configs/small.toml (issue 4, "Speed and memory"): forward+backward
+// One training micro-batch of configs/small.toml (docs/benchmarks.md): forward+backward
 // of InternLM2 (vocab 8192, hidden 384, 6 layers, 6 heads, 2 kv heads, mlp_ratio 8/3) on a packed
 // row of P = micro_bsz 4 × seq_len 512 = 2048 tokens holding random documents of exponential
 // length (mean 300, seeded), cut into segments of at most seq_len as the packer does.
 //
-// MFU (SPEC §4.3) = model FLOPs of the micro-batch (SPEC §2: 6 × matmul parameters × tokens +
-// 6 × layers × hidden × Σ lᵢ²) ÷ step time ÷ the sgemm FLOP/s measured in the same run (2048³).
-// Also printed: peak resident memory of the process (getrusage) and the model's workspace.
+// MFU (docs/training.md) = model FLOPs of the micro-batch (docs/model.md: 6 × matmul parameters ×
+// tokens + 6 × layers × hidden × Σ lᵢ²) ÷ step time ÷ the sgemm FLOP/s measured in the same run
+// (2048³). Also printed: peak resident memory of the process (getrusage) and the model's workspace.
 // LONGTRON_BENCH_ROUNDS (default 5) sets the interleaved rounds; 0 skips them, so that
 // `--benchmark_filter=BM_Step/0` alone gives the peak RSS of one training configuration.
 // OMP_WAIT_POLICY defaults to passive here (see main); set it to compare.

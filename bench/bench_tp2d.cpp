@@ -1,5 +1,5 @@
 // 2D tensor parallel versus 1D tensor parallel (MSP): payload bytes per rank per step on each group
-// against the per-layer formulas of reference/tensor_parallel.md §5 (with the gathered input kept
+// against the per-layer formulas of docs/tp2d.md (with the gathered input kept
 // for backward, tp2d_linear.h), and step time of each overlap option. Run under mpirun with 4
 // ranks (docs/tp2d.md):
 //   OMP_NUM_THREADS=1 mpirun -np 4 --oversubscribe build/bench_tp2d configs/tp_bench.toml [steps]
@@ -79,7 +79,7 @@ Measured measure(const model::ModelConfig& m, const comm::CommPtr& world, const 
   return out;
 }
 
-/// Reference §5 per-layer payload bytes per rank (fp32 activations, fp64 norm statistics) for 2D
+/// Per-layer payload bytes (docs/tp2d.md) per rank (fp32 activations, fp64 norm statistics) for 2D
 /// x × y, or MSP with t = x when y = 0.
 Bytes formula(const model::ModelConfig& m, int64_t N, int x, int y) {
   const double H = double(m.hidden_size), Q = double(m.qkv_size()), F = double(m.ffn_size());

@@ -1,8 +1,8 @@
-// A full training step of configs/small.toml (issue 4, "Speed and memory"): the trainer's own loop
+// A full training step of configs/small.toml (docs/benchmarks.md): the trainer's own loop
 // (micro-batches from the sampler, forward+backward, gradient-norm clipping, AdamW) on a random
 // dataset of documents with exponential lengths (mean 300 tokens, seeded), written to a temporary
-// Megatron dataset. Reports step time, tokens/s, MFU (SPEC §4.3: model FLOPs ÷ step time ÷ the sgemm
-// FLOP/s the trainer measures at start-up) and peak RSS; then the peak RSS of one step at
+// Megatron dataset. Reports step time, tokens/s, MFU (docs/training.md: model FLOPs ÷ step time ÷
+// the sgemm FLOP/s the trainer measures at start-up) and peak RSS; then the peak RSS of one step at
 // P = 2048, 4096 and 8192 (seq_len 512 × micro_bsz 4, 8, 16), each in a fresh process, so the
 // per-token growth shows whether anything grows with P².
 //

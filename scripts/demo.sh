@@ -12,7 +12,7 @@ else
   build/longtron prepare --input demo/corpus --output demo/data --train-tokenizer \
     --vocab-size 8192 --valid-fraction 0.02
 fi
-# Train configs/demo.toml (the SOTU model; ~10 minutes on 2 cores), then a sampled continuation from the
+# Train configs/demo.toml (the SOTU model; about 2–3 minutes on 2 idle cores), then a sampled continuation from the
 # trained checkpoint (the checkpoint carries tokenizer.model, so generate needs nothing else).
 build/longtron train --config configs/demo.toml "$@"
 echo "demo: sample from demo/checkpoints (temperature 0.8, top-p 0.9, seed 1):"

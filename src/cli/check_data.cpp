@@ -1,4 +1,4 @@
-// `longtron check-data PATH`: opens a tokenized dataset (any format, SPEC §1.1) and reads every
+// `longtron check-data PATH`: opens a tokenized dataset (any format, docs/data.md) and reads every
 // document once, so a malformed file is reported before a long training run meets it.
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>

@@ -1,4 +1,5 @@
-// `longtron eval`: loss of a checkpoint on a dataset (SPEC §5), documents packed as in training.
+// `longtron eval`: loss of a checkpoint on a dataset (README, "Commands"), documents packed as in
+// training.
 #include <fmt/core.h>
 
 #include <memory>

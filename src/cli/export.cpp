@@ -1,4 +1,4 @@
-// `longtron export`: a checkpoint as a Hugging Face folder (SPEC §5): model.safetensors (f32, HF
+// `longtron export`: a checkpoint as a Hugging Face folder (docs/model.md): model.safetensors (f32, HF
 // names), config.json, tokenizer.model. Written under a temporary name and renamed.
 #include <fmt/core.h>
 

@@ -1,5 +1,5 @@
-// `longtron generate`: text from a checkpoint and a prompt (SPEC §5). Greedy by default; with
-// --temperature > 0, nucleus (top-p) sampling (Holtzman et al. 2020) from a seeded generator.
+// `longtron generate`: text from a checkpoint and a prompt (README, "Commands"). Greedy by default;
+// with --temperature > 0, nucleus (top-p) sampling (Holtzman et al. 2020) from a seeded generator.
 #include <fmt/core.h>
 
 #include <algorithm>

@@ -1,5 +1,6 @@
-// `longtron inspect`: the micro-batches a data config produces (SPEC §5, issue 3), laid out as seed
-// 000 prints them, or one JSON object with --json. Any dataset format open_dataset reads.
+// `longtron inspect`: the micro-batches a data config produces (docs/data.md), laid out as
+// InternEvo's data pipeline prints them, or one JSON object with --json. Any dataset format
+// open_dataset reads.
 #include <fmt/core.h>
 
 #include <memory>

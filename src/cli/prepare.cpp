@@ -1,4 +1,4 @@
-// `longtron prepare`: raw text -> tokenized dataset (SPEC §1.1, §5). Reads .jsonl/.json/.txt,
+// `longtron prepare`: raw text -> tokenized dataset (docs/data.md). Reads .jsonl/.json/.txt,
 // encodes with a SentencePiece model (given or trained here), optionally holds out a seeded
 // fraction of documents, and writes train/ [valid/] tokenizer.model dataset.json — all under a
 // temporary name renamed at the end, so a failure leaves nothing behind.
@@ -78,7 +78,7 @@ std::vector<std::vector<int32_t>> encode_with_progress(const data::Tokenizer& to
 }
 
 // Indices of the held-out documents: the first round(F * n) of the NumPy-compatible permutation
-// (SPEC §1.2), at least 1 and fewer than n, returned in corpus order.
+// (docs/data.md), at least 1 and fewer than n, returned in corpus order.
 std::vector<int64_t> choose_valid(int64_t n, double fraction, uint32_t seed) {
   if (fraction <= 0.0) return {};
   const int64_t k = std::max<int64_t>(1, std::llround(fraction * static_cast<double>(n)));

@@ -1,5 +1,5 @@
-// `longtron train`: the main job (SPEC §4, §5). Single process by default; under mpirun the ranks
-// form the process grid of the config's parallel.* layout (SPEC §3).
+// `longtron train`: the main job (docs/training.md). Single process by default; under mpirun the ranks
+// form the process grid of the config's parallel.* layout (docs/parallel.md).
 #include <fmt/core.h>
 
 #include <filesystem>
@@ -78,7 +78,7 @@ int run_train(const TrainCliOptions& o) {
 
 Subcommand train_command(30, [](CLI::App& app) {
   auto o = std::make_shared<TrainCliOptions>();
-  auto* sub = app.add_subcommand("train", "Train an InternLM2 model (SPEC 4)");
+  auto* sub = app.add_subcommand("train", "Train a model on packed rows (docs/training.md)");
   sub->add_option("--config", o->config, "TOML config (default configs/demo.toml)");
   sub->add_option("--set", o->overrides, "Override: section.key=value (repeatable)")
       ->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

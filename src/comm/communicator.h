@@ -213,7 +213,7 @@ void finalize();
 bool mpi_active();
 
 /// Number of ranks of the world on this machine (MPI_Comm_split_type SHARED; 1 without MPI), for
-/// set_num_threads(n, ranks_on_node) so several ranks never oversubscribe the cores (SPEC §3).
+/// set_num_threads(n, ranks_on_node) so several ranks never oversubscribe the cores (docs/cluster.md).
 int ranks_on_node();
 
 /// Runs body() and returns its exit status. If it throws, prints "rank R: error: <what>" to stderr

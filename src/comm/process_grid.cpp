@@ -59,7 +59,7 @@ void validate_layout(const Layout& l, int world) {
     check(o == "none" || o == "ag_with_matmul" || o == "matmul_with_rs" || o == "ag_matmul" ||
               o == "matmul_rs",
           "parallel.tensor_2d.overlap: '{}' is not one of \"none\", \"ag_with_matmul\", "
-          "\"matmul_with_rs\" (seed 004 allows one forward overlap at a time)", o);
+          "\"matmul_with_rs\" (MindSpeed allows one forward overlap at a time)", o);
   }
   check(l.tensor_size >= 1, "parallel.tensor.size must be >= 1, got {}", l.tensor_size);
   check(l.weight_size >= 1, "parallel.weight.size must be >= 1, got {}", l.weight_size);

@@ -1,6 +1,6 @@
 // The process grid: which world ranks form the TENSOR, DATA, WEIGHT, WEIGHT_DATA, ZeRO-1 and 2D x/y
-// groups of a layout (SPEC §3; InternEvo's groups, reference/internevo.md §4.1; MindSpeed's 2D
-// groups, reference/tensor_parallel.md §5). The rank arithmetic is pure (group_ranks) so it is
+// groups of a layout (docs/parallel.md; InternEvo's process groups; MindSpeed's 2D
+// groups). The rank arithmetic is pure (group_ranks) so it is
 // testable without MPI; make_process_grid turns it into communicators with split().
 //
 // Rank layout (world = dp × tp):

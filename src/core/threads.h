@@ -1,5 +1,5 @@
 // Thread count for compute: OpenMP loops and the BLAS use the same number, so several MPI ranks on
-// one machine never oversubscribe its cores (SPEC §3).
+// one machine never oversubscribe its cores (docs/cluster.md).
 #pragma once
 
 namespace longtron {

@@ -1,17 +1,17 @@
-// The unit the model trains on: one packed row of P = micro_bsz × seq_len tokens (SPEC §1.3–1.5).
+// The unit the model trains on: one packed row of P = micro_bsz × seq_len tokens (docs/data.md).
 #pragma once
 #include <cstdint>
 #include <vector>
 
 namespace longtron::data {
 
-/// One micro-batch after `packed_data_normalizer` (SPEC §1.5): a row of P tokens.
+/// One micro-batch after `packed_data_normalizer` (docs/data.md): a row of P tokens.
 /// - input_ids[P]: token ids as the model reads them (already abs() of negative ids; pad = 0).
 /// - labels[P]: next-token targets, -100 where no loss is taken.
 /// - indexes[P]: position of each token inside its attention segment (RoPE positions).
 /// - cu_seqlens[k+1]: row-local segment offsets, 0 … P (the pad, if any, is one segment).
 /// - max_seqlen: the longest segment (pad included).
-/// After a sequence split (SPEC §1.6) input_ids/labels/indexes hold the rank's P/T slice while
+/// After a sequence split (docs/data.md) input_ids/labels/indexes hold the rank's P/T slice while
 /// cu_seqlens and max_seqlen stay global.
 struct MicroBatch {
   std::vector<int32_t> input_ids;

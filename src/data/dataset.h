@@ -1,4 +1,4 @@
-// One interface over every tokenized format (SPEC §1.1): a file is a list of documents, each a run
+// One interface over every tokenized format (docs/data.md): a file is a list of documents, each a run
 // of token ids. The packer reads documents through it and never knows the format.
 #pragma once
 #include <cstddef>
@@ -12,7 +12,7 @@ namespace longtron::data {
 
 /// Documents of one tokenized file (InternEvo .bin/.bin.meta or Megatron .idx/.bin), memory-mapped.
 /// Token ids are returned as int32 exactly as stored: a negative id means "input, no loss"
-/// (SPEC §1.1) and is handled by the packer, not here.
+/// (docs/data.md) and is handled by the packer, not here.
 class DocumentSource {
  public:
   virtual ~DocumentSource() = default;

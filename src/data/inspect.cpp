@@ -34,7 +34,7 @@ nlohmann::json micro_batch_json(const MicroBatch& row, const InspectOptions& o) 
   return j;
 }
 
-// `tensor([[a, b], [c, d]])` on several lines, as PyTorch (and seed 000) print a 2-D tensor.
+// `tensor([[a, b], [c, d]])` on several lines, as PyTorch (and InternEvo's logs) print a 2-D tensor.
 std::string tensor(const nlohmann::json& rows, bool two_d) {
   if (!two_d) return fmt::format("tensor([{}])", fmt::join(rows.get<std::vector<int32_t>>(), ", "));
   std::string out = "tensor([";

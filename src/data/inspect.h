@@ -1,5 +1,6 @@
-// `longtron inspect` as a library: the micro-batches a data config produces (SPEC §5), as seed 000
-// prints them or as JSON. The CLI (src/cli/inspect.cpp) only parses flags and opens the dataset.
+// `longtron inspect` as a library: the micro-batches a data config produces (docs/data.md), as
+// InternEvo's data pipeline prints them or as JSON. The CLI (src/cli/inspect.cpp) only parses flags
+// and opens the dataset.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,8 +12,8 @@
 
 namespace longtron::data {
 
-/// What to show. data.shuffle turns both document and row shuffling on (SPEC §1.2: inspect
-/// shuffles nothing unless asked). sp_size/sp_rank select one rank's sequence shard (SPEC §1.6).
+/// What to show. data.shuffle turns both document and row shuffling on (docs/data.md: inspect
+/// shuffles nothing unless asked). sp_size/sp_rank select one rank's sequence shard (docs/data.md).
 struct InspectOptions {
   DataConfig data;
   int64_t steps = 1;
@@ -27,8 +28,9 @@ struct InspectOptions {
 /// micro_bsz, micro_num <= 0; sp_rank >= sp_size; a size not dividing the row) or an empty dataset.
 nlohmann::json inspect_json(Dataset dataset, const InspectOptions& options);
 
-/// The same content laid out as seed 000 prints it (`batch_data[0]['input_ids']: tensor([[…]])`,
-/// then per micro-batch `data[...]` after packed_data_normalizer / unpack_data and the split).
+/// The same content laid out as InternEvo's data pipeline prints it (`batch_data[0]['input_ids']:
+/// tensor([[…]])`, then per micro-batch `data[...]` after packed_data_normalizer / unpack_data and
+/// the split).
 std::string inspect_text(const nlohmann::json& batches, const InspectOptions& options);
 
 }  // namespace longtron::data

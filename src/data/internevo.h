@@ -1,4 +1,4 @@
-// InternEvo's tokenized format (SPEC §1.1): X.bin = JSON lines {"tokens": [int, ...]}, X.bin.meta =
+// InternEvo's tokenized format (docs/data.md): X.bin = JSON lines {"tokens": [int, ...]}, X.bin.meta =
 // .npy of (byte offset, token count[, index]) per line. Reader and writer.
 #pragma once
 #include <cstdint>

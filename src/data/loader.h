@@ -12,7 +12,7 @@
 
 namespace longtron::data {
 
-/// `data.*` settings (SPEC §4.1) that decide the batches.
+/// `data.*` settings (docs/configuration.md) that decide the batches.
 struct DataConfig {
   PackConfig pack;          ///< seq_len, micro_bsz, use_packed_dataset, pack_sample_into_one, pack_tail
   int64_t micro_num = 1;    ///< rows per step per dp rank (gradient accumulation)

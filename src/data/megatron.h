@@ -1,4 +1,4 @@
-// Megatron-LM "MMap indexed dataset" (X.idx + X.bin), SPEC §1.1: reader and writer.
+// Megatron-LM "MMap indexed dataset" (X.idx + X.bin), docs/data.md: reader and writer.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -18,15 +18,16 @@ enum class MegatronDtype : uint8_t {
 /// Bytes per token of a dtype code.
 size_t megatron_dtype_size(MegatronDtype dtype);
 
-/// The dtype `prepare` writes: uint16 when vocab_size < 65500, else int32 (SPEC §1.1).
+/// The dtype `prepare` writes: uint16 when vocab_size < 65500, else int32 (docs/data.md).
 MegatronDtype megatron_dtype_for_vocab(int64_t vocab_size);
 
 /// Opens `prefix`.idx and `prefix`.bin (memory-mapped). The .idx is validated whole at open:
 /// magic, version 1, dtype code, that the header's counts give exactly the .idx size, that the
 /// pointers are the running sum of the sizes (so aligned to the dtype) and tile the .bin exactly,
 /// and that doc_idx runs non-decreasing from 0 to the sequence count. Errors name the file and the
-/// byte offset; untrusted counts never wrap around in the arithmetic or the message. A document is sequences doc_idx[i] .. doc_idx[i+1]-1 concatenated.
-/// Float and int64 tokens must be integers within int32 (checked when read).
+/// byte offset; untrusted counts never wrap around in the arithmetic or the message. A document is
+/// sequences doc_idx[i] .. doc_idx[i+1]-1 concatenated. Float and int64 tokens must be integers
+/// within int32 (checked when read).
 std::unique_ptr<DocumentSource> open_megatron(const std::filesystem::path& prefix);
 
 /// Streams a Megatron dataset to `prefix`.bin; finish() writes `prefix`.idx.

@@ -11,7 +11,7 @@
 
 namespace longtron::data {
 
-/// Documents given as token vectors (ids as stored: negative = input without loss, SPEC §1.1).
+/// Documents given as token vectors (ids as stored: negative = input without loss, docs/data.md).
 /// `name` stands in for the file path in error messages.
 class MemorySource : public DocumentSource {
  public:

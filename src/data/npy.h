@@ -1,4 +1,4 @@
-// The NumPy .npy format, for the 2-D integer arrays of InternEvo's .bin.meta files (SPEC §1.1).
+// The NumPy .npy format, for the 2-D integer arrays of InternEvo's .bin.meta files (docs/data.md).
 #pragma once
 #include <cstdint>
 #include <filesystem>

@@ -1,4 +1,4 @@
-// open_dataset: format detection by file name, folders in sorted path order (SPEC §1.1).
+// open_dataset: format detection by file name, folders in sorted path order (docs/data.md).
 #include "data/open.h"
 
 #include <algorithm>

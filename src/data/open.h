@@ -1,4 +1,4 @@
-// Opening a tokenized dataset whatever its format (SPEC §1.1).
+// Opening a tokenized dataset whatever its format (docs/data.md).
 #pragma once
 #include <filesystem>
 

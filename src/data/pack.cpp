@@ -1,4 +1,4 @@
-// build_pack / build_unpack (SPEC §1.3–§1.4). The hot path copies each document piece with one
+// build_pack / build_unpack (docs/data.md). The hot path copies each document piece with one
 // read_tokens call (a memcpy for mapped int32 files) and then derives inputs and labels in one
 // branch-free pass, so the cost per token is a few instructions (bench/bench_pack.cpp).
 #include "data/pack.h"
@@ -41,7 +41,7 @@ std::vector<int64_t> document_order(const DocumentSource& source, int64_t min_le
 
 namespace {
 
-// Stored id -> what the model reads (SPEC §1.1: negative ids are inputs without loss).
+// Stored id -> what the model reads (docs/data.md: negative ids are inputs without loss).
 inline int32_t input_of(int32_t id) { return id < 0 ? -id : id; }
 // Stored id of the target -> label (InternEvo collate: `label if label > 0 else -100`).
 inline int32_t label_of(int32_t id) { return id > 0 ? id : kIgnoreIndex; }

@@ -1,8 +1,9 @@
-// Rows from documents (SPEC §1.2–§1.4): `build_pack` (packed rows) and `build_unpack` (one document
+// Rows from documents (docs/data.md): `build_pack` (packed rows) and `build_unpack` (one document
 // per SEQ_LEN slot). A row is located from prefix sums of document lengths (binary search), never by
 // replaying the stream, so any row of a dataset of any size costs O(log documents + P).
 // Upstream: InternEvo `PackedDatasetWithCut`, `PackedDatasetWithoutCuSeqlen`, `build_unpack`
-// (reference/internevo.md §1.3–§1.6); the padded tail is the seed 000 rule.
+// (internlm/data/tokenized/packed_dataset.py); the padded tail is what InternEvo's data-flow
+// walkthrough prints (docs/data.md).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -14,13 +15,13 @@
 
 namespace longtron::data {
 
-/// What happens to the last partial packed row: padded (seed 000, default) or dropped (InternEvo).
+/// What happens to the last partial packed row: padded (default) or dropped (InternEvo).
 enum class PackTail { kPad, kDrop };
 
 /// Parses "pad" / "drop" (config key `data.pack_tail`); anything else is an Error naming the key.
 PackTail parse_pack_tail(const std::string& value);
 
-/// The packing settings of `data.*` (SPEC §4.1). P = packed_length() = micro_bsz × seq_len.
+/// The packing settings of `data.*` (docs/configuration.md). P = packed_length() = micro_bsz × seq_len.
 struct PackConfig {
   int64_t seq_len = 0;     ///< L, the longest attention segment (SEQ_LEN)
   int64_t micro_bsz = 0;   ///< rows of L per packed row
@@ -36,7 +37,7 @@ struct PackConfig {
   int64_t packed_length() const { return seq_len * micro_bsz; }
 };
 
-/// Document order of one file (SPEC §1.1–§1.2): ids of documents with length >= min_length
+/// Document order of one file (docs/data.md): ids of documents with length >= min_length
 /// (empty documents are dropped too: they hold no token and would give empty segments), then, if
 /// `shuffle`, permuted exactly as InternEvo does: `RandomState(seed).shuffle` of the surviving list,
 /// reseeded per file.
@@ -44,7 +45,7 @@ std::vector<int64_t> document_order(const DocumentSource& source, int64_t min_le
                                     uint32_t seed);
 
 /// Rows of one packing mode. row_into() fills `out` (buffers reused) with a normalized micro-batch:
-/// input_ids/labels/indexes [P], cu_seqlens [k+1] (0 … P), max_seqlen (SPEC §1.5).
+/// input_ids/labels/indexes [P], cu_seqlens [k+1] (0 … P), max_seqlen (docs/data.md).
 class RowSource {
  public:
   virtual ~RowSource() = default;
@@ -60,13 +61,13 @@ class RowSource {
   virtual int64_t packed_length() const = 0;
 };
 
-/// build_pack over one file (SPEC §1.3): the documents of `order`, concatenated; row k is tokens
+/// build_pack over one file (docs/data.md): the documents of `order`, concatenated; row k is tokens
 /// [kP, (k+1)P). Labels are the next token of the same document (also across a row boundary), -100
 /// at a document end; pieces are cut into attention segments of <= L from the piece start. With
 /// pack_sample_into_one, cu_seqlens is [0, L, …, P], indexes 0..L-1 repeated and labels are -100 at
 /// every piece end. The partial tail row is padded (tokens 0, labels -100, one pad segment with
 /// indexes 0..k-1; into-one: the fixed windows are kept) or dropped per pack_tail.
-/// Token rule (SPEC §1.1, InternEvo `packed_collate_fn`): input = abs(id); a label id <= 0 is -100.
+/// Token rule (docs/data.md, InternEvo `packed_collate_fn`): input = abs(id); a label id <= 0 is -100.
 /// With split_documents = false the stream has pad gaps (tokens 0, labels -100, one segment each)
 /// wherever a document was moved to the next row. `source` must outlive the object.
 class PackedRows : public RowSource {
@@ -101,7 +102,7 @@ class PackedRows : public RowSource {
   mutable std::vector<char> pads_;           // whether that piece is a pad gap
 };
 
-/// build_unpack over one file (SPEC §1.4): row i holds documents [i·B, (i+1)·B) of `order`, each
+/// build_unpack over one file (docs/data.md): row i holds documents [i·B, (i+1)·B) of `order`, each
 /// truncated to its first L tokens (labels shift inside the kept part, -100 at its end), one
 /// segment per document, padded to P with one pad segment. A last group of < B documents is kept.
 class UnpackedRows : public RowSource {
@@ -126,7 +127,7 @@ std::unique_ptr<UnpackedRows> build_unpack(const DocumentSource& source,
                                            std::vector<int64_t> order, const PackConfig& config);
 
 /// The rows of a whole dataset: each file packed independently (packs never cross a file
-/// boundary, SPEC §1.1), rows of file f after those of file f-1 (InternEvo's ConcatDataset).
+/// boundary, docs/data.md), rows of file f after those of file f-1 (InternEvo's ConcatDataset).
 class DatasetRows : public RowSource {
  public:
   /// One RowSource per file (packed or unpacked per config.use_packed_dataset), document order

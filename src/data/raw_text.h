@@ -1,4 +1,4 @@
-// Raw text inputs of `prepare` (SPEC §1.1): .jsonl, .json and .txt.
+// Raw text inputs of `prepare` (docs/data.md): .jsonl, .json and .txt.
 #pragma once
 #include <filesystem>
 #include <string>

@@ -1,5 +1,5 @@
-// Which rows a data-parallel rank trains on at each step (SPEC §1.5): InternEvo's
-// StaticBatchSampler, and XTuner's SequenceParallelSampler (reference/seqpar_attention.md §1.2).
+// Which rows a data-parallel rank trains on at each step (docs/data.md): InternEvo's
+// StaticBatchSampler, and XTuner's SequenceParallelSampler (xtuner/parallel/sequence/sampler.py).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -18,7 +18,7 @@ void to_json(nlohmann::json& j, const SamplerState& s);
 /// Throws Error if "epoch"/"position" are missing or negative.
 void from_json(const nlohmann::json& j, SamplerState& s);
 
-/// InternEvo StaticBatchSampler (reference/internevo.md §3): the row ids [0, num_rows) permuted by
+/// InternEvo StaticBatchSampler (internlm/data/batch_sampler.py): the row ids [0, num_rows) permuted by
 /// numpy_permutation(num_rows, seed + epoch) (or in order without shuffle), truncated to a multiple
 /// of micro_num × dp_size; dp rank r takes rows r, r+dp, r+2dp, … and each step uses micro_num of
 /// them. Ranks of one TP/SP group pass the same dp_rank and so get identical rows.

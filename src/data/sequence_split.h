@@ -1,5 +1,5 @@
-// Sequence split for ISP / Ulysses (SPEC §1.6, seed 000 "split_data_sequence_parallel") and the
-// XTuner-named helpers (reference/seqpar_attention.md §1.3, §1.4, §1.7).
+// Sequence split for ISP / Ulysses (docs/data.md; InternEvo's split_data_sequence_parallel) and the
+// XTuner-named helpers (xtuner/parallel/sequence/data_collate.py, reduce_loss.py).
 #pragma once
 #include <cstdint>
 #include <span>
@@ -19,12 +19,12 @@ void check_sequence_parallel(int64_t sp_size, int64_t sp_rank);
 std::vector<int32_t> split_for_sequence_parallel(const std::vector<int32_t>& values,
                                                  int64_t sp_size, int64_t sp_rank);
 
-/// ISP / Ulysses split of a packed row (SPEC §1.6): rank r keeps [rP/T, (r+1)P/T) of input_ids,
+/// ISP / Ulysses split of a packed row (docs/data.md): rank r keeps [rP/T, (r+1)P/T) of input_ids,
 /// labels and indexes (labels were computed on the whole row, so no target is lost); cu_seqlens and
 /// max_seqlen stay global. Seed: T=2, rank 1 of row 0 holds 2514 … 314, indexes 4 5 6 0 1 2 3 4.
 MicroBatch split_for_sequence_parallel(const MicroBatch& row, int64_t sp_size, int64_t sp_rank);
 
-/// Unpacked split (SPEC §1.6): each [micro_bsz, L] row is cut on its L dimension; the result is
+/// Unpacked split (docs/data.md): each [micro_bsz, L] row is cut on its L dimension; the result is
 /// [micro_bsz, L/T]. Throws Error if T does not divide L.
 UnpackedBatch split_for_sequence_parallel(const UnpackedBatch& batch, int64_t sp_size,
                                           int64_t sp_rank);

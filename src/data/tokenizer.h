@@ -1,4 +1,4 @@
-// SentencePiece tokenizer (SPEC §1.1): load a .model, encode documents in parallel, train BPE.
+// SentencePiece tokenizer (docs/data.md): load a .model, encode documents in parallel, train BPE.
 #pragma once
 #include <cstdint>
 #include <filesystem>

@@ -1,4 +1,4 @@
-// Per-micro-batch processing of InternEvo's scheduler (SPEC §1.5, seed 000 "处理数据"):
+// Per-micro-batch processing of InternEvo's scheduler (docs/data.md):
 // `packed_data_normalizer` (packed mode) and `unpack_data` (unpacked mode).
 #pragma once
 #include <cstdint>

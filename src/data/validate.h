@@ -1,4 +1,4 @@
-// Checks a tokenized dataset against a vocabulary before training or after prepare (SPEC §1.1).
+// Checks a tokenized dataset against a vocabulary before training or after prepare (docs/data.md).
 #pragma once
 #include <cstdint>
 

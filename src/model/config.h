@@ -1,10 +1,10 @@
-// InternLM2 model shape (SPEC §2). Key names follow InternEvo's config.py `model` section.
+// InternLM2 model shape (docs/model.md). Key names follow InternEvo's config.py `model` section.
 #pragma once
 #include <cstdint>
 
 namespace longtron::model {
 
-/// The shape of an InternLM2 model (SPEC §2). Defaults are InternEvo's.
+/// The shape of an InternLM2 model (docs/model.md). Defaults are InternEvo's.
 struct ModelConfig {
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -21,7 +21,7 @@ struct ModelConfig {
 
   /// head_dim = hidden_size / num_attention_heads.
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
-  /// FFN width = multiple_of × ceil(int(hidden × mlp_ratio) / multiple_of) (SPEC §2).
+  /// FFN width = multiple_of × ceil(int(hidden × mlp_ratio) / multiple_of) (InternEvo).
   int64_t ffn_size() const {
     const int64_t raw = static_cast<int64_t>(static_cast<double>(hidden_size) * mlp_ratio);
     return multiple_of * ((raw + multiple_of - 1) / multiple_of);

@@ -1,4 +1,5 @@
-// Hugging Face `config.json` for InternLM2 ↔ ModelConfig (SPEC §2 "Hugging Face interop").
+// Hugging Face `config.json` for InternLM2 ↔ ModelConfig (Hugging Face transformers' InternLM2
+// config; docs/model.md).
 #pragma once
 #include <nlohmann/json.hpp>
 

@@ -1,4 +1,4 @@
-// InternLM2 forward and backward over the ops of layers.h (SPEC §2; structure after llm.c).
+// InternLM2 forward and backward over the ops of layers.h (docs/model.md; structure after llm.c).
 #include "model/internlm2.h"
 
 #include <algorithm>

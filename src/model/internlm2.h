@@ -1,6 +1,7 @@
-// The InternLM2 model (SPEC §2) with explicit forward and backward, after llm.c: embedding, blocks
-// h = x + wo(Attn(RoPE(split(wqkv(RMSNorm(x)))))), y = h + w2(silu(w1 z) ⊙ w3 z), z = RMSNorm(h),
-// final RMSNorm, untied output head, cross-entropy with ignore_index -100 as (loss sum, count).
+// The InternLM2 model (docs/model.md) with explicit forward and backward, after llm.c: embedding,
+// blocks h = x + wo(Attn(RoPE(split(wqkv(RMSNorm(x)))))), y = h + w2(silu(w1 z) ⊙ w3 z), z =
+// RMSNorm(h), final RMSNorm, untied output head, cross-entropy with ignore_index -100 as (loss sum,
+// count).
 #pragma once
 #include <cstdint>
 #include <span>
@@ -79,9 +80,9 @@ class InternLM2 {
   T *dres_, *dtmp_, *dxn_, *dg_, *da_, *db_, *dattn_, *dqkv_s_;   // backward temporaries
 };
 
-/// Model FLOPs of one step (SPEC §2): 6 × matmul parameters (all linears, head included; not the
+/// Model FLOPs of one step (docs/model.md): 6 × matmul parameters (all linears, head included; not the
 /// embedding, norms or biases) × tokens + 6 × num_layers × hidden × Σ lᵢ² over the attention
-/// segments of the step. Used for MFU (SPEC §4.3).
+/// segments of the step. Used for MFU (docs/training.md).
 double model_flops(const ModelConfig& config, int64_t tokens, double sum_l2);
 
 /// Σ lᵢ² over the segments of cu_seqlens (the attention term of model_flops).

@@ -65,7 +65,7 @@ class DenseNorm final : public NormOp<T> {
   T eps_;
 };
 
-/// Split of the grouped qkv rows [Hkv, q_per_kv + 2, d] (SPEC §2) into [q heads | k heads |
+/// Split of the grouped qkv rows [Hkv, q_per_kv + 2, d] (docs/model.md) into [q heads | k heads |
 /// v heads] per token, so q, k and v are dense head ranges with token stride Q for the kernel.
 template <typename T>
 class DenseAttention final : public AttentionOp<T> {

@@ -31,7 +31,7 @@ class LinearOp {
 };
 
 /// RMSNorm over the hidden features of each token: out = x / sqrt(mean(x²) + eps) ⊙ w. A 2D
-/// tensor-parallel version all-reduces the sum of squares over its y group (SPEC §3).
+/// tensor-parallel version all-reduces the sum of squares over its y group (docs/tp2d.md).
 template <typename T>
 class NormOp {
  public:
@@ -52,7 +52,7 @@ struct AttentionBatch {
 };
 
 /// Grouped qkv → RoPE → document-masked causal attention, and its adjoint.
-/// Input: qkv[N, Q] as the wqkv linear writes it (grouped rows, SPEC §2). Output: out[N, Hq·d].
+/// Input: qkv[N, Q] as the wqkv linear writes it (grouped rows, docs/model.md). Output: out[N, Hq·d].
 template <typename T>
 class AttentionOp {
  public:
@@ -117,8 +117,8 @@ struct ModelOps {
   std::vector<BlockOps<T>> blocks;
   std::unique_ptr<NormOp<T>> norm;  ///< the final RMSNorm
   std::unique_ptr<HeadLossOp<T>> head;
-  /// Ranks a row's tokens are split over (SPEC §1.6): the batch holds P / T tokens while
-  /// cu_seqlens stays global (its last entry is P). 1 in a single process.
+  /// Ranks a row's tokens are split over (docs/data.md, "Sequence split"): the batch holds P / T
+  /// tokens while cu_seqlens stays global (its last entry is P). 1 in a single process.
   int64_t sequence_parallel_size = 1;
   /// Megatron sequence parallel (MSP/FSP, parallel/megatron_ops.cpp): the ops see the whole row
   /// (N tokens) but the residual stream between the linears — embedding output, norms, row-linear

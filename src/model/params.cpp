@@ -1,4 +1,4 @@
-// Parameter layout, flat buffers and the reproducible init of SPEC §2.
+// Parameter layout, flat buffers and the reproducible init of docs/model.md.
 #include "model/params.h"
 
 #include <algorithm>

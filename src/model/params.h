@@ -1,5 +1,5 @@
 // Parameters of an InternLM2 model: one flat buffer with named views in Hugging Face naming order
-// (SPEC §2), so that sharding, checkpoints and optimizer state are offset arithmetic (DESIGN.md).
+// (docs/model.md), so that sharding, checkpoints and optimizer state are offset arithmetic (DESIGN.md).
 // Gradients use the same layout in a second buffer.
 #pragma once
 #include <cstdint>
@@ -33,11 +33,11 @@ struct BlockParamIds {
 
 /// The tensors of a model and where each lives in the flat buffer. Order (HF naming order):
 /// model.tok_embeddings.weight [V,H]; per layer i: attention_norm.weight [H],
-/// attention.wqkv.weight [(Hq+2Hkv)·d, H] (grouped rows, SPEC §2), attention.wqkv.bias (qkv_bias),
-/// attention.wo.weight [H,H], attention.wo.bias (o_bias), ffn_norm.weight [H],
+/// attention.wqkv.weight [(Hq+2Hkv)·d, H] (grouped rows, docs/model.md), attention.wqkv.bias
+/// (qkv_bias), attention.wo.weight [H,H], attention.wo.bias (o_bias), ffn_norm.weight [H],
 /// feed_forward.w1.weight [F,H], feed_forward.w3.weight [F,H], feed_forward.w2.weight [H,F];
 /// then model.norm.weight [H], output.weight [V,H].
-/// Init std (InternEvo init_type "normal", SPEC §2): 0.02; wo and w2 of layer i 0.02/sqrt(2(i+1)).
+/// Init std (InternEvo init_type "normal"): 0.02; wo and w2 of layer i 0.02/sqrt(2(i+1)).
 class ParamLayout {
  public:
   /// Throws longtron::Error naming the model.* key when the shape is impossible (non-positive
@@ -54,7 +54,7 @@ class ParamLayout {
   /// The view with this name; throws longtron::Error if there is none.
   const ParamView& at(std::string_view name) const;
   /// Parameters that take part in matmuls (every linear weight, head included; not the
-  /// embedding, norms or biases) — the count of SPEC §2's FLOPs formula.
+  /// embedding, norms or biases) — the count of the FLOPs formula in docs/model.md.
   int64_t matmul_numel() const;
   /// The same tensors (names, order, flags, init std, view indices) with other shapes — one
   /// rank's shards (parallel/shard_plan.h) — and offsets recomputed. `shapes` has one entry per
@@ -101,12 +101,12 @@ class Params {
   std::vector<T> data_;
 };
 
-/// Fills `params` per SPEC §2: normal(0, view.init_std) for matrices, 1 for norms, 0 for biases.
-/// Reproducible on every machine: tensor k (view index) draws from its own std::mt19937_64 seeded
-/// with splitmix64(seed + k·0x9E3779B97F4A7C15), so one tensor's values do not depend on the
-/// others' sizes (a sharded rank can rebuild a full tensor alone). Normals by Box–Muller on pairs
-/// of uniforms u = (bits >> 11)·2⁻⁵³ ∈ [0,1): r = sqrt(−2 ln(1−u₁)), z₀ = r cos(2πu₂),
-/// z₁ = r sin(2πu₂), used in that order; computed in double and rounded to T.
+/// Fills `params` as InternEvo's init (docs/model.md): normal(0, view.init_std) for matrices, 1 for
+/// norms, 0 for biases. Reproducible on every machine: tensor k (view index) draws from its own
+/// std::mt19937_64 seeded with splitmix64(seed + k·0x9E3779B97F4A7C15), so one tensor's values do
+/// not depend on the others' sizes (a sharded rank can rebuild a full tensor alone). Normals by
+/// Box–Muller on pairs of uniforms u = (bits >> 11)·2⁻⁵³ ∈ [0,1): r = sqrt(−2 ln(1−u₁)), z₀ = r
+/// cos(2πu₂), z₁ = r sin(2πu₂), used in that order; computed in double and rounded to T.
 template <typename T>
 void init_params(Params<T>& params, uint64_t seed);
 

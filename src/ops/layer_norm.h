@@ -1,6 +1,6 @@
 // LayerNorm (Ba, Kiros & Hinton 2016) with explicit forward and backward, for models that use it
-// and as the single-rank reference of the distributed LayerNorm (parallel/dist_norm.h; seed 004,
-// SPEC §3). Same conventions as ops.h: (outputs, saved state, inputs, weights, sizes), input
+// and as the single-rank reference of the distributed LayerNorm (parallel/dist_norm.h;
+// docs/tp2d.md). Same conventions as ops.h: (outputs, saved state, inputs, weights, sizes), input
 // gradients overwritten, parameter gradients accumulated, nullptr skips a gradient.
 #pragma once
 #include <cstdint>
@@ -8,7 +8,7 @@
 namespace longtron::ops {
 
 /// out[N,H] = (x − μ)·rstd ⊙ weight[H] (+ bias[H] when bias != nullptr), per token:
-/// μ = Σx/H, var = Σx²/H − μ² (sums accumulated in double, as SPEC §3 asks of the distributed
+/// μ = Σx/H, var = Σx²/H − μ² (sums accumulated in double, as docs/tp2d.md asks of the distributed
 /// form), rstd = 1/sqrt(var + eps). mean[N] and rstd[N] are saved for backward.
 template <typename T>
 void layer_norm_forward(T* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias,

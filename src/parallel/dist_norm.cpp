@@ -97,7 +97,7 @@ void dist_layer_norm_forward(T* out, T* mean, T* rstd, const T* x, const T* weig
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const double mu = es[size_t(2 * n)] / double(H);
-    const double var = es[size_t(2 * n + 1)] / double(H) - mu * mu;  // SPEC §3: s/H − μ²
+    const double var = es[size_t(2 * n + 1)] / double(H) - mu * mu;  // s/H − μ² in double (docs/tp2d.md)
     const double r = 1.0 / std::sqrt(var + double(eps));
     mean[n] = static_cast<T>(mu);
     rstd[n] = static_cast<T>(r);

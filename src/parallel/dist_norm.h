@@ -1,6 +1,6 @@
 // Distributed normalisation over a hidden dimension split across a group (MindSpeed's RMSNorm2D /
-// LayerNorm2D for 2D tensor parallel; seed 004 "分布式normalization" steps 1–9;
-// reference/tensor_parallel.md §5 "Distributed norms"; SPEC §3 with the corrected variance).
+// LayerNorm2D for 2D tensor parallel; MindSpeed
+// mindspeed/core/tensor_parallel/tp_2d; with the corrected variance of docs/tp2d.md).
 //
 // Each rank holds x[N, H_local] = its slice of the hidden features of the same N tokens (under 2D
 // TP: N = the rank's sequence shard P/x, H_local = H/y, the group = the y group) and the matching
@@ -13,7 +13,7 @@
 //
 // Collectives per call (group of size > 1; a group of one calls the single-rank op in ops/):
 //   RMSNorm   forward 1 all-reduce of N doubles (Σx²), backward 1 (Σ g·w·x);
-//   LayerNorm forward 1 all-reduce of 2N doubles (Σx and Σx² packed; the seed's two all-reduces in
+//   LayerNorm forward 1 all-reduce of 2N doubles (Σx and Σx² packed; MindSpeed's two all-reduces in
 //             one call, same bytes), backward 1 of 2N (Σg and Σg·x̂).
 // Every function is collective over `group` and throws Error unless H_local · group.size() == H.
 #pragma once
@@ -37,7 +37,7 @@ void dist_rms_norm_backward(T* dx, T* dweight, const T* dout, const T* x, const 
 
 /// out[N, H_local] = (x − μ)·rstd ⊙ weight (+ bias): with e = Σ_group Σ x and s = Σ_group Σ x²
 /// (double), μ = e/H, var = s/H − μ², rstd = 1/sqrt(var + eps). mean[N], rstd[N] saved.
-/// The input is never modified (reference §5 hazard: MindSpeed centres its input in place).
+/// The input is never modified (MindSpeed centres its input in place; longtron does not).
 template <typename T>
 void dist_layer_norm_forward(T* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
                              int64_t N, int64_t H_local, int64_t H, T eps,

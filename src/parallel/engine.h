@@ -1,7 +1,7 @@
-// The distributed engine: one InternLM2 replica spread over a process grid (SPEC §3), with the
+// The distributed engine: one InternLM2 replica spread over a process grid (docs/parallel.md), with the
 // exact gradient of the global token-weighted loss on every rank, whatever the layout.
 //
-// ---- How the pieces fit (read this to add a mode: P6 ISP, P7 2D) ---------------------------------
+// ---- How the pieces fit (read this to add a mode, as ISP and 2D were added) ---------------------
 // 1. ShardPlan (shard_plan.h): for each full HF tensor, the local view (splits over groups) and the
 //    groups its gradient is SUMMED over. The rank's params/grads are model::Params over
 //    plan.local_layout() (same names and view indices as the full layout, local shapes).
@@ -10,7 +10,7 @@
 //      make_ops(const ModeContext&)     builds model::ModelOps<float> over the LOCAL layout (the
 //                                       ops hold their communicators, from ctx.grid);
 //      local_batch(row, ctx)            (optional) the part of a full packed row this rank feeds
-//                                       the model (ISP: the sequence shard, SPEC §1.6; default:
+//                                       the model (ISP: the sequence shard, docs/data.md; default:
 //                                       the whole row, as MTP/MSP/FSP do).
 //    mode_name(layout) picks the factory: "dense" (tp 1, no isp/2d), "mtp", "msp", "fsp", "isp"
 //    (tensor.mode isp, any T/W), "2d" (parallel.tensor_2d). Registration: define
@@ -31,7 +31,7 @@
 // 5. Checkpoints: gather_full() builds HF-named full tensors from any local param-shaped buffer
 //    (params, AdamW moments); scatter_full() loads them back into any layout.
 //
-// The step, as the trainer runs it (token-weighted loss, SPEC §3):
+// The step, as the trainer runs it (token-weighted loss, docs/parallel.md):
 //   engine.zero_grads();
 //   int64_t count = engine.global_label_count(my_micro_batches);   // all-reduced over DATA
 //   for (mb : my_micro_batches) sum += engine.forward_backward(mb, 1.0 / count);
@@ -68,7 +68,8 @@ struct ModeFactory {
   /// nullptr = feed the whole row.
   std::function<data::MicroBatch(const data::MicroBatch& row, const ModeContext& ctx)> local_batch;
   /// The group of finish_gradients' data-parallel SUM: the ranks holding the same shards that saw
-  /// different rows. DATA for every mode but ISP, whose weight shards live in WEIGHT_DATA (SPEC §2).
+  /// different rows. DATA for every mode but ISP, whose weight shards live in WEIGHT_DATA
+  /// (docs/isp.md).
   comm::Group data_group = comm::Group::kData;
 };
 
@@ -107,8 +108,8 @@ class ParallelEngine {
   data::MicroBatch local_batch(const data::MicroBatch& row) const;
 
   /// Σ over this rank's micro-batches of the labels that take loss (≠ −100), summed over DATA:
-  /// the step's global count (SPEC §3); every rank of the job gets the same number. The rows are
-  /// full rows (as the sampler gives them), before local_batch.
+  /// the step's global count (docs/parallel.md); every rank of the job gets the same number. The
+  /// rows are full rows (as the sampler gives them), before local_batch.
   int64_t global_label_count(const std::vector<data::MicroBatch>& rows) const;
 
   /// Forward + backward of one full row (local_batch applied inside); ACCUMULATES the gradient of

@@ -1,5 +1,5 @@
 // Chunked vocab-parallel output head + cross-entropy, shared by the Megatron (MTP/MSP/FSP) and the
-// 2D tensor-parallel heads (SPEC §3; reference/tensor_parallel.md; Megatron's
+// 2D tensor-parallel heads (docs/parallel.md; Megatron's
 // vocab_parallel_cross_entropy fused with the output GEMMs so logits never exist for all rows).
 #pragma once
 

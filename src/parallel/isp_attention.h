@@ -1,10 +1,10 @@
-// Ulysses attention for ISP (DeepSpeed-Ulysses, arXiv 2309.14509; InternEvo isp,
-// reference/internevo.md §4.3; XTuner sequence parallel, seed 001; reference/seqpar_attention.md
-// §1.5–§1.6): each rank holds its P/T tokens with every head; RoPE is applied locally (per token,
-// with the split indexes), then one all-to-all over the TENSOR group scatters heads and gathers the
-// sequence, so every rank holds the WHOLE row for Hq/T query heads (and their kv heads) and runs the
-// local varlen attention over the GLOBAL cu_seqlens; a second all-to-all gathers heads and scatters
-// the sequence back. Backward is the adjoint: the same two all-to-alls on the gradients.
+// Ulysses attention for ISP (DeepSpeed-Ulysses, arXiv 2309.14509; InternEvo isp;
+// XTuner sequence parallel, xtuner/parallel/sequence/attention.py; docs/isp.md): each rank holds
+// its P/T tokens with every head; RoPE is applied locally (per token, with the split indexes), then
+// one all-to-all over the TENSOR group scatters heads and gathers the sequence, so every rank holds
+// the WHOLE row for Hq/T query heads (and their kv heads) and runs the local varlen attention over
+// the GLOBAL cu_seqlens; a second all-to-all gathers heads and scatters the sequence back. Backward
+// is the adjoint: the same two all-to-alls on the gradients.
 //
 // GQA: when T > Hkv (T divisible by Hkv) each kv head is repeated T/Hkv times consecutively so each
 // rank gets one kv head (XTuner v1 / DeepSpeed ALST rule: minimal replication); the gradients of the

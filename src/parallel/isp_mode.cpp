@@ -33,7 +33,7 @@ void register_isp_mode() {
     const int64_t T = ctx.grid.tensor->size();
     if (static_cast<int64_t>(row.input_ids.size()) % T == 0)
       return data::split_for_sequence_parallel(row, T, ctx.grid.tensor->rank());
-    data::MicroBatch padded = row;  // pad is its own segment (SPEC §1.6)
+    data::MicroBatch padded = row;  // pad is its own segment (docs/data.md)
     data::pad_for_sequence_parallel(padded, T);
     return data::split_for_sequence_parallel(padded, T, ctx.grid.tensor->rank());
   };

@@ -1,12 +1,12 @@
 // ISP (InternEvo "isp" = Ulysses sequence parallel + weight parallel) as a set of model ops, and
-// the sharding plan the engine needs (SPEC §2–§3, reference/internevo.md §4.3–§4.6, seed 000).
+// the sharding plan the engine needs (InternEvo's ISP; docs/isp.md).
 //
 // Data: rank r of a TENSOR group (size T) holds tokens [rP/T, (r+1)P/T) of input_ids, indexes and
 // labels; cu_seqlens stays global (data/sequence_split.h). Parameters:
 // - every linear weight (wqkv, wo, w1, w3, w2) and the head: rows sharded over WEIGHT (size W);
 // - the embedding: hidden columns sharded over WEIGHT;
 // - norm weights and linear biases: replicated.
-// Gradient reductions (exact SUM semantics, not InternEvo's AVG, reference §4.6):
+// Gradient reductions (exact SUM semantics, not InternEvo's AVG):
 // - sharded tensors: the ops reduce-scatter over WEIGHT; the engine then SUMS over WEIGHT_DATA
 //   (the ranks with the same weight rank), where ZeRO-1 also lives;
 // - replicated tensors: each rank holds a partial sum over its own tokens; the engine SUMS over

@@ -1,9 +1,9 @@
-// ISP weight parallel (InternEvo "isp", reference/internevo.md §4.3; seed 000 ISP data flow):
+// ISP weight parallel (InternEvo "isp"; docs/isp.md):
 // every linear weight and the head are sharded on dim 0 (output features) over the WEIGHT group,
 // the embedding on its hidden dim. A weight is all-gathered before its forward and again before
 // its backward; its full-shape gradient (from this rank's tokens only) is reduce-scattered with SUM
-// so each rank ends with its shard's exact gradient over every token of the WEIGHT group (SPEC §3:
-// partial gradients of sequence shards are summed, not averaged as InternEvo does).
+// so each rank ends with its shard's exact gradient over every token of the WEIGHT group
+// (docs/parallel.md: partial gradients of sequence shards are summed, not averaged as InternEvo does).
 //
 // Tokens stay local: a rank computes on its own [P/T, in] activations with the full weight.
 // With overlap on, IspWeightStore starts the gather of the weight it predicts comes next (an async
@@ -116,7 +116,7 @@ class IspLinear final : public model::LinearOp<float> {
   int64_t out_, in_;
 };
 
-/// Token embedding with the table [V, H] sharded on H over WEIGHT (seed 000: [vocab, hidden/wp]),
+/// Token embedding with the table [V, H] sharded on H over WEIGHT (InternEvo's [vocab, hidden/wp]),
 /// gathered before forward; backward reduce-scatters the full-table gradient of this rank's tokens.
 class IspEmbedding final : public model::EmbeddingOp<float> {
  public:

@@ -1,6 +1,6 @@
 // Tensor-parallel layers built from the mappings: column/row-parallel linears in Megatron's MTP and
 // sequence-parallel (MSP/FSP) forms, vocab-parallel cross-entropy and InternEvo's hidden-split
-// embedding (reference/tensor_parallel.md §2–§4, reference/internevo.md §4.2–§4.4).
+// embedding (Megatron-LM megatron/core/tensor_parallel/layers.py; InternEvo's ISP embedding).
 //
 // Conventions: arguments are (outputs, saved state, inputs, weights, sizes, mode, comm); weights are
 // HF-layout [out, in] shards; N is the FULL token count of the tensor-parallel region (the whole

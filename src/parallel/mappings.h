@@ -1,5 +1,5 @@
-// Megatron's tensor-parallel mappings as adjoint pairs on float buffers (reference/
-// tensor_parallel.md §1; megatron/core/tensor_parallel/mappings.py). Each forward is written next
+// Megatron's tensor-parallel mappings as adjoint pairs on float buffers (Megatron-LM
+// megatron/core/tensor_parallel/mappings.py). Each forward is written next
 // to its backward, and the backward is the adjoint of the forward: <f(x), y> = <x, f*(y)>.
 //
 // Conventions: tensors are dense row-major; a "shard" is group rank r's chunk, chunks in group-rank

@@ -1,8 +1,8 @@
 // Megatron tensor parallel as model ops: MTP, and its sequence-parallel forms MSP and FSP
-// (SPEC §3; reference/tensor_parallel.md §2–§4; reference/internevo.md §4.2–§4.4).
+// (docs/parallel.md; Megatron-LM megatron/core/tensor_parallel; InternEvo's MSP/FSP).
 //
 // Plan (T = TENSOR size, r = tensor rank): wqkv rows = whole kv-head groups [r·Hkv/T, …) with their
-// q heads (the grouped layout of SPEC §2 makes that contiguous), w1/w3 rows and w2 columns = the
+// q heads (the grouped layout of docs/model.md makes that contiguous), w1/w3 rows and w2 columns = the
 // same FFN range (shard_range), wo columns = this rank's q heads, output rows = vocabulary
 // shard_range(V, T, r) (uneven allowed), embedding columns = shard_range(H, T, r) (InternEvo's
 // hidden-split Embedding1D). Under MSP/FSP the norm weights and the wo bias see only this rank's

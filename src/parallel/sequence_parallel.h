@@ -1,5 +1,5 @@
-// XTuner's sequence-parallel API under its own names (seed 001; reference/seqpar_attention.md
-// §1.1–§1.7), over longtron's communicator, so code written against XTuner's five calls maps one to
+// XTuner's sequence-parallel API under its own names (xtuner/parallel/sequence;
+// docs/isp.md), over longtron's communicator, so code written against XTuner's five calls maps one to
 // one: init_sequence_parallel → SequenceParallelGroups; SequenceParallelSampler (data/sampler.h)
 // built from the groups; pad_for_sequence_parallel / split_for_sequence_parallel
 // (data/sequence_split.h) applied to a row for this rank; the attention is the ISP
@@ -37,7 +37,7 @@ data::SequenceParallelSampler make_sequence_parallel_sampler(const SequenceParal
                                                              uint32_t seed, bool round_up = true);
 
 /// pad_for_sequence_parallel then split_for_sequence_parallel of a packed row for this rank (pad:
-/// input 0, label -100, index 0, its own segment; cu_seqlens stays global; SPEC §1.6).
+/// input 0, label -100, index 0, its own segment; cu_seqlens stays global; docs/data.md).
 data::MicroBatch pad_and_split_for_sequence_parallel(data::MicroBatch row,
                                                      const SequenceParallelGroups& groups);
 

@@ -1,5 +1,5 @@
 // The sharded parameter plan: for every full (HF-named) tensor of a model, which part this rank
-// holds and over which groups its gradient must be summed (SPEC §3; Megatron's
+// holds and over which groups its gradient must be summed (docs/parallel.md; Megatron's
 // tensor_model_parallel / sequence_parallel parameter attributes, InternEvo's ISP/ZeRO groups).
 //
 // A plan starts with every tensor replicated. A mode then

@@ -20,7 +20,7 @@ Overlap2D parse_overlap_2d(const std::string& name, const std::string& key) {
   if (name == "none") return Overlap2D::kNone;
   if (name == "ag_with_matmul" || name == "ag_matmul") return Overlap2D::kAgWithMatmul;
   if (name == "matmul_with_rs" || name == "matmul_rs") return Overlap2D::kMatmulWithRs;
-  fail("{}: '{}' is not one of \"none\", \"ag_with_matmul\", \"matmul_with_rs\" (seed 004 allows "
+  fail("{}: '{}' is not one of \"none\", \"ag_with_matmul\", \"matmul_with_rs\" (MindSpeed allows "
        "one forward overlap at a time)",
        key, name);
 }
@@ -126,7 +126,7 @@ void Linear2D::forward(float* y, const float* x, int64_t N, const model::Params<
     if (!computed) ops::linear_forward(Y, X, W, static_cast<const float*>(nullptr), N, in_, out_);
     if (rs_->size() > 1) rs_->reduce_scatter(y, Y, nR * out_);
   }
-  // The bias once, after the reduction (reference §5 hazard: before it, it would count |R| times).
+  // The bias once, after the reduction (before it, it would count |R| times).
   if (bias_ >= 0) {
     const float* b = p.ptr(bias_);
     for (int64_t n = 0; n < nR; ++n)

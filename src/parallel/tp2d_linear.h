@@ -1,5 +1,5 @@
-// The 2D tensor-parallel linear of MindSpeed's high-dimensional TP (seed 004;
-// reference/tensor_parallel.md §5 "ParallelLinear2D", "Per-linear collectives"; SPEC §3).
+// The 2D tensor-parallel linear of MindSpeed's high-dimensional TP (MindSpeed's
+// ParallelLinear2D, mindspeed/core/tensor_parallel/tp_2d; docs/tp2d.md).
 //
 // A linear y = x·Wᵀ (+ b), W [out, in], on a tensor group factored as x × y (x-groups consecutive
 // ranks, y-groups stride x; comm/process_grid.h). Each linear has an all-gather group A and a
@@ -11,7 +11,7 @@
 //   input   [N/|A|, in/|R|]       rows [a·N/|A|, (a+1)·N/|A|) of the row, a = rank in A
 //   output  [N/|R|, out/|A|]      rows [r·N/|R|, (r+1)·N/|R|), r = rank in R
 //
-// The roles alternate so layouts chain with no re-sharding (reference §5):
+// The roles alternate so layouts chain with no re-sharding (docs/tp2d.md):
 //   wqkv, w1, w3:  A = X, R = Y   input = residual layout [N/x, H/y] → output [N/y, out/x]
 //   wo, w2:        A = Y, R = X   input [N/y, in/x] → output = residual layout [N/x, H/y]
 // With y = 1 this is exactly Megatron TP + sequence parallel (MSP) with t = x.
@@ -27,7 +27,7 @@
 //                                  comm/communicator.h counts it: AG the send chunk, RS the whole
 //                                  send buffer).
 //
-// Overlap (forward only, one option at a time as seed 004 requires; parallel.tensor_2d.overlap):
+// Overlap (forward only, one option at a time as MindSpeed requires; parallel.tensor_2d.overlap):
 //   kAgWithMatmul  the input all-gather is issued in row chunks; chunk c+1's all-gather (async)
 //                  runs while chunk c's GEMMs compute (one collective in flight at a time);
 //   kMatmulWithRs  the GEMM is computed in row chunks (for every destination rank of R at
@@ -53,7 +53,7 @@ namespace longtron::parallel {
 enum class Overlap2D { kNone, kAgWithMatmul, kMatmulWithRs };
 
 /// "none" | "ag_with_matmul" | "matmul_with_rs" (also the short "ag_matmul" / "matmul_rs");
-/// throws Error naming `key` and the accepted values otherwise ("both" is refused: seed 004 allows
+/// throws Error naming `key` and the accepted values otherwise ("both" is refused: MindSpeed allows
 /// one forward overlap at a time).
 Overlap2D parse_overlap_2d(const std::string& name,
                            const std::string& key = "parallel.tensor_2d.overlap");

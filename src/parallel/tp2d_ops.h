@@ -1,15 +1,15 @@
-// MindSpeed 2D tensor parallel (tp = x × y) as a parallel mode of the engine (seed 004;
-// reference/tensor_parallel.md §5; SPEC §3). Registered as "2d" (parallel.tensor_2d = {x, y,
+// MindSpeed 2D tensor parallel (tp = x × y) as a parallel mode of the engine (MindSpeed
+// mindspeed/core/tensor_parallel/tp_2d; docs/tp2d.md). Registered as "2d" (parallel.tensor_2d = {x, y,
 // overlap}); x2×y1 is Megatron TP + sequence parallel (MSP) with t = 2, op for op.
 //
 // Layouts (N = tokens of the packed row; rank (xr, yr), tensor rank r = xr + x·yr):
 //   residual stream, norm in/out     [N/x, H/y]   rows block xr, hidden block yr
 //   wqkv, w1, w3 (Linear2D A=X, R=Y) [N/x, H/y] → [N/y, out/x]
 //   attention                        heads split on x (Hq/x q heads, Hkv/x kv heads: whole GQA
-//                                    groups, SPEC §2 grouped rows); with y > 1 Ulysses over the y
+//                                    groups, docs/model.md grouped rows); with y > 1 Ulysses over the y
 //                                    group (all-to-all: scatter the x-rank's heads over y, gather
 //                                    the sequence; kv heads repeated when y > Hkv/x) — reference
-//                                    §5 "attention over the TP-Y-union-CP group" with cp = 1
+//                                    MindSpeed's "attention over the TP-Y-union-CP group" with cp = 1
 //   wo, w2 (Linear2D A=Y, R=X)       [N/y, in/x] → [N/x, H/y]
 //   embedding                        InternEvo's hidden-split table [V, H/tp] over the whole
 //                                    tensor group (as MSP), lookup, all-gather along hidden,

@@ -1,4 +1,4 @@
-// Checkpoints (SPEC §4.4): checkpoint_dir/step_N/{model.safetensors, optimizer.safetensors,
+// Checkpoints (docs/training.md): checkpoint_dir/step_N/{model.safetensors, optimizer.safetensors,
 // config.json, state.json} and checkpoint_dir/latest naming the newest step folder. The step folder
 // is written under a temporary name and renamed, then `latest` is replaced atomically, so a crash
 // never leaves a half checkpoint nor a `latest` pointing at one. Works on (name, shape, pointer)
@@ -15,7 +15,7 @@
 
 namespace longtron::train {
 
-/// A read-only tensor view: HF name (SPEC §2), shape, `numel` floats at data.
+/// A read-only tensor view: HF name (docs/model.md), shape, `numel` floats at data.
 struct NamedTensor {
   std::string name;
   std::vector<int64_t> shape;

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "train/config_keys.h"
 
 namespace longtron::train {
 namespace fs = std::filesystem;
@@ -103,7 +104,7 @@ Setter string_key(std::string& out) {
   };
 }
 
-/// Relative paths resolve from the working directory (SPEC §4.1).
+/// Relative paths resolve from the working directory (docs/configuration.md).
 Setter path_key(std::string& out) {
   return [&out](const toml::node& n, const std::string& where) {
     if (!n.is_string()) wrong_type(where, "a path string", n);
@@ -120,7 +121,14 @@ std::set<std::string> apply(const toml::table& table, const std::string& prefix,
     const std::string key(k.str());
     const std::string full = prefix + "." + key;
     auto it = schema.find(key);
-    if (it == schema.end()) fail("{}: unknown key", loc.at(full, &node));
+    // The key table (config_keys.cpp) decides which names exist; the schema only binds them.
+    const bool listed = is_config_key(full);
+    if (it == schema.end() && !listed) fail("{}: unknown key", loc.at(full, &node));
+    if (it == schema.end() || !listed)
+      fail("{}: internal error: the key is {} (src/train/config_keys.cpp lists every key that "
+           "parse_config binds; add it to both and regenerate docs/configuration.md)",
+           loc.at(full, &node), listed ? "in the key table but not bound by the parser"
+                                       : "bound by the parser but missing from the key table");
     it->second(node, loc.at(full, &node));
     present.insert(key);
   }

@@ -1,4 +1,4 @@
-// The training job's configuration (SPEC §4.1): a TOML file plus `--set section.key=value`
+// The training job's configuration (docs/configuration.md): a TOML file plus `--set section.key=value`
 // overrides. Key names mirror InternEvo's config.py where it has one.
 #pragma once
 #include <nlohmann/json.hpp>
@@ -13,7 +13,8 @@
 
 namespace longtron::train {
 
-/// `data` section (SPEC §1, §4.1). Paths are absolute after load_config (empty = not given).
+/// `data` section (docs/data.md, docs/configuration.md). Paths are absolute after load_config
+/// (empty = not given).
 struct DataConfig {
   std::string train_folder;
   std::string valid_folder;  ///< empty: no validation

@@ -1,4 +1,4 @@
-// Held-out loss (SPEC §4.3 valid_loss, §5 `longtron eval`): forward only, token-weighted.
+// Held-out loss (the valid_loss of docs/training.md and `longtron eval`): forward only, token-weighted.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -30,7 +30,7 @@ struct EvalResult {
   double loss() const { return count > 0 ? loss_sum / static_cast<double>(count) : 0.0; }
 };
 
-/// Per-document losses of a dataset packed as in training (SPEC §5): each file's documents in
+/// Per-document losses of a dataset packed as in training: each file's documents in
 /// stored order (no shuffle) through build_pack (or build_unpack when !use_packed_dataset), so a
 /// document longer than seq_len or cut by a row edge is scored in segments, exactly as training
 /// sees it. Tokens of a document are attributed through the prefix sums of document lengths.

@@ -1,4 +1,4 @@
-// The machine's fp32 matrix-multiply speed, the denominator of MFU (SPEC §4.3).
+// The machine's fp32 matrix-multiply speed, the denominator of MFU (docs/training.md).
 #pragma once
 #include <cstdint>
 

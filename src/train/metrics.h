@@ -1,4 +1,4 @@
-// Training metrics (SPEC §4.3): console rows, one JSON object per line in metrics_file, a live
+// Training metrics (docs/training.md): console rows, one JSON object per line in metrics_file, a live
 // progress line on a terminal, and at the end a PNG picture of the train and valid loss curves
 // written next to the metrics file as `<stem>.png`.
 #pragma once
@@ -13,8 +13,9 @@
 
 namespace longtron::train {
 
-/// A training row (SPEC §4.3). grad_norm is before clipping; tokens are the non-pad tokens of the
-/// step over all ranks; tgs = tokens / world size / step_time_s; mfu per SPEC §4.3.
+/// A training row (docs/training.md). grad_norm is before clipping; tokens are the non-pad tokens
+/// of the step over all ranks; tgs = tokens / world size / step_time_s; mfu as docs/training.md
+/// defines it.
 struct TrainRow {
   int64_t step = 0;
   double loss = 0;
@@ -78,7 +79,7 @@ class MetricsWriter {
   std::chrono::steady_clock::time_point start_;
 };
 
-/// JSON line of a row (keys exactly as SPEC §4.3; NaN/inf become null).
+/// JSON line of a row (keys exactly as docs/training.md lists them; NaN/inf become null).
 std::string to_json_line(const TrainRow& row);
 std::string to_json_line(const ValidRow& row);
 

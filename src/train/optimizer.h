@@ -1,4 +1,4 @@
-// AdamW over the flat parameter buffer (SPEC §4.1, §4.2): weight decay on matrices only (not norms
+// AdamW over the flat parameter buffer (docs/training.md): weight decay on matrices only (not norms
 // or biases), global gradient-norm clipping, and an optional ZeRO-1 shard (each rank of the zero1
 // group holds the moments of, and updates, one contiguous slice of the flat buffer; the slices
 // are all-gathered after).

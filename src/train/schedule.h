@@ -1,11 +1,11 @@
-// Learning-rate schedule and global gradient-norm clipping (SPEC §4.1, §4.2).
+// Learning-rate schedule and global gradient-norm clipping (docs/training.md).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
 namespace longtron::train {
 
-/// Linear warmup then cosine decay (SPEC §4.1). Steps are 1-based: step s is the s-th optimizer
+/// Linear warmup then cosine decay (docs/training.md). Steps are 1-based: step s is the s-th optimizer
 /// update. With W = warmup_steps, T = total_steps:
 ///   s ≤ W:  lr(s) = lr · s / W                 (lr/W at step 1, lr at step W)
 ///   s > W:  p = min(1, (s − W) / (T − W)),  lr(s) = min_lr + (lr − min_lr) · (1 + cos(π p)) / 2

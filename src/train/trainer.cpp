@@ -117,7 +117,7 @@ int64_t count_labels(const data::MicroBatch& b) {
   return n;
 }
 
-/// Non-pad tokens of a row: the trailing pad run (ids 0, labels -100) is left out (SPEC §1.3).
+/// Non-pad tokens of a row: the trailing pad run (ids 0, labels -100) is left out (docs/data.md).
 int64_t count_tokens(const data::MicroBatch& b) {
   auto n = static_cast<int64_t>(b.input_ids.size());
   while (n > 0 && b.input_ids[static_cast<size_t>(n - 1)] == 0 &&
@@ -132,7 +132,7 @@ void copy_file_atomically(const fs::path& from, const fs::path& to) {
   fs::rename(tmp, to);
 }
 
-/// The comm::Layout of the config's parallel.* keys (SPEC §3).
+/// The comm::Layout of the config's parallel.* keys (docs/parallel.md).
 comm::Layout layout_of(const ParallelConfig& p) {
   comm::Layout l;
   l.tensor_size = static_cast<int>(p.tensor.size);

@@ -1,6 +1,6 @@
-// The training job (SPEC §4.2): micro_num micro-batches per step from the sampler, gradient
+// The training job (docs/training.md): micro_num micro-batches per step from the sampler, gradient
 // accumulation of the token-weighted step loss, data-parallel gradient all-reduce, global-norm
-// clipping, AdamW with warmup + cosine, metrics (§4.3), validation and checkpoints (§4.4).
+// clipping, AdamW with warmup + cosine, metrics, validation and checkpoints.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -15,7 +15,7 @@
 
 namespace longtron::train {
 
-/// Command-line options of `longtron train` beyond the config (SPEC §5).
+/// Command-line options of `longtron train` beyond the config (README, "Commands").
 struct TrainOptions {
   std::filesystem::path resume;      ///< checkpoint root or step folder; empty = fresh start
   std::filesystem::path init_from;   ///< Hugging Face folder (config.json + safetensors); empty = init
@@ -38,7 +38,7 @@ struct TrainSummary {
   std::filesystem::path last_checkpoint;  ///< step folder written last (empty if none)
 };
 
-/// The data.* settings of the loader (SPEC §1) from a TrainConfig.
+/// The data.* settings of the loader (docs/data.md) from a TrainConfig.
 data::DataConfig loader_config(const TrainConfig& config);
 
 /// Fills config.model from the Hugging Face config.json of `options.init_from`, or of the
@@ -46,7 +46,7 @@ data::DataConfig loader_config(const TrainConfig& config);
 /// (Error naming the key and both values, hf_config.h merge_model_config). Then re-checks the config.
 void resolve_model_config(TrainConfig& config, const TrainOptions& options);
 
-/// How the step loss combines micro-batches (SPEC §4.2, train.loss_reduction):
+/// How the step loss combines micro-batches (docs/training.md, train.loss_reduction):
 /// "token": Σ loss_sum / Σ count over the step (all dp ranks);
 /// "micro_mean": InternEvo's mean over micro-batches (and dp ranks) of each micro-batch's mean.
 /// `micro` lists every micro-batch of the step (over all ranks). Micro-batches with count 0 add 0.

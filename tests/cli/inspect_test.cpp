@@ -1,4 +1,5 @@
-// `longtron inspect` end to end on the seed 000 documents (any dataset format via open_dataset).
+// `longtron inspect` end to end on the worked example of docs/data.md (any dataset format via
+// open_dataset).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -11,13 +12,13 @@ namespace {
 using nlohmann::json;
 using V = std::vector<int32_t>;
 
-const char* kSeedPacked =
+const char* kExamplePacked =
     "{\"tokens\": [2323, 442, 252, 341]}\n"
     "{\"tokens\": [233, 3442, 322, 31, 2514, 49731, 51]}\n"
     "{\"tokens\": [4326, 427, 465, 22, 314, 9725, 346, 1343]}\n"
     "{\"tokens\": [24, 2562, 5, 25, 356]}\n";
 
-const char* kSeedUnpacked =
+const char* kExampleUnpacked =
     "{\"tokens\": [2323, 442, 252, 341]}\n"
     "{\"tokens\": [233, 3442, 322, 31, 2514, 49731, 51]}\n"
     "{\"tokens\": [4326, 427, 465, 22, 314, 9725, 346, 1343]}\n"
@@ -31,9 +32,9 @@ json inspect(const TempDir& dir, const std::string& flags) {
   return json::parse(r.output);
 }
 
-TEST(Inspect, SeedPackedBatchAsJsonAndText) {
+TEST(Inspect, ExamplePackedBatchAsJsonAndText) {
   TempDir dir;
-  write_file(dir / "d.bin", kSeedPacked);
+  write_file(dir / "d.bin", kExamplePacked);
   json j = inspect(dir, "--seq-len 8 --micro-bsz 2 --micro-num 2");
   const auto& mbs = j["steps"][0]["micro_batches"];
   ASSERT_EQ(mbs.size(), 2u);
@@ -52,9 +53,9 @@ TEST(Inspect, SeedPackedBatchAsJsonAndText) {
   EXPECT_NE(text.output.find("data['max_seqlen']:\n7\n"), std::string::npos);
 }
 
-TEST(Inspect, SeedIspSplitAndShuffle) {
+TEST(Inspect, ExampleIspSplitAndShuffle) {
   TempDir dir;
-  write_file(dir / "d.bin", kSeedPacked);
+  write_file(dir / "d.bin", kExamplePacked);
   json j = inspect(dir, "--seq-len 8 --micro-bsz 2 --micro-num 1 --sp-size 2 --sp-rank 1");
   const auto& mb = j["steps"][0]["micro_batches"][0];
   EXPECT_EQ(mb["input_ids"].get<V>(), (V{2514, 49731, 51, 4326, 427, 465, 22, 314}));
@@ -66,9 +67,9 @@ TEST(Inspect, SeedIspSplitAndShuffle) {
   EXPECT_EQ(s["steps"][0]["micro_batches"][0]["cu_seqlens"].get<V>(), (V{0, 4, 12, 16}));
 }
 
-TEST(Inspect, SeedUnpackedWithSplit) {
+TEST(Inspect, ExampleUnpackedWithSplit) {
   TempDir dir;
-  write_file(dir / "d.bin", kSeedUnpacked);
+  write_file(dir / "d.bin", kExampleUnpacked);
   json j = inspect(dir, "--seq-len 8 --micro-bsz 2 --micro-num 3 --unpacked");
   const auto& mbs = j["steps"][0]["micro_batches"];
   ASSERT_EQ(mbs.size(), 3u);
@@ -84,7 +85,7 @@ TEST(Inspect, SeedUnpackedWithSplit) {
 
 TEST(Inspect, BadInputIsAClearError) {
   TempDir dir;
-  write_file(dir / "d.bin", kSeedPacked);
+  write_file(dir / "d.bin", kExamplePacked);
   write_file(dir / "empty.bin", "");
   const std::string data = " --data " + (dir / "d.bin").string();
   auto expect_error = [](const CommandResult& r, const std::string& words) {

@@ -1,4 +1,4 @@
-// `mpirun -np 2 longtron train` with tensor parallelism (issue 5): the losses of every step equal
+// `mpirun -np 2 longtron train` with tensor parallelism: the losses of every step equal
 // one process's; a checkpoint saved under one layout resumes under another with the same losses;
 // layout errors stop the job before any work, naming the constraint.
 #include <gtest/gtest.h>

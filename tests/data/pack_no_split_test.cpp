@@ -109,7 +109,7 @@ TEST(PackNoSplit, RandomProperties) {
 }
 
 // When no document crosses a row edge anyway, both settings give identical rows; on a stream
-// where one does, split_documents = true is today's packing (the seed example of SPEC-style
+// where one does, split_documents = true is today's packing (the worked example of docs/data.md
 // tests is covered by pack_test) and false moves the document.
 TEST(PackNoSplit, SameRowsWhenNothingIsCutAndMovesOtherwise) {
   PackConfig split;

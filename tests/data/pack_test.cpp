@@ -1,4 +1,4 @@
-// Seed 000 worked examples value for value, and the SPEC §1.2–§1.6 vectors.
+// The worked examples of docs/data.md value for value (InternEvo's data-flow walkthrough).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -44,7 +44,7 @@ PackConfig cfg(int64_t L, int64_t B) {
 
 std::vector<int64_t> in_order(const DocumentSource& s) { return document_order(s, 0, false, 0); }
 
-TEST(Pack, Seed000PackedTwoRows) {
+TEST(Pack, WorkedExamplePackedTwoRows) {
   auto src = seed_packed_docs();
   auto rows = build_pack(src, in_order(src), cfg(8, 2));
   ASSERT_EQ(rows->num_rows(), 2);
@@ -69,7 +69,7 @@ TEST(Pack, DropTailAndShuffledOrder) {
   PackConfig c = cfg(8, 2);
   c.pack_tail = PackTail::kDrop;
   EXPECT_EQ(build_pack(src, in_order(src), c)->num_rows(), 1);  // 24 // 16
-  // SPEC §1.2 / internevo.md §1.4: seed 1024 orders the four documents d0, d2, d1, d3.
+  // NumPy RandomState(1024) (InternEvo's default data seed) orders the four documents d0, d2, d1, d3.
   auto order = document_order(src, 0, true, 1024);
   EXPECT_EQ(order, (std::vector<int64_t>{0, 2, 1, 3}));
   MicroBatch r0 = build_pack(src, order, c)->row(0);
@@ -78,7 +78,8 @@ TEST(Pack, DropTailAndShuffledOrder) {
   EXPECT_EQ(r0.labels, (V{442, 252, 341, -100, 427, 465, 22, 314, 9725, 346, 1343, -100, 3442, 322,
                           31, 2514}));
   EXPECT_EQ(r0.cu_seqlens, (V{0, 4, 12, 16}));
-  // pack_sample_into_one (internevo.md §1.5): labels -100 at the row end too, fixed windows.
+  // pack_sample_into_one (InternEvo PackedDatasetWithoutCuSeqlen): labels -100 at the row end too,
+  // fixed windows.
   c.pack_sample_into_one = true;
   MicroBatch one = build_pack(src, order, c)->row(0);
   EXPECT_EQ(one.input_ids, r0.input_ids);
@@ -95,7 +96,7 @@ TEST(Pack, ShuffleVectors) {
 }
 
 TEST(Pack, NineTokenExtensionRowOne) {
-  // internevo.md §1.4: a 9-token document after the seed's four: row 1 cuts it to 8.
+  // A 9-token document after the example's four: row 1 cuts it to 8.
   MemorySource src({{2323, 442, 252, 341},
                     {233, 3442, 322, 31, 2514, 49731, 51},
                     {4326, 427, 465, 22, 314, 9725, 346, 1343},
@@ -109,7 +110,7 @@ TEST(Pack, NineTokenExtensionRowOne) {
 }
 
 TEST(Pack, NegativeIdsAndNonPositiveLabels) {
-  // SPEC §1.1: the model reads abs(id); a label whose target id is <= 0 is -100.
+  // docs/data.md: the model reads abs(id); a label whose target id is <= 0 is -100.
   MemorySource src({{-5, -6, 7, 0, 9}});
   MicroBatch r = build_pack(src, in_order(src), cfg(8, 1))->row(0);
   EXPECT_EQ(r.input_ids, (V{5, 6, 7, 0, 9, 0, 0, 0}));
@@ -119,7 +120,7 @@ TEST(Pack, NegativeIdsAndNonPositiveLabels) {
   EXPECT_EQ(u.labels, r.labels);
 }
 
-TEST(Pack, Seed000UnpackedRowsAndUnpackData) {
+TEST(Pack, WorkedExampleUnpackedRowsAndUnpackData) {
   auto src = seed_unpacked_docs();
   auto rows = build_unpack(src, in_order(src), cfg(8, 2));
   ASSERT_EQ(rows->num_rows(), 3);
@@ -144,7 +145,7 @@ TEST(Pack, Seed000UnpackedRowsAndUnpackData) {
   EXPECT_EQ(u.input_ids, (V{2323, 442, 252, 341, 0, 0, 0, 0, 233, 3442, 322, 31, 2514, 49731, 51, 0}));
   EXPECT_EQ(u.labels, (V{442, 252, 341, -100, -100, -100, -100, -100, 3442, 322, 31, 2514, 49731,
                          51, -100, -100}));
-  // ISP split, tp size 2, on the L dimension (seed 000).
+  // ISP split, tp size 2, on the L dimension (InternEvo's split_data_sequence_parallel).
   UnpackedBatch s0 = split_for_sequence_parallel(u, 2, 0), s1 = split_for_sequence_parallel(u, 2, 1);
   EXPECT_EQ(s0.input_ids, (V{2323, 442, 252, 341, 233, 3442, 322, 31}));
   EXPECT_EQ(s0.labels, (V{442, 252, 341, -100, 3442, 322, 31, 2514}));
@@ -159,7 +160,7 @@ TEST(Pack, Seed000UnpackedRowsAndUnpackData) {
   EXPECT_EQ(ul.labels, (V{7, 8, 9, 10, 11, 12, 13, -100, -100, -100, -100, -100, -100, -100, -100, -100}));
 }
 
-TEST(Pack, Seed000MicroNumBatchViewAndIspSplit) {
+TEST(Pack, WorkedExampleMicroNumBatchViewAndIspSplit) {
   Dataset ds;
   ds.push_back(std::make_unique<MemorySource>(seed_packed_docs()));
   DataConfig c;

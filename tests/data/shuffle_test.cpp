@@ -1,4 +1,4 @@
-// numpy_permutation against the vectors of SPEC §1.2 (NumPy RandomState(1024).shuffle).
+// numpy_permutation against NumPy RandomState(1024).shuffle vectors (docs/data.md).
 #include "data/shuffle.h"
 
 #include <gtest/gtest.h>

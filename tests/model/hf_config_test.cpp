@@ -1,4 +1,4 @@
-// Hugging Face config.json ↔ ModelConfig (SPEC §2).
+// Hugging Face config.json ↔ ModelConfig (docs/model.md).
 #include "expect_error.h"
 #include "model/hf_config.h"
 

@@ -1,5 +1,5 @@
 // The float model learns: AdamW steps on one packed row drive its loss down (a smoke test of the
-// training path in float with SPEC §2's init; the full trainer is tested in tests/train).
+// training path in float with InternEvo's init; the full trainer is tested in tests/train).
 #include <gtest/gtest.h>
 
 #include <cstdio>

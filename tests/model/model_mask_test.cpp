@@ -1,4 +1,4 @@
-// Document-mask invariance (DESIGN.md, issue 4): in float, a document no longer than seq_len and
+// Document-mask invariance : in float, a document no longer than seq_len and
 // not cut by a row edge has the same loss packed with others, packed alone, or alone with a pad
 // segment (1e-6 relative) — attention never crosses a cu_seqlens boundary and every other op is
 // per token.

@@ -1,4 +1,4 @@
-// Parameter layout (names, shapes, count), the SPEC §2 init, and the FLOPs formula.
+// Parameter layout (names, shapes, count), the InternEvo init, and the FLOPs formula.
 #include <gtest/gtest.h>
 
 #include <cmath>

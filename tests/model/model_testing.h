@@ -22,7 +22,7 @@ inline model::ModelConfig tiny_config() {
 }
 
 /// Appends one document as its own segment: labels are the next token, -100 at the last token;
-/// indexes restart at 0 (SPEC §1.3).
+/// indexes restart at 0 (docs/data.md).
 inline void append_document(data::MicroBatch& b, const std::vector<int32_t>& doc) {
   if (b.cu_seqlens.empty()) b.cu_seqlens.push_back(0);
   for (size_t i = 0; i < doc.size(); ++i) {

@@ -114,7 +114,7 @@ inline void check_random_shapes(comm::Communicator& tokens, comm::Communicator& 
     check_dist_norms<double>(tokens, features, N, H, seed + 10 * trial, 1e-12);
     check_dist_norms<float>(tokens, features, N, H, seed + 10 * trial, 2e-5);
   }
-  // A large mean: var = s/H − μ² in double keeps LayerNorm accurate (SPEC §3).
+  // A large mean: var = s/H − μ² in double keeps LayerNorm accurate (docs/tp2d.md).
   check_dist_norms<double>(tokens, features, 2 * tokens.size(), 16 * features.size(), seed, 1e-9,
                            50.0);
 }

@@ -1,4 +1,4 @@
-// The distributed engine on 2 ranks against one process on the same global batch (SPEC §3):
+// The distributed engine on 2 ranks against one process on the same global batch (docs/parallel.md):
 // dp2 (ZeRO-1 off and on), tp2 in each Megatron mode, a checkpoint saved under one layout and
 // resumed under another, and layout errors raised before any work.
 #include "engine_parity.h"

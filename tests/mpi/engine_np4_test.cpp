@@ -1,4 +1,4 @@
-// The distributed engine on 4 ranks against one process on the same global batch (SPEC §3):
+// The distributed engine on 4 ranks against one process on the same global batch (docs/parallel.md):
 // dp2×tp2 in each Megatron mode (with and without ZeRO-1), tp4 MSP on a model with 4 kv heads,
 // dp4 with ZeRO-1 over 2 ranks, and a checkpoint moved between layouts.
 #include "engine_parity.h"

@@ -1,7 +1,7 @@
-// Parity of a parallel layout with one process on the same global batch (SPEC §3), shared by the
-// engine_*_np<N>_test.cpp files: the tiny model, random packed rows and the cases, on the harness
-// of parity_harness.h. Every rank also computes the one-process reference itself (dense ops over
-// the full tensors, all dp × micro_num rows), so the comparison needs no file.
+// Parity of a parallel layout with one process on the same global batch (docs/parallel.md), shared
+// by the engine_*_np<N>_test.cpp files: the tiny model, random packed rows and the cases, on the
+// harness of parity_harness.h. Every rank also computes the one-process reference itself (dense ops
+// over the full tensors, all dp × micro_num rows), so the comparison needs no file.
 #pragma once
 #include <gtest/gtest.h>
 

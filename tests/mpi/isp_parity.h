@@ -1,4 +1,4 @@
-// ISP parity with one process (SPEC §3 contract; harness in parity_harness.h): step-1 loss and
+// ISP parity with one process (docs/parallel.md contract; harness in parity_harness.h): step-1 loss and
 // gradient norm within 1e-5 relative, every parameter's gradient within 1e-4 (max-norm), 5 steps
 // of losses within 1e-4. Rows come from a generator so that the data path can be the real one:
 // packed rows (random documents), unpacked rows (build_unpack: one document per segment + a pad
@@ -57,7 +57,7 @@ inline std::vector<std::vector<int32_t>> random_documents(int n, int max_len, in
 }
 
 /// Unpacked mode (data.use_packed_dataset = false): micro_bsz documents of at most seq_len tokens
-/// per row, each its own segment, then one pad segment (build_unpack, SPEC §1.4).
+/// per row, each its own segment, then one pad segment (build_unpack, docs/data.md).
 /// With max_len ≤ seq_len / 2 the pad covers at least the second half of the row.
 inline RowFn unpacked_rows(int64_t seq_len, int64_t micro_bsz, int max_len, int64_t vocab) {
   return [=](int step, int i) {

@@ -2,7 +2,7 @@
 // a one-process reference run and the same steps through a ParallelEngine on the same global batch,
 // the contract's error measures, and the layout-error probe. The global batch of each step comes
 // from a StepRows function, so each suite keeps its own row generator.
-// Contract (SPEC §3): step-1 loss and gradient norm within 1e-5 relative, every parameter's
+// Contract (docs/parallel.md): step-1 loss and gradient norm within 1e-5 relative, every parameter's
 // gradient within 1e-4 relative (max-norm over the tensor), the losses of every step within 1e-4.
 #pragma once
 #include <gtest/gtest.h>

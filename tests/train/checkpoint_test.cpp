@@ -1,4 +1,4 @@
-// Checkpoints (SPEC §4.4): round trip, latest/resolve, and atomicity of a failing write.
+// Checkpoints (docs/training.md): round trip, latest/resolve, and atomicity of a failing write.
 #include "expect_error.h"
 #include "train/checkpoint.h"
 

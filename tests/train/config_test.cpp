@@ -1,4 +1,4 @@
-// TrainConfig: defaults, the --set grammar, and every error naming its key (SPEC §4.1).
+// TrainConfig: defaults, the --set grammar, and every error naming its key (docs/configuration.md).
 #include "train/config.h"
 
 #include <gtest/gtest.h>

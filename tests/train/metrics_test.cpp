@@ -1,4 +1,4 @@
-// Metrics rows exactly as SPEC §4.3, resume trimming, and the loss picture (PNG).
+// Metrics rows exactly as docs/training.md lists them, resume trimming, and the loss picture (PNG).
 #include "train/metrics.h"
 
 #include <gtest/gtest.h>

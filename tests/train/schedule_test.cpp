@@ -1,4 +1,4 @@
-// Warmup + cosine learning rate at known steps, and gradient-norm clipping (SPEC §4.1, §4.2).
+// Warmup + cosine learning rate at known steps, and gradient-norm clipping (docs/training.md).
 #include "train/schedule.h"
 
 #include <gtest/gtest.h>

@@ -1,0 +1,36 @@
+// `longtron config`: the training-config keys from their one table (train/config_keys.h):
+// `--defaults` prints the full default TOML with a comment per key, `--markdown` the page
+// docs/configuration.md.
+#include <fmt/core.h>
+
+#include <memory>
+
+#include "cli/registry.h"
+#include "core/error.h"
+#include "train/config_keys.h"
+
+namespace longtron::cli {
+namespace {
+
+struct ConfigCliOptions {
+  bool defaults = false;
+  bool markdown = false;
+};
+
+Subcommand config_command(60, [](CLI::App& app) {
+  auto o = std::make_shared<ConfigCliOptions>();
+  auto* sub = app.add_subcommand("config", "Print every config key: the default TOML or the docs page");
+  auto* d = sub->add_flag("--defaults", o->defaults,
+                          "The full default config as TOML, a comment per key (required keys commented out)");
+  sub->add_flag("--markdown", o->markdown,
+                "docs/configuration.md: every key, its type, default and meaning")
+      ->excludes(d);
+  return [o] {
+    check(o->defaults || o->markdown, "config: give --defaults (TOML) or --markdown (the docs page)");
+    fmt::print("{}", o->markdown ? train::config_markdown() : train::default_config_toml());
+    return 0;
+  };
+});
+
+}  // namespace
+}  // namespace longtron::cli
