@@ -14,7 +14,13 @@ else
 fi
 # Train configs/demo.toml (the SOTU model; about 2–3 minutes on 2 idle cores), then a sampled continuation from the
 # trained checkpoint (the checkpoint carries tokenizer.model, so generate needs nothing else).
-build/longtron train --config configs/demo.toml "$@"
+# Re-runnable: a new run replaces the checkpoints of the last one (--overwrite), unless the caller
+# passes --resume DIR to continue them.
+overwrite=(--overwrite)
+for arg in "$@"; do
+  if [ "$arg" = --resume ] || [ "${arg%%=*}" = --resume ]; then overwrite=(); fi
+done
+build/longtron train --config configs/demo.toml "${overwrite[@]}" "$@"
 echo "demo: sample from demo/checkpoints (temperature 0.8, top-p 0.9, seed 1):"
 build/longtron generate --checkpoint demo/checkpoints --prompt "Fellow citizens of the Senate and" \
   --max-new-tokens 40 --temperature 0.8 --top-p 0.9 --seed 1

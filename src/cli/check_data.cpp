@@ -7,6 +7,7 @@
 
 #include "cli/registry.h"
 #include "core/error.h"
+#include "core/plural.h"
 #include "data/open.h"
 #include "data/validate.h"
 
@@ -40,8 +41,10 @@ Subcommand check_data_command(15, [](CLI::App& app) {
     int64_t vocab = *vocab_size > 0 ? *vocab_size : vocab_from_dataset_json(fs::path(*path));
     const auto dataset = data::open_dataset(*path);
     data::validate_dataset(dataset, vocab > 0 ? vocab : (int64_t{1} << 31));
-    fmt::print("check-data: {}: {} files, {} documents, {} tokens{}\n", *path, dataset.size(),
-               data::count_documents(dataset), data::count_tokens(dataset),
+    fmt::print("check-data: {}: {}, {}, {}{}\n", *path,
+               count_of(static_cast<int64_t>(dataset.size()), "file"),
+               count_of(data::count_documents(dataset), "document"),
+               count_of(data::count_tokens(dataset), "token"),
                vocab > 0 ? fmt::format(", all ids < {}", vocab) : std::string());
     return 0;
   };

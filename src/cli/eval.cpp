@@ -52,7 +52,9 @@ int run_eval(const EvalOptions& o) {
   if (o.json) {
     nlohmann::json docs = nlohmann::json::array();
     for (const auto& d : r.documents)
-      docs.push_back({{"index", d.index}, {"tokens", d.tokens}, {"loss_sum", d.loss_sum}});
+      docs.push_back({{"index", d.index}, {"length", d.length}, {"tokens", d.tokens},
+                      {"loss_sum", d.loss_sum},
+                      {"loss", d.tokens > 0 ? nlohmann::json(d.loss()) : nlohmann::json(nullptr)}});
     fmt::print("{}\n", nlohmann::json{{"documents", docs}, {"loss", r.loss()}}.dump());
   } else {
     fmt::print("eval: {} documents, {} tokens scored, loss {:.6f} (checkpoint {})\n",
@@ -66,7 +68,9 @@ Subcommand eval_command(40, [](CLI::App& app) {
   auto* sub = app.add_subcommand("eval", "Loss of a checkpoint on a dataset");
   sub->add_option("--checkpoint", o->checkpoint, "Checkpoint root, step folder or HF folder")->required();
   sub->add_option("--data", o->data, "Tokenized dataset (folder or file)")->required();
-  sub->add_flag("--json", o->json, "Print {documents: [{index, tokens, loss_sum}], loss}");
+  sub->add_flag("--json", o->json,
+                "Print {documents: [{index, length, tokens, loss_sum, loss}], loss}: each document's "
+                "stored length, tokens scored, their loss sum and mean, and the token-weighted loss");
   sub->add_option("--seq-len", o->seq_len, "Override the checkpoint's data.seq_len")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   sub->add_option("--micro-bsz", o->micro_bsz, "Override the checkpoint's data.micro_bsz")

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   longtron::ensure_passive_omp_wait(argv);
   CLI::App app{"longtron: train LLMs on packed long-context data with hybrid parallelism"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("longtron ") + kVersion, "Print the version and exit");
   auto subs = registered_subcommands();
   std::stable_sort(subs.begin(), subs.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });

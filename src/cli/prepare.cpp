@@ -14,6 +14,8 @@
 #include "cli/registry.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/io_error.h"
+#include "core/plural.h"
 #include "core/progress.h"
 #include "core/threads.h"
 #include "data/chat_template.h"
@@ -57,7 +59,7 @@ std::vector<std::vector<int32_t>> encode_with_progress(const data::Tokenizer& to
                                                        bool bos_eos, int threads) {
   int64_t total_bytes = 0;
   for (const auto& d : documents) total_bytes += static_cast<int64_t>(d.size());
-  Progress progress("tokenize", total_bytes);
+  Progress progress("tokenize", total_bytes, "bytes");  // counts bytes of text; the rate is tokens
   const auto start = Clock::now();
   std::vector<std::vector<int32_t>> out;
   out.reserve(documents.size());
@@ -73,7 +75,8 @@ std::vector<std::vector<int32_t>> encode_with_progress(const data::Tokenizer& to
     }
     progress.update(done_bytes, fmt::format("{:.0f} tokens/s", tokens / std::max(1e-9, seconds_since(start))));
   }
-  progress.finish(fmt::format("{} documents, {} tokens", documents.size(), tokens));
+  progress.finish(fmt::format("{}, {}", count_of(static_cast<int64_t>(documents.size()), "document"),
+                              count_of(tokens, "token")));
   return out;
 }
 
@@ -170,8 +173,9 @@ std::vector<std::vector<int32_t>> encode_chat(const PrepareOptions& options,
     std::move(more.begin(), more.end(), std::back_inserter(conversations));
   }
   check(!conversations.empty(), "prepare: no conversations in {}", fmt::join(options.inputs, ", "));
-  fmt::print(stderr, "prepare: {} conversations from {} input(s), template {}\n",
-             conversations.size(), inputs.size(), chat.name);
+  fmt::print(stderr, "prepare: {} from {}, template {}\n",
+             count_of(static_cast<int64_t>(conversations.size()), "conversation"),
+             count_of(static_cast<int64_t>(inputs.size()), "input"), chat.name);
   std::vector<std::string> texts;  // tokenizer training corpus: the rendered conversations
   if (options.train_tokenizer)
     for (const auto& c : conversations) texts.push_back(data::chat_text(chat, c.messages));
@@ -208,7 +212,8 @@ int run_prepare(const PrepareOptions& options) {
   } else {
     const auto documents = data::read_text_inputs(inputs, options.text_field);
     check(!documents.empty(), "prepare: no documents in {}", fmt::join(options.inputs, ", "));
-    fmt::print(stderr, "prepare: {} documents from {} input(s)\n", documents.size(), inputs.size());
+    fmt::print(stderr, "prepare: {} from {}\n", count_of(static_cast<int64_t>(documents.size()), "document"),
+               count_of(static_cast<int64_t>(inputs.size()), "input"));
     tokenizer.emplace(get_tokenizer(options, documents));
     encoded = encode_with_progress(*tokenizer, documents, !options.no_bos_eos, threads);
   }
@@ -244,19 +249,21 @@ int run_prepare(const PrepareOptions& options) {
       info["valid"] = {{"documents", valid.size()}, {"tokens", valid_tokens}};
     }
     info["tokens"] = tokens;
-    std::ofstream model(tmp / "tokenizer.model", std::ios::binary);
-    model << tokenizer->serialized();
-    std::ofstream json(tmp / "dataset.json");
-    json << info.dump(2) << "\n";
-    check(model.good() && json.good(), "{}: write failed", tmp.string());
+    for (const auto& [name, text] : {std::pair{"tokenizer.model", tokenizer->serialized()},
+                                     std::pair{"dataset.json", info.dump(2) + "\n"}}) {
+      std::ofstream out(tmp / name, std::ios::binary);
+      out << text;
+      out.close();
+      check(out.good(), "{}: write failed ({})", (tmp / name).string(), io_error_text());
+    }
   });
 
   const int64_t tokens = info["tokens"].get<int64_t>();
   fmt::print("prepare: wrote {} ({} format): {} documents ({} train, {} valid), {} tokens, "
              "vocab_size {}\n", options.output, options.format, n, train.size(), valid.size(),
              tokens, tokenizer->vocab_size());
-  fmt::print("prepare: tokenized at {:.0f} tokens/s on {} threads; total {:.1f} s\n",
-             static_cast<double>(tokens) / std::max(1e-9, encode_seconds), threads,
+  fmt::print("prepare: tokenized at {:.0f} tokens/s on {}; total {:.1f} s\n",
+             static_cast<double>(tokens) / std::max(1e-9, encode_seconds), count_of(threads, "thread"),
              seconds_since(start));
   return 0;
 }

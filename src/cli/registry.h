@@ -9,6 +9,9 @@
 
 namespace longtron::cli {
 
+/// The version `longtron version` and `longtron --version` print.
+inline constexpr const char* kVersion = "0.1.0";
+
 /// Adds a subcommand to `app` and returns the action run when it is chosen (exit status).
 using Registrar = std::function<std::function<int()>(CLI::App& app)>;
 

@@ -22,7 +22,38 @@ struct TrainCliOptions {
   std::string config = "configs/demo.toml";
   std::vector<std::string> overrides;
   std::string resume, init_from, dump_grads;
+  bool overwrite = false;
 };
+
+/// The end-of-run lines (rank 0): this run's first and last train and valid losses, mean speed
+/// (Σ tokens / Σ step time, and per rank) and MFU (step-time weighted), where the outputs went.
+void print_summary(const train::TrainSummary& s, int world_size) {
+  if (s.rows.empty()) {
+    fmt::print("train: nothing to do: step {} is train.total_steps\n", s.start_step);
+    return;
+  }
+  std::string valid;
+  if (s.valid.size() == 1)
+    valid = fmt::format("; valid_loss {:.4f} (step {})", s.valid.back().second, s.valid.back().first);
+  else if (s.valid.size() > 1)
+    valid = fmt::format("; valid_loss {:.4f} (step {}) -> {:.4f} (step {})", s.valid.front().second,
+                        s.valid.front().first, s.valid.back().second, s.valid.back().first);
+  fmt::print("train: steps {}..{} in {:.1f} s; loss {:.4f} (step {}) -> {:.4f} (step {}){}\n",
+             s.start_step + 1, s.end_step, s.seconds, s.rows.front().loss, s.rows.front().step,
+             s.rows.back().loss, s.rows.back().step, valid);
+  double tokens = 0, seconds = 0, mfu_seconds = 0;
+  for (const auto& r : s.rows) {
+    tokens += static_cast<double>(r.tokens);
+    seconds += r.step_time_s;
+    mfu_seconds += r.mfu * r.step_time_s;
+  }
+  const double rate = seconds > 0 ? tokens / seconds : 0;
+  fmt::print("train: mean {:.0f} tokens/s ({:.0f} per rank), MFU {:.3f} (against the measured sgemm "
+             "speed){}\n", rate, rate / world_size, seconds > 0 ? mfu_seconds / seconds : 0.0,
+             s.last_checkpoint.empty() ? "" : "; checkpoint " + s.last_checkpoint.string());
+  if (!s.metrics_file.empty())
+    fmt::print("train: metrics {}, loss picture {}\n", s.metrics_file.string(), s.plot_file.string());
+}
 
 /// Fails before any output is written when `folder` (data.train_folder / data.valid_folder, named
 /// by `key`) was prepared with a larger vocabulary than model.vocab_size: `longtron prepare` writes
@@ -54,6 +85,7 @@ int run_train(const TrainCliOptions& o) {
     options.resume = o.resume;
     options.init_from = o.init_from;
     options.dump_grads = o.dump_grads;
+    options.overwrite = o.overwrite;
     train::ConfigNeeds needs;
     needs.model_shape = o.resume.empty() && o.init_from.empty();
     train::TrainConfig config = train::load_config(o.config, o.overrides, needs);
@@ -61,14 +93,7 @@ int run_train(const TrainCliOptions& o) {
     check_dataset_vocab(config.data.train_folder, "data.train_folder", config.model.vocab_size);
     check_dataset_vocab(config.data.valid_folder, "data.valid_folder", config.model.vocab_size);
     const train::TrainSummary s = train::run_training(config, options, world);
-    if (world->rank() == 0) {
-      std::string valid;
-      if (!s.valid.empty())
-        valid = fmt::format("; valid_loss {:.4f} (step {}) -> {:.4f} (step {})", s.valid.front().second,
-                            s.valid.front().first, s.valid.back().second, s.valid.back().first);
-      fmt::print("train: steps {}..{} in {:.1f} s{}{}\n", s.start_step + 1, s.end_step, s.seconds,
-                 valid, s.last_checkpoint.empty() ? "" : "; checkpoint " + s.last_checkpoint.string());
-    }
+    if (world->rank() == 0) print_summary(s, world->size());
     return 0;
   });
   world.reset();
@@ -84,6 +109,9 @@ Subcommand train_command(30, [](CLI::App& app) {
       ->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   sub->add_option("--resume", o->resume, "Continue from a checkpoint root (latest) or step folder");
   sub->add_option("--init-from", o->init_from, "Start from a Hugging Face folder");
+  sub->add_flag("--overwrite", o->overwrite,
+                "Replace the checkpoints of an earlier run in train.checkpoint_dir (a fresh run "
+                "into a non-empty folder is refused otherwise)");
   sub->add_option("--dump-grads", o->dump_grads,
                   "Write the first step's gradients (before clipping) as safetensors to DIR");
   return [o] { return run_train(*o); };

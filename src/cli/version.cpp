@@ -8,7 +8,7 @@ namespace {
 Subcommand version_command(100, [](CLI::App& app) {
   app.add_subcommand("version", "Print the version of longtron");
   return [] {
-    fmt::print("longtron 0.1.0\n");
+    fmt::print("longtron {}\n", kVersion);
     return 0;
   };
 });

@@ -9,8 +9,8 @@ namespace longtron {
 
 bool stderr_is_tty() { return isatty(fileno(stderr)) != 0; }
 
-Progress::Progress(std::string label, int64_t total)
-    : label_(std::move(label)), total_(total), tty_(stderr_is_tty()) {}
+Progress::Progress(std::string label, int64_t total, std::string unit)
+    : label_(std::move(label)), total_(total), unit_(std::move(unit)), tty_(stderr_is_tty()) {}
 
 void Progress::update(int64_t done, const std::string& suffix) {
   const double frac = total_ > 0 ? double(done) / double(total_) : 1.0;
@@ -26,7 +26,8 @@ void Progress::update(int64_t done, const std::string& suffix) {
     const int decile = int(frac * 10);
     if (decile == last_decile_) return;
     last_decile_ = decile;
-    fmt::print(stderr, "{}: {}/{} ({:.0f}%) {}\n", label_, done, total_, 100.0 * frac, suffix);
+    fmt::print(stderr, "{}: {}/{}{} ({:.0f}%) {}\n", label_, done, total_,
+               unit_.empty() ? "" : " " + unit_, 100.0 * frac, suffix);
   }
 }
 

@@ -7,10 +7,12 @@
 namespace longtron {
 
 /// Reports progress of `total` units of work on stderr. On a terminal the line is redrawn at most
-/// ~10 times a second; otherwise a plain line is printed at every 10% step.
+/// ~10 times a second; otherwise a plain line ("tokenize: 120/400 bytes (30%) ...") is printed at
+/// every 10% step.
 class Progress {
  public:
-  Progress(std::string label, int64_t total);
+  /// `unit` names what is counted ("bytes"); empty for plain counts.
+  Progress(std::string label, int64_t total, std::string unit = "");
   /// Sets the number of completed units and an optional suffix (e.g. a rate).
   void update(int64_t done, const std::string& suffix = "");
   /// Prints the final line.
@@ -19,6 +21,7 @@ class Progress {
  private:
   std::string label_;
   int64_t total_;
+  std::string unit_;
   bool tty_;
   int last_decile_ = -1;
   std::chrono::steady_clock::time_point last_draw_{};

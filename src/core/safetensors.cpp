@@ -16,6 +16,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/io_error.h"
 #include "core/shorten.h"
 
 static_assert(std::endian::native == std::endian::little, "safetensors reading assumes little endian");
@@ -481,13 +482,13 @@ void write_file(const fs::path& path, const std::vector<WriteTensor>& tensors,
   text.append((8 - text.size() % 8) % 8, ' ');
   write_atomically(path, [&](const fs::path& tmp) {
     std::ofstream out(tmp, std::ios::binary);
-    check(out.good(), "{}: cannot create", tmp.string());
+    check(out.good(), "{}: cannot create ({})", tmp.string(), io_error_text());
     const uint64_t n = text.size();
     out.write(reinterpret_cast<const char*>(&n), 8);
     out.write(text.data(), std::streamsize(text.size()));
     for (size_t i = 0; i < tensors.size(); ++i) write_data(out, tensors[i], sizes[i]);
     out.close();
-    check(out.good(), "{}: write failed (disk full?)", path.string());
+    check(out.good(), "{}: write failed ({})", path.string(), io_error_text());
   });
 }
 
@@ -518,7 +519,8 @@ int write_sharded(const fs::path& dir, const std::vector<WriteTensor>& tensors,
   write_atomically(index_path, [&](const fs::path& tmp) {
     std::ofstream out(tmp);
     out << index.dump(2) << "\n";
-    check(out.good(), "{}: write failed", index_path.string());
+    out.close();
+    check(out.good(), "{}: write failed ({})", index_path.string(), io_error_text());
   });
   return n;
 }

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/io_error.h"
 #include "data/mapped_file.h"
 #include "data/npy.h"
 
@@ -206,6 +207,7 @@ void InternEvoWriter::add_document(const int32_t* tokens, size_t count) {
   }
   line_.append("]}\n");
   bin_.write(line_.data(), static_cast<std::streamsize>(line_.size()));
+  if (bin_.fail() && bin_errno_ == 0) bin_errno_ = errno;
   offsets_.push_back(bytes_);
   lengths_.push_back(static_cast<int64_t>(count));
   bytes_ += static_cast<int64_t>(line_.size());
@@ -213,7 +215,8 @@ void InternEvoWriter::add_document(const int32_t* tokens, size_t count) {
 
 void InternEvoWriter::finish() {
   bin_.close();
-  check(!bin_.fail(), "{}: write failed", path_.string());
+  if (bin_.fail() && bin_errno_ == 0) bin_errno_ = errno;
+  check(!bin_.fail(), "{}: write failed ({})", path_.string(), io_error_text(bin_errno_));
   std::vector<int64_t> meta;
   meta.reserve(2 * offsets_.size());
   for (size_t i = 0; i < offsets_.size(); ++i) {

@@ -32,6 +32,7 @@ class InternEvoWriter {
  private:
   std::filesystem::path path_;
   std::ofstream bin_;
+  int bin_errno_ = 0;  ///< errno of the first failed write (its cause, for the message)
   std::vector<int64_t> offsets_;
   std::vector<int64_t> lengths_;
   int64_t bytes_ = 0;

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/io_error.h"
 #include "data/mapped_file.h"
 
 namespace longtron::data {
@@ -275,6 +276,7 @@ void MegatronWriter::add_sequence(const int64_t* tokens, size_t count) {
   buffer_.resize(count * elem);
   for (size_t j = 0; j < count; ++j) store(tokens[j], dtype_, buffer_.data() + j * elem);
   bin_.write(reinterpret_cast<const char*>(buffer_.data()), static_cast<std::streamsize>(buffer_.size()));
+  if (bin_.fail() && bin_errno_ == 0) bin_errno_ = errno;
   sizes_.push_back(static_cast<int32_t>(count));
   pointers_.push_back(bin_bytes_);
   bin_bytes_ += static_cast<int64_t>(buffer_.size());
@@ -290,7 +292,8 @@ void MegatronWriter::add_document(const int32_t* tokens, size_t count) {
 
 void MegatronWriter::finish() {
   bin_.close();
-  check(!bin_.fail(), "{}.bin: write failed", prefix_.string());
+  if (bin_.fail() && bin_errno_ == 0) bin_errno_ = errno;
+  check(!bin_.fail(), "{}.bin: write failed ({})", prefix_.string(), io_error_text(bin_errno_));
   std::ofstream idx(prefix_.string() + ".idx", std::ios::binary);
   check(idx.good(), "{}.idx: cannot open for writing", prefix_.string());
   const uint64_t version = 1, num_seq = sizes_.size(), num_doc_idx = doc_idx_.size();
@@ -304,7 +307,7 @@ void MegatronWriter::finish() {
   idx.write(reinterpret_cast<const char*>(pointers_.data()), static_cast<std::streamsize>(8 * num_seq));
   idx.write(reinterpret_cast<const char*>(doc_idx_.data()), static_cast<std::streamsize>(8 * num_doc_idx));
   idx.close();
-  check(!idx.fail(), "{}.idx: write failed", prefix_.string());
+  check(!idx.fail(), "{}.idx: write failed ({})", prefix_.string(), io_error_text());
 }
 
 }  // namespace longtron::data

@@ -49,6 +49,7 @@ class MegatronWriter {
   std::filesystem::path prefix_;
   MegatronDtype dtype_;
   std::ofstream bin_;
+  int bin_errno_ = 0;  ///< errno of the first failed write (its cause, for the message)
   std::vector<int32_t> sizes_;
   std::vector<int64_t> pointers_;
   std::vector<int64_t> doc_idx_{0};

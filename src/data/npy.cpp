@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/io_error.h"
 #include "core/shorten.h"
 #include "data/mapped_file.h"
 
@@ -213,7 +214,7 @@ void write_npy_int_matrix(const std::filesystem::path& path, const std::vector<i
     }
   }
   out.close();
-  check(!out.fail(), "{}: write failed", path.string());
+  check(!out.fail(), "{}: write failed ({})", path.string(), io_error_text());
 }
 
 }  // namespace longtron::data

@@ -5,6 +5,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/io_error.h"
 
 namespace longtron::model {
 namespace fs = std::filesystem;
@@ -103,7 +104,7 @@ void write_hf_config(const fs::path& file, const ModelConfig& config, int64_t ma
     std::ofstream out(tmp);
     out << text;
     out.close();
-    check(out.good(), "{}: write failed", file.string());
+    check(out.good(), "{}: write failed ({})", file.string(), io_error_text());
   });
 }
 

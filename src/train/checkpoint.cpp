@@ -1,10 +1,15 @@
 #include "train/checkpoint.h"
 
+#include <signal.h>
+
+#include <cerrno>
 #include <fstream>
+#include <regex>
 #include <set>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/io_error.h"
 #include "core/safetensors.h"
 #include "model/hf_config.h"
 
@@ -17,10 +22,10 @@ namespace {
 
 void write_text(const fs::path& path, const std::string& text) {
   std::ofstream out(path);
-  check(out.good(), "{}: cannot create", path.string());
+  check(out.good(), "{}: cannot create ({})", path.string(), io_error_text());
   out << text;
   out.close();
-  check(out.good(), "{}: write failed (disk full?)", path.string());
+  check(out.good(), "{}: write failed ({})", path.string(), io_error_text());
 }
 
 std::vector<st::WriteTensor> as_f32(const std::vector<NamedTensor>& list, const std::string& prefix,
@@ -60,7 +65,44 @@ void fill(const st::Reader& reader, const std::string& prefix, const std::vector
   }
 }
 
+/// The PID of a write_atomically temporary of a checkpoint root ("step_12.tmp.345" → 345), or -1.
+long temporary_pid(const std::string& name) {
+  static const std::regex pattern(R"((step_[0-9]+|latest)\.tmp\.([0-9]{1,9}))");
+  std::smatch m;
+  return std::regex_match(name, m, pattern) ? std::stol(m[2].str()) : -1;
+}
+
+bool process_exists(long pid) { return kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH; }
+
 }  // namespace
+
+std::vector<fs::path> remove_stale_temporaries(const fs::path& root) {
+  std::vector<fs::path> removed;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return removed;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const long pid = temporary_pid(entry.path().filename().string());
+    if (pid <= 0 || process_exists(pid)) continue;
+    fs::remove_all(entry.path(), ec);
+    check(!ec, "{}: cannot remove the leftover of an interrupted save ({})", entry.path().string(),
+          ec.message());
+    removed.push_back(entry.path());
+  }
+  return removed;
+}
+
+void remove_checkpoints(const fs::path& root) {
+  static const std::regex pattern(R"(step_[0-9]+|latest)");
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return;
+  std::vector<fs::path> doomed;  // collected first: removing while iterating is unspecified
+  for (const auto& entry : fs::directory_iterator(root, ec))
+    if (std::regex_match(entry.path().filename().string(), pattern)) doomed.push_back(entry.path());
+  for (const auto& path : doomed) {
+    fs::remove_all(path, ec);
+    check(!ec, "{}: cannot remove ({})", path.string(), ec.message());
+  }
+}
 
 fs::path save_checkpoint(const fs::path& root, const CheckpointData& d) {
   check(d.state.step >= 0, "checkpoint: negative step {}", d.state.step);
@@ -72,6 +114,7 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointData& d) {
   std::error_code ec;
   fs::create_directories(root, ec);
   check(!ec, "{}: cannot create checkpoint folder ({})", root.string(), ec.message());
+  remove_stale_temporaries(root);
   const std::string name = "step_" + std::to_string(d.state.step);
   const fs::path dir = root / name;
   const std::map<std::string, std::string> meta = {{"format", "pt"}};

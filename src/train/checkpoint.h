@@ -58,9 +58,19 @@ struct CheckpointData {
 };
 
 /// Writes root/step_<state.step>/ atomically (replacing an existing one), then root/latest
-/// ("step_N\n"). Creates root. Returns the step folder. Throws Error naming the file on any
+/// ("step_N\n"). Creates root; first removes stale temporaries (remove_stale_temporaries). Returns the step folder. Throws Error naming the file on any
 /// failure, leaving neither the step folder nor a changed `latest`.
 std::filesystem::path save_checkpoint(const std::filesystem::path& root, const CheckpointData& data);
+
+/// Removes root's temporary folders and files of an interrupted save (`step_N.tmp.PID`,
+/// `latest.tmp.PID`, left by a `kill -9` during write_atomically) whose process PID no longer
+/// exists on this machine; those of a live process are kept. Returns the removed paths. A missing
+/// root is not an error.
+std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& root);
+
+/// Removes root's checkpoints (step_N folders and `latest`) for `train --overwrite`; other files,
+/// and the temporaries of a save in progress, are kept. A missing root is not an error.
+void remove_checkpoints(const std::filesystem::path& root);
 
 /// `path` is a step folder (holds state.json) → itself; a root (holds `latest`) → root/<latest>.
 /// Throws Error naming the path when neither, or when latest names a missing folder.

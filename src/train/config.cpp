@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
+#include <regex>
 #include <sstream>
 
 #include "core/error.h"
@@ -34,26 +36,36 @@ std::string node_text(const toml::node& n) {
   return s.str();
 }
 
-/// Where a key came from, for messages: "FILE:LINE: key" or "--set key".
+/// The --set argument that gave `key` or one of its parents (e.g. "parallel.tensor=2" for
+/// parallel.tensor.size), or nullptr.
+const std::string* set_argument(const std::map<std::string, std::string>& set_by,
+                                const std::string& key) {
+  for (std::string k = key;; k = k.substr(0, k.rfind('.'))) {
+    if (auto it = set_by.find(k); it != set_by.end()) return &it->second;
+    if (k.find('.') == std::string::npos) return nullptr;
+  }
+}
+
+/// Where a key came from, for messages: "FILE:LINE: key" or "--set key=value".
 class Locator {
  public:
-  Locator(std::string source, std::set<std::string> overridden)
-      : source_(std::move(source)), overridden_(std::move(overridden)) {}
+  Locator(std::string source, const std::map<std::string, std::string>& set_by)
+      : source_(std::move(source)), set_by_(set_by) {}
 
   std::string at(const std::string& key, const toml::node* node) const {
-    for (std::string k = key;; k = k.substr(0, k.rfind('.'))) {
-      if (overridden_.count(k)) return "--set " + key;
-      if (k.find('.') == std::string::npos) break;
-    }
-    if (node && node->source().begin.line > 0)
-      return source_ + ":" + std::to_string(node->source().begin.line) + ": " + key;
+    if (const std::string* arg = set_argument(set_by_, key)) return "--set " + *arg;
+    const bool from_file = node && node->source().begin.line > 0;
+    if (!from_file)  // a table that only a --set created (--set foo.bar=1 makes [foo])
+      for (const auto& [k, arg] : set_by_)
+        if (k.rfind(key + ".", 0) == 0) return "--set " + arg;
+    if (from_file) return source_ + ":" + std::to_string(node->source().begin.line) + ": " + key;
     return source_ + ": " + key;
   }
   const std::string& source() const { return source_; }
 
  private:
   std::string source_;
-  std::set<std::string> overridden_;
+  const std::map<std::string, std::string>& set_by_;
 };
 
 using Setter = std::function<void(const toml::node&, const std::string& where)>;
@@ -151,7 +163,14 @@ Setter sized_table(Schema schema, int64_t& size, bool* given, const Locator& loc
 }
 
 /// `--set a.b.c=value`: the value is TOML when "v = <value>" parses, else a bare string.
-void apply_override(toml::table& root, const std::string& item, std::set<std::string>& keys) {
+/// A value that TOML would read as an integer if it fitted in 64 bits (digits, sign, underscores).
+bool looks_like_integer(const std::string& v) {
+  static const std::regex integer(R"(\s*[+-]?[0-9][0-9_]*\s*)");
+  return std::regex_match(v, integer);
+}
+
+void apply_override(toml::table& root, const std::string& item,
+                    std::map<std::string, std::string>& set_by) {
   const auto eq = item.find('=');
   check(eq != std::string::npos && eq > 0, "--set {}: expected section.key=value", item);
   auto trim = [](std::string s) {
@@ -182,9 +201,11 @@ void apply_override(toml::table& root, const std::string& item, std::set<std::st
     toml::table parsed = toml::parse("v = " + value);
     t->insert_or_assign(parts.back(), std::move(*parsed.get("v")));
   } catch (const toml::parse_error&) {
+    check(!looks_like_integer(value), "--set {}: integer out of range (at most {}, at least {})",
+          item, std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min());
     t->insert_or_assign(parts.back(), value);
   }
-  keys.insert(key);
+  set_by[key] = item;
 }
 
 /// parallel.tensor = N → {size = N}, so that a later --set parallel.tensor.mode keeps the size.
@@ -205,12 +226,12 @@ void require(const std::set<std::string>& present, const std::string& section,
     check(present.count(k), "{}: {}.{}: required key missing", source, section, k);
 }
 
-void check_in(const std::string& source, const std::string& key, const std::string& v,
-              const std::vector<std::string>& allowed) {
+/// `where` is config_origin(config, key).
+void check_in(const std::string& where, const std::string& v, const std::vector<std::string>& allowed) {
   if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return;
   std::string list;
   for (const auto& a : allowed) list += (list.empty() ? "" : " | ") + a;
-  fail("{}: {}: \"{}\" is not one of {}", source, key, v, list);
+  fail("{}: \"{}\" is not one of {}", where, v, list);
 }
 
 }  // namespace
@@ -221,15 +242,17 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
   try {
     root = toml::parse(toml_text, source);
   } catch (const toml::parse_error& e) {
-    fail("{}:{}:{}: {}", source, e.source().begin.line, e.source().begin.column, e.description());
+    const std::string_view what = e.description();
+    const bool too_big = what.find("not representable in 64 bits") != std::string_view::npos;
+    fail("{}:{}:{}: {}{}", source, e.source().begin.line, e.source().begin.column, what,
+         too_big ? " (integer out of range)" : "");
   }
   normalize_parallel(root);
-  std::set<std::string> overridden;
-  for (const auto& o : overrides) apply_override(root, o, overridden);
-  const Locator loc(source, overridden);
-
   TrainConfig c;
   c.source = source;
+  for (const auto& o : overrides) apply_override(root, o, c.set_by);
+  const Locator loc(source, c.set_by);
+
   auto& m = c.model;
   auto& d = c.data;
   auto& o = c.optimizer;
@@ -276,7 +299,8 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
       {"num_threads", int_key(t.num_threads)}, {"log_every", int_key(t.log_every)},
       {"valid_every", int_key(t.valid_every)}, {"save_every", int_key(t.save_every)},
       {"checkpoint_dir", path_key(t.checkpoint_dir)}, {"metrics_file", path_key(t.metrics_file)},
-      {"loss_reduction", string_key(t.loss_reduction)}};
+      {"loss_reduction", string_key(t.loss_reduction)},
+      {"max_skipped_steps", int_key(t.max_skipped_steps)}};
   const std::map<std::string, const Schema*> sections = {
       {"model", &model}, {"data", &data}, {"optimizer", &optimizer},
       {"lr_scheduler", &scheduler}, {"parallel", &parallel}, {"train", &train}};
@@ -328,19 +352,27 @@ void check_model_config(const model::ModelConfig& m) {
   check(m.rope_base > 0, "model.rope_base: must be > 0, got {}", m.rope_base);
 }
 
+std::string config_origin(const TrainConfig& c, const std::string& key) {
+  if (const std::string* arg = set_argument(c.set_by, key)) return "--set " + *arg;
+  return c.source + ": " + key;
+}
+
 void check_config(const TrainConfig& c, const ConfigNeeds& needs) {
-  const std::string& s = c.source;
+  auto at = [&](const std::string& key) { return config_origin(c, key); };
   if (needs.model_shape) {
     try {
       check_model_config(c.model);
     } catch (const Error& e) {
-      fail("{}: {}", s, e.what());
+      const std::string message = e.what();  // "model.<key>: ..."
+      const std::string key = message.substr(0, message.find(':'));
+      if (set_argument(c.set_by, key)) fail("{}: {}", at(key), message.substr(key.size() + 2));
+      fail("{}: {}", c.source, message);
     }
   }
   const auto& d = c.data;
-  auto positive = [&](const char* key, int64_t v) { check(v > 0, "{}: {}: must be > 0, got {}", s, key, v); };
+  auto positive = [&](const char* key, int64_t v) { check(v > 0, "{}: must be > 0, got {}", at(key), v); };
   auto non_negative = [&](const char* key, double v) {
-    check(v >= 0, "{}: {}: must be >= 0, got {}", s, key, v);
+    check(v >= 0, "{}: must be >= 0, got {}", at(key), v);
   };
   if (needs.data) {
     positive("data.seq_len", d.seq_len);
@@ -349,42 +381,43 @@ void check_config(const TrainConfig& c, const ConfigNeeds& needs) {
   positive("data.micro_num", d.micro_num);
   non_negative("data.min_length", double(d.min_length));
   non_negative("data.seed", double(d.seed));
-  check_in(s, "data.pack_tail", d.pack_tail, {"pad", "drop"});
+  check_in(at("data.pack_tail"), d.pack_tail, {"pad", "drop"});
 
   const auto& o = c.optimizer;
-  check(o.lr > 0, "{}: optimizer.lr: must be > 0, got {}", s, o.lr);
-  check(o.beta1 >= 0 && o.beta1 < 1, "{}: optimizer.beta1: must be in [0, 1), got {}", s, o.beta1);
-  check(o.beta2 >= 0 && o.beta2 < 1, "{}: optimizer.beta2: must be in [0, 1), got {}", s, o.beta2);
-  check(o.eps > 0, "{}: optimizer.eps: must be > 0, got {}", s, o.eps);
+  check(o.lr > 0, "{}: must be > 0, got {}", at("optimizer.lr"), o.lr);
+  check(o.beta1 >= 0 && o.beta1 < 1, "{}: must be in [0, 1), got {}", at("optimizer.beta1"), o.beta1);
+  check(o.beta2 >= 0 && o.beta2 < 1, "{}: must be in [0, 1), got {}", at("optimizer.beta2"), o.beta2);
+  check(o.eps > 0, "{}: must be > 0, got {}", at("optimizer.eps"), o.eps);
   non_negative("optimizer.weight_decay", o.weight_decay);
   const auto& l = c.lr_scheduler;
   non_negative("lr_scheduler.warmup_steps", double(l.warmup_steps));
-  check(l.min_lr >= 0 && l.min_lr <= o.lr, "{}: lr_scheduler.min_lr: must be in [0, optimizer.lr = {}], "
-        "got {}", s, o.lr, l.min_lr);
+  check(l.min_lr >= 0 && l.min_lr <= o.lr, "{}: must be in [0, optimizer.lr = {}], got {}",
+        at("lr_scheduler.min_lr"), o.lr, l.min_lr);
 
   const auto& p = c.parallel;
   positive("parallel.tensor.size", p.tensor.size);
-  check_in(s, "parallel.tensor.mode", p.tensor.mode, {"mtp", "msp", "fsp", "isp"});
+  check_in(at("parallel.tensor.mode"), p.tensor.mode, {"mtp", "msp", "fsp", "isp"});
   positive("parallel.weight.size", p.weight.size);
-  check(p.zero1.size == -1 || p.zero1.size >= 1, "{}: parallel.zero1.size: must be -1 or >= 1, got {}",
-        s, p.zero1.size);
+  check(p.zero1.size == -1 || p.zero1.size >= 1, "{}: must be -1 or >= 1, got {}",
+        at("parallel.zero1.size"), p.zero1.size);
   positive("parallel.tensor_2d.x", p.tensor_2d.x);
   positive("parallel.tensor_2d.y", p.tensor_2d.y);
-  check_in(s, "parallel.tensor_2d.overlap", p.tensor_2d.overlap, kTensor2dOverlaps);
-  check(!(p.tensor.size > 1 && p.tensor_2d.given), "{}: parallel.tensor_2d: cannot be combined with "
-        "parallel.tensor.size = {} (use one form of tensor parallelism)", s, p.tensor.size);
+  check_in(at("parallel.tensor_2d.overlap"), p.tensor_2d.overlap, kTensor2dOverlaps);
+  check(!(p.tensor.size > 1 && p.tensor_2d.given), "{}: cannot be combined with "
+        "parallel.tensor.size = {} (use one form of tensor parallelism)", at("parallel.tensor_2d"),
+        p.tensor.size);
 
   const auto& t = c.train;
   if (needs.total_steps) positive("train.total_steps", t.total_steps);
-  check(t.total_steps <= 0 || l.warmup_steps <= t.total_steps,
-        "{}: lr_scheduler.warmup_steps: {} exceeds train.total_steps {}", s, l.warmup_steps,
-        t.total_steps);
+  check(t.total_steps <= 0 || l.warmup_steps <= t.total_steps, "{}: {} exceeds train.total_steps {}",
+        at("lr_scheduler.warmup_steps"), l.warmup_steps, t.total_steps);
   non_negative("train.seed", double(t.seed));
   non_negative("train.num_threads", double(t.num_threads));
   positive("train.log_every", t.log_every);
   non_negative("train.valid_every", double(t.valid_every));
   non_negative("train.save_every", double(t.save_every));
-  check_in(s, "train.loss_reduction", t.loss_reduction, {"token", "micro_mean"});
+  positive("train.max_skipped_steps", t.max_skipped_steps);
+  check_in(at("train.loss_reduction"), t.loss_reduction, {"token", "micro_mean"});
 }
 
 nlohmann::json to_json(const TrainConfig& c) {
@@ -419,7 +452,8 @@ nlohmann::json to_json(const TrainConfig& c) {
   j["train"] = {{"total_steps", t.total_steps}, {"seed", t.seed}, {"num_threads", t.num_threads},
                 {"log_every", t.log_every}, {"valid_every", t.valid_every},
                 {"save_every", t.save_every}, {"checkpoint_dir", t.checkpoint_dir},
-                {"metrics_file", t.metrics_file}, {"loss_reduction", t.loss_reduction}};
+                {"metrics_file", t.metrics_file}, {"loss_reduction", t.loss_reduction},
+                {"max_skipped_steps", t.max_skipped_steps}};
   return j;
 }
 

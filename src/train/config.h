@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -89,6 +90,9 @@ struct TrainSection {
   std::string checkpoint_dir;  ///< empty: no checkpoints
   std::string metrics_file;    ///< empty: console only
   std::string loss_reduction = "token";  ///< "token" | "micro_mean"
+  /// Consecutive steps whose update was skipped (non-finite loss or gradient norm) that end the
+  /// run with an error; the last checkpoint saved before them stays the newest.
+  int64_t max_skipped_steps = 5;
 };
 
 /// The whole job. `model_keys_given` lists the model.* keys that the TOML or --set spelt out
@@ -102,6 +106,9 @@ struct TrainConfig {
   TrainSection train;
   std::set<std::string> model_keys_given;
   std::string source;  ///< the config file path, for messages
+  /// Keys given by --set (e.g. "data.seq_len") → the whole argument ("data.seq_len=0"), so that
+  /// messages blame the --set rather than the file.
+  std::map<std::string, std::string> set_by;
 };
 
 /// What load_config insists on. Shape keys may be left out when the model comes from a
@@ -134,6 +141,10 @@ void check_config(const TrainConfig& config, const ConfigNeeds& needs = {});
 
 /// Sanity checks of a model shape alone (prefix "model." in messages).
 void check_model_config(const model::ModelConfig& model);
+
+/// Where `key` came from, for messages: "--set key=value" when a --set gave it (or a parent
+/// table), else "FILE: key".
+std::string config_origin(const TrainConfig& config, const std::string& key);
 
 /// The config as JSON with the TOML section/key names (for state.json and logs).
 nlohmann::json to_json(const TrainConfig& config);

@@ -32,7 +32,9 @@ void score_file(model::InternLM2<float>& model, const data::DocumentSource& file
   std::vector<int64_t> order = data::document_order(file, 0, /*shuffle=*/false, 0);
   if (order.empty()) return;
   const size_t base = result.documents.size();
-  for (int64_t d : order) result.documents.push_back({first_index + d, 0, 0.0});
+  for (int64_t d : order)
+    result.documents.push_back({first_index + d, 0, 0.0,
+                                static_cast<int64_t>(file.document_length(static_cast<size_t>(d)))});
   std::vector<int64_t> starts;  // packed stream position of each ordered document (+ the end)
   std::unique_ptr<data::RowSource> rows;
   if (pack.use_packed_dataset) {

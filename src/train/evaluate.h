@@ -1,5 +1,6 @@
 // Held-out loss (the valid_loss of docs/training.md and `longtron eval`): forward only, token-weighted.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -21,6 +22,9 @@ struct DocumentLoss {
   int64_t index = 0;   ///< document index in the dataset (files in order, documents in file order)
   int64_t tokens = 0;  ///< tokens scored (labels ≠ -100 that belong to the document)
   double loss_sum = 0;
+  int64_t length = 0;  ///< tokens the dataset stores for the document
+  /// Mean loss per scored token (NaN when none was scored).
+  double loss() const { return tokens > 0 ? loss_sum / static_cast<double>(tokens) : std::nan(""); }
 };
 
 struct EvalResult {

@@ -8,6 +8,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/io_error.h"
 #include "train/metrics.h"
 #include "train/raster.h"
 
@@ -171,7 +172,7 @@ void write_loss_plot(const fs::path& path, const std::vector<TrainRow>& train,
     std::ofstream out(tmp, std::ios::binary);
     out.write(png.data(), std::streamsize(png.size()));
     out.close();
-    check(out.good(), "{}: write failed", path.string());
+    check(out.good(), "{}: write failed ({})", path.string(), io_error_text());
   });
 }
 

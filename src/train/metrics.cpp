@@ -9,6 +9,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/io_error.h"
 
 namespace longtron::train {
 namespace fs = std::filesystem;
@@ -91,11 +92,13 @@ MetricsWriter::MetricsWriter(const fs::path& metrics_file, const MetricsOptions&
         out << to_json_line(r) << "\n";
       }
       while (vi < valid_rows_.size()) out << to_json_line(valid_rows_[vi++]) << "\n";
-      check(out.good(), "{}: write failed", path_.string());
+      out.close();
+      check(out.good(), "train.metrics_file = {}: write failed ({})", path_.string(), io_error_text());
     });
   }
   file_ = std::fopen(path_.c_str(), options.resume_step >= 0 ? "a" : "w");
-  check(file_ != nullptr, "{}: cannot create metrics file", path_.string());
+  check(file_ != nullptr, "train.metrics_file = {}: cannot create ({})", path_.string(),
+        io_error_text());
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -113,10 +116,18 @@ void MetricsWriter::clear_progress() {
   }
 }
 
-void MetricsWriter::emit(const std::string& console_line, const std::string& json_line) {
+void MetricsWriter::emit(int64_t step, const std::string& console_line, const std::string& json_line) {
   if (file_) {
-    std::fputs((json_line + "\n").c_str(), file_);
-    std::fflush(file_);  // a crash keeps every row written so far
+    // Flushed per row (a crash keeps every row written so far) and checked: a full disk ends the
+    // run at this step instead of training on with no record.
+    errno = 0;
+    const bool ok = std::fputs((json_line + "\n").c_str(), file_) >= 0 && std::fflush(file_) == 0;
+    if (!ok) {
+      const int err = errno;
+      failed_ = true;
+      fail("train.metrics_file = {}: write failed at step {} ({}); the run stops here",
+           path_.string(), step, io_error_text(err));
+    }
   }
   if (options_.console) {
     clear_progress();
@@ -129,7 +140,7 @@ void MetricsWriter::train(const TrainRow& r) {
   train_rows_.push_back(r);
   const bool last = options_.total_steps > 0 && r.step >= options_.total_steps;
   if (r.step % std::max<int64_t>(options_.log_every, 1) == 0 || last) {
-    emit(fmt::format("step {}/{}  loss {:.4f}  grad_norm {:.3f}  lr {:.3e}  tokens {}  tgs {:.1f}  "
+    emit(r.step, fmt::format("step {}/{}  loss {:.4f}  grad_norm {:.3f}  lr {:.3e}  tokens {}  tgs {:.1f}  "
                      "mfu {:.3f}  step_time_s {:.3f}", r.step, options_.total_steps, r.loss,
                      r.grad_norm, r.lr, r.tokens, r.tgs, r.mfu, r.step_time_s),
          to_json_line(r));
@@ -151,7 +162,7 @@ void MetricsWriter::train(const TrainRow& r) {
 
 void MetricsWriter::valid(const ValidRow& r) {
   valid_rows_.push_back(r);
-  emit(fmt::format("step {}/{}  valid_loss {:.4f}", r.step, options_.total_steps, r.valid_loss),
+  emit(r.step, fmt::format("step {}/{}  valid_loss {:.4f}", r.step, options_.total_steps, r.valid_loss),
        to_json_line(r));
 }
 
@@ -159,6 +170,7 @@ void MetricsWriter::finish() {
   if (finished_) return;
   finished_ = true;
   clear_progress();
+  if (failed_) return;  // the write error already ended the run; no picture of a partial record
   if (file_) std::fflush(file_);
   if (!path_.empty()) write_loss_plot(plot_path(), train_rows_, valid_rows_, path_.stem().string());
 }

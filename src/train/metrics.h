@@ -25,6 +25,7 @@ struct TrainRow {
   double tgs = 0;
   double mfu = 0;
   double step_time_s = 0;
+  bool skipped = false;  ///< the update was skipped (non-finite loss or gradient norm); not written
 };
 
 /// A validation row: token-weighted loss over the valid set.
@@ -52,7 +53,8 @@ class MetricsWriter {
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
 
-  /// Call once per step: updates the progress line; writes the row when due (log_every).
+  /// Call once per step: updates the progress line; writes the row when due (log_every). Every
+  /// row write is checked: a failed one throws Error naming the file, step and errno text.
   void train(const TrainRow& row);
   /// Always written.
   void valid(const ValidRow& row);
@@ -65,7 +67,8 @@ class MetricsWriter {
   const std::vector<ValidRow>& valid_rows() const { return valid_rows_; }
 
  private:
-  void emit(const std::string& console_line, const std::string& json_line);
+  /// Writes a row; throws Error naming the file, `step` and the cause when the write fails.
+  void emit(int64_t step, const std::string& console_line, const std::string& json_line);
   void clear_progress();
 
   std::filesystem::path path_;
@@ -74,6 +77,7 @@ class MetricsWriter {
   bool tty_ = false;
   bool progress_shown_ = false;
   bool finished_ = false;
+  bool failed_ = false;  ///< a row write failed (no picture is written then)
   std::vector<TrainRow> train_rows_;  ///< every step given (the picture uses all of them)
   std::vector<ValidRow> valid_rows_;
   std::chrono::steady_clock::time_point start_;

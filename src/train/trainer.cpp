@@ -8,6 +8,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/plural.h"
 #include "core/safetensors.h"
 #include "core/threads.h"
 #include "data/open.h"
@@ -299,11 +300,12 @@ struct Run {
     const ClipResult clip =
         clip_grad_norm(std::pow(engine.grad_norm(), 2), config.optimizer.clip_grad_norm);
     const double lr = schedule.at(step);
-    if (clip.finite) {
+    // Every rank must agree (a loss seen by some ranks only would split the run).
+    int64_t bad = !clip.finite || !std::isfinite(loss);
+    if (grid.world_size > 1) grid.world->all_reduce(&bad, 1, comm::ReduceOp::kMax);
+    if (!bad) {
       scale_grads(grads.data(), static_cast<size_t>(grads.numel()), clip.scale);
       optimizer.update(params, grads, lr);
-    } else if (rank0) {
-      fmt::print(stderr, "step {}: non-finite gradient norm, update skipped\n", step);
     }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -316,6 +318,7 @@ struct Run {
     row.lr = lr;
     row.tokens = counts[1];
     row.step_time_s = seconds;
+    row.skipped = bad != 0;
     row.tgs = static_cast<double>(counts[1]) / static_cast<double>(grid.world_size) / seconds;
     // Model FLOPs of every position the ranks computed (pad included: it is computed) over the
     // sgemm speed of all ranks together.
@@ -325,12 +328,54 @@ struct Run {
   }
 };
 
+/// Rank 0, before any work: removes leftovers of interrupted saves (checkpoint_dir and the
+/// --resume root), and refuses a fresh run into a checkpoint_dir that holds files unless
+/// --overwrite (then its checkpoints are removed).
+void prepare_checkpoint_dir(const TrainConfig& config, const TrainOptions& options) {
+  check(!(options.overwrite && !options.resume.empty()),
+        "--overwrite and --resume cannot be used together (--resume continues the checkpoints)");
+  std::vector<fs::path> roots = {config.train.checkpoint_dir};
+  if (!options.resume.empty()) roots.insert(roots.end(), {options.resume, options.resume.parent_path()});
+  for (const fs::path& root : roots)
+    if (!root.empty())
+      for (const fs::path& p : remove_stale_temporaries(root))
+        fmt::print(stderr, "train: removed {} (left by an interrupted save of a process that no "
+                   "longer exists)\n", p.string());
+  const fs::path dir = config.train.checkpoint_dir;
+  std::error_code ec;
+  if (dir.empty() || !options.resume.empty() || !fs::is_directory(dir, ec) || fs::is_empty(dir, ec))
+    return;
+  check(options.overwrite,
+        "train.checkpoint_dir = {} is not empty (checkpoints of an earlier run?): pass --resume {} "
+        "to continue that run, --overwrite to replace its checkpoints, or set "
+        "train.checkpoint_dir to another folder", dir.string(), dir.string());
+  remove_checkpoints(dir);
+  fmt::print(stderr, "train: --overwrite: removed the checkpoints in {}\n", dir.string());
+}
+
+/// A step whose update was skipped: says so (rank 0), and after `max_in_a_row` such steps in a
+/// row ends the run (every rank throws, as they all saw the same step).
+void report_skip(const TrainRow& row, int64_t in_a_row, int64_t max_in_a_row, bool rank0,
+                 const fs::path& last_checkpoint) {
+  if (rank0)
+    fmt::print(stderr, "step {}: non-finite {} (loss {}, grad_norm {}), update skipped ({} in a row; "
+               "train.max_skipped_steps = {})\n", row.step,
+               std::isfinite(row.loss) ? "gradient norm" : "loss", row.loss, row.grad_norm,
+               in_a_row, max_in_a_row);
+  check(in_a_row < max_in_a_row,
+        "step {}: {} steps in a row had a non-finite loss or gradient norm (train.max_skipped_steps "
+        "= {}); the run stops. Last good checkpoint: {}. Lower optimizer.lr, raise "
+        "lr_scheduler.warmup_steps or check the data", row.step, in_a_row, max_in_a_row,
+        last_checkpoint.empty() ? std::string("none") : last_checkpoint.string());
+}
+
 }  // namespace
 
 TrainSummary run_training(const TrainConfig& config, const TrainOptions& options,
                           comm::CommPtr world) {
   // Layout errors (world, heads, P against the layout) come first, before any data or memory.
   comm::ProcessGrid grid = comm::make_process_grid(world, layout_of(config.parallel));
+  if (grid.world_rank == 0) prepare_checkpoint_dir(config, options);
   set_num_threads(static_cast<int>(config.train.num_threads), comm::ranks_on_node());
   Run run(config, options, std::move(grid));
   run.sgemm_flops = measure_sgemm_flops(options.sgemm_size);
@@ -338,8 +383,10 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
   TrainSummary summary;
   summary.sgemm_flops = run.sgemm_flops;
   int64_t start = 0;
+  fs::path resumed_from;  // the newest good checkpoint until this run saves one
   if (!options.resume.empty()) {
     const fs::path dir = resolve_checkpoint(options.resume);
+    resumed_from = dir;
     const CheckpointState state = read_checkpoint_state(dir);
     run.load_full(dir, run.params);
     {
@@ -354,6 +401,7 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     start = state.step;
     check(start <= config.train.total_steps, "--resume {}: checkpoint step {} is past train.total_steps = {}",
           options.resume.string(), start, config.train.total_steps);
+    if (run.rank0) fmt::print(stderr, "train: resumed from step {} ({})\n", start, dir.string());
   } else if (!options.init_from.empty()) {
     run.load_full(options.init_from, run.params);
   }  // else: the engine drew train.seed's parameters (init_params of the full model, sliced)
@@ -369,11 +417,13 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     mo.progress = options.progress;
     mo.resume_step = options.resume.empty() ? -1 : start;
     run.metrics = std::make_unique<MetricsWriter>(config.train.metrics_file, mo);
+    summary.metrics_file = config.train.metrics_file;
+    summary.plot_file = run.metrics->plot_path();
     fmt::print(stderr,
-               "train: {} parameters, {} rows/epoch ({} steps), dp {}, tp {} ({}), {} threads, sgemm {:.1f} GFLOP/s\n",
+               "train: {} parameters, {} rows/epoch ({} steps), dp {}, tp {} ({}), {}, sgemm {:.1f} GFLOP/s\n",
                run.engine.full_layout().numel(), run.loader.num_rows(), run.loader.steps_per_epoch(),
                run.dp->size(), run.grid.tp, run.engine.mode(),
-               num_threads(), run.sgemm_flops * 1e-9);
+               count_of(num_threads(), "thread"), run.sgemm_flops * 1e-9);
   }
   auto valid = [&](int64_t step) {
     if (!run.valid_rows) return;
@@ -384,6 +434,7 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
   const auto t0 = std::chrono::steady_clock::now();
   if (start == 0) valid(0);
   const int64_t total = config.train.total_steps;
+  int64_t skipped_in_a_row = 0;
   for (int64_t step = start + 1; step <= total; ++step) {
     const TrainRow row = run.step(step, step == start + 1 && !options.dump_grads.empty());
     summary.losses.push_back(row.loss);
@@ -391,9 +442,15 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     summary.rows.push_back(row);
     summary.end_step = step;
     if (run.metrics) run.metrics->train(row);
+    skipped_in_a_row = row.skipped ? skipped_in_a_row + 1 : 0;
+    if (row.skipped)
+      report_skip(row, skipped_in_a_row, config.train.max_skipped_steps, run.rank0,
+                  summary.last_checkpoint.empty() ? resumed_from : summary.last_checkpoint);
     const int64_t ve = config.train.valid_every, se = config.train.save_every;
     if (step == total || (ve > 0 && step % ve == 0)) valid(step);
-    if (step == total || (se > 0 && step % se == 0)) {
+    // A skipped step changed no weights: its checkpoint would only move the step counter past
+    // the problem, so the last good one stays the newest (the end of the run still saves).
+    if (step == total || (se > 0 && step % se == 0 && !row.skipped)) {
       const fs::path dir = run.save(step);
       if (!dir.empty()) summary.last_checkpoint = dir;
     }

@@ -20,6 +20,7 @@ struct TrainOptions {
   std::filesystem::path resume;      ///< checkpoint root or step folder; empty = fresh start
   std::filesystem::path init_from;   ///< Hugging Face folder (config.json + safetensors); empty = init
   std::filesystem::path dump_grads;  ///< writes the first step's gradients here; empty = no dump
+  bool overwrite = false;            ///< a fresh run may replace the checkpoints in checkpoint_dir
   bool console = true;               ///< metric rows on stdout (rank 0)
   bool progress = true;              ///< live progress line on a terminal (rank 0)
   int64_t sgemm_size = 2048;         ///< n of the start-up sgemm timing (tests use a small one)
@@ -36,6 +37,8 @@ struct TrainSummary {
   double seconds = 0;                ///< wall time of the loop (validation and saving included)
   double sgemm_flops = 0;            ///< FLOP/s measured at start-up (MFU denominator)
   std::filesystem::path last_checkpoint;  ///< step folder written last (empty if none)
+  std::filesystem::path metrics_file;     ///< train.metrics_file (empty: console only)
+  std::filesystem::path plot_file;        ///< the loss picture written next to it (empty if none)
 };
 
 /// The data.* settings of the loader (docs/data.md) from a TrainConfig.
@@ -64,7 +67,9 @@ double micro_loss_scale(const std::string& reduction, int64_t count, int64_t ste
 /// threads to train.num_threads (0: cores ÷ ranks on the node), measures sgemm FLOP/s, builds or
 /// loads the model (options; checkpoints hold full HF-named tensors whatever the layout), trains
 /// steps start+1 … total_steps. World rank 0 writes metrics and checkpoints. Throws Error for bad
-/// data, configs, layouts or checkpoints (naming them).
+/// data, configs, layouts or checkpoints (naming them), for a non-empty train.checkpoint_dir on a
+/// fresh run without options.overwrite, for a failed metrics write, and after
+/// train.max_skipped_steps updates in a row were skipped (non-finite loss or gradient norm).
 TrainSummary run_training(const TrainConfig& config, const TrainOptions& options, comm::CommPtr world);
 
 /// Finds tokenizer.model for a data folder: in it, or in its parent (prepare writes

@@ -51,4 +51,27 @@ inline std::string tiny_model_toml(int multiple_of) {
          "num_kv_attention_heads = 2\nmultiple_of = " + std::to_string(multiple_of) + "\n";
 }
 
+/// Prepares 16 documents of generated English-like text into dir/data (vocab 400, 25% valid) and
+/// writes dir/tiny.toml for a tiny model on it (6 steps, checkpoints in dir/ckpt, metrics in
+/// dir/metrics.jsonl).
+struct Prepared {
+  TempDir dir;
+  Prepared() {
+    std::mt19937 gen(3);
+    std::vector<std::string> docs;
+    for (int d = 0; d < 16; ++d) docs.push_back(english_document(gen, 30));
+    prepare_corpus(dir, jsonl_of(docs), "0.25");
+    write_file(dir / "tiny.toml",
+               tiny_model_toml(32) +
+               "[data]\ntrain_folder = \"" + (dir / "data" / "train").string() +
+               "\"\nvalid_folder = \"" + (dir / "data" / "valid").string() +
+               "\"\nseq_len = 64\nmicro_bsz = 2\n"
+               "[optimizer]\nlr = 1e-2\n[train]\ntotal_steps = 6\nnum_threads = 1\n"
+               "checkpoint_dir = \"" + (dir / "ckpt").string() + "\"\nmetrics_file = \"" +
+               (dir / "metrics.jsonl").string() + "\"\n");
+  }
+  /// " --config DIR/tiny.toml", to append to a command.
+  std::string config() const { return " --config " + (dir / "tiny.toml").string(); }
+};
+
 }  // namespace longtron::testing

@@ -112,6 +112,37 @@ TEST(PrepareCli, TrainsTokenizerSplitsAndRoundTrips) {
   EXPECT_TRUE(contains(check.output, "12 documents")) << check.output;
 }
 
+// The progress lines count bytes of text and say so (the rate is tokens); counts of one are
+// singular ("1 thread", "1 input").
+TEST(PrepareCli, ProgressUnitsAndPlurals) {
+  TempDir dir;
+  write_corpus(dir / "corpus.jsonl");
+  const auto r = run_longtron("prepare --input " + (dir / "corpus.jsonl").string() + " --output " +
+                              (dir / "out").string() + " --train-tokenizer --vocab-size 400 --threads 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "12 documents from 1 input\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, " bytes (100%) ") && contains(r.output, " tokens/s")) << r.output;
+  EXPECT_TRUE(contains(r.output, " on 1 thread;")) << r.output;
+  EXPECT_FALSE(contains(r.output, "1 threads") || contains(r.output, "input(s)")) << r.output;
+  const auto c = run_longtron("check-data " + (dir / "out" / "train").string());
+  ASSERT_EQ(c.status, 0) << c.output;
+  EXPECT_TRUE(contains(c.output, ": 1 file, 12 documents, ")) << c.output;
+}
+
+// A write that fails names its cause: under a 2 KiB file-size limit (SIGXFSZ ignored, so the
+// write returns EFBIG) prepare stops with "write failed (File too large)" and leaves nothing.
+TEST(PrepareCli, WriteFailureNamesTheCause) {
+  TempDir dir;
+  write_corpus(dir / "corpus.jsonl");
+  const auto r = longtron::testing::run_command(
+      "trap '' XFSZ; ulimit -f 2; " + std::string(LONGTRON_BINARY) + " prepare --input " +
+      (dir / "corpus.jsonl").string() + " --output " + (dir / "out").string() +
+      " --train-tokenizer --vocab-size 400 --format internevo --threads 1");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "write failed (File too large)")) << r.output;
+  EXPECT_TRUE(nothing_left(dir.path(), "out"));
+}
+
 TEST(PrepareCli, BadTextInputLeavesNothing) {
   TempDir dir;
   write_file(dir / "a.jsonl", "{\"text\": \"hello there\"}\n{\"body\": \"x\"}\n");

@@ -11,7 +11,7 @@
 namespace fs = std::filesystem;
 using longtron::testing::english_document;
 using longtron::testing::jsonl_of;
-using longtron::testing::prepare_corpus;
+using longtron::testing::Prepared;
 using longtron::testing::read_file;
 using longtron::testing::run_longtron;
 using longtron::testing::TempDir;
@@ -23,27 +23,6 @@ namespace {
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
-
-/// Prepares 16 documents of generated English-like text into dir/data (vocab 400, 25% valid) and
-/// writes dir/tiny.toml for a tiny model on it.
-struct Prepared {
-  TempDir dir;
-  Prepared() {
-    std::mt19937 gen(3);
-    std::vector<std::string> docs;
-    for (int d = 0; d < 16; ++d) docs.push_back(english_document(gen, 30));
-    prepare_corpus(dir, jsonl_of(docs), "0.25");
-    write_file(dir / "tiny.toml",
-               tiny_model_toml(32) +
-               "[data]\ntrain_folder = \"" + (dir / "data" / "train").string() +
-               "\"\nvalid_folder = \"" + (dir / "data" / "valid").string() +
-               "\"\nseq_len = 64\nmicro_bsz = 2\n"
-               "[optimizer]\nlr = 1e-2\n[train]\ntotal_steps = 6\nnum_threads = 1\n"
-               "checkpoint_dir = \"" + (dir / "ckpt").string() + "\"\nmetrics_file = \"" +
-               (dir / "metrics.jsonl").string() + "\"\n");
-  }
-  std::string config() const { return " --config " + (dir / "tiny.toml").string(); }
-};
 
 /// The valid_loss rows of a metrics file, in order.
 std::vector<double> valid_losses(const fs::path& metrics) {
@@ -85,6 +64,11 @@ TEST(TrainCli, ExportEvalInitFromAndGenerate) {
   for (const auto& d : a["documents"]) {
     sum += d["loss_sum"].get<double>();
     tokens += d["tokens"].get<int64_t>();
+    // Each document's mean loss and stored length come with its sums.
+    ASSERT_GT(d["tokens"].get<int64_t>(), 0) << d;
+    EXPECT_NEAR(d["loss"].get<double>(), d["loss_sum"].get<double>() / d["tokens"].get<double>(),
+                1e-12) << d;
+    EXPECT_GE(d["length"].get<int64_t>(), d["tokens"].get<int64_t>()) << d;
   }
   EXPECT_NEAR(sum / static_cast<double>(tokens), a["loss"].get<double>(), 1e-9);
   // The training run's final valid_loss is the same number (same packing of the same set).
@@ -132,6 +116,24 @@ TEST(TrainCli, ConfigErrorsNameTheKey) {
   r = run_longtron("train" + config + " --set train.loss_reduction=sum");
   EXPECT_NE(r.status, 0);
   EXPECT_TRUE(contains(r.output, "train.loss_reduction")) << r.output;
+  // A bad --set is blamed on the --set, not on the file that does not hold the key.
+  for (const std::string set : {"foo.bar=1", "parallel.tensor.mode=xyz"}) {
+    r = run_longtron("train" + config + " --set " + set);
+    EXPECT_NE(r.status, 0);
+    EXPECT_TRUE(contains(r.output, "error: --set " + set + ": ")) << r.output;
+    EXPECT_FALSE(contains(r.output, "c.toml")) << r.output;
+  }
+  // A 20-digit integer is out of range, in a --set or in the file.
+  r = run_longtron("train" + config + " --set data.seq_len=12345678901234567890");
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "integer out of range")) << r.output;
+  std::string big = read_file(dir / "c.toml");
+  big.replace(big.find("seq_len = 32"), 12, "seq_len = 12345678901234567890");
+  write_file(dir / "big.toml", big);
+  r = run_longtron("train --config " + (dir / "big.toml").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "big.toml:9") && contains(r.output, "out of range") &&
+              !contains(r.output, "string")) << r.output;
   // A missing dataset names its path.
   r = run_longtron("train" + config);
   EXPECT_NE(r.status, 0);

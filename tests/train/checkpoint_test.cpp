@@ -3,6 +3,8 @@
 #include "train/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/safetensors.h"
@@ -149,4 +151,35 @@ TEST(Checkpoint, WeightsOnlyAndShardedModelLoad) {
                               {"model.norm.weight", {2}, n.data()}});
   EXPECT_EQ(w, f.w);  // small integers are exact in bf16
   EXPECT_EQ(n, f.n);
+}
+
+// A save removes step_N.tmp.PID / latest.tmp.PID leftovers of dead processes (a kill -9 during a
+// save), keeps those of live ones and anything else; --overwrite's remove_checkpoints removes step
+// folders and `latest` only.
+TEST(Checkpoint, SaveRemovesLeftoversOfDeadProcesses) {
+  TempDir dir;
+  const Fake f;
+  const fs::path root = dir / "ckpt";
+  fs::create_directories(root);
+  pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  waitpid(child, nullptr, 0);  // reaped: the PID no longer names a process
+  const std::string dead = std::to_string(child), live = std::to_string(getpid());
+  for (const std::string& name : {"step_7.tmp." + dead, "latest.tmp." + dead, "step_8.tmp." + live,
+                                 std::string("step_9.tmp.x"), "notes.tmp." + dead})
+    fs::create_directories(root / name);
+  tr::save_checkpoint(root, f.data(3));
+  EXPECT_FALSE(fs::exists(root / ("step_7.tmp." + dead)));
+  EXPECT_FALSE(fs::exists(root / ("latest.tmp." + dead)));
+  for (const std::string& name : {"step_8.tmp." + live, std::string("step_9.tmp.x"), "notes.tmp." + dead})
+    EXPECT_TRUE(fs::exists(root / name)) << name;
+  EXPECT_TRUE(tr::remove_stale_temporaries(root).empty());
+  EXPECT_TRUE(tr::remove_stale_temporaries(dir / "missing").empty());
+
+  tr::remove_checkpoints(root);
+  EXPECT_FALSE(fs::exists(root / "step_3"));
+  EXPECT_FALSE(fs::exists(root / "latest"));
+  EXPECT_TRUE(fs::exists(root / ("step_8.tmp." + live)));  // a live save is not ours to remove
+  EXPECT_TRUE(fs::exists(root / "step_9.tmp.x"));
 }

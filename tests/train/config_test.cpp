@@ -53,6 +53,7 @@ void expect_error(const std::vector<std::string>& sets, std::initializer_list<st
 
 TEST(Config, DefaultsOfSpec41) {
   const TrainConfig c = parse();
+  EXPECT_EQ(c.train.max_skipped_steps, 5);
   EXPECT_DOUBLE_EQ(c.model.mlp_ratio, 8.0 / 3.0);
   EXPECT_EQ(c.model.multiple_of, 256);
   EXPECT_DOUBLE_EQ(c.model.norm_eps, 1e-5);
@@ -150,6 +151,50 @@ TEST(Config, WrongTypesNameTheKey) {
   expect_error({}, {"job.toml:1: data", "expected a table"}, "data = 3\n");
   expect_error({}, {"job.toml:3", "model.hidden_size", "expected an integer"},
                "[model]\nvocab_size = 1\nhidden_size = \"big\"\n");
+}
+
+// A --set error blames the --set argument, never the file the key is not in.
+TEST(Config, SetErrorsBlameTheSetArgument) {
+  for (const auto& [set, part] : std::vector<std::pair<std::string, std::string>>{
+           {"foo.bar=1", "unknown section"},
+           {"data.foo=1", "unknown key"},
+           {"parallel.tensor.mode=xyz", "is not one of"},
+           {"data.seq_len=0", "must be > 0"},
+           {"model.vocab_size=0", "must be > 0"},
+           {"train.max_skipped_steps=0", "must be > 0"},
+           {"lr_scheduler.warmup_steps=11", "exceeds train.total_steps"}}) {
+    try {
+      parse({set});
+      ADD_FAILURE() << "no error for --set " << set;
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_EQ(message.rfind("--set " + set + ": ", 0), 0u) << message;
+      EXPECT_NE(message.find(part), std::string::npos) << message;
+      EXPECT_EQ(message.find("job.toml"), std::string::npos) << message;
+    }
+  }
+  // The same mistakes in the file name the file.
+  expect_error({}, {"job.toml: parallel.tensor.mode", "is not one of"},
+               kBase + "[parallel]\ntensor = { size = 1, mode = \"xyz\" }\n");
+}
+
+// An integer that does not fit 64 bits is "out of range", not "a string".
+TEST(Config, HugeIntegerIsOutOfRange) {
+  expect_error({"data.seq_len=12345678901234567890"},
+               {"--set data.seq_len=12345678901234567890", "integer out of range"});
+  expect_error({"data.seq_len=-12345678901234567890"}, {"integer out of range"});
+  std::string text = kBase;
+  text.replace(text.find("seq_len = 16"), 12, "seq_len = 12345678901234567890");
+  try {
+    parse({}, text);
+    FAIL() << "no error for a 20-digit integer";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("job.toml:11:"), std::string::npos) << message;
+    EXPECT_NE(message.find("out of range"), std::string::npos) << message;
+    EXPECT_EQ(message.find("string"), std::string::npos) << message;
+  }
+  EXPECT_EQ(parse({"data.seq_len=9223372036854775807"}).data.seq_len, INT64_MAX);
 }
 
 TEST(Config, SetSyntaxErrors) {
