@@ -24,6 +24,7 @@ struct TrainRow {
   double tgs = 0;
   double mfu = 0;
   double step_time_s = 0;
+  std::string dtype = "float32";  ///< precision of the step's GEMMs ("float32" or "bfloat16")
 };
 
 /// A validation row: token-weighted loss over the valid set.

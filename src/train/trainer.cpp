@@ -13,6 +13,7 @@
 #include "data/open.h"
 #include "data/validate.h"
 #include "model/hf_config.h"
+#include "ops/ops.h"
 #include "parallel/engine.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
@@ -337,6 +338,8 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
 
   TrainSummary summary;
   summary.sgemm_flops = run.sgemm_flops;
+  summary.bf16_gemm_flops = measure_gemm_bf16_flops(options.sgemm_size);
+  summary.dtype = "float32";
   int64_t start = 0;
   if (!options.resume.empty()) {
     const fs::path dir = resolve_checkpoint(options.resume);
@@ -369,11 +372,15 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     mo.progress = options.progress;
     mo.resume_step = options.resume.empty() ? -1 : start;
     run.metrics = std::make_unique<MetricsWriter>(config.train.metrics_file, mo);
+    const ops::GemmBackend gemm = ops::gemm_backend();
     fmt::print(stderr,
-               "train: {} parameters, {} rows/epoch ({} steps), dp {}, tp {} ({}), {} threads, sgemm {:.1f} GFLOP/s\n",
+               "train: {} parameters, {} rows/epoch ({} steps), dp {}, tp {} ({}), {} threads, "
+               "dtype {}\ntrain: GEMM {} ({}): fp32 {:.1f} GFLOP/s, bf16 {}; mfu against fp32\n",
                run.engine.full_layout().numel(), run.loader.num_rows(), run.loader.steps_per_epoch(),
-               run.dp->size(), run.grid.tp, run.engine.mode(),
-               num_threads(), run.sgemm_flops * 1e-9);
+               run.dp->size(), run.grid.tp, run.engine.mode(), num_threads(), summary.dtype,
+               gemm.library, gemm.isa, run.sgemm_flops * 1e-9,
+               summary.bf16_gemm_flops > 0 ? fmt::format("{:.1f} GFLOP/s", summary.bf16_gemm_flops * 1e-9)
+                                           : std::string("unavailable"));
   }
   auto valid = [&](int64_t step) {
     if (!run.valid_rows) return;
