@@ -7,7 +7,7 @@ namespace longtron {
 /// Number of hardware threads of this machine (at least 1).
 int hardware_threads();
 
-/// Sets the threads used by OpenMP regions and by the BLAS. `n` <= 0 means
+/// Sets the threads of OpenMP regions (oneDNN's GEMMs too) and OpenBLAS (double GEMMs). `n` <= 0:
 /// hardware_threads() / ranks_on_node, at least 1. Returns the number actually set.
 int set_num_threads(int n, int ranks_on_node = 1);
 

@@ -31,8 +31,8 @@ GemmBackend gemm_backend() {
   GemmBackend b;
   b.library = fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
   b.isa = isa_name(isa);
-  b.native_bf16 = (static_cast<unsigned>(isa) & static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16)) ==
-                  static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
+  const unsigned bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
+  b.native_bf16 = (static_cast<unsigned>(isa) & bf16) == bf16;  // the ISA values are bit sets
   return b;
 }
 

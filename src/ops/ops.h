@@ -14,8 +14,10 @@ namespace longtron::ops {
 
 // ---- GEMM -------------------------------------------------------------------------------------
 /// C[M,N] = alpha * op(A) op(B) + beta * C, row-major; op(A) is [M,K], op(B) is [K,N].
-/// float → oneDNN's dnnl_sgemm; double → OpenBLAS's cblas_dgemm (oneDNN has no double GEMM; double
-/// serves the finite-difference tests). Uses the OpenMP threads of set_num_threads.
+/// float → oneDNN's matmul primitive (one cached per shape, transposes, alpha and beta; for a given
+/// shape and thread count the result is deterministic); double → OpenBLAS's cblas_dgemm (oneDNN has
+/// no double GEMM; double serves the finite-difference tests). Uses the OpenMP threads of
+/// set_num_threads.
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
           const T* B, T beta, T* C);
