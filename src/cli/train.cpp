@@ -66,8 +66,9 @@ int run_train(const TrainCliOptions& o) {
       if (!s.valid.empty())
         valid = fmt::format("; valid_loss {:.4f} (step {}) -> {:.4f} (step {})", s.valid.front().second,
                             s.valid.front().first, s.valid.back().second, s.valid.back().first);
-      fmt::print("train: steps {}..{} in {:.1f} s, {}{}{}\n", s.start_step + 1, s.end_step, s.seconds,
-                 s.dtype, valid, s.last_checkpoint.empty() ? "" : "; checkpoint " + s.last_checkpoint.string());
+      fmt::print("train: steps {}..{} in {:.1f} s, {}{}{}\n", s.start_step + 1, s.end_step,
+                 s.seconds, s.dtype, valid,
+                 s.last_checkpoint.empty() ? "" : "; checkpoint " + s.last_checkpoint.string());
     }
     return 0;
   });
