@@ -38,8 +38,8 @@ void print_summary(const train::TrainSummary& s, int world_size) {
   else if (s.valid.size() > 1)
     valid = fmt::format("; valid_loss {:.4f} (step {}) -> {:.4f} (step {})", s.valid.front().second,
                         s.valid.front().first, s.valid.back().second, s.valid.back().first);
-  fmt::print("train: steps {}..{} in {:.1f} s; loss {:.4f} (step {}) -> {:.4f} (step {}){}\n",
-             s.start_step + 1, s.end_step, s.seconds, s.rows.front().loss, s.rows.front().step,
+  fmt::print("train: steps {}..{} in {:.1f} s, {}; loss {:.4f} (step {}) -> {:.4f} (step {}){}\n",
+             s.start_step + 1, s.end_step, s.seconds, s.dtype, s.rows.front().loss, s.rows.front().step,
              s.rows.back().loss, s.rows.back().step, valid);
   double tokens = 0, seconds = 0, mfu_seconds = 0;
   for (const auto& r : s.rows) {
@@ -48,7 +48,7 @@ void print_summary(const train::TrainSummary& s, int world_size) {
     mfu_seconds += r.mfu * r.step_time_s;
   }
   const double rate = seconds > 0 ? tokens / seconds : 0;
-  fmt::print("train: mean {:.0f} tokens/s ({:.0f} per rank), MFU {:.3f} (against the measured sgemm "
+  fmt::print("train: mean {:.0f} tokens/s ({:.0f} per rank), MFU {:.3f} (against the measured fp32 GEMM "
              "speed){}\n", rate, rate / world_size, seconds > 0 ? mfu_seconds / seconds : 0.0,
              s.last_checkpoint.empty() ? "" : "; checkpoint " + s.last_checkpoint.string());
   if (!s.metrics_file.empty())

@@ -1,19 +1,24 @@
-// GEMM through the BLAS (OpenBLAS): the one place the kernels call cblas.
+// GEMM entry point: float through oneDNN's matmul primitive, double through OpenBLAS's dgemm
+// (oneDNN has no double GEMM; double serves the finite-difference tests). bf16: onednn_matmul.cpp.
 #include <cblas.h>
 
+#include "ops/onednn_matmul.h"
 #include "ops/ops.h"
 
 namespace longtron::ops {
 
 namespace {
-void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
-               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C) {
-  cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, N);
+void backend_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                  const float* B, float beta, float* C) {
+  // The matmul primitive rather than dnnl_sgemm: on the shapes of a training step it was faster in
+  // aggregate (bench_gemm), and dnnl_sgemm collapsed on some backward shapes at 2 threads (e.g.
+  // 384×1024×2048 with A transposed: 4–7 GFLOP/s against 17–20 for the matmul).
+  detail::onednn_matmul(detail::MatmulInput::kF32, ta, tb, M, N, K, alpha, A, B, beta, C);
 }
-void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
-               double alpha, const double* A, int64_t lda, const double* B, int64_t ldb,
-               double beta, double* C) {
-  cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, N);
+void backend_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                  const double* A, const double* B, double beta, double* C) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+              K, alpha, A, ta ? M : K, B, tb ? K : N, beta, C, N);
 }
 }  // namespace
 
@@ -25,8 +30,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
     for (int64_t i = 0; i < M * N; ++i) C[i] = beta == T(0) ? T(0) : beta * C[i];
     return;
   }
-  blas_gemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
-            alpha, A, trans_a ? M : K, B, trans_b ? K : N, beta, C);
+  backend_gemm(trans_a, trans_b, M, N, K, alpha, A, B, beta, C);
 }
 
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*,

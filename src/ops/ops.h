@@ -8,15 +8,35 @@
 // gradient pointer may be nullptr to skip it. No kernel communicates.
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace longtron::ops {
 
 // ---- GEMM -------------------------------------------------------------------------------------
 /// C[M,N] = alpha * op(A) op(B) + beta * C, row-major; op(A) is [M,K], op(B) is [K,N].
-/// float → cblas_sgemm, double → cblas_dgemm (OpenBLAS). Uses the threads of set_num_threads.
+/// float → oneDNN's matmul primitive (one cached per shape, transposes, alpha and beta; for a given
+/// shape and thread count the result is deterministic); double → OpenBLAS's cblas_dgemm (oneDNN has
+/// no double GEMM; double serves the finite-difference tests). Uses the OpenMP threads of
+/// set_num_threads.
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
           const T* B, T beta, T* C);
+
+/// The same contract with bf16 inputs (raw bfloat16 bits, as core/safetensors.h's float_to_bf16
+/// makes them) and an fp32 C accumulated in fp32: oneDNN's matmul primitive, one primitive cached
+/// per (shape, transposes, alpha, beta). Throws longtron::Error when oneDNN has no bf16 matmul for
+/// this CPU (it needs avx512_core; native bf16 dot products need avx512_core_bf16).
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const uint16_t* A, const uint16_t* B, float beta, float* C);
+
+/// The GEMM library and the instruction set its kernels dispatch to on this CPU.
+struct GemmBackend {
+  std::string library;       ///< e.g. "oneDNN 2.6.3"
+  std::string isa;           ///< oneDNN's effective ISA, e.g. "avx512_core_bf16"
+  bool native_bf16 = false;  ///< the ISA has bf16 dot-product instructions (AVX512-BF16)
+};
+/// Queries oneDNN (cheap; ONEDNN_MAX_CPU_ISA in the environment caps the ISA it reports and uses).
+GemmBackend gemm_backend();
 
 // ---- Linear (HF layout W[out, in]) --------------------------------------------------------------
 /// y[N,out] = x[N,in] · W[out,in]ᵀ (+ bias[out] if bias != nullptr).

@@ -32,8 +32,8 @@
 //                  runs while chunk c's GEMMs compute (one collective in flight at a time);
 //   kMatmulWithRs  the GEMM is computed in row chunks (for every destination rank of R at
 //                  once), and chunk c's reduce-scatter (async) runs while chunk c+1 computes.
-// Each output element is the same dot product (same k order) whatever the chunking, but OpenBLAS
-// picks its sgemm kernel by matrix shape, so the rows of a chunk GEMM may round differently from
+// Each output element is the same dot product whatever the chunking, but oneDNN picks its GEMM
+// kernel and blocking by matrix shape, so the rows of a chunk GEMM may round differently from
 // the same rows of the whole GEMM: results equal kNone to float rounding, not bit for bit
 // (measured ≤ 5e-8 absolute on step-1 gradients of the parity tests; bit-identical where the
 // shapes select the same kernel). kNone with y = 1 is bit-identical to MSP.

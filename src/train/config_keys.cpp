@@ -114,6 +114,9 @@ const std::vector<ConfigKey> kConfigKeys = {
     {"train.loss_reduction", "string", "\"token\"", "",
      "\"token\": token-weighted mean over the step; \"micro_mean\": the mean of per-micro-batch "
      "means (InternEvo's)."},
+    {"train.max_skipped_steps", "integer", "5", "",
+     "Consecutive steps with a non-finite loss or gradient norm (updates skipped) that end the run "
+     "with an error; the last good checkpoint stays."},
 };
 
 std::string table_of(const std::string& key) { return key.substr(0, key.rfind('.')); }

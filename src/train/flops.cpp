@@ -4,26 +4,53 @@
 #include <chrono>
 #include <vector>
 
+#include "core/error.h"
+#include "core/safetensors.h"
 #include "ops/ops.h"
 
 namespace longtron::train {
 
-double measure_sgemm_flops(int64_t n, int repeats) {
-  const size_t size = static_cast<size_t>(n * n);
-  std::vector<float> A(size), B(size), C(size);
-  // Deterministic, non-trivial values (denormals or zeros could take a different path).
-  for (size_t i = 0; i < size; ++i) {
-    A[i] = static_cast<float>((i * 7919) % 1000) * 1e-3f - 0.5f;
-    B[i] = static_cast<float>((i * 104729) % 1000) * 1e-3f - 0.5f;
-  }
-  ops::gemm<float>(false, false, n, n, n, 1.0f, A.data(), B.data(), 0.0f, C.data());
+namespace {
+// Deterministic, non-trivial values (denormals or zeros could take a different path).
+float value_a(size_t i) { return static_cast<float>((i * 7919) % 1000) * 1e-3f - 0.5f; }
+float value_b(size_t i) { return static_cast<float>((i * 104729) % 1000) * 1e-3f - 0.5f; }
+
+// FLOP/s of `call` (one n³ GEMM): a warm-up call (JIT, primitive creation), then the best of
+// `repeats`.
+template <typename F>
+double best_rate(int64_t n, int repeats, F&& call) {
+  call();
   double best = 1e30;
   for (int r = 0; r < std::max(1, repeats); ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    ops::gemm<float>(false, false, n, n, n, 1.0f, A.data(), B.data(), 0.0f, C.data());
+    call();
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best;
+}
+}  // namespace
+
+double measure_sgemm_flops(int64_t n, int repeats) {
+  const size_t size = static_cast<size_t>(n * n);
+  std::vector<float> A(size), B(size), C(size);
+  for (size_t i = 0; i < size; ++i) A[i] = value_a(i), B[i] = value_b(i);
+  return best_rate(n, repeats, [&] {
+    ops::gemm<float>(false, false, n, n, n, 1.0f, A.data(), B.data(), 0.0f, C.data());
+  });
+}
+
+double measure_gemm_bf16_flops(int64_t n, int repeats) {
+  const size_t size = static_cast<size_t>(n * n);
+  std::vector<uint16_t> A(size), B(size);
+  std::vector<float> C(size);
+  for (size_t i = 0; i < size; ++i) A[i] = safetensors::float_to_bf16(value_a(i)), B[i] = safetensors::float_to_bf16(value_b(i));
+  try {
+    return best_rate(n, repeats, [&] {
+      ops::gemm_bf16(false, false, n, n, n, 1.0f, A.data(), B.data(), 0.0f, C.data());
+    });
+  } catch (const Error&) {
+    return 0.0;  // no bf16 matmul on this CPU: reported as such at start-up
+  }
 }
 
 }  // namespace longtron::train

@@ -1,12 +1,17 @@
-// The machine's fp32 matrix-multiply speed, the denominator of MFU (docs/training.md).
+// The machine's matrix-multiply speed, the denominator of MFU (docs/training.md): model FLOPs ÷ step
+// time ÷ the GEMM FLOP/s of the dtype in use, measured once at start-up.
 #pragma once
 #include <cstdint>
 
 namespace longtron::train {
 
-/// FLOP/s of a square sgemm C = A·B of size n (2n³ FLOPs per call) through ops::gemm<float> with
-/// the threads currently set (set_num_threads): one warm-up call, then the best of `repeats`
-/// timed calls. Called once at start-up by the trainer (n = 2048, ~0.1–1 s on a few cores).
+/// FLOP/s of a square fp32 GEMM C = A·B of size n (2n³ FLOPs per call) through ops::gemm<float>
+/// (oneDNN) with the threads currently set (set_num_threads): one warm-up call, then the best of
+/// `repeats` timed calls. Called once at start-up by the trainer (n = 2048, ~0.1–1 s on a few cores).
 double measure_sgemm_flops(int64_t n = 2048, int repeats = 3);
+
+/// The same for bf16 × bf16 → fp32 through ops::gemm_bf16; 0 when oneDNN has no bf16 matmul on
+/// this CPU.
+double measure_gemm_bf16_flops(int64_t n = 2048, int repeats = 3);
 
 }  // namespace longtron::train

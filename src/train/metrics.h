@@ -26,6 +26,7 @@ struct TrainRow {
   double mfu = 0;
   double step_time_s = 0;
   bool skipped = false;  ///< the update was skipped (non-finite loss or gradient norm); not written
+  std::string dtype = "float32";  ///< precision of the step's GEMMs ("float32" or "bfloat16")
 };
 
 /// A validation row: token-weighted loss over the valid set.

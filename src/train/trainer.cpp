@@ -14,6 +14,7 @@
 #include "data/open.h"
 #include "data/validate.h"
 #include "model/hf_config.h"
+#include "ops/ops.h"
 #include "parallel/engine.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
@@ -382,6 +383,8 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
 
   TrainSummary summary;
   summary.sgemm_flops = run.sgemm_flops;
+  summary.bf16_gemm_flops = measure_gemm_bf16_flops(options.sgemm_size);
+  summary.dtype = "float32";
   int64_t start = 0;
   fs::path resumed_from;  // the newest good checkpoint until this run saves one
   if (!options.resume.empty()) {
@@ -419,11 +422,15 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     run.metrics = std::make_unique<MetricsWriter>(config.train.metrics_file, mo);
     summary.metrics_file = config.train.metrics_file;
     summary.plot_file = run.metrics->plot_path();
+    const ops::GemmBackend gemm = ops::gemm_backend();
     fmt::print(stderr,
-               "train: {} parameters, {} rows/epoch ({} steps), dp {}, tp {} ({}), {}, sgemm {:.1f} GFLOP/s\n",
+               "train: {} parameters, {} rows/epoch ({} steps), dp {}, tp {} ({}), {}, dtype {}\n"
+               "train: GEMM {} ({}): fp32 {:.1f} GFLOP/s, bf16 {}; mfu against fp32\n",
                run.engine.full_layout().numel(), run.loader.num_rows(), run.loader.steps_per_epoch(),
-               run.dp->size(), run.grid.tp, run.engine.mode(),
-               count_of(num_threads(), "thread"), run.sgemm_flops * 1e-9);
+               run.dp->size(), run.grid.tp, run.engine.mode(), count_of(num_threads(), "thread"),
+               summary.dtype, gemm.library, gemm.isa, run.sgemm_flops * 1e-9,
+               summary.bf16_gemm_flops > 0 ? fmt::format("{:.1f} GFLOP/s", summary.bf16_gemm_flops * 1e-9)
+                                           : std::string("unavailable"));
   }
   auto valid = [&](int64_t step) {
     if (!run.valid_rows) return;

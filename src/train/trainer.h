@@ -35,7 +35,9 @@ struct TrainSummary {
   std::vector<TrainRow> rows;        ///< every step's metrics row (step time, tgs, mfu, ...)
   std::vector<std::pair<int64_t, double>> valid;  ///< (step, valid_loss) rows written
   double seconds = 0;                ///< wall time of the loop (validation and saving included)
-  double sgemm_flops = 0;            ///< FLOP/s measured at start-up (MFU denominator)
+  double sgemm_flops = 0;            ///< fp32 GEMM FLOP/s measured at start-up (MFU denominator)
+  double bf16_gemm_flops = 0;        ///< bf16 × bf16 → fp32 GEMM FLOP/s at start-up (0: unavailable)
+  std::string dtype = "float32";     ///< precision of the run's GEMMs (the metrics rows' dtype)
   std::filesystem::path last_checkpoint;  ///< step folder written last (empty if none)
   std::filesystem::path metrics_file;     ///< train.metrics_file (empty: console only)
   std::filesystem::path plot_file;        ///< the loss picture written next to it (empty if none)

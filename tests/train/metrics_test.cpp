@@ -95,8 +95,9 @@ TEST(Metrics, RowsHaveExactlyTheSpecKeys) {
   std::vector<std::string> keys;
   for (const auto& [k, v] : rows[1].items()) keys.push_back(k);
   std::sort(keys.begin(), keys.end());
-  EXPECT_EQ(keys, (std::vector<std::string>{"grad_norm", "loss", "lr", "mfu", "step", "step_time_s",
-                                            "tgs", "tokens"}));
+  EXPECT_EQ(keys, (std::vector<std::string>{"dtype", "grad_norm", "loss", "lr", "mfu", "step",
+                                            "step_time_s", "tgs", "tokens"}));
+  EXPECT_EQ(rows[1]["dtype"], "float32");
   EXPECT_EQ(rows[1]["tokens"], 2048);
   EXPECT_DOUBLE_EQ(rows[1]["loss"].get<double>(), 4.0);
   EXPECT_TRUE(std::filesystem::exists(dir / "run" / "metrics.png"));
@@ -114,6 +115,7 @@ TEST(Metrics, NonFiniteBecomesNullAndReadsBack) {
   ASSERT_EQ(t.size(), 1u);
   EXPECT_TRUE(std::isnan(t[0].loss));
   EXPECT_EQ(t[0].tokens, 2048);
+  EXPECT_EQ(t[0].dtype, "float32");
   ASSERT_EQ(v.size(), 1u);
   EXPECT_DOUBLE_EQ(v[0].valid_loss, 2.5);
   longtron::testing::write_file(dir / "bad.jsonl", "{\"step\": 1, \"loss\": 2}\nnot json\n");

@@ -12,6 +12,7 @@
 #include "data/megatron.h"
 #include "data/open.h"
 #include "model/hf_config.h"
+#include "ops/ops.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/evaluate.h"
@@ -87,6 +88,13 @@ TEST(Trainer, LossFallsAndValidRowsAtStartEveryAndEnd) {
   EXPECT_LT(s.valid[3].second, s.valid[0].second - 1.5);
   // The loss picture next to the metrics file (SVG, or PNG once the plot moves to raster).
   EXPECT_TRUE(fs::exists(t.dir / "m.svg") || fs::exists(t.dir / "m.png"));
+  // Rows carry the GEMM precision; the start-up GEMM rates (MFU denominators) were measured.
+  EXPECT_EQ(s.dtype, "float32");
+  for (const auto& r : s.rows) EXPECT_EQ(r.dtype, "float32");
+  EXPECT_GT(s.sgemm_flops, 0);
+  if (longtron::ops::gemm_backend().native_bf16) {
+    EXPECT_GT(s.bf16_gemm_flops, 0);
+  }
 }
 
 TEST(Trainer, ResumeGivesTheLossesOfAnUninterruptedRun) {

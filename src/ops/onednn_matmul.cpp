@@ -1,0 +1,123 @@
+// oneDNN matmul primitives, one per shape. Creating a primitive (choosing and JIT-compiling its
+// kernel) costs far more than a training-size GEMM, so primitives are kept in a map keyed by
+// everything the primitive descriptor depends on. A given key always runs the same kernel with the
+// same blocking, so a GEMM of a given shape and thread count is deterministic.
+#include "ops/onednn_matmul.h"
+
+#include <map>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace longtron::ops::detail {
+
+namespace {
+using dnnl::memory;
+
+struct Key {
+  MatmulInput input;
+  int64_t M, N, K;
+  bool ta, tb;
+  float alpha, beta;
+  bool operator<(const Key& o) const {
+    return std::tie(input, M, N, K, ta, tb, alpha, beta) <
+           std::tie(o.input, o.M, o.N, o.K, o.ta, o.tb, o.alpha, o.beta);
+  }
+};
+
+memory::data_type input_type(const Key& k) {
+  return k.input == MatmulInput::kF32 ? memory::data_type::f32 : memory::data_type::bf16;
+}
+// op(A) [M,K] and op(B) [K,N] as strided views of the row-major arrays the caller holds.
+memory::desc a_desc(const Key& k) {
+  const memory::dims strides = k.ta ? memory::dims{1, k.M} : memory::dims{k.K, 1};
+  return memory::desc({k.M, k.K}, input_type(k), strides);
+}
+memory::desc b_desc(const Key& k) {
+  const memory::dims strides = k.tb ? memory::dims{1, k.K} : memory::dims{k.N, 1};
+  return memory::desc({k.K, k.N}, input_type(k), strides);
+}
+memory::desc c_desc(const Key& k) {
+  return memory::desc({k.M, k.N}, memory::data_type::f32, memory::dims{k.N, 1});
+}
+
+class MatmulCache {
+ public:
+  const dnnl::engine& engine() const { return engine_; }
+
+  /// The primitive of `k` (a reference-counted handle: valid even if the cache is cleared).
+  dnnl::matmul get(const Key& k) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = cache_.find(k);
+    if (it != cache_.end()) return it->second;
+    // Shapes of a training run are few (layers × micro-batch shapes); the bound keeps callers with
+    // ever-new shapes (generate, growing prompts) from holding primitives forever.
+    if (cache_.size() >= kCapacity) cache_.clear();
+    return cache_.emplace(k, create(k)).first->second;
+  }
+
+ private:
+  static constexpr size_t kCapacity = 512;
+
+  dnnl::matmul create(const Key& k) {
+    dnnl::primitive_attr attr;
+    if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
+    if (k.beta != 0.0f) {
+      dnnl::post_ops po;
+      po.append_sum(k.beta);
+      attr.set_post_ops(po);
+    }
+    try {
+      return dnnl::matmul(dnnl::matmul::primitive_desc(
+          dnnl::matmul::desc(a_desc(k), b_desc(k), c_desc(k)), attr, engine_));
+    } catch (const dnnl::error& e) {
+      fail("{} GEMM M={} N={} K={}: oneDNN has no {} matmul on this CPU (ISA {}; bf16 needs at "
+           "least avx512_core): {}", k.input == MatmulInput::kF32 ? "fp32" : "bf16", k.M, k.N, k.K,
+           k.input == MatmulInput::kF32 ? "fp32" : "bf16", gemm_backend().isa, e.what());
+    }
+  }
+
+  dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
+  std::map<Key, dnnl::matmul> cache_;
+  std::mutex mutex_;
+};
+
+MatmulCache& matmul_cache() {
+  static MatmulCache cache;
+  return cache;
+}
+}  // namespace
+
+void onednn_matmul(MatmulInput input, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                   float alpha, const void* A, const void* B, float beta, float* C) {
+  const Key k{input, M, N, K, trans_a, trans_b, alpha, beta};
+  MatmulCache& cache = matmul_cache();
+  const dnnl::matmul prim = cache.get(k);
+  // Executing a primitive is thread-safe; a stream is not shared between threads.
+  thread_local dnnl::stream stream(cache.engine());
+  memory a(a_desc(k), cache.engine(), const_cast<void*>(A));
+  memory b(b_desc(k), cache.engine(), const_cast<void*>(B));
+  memory c(c_desc(k), cache.engine(), C);
+  prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  stream.wait();
+}
+
+}  // namespace longtron::ops::detail
+
+namespace longtron::ops {
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const uint16_t* A, const uint16_t* B, float beta, float* C) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // a matmul with K = 0 is not defined in oneDNN: C = beta·C
+    for (int64_t i = 0; i < M * N; ++i) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
+    return;
+  }
+  detail::onednn_matmul(detail::MatmulInput::kBF16, trans_a, trans_b, M, N, K, alpha, A, B, beta,
+                        C);
+}
+
+}  // namespace longtron::ops

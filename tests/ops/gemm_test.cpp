@@ -1,0 +1,151 @@
+// The GEMM entry point: fp32 (oneDNN sgemm) and bf16 × bf16 → fp32 (oneDNN matmul) against a
+// double reference, with the rounding-error bounds written out; the backend report; and the error
+// a CPU without a bf16 matmul gives.
+#include <gtest/gtest.h>
+#include <oneapi/dnnl/dnnl.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/safetensors.h"
+#include "fd_check.h"
+#include "ops/ops.h"
+
+namespace ops = longtron::ops;
+using longtron::safetensors::bf16_to_float;
+using longtron::safetensors::float_to_bf16;
+using longtron::testing::random_vector;
+
+namespace {
+struct Case {
+  int64_t M, N, K;
+  bool ta, tb;
+  float alpha, beta;
+};
+
+// exact[i] = alpha·Σ_k op(A)op(B) + beta·C0 in double, and mag[i] = |alpha|·Σ_k |op(A)||op(B)|
+// (the scale of the rounding-error bounds).
+void reference(const Case& c, const std::vector<float>& A, const std::vector<float>& B,
+               const std::vector<float>& C0, std::vector<double>& exact, std::vector<double>& mag) {
+  exact.assign(c.M * c.N, 0.0);
+  mag.assign(c.M * c.N, 0.0);
+  for (int64_t i = 0; i < c.M; ++i)
+    for (int64_t j = 0; j < c.N; ++j) {
+      double s = 0, m = 0;
+      for (int64_t k = 0; k < c.K; ++k) {
+        const double a = c.ta ? A[k * c.M + i] : A[i * c.K + k];
+        const double b = c.tb ? B[j * c.K + k] : B[k * c.N + j];
+        s += a * b;
+        m += std::fabs(a * b);
+      }
+      exact[i * c.N + j] = c.alpha * s + c.beta * static_cast<double>(C0[i * c.N + j]);
+      mag[i * c.N + j] = std::fabs(c.alpha) * m + std::fabs(c.beta * C0[i * c.N + j]);
+    }
+}
+
+std::vector<float> floats(int64_t n, uint32_t seed) {
+  const std::vector<double> d = random_vector(n, seed);
+  return std::vector<float>(d.begin(), d.end());
+}
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = [] {
+    std::vector<Case> v;
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        v.push_back({37, 29, 53, ta, tb, 1.0f, 0.0f});
+        v.push_back({64, 96, 300, ta, tb, 1.0f, 1.0f});  // gradient accumulation: beta = 1
+        v.push_back({5, 7, 3, ta, tb, 2.0f, 0.5f});
+      }
+    return v;
+  }();
+  return all;
+}
+}  // namespace
+
+// Floating-point summation of K products: |fl(s) − s| ≤ γ_K Σ|a||b|, γ_K ≈ K·u, u = 2⁻²⁴ for fp32
+// (Higham, "Accuracy and Stability of Numerical Algorithms", §3.1); +2u for the alpha and beta steps.
+TEST(Gemm, FloatWithinTheFp32SummationBound) {
+  for (const Case& c : cases()) {
+    const auto A = floats(c.M * c.K, 1), B = floats(c.K * c.N, 2), C0 = floats(c.M * c.N, 3);
+    std::vector<double> exact, mag;
+    reference(c, A, B, C0, exact, mag);
+    std::vector<float> C = C0;
+    ops::gemm<float>(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), B.data(), c.beta, C.data());
+    const double u = std::ldexp(1.0, -24);
+    for (int64_t i = 0; i < c.M * c.N; ++i)
+      ASSERT_LE(std::fabs(C[i] - exact[i]), (c.K + 2) * u * mag[i])
+          << c.M << "x" << c.N << "x" << c.K << " ta " << c.ta << " tb " << c.tb << " at " << i;
+  }
+}
+
+// bf16 inputs multiply exactly in fp32 (8 + 8 significant bits < 24), so on bf16-rounded inputs the
+// only error is the fp32 accumulation: the same bound as the fp32 GEMM. Against the unrounded fp32
+// inputs, each product also carries the two input roundings: ≤ (2·2⁻⁹ + 2⁻¹⁸)·|a||b| more.
+TEST(Gemm, Bf16MatchesDoubleOnRoundedInputsAndFp32WithinBf16Rounding) {
+  for (const Case& c : cases()) {
+    const auto A = floats(c.M * c.K, 4), B = floats(c.K * c.N, 5), C0 = floats(c.M * c.N, 6);
+    std::vector<uint16_t> Ab(A.size()), Bb(B.size());
+    std::vector<float> Ar(A.size()), Br(B.size());
+    for (size_t i = 0; i < A.size(); ++i) Ab[i] = float_to_bf16(A[i]), Ar[i] = bf16_to_float(Ab[i]);
+    for (size_t i = 0; i < B.size(); ++i) Bb[i] = float_to_bf16(B[i]), Br[i] = bf16_to_float(Bb[i]);
+    std::vector<float> C = C0;
+    ops::gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, Ab.data(), Bb.data(), c.beta, C.data());
+    std::vector<double> exact, mag, exact32, mag32;
+    reference(c, Ar, Br, C0, exact, mag);
+    reference(c, A, B, C0, exact32, mag32);
+    const double u = std::ldexp(1.0, -24), ub = std::ldexp(1.0, -9);
+    double worst_rel = 0;
+    for (int64_t i = 0; i < c.M * c.N; ++i) {
+      ASSERT_LE(std::fabs(C[i] - exact[i]), (c.K + 2) * u * mag[i]) << "bf16-rounded reference at " << i;
+      ASSERT_LE(std::fabs(C[i] - exact32[i]), ((c.K + 2) * u + 2 * ub + ub * ub) * mag32[i] * 1.01)
+          << "fp32 reference at " << i;
+      worst_rel = std::max(worst_rel, std::fabs(C[i] - exact32[i]) / mag32[i]);
+    }
+    // The bf16 rounding is really there (≈ 2⁻⁹/√K of the scale; an fp32 GEMM in disguise would
+    // stay near 2⁻²⁴): the test notices if the inputs were not taken as bf16.
+    if (c.K >= 53) {
+      EXPECT_GT(worst_rel, 1e-5);
+    }
+  }
+}
+
+TEST(Gemm, EmptyInnerDimensionScalesC) {
+  std::vector<float> C = {1, 2, 3, 4};
+  ops::gemm<float>(false, false, 2, 2, 0, 1.0f, nullptr, nullptr, 0.5f, C.data());
+  EXPECT_EQ(C, (std::vector<float>{0.5f, 1, 1.5f, 2}));
+  ops::gemm_bf16(false, false, 2, 2, 0, 1.0f, nullptr, nullptr, 0.0f, C.data());
+  EXPECT_EQ(C, (std::vector<float>{0, 0, 0, 0}));
+}
+
+TEST(Gemm, BackendNamesLibraryAndIsa) {
+  const ops::GemmBackend b = ops::gemm_backend();
+  EXPECT_EQ(b.library.rfind("oneDNN ", 0), 0u) << b.library;
+  EXPECT_NE(b.isa, "unknown");
+  EXPECT_FALSE(b.isa.empty());
+}
+
+// oneDNN's ISA can be capped once per process, before its first use: in a fresh child (the
+// threadsafe death-test style re-executes the binary), cap it at AVX2, which has no bf16 matmul.
+TEST(GemmDeathTest, Bf16WithoutAvx512IsAClearError) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        if (dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2) != dnnl_success) std::exit(4);
+        if (ops::gemm_backend().native_bf16 || ops::gemm_backend().isa != "avx2") std::exit(5);
+        std::vector<uint16_t> A(4, float_to_bf16(1.0f));
+        std::vector<float> C(4);
+        try {
+          ops::gemm_bf16(false, false, 2, 2, 2, 1.0f, A.data(), A.data(), 0.0f, C.data());
+        } catch (const longtron::Error& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+          std::exit(3);
+        }
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(3), "no bf16 matmul on this CPU \\(ISA avx2");
+}
