@@ -23,6 +23,10 @@ struct TrainOptions {
   bool console = true;               ///< metric rows on stdout (rank 0)
   bool progress = true;              ///< live progress line on a terminal (rank 0)
   int64_t sgemm_size = 2048;         ///< n of the start-up sgemm timing (tests use a small one)
+  bool dry_run = false;              ///< print the memory plan (rank 0) and return without training
+  int dry_run_ranks = 0;             ///< dry run: plan for this many ranks (0: the world, or the
+                                     ///< fewest the layout needs when run as one process)
+  double memory_available = -1;      ///< bytes per rank; < 0: read from the system (memory_plan.h)
 };
 
 /// What a run did (for the CLI summary and tests).
@@ -36,6 +40,9 @@ struct TrainSummary {
   double seconds = 0;                ///< wall time of the loop (validation and saving included)
   double sgemm_flops = 0;            ///< FLOP/s measured at start-up (MFU denominator)
   std::filesystem::path last_checkpoint;  ///< step folder written last (empty if none)
+  double planned_peak_bytes = 0;     ///< the memory plan's peak per rank (memory_plan.h)
+  double measured_peak_bytes = 0;    ///< peak resident size of world rank 0 (VmHWM) at the end
+  std::string plan_text;             ///< the memory plan as printed by --dry-run
 };
 
 /// The data.* settings of the loader (SPEC §1) from a TrainConfig.
@@ -64,7 +71,9 @@ double micro_loss_scale(const std::string& reduction, int64_t count, int64_t ste
 /// threads to train.num_threads (0: cores ÷ ranks on the node), measures sgemm FLOP/s, builds or
 /// loads the model (options; checkpoints hold full HF-named tensors whatever the layout), trains
 /// steps start+1 … total_steps. World rank 0 writes metrics and checkpoints. Throws Error for bad
-/// data, configs, layouts or checkpoints (naming them).
+/// data, configs, layouts or checkpoints (naming them). Before any allocation the memory plan
+/// (memory_plan.h) is made and a run that cannot fit is refused with it (Error); with
+/// options.dry_run only the plan is made (summary.plan_text, printed by rank 0).
 TrainSummary run_training(const TrainConfig& config, const TrainOptions& options, comm::CommPtr world);
 
 /// Finds tokenizer.model for a data folder: in it, or in its parent (prepare writes
