@@ -298,16 +298,19 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   const double save = c.train.checkpoint_dir.empty() ? 0 : 3 * full_bytes + 2 * local_bytes;
   p.transient = {{"start-up: full-model draw", full_bytes, "model.*"},
                  {"start-up: sgemm timing", sgemm, ""}};
+  const double resume = in.resume ? 2 * full_bytes + 2 * local_bytes : 0;
+  if (resume > 0)
+    p.transient.push_back({"start-up: checkpoint load (full m and v)", resume, "model.*"});
   if (save > 0)
     p.transient.push_back({"checkpoint save: full parameters, m, v", save, "model.* (or train.checkpoint_dir = \"\")"});
 
   double step_sum = 0;
   for (const auto& i : p.step) step_sum += i.bytes;
   const double base = in.runtime_bytes + datasets + 2 * local_bytes;
-  const double phases[3] = {full_bytes, adam + sgemm, adam + step_sum + save};
-  const char* names[3] = {"start-up (full-model draw)", "start-up (sgemm timing)",
-                          save > 0 ? "checkpoint save" : "training step"};
-  const int worst = static_cast<int>(std::max_element(phases, phases + 3) - phases);
+  const double phases[4] = {full_bytes, adam + sgemm, adam + resume, adam + step_sum + save};
+  const char* names[4] = {"start-up (full-model draw)", "start-up (sgemm timing)",
+                          "start-up (checkpoint load)", save > 0 ? "checkpoint save" : "training step"};
+  const int worst = static_cast<int>(std::max_element(phases, phases + 4) - phases);
   p.peak_bytes = base + phases[worst];
   p.peak_phase = names[worst];
   return p;

@@ -15,10 +15,12 @@
 //                reduce buffers (Megatron sequence parallel, ISP weight gathers and Ulysses
 //                all-to-all, 2D), and the micro-batches;
 //   transients:  the full-model draw at start-up (every rank draws the full model, then keeps its
-//                slice), the sgemm timing at start-up, and the checkpoint save (every rank
+//                slice), the sgemm timing at start-up, loading a checkpoint (--resume: the full
+//                AdamW moments, then this rank's), and the checkpoint save (every rank
 //                assembles the full parameters and both AdamW moments).
 // The peak is runtime + datasets + params + grads + the largest of (full draw, AdamW + sgemm,
-// AdamW + step + save). docs/memory.md compares it with the measured peak resident size.
+// AdamW + resume load, AdamW + step + save). docs/memory.md compares it with the measured peak
+// resident size.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -59,6 +61,7 @@ struct MemoryPlanInputs {
   int ranks_on_node = 1;  ///< ranks sharing this machine's memory
   double runtime_bytes = 0;  ///< resident size of the process now (resident_bytes())
   int64_t sgemm_size = 2048; ///< n of the start-up sgemm timing (TrainOptions::sgemm_size)
+  bool resume = false;       ///< --resume: the checkpoint's full tensors are loaded at start-up
 };
 
 /// Plans `config` on `inputs.world_size` ranks. Throws Error (naming the parallel.* key) when the

@@ -350,6 +350,7 @@ TrainSummary dry_run(const TrainConfig& config, const TrainOptions& options, con
   in.ranks_on_node = world->size() > 1 ? comm::ranks_on_node() : ranks;
   in.runtime_bytes = resident_bytes();
   in.sgemm_size = options.sgemm_size;
+  in.resume = !options.resume.empty();
   const MemoryPlan plan = plan_memory(config, in);
   TrainSummary summary;
   summary.planned_peak_bytes = plan.peak_bytes;
@@ -375,6 +376,7 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
   plan_in.ranks_on_node = comm::ranks_on_node();
   plan_in.runtime_bytes = resident_bytes();
   plan_in.sgemm_size = options.sgemm_size;
+  plan_in.resume = !options.resume.empty();
   const MemoryPlan plan = plan_memory(config, plan_in);
   check_memory(plan, options.memory_available >= 0 ? options.memory_available
                                                    : available_memory_bytes(plan_in.ranks_on_node));
