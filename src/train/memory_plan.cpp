@@ -113,6 +113,27 @@ struct StepShape {
   double layout_scratch = 0; // the mode's gather / reduce / all-to-all buffers
 };
 
+/// Elements one layer's 2D linears keep between calls (parallel/tp2d_linear.cpp): for a linear
+/// gathering its input over a group of `ag` and reduce-scattering its output over `rs`, the
+/// gathered input N × in (kept for backward; shared by w1/w3), the partial input gradient N × in
+/// (shared by w1/w3), the reduce-scattered input gradient N/ag × in, and the partial output and
+/// gathered output gradient N × out each.
+double linear_2d_elements(const model::ParamLayout& local, const model::BlockParamIds& b, double N,
+                          double x, double y) {
+  struct Use { int view; double ag, rs; int role; };  // role: 0 alone, 1 first, 2 second of a pair
+  const Use uses[] = {{b.wqkv, x, y, 0}, {b.wo, y, x, 0}, {b.w1, x, y, 1}, {b.w3, x, y, 2},
+                      {b.w2, y, x, 0}};
+  double total = 0;
+  for (const Use& u : uses) {
+    const double out = static_cast<double>(local.view(u.view).shape[0]);
+    const double in = static_cast<double>(local.view(u.view).shape[1]);
+    if (u.role != 2) total += N * in * (u.ag > 1 ? 2 : 1);
+    if (u.ag > 1 && u.role != 1) total += N / u.ag * in;
+    if (u.rs > 1) total += 2 * N * out;
+  }
+  return total;
+}
+
 StepShape step_shape(const TrainConfig& c, const comm::ProcessGrid& grid,
                      const model::ParamLayout& full, const model::ParamLayout& local,
                      const std::string& mode) {
@@ -190,7 +211,9 @@ StepShape step_shape(const TrainConfig& c, const comm::ProcessGrid& grid,
       s.attn_hkv = h.kv;
     }
     s.head_vocab = std::ceil(V / T);
-    s.layout_scratch = 8 * P * Hid / y;
+    // Every Linear2D of every layer keeps its own buffers (parallel/tp2d_linear.cpp); the
+    // embedding and the head hold full-row copies (N × H each: 2 and 3).
+    s.layout_scratch = w.L * linear_2d_elements(local, b, P, x, y) + 5 * P * Hid;
   }
   return s;
 }
@@ -206,8 +229,11 @@ double attention_workspace_elements(const StepShape& s, double head_dim, double 
 
 /// The chunked head's logits and their gradient (model/layers.cpp, parallel/head_loss.cpp):
 /// about 4M logits per chunk.
+double head_chunk_rows(const StepShape& s) {
+  return std::min(std::max(64.0, std::floor(4194304.0 / s.head_vocab)), s.head_rows);
+}
 double head_elements(const StepShape& s) {
-  const double chunk = std::min(std::max(64.0, std::floor(4194304.0 / s.head_vocab)), s.head_rows);
+  const double chunk = head_chunk_rows(s);
   return 2 * chunk * s.head_vocab + chunk;
 }
 
@@ -313,6 +339,42 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   const int worst = static_cast<int>(std::max_element(phases, phases + 4) - phases);
   p.peak_bytes = base + phases[worst];
   p.peak_phase = names[worst];
+  return p;
+}
+
+MemoryPlan plan_forward_memory(const model::ModelConfig& model, int64_t seq_len, int64_t micro_bsz,
+                               const std::string& dataset, double runtime_bytes,
+                               const std::string& key) {
+  TrainConfig c;
+  c.model = model;
+  c.data.seq_len = seq_len;
+  c.data.micro_bsz = micro_bsz;
+  const comm::ProcessGrid grid = shape_grid(comm::Layout{}, 1);
+  const model::ParamLayout full(model);
+  StepShape s = step_shape(c, grid, full, full, "dense");
+  s.ws.per_layer = false;  // forward only: one shared set of block state
+  const double P = static_cast<double>(seq_len) * static_cast<double>(micro_bsz);
+  const double d = static_cast<double>(model.head_dim());
+  const double blocks = std::ceil(P / 64) + static_cast<double>(micro_bsz);
+  MemoryPlan p;
+  p.layout = "one process, forward only";
+  p.params_full = p.params_local = full.numel();
+  p.tokens_per_step = seq_len * micro_bsz;
+  p.flops_matmul = model::model_flops(model, p.tokens_per_step, 0) / 3;
+  p.flops_attention_max = model::model_flops(model, 0, P * P) / 3;
+  p.runtime_bytes = runtime_bytes;
+  p.reclaimable_bytes = files_bytes(dataset);
+  p.resident = {{"runtime (binary, libraries, the loaded model)", runtime_bytes, ""},
+                {"dataset (memory-mapped, page cache)", p.reclaimable_bytes, ""}};
+  const double head_chunk = head_chunk_rows(s) * (s.head_vocab + 1);  // logits and lse, no gradient
+  p.step = {{"activations (one block, forward only)", model::workspace_elements(s.ws) * kFloat, key},
+            {"attention workspace (packed keys)", blocks * s.attn_hkv * d * 64 * kFloat, key},
+            {"head logits (chunked)", head_chunk * kFloat, ""},
+            {"micro-batch and token losses", P * (3 * 4 + 8), key}};
+  p.peak_bytes = 0;
+  for (const auto* items : {&p.resident, &p.step})
+    for (const auto& i : *items) p.peak_bytes += i.bytes;
+  p.peak_phase = "forward";
   return p;
 }
 

@@ -68,6 +68,15 @@ struct MemoryPlanInputs {
 /// layout does not fit the world or the model, as the engine would.
 MemoryPlan plan_memory(const TrainConfig& config, const MemoryPlanInputs& inputs);
 
+/// The plan of a forward-only pass over rows of `packed_length` tokens in one process (`longtron
+/// eval`): the model is already loaded (its parameters are in `runtime_bytes`); the activations
+/// are one block's (nothing is saved for backward), the attention's forward tiles, the head's
+/// logits chunk and the micro-batch; `dataset` names the file or folder read (memory-mapped).
+/// `key` names what to change in a refusal (e.g. "--seq-len, --micro-bsz").
+MemoryPlan plan_forward_memory(const model::ModelConfig& model, int64_t seq_len, int64_t micro_bsz,
+                               const std::string& dataset, double runtime_bytes,
+                               const std::string& key);
+
 /// The plan as text: layout, FLOPs per step, and memory per rank broken down (one item a line).
 std::string format_plan(const MemoryPlan& plan);
 

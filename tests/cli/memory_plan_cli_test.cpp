@@ -75,7 +75,8 @@ TEST(MemoryPlanCli, DryRunPrintsThePlanWithoutTraining) {
 }
 
 // A run whose memory is mostly activations (a long packed row, no recomputation): the peak
-// resident size of the process is within 25% of the plan.
+// resident size of the process is within 25% of the plan. `eval` of its checkpoint with a
+// billion-token row is refused by the forward plan.
 TEST(MemoryPlanCli, PeakIsWithinAQuarterOfThePlan) {
   TempDir dir;
   std::mt19937 gen(5);
@@ -84,12 +85,19 @@ TEST(MemoryPlanCli, PeakIsWithinAQuarterOfThePlan) {
   prepare_corpus(dir, jsonl_of(docs), "0.1");
   write_file(dir / "c.toml",
              tiny_model_toml(32) + "[data]\ntrain_folder = \"" + (dir / "data" / "train").string() +
-                 "\"\nseq_len = 8192\nmicro_bsz = 2\n[train]\ntotal_steps = 1\nnum_threads = 1\n");
+                 "\"\nseq_len = 8192\nmicro_bsz = 2\n[train]\ntotal_steps = 1\nnum_threads = 1\n"
+                 "checkpoint_dir = \"" + (dir / "ckpt").string() + "\"\n");
   const auto r = run_longtron("train --config " + (dir / "c.toml").string() + " --set model.hidden_size=64");
   ASSERT_EQ(r.status, 0) << r.output;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(planned [0-9.]+ \w+, ([-+][0-9]+)%\))"))) << r.output;
   EXPECT_LE(std::abs(std::stoi(m[1].str())), 25) << r.output;
+
+  const auto e = run_longtron("eval --checkpoint " + (dir / "ckpt").string() + " --data " +
+                              (dir / "data" / "valid").string() + " --seq-len 1000000000");
+  EXPECT_EQ(e.status, 1) << e.output;
+  EXPECT_TRUE(contains(e.output, "memory plan: this run needs about")) << e.output;
+  EXPECT_TRUE(contains(e.output, "change --seq-len, --micro-bsz")) << e.output;
 }
 
 }  // namespace
