@@ -339,8 +339,8 @@ int fewest_ranks(const comm::Layout& l) {
   return std::lcm(tp, l.weight_size);
 }
 
-}  // namespace
-
+/// --dry-run: the plan of the layout on the ranks it runs on, or (as one process) on
+/// options.dry_run_ranks or the fewest the layout needs; nothing is allocated or written.
 TrainSummary dry_run(const TrainConfig& config, const TrainOptions& options, const comm::CommPtr& world) {
   const comm::Layout layout = layout_of(config.parallel);
   int ranks = options.dry_run_ranks > 0 ? options.dry_run_ranks : world->size();
@@ -363,6 +363,8 @@ TrainSummary dry_run(const TrainConfig& config, const TrainOptions& options, con
                                      in.ranks_on_node == 1 ? "" : "s");
   return summary;
 }
+
+}  // namespace
 
 TrainSummary run_training(const TrainConfig& config, const TrainOptions& options,
                           comm::CommPtr world) {
