@@ -100,17 +100,15 @@ double files_bytes(const std::string& path) {
 struct Heads {
   double q, kv;
 };
-Heads ulysses(double hq, double hkv, double T) {
-  return {hq / T, hkv >= T ? hkv / T : 1.0};
-}
+Heads ulysses(double hq, double hkv, double T) { return {hq / T, hkv >= T ? hkv / T : 1.0}; }
 
 /// What the layout's step holds beyond the parameters: activations and workspaces (elements).
 struct StepShape {
-  model::WorkspaceShape ws;  // the model's arena
+  model::WorkspaceShape ws;                           // the model's arena
   double attn_tokens = 0, attn_hq = 0, attn_hkv = 0;  // what the attention kernel sees
-  double head_vocab = 0;     // vocabulary columns of one head chunk
-  double head_rows = 0;      // rows the head sees
-  double layout_scratch = 0; // the mode's gather / reduce / all-to-all buffers
+  double head_vocab = 0;                              // vocabulary columns of one head chunk
+  double head_rows = 0;                               // rows the head sees
+  double layout_scratch = 0;  // the mode's gather / reduce / all-to-all buffers
 };
 
 /// Elements one layer's 2D linears keep between calls (parallel/tp2d_linear.cpp): for a linear
@@ -120,9 +118,13 @@ struct StepShape {
 /// gathered output gradient N × out each.
 double linear_2d_elements(const model::ParamLayout& local, const model::BlockParamIds& b, double N,
                           double x, double y) {
-  struct Use { int view; double ag, rs; int role; };  // role: 0 alone, 1 first, 2 second of a pair
-  const Use uses[] = {{b.wqkv, x, y, 0}, {b.wo, y, x, 0}, {b.w1, x, y, 1}, {b.w3, x, y, 2},
-                      {b.w2, y, x, 0}};
+  struct Use {
+    int view;
+    double ag, rs;
+    int role;
+  };  // role: 0 alone, 1 first, 2 second of a pair
+  const Use uses[] = {
+      {b.wqkv, x, y, 0}, {b.wo, y, x, 0}, {b.w1, x, y, 1}, {b.w3, x, y, 2}, {b.w2, y, x, 0}};
   double total = 0;
   for (const Use& u : uses) {
     const double out = static_cast<double>(local.view(u.view).shape[0]);
@@ -139,9 +141,10 @@ StepShape step_shape(const TrainConfig& c, const comm::ProcessGrid& grid,
                      const std::string& mode) {
   const model::ModelConfig& m = c.model;
   const double P = static_cast<double>(c.data.micro_bsz) * static_cast<double>(c.data.seq_len);
-  const double d = static_cast<double>(m.head_dim()), Hq = static_cast<double>(m.num_attention_heads),
-               Hkv = static_cast<double>(m.num_kv_attention_heads), Hid = static_cast<double>(m.hidden_size),
-               V = static_cast<double>(m.vocab_size);
+  const double d = static_cast<double>(m.head_dim()),
+               Hq = static_cast<double>(m.num_attention_heads),
+               Hkv = static_cast<double>(m.num_kv_attention_heads),
+               Hid = static_cast<double>(m.hidden_size), V = static_cast<double>(m.vocab_size);
   const model::BlockParamIds& b = local.layers.front();
   const auto& wqkv = local.view(b.wqkv).shape;
   const auto& w1 = local.view(b.w1).shape;
@@ -238,15 +241,19 @@ double head_elements(const StepShape& s) {
 }
 
 std::string tensor_key(const std::string& mode) {
-  return mode == "dense" ? "parallel.tensor" : mode == "2d" ? "parallel.tensor_2d" : "parallel.tensor.size";
+  return mode == "dense" ? "parallel.tensor"
+         : mode == "2d"  ? "parallel.tensor_2d"
+                         : "parallel.tensor.size";
 }
 
 std::string layout_text(const comm::ProcessGrid& g, const std::string& mode) {
   const comm::Layout& l = g.layout;
-  std::string s = fmt::format("{}: {} rank{}, data {}", mode, g.world_size, g.world_size == 1 ? "" : "s",
-                              g.dp);
-  if (mode == "2d") s += fmt::format(", tensor_2d {}x{}", l.tensor_2d_x, l.tensor_2d_y);
-  else if (mode != "dense") s += fmt::format(", tensor {}", l.tensor_size);
+  std::string s =
+      fmt::format("{}: {} rank{}, data {}", mode, g.world_size, g.world_size == 1 ? "" : "s", g.dp);
+  if (mode == "2d")
+    s += fmt::format(", tensor_2d {}x{}", l.tensor_2d_x, l.tensor_2d_y);
+  else if (mode != "dense")
+    s += fmt::format(", tensor {}", l.tensor_size);
   if (mode == "isp") s += fmt::format(", weight {}", l.weight_size);
   s += fmt::format(", zero1 {}", g.zero1->size());
   return s;
@@ -276,8 +283,8 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   p.params_full = full.numel();
   p.params_local = local.numel();
   const double P = static_cast<double>(c.data.micro_bsz) * static_cast<double>(c.data.seq_len);
-  p.tokens_per_step = c.data.micro_num * c.data.micro_bsz * c.data.seq_len *
-                      static_cast<int64_t>(grid.dp);
+  p.tokens_per_step =
+      c.data.micro_num * c.data.micro_bsz * c.data.seq_len * static_cast<int64_t>(grid.dp);
   p.flops_matmul = model::model_flops(c.model, p.tokens_per_step, 0);
   p.flops_attention_max = model::model_flops(c.model, 0, P * P * c.data.micro_num * grid.dp);
 
@@ -292,14 +299,16 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
       {"datasets (memory-mapped, page cache)", datasets, "data.train_folder, data.valid_folder"},
       {"parameters", local_bytes, "model.*"},
       {"gradients", local_bytes, "model.*"},
-      {z > 1 ? fmt::format("AdamW m and v (ZeRO-1 shard of {})", grid.zero1->size()) : "AdamW m and v",
+      {z > 1 ? fmt::format("AdamW m and v (ZeRO-1 shard of {})", grid.zero1->size())
+             : "AdamW m and v",
        adam, "model.*, parallel.zero1"},
   };
 
   const StepShape s = step_shape(c, grid, full, local, mode);
   const double acts = model::workspace_elements(s.ws) * kFloat;
   const double segments = static_cast<double>(c.data.micro_bsz);
-  const double attn = attention_workspace_elements(s, static_cast<double>(c.model.head_dim()), segments) * kFloat;
+  const double attn =
+      attention_workspace_elements(s, static_cast<double>(c.model.head_dim()), segments) * kFloat;
   const double head = head_elements(s) * kFloat;
   // Per micro-batch: input_ids, labels, indexes (int32) of the row, as read and as fed.
   const double batches = static_cast<double>(c.data.micro_num) * P * 3 * 4 * 2;
@@ -315,12 +324,14 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
       {"micro-batches", batches, "data.micro_num, data.seq_len, data.micro_bsz"},
   };
   if (s.layout_scratch > 0)
-    p.step.push_back({"layout buffers (gathers, all-to-all)", s.layout_scratch * kFloat, "data.seq_len, " + tensor_key(mode)});
+    p.step.push_back({"layout buffers (gathers, all-to-all)", s.layout_scratch * kFloat,
+                      "data.seq_len, " + tensor_key(mode)});
   if (grid.dp > 1 || (mode == "isp" && grid.weight_data->size() > 1))
     p.step.push_back({"data-parallel all-reduce buffer", local_bytes, ""});
 
   const double full_bytes = static_cast<double>(p.params_full) * kFloat;
-  const double sgemm = 3.0 * static_cast<double>(in.sgemm_size) * static_cast<double>(in.sgemm_size) * kFloat;
+  const double sgemm =
+      3.0 * static_cast<double>(in.sgemm_size) * static_cast<double>(in.sgemm_size) * kFloat;
   const double save = c.train.checkpoint_dir.empty() ? 0 : 3 * full_bytes + 2 * local_bytes;
   p.transient = {{"start-up: full-model draw", full_bytes, "model.*"},
                  {"start-up: sgemm timing", sgemm, ""}};
@@ -328,14 +339,16 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   if (resume > 0)
     p.transient.push_back({"start-up: checkpoint load (full m and v)", resume, "model.*"});
   if (save > 0)
-    p.transient.push_back({"checkpoint save: full parameters, m, v", save, "model.* (or train.checkpoint_dir = \"\")"});
+    p.transient.push_back({"checkpoint save: full parameters, m, v", save,
+                           "model.* (or train.checkpoint_dir = \"\")"});
 
   double step_sum = 0;
   for (const auto& i : p.step) step_sum += i.bytes;
   const double base = in.runtime_bytes + datasets + 2 * local_bytes;
   const double phases[4] = {full_bytes, adam + sgemm, adam + resume, adam + step_sum + save};
   const char* names[4] = {"start-up (full-model draw)", "start-up (sgemm timing)",
-                          "start-up (checkpoint load)", save > 0 ? "checkpoint save" : "training step"};
+                          "start-up (checkpoint load)",
+                          save > 0 ? "checkpoint save" : "training step"};
   const int worst = static_cast<int>(std::max_element(phases, phases + 4) - phases);
   p.peak_bytes = base + phases[worst];
   p.peak_phase = names[worst];
@@ -367,10 +380,11 @@ MemoryPlan plan_forward_memory(const model::ModelConfig& model, int64_t seq_len,
   p.resident = {{"runtime (binary, libraries, the loaded model)", runtime_bytes, ""},
                 {"dataset (memory-mapped, page cache)", p.reclaimable_bytes, ""}};
   const double head_chunk = head_chunk_rows(s) * (s.head_vocab + 1);  // logits and lse, no gradient
-  p.step = {{"activations (one block, forward only)", model::workspace_elements(s.ws) * kFloat, key},
-            {"attention workspace (packed keys)", blocks * s.attn_hkv * d * 64 * kFloat, key},
-            {"head logits (chunked)", head_chunk * kFloat, ""},
-            {"micro-batch and token losses", P * (3 * 4 + 8), key}};
+  p.step = {
+      {"activations (one block, forward only)", model::workspace_elements(s.ws) * kFloat, key},
+      {"attention workspace (packed keys)", blocks * s.attn_hkv * d * 64 * kFloat, key},
+      {"head logits (chunked)", head_chunk * kFloat, ""},
+      {"micro-batch and token losses", P * (3 * 4 + 8), key}};
   p.peak_bytes = 0;
   for (const auto* items : {&p.resident, &p.step})
     for (const auto& i : *items) p.peak_bytes += i.bytes;
@@ -389,8 +403,9 @@ std::string format_plan(const MemoryPlan& p) {
   std::string s = fmt::format("layout: {}\n", p.layout);
   s += fmt::format("parameters: {} ({} on this rank)\n", p.params_full, p.params_local);
   s += fmt::format("tokens per step: {}\n", p.tokens_per_step);
-  s += fmt::format("FLOPs per step: {:.3e} (matmuls) + attention up to {:.3e} (if each row were one document)\n",
-                   p.flops_matmul, p.flops_attention_max);
+  s += fmt::format(
+      "FLOPs per step: {:.3e} (matmuls) + attention up to {:.3e} (if each row were one document)\n",
+      p.flops_matmul, p.flops_attention_max);
   s += "memory per rank:\n";
   const auto lines = [&](const char* title, const std::vector<MemoryItem>& items) {
     s += fmt::format("  {}\n", title);
@@ -401,7 +416,8 @@ std::string format_plan(const MemoryPlan& p) {
   lines("held through the run:", p.resident);
   lines("per step:", p.step);
   lines("transient (one at a time):", p.transient);
-  s += fmt::format("  estimated peak: {} per rank (at {})\n", format_bytes(p.peak_bytes), p.peak_phase);
+  s += fmt::format("  estimated peak: {} per rank (at {})\n", format_bytes(p.peak_bytes),
+                   p.peak_phase);
   return s;
 }
 
@@ -467,12 +483,13 @@ void check_memory(const MemoryPlan& p, double available) {
   for (const auto* items : {&p.resident, &p.step, &p.transient})
     for (const auto& i : *items)
       if (!i.key.empty() && (largest == nullptr || i.bytes > largest->bytes)) largest = &i;
-  fail("memory plan: this run needs about {} more per rank but {} is available per rank "
-       "(MemAvailable or the cgroup limit, shared by {} rank{} on this machine); the largest part "
-       "is {} ({}): change {}\n{}",
-       format_bytes(need), format_bytes(available), p.ranks_on_node, p.ranks_on_node == 1 ? "" : "s",
-       largest ? largest->name : "?", largest ? format_bytes(largest->bytes) : "?",
-       largest ? largest->key : "?", format_plan(p));
+  fail(
+      "memory plan: this run needs about {} more per rank but {} is available per rank "
+      "(MemAvailable or the cgroup limit, shared by {} rank{} on this machine); the largest part "
+      "is {} ({}): change {}\n{}",
+      format_bytes(need), format_bytes(available), p.ranks_on_node, p.ranks_on_node == 1 ? "" : "s",
+      largest ? largest->name : "?", largest ? format_bytes(largest->bytes) : "?",
+      largest ? largest->key : "?", format_plan(p));
 }
 
 }  // namespace longtron::train

@@ -40,28 +40,28 @@ struct MemoryItem {
 /// The plan of one rank (rank 0 of the layout; ranks of a layout hold the same sizes up to
 /// uneven shard remainders).
 struct MemoryPlan {
-  std::string layout;  ///< e.g. "isp: tensor 4, weight 4, data 1, zero1 1"
+  std::string layout;  ///< e.g. "isp: 4 ranks, data 1, tensor 4, weight 4, zero1 1"
   int world_size = 1;
   int ranks_on_node = 1;
-  int64_t params_full = 0;   ///< elements of the whole model
-  int64_t params_local = 0;  ///< elements this rank holds
-  int64_t tokens_per_step = 0;  ///< micro_num × packed row × data-parallel size
-  double flops_matmul = 0;      ///< model FLOPs of a step without the attention term
+  int64_t params_full = 0;         ///< elements of the whole model
+  int64_t params_local = 0;        ///< elements this rank holds
+  int64_t tokens_per_step = 0;     ///< micro_num × packed row × data-parallel size
+  double flops_matmul = 0;         ///< model FLOPs of a step without the attention term
   double flops_attention_max = 0;  ///< attention term if every packed row were one document
   std::vector<MemoryItem> resident, step, transient;
-  double peak_bytes = 0;        ///< estimated peak resident size of one rank
-  double reclaimable_bytes = 0; ///< of which page cache (the memory-mapped datasets)
-  double runtime_bytes = 0;     ///< of which already resident when the plan was made
-  std::string peak_phase;       ///< "start-up", "training step" or "checkpoint save"
+  double peak_bytes = 0;         ///< estimated peak resident size of one rank
+  double reclaimable_bytes = 0;  ///< of which page cache (the memory-mapped datasets)
+  double runtime_bytes = 0;      ///< of which already resident when the plan was made
+  std::string peak_phase;        ///< "start-up (…)", "training step" or "checkpoint save"
 };
 
 /// What the plan needs beyond the config.
 struct MemoryPlanInputs {
-  int world_size = 1;     ///< ranks of the job
-  int ranks_on_node = 1;  ///< ranks sharing this machine's memory
-  double runtime_bytes = 0;  ///< resident size of the process now (resident_bytes())
-  int64_t sgemm_size = 2048; ///< n of the start-up sgemm timing (TrainOptions::sgemm_size)
-  bool resume = false;       ///< --resume: the checkpoint's full tensors are loaded at start-up
+  int world_size = 1;         ///< ranks of the job
+  int ranks_on_node = 1;      ///< ranks sharing this machine's memory
+  double runtime_bytes = 0;   ///< resident size of the process now (resident_bytes())
+  int64_t sgemm_size = 2048;  ///< n of the start-up sgemm timing (TrainOptions::sgemm_size)
+  bool resume = false;        ///< --resume: the checkpoint's full tensors are loaded at start-up
 };
 
 /// Plans `config` on `inputs.world_size` ranks. Throws Error (naming the parallel.* key) when the

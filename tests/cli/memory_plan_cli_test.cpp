@@ -27,8 +27,8 @@ bool contains(const std::string& text, const std::string& part) {
 std::string toml(const fs::path& dir, const std::string& data_folder) {
   return tiny_model_toml(32) + "[data]\ntrain_folder = \"" + data_folder +
          "\"\nseq_len = 64\nmicro_bsz = 2\n[train]\ntotal_steps = 2\nnum_threads = 1\n"
-         "checkpoint_dir = \"" + (dir / "ckpt").string() + "\"\nmetrics_file = \"" +
-         (dir / "m.jsonl").string() + "\"\n";
+         "checkpoint_dir = \"" +
+         (dir / "ckpt").string() + "\"\nmetrics_file = \"" + (dir / "m.jsonl").string() + "\"\n";
 }
 
 TEST(MemoryPlanCli, BillionTokenRowIsRefusedAtOnce) {
@@ -37,7 +37,8 @@ TEST(MemoryPlanCli, BillionTokenRowIsRefusedAtOnce) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto r = run_longtron("train --config " + (dir / "c.toml").string() +
                               " --set data.seq_len=1000000000");
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_LT(seconds, 2.0) << r.output;
   EXPECT_TRUE(contains(r.output, "memory plan: this run needs about")) << r.output;
@@ -54,16 +55,17 @@ TEST(MemoryPlanCli, DryRunPrintsThePlanWithoutTraining) {
   const std::string config = " --config " + (dir / "c.toml").string();
   auto r = run_longtron("train --dry-run" + config);
   ASSERT_EQ(r.status, 0) << r.output;
-  for (const char* part : {"layout: dense: 1 rank, data 1, zero1 1", "FLOPs per step:",
-                           "memory per rank:", "parameters", "gradients", "AdamW m and v",
-                           "activations saved for backward", "attention workspace",
+  for (const char* part : {"layout: dense: 1 rank, data 1, zero1 1",
+                           "FLOPs per step:", "memory per rank:", "parameters", "gradients",
+                           "AdamW m and v", "activations saved for backward", "attention workspace",
                            "checkpoint save", "estimated peak:", "available:"})
     EXPECT_TRUE(contains(r.output, part)) << part << "\n" << r.output;
   EXPECT_FALSE(fs::exists(dir / "m.jsonl"));
   EXPECT_FALSE(fs::exists(dir / "ckpt"));
   // A layout of more ranks is planned as one process: the fewest ranks it needs, or --ranks.
-  r = run_longtron("train --dry-run" + config +
-                   " --set 'parallel.tensor={size = 2, mode = \"isp\"}' --set parallel.weight.size=2");
+  r = run_longtron(
+      "train --dry-run" + config +
+      " --set 'parallel.tensor={size = 2, mode = \"isp\"}' --set parallel.weight.size=2");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "layout: isp: 2 ranks, data 1, tensor 2, weight 2")) << r.output;
   r = run_longtron("train --dry-run --ranks 4" + config + " --set parallel.tensor=2");
@@ -86,11 +88,14 @@ TEST(MemoryPlanCli, PeakIsWithinAQuarterOfThePlan) {
   write_file(dir / "c.toml",
              tiny_model_toml(32) + "[data]\ntrain_folder = \"" + (dir / "data" / "train").string() +
                  "\"\nseq_len = 8192\nmicro_bsz = 2\n[train]\ntotal_steps = 1\nnum_threads = 1\n"
-                 "checkpoint_dir = \"" + (dir / "ckpt").string() + "\"\n");
-  const auto r = run_longtron("train --config " + (dir / "c.toml").string() + " --set model.hidden_size=64");
+                 "checkpoint_dir = \"" +
+                 (dir / "ckpt").string() + "\"\n");
+  const auto r =
+      run_longtron("train --config " + (dir / "c.toml").string() + " --set model.hidden_size=64");
   ASSERT_EQ(r.status, 0) << r.output;
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(planned [0-9.]+ \w+, ([-+][0-9]+)%\))"))) << r.output;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(planned [0-9.]+ \w+, ([-+][0-9]+)%\))")))
+      << r.output;
   EXPECT_LE(std::abs(std::stoi(m[1].str())), 25) << r.output;
 
   const auto e = run_longtron("eval --checkpoint " + (dir / "ckpt").string() + " --data " +

@@ -1,6 +1,8 @@
 // The memory plan: its activation count is the model's own workspace, ZeRO-1 and the layouts
 // shard what they should, a run that cannot fit is refused naming the key, and a failed
 // allocation names its phase.
+#include "train/memory_plan.h"
+
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -10,7 +12,6 @@
 #include "model/internlm2.h"
 #include "model/params.h"
 #include "train/config.h"
-#include "train/memory_plan.h"
 
 using namespace longtron;
 
@@ -36,7 +37,8 @@ double item(const std::vector<train::MemoryItem>& items, const std::string& pref
 // micro_bsz × seq_len tokens, with and without recomputation.
 TEST(MemoryPlan, ActivationsAreTheModelsWorkspace) {
   for (const bool recompute : {false, true}) {
-    const train::TrainConfig c = tiny({std::string("model.checkpoint=") + (recompute ? "true" : "false")});
+    const train::TrainConfig c =
+        tiny({std::string("model.checkpoint=") + (recompute ? "true" : "false")});
     const train::MemoryPlan plan = train::plan_memory(c, {});
     const model::ParamLayout layout(c.model);
     model::Params<float> params(layout), grads(layout);
@@ -133,7 +135,8 @@ TEST(MemoryPlan, OutOfMemoryNamesThePhase) {
     Phase outer("training step 3");
     {
       Phase inner("saving the checkpoint of step 3");
-      EXPECT_NE(out_of_memory_message().find("while saving the checkpoint of step 3"), std::string::npos);
+      EXPECT_NE(out_of_memory_message().find("while saving the checkpoint of step 3"),
+                std::string::npos);
     }
     EXPECT_NE(out_of_memory_message().find("while training step 3"), std::string::npos);
   }
