@@ -1,6 +1,7 @@
 // Phases for error messages (see phase.h).
 #include "core/phase.h"
 
+#include <exception>
 #include <utility>
 
 namespace longtron {
@@ -11,8 +12,14 @@ std::string& phase() {
 }
 }  // namespace
 
-Phase::Phase(std::string what) : outer_(std::exchange(phase(), std::move(what))) {}
-Phase::~Phase() { phase() = std::move(outer_); }
+Phase::Phase(std::string what)
+    : outer_(std::exchange(phase(), std::move(what))), uncaught_(std::uncaught_exceptions()) {}
+
+Phase::~Phase() {
+  // Unwinding: keep the innermost name for the top-level handler.
+  if (std::uncaught_exceptions() > uncaught_) return;
+  phase() = std::move(outer_);
+}
 
 const std::string& current_phase() { return phase(); }
 

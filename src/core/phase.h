@@ -1,6 +1,7 @@
 // What the process is doing, for the "out of memory while …" message: a std::bad_alloc carries no
 // context, so the code names its phases (RAII, nested phases restore the outer one) and the
-// top-level handlers report the innermost.
+// top-level handlers report the innermost. A phase left by an exception keeps its name, so the
+// handler that catches it still sees where it was thrown.
 #pragma once
 #include <string>
 
@@ -16,6 +17,7 @@ class Phase {
 
  private:
   std::string outer_;
+  int uncaught_;  // std::uncaught_exceptions() at construction
 };
 
 /// The innermost live phase ("" when none).

@@ -13,6 +13,7 @@ namespace fs = std::filesystem;
 using longtron::testing::english_document;
 using longtron::testing::jsonl_of;
 using longtron::testing::prepare_corpus;
+using longtron::testing::run_command;
 using longtron::testing::run_longtron;
 using longtron::testing::TempDir;
 using longtron::testing::tiny_model_toml;
@@ -103,6 +104,16 @@ TEST(MemoryPlanCli, PeakIsWithinAQuarterOfThePlan) {
   EXPECT_EQ(e.status, 1) << e.output;
   EXPECT_TRUE(contains(e.output, "memory plan: this run needs about")) << e.output;
   EXPECT_TRUE(contains(e.output, "change --seq-len, --micro-bsz")) << e.output;
+
+  // An allocation that fails anyway (here: a 1.2 GB address-space limit the plan cannot see)
+  // is reported as out of memory with its phase, not as an internal error.
+  const auto o = run_command("ulimit -v 1200000; " LONGTRON_BINARY " train --config " +
+                             (dir / "c.toml").string() +
+                             " --set model.hidden_size=64 --set data.seq_len=150000"
+                             " --set data.micro_bsz=1 --set train.checkpoint_dir= 2>&1");
+  if (contains(o.output, "memory plan: this run needs")) GTEST_SKIP() << "less memory here: " << o.output;
+  EXPECT_EQ(o.status, 1) << o.output;
+  EXPECT_TRUE(contains(o.output, "error: out of memory while training step 1")) << o.output;
 }
 
 }  // namespace

@@ -141,6 +141,14 @@ TEST(MemoryPlan, OutOfMemoryNamesThePhase) {
     EXPECT_NE(out_of_memory_message().find("while training step 3"), std::string::npos);
   }
   EXPECT_EQ(current_phase(), "");
+  // Left by an exception, a phase keeps its name for the handler that catches it.
+  try {
+    Phase p("allocating the workspace");
+    throw std::bad_alloc();
+  } catch (const std::bad_alloc&) {
+    EXPECT_EQ(out_of_memory_message(),
+              "out of memory while allocating the workspace (a memory allocation failed)");
+  }
 }
 
 }  // namespace
