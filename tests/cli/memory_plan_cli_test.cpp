@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <iostream>
 #include <random>
 #include <regex>
 
@@ -98,6 +99,7 @@ TEST(MemoryPlanCli, PeakIsWithinAQuarterOfThePlan) {
   ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(planned [0-9.]+ \w+, ([-+][0-9]+)%\))")))
       << r.output;
   EXPECT_LE(std::abs(std::stoi(m[1].str())), 25) << r.output;
+  std::cout << "memory: " << m[0].str() << "\n";
 
   const auto e = run_longtron("eval --checkpoint " + (dir / "ckpt").string() + " --data " +
                               (dir / "data" / "valid").string() + " --seq-len 1000000000");
