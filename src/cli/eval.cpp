@@ -8,10 +8,12 @@
 
 #include "cli/registry.h"
 #include "core/error.h"
+#include "core/phase.h"
 #include "core/threads.h"
 #include "data/open.h"
 #include "data/validate.h"
 #include "train/evaluate.h"
+#include "train/memory_plan.h"
 #include "train/model_io.h"
 
 namespace longtron::cli {
@@ -45,6 +47,12 @@ int run_eval(const EvalOptions& o) {
     if (d.contains("pack_sample_into_one")) pack.pack_sample_into_one = d["pack_sample_into_one"].get<bool>();
     if (d.contains("split_documents")) pack.split_documents = d["split_documents"].get<bool>();
   }
+  // The memory plan of the forward pass, before the rows are packed or the workspace allocated.
+  const train::MemoryPlan plan =
+      train::plan_forward_memory(m.layout->config(), pack.seq_len, pack.micro_bsz, o.data,
+                                 train::resident_bytes(), "--seq-len, --micro-bsz");
+  train::check_memory(plan, train::available_memory_bytes(1));
+  Phase phase(fmt::format("evaluating {} (planned peak {})", o.data, train::format_bytes(plan.peak_bytes)));
   const data::Dataset dataset = data::open_dataset(o.data);
   // eval reads every token anyway: check ids first so the error names the file and document.
   data::validate_dataset(dataset, m.layout->config().vocab_size);

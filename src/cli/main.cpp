@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <new>
 
 #include "cli/registry.h"
 #include "core/error.h"
+#include "core/phase.h"
 #include "core/threads.h"
 
 namespace longtron::cli {
@@ -61,6 +63,9 @@ int main(int argc, char** argv) {
       if (sub->parsed()) return action();
   } catch (const longtron::Error& e) {
     fmt::print(stderr, "longtron: error: {}\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "longtron: error: {}\n", longtron::out_of_memory_message());
     return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "longtron: internal error: {}\n", e.what());

@@ -13,6 +13,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "train/config.h"
+#include "train/memory_plan.h"
 #include "train/trainer.h"
 
 namespace longtron::cli {
@@ -23,6 +24,8 @@ struct TrainCliOptions {
   std::vector<std::string> overrides;
   std::string resume, init_from, dump_grads;
   bool overwrite = false;
+  bool dry_run = false;
+  int ranks = 0;
 };
 
 /// The end-of-run lines (rank 0): this run's first and last train and valid losses, mean speed
@@ -86,6 +89,10 @@ int run_train(const TrainCliOptions& o) {
     options.init_from = o.init_from;
     options.dump_grads = o.dump_grads;
     options.overwrite = o.overwrite;
+    options.dry_run = o.dry_run;
+    options.dry_run_ranks = o.ranks;
+    check(o.ranks == 0 || o.dry_run, "--ranks {} is only for --dry-run (under mpirun the ranks are -np)", o.ranks);
+    check(o.ranks >= 0, "--ranks must be >= 1, got {}", o.ranks);
     train::ConfigNeeds needs;
     needs.model_shape = o.resume.empty() && o.init_from.empty();
     train::TrainConfig config = train::load_config(o.config, o.overrides, needs);
@@ -93,7 +100,16 @@ int run_train(const TrainCliOptions& o) {
     check_dataset_vocab(config.data.train_folder, "data.train_folder", config.model.vocab_size);
     check_dataset_vocab(config.data.valid_folder, "data.valid_folder", config.model.vocab_size);
     const train::TrainSummary s = train::run_training(config, options, world);
-    if (world->rank() == 0) print_summary(s, world->size());
+    if (o.dry_run) {
+      if (world->rank() == 0) fmt::print("{}", s.plan_text);
+      return 0;
+    }
+    if (world->rank() == 0) {
+      print_summary(s, world->size());
+      fmt::print("train: peak memory {} on rank 0 (planned {}, {:+.0f}%)\n",
+                 train::format_bytes(s.measured_peak_bytes), train::format_bytes(s.planned_peak_bytes),
+                 100.0 * (s.planned_peak_bytes / s.measured_peak_bytes - 1.0));
+    }
     return 0;
   });
   world.reset();
@@ -112,6 +128,11 @@ Subcommand train_command(30, [](CLI::App& app) {
   sub->add_flag("--overwrite", o->overwrite,
                 "Replace the checkpoints of an earlier run in train.checkpoint_dir (a fresh run "
                 "into a non-empty folder is refused otherwise)");
+  sub->add_flag("--dry-run", o->dry_run,
+               "Print the plan (layout, FLOPs per step, memory per rank broken down) and exit");
+  sub->add_option("--ranks", o->ranks,
+                  "With --dry-run: plan for this many ranks (default: the ranks it runs on, or the "
+                  "fewest the layout needs)");
   sub->add_option("--dump-grads", o->dump_grads,
                   "Write the first step's gradients (before clipping) as safetensors to DIR");
   return [o] { return run_train(*o); };

@@ -4,11 +4,13 @@
 
 #include <climits>
 #include <cstdio>
+#include <new>
 #include <cstdlib>
 #include <unistd.h>
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/phase.h"
 
 namespace longtron::comm {
 namespace {
@@ -215,6 +217,8 @@ int abort_on_error(const std::function<int()>& body, const std::string& label) {
     return body();
   } catch (const Error& e) {
     message = fmt::format("error: {}", e.what());
+  } catch (const std::bad_alloc&) {
+    message = "error: " + out_of_memory_message();
   } catch (const std::exception& e) {
     message = fmt::format("internal error: {}", e.what());
     status = 2;

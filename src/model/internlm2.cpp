@@ -2,6 +2,7 @@
 #include "model/internlm2.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "ops/ops.h"
@@ -74,13 +75,11 @@ void InternLM2<T>::reserve(int64_t N, bool want_all) {
   const int64_t sq = att.saved_qkv_size(N), sl = att.saved_lse_size(N);
   // R: rows of the residual stream (N, or this rank's share under sequence parallel).
   const int64_t R = (N + ops_.residual_split - 1) / ops_.residual_split;
-  const int64_t per_acts = sq + N * A_ + sl + R * H_ + 2 * R + 2 * N * F_;
   const int64_t nacts = want_all ? L : 1;
-  // Each buffer is padded to 16 elements (64-byte boundaries for float).
   const auto pad = [](int64_t n) { return (n + 15) / 16 * 16; };
-  const int64_t total = (L + 1) * pad(R * H_) + nacts * (per_acts + 8 * 16) +
-                        pad(R * H_) * 3 + pad(N * Q_) + pad(N * F_) + pad(R) * 2 +
-                        pad(R * H_) * 3 + pad(N * F_) * 3 + pad(N * A_) + pad(sq) + 16 * 16;
+  const auto total = static_cast<int64_t>(workspace_elements(
+      {double(L), double(N), double(R), double(H_), double(Q_), double(F_), double(A_), double(sq),
+       double(sl), want_all}));
   arena_.assign(0, T(0));
   arena_.shrink_to_fit();
   arena_.assign(static_cast<size_t>(total), T(0));
@@ -107,6 +106,16 @@ void InternLM2<T>::reserve(int64_t N, bool want_all) {
   check(p <= arena_.data() + arena_.size(), "internal: model workspace overflow");
   capacity_ = N;
   saved_all_ = want_all;
+}
+
+double workspace_elements(const WorkspaceShape& s) {
+  const double N = s.N, R = s.R, H = s.H, F = s.F, A = s.A, sq = s.saved_qkv;
+  const double per_acts = sq + N * A + s.saved_lse + R * H + 2 * R + 2 * N * F;
+  const double nacts = s.per_layer ? s.L : 1;
+  // Each buffer is padded to 16 elements (64-byte boundaries for float).
+  const auto pad = [](double n) { return std::ceil(n / 16) * 16; };
+  return (s.L + 1) * pad(R * H) + nacts * (per_acts + 8 * 16) + pad(R * H) * 3 + pad(N * s.Q) +
+         pad(N * F) + pad(R) * 2 + pad(R * H) * 3 + pad(N * F) * 3 + pad(N * A) + pad(sq) + 16 * 16;
 }
 
 template <typename T>

@@ -13,6 +13,21 @@
 
 namespace longtron::model {
 
+/// The local sizes that fix InternLM2's activation workspace (reserve): L blocks, N tokens per
+/// call, R residual-stream rows (N, or N / residual_split under Megatron sequence parallel), local
+/// hidden H, qkv features Q, FFN width F, attention output features A, and the attention op's
+/// saved qkv / lse elements for N tokens. `per_layer` = one set of saved block state per layer
+/// (training without recomputation), else one shared set.
+/// Counted in double so a plan of an absurd length cannot overflow.
+struct WorkspaceShape {
+  double L = 0, N = 0, R = 0, H = 0, Q = 0, F = 0, A = 0, saved_qkv = 0, saved_lse = 0;
+  bool per_layer = false;
+};
+
+/// Elements of the workspace arena InternLM2 allocates for `s` (the memory plan,
+/// train/memory_plan.h, uses the same count so it cannot drift from the model).
+double workspace_elements(const WorkspaceShape& s);
+
 /// One InternLM2 model over a parameter buffer it does not own (the optimizer updates it in
 /// place between calls). Activations live in workspace buffers allocated on the first call and
 /// grown only when a longer micro-batch arrives; per block they are O(N·(H + Q + F)) — nothing

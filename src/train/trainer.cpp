@@ -4,11 +4,13 @@
 
 #include <chrono>
 #include <cmath>
+#include <numeric>
 #include <optional>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/plural.h"
+#include "core/phase.h"
 #include "core/safetensors.h"
 #include "core/threads.h"
 #include "data/open.h"
@@ -19,6 +21,7 @@
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/flops.h"
+#include "train/memory_plan.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
@@ -372,19 +375,71 @@ void report_skip(const TrainRow& row, int64_t in_a_row, int64_t max_in_a_row, bo
 
 }  // namespace
 
+namespace {
+
+/// The fewest ranks `layout` runs on: the tensor group, and under ISP also the weight group.
+int fewest_ranks(const comm::Layout& l) {
+  const int tp = l.tp();
+  if (l.tensor_mode != comm::TensorMode::kIsp) return tp;
+  return std::lcm(tp, l.weight_size);
+}
+
+/// --dry-run: the plan of the layout on the ranks it runs on, or (as one process) on
+/// options.dry_run_ranks or the fewest the layout needs; nothing is allocated or written.
+TrainSummary dry_run(const TrainConfig& config, const TrainOptions& options, const comm::CommPtr& world) {
+  const comm::Layout layout = layout_of(config.parallel);
+  int ranks = options.dry_run_ranks > 0 ? options.dry_run_ranks : world->size();
+  if (options.dry_run_ranks <= 0 && ranks == 1) ranks = std::max(1, fewest_ranks(layout));
+  MemoryPlanInputs in;
+  in.world_size = ranks;
+  in.ranks_on_node = world->size() > 1 ? comm::ranks_on_node() : ranks;
+  in.runtime_bytes = resident_bytes();
+  in.sgemm_size = options.sgemm_size;
+  in.resume = !options.resume.empty();
+  const MemoryPlan plan = plan_memory(config, in);
+  TrainSummary summary;
+  summary.planned_peak_bytes = plan.peak_bytes;
+  summary.plan_text = format_plan(plan);
+  const double available = options.memory_available >= 0 ? options.memory_available
+                                                         : available_memory_bytes(in.ranks_on_node);
+  if (available > 0)
+    summary.plan_text += fmt::format("  available: {} per rank ({} rank{} on this machine)\n",
+                                     format_bytes(available), in.ranks_on_node,
+                                     in.ranks_on_node == 1 ? "" : "s");
+  return summary;
+}
+
+}  // namespace
+
 TrainSummary run_training(const TrainConfig& config, const TrainOptions& options,
                           comm::CommPtr world) {
+  if (options.dry_run) return dry_run(config, options, world);
   // Layout errors (world, heads, P against the layout) come first, before any data or memory.
   comm::ProcessGrid grid = comm::make_process_grid(world, layout_of(config.parallel));
   if (grid.world_rank == 0) prepare_checkpoint_dir(config, options);
   set_num_threads(static_cast<int>(config.train.num_threads), comm::ranks_on_node());
+  // The memory plan, before anything large is allocated: refuse a run that cannot fit.
+  MemoryPlanInputs plan_in;
+  plan_in.world_size = grid.world_size;
+  plan_in.ranks_on_node = comm::ranks_on_node();
+  plan_in.runtime_bytes = resident_bytes();
+  plan_in.sgemm_size = options.sgemm_size;
+  plan_in.resume = !options.resume.empty();
+  const MemoryPlan plan = plan_memory(config, plan_in);
+  check_memory(plan, options.memory_available >= 0 ? options.memory_available
+                                                   : available_memory_bytes(plan_in.ranks_on_node));
+  std::optional<Phase> phase(std::in_place, fmt::format(
+      "building the model and reading the data (planned peak {} per rank)", format_bytes(plan.peak_bytes)));
   Run run(config, options, std::move(grid));
+  phase.emplace("timing sgemm");
   run.sgemm_flops = measure_sgemm_flops(options.sgemm_size);
 
+  phase.emplace("loading the start state");
   TrainSummary summary;
   summary.sgemm_flops = run.sgemm_flops;
   summary.bf16_gemm_flops = measure_gemm_bf16_flops(options.sgemm_size);
   summary.dtype = "float32";
+  summary.planned_peak_bytes = plan.peak_bytes;
   int64_t start = 0;
   fs::path resumed_from;  // the newest good checkpoint until this run saves one
   if (!options.resume.empty()) {
@@ -431,9 +486,12 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
                summary.dtype, gemm.library, gemm.isa, run.sgemm_flops * 1e-9,
                summary.bf16_gemm_flops > 0 ? fmt::format("{:.1f} GFLOP/s", summary.bf16_gemm_flops * 1e-9)
                                            : std::string("unavailable"));
+    fmt::print(stderr, "train: memory plan {} per rank at peak ({}; longtron train --dry-run shows it)\n",
+               format_bytes(plan.peak_bytes), plan.peak_phase);
   }
   auto valid = [&](int64_t step) {
     if (!run.valid_rows) return;
+    Phase p(fmt::format("validating at step {}", step));
     const double v = run.validate();
     summary.valid.emplace_back(step, v);
     if (run.metrics) run.metrics->valid({step, v});
@@ -443,6 +501,8 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
   const int64_t total = config.train.total_steps;
   int64_t skipped_in_a_row = 0;
   for (int64_t step = start + 1; step <= total; ++step) {
+    phase.emplace(fmt::format("training step {} (planned peak {} per rank)", step,
+                              format_bytes(plan.peak_bytes)));
     const TrainRow row = run.step(step, step == start + 1 && !options.dump_grads.empty());
     summary.losses.push_back(row.loss);
     summary.grad_norms.push_back(row.grad_norm);
@@ -458,12 +518,14 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     // A skipped step changed no weights: its checkpoint would only move the step counter past
     // the problem, so the last good one stays the newest (the end of the run still saves).
     if (step == total || (se > 0 && step % se == 0 && !row.skipped)) {
+      Phase p(fmt::format("saving the checkpoint of step {}", step));
       const fs::path dir = run.save(step);
       if (!dir.empty()) summary.last_checkpoint = dir;
     }
   }
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (run.metrics) run.metrics->finish();
+  summary.measured_peak_bytes = peak_resident_bytes();
   return summary;
 }
 

@@ -24,6 +24,10 @@ struct TrainOptions {
   bool console = true;               ///< metric rows on stdout (rank 0)
   bool progress = true;              ///< live progress line on a terminal (rank 0)
   int64_t sgemm_size = 2048;         ///< n of the start-up sgemm timing (tests use a small one)
+  bool dry_run = false;              ///< print the memory plan (rank 0) and return without training
+  int dry_run_ranks = 0;             ///< dry run: plan for this many ranks (0: the world, or the
+                                     ///< fewest the layout needs when run as one process)
+  double memory_available = -1;      ///< bytes per rank; < 0: read from the system (memory_plan.h)
 };
 
 /// What a run did (for the CLI summary and tests).
@@ -41,6 +45,9 @@ struct TrainSummary {
   std::filesystem::path last_checkpoint;  ///< step folder written last (empty if none)
   std::filesystem::path metrics_file;     ///< train.metrics_file (empty: console only)
   std::filesystem::path plot_file;        ///< the loss picture written next to it (empty if none)
+  double planned_peak_bytes = 0;     ///< the memory plan's peak per rank (memory_plan.h)
+  double measured_peak_bytes = 0;    ///< peak resident size of world rank 0 (VmHWM) at the end
+  std::string plan_text;             ///< the memory plan as printed by --dry-run
 };
 
 /// The data.* settings of the loader (docs/data.md) from a TrainConfig.
@@ -72,6 +79,8 @@ double micro_loss_scale(const std::string& reduction, int64_t count, int64_t ste
 /// data, configs, layouts or checkpoints (naming them), for a non-empty train.checkpoint_dir on a
 /// fresh run without options.overwrite, for a failed metrics write, and after
 /// train.max_skipped_steps updates in a row were skipped (non-finite loss or gradient norm).
+/// Before any allocation the memory plan (memory_plan.h) is made and a run that cannot fit is
+/// refused with it (Error); with options.dry_run only the plan is made (summary.plan_text).
 TrainSummary run_training(const TrainConfig& config, const TrainOptions& options, comm::CommPtr world);
 
 /// Finds tokenizer.model for a data folder: in it, or in its parent (prepare writes

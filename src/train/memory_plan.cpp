@@ -1,0 +1,495 @@
+// The memory plan (see memory_plan.h): sizes from the config, the layout's ShardPlan and the
+// model's own workspace count; no tensor is allocated.
+#include "train/memory_plan.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "comm/process_grid.h"
+#include "core/error.h"
+#include "model/internlm2.h"
+#include "model/params.h"
+#include "parallel/engine.h"
+#include "parallel/shard_plan.h"
+
+namespace fs = std::filesystem;
+
+namespace longtron::train {
+namespace {
+
+constexpr double kFloat = 4.0;
+
+/// A group that knows only its rank and size: enough for a ShardPlan, no collective.
+class ShapeCommunicator final : public comm::Communicator {
+ public:
+  ShapeCommunicator(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::shared_ptr<Communicator> split(int, int) override { fail("memory plan: no communication"); }
+
+ protected:
+  comm::Work do_issue(const Op&, const void*, void*, const std::vector<int64_t>*) override {
+    fail("memory plan: no communication");
+  }
+  std::vector<int64_t> gather_check_words(const std::vector<int64_t>&) override {
+    fail("memory plan: no communication");
+  }
+
+ private:
+  int rank_, size_;
+};
+
+/// The process grid of world rank 0 of `layout` on `world` ranks, without communicators.
+comm::ProcessGrid shape_grid(const comm::Layout& layout, int world) {
+  comm::ProcessGrid g;
+  g.layout = layout;
+  g.world_size = world;
+  g.world_rank = 0;
+  g.tp = layout.tp();
+  g.dp = world / g.tp;
+  const auto make = [&](comm::Group group) -> comm::CommPtr {
+    const std::vector<int> ranks = comm::group_ranks(layout, world, group, 0);
+    const auto it = std::find(ranks.begin(), ranks.end(), 0);
+    return std::make_shared<ShapeCommunicator>(static_cast<int>(it - ranks.begin()),
+                                               static_cast<int>(ranks.size()));
+  };
+  g.world = std::make_shared<ShapeCommunicator>(0, world);
+  g.tensor = make(comm::Group::kTensor);
+  g.data = make(comm::Group::kData);
+  g.weight = make(comm::Group::kWeight);
+  g.weight_data = make(comm::Group::kWeightData);
+  g.zero1 = make(comm::Group::kZero1);
+  g.zero1_replica = make(comm::Group::kZero1Replica);
+  g.x = make(comm::Group::kX);
+  g.y = make(comm::Group::kY);
+  return g;
+}
+
+comm::Layout layout_of(const ParallelConfig& p) {
+  comm::Layout l;
+  l.tensor_size = static_cast<int>(p.tensor.size);
+  l.tensor_mode = comm::parse_tensor_mode(p.tensor.mode);
+  l.weight_size = static_cast<int>(p.weight.size);
+  l.weight_overlap = p.weight.overlap;
+  l.zero1_size = static_cast<int>(p.zero1.size);
+  if (p.tensor_2d.given) {
+    l.tensor_2d_x = static_cast<int>(p.tensor_2d.x);
+    l.tensor_2d_y = static_cast<int>(p.tensor_2d.y);
+    l.tensor_2d_overlap = p.tensor_2d.overlap;
+  }
+  return l;
+}
+
+/// Bytes of the regular files under `path` (a folder or one file); 0 when absent.
+double files_bytes(const std::string& path) {
+  if (path.empty()) return 0;
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) return static_cast<double>(fs::file_size(path, ec));
+  double total = 0;
+  for (fs::recursive_directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_regular_file(ec)) total += static_cast<double>(it->file_size(ec));
+  return total;
+}
+
+/// Ulysses head split (parallel/isp_attention.h): local q heads and (repeated) kv heads.
+struct Heads {
+  double q, kv;
+};
+Heads ulysses(double hq, double hkv, double T) { return {hq / T, hkv >= T ? hkv / T : 1.0}; }
+
+/// What the layout's step holds beyond the parameters: activations and workspaces (elements).
+struct StepShape {
+  model::WorkspaceShape ws;                           // the model's arena
+  double attn_tokens = 0, attn_hq = 0, attn_hkv = 0;  // what the attention kernel sees
+  double head_vocab = 0;                              // vocabulary columns of one head chunk
+  double head_rows = 0;                               // rows the head sees
+  double layout_scratch = 0;  // the mode's gather / reduce / all-to-all buffers
+};
+
+/// Elements one layer's 2D linears keep between calls (parallel/tp2d_linear.cpp): for a linear
+/// gathering its input over a group of `ag` and reduce-scattering its output over `rs`, the
+/// gathered input N × in (kept for backward; shared by w1/w3), the partial input gradient N × in
+/// (shared by w1/w3), the reduce-scattered input gradient N/ag × in, and the partial output and
+/// gathered output gradient N × out each.
+double linear_2d_elements(const model::ParamLayout& local, const model::BlockParamIds& b, double N,
+                          double x, double y) {
+  struct Use {
+    int view;
+    double ag, rs;
+    int role;
+  };  // role: 0 alone, 1 first, 2 second of a pair
+  const Use uses[] = {
+      {b.wqkv, x, y, 0}, {b.wo, y, x, 0}, {b.w1, x, y, 1}, {b.w3, x, y, 2}, {b.w2, y, x, 0}};
+  double total = 0;
+  for (const Use& u : uses) {
+    const double out = static_cast<double>(local.view(u.view).shape[0]);
+    const double in = static_cast<double>(local.view(u.view).shape[1]);
+    if (u.role != 2) total += N * in * (u.ag > 1 ? 2 : 1);
+    if (u.ag > 1 && u.role != 1) total += N / u.ag * in;
+    if (u.rs > 1) total += 2 * N * out;
+  }
+  return total;
+}
+
+StepShape step_shape(const TrainConfig& c, const comm::ProcessGrid& grid,
+                     const model::ParamLayout& full, const model::ParamLayout& local,
+                     const std::string& mode) {
+  const model::ModelConfig& m = c.model;
+  const double P = static_cast<double>(c.data.micro_bsz) * static_cast<double>(c.data.seq_len);
+  const double d = static_cast<double>(m.head_dim()),
+               Hq = static_cast<double>(m.num_attention_heads),
+               Hkv = static_cast<double>(m.num_kv_attention_heads),
+               Hid = static_cast<double>(m.hidden_size), V = static_cast<double>(m.vocab_size);
+  const model::BlockParamIds& b = local.layers.front();
+  const auto& wqkv = local.view(b.wqkv).shape;
+  const auto& w1 = local.view(b.w1).shape;
+  const double T = grid.tp;
+  StepShape s;
+  model::WorkspaceShape& w = s.ws;
+  w.L = static_cast<double>(m.num_layers);
+  w.per_layer = !m.checkpoint;
+  w.N = P;
+  w.R = P;
+  w.H = static_cast<double>(wqkv[1]);
+  w.Q = static_cast<double>(wqkv[0]);
+  w.F = static_cast<double>(w1[0]);
+  s.attn_tokens = P;
+  s.head_rows = P;
+  s.head_vocab = V;
+  if (mode == "dense" || mode == "mtp" || mode == "msp" || mode == "fsp") {
+    w.A = Hq / T * d;
+    w.saved_qkv = P * w.Q;
+    w.saved_lse = P * Hq / T;
+    s.attn_hq = Hq / T;
+    s.attn_hkv = Hkv / T;
+    if (mode != "dense") s.head_vocab = std::ceil(V / T);
+    if (mode == "msp" || mode == "fsp") {
+      w.R = std::ceil(P / T);
+      // Gathered inputs of the column linears (MSP keeps one per pair per layer, FSP one for the
+      // model), the partial dx, the embedding and head full rows, the row-linear partial output.
+      const double gathered = mode == "msp" ? 2 * w.L : 1;
+      s.layout_scratch = (gathered + 5) * P * Hid;
+    }
+  } else if (mode == "isp") {
+    const Heads h = ulysses(Hq, Hkv, T);
+    const double N = std::ceil(P / T), local_heads = h.q + 2 * h.kv;
+    w.N = w.R = N;
+    w.H = Hid;
+    w.Q = static_cast<double>(m.qkv_size());
+    w.F = static_cast<double>(m.ffn_size());
+    w.A = Hq * d;
+    w.saved_qkv = N * (T * local_heads + Hq) * d;
+    w.saved_lse = N * Hq;
+    s.attn_hq = h.q;
+    s.attn_hkv = h.kv;
+    s.head_rows = N;
+    // Gathered weights: the largest tensor (the head or the embedding) once, twice with prefetch,
+    // its full gradient before the reduce-scatter, and the send/receive staging; plus Ulysses'
+    // split and packed token buffers.
+    double largest = 0;
+    for (const auto& v : full.views()) largest = std::max(largest, static_cast<double>(v.numel));
+    const double slots = c.parallel.weight.overlap ? 2 : 1;
+    s.layout_scratch = (slots + 3) * largest + N * (w.Q + T * local_heads * d) * 2;
+  } else {  // "2d"
+    const double x = grid.layout.tensor_2d_x, y = grid.layout.tensor_2d_y;
+    const double hqx = Hq / x, hkvx = Hkv / x;
+    w.R = std::ceil(P / x);
+    w.A = hqx * d;
+    if (y == 1) {
+      w.saved_qkv = P * (hqx + 2 * hkvx) * d;
+      w.saved_lse = P * hqx;
+      s.attn_hq = hqx;
+      s.attn_hkv = hkvx;
+    } else {
+      const Heads h = ulysses(hqx, hkvx, y);
+      const double chunk = std::ceil(P / y);
+      w.saved_qkv = chunk * (y * (h.q + 2 * h.kv) + hqx) * d;
+      w.saved_lse = chunk * hqx;
+      s.attn_hq = h.q;
+      s.attn_hkv = h.kv;
+    }
+    s.head_vocab = std::ceil(V / T);
+    // Every Linear2D of every layer keeps its own buffers (parallel/tp2d_linear.cpp); the
+    // embedding and the head hold full-row copies (N × H each: 2 and 3).
+    s.layout_scratch = w.L * linear_2d_elements(local, b, P, x, y) + 5 * P * Hid;
+  }
+  return s;
+}
+
+/// The attention kernel's per-call tiles (ops/attention*.cpp, kept between calls): packed keys
+/// (forward) and packed q, dout, dq, lse, delta (backward), in 64-token blocks per segment.
+double attention_workspace_elements(const StepShape& s, double head_dim, double segments) {
+  const double blocks = std::ceil(s.attn_tokens / 64) + segments;
+  const double forward = blocks * s.attn_hkv * head_dim * 64;
+  const double rows = blocks * s.attn_hq * 64;
+  return forward + 3 * rows * head_dim + 2 * rows;
+}
+
+/// The chunked head's logits and their gradient (model/layers.cpp, parallel/head_loss.cpp):
+/// about 4M logits per chunk.
+double head_chunk_rows(const StepShape& s) {
+  return std::min(std::max(64.0, std::floor(4194304.0 / s.head_vocab)), s.head_rows);
+}
+double head_elements(const StepShape& s) {
+  const double chunk = head_chunk_rows(s);
+  return 2 * chunk * s.head_vocab + chunk;
+}
+
+std::string tensor_key(const std::string& mode) {
+  return mode == "dense" ? "parallel.tensor"
+         : mode == "2d"  ? "parallel.tensor_2d"
+                         : "parallel.tensor.size";
+}
+
+std::string layout_text(const comm::ProcessGrid& g, const std::string& mode) {
+  const comm::Layout& l = g.layout;
+  std::string s =
+      fmt::format("{}: {} rank{}, data {}", mode, g.world_size, g.world_size == 1 ? "" : "s", g.dp);
+  if (mode == "2d")
+    s += fmt::format(", tensor_2d {}x{}", l.tensor_2d_x, l.tensor_2d_y);
+  else if (mode != "dense")
+    s += fmt::format(", tensor {}", l.tensor_size);
+  if (mode == "isp") s += fmt::format(", weight {}", l.weight_size);
+  s += fmt::format(", zero1 {}", g.zero1->size());
+  return s;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
+  const comm::Layout layout = layout_of(c.parallel);
+  comm::ModelShape shape;
+  shape.num_heads = c.model.num_attention_heads;
+  shape.num_kv_heads = c.model.num_kv_attention_heads;
+  shape.hidden_size = c.model.hidden_size;
+  shape.packed_length = c.data.micro_bsz * c.data.seq_len;
+  comm::validate_model_layout(layout, in.world_size, shape);
+  const comm::ProcessGrid grid = shape_grid(layout, in.world_size);
+  const std::string mode = parallel::mode_name(layout);
+  const model::ParamLayout full(c.model);
+  parallel::ShardPlan shard(full, grid);
+  if (const auto& f = parallel::find_mode(mode); f.plan) f.plan(shard);
+  const model::ParamLayout local = shard.local_layout();
+
+  MemoryPlan p;
+  p.layout = layout_text(grid, mode);
+  p.world_size = in.world_size;
+  p.ranks_on_node = in.ranks_on_node;
+  p.params_full = full.numel();
+  p.params_local = local.numel();
+  const double P = static_cast<double>(c.data.micro_bsz) * static_cast<double>(c.data.seq_len);
+  p.tokens_per_step =
+      c.data.micro_num * c.data.micro_bsz * c.data.seq_len * static_cast<int64_t>(grid.dp);
+  p.flops_matmul = model::model_flops(c.model, p.tokens_per_step, 0);
+  p.flops_attention_max = model::model_flops(c.model, 0, P * P * c.data.micro_num * grid.dp);
+
+  const double local_bytes = static_cast<double>(p.params_local) * kFloat;
+  const double z = grid.zero1->size();
+  const double adam = 2 * std::ceil(static_cast<double>(p.params_local) / z) * kFloat;
+  const double datasets = files_bytes(c.data.train_folder) + files_bytes(c.data.valid_folder);
+  p.runtime_bytes = in.runtime_bytes;
+  p.reclaimable_bytes = datasets;
+  p.resident = {
+      {"runtime (binary, libraries, MPI)", in.runtime_bytes, ""},
+      {"datasets (memory-mapped, page cache)", datasets, "data.train_folder, data.valid_folder"},
+      {"parameters", local_bytes, "model.*"},
+      {"gradients", local_bytes, "model.*"},
+      {z > 1 ? fmt::format("AdamW m and v (ZeRO-1 shard of {})", grid.zero1->size())
+             : "AdamW m and v",
+       adam, "model.*, parallel.zero1"},
+  };
+
+  const StepShape s = step_shape(c, grid, full, local, mode);
+  const double acts = model::workspace_elements(s.ws) * kFloat;
+  const double segments = static_cast<double>(c.data.micro_bsz);
+  const double attn =
+      attention_workspace_elements(s, static_cast<double>(c.model.head_dim()), segments) * kFloat;
+  const double head = head_elements(s) * kFloat;
+  // Per micro-batch: input_ids, labels, indexes (int32) of the row, as read and as fed.
+  const double batches = static_cast<double>(c.data.micro_num) * P * 3 * 4 * 2;
+  const std::string act_key = c.model.checkpoint
+                                  ? "data.seq_len, data.micro_bsz"
+                                  : "data.seq_len, data.micro_bsz (or model.checkpoint = true)";
+  p.step = {
+      {c.model.checkpoint ? "activations (one block saved, model.checkpoint recomputes)"
+                          : "activations saved for backward (every layer)",
+       acts, act_key},
+      {"attention workspace (packed tiles)", attn, "data.seq_len, data.micro_bsz"},
+      {"head logits (chunked)", head, "model.vocab_size"},
+      {"micro-batches", batches, "data.micro_num, data.seq_len, data.micro_bsz"},
+  };
+  if (s.layout_scratch > 0)
+    p.step.push_back({"layout buffers (gathers, all-to-all)", s.layout_scratch * kFloat,
+                      "data.seq_len, " + tensor_key(mode)});
+  if (grid.dp > 1 || (mode == "isp" && grid.weight_data->size() > 1))
+    p.step.push_back({"data-parallel all-reduce buffer", local_bytes, ""});
+
+  const double full_bytes = static_cast<double>(p.params_full) * kFloat;
+  const double sgemm =
+      3.0 * static_cast<double>(in.sgemm_size) * static_cast<double>(in.sgemm_size) * kFloat;
+  const double save = c.train.checkpoint_dir.empty() ? 0 : 3 * full_bytes + 2 * local_bytes;
+  p.transient = {{"start-up: full-model draw", full_bytes, "model.*"},
+                 {"start-up: sgemm timing", sgemm, ""}};
+  const double resume = in.resume ? 2 * full_bytes + 2 * local_bytes : 0;
+  if (resume > 0)
+    p.transient.push_back({"start-up: checkpoint load (full m and v)", resume, "model.*"});
+  if (save > 0)
+    p.transient.push_back({"checkpoint save: full parameters, m, v", save,
+                           "model.* (or train.checkpoint_dir = \"\")"});
+
+  double step_sum = 0;
+  for (const auto& i : p.step) step_sum += i.bytes;
+  const double base = in.runtime_bytes + datasets + 2 * local_bytes;
+  const double phases[4] = {full_bytes, adam + sgemm, adam + resume, adam + step_sum + save};
+  const char* names[4] = {"start-up (full-model draw)", "start-up (sgemm timing)",
+                          "start-up (checkpoint load)",
+                          save > 0 ? "checkpoint save" : "training step"};
+  const int worst = static_cast<int>(std::max_element(phases, phases + 4) - phases);
+  p.peak_bytes = base + phases[worst];
+  p.peak_phase = names[worst];
+  return p;
+}
+
+MemoryPlan plan_forward_memory(const model::ModelConfig& model, int64_t seq_len, int64_t micro_bsz,
+                               const std::string& dataset, double runtime_bytes,
+                               const std::string& key) {
+  TrainConfig c;
+  c.model = model;
+  c.data.seq_len = seq_len;
+  c.data.micro_bsz = micro_bsz;
+  const comm::ProcessGrid grid = shape_grid(comm::Layout{}, 1);
+  const model::ParamLayout full(model);
+  StepShape s = step_shape(c, grid, full, full, "dense");
+  s.ws.per_layer = false;  // forward only: one shared set of block state
+  const double P = static_cast<double>(seq_len) * static_cast<double>(micro_bsz);
+  const double d = static_cast<double>(model.head_dim());
+  const double blocks = std::ceil(P / 64) + static_cast<double>(micro_bsz);
+  MemoryPlan p;
+  p.layout = "one process, forward only";
+  p.params_full = p.params_local = full.numel();
+  p.tokens_per_step = seq_len * micro_bsz;
+  p.flops_matmul = model::model_flops(model, p.tokens_per_step, 0) / 3;
+  p.flops_attention_max = model::model_flops(model, 0, P * P) / 3;
+  p.runtime_bytes = runtime_bytes;
+  p.reclaimable_bytes = files_bytes(dataset);
+  p.resident = {{"runtime (binary, libraries, the loaded model)", runtime_bytes, ""},
+                {"dataset (memory-mapped, page cache)", p.reclaimable_bytes, ""}};
+  const double head_chunk = head_chunk_rows(s) * (s.head_vocab + 1);  // logits and lse, no gradient
+  p.step = {
+      {"activations (one block, forward only)", model::workspace_elements(s.ws) * kFloat, key},
+      {"attention workspace (packed keys)", blocks * s.attn_hkv * d * 64 * kFloat, key},
+      {"head logits (chunked)", head_chunk * kFloat, ""},
+      {"micro-batch and token losses", P * (3 * 4 + 8), key}};
+  p.peak_bytes = 0;
+  for (const auto* items : {&p.resident, &p.step})
+    for (const auto& i : *items) p.peak_bytes += i.bytes;
+  p.peak_phase = "forward";
+  return p;
+}
+
+std::string format_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (std::fabs(b) >= 1024 && u < 6) b /= 1024, ++u;
+  return fmt::format("{:.1f} {}", b, units[u]);
+}
+
+std::string format_plan(const MemoryPlan& p) {
+  std::string s = fmt::format("layout: {}\n", p.layout);
+  s += fmt::format("parameters: {} ({} on this rank)\n", p.params_full, p.params_local);
+  s += fmt::format("tokens per step: {}\n", p.tokens_per_step);
+  s += fmt::format(
+      "FLOPs per step: {:.3e} (matmuls) + attention up to {:.3e} (if each row were one document)\n",
+      p.flops_matmul, p.flops_attention_max);
+  s += "memory per rank:\n";
+  const auto lines = [&](const char* title, const std::vector<MemoryItem>& items) {
+    s += fmt::format("  {}\n", title);
+    for (const auto& i : items)
+      s += fmt::format("    {:<60} {:>11}{}\n", i.name, format_bytes(i.bytes),
+                       i.key.empty() ? "" : "   [" + i.key + "]");
+  };
+  lines("held through the run:", p.resident);
+  lines("per step:", p.step);
+  lines("transient (one at a time):", p.transient);
+  s += fmt::format("  estimated peak: {} per rank (at {})\n", format_bytes(p.peak_bytes),
+                   p.peak_phase);
+  return s;
+}
+
+namespace {
+
+/// The first number of the line of `file` starting with `field` (e.g. "MemAvailable:"), or -1.
+double read_field(const char* file, const std::string& field) {
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field, 0) == 0) {
+      std::istringstream rest(line.substr(field.size()));
+      double v = -1;
+      rest >> v;
+      return v;
+    }
+  return -1;
+}
+
+/// The first number in `file`, or -1 ("max" and absent files give -1).
+double read_number(const std::string& file) {
+  std::ifstream in(file);
+  double v = -1;
+  if (!(in >> v)) return -1;
+  return v;
+}
+
+}  // namespace
+
+double resident_bytes() {
+  const double kb = read_field("/proc/self/status", "VmRSS:");
+  return kb < 0 ? 0 : kb * 1024;
+}
+
+double peak_resident_bytes() {
+  const double kb = read_field("/proc/self/status", "VmHWM:");
+  return kb < 0 ? 0 : kb * 1024;
+}
+
+double available_memory_bytes(int ranks_on_node) {
+  double avail = -1;
+  const double kb = read_field("/proc/meminfo", "MemAvailable:");
+  if (kb >= 0) avail = kb * 1024;
+  // cgroup v2, then v1: the room left under the limit (an unlimited group reads "max" or a huge
+  // number, both ignored).
+  double room = -1;
+  const double v2_max = read_number("/sys/fs/cgroup/memory.max");
+  if (v2_max > 0) room = v2_max - std::max(0.0, read_number("/sys/fs/cgroup/memory.current"));
+  const double v1_max = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+  if (room < 0 && v1_max > 0 && v1_max < 1e18)
+    room = v1_max - std::max(0.0, read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes"));
+  if (room >= 0) avail = avail < 0 ? room : std::min(avail, room);
+  if (avail < 0) return 0;
+  return avail / std::max(1, ranks_on_node);
+}
+
+void check_memory(const MemoryPlan& p, double available) {
+  if (available <= 0) return;
+  const double need = p.peak_bytes - p.runtime_bytes - p.reclaimable_bytes;
+  if (need <= available) return;
+  // The largest adjustable item names the key to change.
+  const MemoryItem* largest = nullptr;
+  for (const auto* items : {&p.resident, &p.step, &p.transient})
+    for (const auto& i : *items)
+      if (!i.key.empty() && (largest == nullptr || i.bytes > largest->bytes)) largest = &i;
+  fail(
+      "memory plan: this run needs about {} more per rank but {} is available per rank "
+      "(MemAvailable or the cgroup limit, shared by {} rank{} on this machine); the largest part "
+      "is {} ({}): change {}\n{}",
+      format_bytes(need), format_bytes(available), p.ranks_on_node, p.ranks_on_node == 1 ? "" : "s",
+      largest ? largest->name : "?", largest ? format_bytes(largest->bytes) : "?",
+      largest ? largest->key : "?", format_plan(p));
+}
+
+}  // namespace longtron::train

@@ -1,0 +1,154 @@
+// The memory plan: its activation count is the model's own workspace, ZeRO-1 and the layouts
+// shard what they should, a run that cannot fit is refused naming the key, and a failed
+// allocation names its phase.
+#include "train/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "core/error.h"
+#include "core/phase.h"
+#include "model/internlm2.h"
+#include "model/params.h"
+#include "train/config.h"
+
+using namespace longtron;
+
+namespace {
+
+train::TrainConfig tiny(const std::vector<std::string>& overrides = {}) {
+  return train::parse_config(
+      "[model]\nvocab_size = 96\nhidden_size = 32\nnum_layers = 3\nnum_attention_heads = 4\n"
+      "num_kv_attention_heads = 2\nmultiple_of = 32\n"
+      "[data]\ntrain_folder = \"/nonexistent\"\nseq_len = 40\nmicro_bsz = 3\n"
+      "[train]\ntotal_steps = 1\n",
+      "tiny.toml", overrides);
+}
+
+double item(const std::vector<train::MemoryItem>& items, const std::string& prefix) {
+  for (const auto& i : items)
+    if (i.name.rfind(prefix, 0) == 0) return i.bytes;
+  ADD_FAILURE() << "no item " << prefix;
+  return -1;
+}
+
+// The plan's activation line is exactly the arena the model allocates for a packed row of
+// micro_bsz × seq_len tokens, with and without recomputation.
+TEST(MemoryPlan, ActivationsAreTheModelsWorkspace) {
+  for (const bool recompute : {false, true}) {
+    const train::TrainConfig c =
+        tiny({std::string("model.checkpoint=") + (recompute ? "true" : "false")});
+    const train::MemoryPlan plan = train::plan_memory(c, {});
+    const model::ParamLayout layout(c.model);
+    model::Params<float> params(layout), grads(layout);
+    model::init_params(params, 1);
+    model::InternLM2<float> m(layout, params);
+    data::MicroBatch b;
+    const int32_t P = 120;
+    for (int32_t i = 0; i < P; ++i) {
+      b.input_ids.push_back(1 + i % 90);
+      b.labels.push_back(1 + (i + 1) % 90);
+      b.indexes.push_back(i % 50);
+    }
+    b.cu_seqlens = {0, 50, 100, P};
+    b.max_seqlen = 50;
+    m.forward_backward(b, grads, 1.0);
+    EXPECT_EQ(item(plan.step, "activations"), static_cast<double>(m.workspace_bytes()))
+        << "checkpoint " << recompute;
+    EXPECT_EQ(plan.params_local, layout.numel());
+    EXPECT_EQ(item(plan.resident, "parameters"), 4.0 * static_cast<double>(layout.numel()));
+  }
+}
+
+// ZeRO-1 over 4 data-parallel ranks keeps a quarter of the AdamW state; ISP over a weight group
+// of 2 keeps about half the parameters; Megatron TP over 2 splits the matrices.
+TEST(MemoryPlan, LayoutsShardWhatTheyShould) {
+  train::MemoryPlanInputs one, four;
+  four.world_size = 4;
+  const auto p1 = train::plan_memory(tiny(), one);
+  const auto p4 = train::plan_memory(tiny({"parallel.zero1.size=-1"}), four);
+  EXPECT_NEAR(item(p4.resident, "AdamW"), item(p1.resident, "AdamW") / 4, 16);
+  EXPECT_NE(p4.layout.find("zero1 4"), std::string::npos) << p4.layout;
+  EXPECT_EQ(p4.tokens_per_step, 4 * p1.tokens_per_step);
+
+  train::MemoryPlanInputs two;
+  two.world_size = 2;
+  const auto isp = train::plan_memory(
+      tiny({"parallel.tensor={size = 2, mode = \"isp\"}", "parallel.weight.size=2"}), two);
+  EXPECT_LT(isp.params_local, p1.params_full * 0.55);
+  EXPECT_GT(isp.params_local, p1.params_full * 0.45);
+  EXPECT_EQ(isp.layout.rfind("isp", 0), 0u) << isp.layout;
+  const auto mtp = train::plan_memory(tiny({"parallel.tensor=2"}), two);
+  EXPECT_LT(mtp.params_local, p1.params_full * 0.6);
+  // Sequence parallel splits the residual stream: fewer activation bytes than MTP.
+  const auto fsp = train::plan_memory(tiny({"parallel.tensor={size = 2, mode = \"fsp\"}"}), two);
+  EXPECT_LT(item(fsp.step, "activations"), item(mtp.step, "activations"));
+  // A layout that does not fit the world is the engine's error, naming the key.
+  train::MemoryPlanInputs three;
+  three.world_size = 3;
+  try {
+    train::plan_memory(tiny({"parallel.tensor=2"}), three);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.tensor"), std::string::npos) << e.what();
+  }
+}
+
+// A billion-token row is refused with the breakdown and the key; a run that fits is not.
+TEST(MemoryPlan, RefusesWhatCannotFitNamingTheKey) {
+  const auto huge = train::plan_memory(tiny({"data.seq_len=1000000000"}), {});
+  EXPECT_GT(huge.peak_bytes, 1e12);
+  try {
+    train::check_memory(huge, 8.0 * (1 << 30));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("data.seq_len"), std::string::npos) << m;
+    EXPECT_NE(m.find("activations"), std::string::npos) << m;
+    EXPECT_NE(m.find("8.0 GiB"), std::string::npos) << m;
+  }
+  EXPECT_NO_THROW(train::check_memory(train::plan_memory(tiny(), {}), 8.0 * (1 << 30)));
+  EXPECT_NO_THROW(train::check_memory(huge, 0));  // unknown: no check
+  EXPECT_GT(train::available_memory_bytes(1), 0);
+  EXPECT_NEAR(train::available_memory_bytes(4), train::available_memory_bytes(1) / 4,
+              train::available_memory_bytes(1) * 0.05);
+}
+
+// --resume loads the full moments at start-up; a checkpoint folder adds the save's full copies.
+TEST(MemoryPlan, ResumeAndSaveTransients) {
+  train::MemoryPlanInputs small, resume;
+  small.sgemm_size = resume.sgemm_size = 8;  // so the tiny model's phases decide the peak
+  resume.resume = true;
+  const auto p = train::plan_memory(tiny(), resume);
+  const double full = 4.0 * static_cast<double>(p.params_full);
+  EXPECT_EQ(item(p.transient, "start-up: checkpoint load"), 4 * full);
+  const auto saved = train::plan_memory(tiny({"train.checkpoint_dir=\"/tmp/x\""}), small);
+  EXPECT_EQ(item(saved.transient, "checkpoint save"), 5 * full);
+  EXPECT_EQ(saved.peak_phase, "checkpoint save");
+  EXPECT_GT(saved.peak_bytes, train::plan_memory(tiny(), small).peak_bytes);
+}
+
+TEST(MemoryPlan, OutOfMemoryNamesThePhase) {
+  EXPECT_EQ(out_of_memory_message(), "out of memory (a memory allocation failed)");
+  {
+    Phase outer("training step 3");
+    {
+      Phase inner("saving the checkpoint of step 3");
+      EXPECT_NE(out_of_memory_message().find("while saving the checkpoint of step 3"),
+                std::string::npos);
+    }
+    EXPECT_NE(out_of_memory_message().find("while training step 3"), std::string::npos);
+  }
+  EXPECT_EQ(current_phase(), "");
+  // Left by an exception, a phase keeps its name for the handler that catches it.
+  try {
+    Phase p("allocating the workspace");
+    throw std::bad_alloc();
+  } catch (const std::bad_alloc&) {
+    EXPECT_EQ(out_of_memory_message(),
+              "out of memory while allocating the workspace (a memory allocation failed)");
+  }
+}
+
+}  // namespace
