@@ -22,7 +22,8 @@ double as_double(const json& j) { return j.is_number() ? j.get<double>() : std::
 std::string to_json_line(const TrainRow& r) {
   json j = {{"step", r.step},       {"loss", number(r.loss)}, {"grad_norm", number(r.grad_norm)},
             {"lr", number(r.lr)},   {"tokens", r.tokens},     {"tgs", number(r.tgs)},
-            {"mfu", number(r.mfu)}, {"step_time_s", number(r.step_time_s)}};
+            {"mfu", number(r.mfu)}, {"step_time_s", number(r.step_time_s)},
+            {"imbalance", number(r.imbalance)}};
   return j.dump();
 }
 
@@ -56,6 +57,7 @@ void read_metrics(const fs::path& path, std::vector<TrainRow>& train, std::vecto
       r.tgs = as_double(j.value("tgs", json()));
       r.mfu = as_double(j.value("mfu", json()));
       r.step_time_s = as_double(j.value("step_time_s", json()));
+      r.imbalance = as_double(j.value("imbalance", json(1.0)));
       train.push_back(r);
     } else {
       fail("{}:{}: row has neither 'loss' nor 'valid_loss'", path.string(), n);
@@ -130,8 +132,8 @@ void MetricsWriter::train(const TrainRow& r) {
   const bool last = options_.total_steps > 0 && r.step >= options_.total_steps;
   if (r.step % std::max<int64_t>(options_.log_every, 1) == 0 || last) {
     emit(fmt::format("step {}/{}  loss {:.4f}  grad_norm {:.3f}  lr {:.3e}  tokens {}  tgs {:.1f}  "
-                     "mfu {:.3f}  step_time_s {:.3f}", r.step, options_.total_steps, r.loss,
-                     r.grad_norm, r.lr, r.tokens, r.tgs, r.mfu, r.step_time_s),
+                     "mfu {:.3f}  step_time_s {:.3f}  imbalance {:.3f}", r.step, options_.total_steps,
+                     r.loss, r.grad_norm, r.lr, r.tokens, r.tgs, r.mfu, r.step_time_s, r.imbalance),
          to_json_line(r));
   }
   if (tty_) {

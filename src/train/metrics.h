@@ -24,6 +24,8 @@ struct TrainRow {
   double tgs = 0;
   double mfu = 0;
   double step_time_s = 0;
+  /// Modelled cost of the slowest dp rank ÷ the mean (data.balance; 1.0 = perfect balance).
+  double imbalance = 1.0;
 };
 
 /// A validation row: token-weighted loss over the valid set.
