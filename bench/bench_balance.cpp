@@ -3,6 +3,7 @@
 // ("none", "rows", "documents"), on exponentially distributed document lengths. Deterministic: no
 // timing, the same numbers on every machine. Rows and documents are shuffled as in training.
 //   bench_balance [--mean-tokens M] [--micro-num N] [--window W] [--steps S] [--cost A,B]
+//                 [--pack-tail pad|drop]
 // The cost defaults to attention work alone (A = 0 per token, B = 1 per causal pair), the part
 // that differs between rows; a model's linear term (A > 0) only dilutes the imbalance.
 #include <fmt/core.h>
@@ -53,10 +54,11 @@ struct Figures {
 };
 
 Figures measure(BalanceMode mode, int64_t dp, int64_t P, int64_t micro_num, int64_t window,
-                int64_t steps, double mean_tokens, RowCost cost) {
+                int64_t steps, double mean_tokens, RowCost cost, PackTail tail) {
   DataConfig c;
   c.pack.seq_len = P;
   c.pack.micro_bsz = 1;
+  c.pack.pack_tail = tail;
   c.micro_num = micro_num;
   c.shuffle = true;
   c.balance = {mode, window, cost};
@@ -78,6 +80,7 @@ int main(int argc, char** argv) {
   double mean_tokens = 4096;
   int64_t micro_num = 4, window = 8, steps = 64;
   RowCost cost{0.0, 1.0};
+  PackTail tail = PackTail::kPad;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const char* v = argv[i + 1];
@@ -85,6 +88,7 @@ int main(int argc, char** argv) {
     else if (k == "--micro-num") micro_num = std::atoll(v);
     else if (k == "--window") window = std::atoll(v);
     else if (k == "--steps") steps = std::atoll(v);
+    else if (k == "--pack-tail") tail = parse_pack_tail(v);
     else if (k == "--cost") std::sscanf(v, "%lf,%lf", &cost.per_token, &cost.per_pair);
     else {
       fmt::print(stderr, "unknown option {}\n", k);
@@ -92,14 +96,16 @@ int main(int argc, char** argv) {
     }
   }
   fmt::print("exponential documents, mean {} tokens; micro_num {}, window {}, {} steps; cost = {} "
-             "x tokens + {} x causal pairs; imbalance = max rank cost / mean (mean over steps, max)\n\n",
-             mean_tokens, micro_num, window, steps, cost.per_token, cost.per_pair);
+             "x tokens + {} x causal pairs; pack_tail {}; imbalance = max rank cost / mean (mean over "
+             "steps, max)\n\n",
+             mean_tokens, micro_num, window, steps, cost.per_token, cost.per_pair,
+             tail == PackTail::kPad ? "pad" : "drop");
   fmt::print("| dp | P | none | rows | documents |\n|---|---|---|---|---|\n");
   for (const int64_t dp : {2, 4, 8})
     for (const int64_t P : {2048, 8192, 32768}) {
       std::string line = fmt::format("| {} | {} |", dp, P);
       for (const BalanceMode m : {BalanceMode::kNone, BalanceMode::kRows, BalanceMode::kDocuments}) {
-        const Figures f = measure(m, dp, P, micro_num, window, steps, mean_tokens, cost);
+        const Figures f = measure(m, dp, P, micro_num, window, steps, mean_tokens, cost, tail);
         line += fmt::format(" {:.3f} (max {:.3f}) |", f.mean, f.max);
       }
       fmt::print("{}\n", line);

@@ -129,7 +129,7 @@ std::vector<Piece> cut_to_fair_share(const std::vector<Piece>& pieces, int64_t r
 
 std::vector<std::vector<Piece>> pack_window(const std::vector<Piece>& pieces,
                                             const std::vector<int64_t>& capacities,
-                                            int64_t seq_len) {
+                                            int64_t seq_len, int64_t row_length) {
   int64_t total = 0, room_total = 0;
   for (const Piece& p : pieces) {
     check(p.count > 0, "pack_window: empty piece of document {}", p.doc);
@@ -147,13 +147,15 @@ std::vector<std::vector<Piece>> pack_window(const std::vector<Piece>& pieces,
   for (int64_t r = 0; r < n; ++r)
     share[r] = total > 0 ? window_pairs * static_cast<double>(capacities[r]) / static_cast<double>(total) : 0;
   std::vector<int64_t> room(capacities), pairs(n, 0);
+  for (int64_t r = 0; r < n; ++r)  // a row shorter than row_length ends in one pad segment
+    if (capacities[r] < row_length) pairs[r] = causal_pairs(row_length - capacities[r]);
   // Rows that still have room, by (pairs, row) and by (-room, row).
   std::set<std::pair<int64_t, int64_t>> by_pairs, by_room;
   for (int64_t r = 0; r < n; ++r) {
     check(room[r] >= 0, "pack_window: negative capacity {}", room[r]);
     room_total += room[r];
     if (room[r] == 0) continue;
-    by_pairs.insert({0, r});
+    by_pairs.insert({pairs[r], r});
     by_room.insert({-room[r], r});
   }
   check(total == room_total, "pack_window: {} tokens for rows of {} tokens", total, room_total);

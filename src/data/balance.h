@@ -68,14 +68,18 @@ struct Piece {
 };
 
 /// Packs the pieces of one window (stream order, Σ count == Σ capacities) into rows of the given
-/// capacities so that the rows' causal pairs (segments cut at seq_len) are near-equal: pieces by
-/// length descending (ties: stream order) each go whole to the row with the fewest pairs that has
-/// room; a piece that fits no row fills the row with the most room and its rest is placed again
-/// (a cut at a row edge, as the plain packer makes). Returns, per row, its pieces in stream order;
-/// every row is filled exactly to its capacity. Throws Error if the totals differ.
+/// capacities so that the rows' causal pairs (segments cut at seq_len) are near-equal. A piece whose
+/// pairs alone exceed a row's fair share (the window's pairs ÷ rows) is first cut into near-equal
+/// chunks within it. Then pieces by length descending (ties: stream order) each go whole to the
+/// row that most needs pairs per remaining token to reach its share (ties: lower row), never to a
+/// row that already holds a piece of the same document; a row shorter than row_length starts with
+/// its pad segment's pairs. A piece that fits no row fills the row with the most room and its rest
+/// is placed again (a cut at a row edge, as the plain packer makes). Returns, per row, its pieces
+/// in stream order, adjacent pieces of one document merged back into one; every row is filled
+/// exactly to its capacity. Throws Error if the totals differ.
 std::vector<std::vector<Piece>> pack_window(const std::vector<Piece>& pieces,
                                             const std::vector<int64_t>& capacities,
-                                            int64_t seq_len);
+                                            int64_t seq_len, int64_t row_length = 0);
 
 /// max over ranks ÷ mean of `rank_costs` (1.0 = perfect; 1.0 for an empty or all-zero list).
 double imbalance_of(const std::vector<double>& rank_costs);
