@@ -45,7 +45,7 @@ class BatchLoader {
   /// follow each other). Every rank of one TP/SP group passes its dp_rank and gets the same data;
   /// apply split_for_sequence_parallel (sequence_split.h) for ISP/Ulysses.
   std::vector<MicroBatch> step(int64_t dp_rank, int64_t step) const;
-  /// The step's global batch (the sampler's micro_num × dp rows, SPEC-order "none") and its
+  /// The step's global batch (the sampler's micro_num × dp rows, as "none" orders them) and its
   /// assignment to ranks: "none" keeps the sampler's (rank r takes rows r, r+dp, …); "rows" and
   /// "documents" re-assign by assign_rows on the rows' costs. A pure function of `step`, the same
   /// on every rank; costs come from cu_seqlens alone (RowSource::segments_into, no token read).

@@ -250,6 +250,23 @@ void UnpackedRows::row_into(int64_t k, MicroBatch& out) const {
   if (pos < P) append_segments(pos, P - pos, 0, out);
 }
 
+// Mirrors row_into on the document lengths alone.
+void UnpackedRows::segments_into(int64_t k, std::vector<int32_t>& cu) const {
+  check_row(k, num_rows_, source_);
+  const int64_t P = config_.packed_length();
+  cu.assign(1, 0);
+  const auto n = static_cast<int64_t>(order_.size());
+  int64_t pos = 0;
+  for (int64_t d = k * config_.micro_bsz; d < std::min(k * config_.micro_bsz + config_.micro_bsz, n); ++d) {
+    const int64_t count =
+        std::min<int64_t>(static_cast<int64_t>(source_.document_length(order_[d])), config_.seq_len);
+    if (count == 0) continue;
+    pos += count;
+    cu.push_back(static_cast<int32_t>(pos));
+  }
+  if (pos < P) cu.push_back(static_cast<int32_t>(P));
+}
+
 std::unique_ptr<PackedRows> build_pack(const DocumentSource& source, std::vector<int64_t> order,
                                        const PackConfig& config) {
   return std::make_unique<PackedRows>(source, std::move(order), config);

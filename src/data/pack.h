@@ -124,6 +124,7 @@ class UnpackedRows : public RowSource {
   int64_t num_rows() const override { return num_rows_; }
   void row_into(int64_t k, MicroBatch& out) const override;
   int64_t packed_length() const override { return config_.packed_length(); }
+  void segments_into(int64_t k, std::vector<int32_t>& cu_seqlens) const override;
 
  private:
   const DocumentSource& source_;

@@ -1,4 +1,4 @@
-// Helpers shared by the packers (pack.cpp, balanced_pack.cpp): the token rule of SPEC-style rows
+// Helpers shared by the packers (pack.cpp, balanced_pack.cpp): the token rule of packed rows
 // (InternEvo `packed_collate_fn`) and attention-segment bookkeeping of a MicroBatch.
 #pragma once
 #include <algorithm>

@@ -338,7 +338,7 @@ TEST(Balance, NoneAndRowsKeepThePlainRows) {
   EXPECT_EQ(a, b);
 }
 
-TEST(Balance, PackedSegmentsMatchTheRows) {
+TEST(Balance, SegmentsMatchTheRowsPackedAndUnpacked) {
   std::mt19937 g(13);
   for (int trial = 0; trial < 1500; ++trial) {
     MemorySource src(random_docs(g, 12, 30));
@@ -348,11 +348,18 @@ TEST(Balance, PackedSegmentsMatchTheRows) {
     c.pack_tail = trial % 3 == 0 ? PackTail::kDrop : PackTail::kPad;
     c.pack_sample_into_one = trial % 4 == 1;
     c.split_documents = trial % 5 != 2;
-    const auto rows = build_pack(src, document_order(src, 0, trial % 2 == 0, trial), c);
+    const auto order = document_order(src, 0, trial % 2 == 0, trial);
+    const auto rows = build_pack(src, order, c);
     std::vector<int32_t> cu;
     for (int64_t k = 0; k < rows->num_rows(); ++k) {
       rows->segments_into(k, cu);
       ASSERT_EQ(cu, rows->row(k).cu_seqlens) << "trial " << trial << " row " << k;
+    }
+    c.use_packed_dataset = false;
+    const auto unpacked = build_unpack(src, order, c);
+    for (int64_t k = 0; k < unpacked->num_rows(); ++k) {
+      unpacked->segments_into(k, cu);
+      ASSERT_EQ(cu, unpacked->row(k).cu_seqlens) << "trial " << trial << " unpacked row " << k;
     }
   }
 }
