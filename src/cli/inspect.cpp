@@ -10,6 +10,8 @@
 #include "data/inspect.h"
 #include "data/open.h"
 #include "data/sequence_split.h"
+#include "model/internlm2.h"
+#include "train/config.h"
 
 namespace longtron::cli {
 namespace {
@@ -19,8 +21,33 @@ struct InspectArgs {
   int64_t seq_len = 0, micro_bsz = 0, micro_num = 1, steps = 1;
   bool unpacked = false, into_one = false, shuffle = false, json = false, no_split = false;
   std::string pack_tail = "pad";
-  int64_t seed = 1024, sp_size = 1, sp_rank = 0;
+  int64_t seed = 1024, sp_size = 1, sp_rank = 0, dp_size = 0;
+  std::string balance = "none", config;
+  int64_t balance_window = 8;
+  std::vector<double> balance_cost;
 };
+
+// The balance cost of inspect: --balance-cost, else data.balance_cost or the model's FLOPs of
+// --config, else attention work alone (per token 0, per causal pair 1).
+data::RowCost inspect_cost(const InspectArgs& a) {
+  data::RowCost cost;
+  std::vector<double> given = a.balance_cost;
+  if (given.empty() && !a.config.empty()) {
+    train::ConfigNeeds needs;
+    needs.data = false;
+    needs.total_steps = false;
+    const train::TrainConfig c = train::load_config(a.config, {}, needs);
+    given = c.data.balance_cost;
+    if (given.empty()) cost = model::balance_cost(c.model);
+  }
+  if (!given.empty()) {
+    longtron::check(given.size() == 2, "--balance-cost: expected two numbers A,B, got {}", given.size());
+    cost.per_token = given[0];
+    cost.per_pair = given[1];
+  }
+  cost.validate("--balance-cost");
+  return cost;
+}
 
 Subcommand inspect_command(20, [](CLI::App& app) {
   auto args = std::make_shared<InspectArgs>();
@@ -40,6 +67,20 @@ Subcommand inspect_command(20, [](CLI::App& app) {
   sub->add_option("--seed", args->seed, "Shuffle seed (data.seed)")->capture_default_str();
   sub->add_option("--sp-size", args->sp_size, "Sequence parallel size T")->capture_default_str();
   sub->add_option("--sp-rank", args->sp_rank, "Sequence parallel rank shown")->capture_default_str();
+  sub->add_option("--dp-size", args->dp_size,
+                  "Show every rank of a data-parallel run of this size, with its modelled cost");
+  sub->add_option("--balance", args->balance, "data.balance: none | rows | documents")
+      ->capture_default_str();
+  sub->add_option("--balance-window", args->balance_window,
+                  "data.balance_window (steps' worth of rows per \"documents\" window)")
+      ->capture_default_str();
+  sub->add_option("--balance-cost", args->balance_cost,
+                  "A,B: row cost = A x tokens + B x causal pairs (default: --config's model FLOPs, "
+                  "else 0,1 = attention work alone)")
+      ->delimiter(',')
+      ->expected(2);
+  sub->add_option("--config", args->config,
+                  "A train config whose model.* (or data.balance_cost) gives the balance cost");
   sub->add_flag("--json", args->json, "Print one JSON object");
   return [args] {
     data::InspectOptions o;
@@ -57,6 +98,13 @@ Subcommand inspect_command(20, [](CLI::App& app) {
     o.steps = args->steps;
     o.sp_size = args->sp_size;
     o.sp_rank = args->sp_rank;
+    longtron::check(args->dp_size >= 0, "--dp-size must be > 0, got {}", args->dp_size);
+    o.dp_size = args->dp_size;
+    o.data.balance.mode = data::parse_balance_mode(args->balance, "--balance");
+    o.data.balance.window = args->balance_window;
+    longtron::check(args->balance_window >= 1, "--balance-window must be >= 1, got {}",
+                    args->balance_window);
+    o.data.balance.cost = inspect_cost(*args);
     o.data.pack.validate();  // bad sizes fail before the dataset is read
     data::check_sequence_parallel(o.sp_size, o.sp_rank);
     const auto batches = data::inspect_json(data::open_dataset(args->data), o);

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "data/sequence_split.h"
 #include "data/unpack.h"
@@ -56,12 +58,25 @@ nlohmann::json stack(const nlohmann::json& mbs, const char* key) {
 nlohmann::json inspect_json(Dataset dataset, const InspectOptions& o) {
   check(o.steps > 0, "--steps must be > 0, got {}", o.steps);
   check_sequence_parallel(o.sp_size, o.sp_rank);
-  BatchLoader loader(std::move(dataset), o.data, 1);
+  check(o.dp_size >= 0, "--dp-size must be > 0, got {}", o.dp_size);
+  BatchLoader loader(std::move(dataset), o.data, std::max<int64_t>(o.dp_size, 1));
   nlohmann::json steps = nlohmann::json::array();
   for (int64_t step = 0; step < o.steps; ++step) {
-    nlohmann::json mbs = nlohmann::json::array();
-    for (const MicroBatch& row : loader.step(0, step)) mbs.push_back(micro_batch_json(row, o));
-    steps.push_back({{"micro_batches", mbs}});
+    const StepPlan plan = loader.plan(step);
+    auto mbs_of = [&](int64_t rank) {
+      nlohmann::json mbs = nlohmann::json::array();
+      for (const MicroBatch& row : loader.micro_batches(plan, rank))
+        mbs.push_back(micro_batch_json(row, o));
+      return mbs;
+    };
+    if (o.dp_size == 0) {
+      steps.push_back({{"micro_batches", mbs_of(0)}});
+      continue;
+    }
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int64_t r = 0; r < o.dp_size; ++r)
+      ranks.push_back({{"rank", r}, {"micro_batches", mbs_of(r)}, {"cost", plan.cost[r]}});
+    steps.push_back({{"dp_ranks", ranks}, {"imbalance", plan.imbalance()}});
   }
   return {{"steps", steps}};
 }
@@ -70,9 +85,22 @@ std::string inspect_text(const nlohmann::json& batches, const InspectOptions& o)
   const bool sp = o.sp_size > 1;
   std::string out;
   const auto& steps = batches["steps"];
+  // One block per step, or per (step, dp rank) with --dp-size.
+  std::vector<std::pair<std::string, nlohmann::json>> blocks;
   for (size_t k = 0; k < steps.size(); ++k) {
-    const auto& mbs = steps[k]["micro_batches"];
-    out += fmt::format("step {}{}\n\n", k, sp ? fmt::format(" (sp rank {} of {})", o.sp_rank, o.sp_size) : "");
+    const std::string sp_note = sp ? fmt::format(" (sp rank {} of {})", o.sp_rank, o.sp_size) : "";
+    if (!steps[k].contains("dp_ranks")) {
+      blocks.push_back({fmt::format("step {}{}", k, sp_note), steps[k]["micro_batches"]});
+      continue;
+    }
+    for (const auto& r : steps[k]["dp_ranks"])
+      blocks.push_back({fmt::format("step {} dp rank {} of {}{} (cost {:.6g}, step imbalance {:.4f})",
+                                    k, r["rank"].get<int64_t>(), steps[k]["dp_ranks"].size(), sp_note,
+                                    r["cost"].get<double>(), steps[k]["imbalance"].get<double>()),
+                        r["micro_batches"]});
+  }
+  for (const auto& [title, mbs] : blocks) {
+    out += title + "\n\n";
     out += "batch_data[0]['input_ids']:\n" + tensor(stack(mbs, "input_ids"), true) + "\n";
     out += "batch_data[0]['cu_seqlens']:\n" + tensor(stack(mbs, "cu_seqlens"), true) + "\n";
     out += "batch_data[0]['indexes']:\n" + tensor(stack(mbs, "indexes"), true) + "\n";

@@ -19,6 +19,8 @@ struct InspectOptions {
   int64_t steps = 1;
   int64_t sp_size = 1;
   int64_t sp_rank = 0;
+  /// > 0: show every data-parallel rank of a dp run of this size (`--dp-size`); 0: rank 0 of 1.
+  int64_t dp_size = 0;
 };
 
 /// {"steps": [{"micro_batches": [{"input_ids", "labels", "cu_seqlens", "indexes", "max_seqlen"
@@ -26,6 +28,9 @@ struct InspectOptions {
 /// With sp_size > 1 the arrays are rank sp_rank's slice; cu_seqlens/max_seqlen stay global; the
 /// unpacked arrays are split on their L dimension. Throws Error for bad options (steps, seq_len,
 /// micro_bsz, micro_num <= 0; sp_rank >= sp_size; a size not dividing the row) or an empty dataset.
+/// With dp_size > 0 each step is {"dp_ranks": [{"rank", "micro_batches": […as above], "cost"}],
+/// "imbalance"}: the rows of every rank under data.balance (BatchLoader::plan), their modelled cost
+/// (RowCost) and max cost ÷ mean.
 nlohmann::json inspect_json(Dataset dataset, const InspectOptions& options);
 
 /// The same content laid out as InternEvo's data pipeline prints it (`batch_data[0]['input_ids']:

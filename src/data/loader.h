@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "data/balance.h"
 #include "data/batch.h"
 #include "data/dataset.h"
 #include "data/pack.h"
@@ -19,19 +20,39 @@ struct DataConfig {
   bool shuffle = true;      ///< shuffles documents (per file) and rows
   uint32_t seed = 1024;
   int64_t min_length = 0;
+  BalanceConfig balance;    ///< data.balance, balance_window, balance_cost (balance.h)
+};
+
+/// Who trains on what in one step: rows[r] = the row ids of dp rank r, in micro-batch order;
+/// cost[r] = their summed modelled cost (RowCost).
+struct StepPlan {
+  std::vector<std::vector<int64_t>> rows;
+  std::vector<double> cost;
+  /// max over ranks of cost ÷ mean (1.0 = perfect), the metrics' `imbalance`.
+  double imbalance() const { return imbalance_of(cost); }
 };
 
 /// Owns a dataset and serves micro-batches. Rows are built on demand (nothing is precomputed but
 /// prefix sums), so memory stays O(documents). Not thread-safe (row scratch buffers).
 class BatchLoader {
  public:
-  /// Throws Error for a bad config (seq_len/micro_bsz/micro_num <= 0), an empty dataset, or fewer
-  /// rows than one step needs.
+  /// Throws Error for a bad config (seq_len/micro_bsz/micro_num <= 0, a bad balance setting or
+  /// "documents" with rows it cannot pack), an empty dataset, or fewer rows than one step needs.
+  /// With data.balance = "documents" the rows are packed in windows of balance.window × micro_num
+  /// × dp_size rows (balanced_pack.h): they depend on the global batch, not on the rank.
   BatchLoader(Dataset dataset, const DataConfig& config, int64_t dp_size);
   /// The micro_num normalized micro-batches of `dp_rank` at global step `step` (0-based; epochs
   /// follow each other). Every rank of one TP/SP group passes its dp_rank and gets the same data;
   /// apply split_for_sequence_parallel (sequence_split.h) for ISP/Ulysses.
   std::vector<MicroBatch> step(int64_t dp_rank, int64_t step) const;
+  /// The step's global batch (the sampler's micro_num × dp rows, as "none" orders them) and its
+  /// assignment to ranks: "none" keeps the sampler's (rank r takes rows r, r+dp, …); "rows" and
+  /// "documents" re-assign by assign_rows on the rows' costs. A pure function of `step`, the same
+  /// on every rank; costs come from cu_seqlens alone (RowSource::segments_into, no token read).
+  StepPlan plan(int64_t step) const;
+  /// The micro-batches of `dp_rank` in `plan`.
+  std::vector<MicroBatch> micro_batches(const StepPlan& plan, int64_t dp_rank) const;
+  int64_t dp_size() const { return dp_size_; }
   int64_t num_rows() const { return rows_->num_rows(); }
   int64_t steps_per_epoch() const { return sampler_->steps_per_epoch(); }
   const RowSource& rows() const { return *rows_; }
@@ -41,6 +62,7 @@ class BatchLoader {
  private:
   Dataset dataset_;
   DataConfig config_;
+  int64_t dp_size_;
   std::unique_ptr<DatasetRows> rows_;
   std::unique_ptr<StaticBatchSampler> sampler_;
 };

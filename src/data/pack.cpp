@@ -8,9 +8,16 @@
 #include <limits>
 
 #include "core/error.h"
+#include "data/balanced_pack.h"
+#include "data/row_fill.h"
 #include "data/shuffle.h"
 
 namespace longtron::data {
+
+using detail::append_segments;
+using detail::input_of;
+using detail::label_of;
+using detail::resize_row;
 
 PackTail parse_pack_tail(const std::string& value) {
   if (value == "pad") return PackTail::kPad;
@@ -24,6 +31,17 @@ void PackConfig::validate() const {
   check(seq_len <= std::numeric_limits<int32_t>::max() / micro_bsz,
         "packed_length = data.micro_bsz x data.seq_len = {} x {} exceeds 2^31-1 (int32 cu_seqlens)",
         micro_bsz, seq_len);
+  check(balance_window_rows >= 0, "balance window of {} rows", balance_window_rows);
+  if (balance_window_rows == 0) return;
+  check(use_packed_dataset,
+        "data.balance = \"documents\" packs documents into rows: it needs packed rows "
+        "(data.use_packed_dataset = true); use data.balance = \"rows\" with unpacked rows");
+  check(!pack_sample_into_one,
+        "data.balance = \"documents\" cannot be combined with data.pack_sample_into_one = true "
+        "(attention there ignores documents, so every row costs the same)");
+  check(split_documents,
+        "data.balance = \"documents\" cuts documents at row edges: it needs "
+        "data.split_documents = true");
 }
 
 std::vector<int64_t> document_order(const DocumentSource& source, int64_t min_length, bool shuffle,
@@ -40,33 +58,6 @@ std::vector<int64_t> document_order(const DocumentSource& source, int64_t min_le
 }
 
 namespace {
-
-// Stored id -> what the model reads (docs/data.md: negative ids are inputs without loss).
-inline int32_t input_of(int32_t id) { return id < 0 ? -id : id; }
-// Stored id of the target -> label (InternEvo collate: `label if label > 0 else -100`).
-inline int32_t label_of(int32_t id) { return id > 0 ? id : kIgnoreIndex; }
-
-// Writes segments [from, from+len) cut into pieces of at most `cut` tokens (cut <= 0: one piece).
-void append_segments(int64_t from, int64_t len, int64_t cut, MicroBatch& out) {
-  int64_t done = 0;
-  while (done < len) {
-    const int64_t seg = cut > 0 ? std::min(cut, len - done) : len - done;
-    int32_t* idx = out.indexes.data() + from + done;
-    for (int64_t i = 0; i < seg; ++i) idx[i] = static_cast<int32_t>(i);
-    done += seg;
-    out.cu_seqlens.push_back(static_cast<int32_t>(from + done));
-    out.max_seqlen = std::max(out.max_seqlen, static_cast<int32_t>(seg));
-  }
-}
-
-void resize_row(MicroBatch& out, int64_t P) {
-  out.input_ids.resize(P);
-  out.labels.resize(P);
-  out.indexes.resize(P);
-  out.cu_seqlens.clear();
-  out.cu_seqlens.push_back(0);
-  out.max_seqlen = 0;
-}
 
 void check_row(int64_t k, int64_t rows, const DocumentSource& source) {
   check(k >= 0 && k < rows, "{}: row {} out of range (the file has {} rows)",
@@ -174,6 +165,38 @@ int64_t PackedRows::fill_tokens(int64_t k, MicroBatch& out) const {
   return filled;
 }
 
+// Mirrors fill_tokens + fill_segments on the document offsets alone.
+void PackedRows::segments_into(int64_t k, std::vector<int32_t>& cu) const {
+  check_row(k, num_rows_, source_);
+  cu.assign(1, 0);
+  const int64_t L = config_.seq_len;
+  if (config_.pack_sample_into_one) {
+    detail::append_segment_ends(0, P_, L, cu);
+    return;
+  }
+  const int64_t begin = k * P_;
+  const int64_t filled = std::min(begin + P_, starts_.back()) - begin;
+  const auto n = static_cast<int64_t>(order_.size());
+  int64_t d = std::max<int64_t>(
+      0, std::upper_bound(starts_.begin(), starts_.begin() + n, begin) - starts_.begin() - 1);
+  int64_t pos = 0;
+  while (pos < filled) {
+    const int64_t gap = std::min(starts_[d] - begin, filled) - pos;
+    if (gap > 0) {
+      detail::append_segment_ends(pos, gap, 0, cu);
+      pos += gap;
+      continue;
+    }
+    const int64_t count = std::min(lengths_[d] - (begin + pos - starts_[d]), filled - pos);
+    if (count > 0) {
+      detail::append_segment_ends(pos, count, L, cu);
+      pos += count;
+    }
+    ++d;
+  }
+  if (filled < P_) detail::append_segment_ends(filled, P_ - filled, 0, cu);
+}
+
 void PackedRows::fill_segments(int64_t filled, MicroBatch& out) const {
   const int64_t L = config_.seq_len;
   if (config_.pack_sample_into_one) {  // fixed windows; the pad (if any) stays inside them
@@ -227,6 +250,23 @@ void UnpackedRows::row_into(int64_t k, MicroBatch& out) const {
   if (pos < P) append_segments(pos, P - pos, 0, out);
 }
 
+// Mirrors row_into on the document lengths alone.
+void UnpackedRows::segments_into(int64_t k, std::vector<int32_t>& cu) const {
+  check_row(k, num_rows_, source_);
+  const int64_t P = config_.packed_length();
+  cu.assign(1, 0);
+  const auto n = static_cast<int64_t>(order_.size());
+  int64_t pos = 0;
+  for (int64_t d = k * config_.micro_bsz; d < std::min(k * config_.micro_bsz + config_.micro_bsz, n); ++d) {
+    const int64_t count =
+        std::min<int64_t>(static_cast<int64_t>(source_.document_length(order_[d])), config_.seq_len);
+    if (count == 0) continue;
+    pos += count;
+    cu.push_back(static_cast<int32_t>(pos));
+  }
+  if (pos < P) cu.push_back(static_cast<int32_t>(P));
+}
+
 std::unique_ptr<PackedRows> build_pack(const DocumentSource& source, std::vector<int64_t> order,
                                        const PackConfig& config) {
   return std::make_unique<PackedRows>(source, std::move(order), config);
@@ -249,7 +289,9 @@ DatasetRows::DatasetRows(const Dataset& dataset, const PackConfig& config, int64
     documents += static_cast<int64_t>(order.size());
     for (const int64_t d : order) tokens += static_cast<int64_t>(file->document_length(d));
     std::unique_ptr<RowSource> rows;
-    if (config_.use_packed_dataset)
+    if (config_.balance_window_rows > 0)
+      rows = std::make_unique<BalancedRows>(*file, std::move(order), config_);
+    else if (config_.use_packed_dataset)
       rows = build_pack(*file, std::move(order), config_);
     else
       rows = build_unpack(*file, std::move(order), config_);
@@ -270,6 +312,12 @@ void DatasetRows::row_into(int64_t k, MicroBatch& out) const {
   check(k >= 0 && k < num_rows(), "row {} out of range (the dataset has {} rows)", k, num_rows());
   const auto f = std::upper_bound(row_starts_.begin(), row_starts_.end(), k) - row_starts_.begin() - 1;
   files_[f]->row_into(k - row_starts_[f], out);
+}
+
+void DatasetRows::segments_into(int64_t k, std::vector<int32_t>& cu_seqlens) const {
+  check(k >= 0 && k < num_rows(), "row {} out of range (the dataset has {} rows)", k, num_rows());
+  const auto f = std::upper_bound(row_starts_.begin(), row_starts_.end(), k) - row_starts_.begin() - 1;
+  files_[f]->segments_into(k - row_starts_[f], cu_seqlens);
 }
 
 }  // namespace longtron::data

@@ -32,7 +32,12 @@ struct PackConfig {
   /// that does not fit the rest of a row on the next row (the rest is one pad segment). A document
   /// longer than P starts on a fresh row and is still cut into P-long pieces.
   bool split_documents = true;
-  /// Throws Error ("data.seq_len must be > 0, got 0") for seq_len or micro_bsz <= 0 or P > 2^31-1.
+  /// `data.balance = "documents"`: rows per balancing window (data.balance_window × micro_num ×
+  /// dp size; balanced_pack.h). 0: plain packing.
+  int64_t balance_window_rows = 0;
+  /// Throws Error ("data.seq_len must be > 0, got 0") for seq_len or micro_bsz <= 0 or P > 2^31-1,
+  /// and, with balance_window_rows > 0, for unpacked rows, pack_sample_into_one or
+  /// split_documents = false (naming the keys).
   void validate() const;
   int64_t packed_length() const { return seq_len * micro_bsz; }
 };
@@ -59,6 +64,14 @@ class RowSource {
     return b;
   }
   virtual int64_t packed_length() const = 0;
+  /// Only the cu_seqlens of row k (row-local, 0 … P), as row_into would give them. The default
+  /// builds the row; the packers override it with arithmetic on document offsets (no token read),
+  /// so a step's costs (data.balance) are cheap to know on every rank.
+  virtual void segments_into(int64_t k, std::vector<int32_t>& cu_seqlens) const {
+    MicroBatch b;
+    row_into(k, b);
+    cu_seqlens = std::move(b.cu_seqlens);
+  }
 };
 
 /// build_pack over one file (docs/data.md): the documents of `order`, concatenated; row k is tokens
@@ -76,6 +89,7 @@ class PackedRows : public RowSource {
   int64_t num_rows() const override { return num_rows_; }
   void row_into(int64_t k, MicroBatch& out) const override;
   int64_t packed_length() const override { return P_; }
+  void segments_into(int64_t k, std::vector<int32_t>& cu_seqlens) const override;
   /// Tokens in the stream (sum of the ordered document lengths; pad gaps not counted).
   int64_t num_tokens() const { return num_tokens_; }
   /// [n+1] stream offset where each ordered document starts (row k covers [kP, (k+1)P)); the last
@@ -111,6 +125,7 @@ class UnpackedRows : public RowSource {
   int64_t num_rows() const override { return num_rows_; }
   void row_into(int64_t k, MicroBatch& out) const override;
   int64_t packed_length() const override { return config_.packed_length(); }
+  void segments_into(int64_t k, std::vector<int32_t>& cu_seqlens) const override;
 
  private:
   const DocumentSource& source_;
@@ -138,6 +153,7 @@ class DatasetRows : public RowSource {
   int64_t num_rows() const override { return row_starts_.back(); }
   void row_into(int64_t k, MicroBatch& out) const override;
   int64_t packed_length() const override { return config_.packed_length(); }
+  void segments_into(int64_t k, std::vector<int32_t>& cu_seqlens) const override;
 
  private:
   PackConfig config_;

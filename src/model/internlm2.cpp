@@ -242,14 +242,27 @@ std::vector<T> InternLM2<T>::logits_last(std::span<const int32_t> ids) {
   return logits;
 }
 
-double model_flops(const ModelConfig& c, int64_t tokens, double sum_l2) {
+namespace {
+// Matmul parameters: every linear of every layer and the head (model_flops' linear term / 6).
+double matmul_parameters(const ModelConfig& c) {
   const double H = static_cast<double>(c.hidden_size);
   const double per_layer = static_cast<double>(c.qkv_size()) * H + H * H +
                            3.0 * static_cast<double>(c.ffn_size()) * H;
-  const double matmul = static_cast<double>(c.num_layers) * per_layer +
-                        static_cast<double>(c.vocab_size) * H;
-  return 6.0 * matmul * static_cast<double>(tokens) +
+  return static_cast<double>(c.num_layers) * per_layer + static_cast<double>(c.vocab_size) * H;
+}
+}  // namespace
+
+double model_flops(const ModelConfig& c, int64_t tokens, double sum_l2) {
+  const double H = static_cast<double>(c.hidden_size);
+  return 6.0 * matmul_parameters(c) * static_cast<double>(tokens) +
          6.0 * static_cast<double>(c.num_layers) * H * sum_l2;
+}
+
+data::RowCost balance_cost(const ModelConfig& c) {
+  data::RowCost cost;
+  cost.per_token = 6.0 * matmul_parameters(c);
+  cost.per_pair = 12.0 * static_cast<double>(c.num_layers) * static_cast<double>(c.hidden_size);
+  return cost;
 }
 
 double sum_squared_segments(std::span<const int32_t> cu_seqlens) {

@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -113,6 +114,22 @@ Setter string_key(std::string& out) {
   return [&out](const toml::node& n, const std::string& where) {
     if (!n.is_string()) wrong_type(where, "a string", n);
     out = n.as_string()->get();
+  };
+}
+
+/// An array of numbers (integers or floats), e.g. data.balance_cost = [1.0, 0.5].
+Setter numbers_key(std::vector<double>& out) {
+  return [&out](const toml::node& n, const std::string& where) {
+    if (!n.is_array()) wrong_type(where, "an array of numbers", n);
+    out.clear();
+    for (const toml::node& e : *n.as_array()) {
+      if (e.is_integer())
+        out.push_back(double(e.as_integer()->get()));
+      else if (e.is_floating_point())
+        out.push_back(e.as_floating_point()->get());
+      else
+        wrong_type(where, "an array of numbers", n);
+    }
   };
 }
 
@@ -273,7 +290,8 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
       {"pack_sample_into_one", bool_key(d.pack_sample_into_one)},
       {"pack_tail", string_key(d.pack_tail)}, {"shuffle", bool_key(d.shuffle)},
       {"seed", int_key(d.seed)}, {"min_length", int_key(d.min_length)},
-      {"split_documents", bool_key(d.split_documents)}};
+      {"split_documents", bool_key(d.split_documents)}, {"balance", string_key(d.balance)},
+      {"balance_window", int_key(d.balance_window)}, {"balance_cost", numbers_key(d.balance_cost)}};
   const Schema optimizer = {
       {"lr", double_key(o.lr)}, {"beta1", double_key(o.beta1)}, {"beta2", double_key(o.beta2)},
       {"eps", double_key(o.eps)}, {"weight_decay", double_key(o.weight_decay)},
@@ -382,6 +400,24 @@ void check_config(const TrainConfig& c, const ConfigNeeds& needs) {
   non_negative("data.min_length", double(d.min_length));
   non_negative("data.seed", double(d.seed));
   check_in(at("data.pack_tail"), d.pack_tail, {"pad", "drop"});
+  check_in(at("data.balance"), d.balance, {"none", "rows", "documents"});
+  positive("data.balance_window", d.balance_window);
+  if (!d.balance_cost.empty()) {
+    const auto& b = d.balance_cost;
+    check(b.size() == 2 && std::isfinite(b[0]) && std::isfinite(b[1]) && b[0] >= 0 && b[1] >= 0 &&
+              (b[0] > 0 || b[1] > 0),
+          "{}: expected [cost per token, cost per causal pair], two finite numbers >= 0 and not "
+          "both 0, got {} numbers", at("data.balance_cost"), b.size());
+  }
+  if (d.balance == "documents") {
+    check(d.use_packed_dataset, "{} = \"documents\" packs documents into rows: it needs "
+          "data.use_packed_dataset = true (use data.balance = \"rows\" with unpacked rows)",
+          at("data.balance"));
+    check(!d.pack_sample_into_one, "{} = \"documents\" cannot be combined with "
+          "data.pack_sample_into_one = true (attention there ignores documents)", at("data.balance"));
+    check(d.split_documents, "{} = \"documents\" cuts documents at row edges: it needs "
+          "data.split_documents = true", at("data.balance"));
+  }
 
   const auto& o = c.optimizer;
   check(o.lr > 0, "{}: must be > 0, got {}", at("optimizer.lr"), o.lr);
@@ -437,7 +473,8 @@ nlohmann::json to_json(const TrainConfig& c) {
                {"use_packed_dataset", d.use_packed_dataset},
                {"pack_sample_into_one", d.pack_sample_into_one}, {"pack_tail", d.pack_tail},
                {"shuffle", d.shuffle}, {"seed", d.seed}, {"min_length", d.min_length},
-               {"split_documents", d.split_documents}};
+               {"split_documents", d.split_documents}, {"balance", d.balance},
+               {"balance_window", d.balance_window}, {"balance_cost", d.balance_cost}};
   j["optimizer"] = {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps},
                     {"weight_decay", o.weight_decay}, {"clip_grad_norm", o.clip_grad_norm}};
   j["lr_scheduler"] = {{"warmup_steps", c.lr_scheduler.warmup_steps},

@@ -29,6 +29,9 @@ struct DataConfig {
   bool shuffle = true;
   int64_t seed = 1024;
   int64_t min_length = 0;
+  std::string balance = "none";      ///< "none" | "rows" | "documents" (docs/balance.md)
+  int64_t balance_window = 8;        ///< steps' worth of rows per "documents" window
+  std::vector<double> balance_cost;  ///< [per token, per causal pair]; empty: from the model's FLOPs
 };
 
 /// `optimizer` section: AdamW (weight decay on matrices only).

@@ -56,6 +56,14 @@ const std::vector<ConfigKey> kConfigKeys = {
     {"data.seed", "integer", "1024", "", "Seed of the document and row shuffles."},
     {"data.min_length", "integer", "0", "",
      "Documents shorter than this many tokens are dropped before packing."},
+    {"data.balance", "string", "\"none\"", "",
+     "Balance attention work over data-parallel ranks: \"none\" (rows in data order), \"rows\" "
+     "(a step's rows re-assigned to ranks and micro-batches by cost) or \"documents\" (documents "
+     "packed into rows by cost within a window); docs/balance.md."},
+    {"data.balance_window", "integer", "8", "",
+     "data.balance = \"documents\": steps' worth of documents repacked together."},
+    {"data.balance_cost", "array of 2 numbers", "", "a and b from the model's FLOP count",
+     "Row cost model a × tokens + b × causal pairs over its segments (docs/balance.md)."},
     {"data.split_documents", "boolean", "true", "",
      "false: a document that does not fit the rest of a row starts the next row (the rest is "
      "padding); a document longer than a row is still cut."},

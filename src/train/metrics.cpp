@@ -24,7 +24,7 @@ std::string to_json_line(const TrainRow& r) {
   json j = {{"step", r.step},       {"loss", number(r.loss)}, {"grad_norm", number(r.grad_norm)},
             {"lr", number(r.lr)},   {"tokens", r.tokens},     {"tgs", number(r.tgs)},
             {"mfu", number(r.mfu)}, {"step_time_s", number(r.step_time_s)},
-            {"dtype", r.dtype}};
+            {"dtype", r.dtype},     {"imbalance", number(r.imbalance)}};
   return j.dump();
 }
 
@@ -59,6 +59,7 @@ void read_metrics(const fs::path& path, std::vector<TrainRow>& train, std::vecto
       r.mfu = as_double(j.value("mfu", json()));
       r.step_time_s = as_double(j.value("step_time_s", json()));
       r.dtype = j.value("dtype", std::string("float32"));
+      r.imbalance = as_double(j.value("imbalance", json(1.0)));
       train.push_back(r);
     } else {
       fail("{}:{}: row has neither 'loss' nor 'valid_loss'", path.string(), n);
@@ -143,8 +144,9 @@ void MetricsWriter::train(const TrainRow& r) {
   const bool last = options_.total_steps > 0 && r.step >= options_.total_steps;
   if (r.step % std::max<int64_t>(options_.log_every, 1) == 0 || last) {
     emit(r.step, fmt::format("step {}/{}  loss {:.4f}  grad_norm {:.3f}  lr {:.3e}  tokens {}  tgs {:.1f}  "
-                     "mfu {:.3f}  step_time_s {:.3f}  {}", r.step, options_.total_steps, r.loss,
-                     r.grad_norm, r.lr, r.tokens, r.tgs, r.mfu, r.step_time_s, r.dtype),
+                     "mfu {:.3f}  step_time_s {:.3f}  imbalance {:.3f}  {}", r.step,
+                     options_.total_steps, r.loss, r.grad_norm, r.lr, r.tokens, r.tgs, r.mfu,
+                     r.step_time_s, r.imbalance, r.dtype),
          to_json_line(r));
   }
   if (tty_) {

@@ -27,6 +27,8 @@ struct TrainRow {
   double step_time_s = 0;
   bool skipped = false;  ///< the update was skipped (non-finite loss or gradient norm); not written
   std::string dtype = "float32";  ///< precision of the step's GEMMs ("float32" or "bfloat16")
+  /// Modelled cost of the slowest dp rank ÷ the mean (data.balance; 1.0 = perfect balance).
+  double imbalance = 1.0;
 };
 
 /// A validation row: token-weighted loss over the valid set.

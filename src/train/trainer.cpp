@@ -43,6 +43,14 @@ data::DataConfig loader_config(const TrainConfig& config) {
   d.shuffle = config.data.shuffle;
   d.seed = static_cast<uint32_t>(config.data.seed);
   d.min_length = config.data.min_length;
+  d.balance.mode = data::parse_balance_mode(config.data.balance);
+  d.balance.window = config.data.balance_window;
+  if (config.data.balance_cost.size() == 2) {
+    d.balance.cost.per_token = config.data.balance_cost[0];
+    d.balance.cost.per_pair = config.data.balance_cost[1];
+  } else {
+    d.balance.cost = model::balance_cost(config.model);
+  }
   return d;
 }
 
@@ -269,7 +277,9 @@ struct Run {
   /// One optimizer step (1-based `step`). Returns its metrics row.
   TrainRow step(int64_t step, bool dump) {
     const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<data::MicroBatch> batches = loader.step(dp->rank(), step - 1);
+    // Every rank plans the whole global batch (no communication): its rows and the imbalance.
+    const data::StepPlan plan = loader.plan(step - 1);
+    const std::vector<data::MicroBatch> batches = loader.micro_batches(plan, dp->rank());
     const std::string& reduction = config.train.loss_reduction;
     // Count the step's labels BEFORE the forward so loss_scale makes gradients of the mean.
     int64_t counts[2] = {0, 0};  // valid labels, non-pad tokens
@@ -323,6 +333,7 @@ struct Run {
     row.tokens = counts[1];
     row.step_time_s = seconds;
     row.skipped = bad != 0;
+    row.imbalance = plan.imbalance();
     row.tgs = static_cast<double>(counts[1]) / static_cast<double>(grid.world_size) / seconds;
     // Model FLOPs of every position the ranks computed (pad included: it is computed) over the
     // sgemm speed of all ranks together.

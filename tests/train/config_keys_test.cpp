@@ -31,6 +31,7 @@ std::string sample(const std::string& type) {
   if (type == "boolean") return "false";
   if (type == "path") return "\"x\"";
   if (type == "number or fraction") return "\"8/3\"";
+  if (type == "array of 2 numbers") return "[1.0, 0.5]";
   return "\"none\"";
 }
 

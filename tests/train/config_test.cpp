@@ -273,3 +273,28 @@ TEST(Config, TinyConfigLoads) {
     EXPECT_NE(std::string(e.what()).find("no/such.toml"), std::string::npos);
   }
 }
+
+TEST(Config, BalanceKeys) {
+  const TrainConfig d = parse();
+  EXPECT_EQ(d.data.balance, "none");
+  EXPECT_EQ(d.data.balance_window, 8);
+  EXPECT_TRUE(d.data.balance_cost.empty());  // from the model's FLOPs
+  const TrainConfig c = parse({"data.balance=documents", "data.balance_window=3",
+                               "data.balance_cost=[2, 0.5]"});
+  EXPECT_EQ(c.data.balance, "documents");
+  EXPECT_EQ(c.data.balance_window, 3);
+  EXPECT_EQ(c.data.balance_cost, (std::vector<double>{2.0, 0.5}));
+  EXPECT_EQ(longtron::train::to_json(c)["data"]["balance_cost"], nlohmann::json::array({2.0, 0.5}));
+  expect_error({"data.balance=tokens"}, {"data.balance", "\"tokens\"", "none | rows | documents"});
+  expect_error({"data.balance_window=0"}, {"data.balance_window", "> 0"});
+  expect_error({"data.balance_cost=[1]"}, {"data.balance_cost", "1 numbers"});
+  expect_error({"data.balance_cost=[0, 0]"}, {"data.balance_cost", "not both 0"});
+  expect_error({"data.balance_cost=[1, -1]"}, {"data.balance_cost"});
+  expect_error({"data.balance_cost=[1, \"a\"]"}, {"data.balance_cost", "an array of numbers"});
+  expect_error({"data.balance=documents", "data.use_packed_dataset=false"},
+               {"data.balance = \"documents\"", "data.use_packed_dataset"});
+  expect_error({"data.balance=documents", "data.pack_sample_into_one=true"},
+               {"data.pack_sample_into_one"});
+  expect_error({"data.balance=documents", "data.split_documents=false"}, {"data.split_documents"});
+  parse({"data.balance=rows", "data.use_packed_dataset=false"});  // "rows" works on any rows
+}

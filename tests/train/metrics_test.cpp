@@ -95,8 +95,8 @@ TEST(Metrics, RowsHaveExactlyTheSpecKeys) {
   std::vector<std::string> keys;
   for (const auto& [k, v] : rows[1].items()) keys.push_back(k);
   std::sort(keys.begin(), keys.end());
-  EXPECT_EQ(keys, (std::vector<std::string>{"dtype", "grad_norm", "loss", "lr", "mfu", "step",
-                                            "step_time_s", "tgs", "tokens"}));
+  EXPECT_EQ(keys, (std::vector<std::string>{"dtype", "grad_norm", "imbalance", "loss", "lr", "mfu",
+                                            "step", "step_time_s", "tgs", "tokens"}));
   EXPECT_EQ(rows[1]["dtype"], "float32");
   EXPECT_EQ(rows[1]["tokens"], 2048);
   EXPECT_DOUBLE_EQ(rows[1]["loss"].get<double>(), 4.0);
