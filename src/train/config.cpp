@@ -410,13 +410,14 @@ void check_config(const TrainConfig& c, const ConfigNeeds& needs) {
           "both 0, got {} numbers", at("data.balance_cost"), b.size());
   }
   if (d.balance == "documents") {
-    check(d.use_packed_dataset, "{} = \"documents\" packs documents into rows: it needs "
+    const std::string who = set_argument(c.set_by, "data.balance") ? at("data.balance") : c.source;
+    check(d.use_packed_dataset, "{}: data.balance = \"documents\" packs documents into rows: it needs "
           "data.use_packed_dataset = true (use data.balance = \"rows\" with unpacked rows)",
-          at("data.balance"));
-    check(!d.pack_sample_into_one, "{} = \"documents\" cannot be combined with "
-          "data.pack_sample_into_one = true (attention there ignores documents)", at("data.balance"));
-    check(d.split_documents, "{} = \"documents\" cuts documents at row edges: it needs "
-          "data.split_documents = true", at("data.balance"));
+          who);
+    check(!d.pack_sample_into_one, "{}: data.balance = \"documents\" cannot be combined with "
+          "data.pack_sample_into_one = true (attention there ignores documents)", who);
+    check(d.split_documents, "{}: data.balance = \"documents\" cuts documents at row edges: it needs "
+          "data.split_documents = true", who);
   }
 
   const auto& o = c.optimizer;
