@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numbers>
 #include <random>
+#include <utility>
 
 #include "core/error.h"
 
@@ -29,6 +30,7 @@ void check_config(const ModelConfig& c) {
         "must be even for RoPE", c.head_dim());
   check(c.mlp_ratio > 0, "model.mlp_ratio must be positive, got {}", c.mlp_ratio);
   check(c.multiple_of > 0, "model.multiple_of must be positive, got {}", c.multiple_of);
+  check_model_limits(c);
 }
 
 }  // namespace
@@ -38,6 +40,28 @@ uint64_t splitmix64(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
+}
+
+void check_model_limits(const ModelConfig& c) {
+  constexpr int64_t kMaxWidth = int64_t{1} << 40, kMaxLayers = 65536;
+  constexpr double kMaxParams = 1125899906842624.0;  // 2^50
+  const std::pair<const char*, int64_t> widths[] = {
+      {"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_kv_attention_heads", c.num_kv_attention_heads}, {"multiple_of", c.multiple_of}};
+  for (const auto& [key, v] : widths)
+    check(v <= kMaxWidth, "model.{}: {} is too large (at most 2^40 = {})", key, v, kMaxWidth);
+  check(c.num_layers <= kMaxLayers, "model.num_layers: {} is too large (at most {})", c.num_layers,
+        kMaxLayers);
+  const double raw_ffn = double(c.hidden_size) * c.mlp_ratio;
+  check(std::isfinite(raw_ffn) && raw_ffn <= double(kMaxWidth),
+        "model.mlp_ratio: {} gives an FFN width of {:g} from hidden_size {} (at most 2^40)",
+        c.mlp_ratio, raw_ffn, c.hidden_size);
+  const double V = double(c.vocab_size), H = double(c.hidden_size), F = double(c.ffn_size());
+  const double per_layer = double(c.qkv_size()) * H + H * H + 3 * F * H + 4 * H;
+  const double params = 2 * V * H + double(c.num_layers) * per_layer + H;
+  check(params <= kMaxParams, "model.hidden_size: the model would have {:.3g} parameters (at most "
+        "2^50): check model.vocab_size, hidden_size, num_layers and mlp_ratio", params);
 }
 
 ParamLayout::ParamLayout(const ModelConfig& config) : config_(config) {

@@ -113,4 +113,10 @@ void init_params(Params<T>& params, uint64_t seed);
 /// splitmix64 (Steele, Lea & Flood 2014): the seed mixer of init_params.
 uint64_t splitmix64(uint64_t x);
 
+/// Refuses model shapes too large to lay out: a width (vocab_size, hidden_size, the FFN width,
+/// heads, multiple_of) above 2^40, more than 65536 layers, or more than 2^50 parameters (4 PiB in
+/// fp32). Such numbers are typos; without this check the size arithmetic overflows 64 bits.
+/// Messages start with "model.<key>: ". Assumes the sizes are already > 0.
+void check_model_limits(const ModelConfig& config);
+
 }  // namespace longtron::model

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "model/params.h"
 #include "train/config_keys.h"
 
 namespace longtron::train {
@@ -368,6 +369,7 @@ void check_model_config(const model::ModelConfig& m) {
   check(m.mlp_ratio > 0, "model.mlp_ratio: must be > 0, got {}", m.mlp_ratio);
   check(m.norm_eps > 0, "model.norm_eps: must be > 0, got {}", m.norm_eps);
   check(m.rope_base > 0, "model.rope_base: must be > 0, got {}", m.rope_base);
+  model::check_model_limits(m);
 }
 
 std::string config_origin(const TrainConfig& c, const std::string& key) {

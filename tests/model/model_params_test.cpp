@@ -72,6 +72,42 @@ TEST(ModelParams, ImpossibleShapesNameTheKey) {
   EXPECT_THROW(ParamLayout{c}, longtron::Error);
 }
 
+// Typo-sized shapes are refused by name before any size arithmetic can overflow 64 bits (a
+// num_layers of 2^63 - 1 once became -1 layers and crashed).
+TEST(ModelParams, HugeShapesAreRefusedByName) {
+  auto expect_refused = [](ModelConfig c, const std::string& key) {
+    try {
+      ParamLayout layout(c);
+      ADD_FAILURE() << "no error for " << key;
+    } catch (const longtron::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("model." + key), std::string::npos) << e.what();
+    }
+  };
+  ModelConfig c = testing::tiny_config();
+  c.num_layers = INT64_MAX;
+  expect_refused(c, "num_layers");
+  c = testing::tiny_config();
+  c.multiple_of = INT64_MAX;
+  expect_refused(c, "multiple_of");
+  c = testing::tiny_config();
+  c.vocab_size = INT64_MAX;
+  expect_refused(c, "vocab_size");
+  c = testing::tiny_config();
+  c.mlp_ratio = 1e300;
+  expect_refused(c, "mlp_ratio");
+  c = testing::tiny_config();
+  c.mlp_ratio = INFINITY;
+  expect_refused(c, "mlp_ratio");
+  c = testing::tiny_config();
+  c.hidden_size = int64_t{1} << 30;  // each width fits, the parameter count does not
+  c.num_attention_heads = 2;
+  c.num_kv_attention_heads = 2;
+  expect_refused(c, "hidden_size");
+  c = testing::tiny_config();
+  c.num_layers = 65536;  // the largest accepted
+  EXPECT_NO_THROW(check_model_limits(c));
+}
+
 TEST(ModelParams, InitStatistics) {
   const ParamLayout layout(small_config());
   Params<float> p(layout);

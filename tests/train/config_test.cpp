@@ -243,6 +243,9 @@ TEST(Config, SanityChecksNameTheKey) {
   expect_error({"parallel.tensor_2d.overlap=yes"}, {"parallel.tensor_2d.overlap"});
   expect_error({"parallel.zero1.size=0"}, {"parallel.zero1.size"});
   expect_error({"parallel.weight.size=0"}, {"parallel.weight.size"});
+  expect_error({"model.num_layers=9223372036854775807"}, {"--set model.num_layers", "too large"});
+  expect_error({"model.multiple_of=9223372036854775807"}, {"--set model.multiple_of", "too large"});
+  expect_error({"model.mlp_ratio=1e300"}, {"--set model.mlp_ratio", "FFN width"});
   expect_error({"lr_scheduler.warmup_steps=11"}, {"lr_scheduler.warmup_steps", "total_steps"});
   expect_error({"lr_scheduler.min_lr=0.1"}, {"lr_scheduler.min_lr"});
   expect_error({"optimizer.beta2=1"}, {"optimizer.beta2"});
