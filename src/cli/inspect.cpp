@@ -67,7 +67,7 @@ Subcommand inspect_command(20, [](CLI::App& app) {
   sub->add_option("--seed", args->seed, "Shuffle seed (data.seed)")->capture_default_str();
   sub->add_option("--sp-size", args->sp_size, "Sequence parallel size T")->capture_default_str();
   sub->add_option("--sp-rank", args->sp_rank, "Sequence parallel rank shown")->capture_default_str();
-  sub->add_option("--dp-size", args->dp_size,
+  auto* dp_option = sub->add_option("--dp-size", args->dp_size,
                   "Show every rank of a data-parallel run of this size, with its modelled cost");
   sub->add_option("--balance", args->balance, "data.balance: none | rows | documents")
       ->capture_default_str();
@@ -82,7 +82,7 @@ Subcommand inspect_command(20, [](CLI::App& app) {
   sub->add_option("--config", args->config,
                   "A train config whose model.* (or data.balance_cost) gives the balance cost");
   sub->add_flag("--json", args->json, "Print one JSON object");
-  return [args] {
+  return [args, dp_option] {
     data::InspectOptions o;
     o.data.pack.seq_len = args->seq_len;
     o.data.pack.micro_bsz = args->micro_bsz;
@@ -98,7 +98,9 @@ Subcommand inspect_command(20, [](CLI::App& app) {
     o.steps = args->steps;
     o.sp_size = args->sp_size;
     o.sp_rank = args->sp_rank;
-    longtron::check(args->dp_size >= 0, "--dp-size must be > 0, got {}", args->dp_size);
+    // 0 is "not given" inside (one rank's layout), but --dp-size 0 is a mistake.
+    longtron::check(dp_option->count() == 0 || args->dp_size > 0, "--dp-size must be > 0, got {}",
+                    args->dp_size);
     o.dp_size = args->dp_size;
     o.data.balance.mode = data::parse_balance_mode(args->balance, "--balance");
     o.data.balance.window = args->balance_window;

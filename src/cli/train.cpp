@@ -2,6 +2,7 @@
 // form the process grid of the config's parallel.* layout (docs/parallel.md).
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -25,7 +26,7 @@ struct TrainCliOptions {
   std::string resume, init_from, dump_grads;
   bool overwrite = false;
   bool dry_run = false;
-  int ranks = 0;
+  int ranks = -1;  // -1: --ranks not given
 };
 
 /// The end-of-run lines (rank 0): this run's first and last train and valid losses, mean speed
@@ -90,9 +91,9 @@ int run_train(const TrainCliOptions& o) {
     options.dump_grads = o.dump_grads;
     options.overwrite = o.overwrite;
     options.dry_run = o.dry_run;
-    options.dry_run_ranks = o.ranks;
-    check(o.ranks == 0 || o.dry_run, "--ranks {} is only for --dry-run (under mpirun the ranks are -np)", o.ranks);
-    check(o.ranks >= 0, "--ranks must be >= 1, got {}", o.ranks);
+    options.dry_run_ranks = std::max(o.ranks, 0);  // 0: the ranks it runs on
+    check(o.ranks == -1 || o.dry_run, "--ranks {} is only for --dry-run (under mpirun the ranks are -np)", o.ranks);
+    check(o.ranks == -1 || o.ranks >= 1, "--ranks must be >= 1, got {}", o.ranks);
     train::ConfigNeeds needs;
     needs.model_shape = o.resume.empty() && o.init_from.empty();
     train::TrainConfig config = train::load_config(o.config, o.overrides, needs);

@@ -113,6 +113,9 @@ TEST(BalanceCli, InspectShowsEveryRankAndItsCost) {
   r = run_longtron(base + " --balance documents --unpacked");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("data.use_packed_dataset"), std::string::npos) << r.output;
+  r = run_longtron(base + " --dp-size 0");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--dp-size must be > 0, got 0"), std::string::npos) << r.output;
   r = run_longtron(base + " --balance bogus");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("--balance"), std::string::npos) << r.output;

@@ -76,6 +76,9 @@ TEST(MemoryPlanCli, DryRunPrintsThePlanWithoutTraining) {
   r = run_longtron("train --ranks 4" + config);
   EXPECT_EQ(r.status, 1);
   EXPECT_TRUE(contains(r.output, "--ranks 4 is only for --dry-run")) << r.output;
+  r = run_longtron("train --dry-run --ranks 0" + config);
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "--ranks must be >= 1, got 0")) << r.output;
 }
 
 // A run whose memory is mostly activations (a long packed row, no recomputation): the peak
