@@ -57,6 +57,10 @@ int run_eval(const EvalOptions& o) {
   // eval reads every token anyway: check ids first so the error names the file and document.
   data::validate_dataset(dataset, m.layout->config().vocab_size);
   const train::EvalResult r = train::evaluate_documents(*m.model, dataset, pack);
+  // A loss of 0 would read as a perfect model: with no label there is no loss to report.
+  check(r.count > 0, "{}: no token has a label ({} documents, every target masked: negative ids "
+        "or labels -100, or one-token documents): there is no loss to evaluate", o.data,
+        r.documents.size());
   if (o.json) {
     nlohmann::json docs = nlohmann::json::array();
     for (const auto& d : r.documents)

@@ -74,6 +74,13 @@ TEST(TrainCli, ExportEvalInitFromAndGenerate) {
   // The training run's final valid_loss is the same number (same packing of the same set).
   EXPECT_NEAR(a["loss"].get<double>(), trained.back(), 1e-6);
 
+  // Data whose every target is masked (negative ids) has no loss: an error, not "loss 0".
+  write_file(p.dir / "masked.bin", "{\"tokens\": [-5, -6, -7]}\n{\"tokens\": [9]}\n");
+  r = run_longtron("eval --checkpoint " + (p.dir / "ckpt").string() + " --data " +
+                   (p.dir / "masked.bin").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "masked.bin: no token has a label (2 documents")) << r.output;
+
   // --init-from the export: the step-0 valid loss (before any update) is the exported model's.
   r = run_longtron("train" + p.config() + " --init-from " + (p.dir / "hf").string() +
                    " --set train.total_steps=1 --set train.checkpoint_dir=\"" +
