@@ -8,6 +8,7 @@
 
 #include "cli/registry.h"
 #include "core/error.h"
+#include "core/plural.h"
 #include "core/phase.h"
 #include "core/threads.h"
 #include "data/open.h"
@@ -58,9 +59,9 @@ int run_eval(const EvalOptions& o) {
   data::validate_dataset(dataset, m.layout->config().vocab_size);
   const train::EvalResult r = train::evaluate_documents(*m.model, dataset, pack);
   // A loss of 0 would read as a perfect model: with no label there is no loss to report.
-  check(r.count > 0, "{}: no token has a label ({} documents, every target masked: negative ids "
+  check(r.count > 0, "{}: no token has a label ({}, every target masked: negative ids "
         "or labels -100, or one-token documents): there is no loss to evaluate", o.data,
-        r.documents.size());
+        count_of(int64_t(r.documents.size()), "document"));
   if (o.json) {
     nlohmann::json docs = nlohmann::json::array();
     for (const auto& d : r.documents)
@@ -69,8 +70,9 @@ int run_eval(const EvalOptions& o) {
                       {"loss", d.tokens > 0 ? nlohmann::json(d.loss()) : nlohmann::json(nullptr)}});
     fmt::print("{}\n", nlohmann::json{{"documents", docs}, {"loss", r.loss()}}.dump());
   } else {
-    fmt::print("eval: {} documents, {} tokens scored, loss {:.6f} (checkpoint {})\n",
-               r.documents.size(), r.count, r.loss(), m.dir.string());
+    fmt::print("eval: {}, {} scored, loss {:.6f} (checkpoint {})\n",
+               count_of(int64_t(r.documents.size()), "document"), count_of(r.count, "token"),
+               r.loss(), m.dir.string());
   }
   return 0;
 }
