@@ -367,8 +367,10 @@ void check_model_config(const model::ModelConfig& m) {
         "model.num_kv_attention_heads: {} does not divide model.num_attention_heads {}",
         m.num_kv_attention_heads, m.num_attention_heads);
   check(m.mlp_ratio > 0, "model.mlp_ratio: must be > 0, got {}", m.mlp_ratio);
-  check(m.norm_eps > 0, "model.norm_eps: must be > 0, got {}", m.norm_eps);
-  check(m.rope_base > 0, "model.rope_base: must be > 0, got {}", m.rope_base);
+  check(m.norm_eps > 0 && std::isfinite(m.norm_eps), "model.norm_eps: must be finite and > 0, got {}",
+        m.norm_eps);
+  check(m.rope_base > 0 && std::isfinite(m.rope_base),
+        "model.rope_base: must be finite and > 0, got {}", m.rope_base);
   model::check_model_limits(m);
 }
 
@@ -376,6 +378,10 @@ std::string config_origin(const TrainConfig& c, const std::string& key) {
   if (const std::string* arg = set_argument(c.set_by, key)) return "--set " + *arg;
   return c.source + ": " + key;
 }
+
+// More threads per rank than any machine has cores; a larger count is a typo (and overflows the
+// int that OpenMP and the BLAS take).
+constexpr int64_t kMaxThreads = 4096;
 
 void check_config(const TrainConfig& c, const ConfigNeeds& needs) {
   auto at = [&](const std::string& key) { return config_origin(c, key); };
@@ -400,7 +406,8 @@ void check_config(const TrainConfig& c, const ConfigNeeds& needs) {
   }
   positive("data.micro_num", d.micro_num);
   non_negative("data.min_length", double(d.min_length));
-  non_negative("data.seed", double(d.seed));
+  check(d.seed >= 0 && d.seed <= 0xffffffffLL, "{}: must be in [0, 2^32), got {}", at("data.seed"),
+        d.seed);  // the shuffles' generator takes 32 bits: a larger seed would alias a smaller one
   check_in(at("data.pack_tail"), d.pack_tail, {"pad", "drop"});
   check_in(at("data.balance"), d.balance, {"none", "rows", "documents"});
   positive("data.balance_window", d.balance_window);
@@ -423,11 +430,15 @@ void check_config(const TrainConfig& c, const ConfigNeeds& needs) {
   }
 
   const auto& o = c.optimizer;
-  check(o.lr > 0, "{}: must be > 0, got {}", at("optimizer.lr"), o.lr);
+  check(o.lr > 0 && std::isfinite(o.lr), "{}: must be finite and > 0, got {}", at("optimizer.lr"), o.lr);
   check(o.beta1 >= 0 && o.beta1 < 1, "{}: must be in [0, 1), got {}", at("optimizer.beta1"), o.beta1);
   check(o.beta2 >= 0 && o.beta2 < 1, "{}: must be in [0, 1), got {}", at("optimizer.beta2"), o.beta2);
-  check(o.eps > 0, "{}: must be > 0, got {}", at("optimizer.eps"), o.eps);
-  non_negative("optimizer.weight_decay", o.weight_decay);
+  check(o.eps > 0 && std::isfinite(o.eps), "{}: must be finite and > 0, got {}", at("optimizer.eps"),
+        o.eps);
+  check(o.weight_decay >= 0 && std::isfinite(o.weight_decay), "{}: must be finite and >= 0, got {}",
+        at("optimizer.weight_decay"), o.weight_decay);
+  check(!std::isnan(o.clip_grad_norm), "{}: must be a number (<= 0: no clipping), got nan",
+        at("optimizer.clip_grad_norm"));
   const auto& l = c.lr_scheduler;
   non_negative("lr_scheduler.warmup_steps", double(l.warmup_steps));
   check(l.min_lr >= 0 && l.min_lr <= o.lr, "{}: must be in [0, optimizer.lr = {}], got {}",
@@ -451,7 +462,8 @@ void check_config(const TrainConfig& c, const ConfigNeeds& needs) {
   check(t.total_steps <= 0 || l.warmup_steps <= t.total_steps, "{}: {} exceeds train.total_steps {}",
         at("lr_scheduler.warmup_steps"), l.warmup_steps, t.total_steps);
   non_negative("train.seed", double(t.seed));
-  non_negative("train.num_threads", double(t.num_threads));
+  check(t.num_threads >= 0 && t.num_threads <= kMaxThreads, "{}: must be in [0, {}], got {}",
+        at("train.num_threads"), kMaxThreads, t.num_threads);
   positive("train.log_every", t.log_every);
   non_negative("train.valid_every", double(t.valid_every));
   non_negative("train.save_every", double(t.save_every));

@@ -53,7 +53,7 @@ const std::vector<ConfigKey> kConfigKeys = {
      "The last partial packed row of a file: \"pad\" (one pad segment, no loss) or \"drop\"."},
     {"data.shuffle", "boolean", "true", "",
      "Shuffle the documents of each file and the rows (NumPy RandomState order, as InternEvo)."},
-    {"data.seed", "integer", "1024", "", "Seed of the document and row shuffles."},
+    {"data.seed", "integer", "1024", "", "Seed of the document and row shuffles, in [0, 2^32)."},
     {"data.min_length", "integer", "0", "",
      "Documents shorter than this many tokens are dropped before packing."},
     {"data.balance", "string", "\"none\"", "",
@@ -109,7 +109,8 @@ const std::vector<ConfigKey> kConfigKeys = {
     {"train.total_steps", "integer", "", kRequired, "Optimizer steps of the run."},
     {"train.seed", "integer", "0", "", "Seed of the parameter initialisation."},
     {"train.num_threads", "integer", "0", "",
-     "Threads per rank (OpenMP and BLAS); 0: the cores ÷ the ranks on the node, at least 1."},
+     "Threads per rank (OpenMP and BLAS), at most 4096; 0: the cores ÷ the ranks on the node, at "
+     "least 1."},
     {"train.log_every", "integer", "1", "",
      "A console and metrics row every N steps (and at the last step)."},
     {"train.valid_every", "integer", "0", "",

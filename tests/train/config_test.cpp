@@ -243,6 +243,14 @@ TEST(Config, SanityChecksNameTheKey) {
   expect_error({"parallel.tensor_2d.overlap=yes"}, {"parallel.tensor_2d.overlap"});
   expect_error({"parallel.zero1.size=0"}, {"parallel.zero1.size"});
   expect_error({"parallel.weight.size=0"}, {"parallel.weight.size"});
+  expect_error({"optimizer.lr=inf"}, {"--set optimizer.lr=inf", "finite"});
+  expect_error({"optimizer.eps=inf"}, {"--set optimizer.eps=inf", "finite"});
+  expect_error({"optimizer.weight_decay=inf"}, {"--set optimizer.weight_decay=inf", "finite"});
+  expect_error({"optimizer.clip_grad_norm=nan"}, {"--set optimizer.clip_grad_norm=nan", "nan"});
+  expect_error({"model.rope_base=inf"}, {"--set model.rope_base=inf", "finite"});
+  expect_error({"data.seed=4294967296"}, {"--set data.seed=4294967296", "[0, 2^32)"});
+  EXPECT_EQ(parse({"data.seed=4294967295"}).data.seed, 4294967295);
+  expect_error({"train.num_threads=2147483648"}, {"--set train.num_threads=2147483648", "[0, 4096]"});
   expect_error({"model.num_layers=9223372036854775807"}, {"--set model.num_layers", "too large"});
   expect_error({"model.multiple_of=9223372036854775807"}, {"--set model.multiple_of", "too large"});
   expect_error({"model.mlp_ratio=1e300"}, {"--set model.mlp_ratio", "FFN width"});
