@@ -1,5 +1,7 @@
 #include "data/loader.h"
 
+#include <limits>
+
 #include "core/error.h"
 
 namespace longtron::data {
@@ -9,9 +11,13 @@ BatchLoader::BatchLoader(Dataset dataset, const DataConfig& config, int64_t dp_s
   config_.balance.validate();
   check(config_.micro_num > 0, "data.micro_num must be > 0, got {}", config_.micro_num);
   check(dp_size > 0, "data parallel size must be > 0, got {}", dp_size);
-  config_.pack.balance_window_rows = config_.balance.mode == BalanceMode::kDocuments
-                                         ? config_.balance.window * config_.micro_num * dp_size
-                                         : 0;
+  // A window of more rows than 64 bits count is the whole dataset: saturate, never wrap.
+  int64_t window_rows = 0;
+  if (config_.balance.mode == BalanceMode::kDocuments &&
+      (__builtin_mul_overflow(config_.balance.window, config_.micro_num, &window_rows) ||
+       __builtin_mul_overflow(window_rows, dp_size, &window_rows)))
+    window_rows = std::numeric_limits<int64_t>::max();
+  config_.pack.balance_window_rows = window_rows;
   rows_ = std::make_unique<DatasetRows>(dataset_, config_.pack, config_.min_length,
                                         config_.shuffle, config_.seed);
   sampler_ = std::make_unique<StaticBatchSampler>(rows_->num_rows(), config_.micro_num, dp_size,

@@ -26,7 +26,8 @@ StaticBatchSampler::StaticBatchSampler(int64_t num_rows, int64_t micro_num, int6
       seed_(seed) {
   check(micro_num > 0, "data.micro_num must be > 0, got {}", micro_num);
   check(dp_size > 0, "data parallel size must be > 0, got {}", dp_size);
-  check(num_rows >= micro_num * dp_size,
+  // num_rows / dp_size >= micro_num is num_rows >= micro_num × dp_size without its overflow.
+  check(num_rows / dp_size >= micro_num,
         "the dataset has {} rows, fewer than one step needs (data.micro_num x data parallel size "
         "= {} x {})",
         num_rows, micro_num, dp_size);

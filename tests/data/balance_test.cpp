@@ -275,6 +275,26 @@ std::vector<int64_t> sorted_rows(const StepPlan& p) {
   return all;
 }
 
+// Typo-sized micro_num, data-parallel size or window: a clear "fewer rows than a step needs",
+// never a product that wraps past 64 bits (micro_num 2^62 × dp 4 once divided by zero).
+TEST(Balance, HugeStepSizesAreRefusedWithoutOverflow) {
+  const int64_t huge = int64_t{1} << 62;
+  for (const auto& [micro_num, dp] : std::vector<std::pair<int64_t, int64_t>>{
+           {huge, 4}, {3, huge}, {huge, huge}}) {
+    try {
+      BatchLoader loader(two_files(4), loader_config(BalanceMode::kNone, micro_num, false), dp);
+      ADD_FAILURE() << "no error for micro_num " << micro_num << " x dp " << dp;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("fewer than one step needs"), std::string::npos) << e.what();
+    }
+  }
+  // A documents window wider than the dataset is one window over all of it.
+  DataConfig c = loader_config(BalanceMode::kDocuments, 3, false);
+  c.balance.window = INT64_MAX;
+  const BatchLoader wide(two_files(4), c, 2);
+  EXPECT_EQ(sorted_rows(wide.plan(0)).size(), 6u);
+}
+
 TEST(Balance, RowsModeKeepsEachStepsRowsAndBalancesRanks) {
   for (const bool shuffle : {false, true}) {
     const BatchLoader none(two_files(4), loader_config(BalanceMode::kNone, 3, shuffle), 4);
