@@ -1,5 +1,6 @@
 #include "train/config.h"
 
+#include <fmt/ranges.h>
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -416,7 +417,7 @@ void check_config(const TrainConfig& c, const ConfigNeeds& needs) {
     check(b.size() == 2 && std::isfinite(b[0]) && std::isfinite(b[1]) && b[0] >= 0 && b[1] >= 0 &&
               (b[0] > 0 || b[1] > 0),
           "{}: expected [cost per token, cost per causal pair], two finite numbers >= 0 and not "
-          "both 0, got {} numbers", at("data.balance_cost"), b.size());
+          "both 0, got [{}]", at("data.balance_cost"), fmt::join(b, ", "));
   }
   if (d.balance == "documents") {
     const std::string who = set_argument(c.set_by, "data.balance") ? at("data.balance") : c.source;

@@ -298,9 +298,9 @@ TEST(Config, BalanceKeys) {
   EXPECT_EQ(longtron::train::to_json(c)["data"]["balance_cost"], nlohmann::json::array({2.0, 0.5}));
   expect_error({"data.balance=tokens"}, {"data.balance", "\"tokens\"", "none | rows | documents"});
   expect_error({"data.balance_window=0"}, {"data.balance_window", "> 0"});
-  expect_error({"data.balance_cost=[1]"}, {"data.balance_cost", "1 numbers"});
+  expect_error({"data.balance_cost=[1]"}, {"data.balance_cost", "got [1]"});
   expect_error({"data.balance_cost=[0, 0]"}, {"data.balance_cost", "not both 0"});
-  expect_error({"data.balance_cost=[1, -1]"}, {"data.balance_cost"});
+  expect_error({"data.balance_cost=[1, -1]"}, {"data.balance_cost", "got [1, -1]"});
   expect_error({"data.balance_cost=[1, \"a\"]"}, {"data.balance_cost", "an array of numbers"});
   expect_error({"data.balance=documents", "data.use_packed_dataset=false"},
                {"data.balance = \"documents\"", "data.use_packed_dataset"});
