@@ -35,9 +35,11 @@ Subcommand check_data_command(15, [](CLI::App& app) {
   auto vocab_size = std::make_shared<int64_t>(0);
   auto* sub = app.add_subcommand("check-data", "Read every document of a tokenized dataset and check it");
   sub->add_option("path", *path, "Dataset folder or file (.idx/.bin)")->required();
-  sub->add_option("--vocab-size", *vocab_size,
+  auto* vocab_option = sub->add_option("--vocab-size", *vocab_size,
                   "Token ids must be below this (default: dataset.json's vocab_size, if any)");
-  return [path, vocab_size] {
+  return [path, vocab_size, vocab_option] {
+    check(vocab_option->count() == 0 || *vocab_size > 0, "check-data: --vocab-size must be > 0, got {}",
+          *vocab_size);
     int64_t vocab = *vocab_size > 0 ? *vocab_size : vocab_from_dataset_json(fs::path(*path));
     const auto dataset = data::open_dataset(*path);
     data::validate_dataset(dataset, vocab > 0 ? vocab : (int64_t{1} << 31));

@@ -27,8 +27,11 @@ int run_export(const ExportOptions& o) {
   // Loading checks every tensor's name and shape before anything is written.
   const train::LoadedModel m = train::load_model_dir(o.checkpoint);
   const fs::path tmp = out.string() + ".tmp-export";
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
+  std::error_code ec;
+  fs::remove_all(tmp, ec);  // a leftover of an interrupted export; create_directories reports why not
+  fs::create_directories(tmp, ec);
+  check(!ec, "export: cannot create the folder {} next to --output {} ({})", tmp.string(), o.output,
+        ec.message());
   try {
     fs::copy_file(m.dir / "config.json", tmp / "config.json");
     if (fs::is_regular_file(m.dir / "model.safetensors")) {

@@ -200,6 +200,11 @@ TEST(CheckDataCli, EachBadTokenizedInputNamesFileAndOffset) {
 
   megatron(dir / "ok");
   EXPECT_EQ(run_check(dir / "ok", "--vocab-size 10").status, 0);
+  for (const char* bad : {"0", "-5"}) {  // a mistake, not "no vocabulary check"
+    auto r = run_check(dir / "ok", std::string("--vocab-size ") + bad);
+    EXPECT_EQ(r.status, 1);
+    EXPECT_TRUE(contains(r.output, std::string("--vocab-size must be > 0, got ") + bad)) << r.output;
+  }
   // Token id >= vocabulary.
   auto r = run_check(dir / "ok", "--vocab-size 9");
   EXPECT_EQ(r.status, 1);

@@ -49,6 +49,14 @@ TEST(TrainCli, ExportEvalInitFromAndGenerate) {
   for (const char* f : {"model.safetensors", "config.json", "tokenizer.model"})
     EXPECT_TRUE(fs::exists(p.dir / "hf" / f)) << f;
 
+  // An --output under a regular file: a clear error, not a filesystem exception.
+  write_file(p.dir / "a_file", "x");
+  r = run_longtron("export --checkpoint " + (p.dir / "ckpt").string() + " --output " +
+                   (p.dir / "a_file" / "hf").string());
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "export: cannot create the folder") &&
+              contains(r.output, "Not a directory")) << r.output;
+
   // eval of the checkpoint and of the export: identical; per-document sums add up to the loss.
   const std::string data = " --data " + (p.dir / "data" / "valid").string() + " --json";
   r = run_longtron("eval --checkpoint " + (p.dir / "ckpt").string() + data);
