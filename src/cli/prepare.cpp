@@ -143,6 +143,8 @@ void check_options(const PrepareOptions& options) {
   check(!options.train_tokenizer || options.vocab_size >= 260,
         "prepare: --train-tokenizer needs --vocab-size N >= 260 (256 byte pieces, <unk>, <s>, </s> "
         "and one piece per distinct character of the corpus), got {}", options.vocab_size);
+  check(options.threads >= 0 && options.threads <= 4096,
+        "prepare: --threads must be in [1, 4096] (0 or none: all cores), got {}", options.threads);
   check(options.format == "megatron" || options.format == "internevo",
         "prepare: --format {} is not megatron or internevo", options.format);
   check(!options.chat || options.format == "internevo",

@@ -5,6 +5,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -149,8 +150,12 @@ Tokenizer train_bpe_tokenizer(const std::vector<std::string>& documents,
     std::move(more.begin(), more.end(), std::back_inserter(lines));
   }
   check(!lines.empty(), "tokenizer training: the corpus has no text");
-  const int threads = options.threads > 0 ? options.threads
-                                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // SentencePiece's trainer refuses more than 128 threads: a bigger machine (or --threads) uses 128.
+  constexpr int kSentencePieceMaxThreads = 128;
+  const int threads = std::min(
+      kSentencePieceMaxThreads,
+      options.threads > 0 ? options.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   std::unordered_map<std::string, std::string> kwargs = {
       {"model_type", "bpe"},
       {"vocab_size", std::to_string(options.vocab_size)},

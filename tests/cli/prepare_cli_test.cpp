@@ -143,6 +143,21 @@ TEST(PrepareCli, WriteFailureNamesTheCause) {
   EXPECT_TRUE(nothing_left(dir.path(), "out"));
 }
 
+// SentencePiece's trainer takes at most 128 threads: more (a big machine's default or --threads)
+// train with 128 rather than failing; a negative count is refused.
+TEST(PrepareCli, ThreadCounts) {
+  TempDir dir;
+  write_corpus(dir / "corpus.jsonl");
+  const std::string base = "prepare --input " + (dir / "corpus.jsonl").string() +
+                           " --train-tokenizer --vocab-size 400 --output ";
+  auto r = run_longtron(base + (dir / "many").string() + " --threads 200");
+  EXPECT_EQ(r.status, 0) << r.output;
+  r = run_longtron(base + (dir / "neg").string() + " --threads -3");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--threads must be in [1, 4096]")) << r.output;
+  EXPECT_TRUE(nothing_left(dir.path(), "neg"));
+}
+
 TEST(PrepareCli, BadTextInputLeavesNothing) {
   TempDir dir;
   write_file(dir / "a.jsonl", "{\"text\": \"hello there\"}\n{\"body\": \"x\"}\n");
