@@ -70,21 +70,6 @@ comm::ProcessGrid shape_grid(const comm::Layout& layout, int world) {
   return g;
 }
 
-comm::Layout layout_of(const ParallelConfig& p) {
-  comm::Layout l;
-  l.tensor_size = static_cast<int>(p.tensor.size);
-  l.tensor_mode = comm::parse_tensor_mode(p.tensor.mode);
-  l.weight_size = static_cast<int>(p.weight.size);
-  l.weight_overlap = p.weight.overlap;
-  l.zero1_size = static_cast<int>(p.zero1.size);
-  if (p.tensor_2d.given) {
-    l.tensor_2d_x = static_cast<int>(p.tensor_2d.x);
-    l.tensor_2d_y = static_cast<int>(p.tensor_2d.y);
-    l.tensor_2d_overlap = p.tensor_2d.overlap;
-  }
-  return l;
-}
-
 /// Bytes of the regular files under `path` (a folder or one file); 0 when absent.
 double files_bytes(const std::string& path) {
   if (path.empty()) return 0;
@@ -260,6 +245,21 @@ std::string layout_text(const comm::ProcessGrid& g, const std::string& mode) {
 }
 
 }  // namespace
+
+comm::Layout layout_of(const ParallelConfig& p) {
+  comm::Layout l;
+  l.tensor_size = static_cast<int>(p.tensor.size);
+  l.tensor_mode = comm::parse_tensor_mode(p.tensor.mode);
+  l.weight_size = static_cast<int>(p.weight.size);
+  l.weight_overlap = p.weight.overlap;
+  l.zero1_size = static_cast<int>(p.zero1.size);
+  if (p.tensor_2d.given) {
+    l.tensor_2d_x = static_cast<int>(p.tensor_2d.x);
+    l.tensor_2d_y = static_cast<int>(p.tensor_2d.y);
+    l.tensor_2d_overlap = p.tensor_2d.overlap;
+  }
+  return l;
+}
 
 MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   const comm::Layout layout = layout_of(c.parallel);

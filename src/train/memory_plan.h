@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/process_grid.h"
 #include "train/config.h"
 
 namespace longtron::train {
@@ -54,6 +55,10 @@ struct MemoryPlan {
   double runtime_bytes = 0;      ///< of which already resident when the plan was made
   std::string peak_phase;        ///< "start-up (…)", "training step" or "checkpoint save"
 };
+
+/// The comm::Layout of the config's parallel.* keys (docs/parallel.md): what the trainer builds
+/// its process grid from and what the plan sizes each rank's shards by.
+comm::Layout layout_of(const ParallelConfig& p);
 
 /// What the plan needs beyond the config.
 struct MemoryPlanInputs {

@@ -145,22 +145,6 @@ void copy_file_atomically(const fs::path& from, const fs::path& to) {
   fs::rename(tmp, to);
 }
 
-/// The comm::Layout of the config's parallel.* keys (docs/parallel.md).
-comm::Layout layout_of(const ParallelConfig& p) {
-  comm::Layout l;
-  l.tensor_size = static_cast<int>(p.tensor.size);
-  l.tensor_mode = comm::parse_tensor_mode(p.tensor.mode);
-  l.weight_size = static_cast<int>(p.weight.size);
-  l.weight_overlap = p.weight.overlap;
-  l.zero1_size = static_cast<int>(p.zero1.size);
-  if (p.tensor_2d.given) {
-    l.tensor_2d_x = static_cast<int>(p.tensor_2d.x);
-    l.tensor_2d_y = static_cast<int>(p.tensor_2d.y);
-    l.tensor_2d_overlap = p.tensor_2d.overlap;
-  }
-  return l;
-}
-
 /// Everything one run holds. The model lives in a ParallelEngine (parallel/engine.h): this rank's
 /// shards of the parameters and gradients, the layout's ops and reductions; params/grads/model
 /// are references into it. Checkpoints hold full HF-named tensors whatever the layout.
