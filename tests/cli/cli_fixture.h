@@ -12,6 +12,11 @@
 
 namespace longtron::testing {
 
+/// Whether `text` (a command's output) holds `part`.
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
 /// One document of `sentences` sentences of 7 words drawn by `gen` from a fixed 15-word list, each
 /// sentence ending in ". " (so the text ends with a space). Draws exactly 7·sentences numbers.
 inline std::string english_document(std::mt19937& gen, int sentences) {

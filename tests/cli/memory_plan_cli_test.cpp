@@ -11,6 +11,7 @@
 #include "cli_fixture.h"
 
 namespace fs = std::filesystem;
+using longtron::testing::contains;
 using longtron::testing::english_document;
 using longtron::testing::jsonl_of;
 using longtron::testing::prepare_corpus;
@@ -21,10 +22,6 @@ using longtron::testing::tiny_model_toml;
 using longtron::testing::write_file;
 
 namespace {
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 std::string toml(const fs::path& dir, const std::string& data_folder) {
   return tiny_model_toml(32) + "[data]\ntrain_folder = \"" + data_folder +

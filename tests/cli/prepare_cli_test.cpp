@@ -14,6 +14,7 @@
 #include "cli_fixture.h"
 
 namespace fs = std::filesystem;
+using longtron::testing::contains;
 namespace ld = longtron::data;
 using longtron::testing::english_document;
 using longtron::testing::jsonl_of;
@@ -47,10 +48,6 @@ bool nothing_left(const fs::path& folder, const std::string& name) {
   for (const auto& entry : fs::directory_iterator(folder))
     if (entry.path().filename().string().rfind(name, 0) == 0) return false;
   return true;
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "data/tokenizer.h"
 
 namespace fs = std::filesystem;
+using longtron::testing::contains;
 using longtron::testing::english_document;
 using longtron::testing::read_file;
 using longtron::testing::run_longtron;
@@ -22,10 +23,6 @@ using longtron::testing::write_file;
 namespace ld = longtron::data;
 
 namespace {
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 // 24 conversations of two exchanges of generated English-like sentences, as messages .jsonl.
 std::string conversations_jsonl() {

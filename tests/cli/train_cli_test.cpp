@@ -9,6 +9,7 @@
 #include "cli_fixture.h"
 
 namespace fs = std::filesystem;
+using longtron::testing::contains;
 using longtron::testing::english_document;
 using longtron::testing::jsonl_of;
 using longtron::testing::Prepared;
@@ -19,10 +20,6 @@ using longtron::testing::tiny_model_toml;
 using longtron::testing::write_file;
 
 namespace {
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 /// The valid_loss rows of a metrics file, in order.
 std::vector<double> valid_losses(const fs::path& metrics) {

@@ -12,6 +12,7 @@
 #include "cli_fixture.h"
 
 namespace fs = std::filesystem;
+using longtron::testing::contains;
 using longtron::testing::Prepared;
 using longtron::testing::read_file;
 using longtron::testing::run_command;
@@ -20,10 +21,6 @@ using longtron::testing::TempDir;
 using longtron::testing::write_file;
 
 namespace {
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 /// The step folder `latest` names in a checkpoint root ("step_6").
 std::string latest(const fs::path& root) {
