@@ -12,6 +12,7 @@
 #include "cli_fixture.h"
 
 namespace fs = std::filesystem;
+using longtron::testing::mpirun_longtron;
 using longtron::testing::english_document;
 using longtron::testing::jsonl_of;
 using longtron::testing::prepare_corpus;
@@ -47,12 +48,6 @@ struct Prepared {
   }
   std::string data() const { return (dir / "data" / "train").string(); }
 };
-
-longtron::testing::CommandResult mpirun(int np, const std::string& args) {
-  return run_command("OMP_NUM_THREADS=1 timeout 120 mpirun -np " + std::to_string(np) +
-                     " --oversubscribe --allow-run-as-root --bind-to none " + LONGTRON_BINARY +
-                     " " + args + " 2>&1");
-}
 
 /// step → training row of a metrics file.
 std::map<int64_t, json> train_rows(const fs::path& metrics) {
@@ -123,9 +118,9 @@ TEST(BalanceCli, InspectShowsEveryRankAndItsCost) {
 
 TEST(BalanceCli, RowsMatchesNoneAndDocumentsMatchesOneProcessUnderMpi) {
   Prepared p;
-  auto r = mpirun(2, p.args("none"));
+  auto r = mpirun_longtron(2, p.args("none"));
   ASSERT_EQ(r.status, 0) << r.output;
-  r = mpirun(2, p.args("rows", "--set data.balance=\"rows\""));
+  r = mpirun_longtron(2, p.args("rows", "--set data.balance=\"rows\""));
   ASSERT_EQ(r.status, 0) << r.output;
   const auto none = train_rows(p.dir / "none" / "metrics.jsonl");
   const auto rows = train_rows(p.dir / "rows" / "metrics.jsonl");
@@ -146,7 +141,7 @@ TEST(BalanceCli, RowsMatchesNoneAndDocumentsMatchesOneProcessUnderMpi) {
   EXPECT_GT(improved, 0);
 
   // "documents": dp 2 × micro_num 2 against one process × micro_num 4 (the same global batch).
-  r = mpirun(2, p.args("docs2", "--set data.balance=\"documents\" --set data.balance_window=2"));
+  r = mpirun_longtron(2, p.args("docs2", "--set data.balance=\"documents\" --set data.balance_window=2"));
   ASSERT_EQ(r.status, 0) << r.output;
   r = run_longtron(p.args("docs1", "--set data.balance=\"documents\" --set data.balance_window=2 "
                                    "--set data.micro_num=4"));

@@ -79,4 +79,12 @@ struct Prepared {
   std::string config() const { return " --config " + (dir / "tiny.toml").string(); }
 };
 
+/// `longtron ARGS` on `np` ranks under mpirun (one thread each, 120 s limit; as root and with more
+/// ranks than cores, as the test machines need), stdout and stderr together.
+inline CommandResult mpirun_longtron(int np, const std::string& args) {
+  return run_command("OMP_NUM_THREADS=1 timeout 120 mpirun -np " + std::to_string(np) +
+                     " --oversubscribe --allow-run-as-root --bind-to none " + LONGTRON_BINARY +
+                     " " + args + " 2>&1");
+}
+
 }  // namespace longtron::testing

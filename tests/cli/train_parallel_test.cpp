@@ -12,6 +12,7 @@
 #include "cli_fixture.h"
 
 namespace fs = std::filesystem;
+using longtron::testing::mpirun_longtron;
 using longtron::testing::english_document;
 using longtron::testing::jsonl_of;
 using longtron::testing::prepare_corpus;
@@ -48,12 +49,6 @@ struct Prepared {
   }
 };
 
-longtron::testing::CommandResult mpirun(int np, const std::string& args) {
-  return run_command("OMP_NUM_THREADS=1 timeout 120 mpirun -np " + std::to_string(np) +
-                     " --oversubscribe --allow-run-as-root --bind-to none " + LONGTRON_BINARY +
-                     " " + args + " 2>&1");
-}
-
 /// step → loss of the training rows of a metrics file.
 std::map<int64_t, double> losses(const fs::path& metrics) {
   std::map<int64_t, double> out;
@@ -82,7 +77,7 @@ TEST(TrainParallel, TensorParallelMatchesOneProcessAndResumesInAnotherLayout) {
   ASSERT_EQ(ref.size(), 6u);
 
   // dp 1 × tp 2 (MSP) for 3 steps: micro_num 2 rows per step, as the one process.
-  r = mpirun(2, p.args("msp", "--set train.total_steps=3 --set parallel.tensor.size=2 "
+  r = mpirun_longtron(2, p.args("msp", "--set train.total_steps=3 --set parallel.tensor.size=2 "
                               "--set parallel.tensor.mode=\"msp\""));
   ASSERT_EQ(r.status, 0) << r.output;
   const auto msp = losses(p.dir / "msp" / "metrics.jsonl");
@@ -91,13 +86,13 @@ TEST(TrainParallel, TensorParallelMatchesOneProcessAndResumesInAnotherLayout) {
   EXPECT_LT(e1, 1e-4);
 
   // dp 2 with one row each: the sampler's union is the one process's two rows per step.
-  r = mpirun(2, p.args("dp", "--set train.total_steps=3 --set data.micro_num=1"));
+  r = mpirun_longtron(2, p.args("dp", "--set train.total_steps=3 --set data.micro_num=1"));
   ASSERT_EQ(r.status, 0) << r.output;
   const double e0 = max_rel_error(losses(p.dir / "dp" / "metrics.jsonl"), ref);
   EXPECT_LT(e0, 1e-4);
 
   // Resume that checkpoint under tp 2 FSP for steps 4–6.
-  r = mpirun(2, p.args("msp", "--resume " + (p.dir / "msp" / "ckpt").string() +
+  r = mpirun_longtron(2, p.args("msp", "--resume " + (p.dir / "msp" / "ckpt").string() +
                                   " --set parallel.tensor.size=2 --set parallel.tensor.mode=\"fsp\""));
   ASSERT_EQ(r.status, 0) << r.output;
   const auto resumed = losses(p.dir / "msp" / "metrics.jsonl");
@@ -119,7 +114,7 @@ TEST(TrainParallel, TensorParallelMatchesOneProcessAndResumesInAnotherLayout) {
 TEST(TrainParallel, LayoutErrorsStopTheJobFirst) {
   Prepared p;
   // One kv head cannot be split over 2 tensor ranks.
-  auto r = mpirun(2, p.args("kv", "--set parallel.tensor.size=2 --set model.num_kv_attention_heads=1"));
+  auto r = mpirun_longtron(2, p.args("kv", "--set parallel.tensor.size=2 --set model.num_kv_attention_heads=1"));
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("num_kv_attention_heads (1)"), std::string::npos) << r.output;
   // A world of one process cannot hold tensor size 2.
@@ -135,7 +130,7 @@ TEST(TrainParallel, ARankThatThrowsEndsTheJobWithItsError) {
   Prepared p;
   write_file(p.dir / "blocker", "a file where the checkpoint folder should go");
   const auto t0 = std::chrono::steady_clock::now();
-  auto r = mpirun(2, p.args("throw", "--set parallel.tensor.size=2 --set train.save_every=1 "
+  auto r = mpirun_longtron(2, p.args("throw", "--set parallel.tensor.size=2 --set train.save_every=1 "
                                      "--set train.checkpoint_dir=\"" +
                                          (p.dir / "blocker" / "ckpt").string() + "\""));
   const double seconds =
