@@ -7,7 +7,7 @@ BUILD_DIR="${1:-build}"; shift || true
 
 PACKAGES=(cmake g++ make pkg-config libopenmpi-dev openmpi-bin libopenblas-dev
   libsentencepiece-dev sentencepiece libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
-  libfmt-dev libgtest-dev libbenchmark-dev zlib1g-dev libdnnl-dev)
+  libfmt-dev libgtest-dev libbenchmark-dev zlib1g-dev libdnnl-dev ocl-icd-opencl-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -7,6 +7,8 @@
 namespace longtron::ops::detail {
 
 void validate_attention_shape(const AttentionShape& s) {
+  check(s.cu_seqlens_k == nullptr && s.window == 0,
+        "attention: separate key segments and sliding windows are not implemented yet");
   check(s.num_heads > 0 && s.num_kv_heads > 0 && s.num_heads % s.num_kv_heads == 0,
         "attention: num_heads {} must be a positive multiple of num_kv_heads {}", s.num_heads,
         s.num_kv_heads);

@@ -102,6 +102,17 @@ struct AttentionShape {
   const int32_t* cu_seqlens;
   int64_t num_segments;
   double scale;
+  /// Key segments, when they differ from the query segments (context parallelism: a rank's query
+  /// chunk of a document against every key of that document up to the chunk's end). nullptr =
+  /// cu_seqlens. Otherwise keys are a separate [num_kv_tokens] buffer split by
+  /// cu_seqlens_k[0..num_segments], and segment i's queries are aligned to the END of its keys
+  /// (flash_attn_varlen_func's bottom-right causal rule): query r of a segment with Lq queries and
+  /// Lk keys sees key c when c <= r + Lk − Lq.
+  const int32_t* cu_seqlens_k = nullptr;
+  int64_t num_kv_tokens = 0;
+  /// Sliding window (Mistral): a query sees only the last `window` keys of its own document, key c
+  /// visible to query r when r − window < c <= r (Hugging Face's rule). 0 = no window.
+  int64_t window = 0;
 };
 /// out[N,Hq,d] and the log-sum-exp of every score row lse[Hq, N] (saved for backward; natural log
 /// of Σ exp(scale · q·k)). Tiled (64×64 blocks inside each segment, the q heads of a kv group
