@@ -35,6 +35,7 @@
 #include "parallel/engine.h"
 #include "parallel/isp_attention.h"
 #include "train/optimizer.h"
+#include "train/step.h"
 
 namespace {
 
@@ -135,18 +136,15 @@ int main(int argc, char** argv) {
     grid.weight->reset_stats();
     world->barrier();
     const auto t0 = std::chrono::steady_clock::now();
-    engine.zero_grads();
-    const int64_t count = engine.global_label_count({row});
-    const model::LossSum l = engine.forward_backward(row, 1.0 / double(count));
-    engine.finish_gradients();
-    const double norm = engine.grad_norm();
-    if (norm > 1.0) engine.scale_grads(float(1.0 / norm));
-    adam.update(engine.params(), engine.grads(), 1e-3);
+    train::StepOptions so;  // the trainer's step: token loss, clip at 1, lr 1e-3
+    so.lr = 1e-3;
+    so.clip_grad_norm = 1.0;
+    const train::StepResult l = train::train_step(engine, adam, {row}, so);
     world->barrier();
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     tensor_bytes = grid.tensor->stats();
     weight_bytes = grid.weight->stats();
-    loss = l.sum / double(l.count);
+    loss = l.loss;
   }
   const double peak = peak_rss_mib();
 

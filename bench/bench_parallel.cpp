@@ -31,6 +31,7 @@
 #include "model/internlm2.h"
 #include "parallel/engine.h"
 #include "train/optimizer.h"
+#include "train/step.h"
 
 using namespace longtron;
 
@@ -144,23 +145,15 @@ int main(int argc, char** argv) {
       world->barrier();
       const auto t0 = std::chrono::steady_clock::now();
       const auto batches = loader.step(grid.data->rank(), s);
-      engine.zero_grads();
-      const int64_t count = engine.global_label_count(batches);
-      model::LossSum loss;
-      for (const auto& b : batches) {
-        const auto l = engine.forward_backward(b, 1.0 / double(count));
-        loss.sum += l.sum, loss.count += l.count;
-      }
-      engine.finish_gradients();
-      const double norm = engine.grad_norm();
-      if (norm > 1.0) engine.scale_grads(float(1.0 / norm));
-      adam.update(engine.params(), engine.grads(), 1e-3);
-      loss = engine.reduce_loss(loss);
+      train::StepOptions so;  // the trainer's step: token loss, clip at 1, lr 1e-3
+      so.lr = 1e-3;
+      so.clip_grad_norm = 1.0;
+      const train::StepResult r = train::train_step(engine, adam, batches, so);
       if (s > 0) seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (world->rank() == 0 && s == steps)
         std::printf("mode %s tp %d dp %d zero1 %d: last loss %.4f grad norm %.4f\n",
                     engine.mode().c_str(), grid.tp, grid.dp, grid.zero1->size(),
-                    loss.sum / double(loss.count), norm);
+                    r.loss, r.grad_norm);
     }
     comm::CommStats delta = comm::global_stats();
     rusage usage{};

@@ -90,14 +90,6 @@ data::MicroBatch ParallelEngine::local_batch(const data::MicroBatch& row) const 
   return factory_->local_batch ? factory_->local_batch(row, context()) : row;
 }
 
-int64_t ParallelEngine::global_label_count(const std::vector<data::MicroBatch>& rows) const {
-  int64_t count = 0;
-  for (const auto& r : rows)
-    for (int32_t y : r.labels) count += (y != data::kIgnoreIndex);
-  if (grid_.data->size() > 1) grid_.data->all_reduce(&count, 1);
-  return count;
-}
-
 model::LossSum ParallelEngine::forward_backward(const data::MicroBatch& row, double loss_scale) {
   if (!factory_->local_batch) return model_->forward_backward(row, grads_, loss_scale);
   return model_->forward_backward(local_batch(row), grads_, loss_scale);
@@ -144,13 +136,6 @@ double ParallelEngine::grad_norm() const {
   }
   if (grid_.world_size > 1) grid_.world->all_reduce(&acc, 1);
   return std::sqrt(acc);
-}
-
-void ParallelEngine::scale_grads(float factor) {
-  float* g = grads_.data();
-  const int64_t n = grads_.numel();
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) g[i] *= factor;
 }
 
 model::LossSum ParallelEngine::reduce_loss(model::LossSum local) const {

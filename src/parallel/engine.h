@@ -31,12 +31,10 @@
 // 5. Checkpoints: gather_full() builds HF-named full tensors from any local param-shaped buffer
 //    (params, AdamW moments); scatter_full() loads them back into any layout.
 //
-// The step, as the trainer runs it (token-weighted loss, docs/parallel.md):
-//   engine.zero_grads();
-//   int64_t count = engine.global_label_count(my_micro_batches);   // all-reduced over DATA
-//   for (mb : my_micro_batches) sum += engine.forward_backward(mb, 1.0 / count);
-//   engine.finish_gradients();  double norm = engine.grad_norm();  clip;  adamw.update(...);
-//   step loss = engine.reduce_loss(sum) → Σ loss_sum / Σ count over the data-parallel group.
+// The step (train/step.h, train::train_step, used by the trainer, the parity tests and the
+// benchmarks): zero_grads; forward_backward of each micro-batch with loss_scale = 1 / the step's
+// label count over DATA; finish_gradients; grad_norm; clip; AdamW. The loss stays (sum, count)
+// until reduce_loss over the data-parallel group.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -107,11 +105,6 @@ class ParallelEngine {
   /// The part of a full packed row this rank feeds to the model (the mode's local_batch).
   data::MicroBatch local_batch(const data::MicroBatch& row) const;
 
-  /// Σ over this rank's micro-batches of the labels that take loss (≠ −100), summed over DATA:
-  /// the step's global count (docs/parallel.md); every rank of the job gets the same number. The
-  /// rows are full rows (as the sampler gives them), before local_batch.
-  int64_t global_label_count(const std::vector<data::MicroBatch>& rows) const;
-
   /// Forward + backward of one full row (local_batch applied inside); ACCUMULATES the gradient of
   /// loss_scale · loss_sum into grads(). Returns the row's (loss_sum, count), identical on every
   /// rank of the model replica.
@@ -126,8 +119,6 @@ class ParallelEngine {
   void finish_gradients();
   /// sqrt(Σ g²) over the FULL model, each element counted once (call after finish_gradients).
   double grad_norm() const;
-  /// grads() *= factor (clipping).
-  void scale_grads(float factor);
   /// Σ over DATA of a LossSum (the step's loss numerator and count).
   model::LossSum reduce_loss(model::LossSum local) const;
 

@@ -25,6 +25,7 @@
 #include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
+#include "train/step.h"
 
 namespace fs = std::filesystem;
 
@@ -68,31 +69,6 @@ void resolve_model_config(TrainConfig& config, const TrainOptions& options) {
   check_config(config);
 }
 
-double combine_step_loss(const std::vector<model::LossSum>& micro, const std::string& reduction) {
-  double sum = 0;
-  int64_t count = 0;
-  for (const auto& m : micro) {
-    if (reduction == "micro_mean") {
-      if (m.count > 0) sum += m.sum / static_cast<double>(m.count);
-    } else {
-      sum += m.sum;
-      count += m.count;
-    }
-  }
-  if (reduction == "micro_mean") return micro.empty() ? 0.0 : sum / static_cast<double>(micro.size());
-  return count > 0 ? sum / static_cast<double>(count) : 0.0;
-}
-
-double micro_loss_scale(const std::string& reduction, int64_t count, int64_t step_count,
-                        int64_t micro_num, int64_t dp_size) {
-  if (reduction == "micro_mean") {
-    const double d = static_cast<double>(micro_num) * static_cast<double>(dp_size) *
-                     static_cast<double>(count);
-    return d > 0 ? 1.0 / d : 0.0;
-  }
-  return step_count > 0 ? 1.0 / static_cast<double>(step_count) : 0.0;
-}
-
 fs::path find_tokenizer(const fs::path& data_folder) {
   if (data_folder.empty()) return {};
   for (const fs::path& p : {data_folder / "tokenizer.model", data_folder.parent_path() / "tokenizer.model"})
@@ -122,22 +98,6 @@ void ensure_directory(const fs::path& dir, const std::string& what) {
   check(!ec, "{} = {}: cannot create the folder ({})", what, dir.string(), ec.message());
 }
 
-
-/// Valid labels of a micro-batch (the denominator of its loss).
-int64_t count_labels(const data::MicroBatch& b) {
-  int64_t n = 0;
-  for (int32_t l : b.labels) n += l != data::kIgnoreIndex;
-  return n;
-}
-
-/// Non-pad tokens of a row: the trailing pad run (ids 0, labels -100) is left out (docs/data.md).
-int64_t count_tokens(const data::MicroBatch& b) {
-  auto n = static_cast<int64_t>(b.input_ids.size());
-  while (n > 0 && b.input_ids[static_cast<size_t>(n - 1)] == 0 &&
-         b.labels[static_cast<size_t>(n - 1)] == data::kIgnoreIndex)
-    --n;
-  return n;
-}
 
 void copy_file_atomically(const fs::path& from, const fs::path& to) {
   const fs::path tmp = to.string() + ".tmp";
@@ -258,70 +218,36 @@ struct Run {
     safetensors::write_file(dir / "model.safetensors", tensors, {{"content", "gradients of the step loss, before clipping"}});
   }
 
-  /// One optimizer step (1-based `step`). Returns its metrics row.
+  /// One optimizer step (1-based `step`) through train_step (step.h). Returns its metrics row.
   TrainRow step(int64_t step, bool dump) {
     const auto t0 = std::chrono::steady_clock::now();
     // Every rank plans the whole global batch (no communication): its rows and the imbalance.
     const data::StepPlan plan = loader.plan(step - 1);
     const std::vector<data::MicroBatch> batches = loader.micro_batches(plan, dp->rank());
-    const std::string& reduction = config.train.loss_reduction;
-    // Count the step's labels BEFORE the forward so loss_scale makes gradients of the mean.
-    int64_t counts[2] = {0, 0};  // valid labels, non-pad tokens
-    double sum_l2 = 0;
-    for (const auto& b : batches) {
-      counts[0] += count_labels(b);
-      counts[1] += count_tokens(b);
-      sum_l2 += model::sum_squared_segments(b.cu_seqlens);
-    }
-    if (dp->size() > 1) {
-      dp->all_reduce(counts, 2);
-      dp->all_reduce(&sum_l2, 1);
-    }
-    grads.zero();
-    double loss_parts[2] = {0, 0};  // token: (Σ sum, –); micro_mean: (Σ micro means, –)
-    for (const auto& b : batches) {
-      const double scale = micro_loss_scale(reduction, count_labels(b), counts[0],
-                                            config.data.micro_num, dp->size());
-      const model::LossSum ls = engine.forward_backward(b, scale);
-      if (reduction == "micro_mean")
-        loss_parts[0] += ls.count > 0 ? ls.sum / static_cast<double>(ls.count) : 0.0;
-      else
-        loss_parts[0] += ls.sum;
-    }
-    engine.finish_gradients();  // the layout's SUMs, then over data parallel
-    if (dp->size() > 1) dp->all_reduce(loss_parts, 1);
-    const double loss =
-        reduction == "micro_mean"
-            ? loss_parts[0] / static_cast<double>(config.data.micro_num * dp->size())
-            : (counts[0] > 0 ? loss_parts[0] / static_cast<double>(counts[0]) : 0.0);
-    if (dump) dump_grads(options.dump_grads);
-    const ClipResult clip =
-        clip_grad_norm(std::pow(engine.grad_norm(), 2), config.optimizer.clip_grad_norm);
-    const double lr = schedule.at(step);
-    // Every rank must agree (a loss seen by some ranks only would split the run).
-    int64_t bad = !clip.finite || !std::isfinite(loss);
-    if (grid.world_size > 1) grid.world->all_reduce(&bad, 1, comm::ReduceOp::kMax);
-    if (!bad) {
-      scale_grads(grads.data(), static_cast<size_t>(grads.numel()), clip.scale);
-      optimizer.update(params, grads, lr);
-    }
+    StepOptions so;
+    so.loss_reduction = config.train.loss_reduction;
+    so.micro_num = config.data.micro_num;
+    so.lr = schedule.at(step);
+    so.clip_grad_norm = config.optimizer.clip_grad_norm;
+    if (dump) so.on_gradients = [this](parallel::ParallelEngine&) { dump_grads(options.dump_grads); };
+    const StepResult r = train_step(engine, optimizer, batches, so);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int64_t processed = static_cast<int64_t>(batches.size()) *
                               loader.rows().packed_length() * dp->size();
     TrainRow row;
     row.step = step;
-    row.loss = loss;
-    row.grad_norm = clip.grad_norm;
-    row.lr = lr;
-    row.tokens = counts[1];
+    row.loss = r.loss;
+    row.grad_norm = r.grad_norm;
+    row.lr = so.lr;
+    row.tokens = r.tokens;
     row.step_time_s = seconds;
-    row.skipped = bad != 0;
+    row.skipped = r.skipped;
     row.imbalance = plan.imbalance();
-    row.tgs = static_cast<double>(counts[1]) / static_cast<double>(grid.world_size) / seconds;
+    row.tgs = static_cast<double>(r.tokens) / static_cast<double>(grid.world_size) / seconds;
     // Model FLOPs of every position the ranks computed (pad included: it is computed) over the
     // sgemm speed of all ranks together.
-    row.mfu = model::model_flops(config.model, processed, sum_l2) / seconds /
+    row.mfu = model::model_flops(config.model, processed, r.sum_l2) / seconds /
               (sgemm_flops * static_cast<double>(grid.world_size));
     return row;
   }

@@ -12,6 +12,7 @@
 #include "model/internlm2.h"
 #include "train/config.h"
 #include "train/metrics.h"
+#include "train/step.h"  // combine_step_loss, micro_loss_scale
 
 namespace longtron::train {
 
@@ -57,18 +58,6 @@ data::DataConfig loader_config(const TrainConfig& config);
 /// checkpoint of `options.resume`, when one is given: model.* keys spelt out in the TOML must agree
 /// (Error naming the key and both values, hf_config.h merge_model_config). Then re-checks the config.
 void resolve_model_config(TrainConfig& config, const TrainOptions& options);
-
-/// How the step loss combines micro-batches (docs/training.md, train.loss_reduction):
-/// "token": Σ loss_sum / Σ count over the step (all dp ranks);
-/// "micro_mean": InternEvo's mean over micro-batches (and dp ranks) of each micro-batch's mean.
-/// `micro` lists every micro-batch of the step (over all ranks). Micro-batches with count 0 add 0.
-double combine_step_loss(const std::vector<model::LossSum>& micro, const std::string& reduction);
-
-/// loss_scale passed to forward_backward for a micro-batch with `count` valid labels, so that the
-/// accumulated (and dp-summed) gradients are those of combine_step_loss: 1/step_count ("token"),
-/// or 1/(micro_num · dp_size · count) ("micro_mean"); 0 when the denominator is 0.
-double micro_loss_scale(const std::string& reduction, int64_t count, int64_t step_count,
-                        int64_t micro_num, int64_t dp_size);
 
 /// Runs the job on `world` (a one-rank local communicator, or the MPI world split into the process
 /// grid of parallel.* — dp × tensor/weight/2D — with the model in a parallel::ParallelEngine and

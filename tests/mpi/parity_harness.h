@@ -1,5 +1,6 @@
 // The parity harness shared by the MPI parity tests (engine_parity.h, isp_parity.h, tp2d_cases.h):
-// a one-process reference run and the same steps through a ParallelEngine on the same global batch,
+// a one-process reference run and the same steps under a layout, both through train::train_step (the
+// trainer's own step) on the same global batch,
 // the contract's error measures, and the layout-error probe. The global batch of each step comes
 // from a StepRows function, so each suite keeps its own row generator.
 // Contract (docs/parallel.md): step-1 loss and gradient norm within 1e-5 relative, every parameter's
@@ -19,6 +20,7 @@
 #include "mpi_test_main.h"
 #include "parallel/engine.h"
 #include "train/optimizer.h"
+#include "train/step.h"
 
 namespace longtron::testing {
 
@@ -41,41 +43,28 @@ inline train::OptimizerConfig parity_optimizer() {
   return o;
 }
 
-inline int64_t count_labels(const std::vector<MicroBatch>& rows) {
-  int64_t n = 0;
-  for (const auto& r : rows)
-    for (int32_t y : r.labels) n += (y != data::kIgnoreIndex);
-  return n;
+/// The step options of every parity run: the trainer's defaults (token-weighted loss) with
+/// parity_optimizer()'s learning rate and clipping.
+inline train::StepOptions parity_step_options() {
+  train::StepOptions o;
+  o.lr = parity_optimizer().lr;
+  o.clip_grad_norm = parity_optimizer().clip_grad_norm;
+  return o;
 }
 
-/// One process, dense ops, every row of the global batch, `steps` AdamW steps with clipping.
+/// `steps` train_step calls (the trainer's step) of `engine` on its dp share of each step's rows;
+/// appends to `out`, recording the step-1 gradients (full tensors) when first_step is 0.
+inline void run_steps(parallel::ParallelEngine& engine, train::AdamW& adam, const StepRows& step_rows,
+                      int first_step, int last_step, RunResult& out);
+
+/// One process (a dense engine on a one-rank communicator), every row of the global batch, `steps`
+/// AdamW steps with clipping: exactly what `longtron train` runs as one process.
 inline RunResult reference_run(const model::ModelConfig& m, int steps, const StepRows& step_rows) {
-  model::ParamLayout layout(m);
-  model::Params<float> params(layout), grads(layout);
-  model::init_params(params, 42);
-  model::InternLM2<float> net(layout, params);
-  train::AdamW adam(layout, parity_optimizer());
+  comm::ProcessGrid grid = comm::make_process_grid(comm::make_local_communicator(), comm::Layout{});
+  parallel::ParallelEngine engine(m, grid, 42);
+  train::AdamW adam(engine.local_layout(), parity_optimizer());
   RunResult out;
-  for (int step = 0; step < steps; ++step) {
-    const auto rows = step_rows(step);
-    const int64_t count = count_labels(rows);
-    grads.zero();
-    model::LossSum loss;
-    for (const auto& r : rows) {
-      const model::LossSum l = net.forward_backward(r, grads, 1.0 / double(count));
-      loss.sum += l.sum, loss.count += l.count;
-    }
-    double sq = 0;
-    for (int64_t i = 0; i < grads.numel(); ++i) sq += double(grads.data()[i]) * grads.data()[i];
-    const double norm = std::sqrt(sq);
-    if (step == 0) out.step1_grads.assign(grads.data(), grads.data() + grads.numel());
-    const double clip = parity_optimizer().clip_grad_norm;
-    if (norm > clip)
-      for (int64_t i = 0; i < grads.numel(); ++i) grads.data()[i] *= float(clip / norm);
-    adam.update(params, grads, parity_optimizer().lr);
-    out.losses.push_back(loss.sum / double(loss.count));
-    out.norms.push_back(norm);
-  }
+  run_steps(engine, adam, step_rows, 0, steps, out);
   return out;
 }
 
@@ -87,42 +76,40 @@ inline std::vector<MicroBatch> dp_share(const std::vector<MicroBatch>& all,
                                  all.begin() + (grid.data->rank() + 1) * micro_num);
 }
 
-/// One step's gradients on this rank's rows (scaled by 1 / the global label count), finished by
-/// the engine's reductions. Returns this rank's loss (not yet reduced over DATA).
-inline model::LossSum engine_gradients(parallel::ParallelEngine& engine,
-                                       const std::vector<MicroBatch>& mine) {
-  engine.zero_grads();
-  const int64_t count = engine.global_label_count(mine);
-  model::LossSum loss;
-  for (const auto& r : mine) {
-    const model::LossSum l = engine.forward_backward(r, 1.0 / double(count));
-    loss.sum += l.sum, loss.count += l.count;
-  }
-  EXPECT_TRUE(std::isfinite(loss.sum));
-  engine.finish_gradients();
-  return loss;
+/// One step's gradients on this rank's rows (the gradient half of train_step: scaled by 1 / the
+/// global label count, finished by the engine's reductions). r.loss is the step loss over the
+/// data-parallel group.
+inline train::StepResult engine_gradients(parallel::ParallelEngine& engine,
+                                          const std::vector<MicroBatch>& mine) {
+  const train::StepResult r = train::step_gradients(engine, mine, parity_step_options());
+  EXPECT_TRUE(std::isfinite(r.loss));
+  return r;
 }
 
-/// Steps [first_step, last_step) of the layout under test: each dp rank its own rows, the engine's
-/// reductions, clipping, AdamW (with ZeRO-1 over grid.zero1 when `adam` was built so). Appends to
-/// `out`; the step-1 gradients are recorded when first_step is 0.
+inline void run_steps(parallel::ParallelEngine& engine, train::AdamW& adam, const StepRows& step_rows,
+                      int first_step, int last_step, RunResult& out) {
+  for (int step = first_step; step < last_step; ++step) {
+    train::StepOptions options = parity_step_options();
+    if (step == 0)
+      options.on_gradients = [&out](parallel::ParallelEngine& e) {
+        model::Params<float> full(e.full_layout());
+        e.gather_full(full, e.grads());
+        out.step1_grads.assign(full.data(), full.data() + full.numel());
+      };
+    const train::StepResult r =
+        train::train_step(engine, adam, dp_share(step_rows(step), engine.grid()), options);
+    EXPECT_FALSE(r.skipped) << "step " << step;
+    out.losses.push_back(r.loss);
+    out.norms.push_back(r.grad_norm);
+  }
+}
+
+/// Steps [first_step, last_step) of the layout under test through train_step: each dp rank its
+/// own rows, the engine's reductions, clipping, AdamW (with ZeRO-1 over grid.zero1 when `adam`
+/// was built so). Appends to `out`; the step-1 gradients are recorded when first_step is 0.
 inline void engine_steps(parallel::ParallelEngine& engine, train::AdamW& adam,
                          const StepRows& step_rows, int first_step, int last_step, RunResult& out) {
-  for (int step = first_step; step < last_step; ++step) {
-    model::LossSum loss = engine_gradients(engine, dp_share(step_rows(step), engine.grid()));
-    const double norm = engine.grad_norm();
-    if (step == 0) {
-      model::Params<float> full(engine.full_layout());
-      engine.gather_full(full, engine.grads());
-      out.step1_grads.assign(full.data(), full.data() + full.numel());
-    }
-    const double clip = parity_optimizer().clip_grad_norm;
-    if (norm > clip) engine.scale_grads(float(clip / norm));
-    adam.update(engine.params(), engine.grads(), parity_optimizer().lr);
-    loss = engine.reduce_loss(loss);
-    out.losses.push_back(loss.sum / double(loss.count));
-    out.norms.push_back(norm);
-  }
+  run_steps(engine, adam, step_rows, first_step, last_step, out);
 }
 
 inline double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }

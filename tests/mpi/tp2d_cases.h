@@ -28,11 +28,10 @@ struct StepOne {
 inline StepOne step_one(const ParityCase& c, const comm::Layout& l) {
   comm::ProcessGrid grid = comm::make_process_grid(world(), l);
   parallel::ParallelEngine engine(c.model, grid, 42, c.P);
-  const model::LossSum loss =
-      engine.reduce_loss(engine_gradients(engine, dp_share(global_rows(c, 0), grid)));
+  const train::StepResult step = engine_gradients(engine, dp_share(global_rows(c, 0), grid));
   model::Params<float> full(engine.full_layout());
   engine.gather_full(full, engine.grads());
-  return {loss.sum / double(loss.count), std::vector<float>(full.data(), full.data() + full.numel())};
+  return {step.loss, std::vector<float>(full.data(), full.data() + full.numel())};
 }
 
 /// Max |a − b| over the full step-1 gradients and |loss a − loss b|, printed; both must be <= tol

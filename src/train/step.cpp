@@ -1,0 +1,107 @@
+// One optimizer step of the engine (see step.h).
+#include "train/step.h"
+
+#include <cmath>
+
+#include "train/schedule.h"
+
+namespace longtron::train {
+
+double combine_step_loss(const std::vector<model::LossSum>& micro, const std::string& reduction) {
+  double sum = 0;
+  int64_t count = 0;
+  for (const auto& m : micro) {
+    if (reduction == "micro_mean") {
+      if (m.count > 0) sum += m.sum / static_cast<double>(m.count);
+    } else {
+      sum += m.sum;
+      count += m.count;
+    }
+  }
+  if (reduction == "micro_mean") return micro.empty() ? 0.0 : sum / static_cast<double>(micro.size());
+  return count > 0 ? sum / static_cast<double>(count) : 0.0;
+}
+
+double micro_loss_scale(const std::string& reduction, int64_t count, int64_t step_count,
+                        int64_t micro_num, int64_t dp_size) {
+  if (reduction == "micro_mean") {
+    const double d = static_cast<double>(micro_num) * static_cast<double>(dp_size) *
+                     static_cast<double>(count);
+    return d > 0 ? 1.0 / d : 0.0;
+  }
+  return step_count > 0 ? 1.0 / static_cast<double>(step_count) : 0.0;
+}
+
+int64_t count_labels(const data::MicroBatch& row) {
+  int64_t n = 0;
+  for (int32_t l : row.labels) n += l != data::kIgnoreIndex;
+  return n;
+}
+
+int64_t count_tokens(const data::MicroBatch& row) {
+  auto n = static_cast<int64_t>(row.input_ids.size());
+  while (n > 0 && row.input_ids[static_cast<size_t>(n - 1)] == 0 &&
+         row.labels[static_cast<size_t>(n - 1)] == data::kIgnoreIndex)
+    --n;
+  return n;
+}
+
+StepResult step_gradients(parallel::ParallelEngine& engine, const std::vector<data::MicroBatch>& rows,
+                          const StepOptions& options) {
+  comm::Communicator& dp = *engine.grid().data;
+  const bool micro_mean = options.loss_reduction == "micro_mean";
+  const int64_t micro_num = options.micro_num > 0 ? options.micro_num : int64_t(rows.size());
+  // Count the step's labels BEFORE the forward so each loss scale gives gradients of the mean.
+  int64_t counts[2] = {0, 0};  // labels, non-pad tokens
+  double sum_l2 = 0;
+  for (const auto& b : rows) {
+    counts[0] += count_labels(b);
+    counts[1] += count_tokens(b);
+    sum_l2 += model::sum_squared_segments(b.cu_seqlens);
+  }
+  if (dp.size() > 1) {
+    dp.all_reduce(counts, 2);
+    dp.all_reduce(&sum_l2, 1);
+  }
+  engine.zero_grads();
+  double loss_part = 0;  // token: Σ loss_sum; micro_mean: Σ micro-batch means
+  for (const auto& b : rows) {
+    const double scale = micro_loss_scale(options.loss_reduction, count_labels(b), counts[0],
+                                          micro_num, dp.size());
+    const model::LossSum ls = engine.forward_backward(b, scale);
+    if (micro_mean)
+      loss_part += ls.count > 0 ? ls.sum / static_cast<double>(ls.count) : 0.0;
+    else
+      loss_part += ls.sum;
+  }
+  engine.finish_gradients();  // the layout's SUMs, then over data parallel
+  if (dp.size() > 1) dp.all_reduce(&loss_part, 1);
+  StepResult r;
+  r.loss = micro_mean ? loss_part / static_cast<double>(micro_num * dp.size())
+                      : (counts[0] > 0 ? loss_part / static_cast<double>(counts[0]) : 0.0);
+  r.labels = counts[0];
+  r.tokens = counts[1];
+  r.sum_l2 = sum_l2;
+  return r;
+}
+
+StepResult train_step(parallel::ParallelEngine& engine, AdamW& optimizer,
+                      const std::vector<data::MicroBatch>& rows, const StepOptions& options) {
+  StepResult r = step_gradients(engine, rows, options);
+  if (options.on_gradients) options.on_gradients(engine);
+  const ClipResult clip = clip_grad_norm(std::pow(engine.grad_norm(), 2), options.clip_grad_norm);
+  r.grad_norm = clip.grad_norm;
+  // Every rank must agree (a loss seen by some ranks only would split the run).
+  int64_t bad = !clip.finite || !std::isfinite(r.loss);
+  const comm::ProcessGrid& grid = engine.grid();
+  if (grid.world_size > 1) grid.world->all_reduce(&bad, 1, comm::ReduceOp::kMax);
+  r.skipped = bad != 0;
+  if (!r.skipped) {
+    model::Params<float>& grads = engine.grads();
+    scale_grads(grads.data(), static_cast<size_t>(grads.numel()), clip.scale);
+    optimizer.update(engine.params(), grads, options.lr);
+  }
+  return r;
+}
+
+}  // namespace longtron::train
