@@ -1,0 +1,94 @@
+// train_step (train/step.h), the step the trainer, the parity tests and the benchmarks share:
+// counts, the gradient hook, clipping by PyTorch's clip_grad_norm_ rule, and the skip of a
+// non-finite step, on a dense engine over a one-rank communicator.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "comm/process_grid.h"
+#include "model/model_testing.h"
+#include "parallel/engine.h"
+#include "train/schedule.h"
+#include "train/step.h"
+
+namespace longtron {
+namespace {
+
+using testing::append_document;
+using testing::append_pad;
+using testing::random_document;
+
+std::vector<data::MicroBatch> two_rows() {
+  std::mt19937_64 rng(7);
+  std::vector<data::MicroBatch> rows(2);
+  append_document(rows[0], random_document(rng, 9, 32));
+  append_document(rows[0], random_document(rng, 4, 32));
+  append_pad(rows[0], 3);  // 16 positions: 13 tokens, 11 labels
+  append_document(rows[1], random_document(rng, 16, 32));  // 16 tokens, 15 labels
+  return rows;
+}
+
+struct Dense {
+  comm::ProcessGrid grid = comm::make_process_grid(comm::make_local_communicator(), comm::Layout{});
+  parallel::ParallelEngine engine{testing::tiny_config(), grid, 42};
+  train::AdamW adam{engine.local_layout(), train::OptimizerConfig{}};
+};
+
+TEST(TrainStep, CountsAndTheGradientHookBeforeClipping) {
+  Dense d;
+  train::StepOptions o;
+  o.lr = 1e-3;
+  o.clip_grad_norm = 1e-3;  // far below the norm: clipping happens
+  double hook_norm = -1;
+  int calls = 0;
+  o.on_gradients = [&](parallel::ParallelEngine& e) {
+    ++calls;
+    hook_norm = std::sqrt(train::squared_norm(e.grads().data(), size_t(e.grads().numel())));
+  };
+  const auto rows = two_rows();
+  const train::StepResult r = train::train_step(d.engine, d.adam, rows, o);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(r.labels, 11 + 15);
+  EXPECT_EQ(r.tokens, 13 + 16);
+  EXPECT_DOUBLE_EQ(r.sum_l2, 9.0 * 9 + 4 * 4 + 3 * 3 + 16 * 16);
+  EXPECT_FALSE(r.skipped);
+  EXPECT_GT(r.grad_norm, 1e-2);
+  EXPECT_NEAR(hook_norm, r.grad_norm, 1e-9 * r.grad_norm);  // the norm is taken before clipping
+  // After the step the gradients are the clipped ones: norm · max / (norm + 1e-6).
+  const double after = std::sqrt(train::squared_norm(d.engine.grads().data(), size_t(d.engine.grads().numel())));
+  EXPECT_NEAR(after, r.grad_norm * 1e-3 / (r.grad_norm + 1e-6), 1e-6 * after);
+  EXPECT_EQ(d.adam.step(), 1);
+}
+
+TEST(TrainStep, LossIsTheTokenWeightedMeanOfTheRows) {
+  Dense d;
+  const auto rows = two_rows();
+  model::LossSum a = d.engine.forward_loss(rows[0]), b = d.engine.forward_loss(rows[1]);
+  train::StepOptions o;
+  o.lr = 1e-3;
+  const train::StepResult r = train::step_gradients(d.engine, rows, o);
+  EXPECT_NEAR(r.loss, train::combine_step_loss({a, b}, "token"), 1e-6);
+  o.loss_reduction = "micro_mean";
+  EXPECT_NEAR(train::step_gradients(d.engine, rows, o).loss, train::combine_step_loss({a, b}, "micro_mean"), 1e-6);
+}
+
+TEST(TrainStep, NonFiniteGradientsSkipTheUpdate) {
+  Dense d;
+  d.engine.params().data()[0] = std::numeric_limits<float>::quiet_NaN();  // the embedding's first row
+  std::vector<data::MicroBatch> rows(1);
+  append_document(rows[0], {0, 1, 2, 3});  // token 0 reads the poisoned row
+  const std::vector<float> before(d.engine.params().data(), d.engine.params().data() + d.engine.params().numel());
+  train::StepOptions o;
+  o.lr = 1e-3;
+  o.clip_grad_norm = 1.0;
+  const train::StepResult r = train::train_step(d.engine, d.adam, rows, o);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_EQ(d.adam.step(), 0);
+  for (size_t i = 1; i < before.size(); ++i) ASSERT_EQ(before[i], d.engine.params().data()[i]) << i;
+}
+
+}  // namespace
+}  // namespace longtron
