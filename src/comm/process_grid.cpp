@@ -55,11 +55,6 @@ void validate_layout(const Layout& l, int world) {
     check(l.tensor_2d_x >= 1 && l.tensor_2d_y >= 1,
           "parallel.tensor_2d: x and y must both be >= 1, got x = {}, y = {}", l.tensor_2d_x,
           l.tensor_2d_y);
-    const std::string& o = l.tensor_2d_overlap;
-    check(o == "none" || o == "ag_with_matmul" || o == "matmul_with_rs" || o == "ag_matmul" ||
-              o == "matmul_rs",
-          "parallel.tensor_2d.overlap: '{}' is not one of \"none\", \"ag_with_matmul\", "
-          "\"matmul_with_rs\" (MindSpeed allows one forward overlap at a time)", o);
   }
   check(l.tensor_size >= 1, "parallel.tensor.size must be >= 1, got {}", l.tensor_size);
   check(l.weight_size >= 1, "parallel.weight.size must be >= 1, got {}", l.weight_size);

@@ -39,8 +39,8 @@ struct Layout {
   int zero1_size = 1;                     ///< parallel.zero1.size: -1 whole group, 1 off, k
   int tensor_2d_x = 0;                    ///< parallel.tensor_2d.x (0 = 2D TP not used)
   int tensor_2d_y = 0;                    ///< parallel.tensor_2d.y
-  /// parallel.tensor_2d.overlap: "none" | "ag_with_matmul" | "matmul_with_rs" (parsed by
-  /// parallel::parse_overlap_2d when the 2D ops are built).
+  /// parallel.tensor_2d.overlap: one of parallel::overlap_2d_names() (checked by the engine before
+  /// any allocation, parallel/tp2d_overlap.h).
   std::string tensor_2d_overlap = "none";
   bool is_2d() const { return tensor_2d_x > 0 || tensor_2d_y > 0; }
   /// Size of one TENSOR group: T, or x·y under 2D.

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "parallel/tp2d_overlap.h"
 
 namespace longtron::parallel {
 namespace {
@@ -23,6 +24,7 @@ const comm::ProcessGrid& validated(const comm::ProcessGrid& grid, const model::M
   shape.hidden_size = c.hidden_size;
   shape.packed_length = packed_length;
   comm::validate_model_layout(grid.layout, grid.world_size, shape);
+  if (grid.layout.is_2d()) parse_overlap_2d(grid.layout.tensor_2d_overlap);  // the mode's own option
   return grid;
 }
 

@@ -16,23 +16,6 @@ int64_t chunk_start(int64_t n, int64_t k, int64_t c) { return n * c / k; }
 
 }  // namespace
 
-Overlap2D parse_overlap_2d(const std::string& name, const std::string& key) {
-  if (name == "none") return Overlap2D::kNone;
-  if (name == "ag_with_matmul" || name == "ag_matmul") return Overlap2D::kAgWithMatmul;
-  if (name == "matmul_with_rs" || name == "matmul_rs") return Overlap2D::kMatmulWithRs;
-  fail("{}: '{}' is not one of \"none\", \"ag_with_matmul\", \"matmul_with_rs\" (MindSpeed allows "
-       "one forward overlap at a time)",
-       key, name);
-}
-
-const char* overlap_2d_name(Overlap2D overlap) {
-  switch (overlap) {
-    case Overlap2D::kAgWithMatmul: return "ag_with_matmul";
-    case Overlap2D::kMatmulWithRs: return "matmul_with_rs";
-    default: return "none";
-  }
-}
-
 Linear2D::Linear2D(const model::ParamLayout& local, int weight, int bias, comm::CommPtr ag,
                    comm::CommPtr rs, Overlap2D overlap, Linear2DShared shared, Pair2D role,
                    int chunks)

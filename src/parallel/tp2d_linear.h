@@ -46,18 +46,10 @@
 #include "comm/communicator.h"
 #include "model/layers.h"
 #include "model/params.h"
+#include "parallel/tp2d_overlap.h"
 
 namespace longtron::parallel {
 
-/// parallel.tensor_2d.overlap.
-enum class Overlap2D { kNone, kAgWithMatmul, kMatmulWithRs };
-
-/// "none" | "ag_with_matmul" | "matmul_with_rs" (also the short "ag_matmul" / "matmul_rs");
-/// throws Error naming `key` and the accepted values otherwise ("both" is refused: MindSpeed allows
-/// one forward overlap at a time).
-Overlap2D parse_overlap_2d(const std::string& name,
-                           const std::string& key = "parallel.tensor_2d.overlap");
-const char* overlap_2d_name(Overlap2D overlap);
 
 /// Buffers shared by linears that read the same input (w1 then w3, Megatron's fused gate/up
 /// projection): the gathered input and the summed partial input gradient.

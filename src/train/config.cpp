@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "model/params.h"
+#include "parallel/tp2d_overlap.h"
 #include "train/config_keys.h"
 
 namespace longtron::train {
@@ -453,7 +454,8 @@ void check_config(const TrainConfig& c, const ConfigNeeds& needs) {
         at("parallel.zero1.size"), p.zero1.size);
   positive("parallel.tensor_2d.x", p.tensor_2d.x);
   positive("parallel.tensor_2d.y", p.tensor_2d.y);
-  check_in(at("parallel.tensor_2d.overlap"), p.tensor_2d.overlap, kTensor2dOverlaps);
+  check_in(at("parallel.tensor_2d.overlap"), p.tensor_2d.overlap,
+           parallel::overlap_2d_names());
   check(!(p.tensor.size > 1 && p.tensor_2d.given), "{}: cannot be combined with "
         "parallel.tensor.size = {} (use one form of tensor parallelism)", at("parallel.tensor_2d"),
         p.tensor.size);

@@ -68,11 +68,9 @@ struct Zero1Config {
 struct Tensor2dConfig {
   int64_t x = 1;
   int64_t y = 1;
-  std::string overlap = "none";  ///< one of kTensor2dOverlaps
+  std::string overlap = "none";  ///< one of parallel::overlap_2d_names()
   bool given = false;
 };
-/// Accepted values of parallel.tensor_2d.overlap (MindSpeed's two forward overlaps, or both).
-inline const std::vector<std::string> kTensor2dOverlaps = {"none", "ag_matmul", "matmul_rs", "both"};
 
 struct ParallelConfig {
   TensorParallelConfig tensor;

@@ -102,8 +102,9 @@ const std::vector<ConfigKey> kConfigKeys = {
     {"parallel.tensor_2d.y", "integer", "", "1 once the table is given",
      "2D tensor parallel: size of the y groups (ranks x apart)."},
     {"parallel.tensor_2d.overlap", "string", "", "\"none\" once the table is given",
-     "2D tensor parallel forward overlap: \"none\", \"ag_matmul\" (all-gather with the matmul) or "
-     "\"matmul_rs\" (matmul with the reduce-scatter); one at a time."},
+     "2D tensor parallel forward overlap (MindSpeed's names): \"none\", \"ag_with_matmul\" "
+     "(all-gather with the matmul) or \"matmul_with_rs\" (matmul with the reduce-scatter); one at "
+     "a time."},
 
     // [train]: the job (docs/training.md).
     {"train.total_steps", "integer", "", kRequired, "Optimizer steps of the run."},

@@ -5,7 +5,10 @@
 
 #include <filesystem>
 
+#include "comm/process_grid.h"
 #include "core/error.h"
+#include "parallel/engine.h"
+#include "train/memory_plan.h"
 
 using longtron::Error;
 using longtron::train::ConfigNeeds;
@@ -308,4 +311,34 @@ TEST(Config, BalanceKeys) {
                {"data.pack_sample_into_one"});
   expect_error({"data.balance=documents", "data.split_documents=false"}, {"data.split_documents"});
   parse({"data.balance=rows", "data.use_packed_dataset=false"});  // "rows" works on any rows
+}
+
+// One set of names from the TOML to the engine: every parallel.tensor_2d.overlap value the config
+// accepts builds a 2D engine, and every value it refuses the engine refuses too (the names once
+// disagreed: "both" passed the config and failed the engine).
+TEST(Config, Tensor2dOverlapNamesAreTheEngines) {
+  const std::string with_2d = kBase + "\n[parallel]\ntensor_2d = {x = 1, y = 1}\n";
+  for (const std::string name : {"none", "ag_with_matmul", "matmul_with_rs", "ag_matmul",
+                                 "matmul_rs", "both", "yes", ""}) {
+    bool config_ok = true, engine_ok = true;
+    TrainConfig c;
+    try {
+      c = parse({"parallel.tensor_2d.overlap=" + name}, with_2d);
+    } catch (const Error&) {
+      config_ok = false;
+      c = parse({}, with_2d);
+      c.parallel.tensor_2d.overlap = name;
+    }
+    try {
+      const auto grid = longtron::comm::make_process_grid(longtron::comm::make_local_communicator(),
+                                                          longtron::train::layout_of(c.parallel));
+      longtron::parallel::ParallelEngine engine(c.model, grid, 1, c.data.seq_len);
+      EXPECT_EQ(engine.mode(), "2d");
+    } catch (const Error&) {
+      engine_ok = false;
+    }
+    EXPECT_EQ(config_ok, engine_ok) << "'" << name << "': config " << config_ok << ", engine " << engine_ok;
+  }
+  EXPECT_NO_THROW(parse({"parallel.tensor_2d.overlap=ag_with_matmul"}, with_2d));
+  expect_error({"parallel.tensor_2d.overlap=both"}, {"parallel.tensor_2d.overlap", "ag_with_matmul"}, with_2d);
 }
