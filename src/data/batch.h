@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/ignore_index.h"
+
 namespace longtron::data {
 
 /// One micro-batch after `packed_data_normalizer` (docs/data.md): a row of P tokens.
@@ -21,7 +23,7 @@ struct MicroBatch {
   int32_t max_seqlen = 0;
 };
 
-/// Label value that takes no loss (PyTorch's ignore_index).
-inline constexpr int32_t kIgnoreIndex = -100;
+/// Label value that takes no loss (core/ignore_index.h).
+using ::longtron::kIgnoreIndex;
 
 }  // namespace longtron::data

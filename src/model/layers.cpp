@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "ops/vocab_check.h"
 
 namespace longtron::model {
 namespace {
@@ -129,9 +130,7 @@ class DenseEmbedding final : public EmbeddingOp<T> {
   DenseEmbedding(const ParamLayout& layout, int table)
       : table_(table), V_(layout.view(table).shape[0]), H_(layout.view(table).shape[1]) {}
   void forward(T* x, const int32_t* ids, int64_t N, const Params<T>& p) override {
-    for (int64_t n = 0; n < N; ++n)
-      check(ids[n] >= 0 && ids[n] < V_, "input_ids[{}] = {} is outside the vocabulary [0, {})",
-            n, ids[n], V_);
+    ops::check_token_ids(ids, N, V_);
     ops::embedding_forward(x, ids, p.ptr(table_), N, H_);
   }
   void backward(const T* dx, const int32_t* ids, int64_t N, Params<T>* g) override {
@@ -154,9 +153,7 @@ class DenseHeadLoss final : public HeadLossOp<T> {
   LossSum forward_backward(T* dxf, const T* xf, const int32_t* labels, int64_t N,
                            const Params<T>& p, Params<T>* g, double loss_scale,
                            double* token_losses) override {
-    for (int64_t n = 0; n < N; ++n)
-      check(labels[n] == -100 || (labels[n] >= 0 && labels[n] < V_),
-            "labels[{}] = {} is neither -100 nor inside the vocabulary [0, {})", n, labels[n], V_);
+    ops::check_labels(labels, N, V_);
     const int64_t C = std::min(chunk_, N);
     if (static_cast<int64_t>(logits_.size()) < C * V_) {
       logits_.assign(static_cast<size_t>(C * V_), T(0));

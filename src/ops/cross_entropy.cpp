@@ -4,13 +4,13 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/ignore_index.h"
 #include "ops/fast_math.h"
 #include "ops/ops.h"
 
 namespace longtron::ops {
 
 namespace {
-constexpr int32_t kIgnoreIndex = -100;
 
 // log Σ_v exp(row[v]), stable: max first, then the sum of exp(row − max) in double.
 template <typename T>

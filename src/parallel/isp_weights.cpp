@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "ops/vocab_check.h"
 
 namespace longtron::parallel {
 
@@ -185,9 +186,7 @@ IspEmbedding::IspEmbedding(std::shared_ptr<IspWeightStore> store, int table_view
 
 void IspEmbedding::forward(float* x, const int32_t* ids, int64_t N,
                            const model::Params<float>& p) {
-  for (int64_t n = 0; n < N; ++n)
-    check(ids[n] >= 0 && ids[n] < V_, "input_ids[{}] = {} is outside the vocabulary [0, {})", n,
-          ids[n], V_);
+  ops::check_token_ids(ids, N, V_);
   const float* chunks = store_->acquire(id_, WeightUse::kForward, p);  // [W][V][H/W]
   const int W = store_->weight_size();
 #pragma omp parallel for schedule(static) if (N * H_ > 65536)
@@ -226,9 +225,7 @@ model::LossSum IspHeadLoss::forward_backward(float* dxf, const float* xf, const 
                                              int64_t N, const model::Params<float>& p,
                                              model::Params<float>* g, double loss_scale,
                                              double* token_losses) {
-  for (int64_t n = 0; n < N; ++n)
-    check(labels[n] == -100 || (labels[n] >= 0 && labels[n] < V_),
-          "labels[{}] = {} is neither -100 nor inside the vocabulary [0, {})", n, labels[n], V_);
+  ops::check_labels(labels, N, V_);
   const float* W = store_->acquire(id_, WeightUse::kForward, p);
   const int64_t C = std::max<int64_t>(1, std::min(chunk_, N));
   logits_.resize(static_cast<size_t>(C * V_));

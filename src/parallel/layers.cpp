@@ -9,14 +9,13 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/ignore_index.h"
 #include "ops/fast_math.h"
 #include "ops/ops.h"
 #include "parallel/mappings.h"
 
 namespace longtron::parallel {
 namespace {
-
-constexpr int32_t kIgnoreIndex = -100;
 
 // Rows of this rank's sequence shard; N must divide evenly (the layout validation ensures it).
 int64_t shard_rows(int64_t N, Communicator& comm) {

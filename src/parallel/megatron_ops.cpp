@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "ops/vocab_check.h"
 #include "parallel/engine.h"
 #include "parallel/head_loss.h"
 #include "parallel/layers.h"
@@ -189,9 +190,7 @@ class SplitEmbedding final : public model::EmbeddingOp<float> {
       : table_(table), V_(full.view(table).shape[0]), H_(full.view(table).shape[1]), sp_(sp),
         comm_(std::move(comm)) {}
   void forward(float* x, const int32_t* ids, int64_t N, const Params<float>& p) override {
-    for (int64_t n = 0; n < N; ++n)
-      check(ids[n] >= 0 && ids[n] < V_, "input_ids[{}] = {} is outside the vocabulary [0, {})",
-            n, ids[n], V_);
+    ops::check_token_ids(ids, N, V_);
     if (sp_ == SequenceParallel::kNone) {
       split_hidden_embedding_forward(x, ids, p.ptr(table_), N, H_, *comm_);
       return;

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "ops/vocab_check.h"
 #include "parallel/dist_norm.h"
 #include "parallel/head_loss.h"
 #include "parallel/isp_attention.h"
@@ -132,9 +133,7 @@ class Embedding2D final : public model::EmbeddingOp<float> {
   Embedding2D(const ParamLayout& full, int table, const Pos& g)
       : table_(table), V_(full.view(table).shape[0]), H_(full.view(table).shape[1]), g_(g) {}
   void forward(float* x, const int32_t* ids, int64_t N, const Params<float>& p) override {
-    for (int64_t n = 0; n < N; ++n)
-      check(ids[n] >= 0 && ids[n] < V_, "input_ids[{}] = {} is outside the vocabulary [0, {})",
-            n, ids[n], V_);
+    ops::check_token_ids(ids, N, V_);
     const int64_t nx = g_.rows_x(N), hy = H_ / g_.y;
     float* full = ensure(full_, N * H_);
     split_hidden_embedding_forward(full, ids, p.ptr(table_), N, H_, *g_.tensor);
