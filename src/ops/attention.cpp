@@ -9,11 +9,15 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "ops/attention_bf16.h"
 #include "ops/attention_plan.h"
+#include "ops/attention_rows.h"
 #include "ops/fast_math.h"
 #include "ops/ops.h"
+#include "ops/precision.h"
 #include "ops/tile_gemm.h"
 
 namespace longtron::ops {
@@ -42,34 +46,6 @@ void pack_key_block(T* kt_all, const T* k, const AttentionShape& s, const detail
     for (int64_t x = 0; x < d; ++x) kt[x * bj + c] = kb[c * s.kv_stride + x];
 }
 
-// Online-softmax update of one score row whose visible keys are [lo, hi) of the tile's bj (the
-// rest are masked, p = 0). Returns the factor exp(m_old − m_new) by which the row's output
-// accumulator must be scaled (1 when the row sees nothing here, which leaves m and l as they are).
-template <typename T>
-T softmax_row_update(T* srow, int64_t bj, int64_t lo, int64_t hi, T scale, T& m, T& l) {
-  if (lo >= hi) {
-    std::fill(srow, srow + bj, T(0));
-    return T(1);
-  }
-  T row_max = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : row_max)
-  for (int64_t c = lo; c < hi; ++c) row_max = srow[c] > row_max ? srow[c] : row_max;
-  const T m_new = std::max(m, row_max * scale);
-  const T alpha = detail::fast_exp(m - m_new);  // m = −inf on the first visible block → 0
-  T sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t c = lo; c < hi; ++c) {
-    const T p = detail::fast_exp(srow[c] * scale - m_new);
-    srow[c] = p;
-    sum += p;
-  }
-  for (int64_t c = 0; c < lo; ++c) srow[c] = T(0);
-  for (int64_t c = hi; c < bj; ++c) srow[c] = T(0);
-  l = l * alpha + sum;
-  m = m_new;
-  return alpha;
-}
-
 template <typename T>
 void forward_item(T* out, T* lse, const T* q, const T* kt_all, const T* v,
                   const AttentionShape& s, const detail::AttnPlan& p, const detail::AttnItem& it,
@@ -95,7 +71,7 @@ void forward_item(T* out, T* lse, const T* q, const T* kt_all, const T* v,
       const int64_t r = r0 + row % bi;
       const int64_t lo = std::clamp<int64_t>(p.key_lo(g, r) - c0, 0, bj);
       const int64_t hi = std::clamp<int64_t>(p.key_hi(g, r) - c0, 0, bj);
-      const T alpha = softmax_row_update(&w.s[row * bj], bj, lo, hi, scale, w.m[row], w.l[row]);
+      const T alpha = detail::softmax_row_update(&w.s[row * bj], bj, lo, hi, scale, w.m[row], w.l[row]);
       if (alpha != T(1)) {
         T* orow = &w.o[row * d];
 #pragma omp simd
@@ -125,6 +101,12 @@ void forward_item(T* out, T* lse, const T* q, const T* kt_all, const T* v,
 template <typename T>
 void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
                               const AttentionShape& s) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (compute_type() == ComputeType::kBFloat16 && attention_bf16_native()) {
+      detail::varlen_attention_forward_bf16(out, lse, q, k, v, s);
+      return;
+    }
+  }
   const detail::AttnPlan p = detail::plan_attention(s, false);
   const int64_t rows = (s.num_heads / s.num_kv_heads) * kAttnBlock;
   const int64_t n_items = static_cast<int64_t>(p.items.size());

@@ -5,18 +5,23 @@
 // its keys (causal, bottom-right aligned, window), as the forward does. P is recomputed from the saved lse, and
 // D = rowsum(dO ∘ O) replaces the softmax Jacobian. The query heads of the kv group are stacked
 // as tile rows, so the GQA sum over them is part of the dK/dV GEMMs. dQ of a query block receives
-// one tile from each key block; it is added under a lock per (query block, kv head), the CPU
-// counterpart of FA2's atomic adds, after the tile is computed in private memory. Extra memory:
+// one tile from each key block, accumulated under a lock per (query block, kv head), the CPU
+// counterpart of FA2's atomic adds: directly into the shared tile when the lock is free, else
+// computed in private memory first and added when it is. Extra memory:
 // the packed q, dO and dq of the call, O(N · Hq · d), never O(N²).
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
+#include "ops/attention_bf16.h"
 #include "ops/attention_plan.h"
+#include "ops/attention_rows.h"
 #include "ops/fast_math.h"
 #include "ops/ops.h"
+#include "ops/precision.h"
 #include "ops/tile_gemm.h"
 
 namespace longtron::ops {
@@ -90,17 +95,8 @@ void probabilities_and_dscores(BackwardScratch<T>& w, const T* lse, const T* del
     const int64_t r = r0 + row % bi;
     const int64_t lo = std::clamp<int64_t>(p.key_lo(sg, r) - c0, 0, bj);
     const int64_t hi = std::clamp<int64_t>(p.key_hi(sg, r) - c0, 0, bj);
-    T* srow = &w.s[row * bj];
-    T* dprow = &w.dp[row * bj];
-    const T l = lse[row], D = delta[row];
-#pragma omp simd
-    for (int64_t c = lo; c < hi; ++c) {
-      const T pr = detail::fast_exp(srow[c] * scale - l);
-      srow[c] = pr;
-      dprow[c] = pr * (dprow[c] - D) * scale;
-    }
-    for (int64_t c = 0; c < lo; ++c) srow[c] = dprow[c] = T(0);
-    for (int64_t c = std::max(lo, hi); c < bj; ++c) srow[c] = dprow[c] = T(0);
+    detail::dscores_row(&w.s[row * bj], &w.dp[row * bj], bj, lo, hi, lse[row], delta[row],
+                        scale);
   }
 }
 
@@ -139,9 +135,17 @@ void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
     // dV += Pᵀ dO and dK += dSᵀ Q (the transposes are strides of A, nothing is copied).
     detail::tile_gemm<T>(bj, d, M, w.s.data(), 1, bj, dot, d, w.dv.data(), d, !first);
     detail::tile_gemm<T>(bj, d, M, w.dp.data(), 1, bj, qt, d, w.dk.data(), d, !first);
-    detail::tile_gemm<T>(M, d, bj, w.dp.data(), bj, 1, kb, s.kv_stride, w.dq.data(), d, false);
-    std::lock_guard<std::mutex> lock(locks[(sg.q_block0 + i) * s.num_kv_heads + g]);
+    // dQ += dS K: straight into the shared tile when its lock is free (the usual case: threads
+    // work on different key blocks or heads), else into private memory and added once it is.
+    std::mutex& lock = locks[(sg.q_block0 + i) * s.num_kv_heads + g];
     T* dst = &pq.dq[base * d];
+    if (lock.try_lock()) {
+      detail::tile_gemm<T>(M, d, bj, w.dp.data(), bj, 1, kb, s.kv_stride, dst, d, true);
+      lock.unlock();
+      continue;
+    }
+    detail::tile_gemm<T>(M, d, bj, w.dp.data(), bj, 1, kb, s.kv_stride, w.dq.data(), d, false);
+    std::lock_guard<std::mutex> guard(lock);
     const T* src = w.dq.data();
 #pragma omp simd
     for (int64_t x = 0; x < M * d; ++x) dst[x] += src[x];
@@ -157,6 +161,12 @@ void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
 template <typename T>
 void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
                                const T* v, const T* out, const T* lse, const AttentionShape& s) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (compute_type() == ComputeType::kBFloat16 && attention_bf16_native()) {
+      detail::varlen_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s);
+      return;
+    }
+  }
   const detail::AttnPlan p = detail::plan_attention(s, true);
   const int64_t n_items = static_cast<int64_t>(p.items.size());
   const int64_t n_queries = static_cast<int64_t>(p.q_side.size());

@@ -137,7 +137,9 @@ constexpr int64_t visible_pairs(int64_t len, int64_t window = 0) {
 /// that sees no key (impossible for a valid shape) gets out = 0 and lse = −inf. Throws
 /// longtron::Error on an inconsistent shape, cu_seqlens, cu_seqlens_k or window. Float uses a
 /// vectorised exp with ≈1e-7 relative error. Method: FlashAttention-2 (Dao 2023), varlen and
-/// windows as flash_attn_varlen_func (window_size = (W − 1, 0)).
+/// windows as flash_attn_varlen_func (window_size = (W − 1, 0)). In float under a kBFloat16
+/// compute type with attention_bf16_native(), q, k, v are rounded to bf16 and QKᵀ, PV run as
+/// bf16 × bf16 → fp32 products (P rounded to bf16); softmax and lse stay fp32.
 template <typename T>
 void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
                               const AttentionShape& s);
@@ -147,10 +149,18 @@ void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v
 /// head columns of the strided buffers are written, so dq, dk, dv may be views into one packed
 /// dqkv buffer. Parallel over (segment, kv head, key block): dK/dV accumulate privately (FA2
 /// Algorithm 2 loop order), dQ tiles are added under a per-(query block, kv head) lock. Extra
-/// memory O(N · Hq · d) (packed q, dO, dq).
+/// memory O(N · Hq · d) (packed q, dO, dq). The bf16 path of the forward applies here too: q, k,
+/// v, dout rounded to bf16, the five tile products bf16 × bf16 → fp32, P and dS rounded to bf16
+/// as product inputs, D and every accumulation fp32.
 template <typename T>
 void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
                                const T* v, const T* out, const T* lse, const AttentionShape& s);
+
+/// Whether varlen attention in float runs its bf16 kernel when the calling thread's compute type
+/// (ops/precision.h) is kBFloat16: the CPU has AVX512-BF16 (checked at run time, the build needs
+/// no -march flag) and oneDNN's effective ISA includes it (so ONEDNN_MAX_CPU_ISA=avx512_core
+/// masks it for the GEMMs and attention alike). Otherwise float attention stays fp32.
+bool attention_bf16_native();
 
 // ---- Cross-entropy with ignore_index -100 -----------------------------------------------------
 /// Over logits[N,V] and labels[N] (-100 = ignored): returns Σ over valid rows of

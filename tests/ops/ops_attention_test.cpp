@@ -5,14 +5,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <random>
 #include <string>
 
 #include "core/error.h"
+#include "core/safetensors.h"
 #include "core/threads.h"
 #include "fd_check.h"
 #include "ops/ops.h"
+#include "ops/precision.h"
 
 namespace ops = longtron::ops;
 using longtron::testing::dot;
@@ -425,6 +428,104 @@ TEST_F(Attention, RejectsBadKeySegmentsAndWindows) {
                                                       in.q.data(), in.k.data(), in.v.data(),
                                                       out.data(), lse.data(), s),
                longtron::Error);
+}
+
+// ---- bf16 kernel (AVX512-BF16) ----------------------------------------------------------------
+
+namespace {
+
+double round_bf16(double x) {
+  using longtron::safetensors::bf16_to_float;
+  using longtron::safetensors::float_to_bf16;
+  return bf16_to_float(float_to_bf16(static_cast<float>(x)));
+}
+
+struct MaxError {
+  double worst = 0;
+  void add(const std::vector<float>& got, const Vec& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+  }
+};
+
+// The float kernel under a kBFloat16 compute type against the double kernel on the same inputs
+// rounded to bf16 (q, k, v, dout): what remains is the bf16 rounding of P and dS as product
+// inputs (relative 2⁻⁹ each) and fp32 accumulation. Inputs are N(0, 1), so out, dq, dk, dv are
+// O(1). Largest errors measured on these cases: 2.9e-3 (out, lse) and 1.1e-2 (gradients, which
+// sum up to G·L products of rounded dS); the bounds are about 3× that.
+void expect_bf16_matches_double(const Case& c, double* out_err, double* grad_err) {
+  Inputs<double> in = make_inputs(c, 51);
+  for (auto* v : {&in.q, &in.k, &in.v})
+    for (double& x : *v) x = round_bf16(x);
+  Vec dout = random_vector(c.tokens() * c.heads * c.d, 52);
+  for (double& x : dout) x = round_bf16(x);
+  const Inputs<float> inf{{in.q.begin(), in.q.end()}, {in.k.begin(), in.k.end()},
+                          {in.v.begin(), in.v.end()}};
+  const std::vector<float> doutf(dout.begin(), dout.end());
+  Vec out, lse;
+  forward(out, lse, in, c);
+  Inputs<double> g{Vec(c.q_size()), Vec(c.k_size()), Vec(c.v_size())};
+  ops::varlen_attention_backward<double>(g.qp(), g.kp(c), g.vp(c), dout.data(), in.qp(),
+                                         in.kp(c), in.vp(c), out.data(), lse.data(), c.shape());
+  std::vector<float> outf, lsef;
+  Inputs<float> gf{std::vector<float>(c.q_size()), std::vector<float>(c.k_size()),
+                   std::vector<float>(c.v_size())};
+  {
+    ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
+    forward(outf, lsef, inf, c);
+    ops::varlen_attention_backward<float>(gf.qp(), gf.kp(c), gf.vp(c), doutf.data(), inf.qp(),
+                                          inf.kp(c), inf.vp(c), outf.data(), lsef.data(),
+                                          c.shape());
+  }
+  MaxError fwd, bwd;
+  fwd.add(outf, out);
+  fwd.add(lsef, lse);
+  bwd.add(gf.q, g.q);
+  bwd.add(gf.k, g.k);
+  bwd.add(gf.v, g.v);
+  *out_err = std::max(*out_err, fwd.worst);
+  *grad_err = std::max(*grad_err, bwd.worst);
+}
+
+}  // namespace
+
+TEST_F(Attention, Bf16KernelMatchesDoubleOnRoundedInputs) {
+  if (!ops::attention_bf16_native()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  double out_err = 0, grad_err = 0;
+  expect_bf16_matches_double({{0, 200, 330}, 8, 2, 64, true}, &out_err, &grad_err);
+  expect_bf16_matches_double({{0, 150}, 4, 2, 128, false}, &out_err, &grad_err);
+  std::mt19937 rng(10);
+  for (int trial = 0; trial < 8; ++trial) {
+    const Case c = random_case(rng, trial % 2 == 0);
+    SCOPED_TRACE(describe(c));
+    expect_bf16_matches_double(c, &out_err, &grad_err);
+  }
+  std::printf("bf16 attention vs double on rounded inputs: max |error| out/lse %.2e, grads %.2e\n",
+              out_err, grad_err);
+  EXPECT_LT(out_err, 1e-2);
+  EXPECT_LT(grad_err, 3e-2);
+  EXPECT_GT(out_err, 1e-4);  // the bf16 products really ran (fp32 agrees to ~1e-6 here)
+}
+
+TEST_F(Attention, FloatStaysFp32WithoutBf16ComputeType) {
+  // The default compute type is float32: results equal the fp32 kernel's, bit for bit, whatever
+  // the CPU; under kBFloat16 on a CPU without AVX512-BF16 the fp32 kernel runs too.
+  const Case c{{0, 100, 170}, 4, 2, 16, true};
+  const Inputs<double> in = make_inputs(c, 61);
+  const Inputs<float> inf{{in.q.begin(), in.q.end()}, {}, {}};
+  std::vector<float> out0, lse0, out1, lse1;
+  forward(out0, lse0, inf, c);
+  {
+    ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
+    forward(out1, lse1, inf, c);
+  }
+  if (ops::attention_bf16_native()) {
+    EXPECT_NE(out1, out0);
+  } else {
+    EXPECT_EQ(out1, out0);
+  }
+  forward(out1, lse1, inf, c);  // the scope ended: fp32 again
+  EXPECT_EQ(out1, out0);
 }
 
 TEST_F(Attention, RejectsInconsistentShapes) {
