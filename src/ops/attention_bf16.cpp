@@ -120,23 +120,38 @@ void forward_item(float* out, float* lse, const float* q, const uint32_t* kw_all
 
 // Query-side tiles of the call, packed once (tile of (query block b, kv head g) at index
 // b·Hkv + g, rows h·bi + r as in the forward): q and dO as bf16 rows (A of S = QKᵀ, dP = dO Vᵀ)
-// and as pairs of rows (B of dK = dSᵀQ, dV = PᵀdO); lse, D and the fp32 dq accumulator.
+// and transposed (A of dKᵀ = Qᵀ dS and dVᵀ = dOᵀ P: computing the transposed gradients lets P and
+// dS enter as B, pairs of rows, built without a transpose); lse, D and the fp32 dq accumulator.
 struct PackedQueries {
   int64_t tile_rows;
-  bf16_t *q, *dout;          // [tile_rows, dp] per tile
-  uint32_t *q_pairs, *dout_pairs;  // [tile_rows / 2, d16] per tile
-  float *lse, *delta, *dq;   // [tile_rows], [tile_rows], [tile_rows, d] per tile
+  bf16_t *q, *dout;      // [tile_rows, dp] per tile
+  bf16_t *q_t, *dout_t;  // [d, tile_rows] per tile, zero column after an odd row count
+  float *lse, *delta, *dq;  // [tile_rows], [tile_rows], [tile_rows, d] per tile
 };
 
 struct BackwardScratch {
-  std::vector<bf16_t> rows, pt, dst, ds;
-  std::vector<uint32_t> kw, vw, kp;
-  std::vector<float> s, dp, dq, dk, dv;
+  std::vector<bf16_t> rows, p, ds;
+  std::vector<uint32_t> kw, vw, kp, p_pairs, ds_pairs;
+  std::vector<float> s, dp, dq, dk_t, dv_t;
   BackwardScratch(int64_t tile_rows, const Dims& m)
-      : rows(B * m.dp), pt(B * tile_rows), dst(B * tile_rows), ds(tile_rows * B),
-        kw(m.words_t()), vw(m.words_t()), kp(m.words_rows()), s(tile_rows * B),
-        dp(tile_rows * B), dq(tile_rows * m.d), dk(B * m.d), dv(B * m.d) {}
+      : rows(B * m.dp), p(tile_rows * B), ds(tile_rows * B), kw(m.words_t()), vw(m.words_t()),
+        kp(m.words_rows()), p_pairs(tile_rows / 2 * B), ds_pairs(tile_rows / 2 * B),
+        s(tile_rows * B), dp(tile_rows * B), dq(tile_rows * m.d), dk_t(m.d * B),
+        dv_t(m.d * B) {}
 };
+
+// dst[x·ldd + i] = src[i·lds + x] for i < M, x < d; a zero column i = M when M is odd.
+void transpose_rows(bf16_t* dst, int64_t ldd, const bf16_t* src, int64_t lds, int64_t M,
+                    int64_t d) {
+  constexpr int64_t kStrip = 16;  // rows per strip: 16 source rows stay in L1 while x runs
+  for (int64_t i0 = 0; i0 < M; i0 += kStrip) {
+    const int64_t i1 = std::min(M, i0 + kStrip);
+    for (int64_t x = 0; x < d; ++x)
+      for (int64_t i = i0; i < i1; ++i) dst[x * ldd + i] = src[i * lds + x];
+  }
+  if (M % 2 == 1)
+    for (int64_t x = 0; x < d; ++x) dst[x * ldd + M] = 0;
+}
 
 void move_query_block(PackedQueries& pq, float* dq, const float* q, const float* dout,
                       const float* out, const float* lse, const AttentionShape& s,
@@ -171,21 +186,9 @@ void move_query_block(PackedQueries& pq, float* dq, const float* q, const float*
     }
   }
   if (!pack) return;
-  const int64_t pairs = pq.tile_rows / 2 * m.d16;
-  pack_pairs_of_rows(pq.q_pairs + tile * pairs, m.d16, &pq.q[base * m.dp], m.dp, G * bi, d);
-  pack_pairs_of_rows(pq.dout_pairs + tile * pairs, m.d16, &pq.dout[base * m.dp], m.dp, G * bi,
-                     d);
-}
-
-// Column c of a fp32 tile [M, bj] as bf16 row c of dst [bj, Mp] (Mp = M rounded up to even).
-void transpose_to_bf16(bf16_t* dst, const float* src, int64_t M, int64_t bj, int64_t Mp,
-                       bf16_t* row) {
-  for (int64_t i = 0; i < M; ++i) {
-    to_bf16(row, src + i * bj, bj);
-    for (int64_t c = 0; c < bj; ++c) dst[c * Mp + i] = row[c];
-  }
-  if (Mp > M)
-    for (int64_t c = 0; c < bj; ++c) dst[c * Mp + M] = 0;
+  const int64_t M = G * bi, size = d * pq.tile_rows;
+  transpose_rows(pq.q_t + tile * size, pq.tile_rows, &pq.q[base * m.dp], m.dp, M, d);
+  transpose_rows(pq.dout_t + tile * size, pq.tile_rows, &pq.dout[base * m.dp], m.dp, M, d);
 }
 
 void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQueries& pq,
@@ -203,11 +206,10 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
   key_rows(w.rows.data(), v + offset, s.kv_stride, bj, m);
   pack_words_transposed(w.vw.data(), B, w.rows.data(), m.dp, bj, m.d2);
   if (it.first == it.last) {  // keys no query sees
-    std::fill(w.dk.begin(), w.dk.end(), 0.0f);
-    std::fill(w.dv.begin(), w.dv.end(), 0.0f);
+    std::fill(w.dk_t.begin(), w.dk_t.end(), 0.0f);
+    std::fill(w.dv_t.begin(), w.dv_t.end(), 0.0f);
   }
-  const int64_t pairs = pq.tile_rows / 2 * m.d16;
-  bf16_t* row = w.rows.data();  // K/V rows are packed already: reused as a conversion row
+  const int64_t size = d * pq.tile_rows;
   for (int64_t i = it.first; i < it.last; ++i) {
     const int64_t r0 = i * B, bi = std::min(B, sg.q_len - r0), M = G * bi;
     const int64_t Mp = round_up(M, 2);
@@ -222,15 +224,16 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
       const int64_t hi = std::clamp<int64_t>(p.key_hi(sg, r) - c0, 0, bj);
       dscores_row(&w.s[rr * bj], &w.dp[rr * bj], bj, lo, hi, pq.lse[base + rr],
                   pq.delta[base + rr], scale);
+      row_to_bf16(&w.p[rr * bjp], &w.s[rr * bj], bj, bjp);
       row_to_bf16(&w.ds[rr * bjp], &w.dp[rr * bj], bj, bjp);
     }
-    transpose_to_bf16(w.pt.data(), w.s.data(), M, bj, Mp, row);
-    transpose_to_bf16(w.dst.data(), w.dp.data(), M, bj, Mp, row);
-    // dV += Pᵀ dO, dK += dSᵀ Q (pairs along the query rows).
-    bf16_gemm(bj, d, Mp / 2, w.pt.data(), Mp, pq.dout_pairs + tile * pairs, m.d16, w.dv.data(),
-              d, !first);
-    bf16_gemm(bj, d, Mp / 2, w.dst.data(), Mp, pq.q_pairs + tile * pairs, m.d16, w.dk.data(), d,
-              !first);
+    // dVᵀ += dOᵀ P and dKᵀ += Qᵀ dS (pairs along the query rows).
+    pack_pairs_of_rows(w.p_pairs.data(), B, w.p.data(), bjp, M, bj);
+    pack_pairs_of_rows(w.ds_pairs.data(), B, w.ds.data(), bjp, M, bj);
+    bf16_gemm(d, bj, Mp / 2, pq.dout_t + tile * size, pq.tile_rows, w.p_pairs.data(), B,
+              w.dv_t.data(), B, !first);
+    bf16_gemm(d, bj, Mp / 2, pq.q_t + tile * size, pq.tile_rows, w.ds_pairs.data(), B,
+              w.dk_t.data(), B, !first);
     // dQ += dS K, into the shared tile when its lock is free (see attention_backward.cpp).
     std::mutex& lock = locks[tile];
     float* dst = &pq.dq[base * d];
@@ -245,8 +248,9 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
     for (int64_t x = 0; x < M * d; ++x) dst[x] += w.dq[x];
   }
   for (int64_t c = 0; c < bj; ++c) {
-    std::memcpy(dk + (k0 + c) * s.kv_stride + g * d, &w.dk[c * d], sizeof(float) * d);
-    std::memcpy(dv + (k0 + c) * s.kv_stride + g * d, &w.dv[c * d], sizeof(float) * d);
+    float* dkr = dk + (k0 + c) * s.kv_stride + g * d;
+    float* dvr = dv + (k0 + c) * s.kv_stride + g * d;
+    for (int64_t x = 0; x < d; ++x) dkr[x] = w.dk_t[x * B + c], dvr[x] = w.dv_t[x * B + c];
   }
 }
 
@@ -281,11 +285,16 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
   const Dims m(s);
   const int64_t tile_rows = m.G * B, tiles = p.q_blocks * s.num_kv_heads;
   const size_t rows = static_cast<size_t>(tiles * tile_rows);
-  bf16_t* halves = workspace<bf16_t>(0, 2 * rows * m.dp);
-  uint32_t* words = workspace<uint32_t>(2, rows * m.d16);  // 2 × (rows / 2) × d16
+  bf16_t* halves = workspace<bf16_t>(0, 2 * rows * (m.dp + m.d));
   float* floats = workspace<float>(2, rows * (2 + m.d));
-  PackedQueries pq{tile_rows,   halves,           halves + rows * m.dp, words,
-                   words + rows / 2 * m.d16, floats, floats + rows, floats + 2 * rows};
+  PackedQueries pq{tile_rows,
+                   halves,
+                   halves + rows * m.dp,
+                   halves + 2 * rows * m.dp,
+                   halves + 2 * rows * m.dp + rows * m.d,
+                   floats,
+                   floats + rows,
+                   floats + 2 * rows};
   std::unique_ptr<std::mutex[]> locks(new std::mutex[tiles]);
   const int64_t n_items = static_cast<int64_t>(p.items.size());
   const int64_t n_queries = static_cast<int64_t>(p.q_side.size());
