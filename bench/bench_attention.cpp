@@ -123,6 +123,14 @@ void BM_VarlenAttentionForward(benchmark::State& state) {
   state.counters["segments"] = double(a.cu.size() - 1);
 }
 
+// Backward alone (out and lse computed once, outside the timing), credited with 2 × the forward's
+// useful FLOPs as in fwd+bwd = 3 × forward (dV, dP, dQ, dK; the recomputed S is not counted).
+void BM_VarlenAttentionBackward(benchmark::State& state) {
+  AttentionData a(state.range(0));
+  a.forward();
+  timed(state, "bwd" + std::to_string(a.d), 2 * a.forward_flops(), [&] { a.backward(); });
+}
+
 void BM_VarlenAttentionForwardBackward(benchmark::State& state) {
   AttentionData a(state.range(0));
   timed(state, "fwdbwd" + std::to_string(a.d), 3 * a.forward_flops(), [&] {
@@ -189,6 +197,7 @@ void BM_DenseCausalAttentionForwardBackward(benchmark::State& state) {
 
 BENCHMARK(BM_Sgemm)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_VarlenAttentionForward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_VarlenAttentionBackward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_VarlenAttentionForwardBackward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DenseCausalAttentionForwardBackward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
@@ -202,6 +211,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       const std::string arg = r.run_name.args.substr(0, r.run_name.args.find('/'));
       const std::string key = f == "BM_Sgemm"                            ? "sgemm"
                               : f == "BM_VarlenAttentionForward"         ? "fwd" + arg
+                              : f == "BM_VarlenAttentionBackward"        ? "bwd" + arg
                               : f == "BM_VarlenAttentionForwardBackward" ? "fwdbwd" + arg
                                                                          : "dense" + arg;
       ms[key] = r.GetAdjustedRealTime();
@@ -235,6 +245,12 @@ int main(int argc, char** argv) {
         "speed-up %.1fx\n",
         d, g_gflops["fwd" + ds], fb, sgemm > 0 ? fb / sgemm : 0.0,
         sgemm_cpu > 0 ? fb_cpu / sgemm_cpu : 0.0, ms, dense_ms, ms > 0 ? dense_ms / ms : 0.0);
+    const double f = g_gflops["fwd" + ds], b = g_gflops["bwd" + ds];
+    const double f_cpu = g_cpu_gflops["fwd" + ds], b_cpu = g_cpu_gflops["bwd" + ds];
+    std::printf(
+        "head_dim %3d: backward %.1f GFLOP/s = %.2f x forward wall (%.1f vs %.1f GFLOP per "
+        "CPU-second = %.2f; target >= 0.8)\n",
+        d, b, f > 0 ? b / f : 0.0, b_cpu, f_cpu, f_cpu > 0 ? b_cpu / f_cpu : 0.0);
   }
   return 0;
 }

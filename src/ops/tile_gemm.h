@@ -6,6 +6,7 @@
 // sgemm 2048³ ≈ 95. Always called from inside an OpenMP worker, single-threaded.
 #pragma once
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 
 namespace longtron::ops::detail {
@@ -78,11 +79,9 @@ inline void tile_rows(int64_t M, int64_t K, const T* A, int64_t ars, int64_t acs
   }
 }
 
-/// C[M, N] (leading dimension ldc) = A · B (+ C if accumulate) with A(i, k) = A[i·ars + k·acs]
-/// and B[k·ldb + j].
 template <typename T>
-inline void tile_gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t ars, int64_t acs,
-                      const T* B, int64_t ldb, T* C, int64_t ldc, bool accumulate) {
+inline void tile_gemm_panel(int64_t M, int64_t N, int64_t K, const T* A, int64_t ars, int64_t acs,
+                            const T* B, int64_t ldb, T* C, int64_t ldc, bool accumulate) {
   constexpr int64_t W = kVecBytes / sizeof(T);
   int64_t j = 0;
   for (; j + kWideNV * W <= N; j += kWideNV * W)
@@ -100,6 +99,33 @@ inline void tile_gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t ars, 
       const T a = A[i * ars + k * acs];
       for (int64_t jj = j; jj < N; ++jj) C[i * ldc + jj] += a * B[k * ldb + jj];
     }
+  }
+}
+
+#ifndef LONGTRON_PANEL_ROWS
+#define LONGTRON_PANEL_ROWS 64
+#define LONGTRON_PANEL_SPLIT 128
+#endif
+/// K is split into passes of kPanelRows when it exceeds kPanelSplit: a pass streams a [kPanelRows,
+/// 64-column] panel of B once per 6-row block of C, so the panel should stay in L1 (64 rows:
+/// 16 KiB of floats). Without the split, the backward's dV += Pᵀ·dO and dK += dSᵀ·Q (K = G·64
+/// rows, 256 for 4 query heads per kv head) stream a 64 KiB panel from L2 for every 6 rows of C;
+/// with it C is re-read once per pass instead.
+constexpr int64_t kPanelRows = LONGTRON_PANEL_ROWS;
+constexpr int64_t kPanelSplit = LONGTRON_PANEL_SPLIT;
+
+/// C[M, N] (leading dimension ldc) = A · B (+ C if accumulate) with A(i, k) = A[i·ars + k·acs]
+/// and B[k·ldb + j]. K is split into passes of at most kPanelRows rows when it is longer.
+template <typename T>
+inline void tile_gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t ars, int64_t acs,
+                      const T* B, int64_t ldb, T* C, int64_t ldc, bool accumulate) {
+  if (K <= kPanelSplit) {
+    tile_gemm_panel(M, N, K, A, ars, acs, B, ldb, C, ldc, accumulate);
+    return;
+  }
+  for (int64_t k = 0; k < K; k += kPanelRows) {
+    tile_gemm_panel(M, N, std::min(kPanelRows, K - k), A + k * acs, ars, acs, B + k * ldb, ldb, C,
+                    ldc, accumulate || k > 0);
   }
 }
 
