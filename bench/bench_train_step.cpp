@@ -2,12 +2,13 @@
 // (micro-batches from the sampler, forward+backward, gradient-norm clipping, AdamW) on a random
 // dataset of documents with exponential lengths (mean 300 tokens, seeded), written to a temporary
 // Megatron dataset. Reports step time, tokens/s, MFU (docs/training.md: model FLOPs ÷ step time ÷
-// the sgemm FLOP/s the trainer measures at start-up) and peak RSS; then the peak RSS of one step at
-// P = 2048, 4096 and 8192 (seq_len 512 × micro_bsz 4, 8, 16), each in a fresh process, so the
-// per-token growth shows whether anything grows with P².
+// the GEMM FLOP/s of the dtype, measured by the trainer at start-up) and peak RSS, in float32 and in
+// bfloat16 (model.dtype) with their ratio; then the peak RSS of one step at P = 2048, 4096 and 8192
+// (seq_len 512 × micro_bsz 4, 8, 16) in each dtype, each in a fresh process, so the per-token
+// growth shows whether anything grows with P².
 //
 // Usage: bench_train_step [--steps N] [--config FILE]   (threads: train.num_threads, 0 = all)
-//        bench_train_step --child MICRO_BSZ STEPS CONFIG   (one run; prints one line)
+//        bench_train_step --child MICRO_BSZ STEPS CONFIG DTYPE   (one run; prints one line)
 #include <fmt/core.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -59,8 +60,9 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-/// One run of `steps` steps; prints "P rss_mib median_step_s median_tgs median_mfu sgemm_gflops".
-int child(int64_t micro_bsz, int64_t steps, const std::string& config_path) {
+/// One run of `steps` steps in `dtype`; prints "P rss_mib median_step_s median_tgs median_mfu
+/// gemm_gflops" (the GEMM rate of the dtype).
+int child(int64_t micro_bsz, int64_t steps, const std::string& config_path, const std::string& dtype) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("longtron_bench_{}", getpid());
   train::TrainConfig c = train::load_config(config_path, {}, {.model_shape = true, .data = false});
   c.data.train_folder = (dir / "train").string();
@@ -69,6 +71,7 @@ int child(int64_t micro_bsz, int64_t steps, const std::string& config_path) {
   c.train.total_steps = steps;
   c.train.checkpoint_dir.clear();
   c.train.metrics_file.clear();
+  c.model.dtype = dtype;
   const int64_t P = c.data.seq_len * micro_bsz;
   write_random_dataset(dir / "train", c.model.vocab_size, P * c.data.micro_num * (steps + 2), 2024);
   train::TrainOptions o;
@@ -84,13 +87,14 @@ int child(int64_t micro_bsz, int64_t steps, const std::string& config_path) {
     mfu.push_back(s.rows[i].mfu);
   }
   fmt::print("{} {:.1f} {:.4f} {:.1f} {:.4f} {:.1f}\n", P, peak_rss_mib(), median(t), median(tgs),
-             median(mfu), s.sgemm_flops * 1e-9);
+             median(mfu), (s.dtype == "bfloat16" ? s.bf16_gemm_flops : s.sgemm_flops) * 1e-9);
   return 0;
 }
 
 std::vector<double> run_child(const std::string& self, int64_t micro_bsz, int64_t steps,
-                              const std::string& config) {
-  const std::string cmd = fmt::format("'{}' --child {} {} '{}'", self, micro_bsz, steps, config);
+                              const std::string& config, const std::string& dtype) {
+  const std::string cmd =
+      fmt::format("'{}' --child {} {} '{}' {}", self, micro_bsz, steps, config, dtype);
   std::FILE* pipe = popen(cmd.c_str(), "r");
   std::vector<double> v(6, 0.0);
   if (pipe == nullptr) return v;
@@ -110,8 +114,8 @@ std::vector<double> run_child(const std::string& self, int64_t micro_bsz, int64_
 int main(int argc, char** argv) {
   longtron::ensure_passive_omp_wait(argv);  // see core/threads.h: spinning OpenMP workers starve the BLAS
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.size() == 4 && args[0] == "--child")
-    return child(std::atoll(args[1].c_str()), std::atoll(args[2].c_str()), args[3]);
+  if (args.size() == 5 && args[0] == "--child")
+    return child(std::atoll(args[1].c_str()), std::atoll(args[2].c_str()), args[3], args[4]);
   int64_t steps = 6;
   std::string config = "configs/small.toml";
   for (size_t i = 0; i + 1 < args.size(); i += 2) {
@@ -119,17 +123,29 @@ int main(int argc, char** argv) {
     if (args[i] == "--config") config = args[i + 1];
   }
   const std::string self = fs::canonical("/proc/self/exe").string();
-  const auto main_run = run_child(self, 4, steps, config);
-  fmt::print("full training step of {} (P = {:.0f}, {} steps, first left out): median step {:.3f} s, "
-             "{:.0f} tokens/s, MFU {:.3f} (sgemm {:.1f} GFLOP/s), peak RSS {:.1f} MiB\n",
-             config, main_run[0], steps, main_run[2], main_run[3], main_run[4], main_run[5],
-             main_run[1]);
-  std::vector<std::vector<double>> mem;
-  for (int64_t b : {4, 8, 16}) mem.push_back(run_child(self, b, 1, config));
-  for (const auto& m : mem)
-    fmt::print("  P = {:5.0f}: peak RSS {:8.1f} MiB (1 step, {:.2f} s)\n", m[0], m[1], m[2]);
-  for (size_t i = 1; i < mem.size(); ++i)
-    fmt::print("  RSS growth P {:.0f} -> {:.0f}: {:.1f} KiB per added token\n", mem[i - 1][0], mem[i][0],
-               (mem[i][1] - mem[i - 1][1]) * 1024.0 / (mem[i][0] - mem[i - 1][0]));
+  const char* dtypes[2] = {"float32", "bfloat16"};
+  std::vector<double> runs[2];
+  for (int k = 0; k < 2; ++k) {
+    runs[k] = run_child(self, 4, steps, config, dtypes[k]);
+    const auto& r = runs[k];
+    fmt::print("full training step of {} in {} (P = {:.0f}, {} steps, first left out): median step "
+               "{:.3f} s, {:.0f} tokens/s, MFU {:.3f} (GEMM {:.1f} GFLOP/s), peak RSS {:.1f} MiB\n",
+               config, dtypes[k], r[0], steps, r[2], r[3], r[4], r[5], r[1]);
+  }
+  if (runs[0][3] > 0)
+    fmt::print("bfloat16 / float32 tokens/s: {:.2f}\n", runs[1][3] / runs[0][3]);
+  for (int k = 0; k < 2; ++k) {
+    std::vector<std::vector<double>> mem;
+    for (int64_t b : {4, 8, 16}) mem.push_back(run_child(self, b, 1, config, dtypes[k]));
+    for (const auto& m : mem)
+      fmt::print("  {} P = {:5.0f}: peak RSS {:8.1f} MiB (1 step, {:.2f} s)\n", dtypes[k], m[0],
+                 m[1], m[2]);
+    for (size_t i = 1; i < mem.size(); ++i)
+      fmt::print("  {} RSS growth P {:.0f} -> {:.0f}: {:.1f} KiB per added token\n", dtypes[k],
+                 mem[i - 1][0], mem[i][0], (mem[i][1] - mem[i - 1][1]) * 1024.0 / (mem[i][0] - mem[i - 1][0]));
+    runs[k] = mem.back();
+  }
+  if (runs[0][1] > 0)
+    fmt::print("peak RSS at P = {:.0f}, bfloat16 / float32: {:.2f}\n", runs[0][0], runs[1][1] / runs[0][1]);
   return 0;
 }

@@ -25,6 +25,7 @@ struct EvalOptions {
   bool json = false;
   int64_t seq_len = 0, micro_bsz = 0;
   int threads = 0;
+  std::string dtype;  // empty: the run's model.dtype
 };
 
 int64_t config_int(const nlohmann::json& config, const char* key) {
@@ -36,6 +37,7 @@ int64_t config_int(const nlohmann::json& config, const char* key) {
 int run_eval(const EvalOptions& o) {
   set_num_threads(o.threads);
   train::LoadedModel m = train::load_model_dir(o.checkpoint);
+  const ops::ComputeTypeScope precision(train::loaded_compute_type(m, o.dtype));
   data::PackConfig pack;
   pack.seq_len = o.seq_len > 0 ? o.seq_len : config_int(m.train_config, "seq_len");
   pack.micro_bsz = o.micro_bsz > 0 ? o.micro_bsz : config_int(m.train_config, "micro_bsz");
@@ -90,6 +92,9 @@ Subcommand eval_command(40, [](CLI::App& app) {
   sub->add_option("--micro-bsz", o->micro_bsz, "Override the checkpoint's data.micro_bsz")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   sub->add_option("--threads", o->threads, "Compute threads (default: all cores)");
+  sub->add_option("--dtype", o->dtype,
+                  "GEMM precision: float32, bfloat16 or auto (default: the run's model.dtype; "
+                  "float32 for a Hugging Face folder)");
   return [o] { return run_eval(*o); };
 });
 

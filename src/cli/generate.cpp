@@ -28,6 +28,7 @@ struct GenerateOptions {
   double top_p = 1.0;
   uint64_t seed = 0;
   int threads = 0;
+  std::string dtype;           // empty: the run's model.dtype
   bool chat = false;           // the prompt is a user message of this chat template
   std::string chat_template, system;
 };
@@ -59,6 +60,7 @@ int run_generate(const GenerateOptions& o) {
   check(o.top_p > 0 && o.top_p <= 1, "generate: --top-p must be in (0, 1], got {}", o.top_p);
   set_num_threads(o.threads);
   train::LoadedModel m = train::load_model_dir(o.checkpoint);
+  const ops::ComputeTypeScope precision(train::loaded_compute_type(m, o.dtype));
   check(!m.tokenizer.empty(), "generate: no tokenizer.model in {} or next to its training data",
         m.dir.string());
   const data::Tokenizer tok = data::Tokenizer::load(m.tokenizer);
@@ -103,6 +105,9 @@ Subcommand generate_command(45, [](CLI::App& app) {
   sub->add_option("--top-p", o->top_p, "Nucleus sampling mass (default 1)");
   sub->add_option("--seed", o->seed, "Sampling seed (default 0)");
   sub->add_option("--threads", o->threads, "Compute threads (default: all cores)");
+  sub->add_option("--dtype", o->dtype,
+                  "GEMM precision: float32, bfloat16 or auto (default: the run's model.dtype; "
+                  "float32 for a Hugging Face folder)");
   sub->add_flag("--chat", o->chat, "The prompt is a user message: apply --chat-template, stop at "
                 "its end-of-turn token, print the answer");
   sub->add_option("--chat-template", o->chat_template,

@@ -1,6 +1,7 @@
 // InternLM2 model shape (docs/model.md). Key names follow InternEvo's config.py `model` section.
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace longtron::model {
 
@@ -18,6 +19,9 @@ struct ModelConfig {
   bool qkv_bias = false;
   bool o_bias = false;
   bool checkpoint = false;  ///< activation recomputation per block (InternEvo's name)
+  /// GEMM precision (InternEvo's model.dtype): "float32" | "bfloat16" | "auto", as
+  /// ops::canonical_dtype spells them; ops::resolve_dtype turns it into the run's compute type.
+  std::string dtype = "float32";
 
   /// head_dim = hidden_size / num_attention_heads.
   int64_t head_dim() const { return hidden_size / num_attention_heads; }

@@ -143,6 +143,7 @@ ModelConfig merge_model_config(const ModelConfig& f, const ModelConfig& toml,
   }
   ModelConfig out = f;
   out.checkpoint = toml.checkpoint;
+  out.dtype = toml.dtype;  // how to train, not what the model is
   return out;
 }
 

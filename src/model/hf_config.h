@@ -33,9 +33,9 @@ void write_hf_config(const std::filesystem::path& file, const ModelConfig& confi
                      int64_t max_position_embeddings = 0);
 
 /// The model of an --init-from / checkpoint run: `from_file` (read from config.json at `source`)
-/// with the runtime-only option `checkpoint` taken from `toml`. Every key in `given` (model.* key
-/// names as TrainConfig::model_keys_given) must agree with the file, else Error naming the key and
-/// both values, e.g. "model.hidden_size = 512 in the TOML config but config.json (DIR) has
+/// with the runtime-only options `checkpoint` and `dtype` taken from `toml`. Every key in `given`
+/// (model.* key names as TrainConfig::model_keys_given) must agree with the file, else Error naming
+/// the key and both values, e.g. "model.hidden_size = 512 in the TOML config but config.json (DIR) has
 /// hidden_size = 384". mlp_ratio/multiple_of are compared through the FFN width they give.
 ModelConfig merge_model_config(const ModelConfig& from_file, const ModelConfig& toml,
                                const std::set<std::string>& given, const std::string& source);

@@ -2,14 +2,38 @@
 // (oneDNN has no double GEMM; double serves the finite-difference tests). bf16: onednn_matmul.cpp.
 #include <cblas.h>
 
+#include <bit>
+#include <vector>
+
 #include "ops/onednn_matmul.h"
 #include "ops/ops.h"
+#include "ops/precision.h"
 
 namespace longtron::ops {
 
 namespace {
+uint16_t bf16_bits(float value) {
+  const uint32_t u = std::bit_cast<uint32_t>(value);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((u >> 16) | 0x0040);  // NaN: stays quiet
+  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);  // round to nearest even
+}
+
+// Mixed precision (torch.autocast's rule for matmuls): both operands rounded to bf16, the product
+// accumulated in fp32. The rounded copies live in per-thread buffers reused from call to call.
+void bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+               const float* B, float beta, float* C) {
+  thread_local std::vector<uint16_t> a16, b16;
+  a16.resize(static_cast<size_t>(M * K));
+  b16.resize(static_cast<size_t>(K * N));
+  round_to_bf16(A, M * K, a16.data());
+  round_to_bf16(B, K * N, b16.data());
+  detail::onednn_matmul(detail::MatmulInput::kBF16, ta, tb, M, N, K, alpha, a16.data(),
+                        b16.data(), beta, C);
+}
+
 void backend_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                   const float* B, float beta, float* C) {
+  if (compute_type() == ComputeType::kBFloat16) return bf16_gemm(ta, tb, M, N, K, alpha, A, B, beta, C);
   // The matmul primitive rather than dnnl_sgemm: on the shapes of a training step it was faster in
   // aggregate (bench_gemm), and dnnl_sgemm collapsed on some backward shapes at 2 threads (e.g.
   // 384×1024×2048 with A transposed: 4–7 GFLOP/s against 17–20 for the matmul).
@@ -21,6 +45,12 @@ void backend_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alph
               K, alpha, A, ta ? M : K, B, tb ? K : N, beta, C, N);
 }
 }  // namespace
+
+void round_to_bf16(const float* x, int64_t n, uint16_t* out) {
+  // Threads only pay off on large operands (weights, activations), not on small GEMMs' inputs.
+#pragma omp parallel for schedule(static) if (n > (int64_t{1} << 16))
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits(x[i]);
+}
 
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,

@@ -17,7 +17,8 @@ namespace longtron::ops {
 /// float → oneDNN's matmul primitive (one cached per shape, transposes, alpha and beta; for a given
 /// shape and thread count the result is deterministic); double → OpenBLAS's cblas_dgemm (oneDNN has
 /// no double GEMM; double serves the finite-difference tests). Uses the OpenMP threads of
-/// set_num_threads.
+/// set_num_threads. Under ComputeTypeScope(kBFloat16) (precision.h) float A and B are first rounded
+/// to bf16 (nearest even) and the product runs as gemm_bf16: fp32 accumulation and fp32 C.
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
           const T* B, T beta, T* C);
@@ -28,6 +29,9 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
 /// this CPU (it needs avx512_core; native bf16 dot products need avx512_core_bf16).
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const uint16_t* A, const uint16_t* B, float beta, float* C);
+
+/// out[i] = x[i] rounded to bf16 (nearest even, NaN kept quiet; raw bits), i < n. OpenMP threads.
+void round_to_bf16(const float* x, int64_t n, uint16_t* out);
 
 /// The GEMM library and the instruction set its kernels dispatch to on this CPU.
 struct GemmBackend {

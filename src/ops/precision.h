@@ -1,6 +1,7 @@
 // The compute type of float GEMMs and attention: float32, or bfloat16 inputs with float32
 // accumulation (mixed precision as torch.autocast does it: a scope, per calling thread).
 #pragma once
+#include <string>
 
 namespace longtron::ops {
 
@@ -23,5 +24,29 @@ class ComputeTypeScope {
  private:
   ComputeType previous_;
 };
+
+/// "float32" or "bfloat16" (the names of model.dtype and of the metrics rows' dtype).
+const char* compute_type_name(ComputeType type);
+
+/// The environment variable that hides CPU features from cpu_has_avx512_bf16(): a comma-separated
+/// list of feature names as /proc/cpuinfo spells them ("avx512_bf16"). Tests set it to play a CPU
+/// without native bf16 on one that has it.
+inline constexpr const char* kCpuFeaturesMaskEnv = "LONGTRON_CPU_FEATURES_MASK";
+
+/// Whether the CPU has AVX512-BF16 (bf16 dot products, cpuid leaf 7.1 EAX bit 5) and the operating
+/// system saves AVX-512 state, unless kCpuFeaturesMaskEnv lists "avx512_bf16". Reads the
+/// environment on every call.
+bool cpu_has_avx512_bf16();
+
+/// The canonical spelling of a dtype name: "float32", "bfloat16" or "auto" for those names and
+/// InternEvo's "torch.float32" / "torch.bfloat16"; "" for anything else.
+std::string canonical_dtype(const std::string& name);
+
+/// The compute type of `dtype` (a canonical_dtype spelling) on this CPU. "auto": kBFloat16 when the
+/// CPU has native bf16 (cpu_has_avx512_bf16() and oneDNN's kernels use it), else kFloat32; `note`
+/// (if given) receives the reason, for the start-up line. "bfloat16" on a CPU without native bf16
+/// throws longtron::Error naming `where` (e.g. "model.dtype") and the missing instruction set.
+ComputeType resolve_dtype(const std::string& dtype, const std::string& where,
+                          std::string* note = nullptr);
 
 }  // namespace longtron::ops

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "model/params.h"
+#include "ops/precision.h"
 #include "parallel/tp2d_overlap.h"
 #include "train/config_keys.h"
 
@@ -117,6 +118,16 @@ Setter string_key(std::string& out) {
   return [&out](const toml::node& n, const std::string& where) {
     if (!n.is_string()) wrong_type(where, "a string", n);
     out = n.as_string()->get();
+  };
+}
+
+/// model.dtype: one of ops::canonical_dtype's spellings, stored canonical.
+Setter dtype_key(std::string& out) {
+  return [&out](const toml::node& n, const std::string& where) {
+    if (!n.is_string()) wrong_type(where, "a string", n);
+    out = ops::canonical_dtype(n.as_string()->get());
+    check(!out.empty(), "{}: \"{}\" is not one of float32 | bfloat16 | auto (or torch.float32 | "
+          "torch.bfloat16)", where, n.as_string()->get());
   };
 }
 
@@ -285,7 +296,7 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
       {"mlp_ratio", double_key(m.mlp_ratio, true)}, {"multiple_of", int_key(m.multiple_of)},
       {"norm_eps", double_key(m.norm_eps)}, {"rope_base", double_key(m.rope_base)},
       {"qkv_bias", bool_key(m.qkv_bias)}, {"o_bias", bool_key(m.o_bias)},
-      {"checkpoint", bool_key(m.checkpoint)}};
+      {"checkpoint", bool_key(m.checkpoint)}, {"dtype", dtype_key(m.dtype)}};
   const Schema data = {
       {"train_folder", path_key(d.train_folder)}, {"valid_folder", path_key(d.valid_folder)},
       {"seq_len", int_key(d.seq_len)}, {"micro_bsz", int_key(d.micro_bsz)},
@@ -485,7 +496,8 @@ nlohmann::json to_json(const TrainConfig& c) {
                 {"num_layers", m.num_layers}, {"num_attention_heads", m.num_attention_heads},
                 {"num_kv_attention_heads", m.num_kv_attention_heads}, {"mlp_ratio", m.mlp_ratio},
                 {"multiple_of", m.multiple_of}, {"norm_eps", m.norm_eps}, {"rope_base", m.rope_base},
-                {"qkv_bias", m.qkv_bias}, {"o_bias", m.o_bias}, {"checkpoint", m.checkpoint}};
+                {"qkv_bias", m.qkv_bias}, {"o_bias", m.o_bias}, {"checkpoint", m.checkpoint},
+                {"dtype", m.dtype}};
   j["data"] = {{"train_folder", d.train_folder}, {"valid_folder", d.valid_folder},
                {"seq_len", d.seq_len}, {"micro_bsz", d.micro_bsz}, {"micro_num", d.micro_num},
                {"use_packed_dataset", d.use_packed_dataset},

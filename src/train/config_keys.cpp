@@ -32,6 +32,11 @@ const std::vector<ConfigKey> kConfigKeys = {
     {"model.o_bias", "boolean", "false", "", "Bias on the wo projection."},
     {"model.checkpoint", "boolean", "false", "",
      "Activation recomputation: each block's forward runs again in backward (less memory)."},
+    {"model.dtype", "string", "\"float32\"", "",
+     "GEMM precision: \"float32\", \"bfloat16\" (mixed precision: bf16 GEMM inputs, fp32 "
+     "accumulation, fp32 master weights, optimizer state and checkpoints; needs AVX512-BF16) or "
+     "\"auto\" (bfloat16 where the CPU has AVX512-BF16, else float32); \"torch.float32\" and "
+     "\"torch.bfloat16\" are accepted (docs/training.md)."},
 
     // [data]: docs/data.md.
     {"data.train_folder", "path", "", kRequired,

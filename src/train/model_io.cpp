@@ -34,4 +34,14 @@ LoadedModel load_model_dir(const fs::path& path) {
   return m;
 }
 
+ops::ComputeType loaded_compute_type(const LoadedModel& m, const std::string& dtype,
+                                     std::string* note) {
+  if (!dtype.empty()) return ops::resolve_dtype(dtype, "--dtype", note);
+  const nlohmann::json& c = m.train_config;
+  if (c.contains("model") && c["model"].contains("dtype") && c["model"]["dtype"].is_string())
+    return ops::resolve_dtype(c["model"]["dtype"].get<std::string>(),
+                              (m.dir / "state.json").string() + ": config.model.dtype", note);
+  return ops::ComputeType::kFloat32;
+}
+
 }  // namespace longtron::train

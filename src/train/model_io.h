@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "model/internlm2.h"
+#include "ops/precision.h"
 
 namespace longtron::train {
 
@@ -24,5 +25,12 @@ struct LoadedModel {
 /// folder, its parent, then next to the run's data.train_folder. Throws Error naming the path when
 /// nothing loadable is there or a tensor is missing or mis-shaped.
 LoadedModel load_model_dir(const std::filesystem::path& path);
+
+/// The compute type eval and generate run in: `dtype` (their --dtype) when not empty, else the
+/// run's model.dtype from state.json ("float32" for an HF folder or a run from before the key),
+/// resolved on this CPU by ops::resolve_dtype (`note` receives its note). Throws Error naming
+/// --dtype or the state.json key for an unknown name or a bfloat16 this CPU cannot run.
+ops::ComputeType loaded_compute_type(const LoadedModel& m, const std::string& dtype,
+                                     std::string* note = nullptr);
 
 }  // namespace longtron::train

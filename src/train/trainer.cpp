@@ -17,6 +17,7 @@
 #include "data/validate.h"
 #include "model/hf_config.h"
 #include "ops/ops.h"
+#include "ops/precision.h"
 #include "parallel/engine.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
@@ -126,6 +127,8 @@ struct Run {
   std::unique_ptr<MetricsWriter> metrics;
   fs::path tokenizer;
   double sgemm_flops = 0;
+  ops::ComputeType compute = ops::ComputeType::kFloat32;  // model.dtype on this CPU
+  double gemm_flops = 0;  // GEMM FLOP/s of `compute` (the MFU denominator)
 
   Run(const TrainConfig& c, const TrainOptions& o, comm::ProcessGrid g)
       : config(c), options(o), grid(std::move(g)), dp(grid.data), rank0(grid.world_rank == 0),
@@ -153,6 +156,7 @@ struct Run {
   double validate() {
     model::LossSum local;
     data::MicroBatch batch;
+    const ops::ComputeTypeScope precision(compute);
     for (int64_t k = dp->rank(); k < valid_rows->num_rows(); k += dp->size()) {
       valid_rows->row_into(k, batch);
       const model::LossSum ls = engine.forward_loss(batch);
@@ -230,6 +234,9 @@ struct Run {
     so.lr = schedule.at(step);
     so.clip_grad_norm = config.optimizer.clip_grad_norm;
     if (dump) so.on_gradients = [this](parallel::ParallelEngine&) { dump_grads(options.dump_grads); };
+    // The GEMMs of forward and backward in the run's dtype (the reductions and AdamW have no GEMM:
+    // they stay fp32 whatever the scope).
+    const ops::ComputeTypeScope precision(compute);
     const StepResult r = train_step(engine, optimizer, batches, so);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -244,11 +251,12 @@ struct Run {
     row.step_time_s = seconds;
     row.skipped = r.skipped;
     row.imbalance = plan.imbalance();
+    row.dtype = ops::compute_type_name(compute);
     row.tgs = static_cast<double>(r.tokens) / static_cast<double>(grid.world_size) / seconds;
     // Model FLOPs of every position the ranks computed (pad included: it is computed) over the
-    // sgemm speed of all ranks together.
+    // GEMM speed of the step's dtype on all ranks together.
     row.mfu = model::model_flops(config.model, processed, r.sum_l2) / seconds /
-              (sgemm_flops * static_cast<double>(grid.world_size));
+              (gemm_flops * static_cast<double>(grid.world_size));
     return row;
   }
 };
@@ -337,6 +345,10 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
   if (options.dry_run) return dry_run(config, options, world);
   // Layout errors (world, heads, P against the layout) come first, before any data or memory.
   comm::ProcessGrid grid = comm::make_process_grid(world, layout_of(config.parallel));
+  // Then the precision: an explicit bfloat16 on a CPU without it fails before any work.
+  std::string dtype_note;
+  const ops::ComputeType compute =
+      ops::resolve_dtype(config.model.dtype, config_origin(config, "model.dtype"), &dtype_note);
   if (grid.world_rank == 0) prepare_checkpoint_dir(config, options);
   set_num_threads(static_cast<int>(config.train.num_threads), comm::ranks_on_node());
   // The memory plan, before anything large is allocated: refuse a run that cannot fit.
@@ -352,14 +364,16 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
   std::optional<Phase> phase(std::in_place, fmt::format(
       "building the model and reading the data (planned peak {} per rank)", format_bytes(plan.peak_bytes)));
   Run run(config, options, std::move(grid));
-  phase.emplace("timing sgemm");
+  run.compute = compute;
+  phase.emplace("timing the GEMMs");
   run.sgemm_flops = measure_sgemm_flops(options.sgemm_size);
 
   phase.emplace("loading the start state");
   TrainSummary summary;
   summary.sgemm_flops = run.sgemm_flops;
   summary.bf16_gemm_flops = measure_gemm_bf16_flops(options.sgemm_size);
-  summary.dtype = "float32";
+  summary.dtype = ops::compute_type_name(compute);
+  run.gemm_flops = compute == ops::ComputeType::kBFloat16 ? summary.bf16_gemm_flops : run.sgemm_flops;
   summary.planned_peak_bytes = plan.peak_bytes;
   int64_t start = 0;
   fs::path resumed_from;  // the newest good checkpoint until this run saves one
@@ -400,13 +414,15 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     summary.plot_file = run.metrics->plot_path();
     const ops::GemmBackend gemm = ops::gemm_backend();
     fmt::print(stderr,
-               "train: {} parameters, {} rows/epoch ({} steps), dp {}, tp {} ({}), {}, dtype {}\n"
-               "train: GEMM {} ({}): fp32 {:.1f} GFLOP/s, bf16 {}; mfu against fp32\n",
+               "train: {} parameters, {} rows/epoch ({} steps), dp {}, tp {} ({}), {}, dtype {}{}\n"
+               "train: GEMM {} ({}): fp32 {:.1f} GFLOP/s, bf16 {}; mfu against {}\n",
                run.engine.full_layout().numel(), run.loader.num_rows(), run.loader.steps_per_epoch(),
                run.dp->size(), run.grid.tp, run.engine.mode(), count_of(num_threads(), "thread"),
-               summary.dtype, gemm.library, gemm.isa, run.sgemm_flops * 1e-9,
+               summary.dtype, dtype_note.empty() ? "" : " (" + dtype_note + ")", gemm.library,
+               gemm.isa, run.sgemm_flops * 1e-9,
                summary.bf16_gemm_flops > 0 ? fmt::format("{:.1f} GFLOP/s", summary.bf16_gemm_flops * 1e-9)
-                                           : std::string("unavailable"));
+                                           : std::string("unavailable"),
+               compute == ops::ComputeType::kBFloat16 ? "bf16" : "fp32");
     fmt::print(stderr, "train: memory plan {} per rank at peak ({}; longtron train --dry-run shows it)\n",
                format_bytes(plan.peak_bytes), plan.peak_phase);
   }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include "core/safetensors.h"
 #include "fd_check.h"
 #include "ops/ops.h"
+#include "ops/precision.h"
 
 namespace ops = longtron::ops;
 using longtron::safetensors::bf16_to_float;
@@ -112,6 +114,55 @@ TEST(Gemm, Bf16MatchesDoubleOnRoundedInputsAndFp32WithinBf16Rounding) {
       EXPECT_GT(worst_rel, 1e-5);
     }
   }
+}
+
+// Mixed precision as the trainer runs it: ops::gemm<float> under a bf16 ComputeTypeScope rounds A
+// and B to bf16 itself. Against double on the bf16-rounded inputs the error bound is the fp32
+// summation bound above, |C − exact| ≤ (K + 2)·2⁻²⁴·Σ|a||b| (the products are exact); it must
+// also equal gemm_bf16 on the same rounded inputs bit for bit (one primitive per shape), and leave
+// the fp32 GEMM untouched once the scope ends.
+TEST(Gemm, FloatUnderBf16ScopeIsTheBf16GemmOfRoundedInputs) {
+  for (const Case& c : cases()) {
+    const auto A = floats(c.M * c.K, 7), B = floats(c.K * c.N, 8), C0 = floats(c.M * c.N, 9);
+    std::vector<uint16_t> Ab(A.size()), Bb(B.size());
+    std::vector<float> Ar(A.size()), Br(B.size());
+    for (size_t i = 0; i < A.size(); ++i) Ab[i] = float_to_bf16(A[i]), Ar[i] = bf16_to_float(Ab[i]);
+    for (size_t i = 0; i < B.size(); ++i) Bb[i] = float_to_bf16(B[i]), Br[i] = bf16_to_float(Bb[i]);
+    std::vector<float> C = C0, Cb = C0, C32 = C0, Cafter = C0;
+    ops::gemm<float>(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), B.data(), c.beta, C32.data());
+    {
+      ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
+      ASSERT_EQ(ops::compute_type(), ops::ComputeType::kBFloat16);
+      ops::gemm<float>(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), B.data(), c.beta, C.data());
+    }
+    ASSERT_EQ(ops::compute_type(), ops::ComputeType::kFloat32);
+    ops::gemm<float>(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), B.data(), c.beta, Cafter.data());
+    EXPECT_EQ(Cafter, C32) << "the fp32 GEMM changed after a bf16 scope";
+    ops::gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, Ab.data(), Bb.data(), c.beta, Cb.data());
+    EXPECT_EQ(C, Cb);
+    std::vector<double> exact, mag;
+    reference(c, Ar, Br, C0, exact, mag);
+    const double u = std::ldexp(1.0, -24);
+    for (int64_t i = 0; i < c.M * c.N; ++i)
+      ASSERT_LE(std::fabs(C[i] - exact[i]), (c.K + 2) * u * mag[i]) << "at " << i;
+    if (c.K >= 53) EXPECT_NE(C, C32) << "the bf16 scope did not change the result";
+  }
+}
+
+// round_to_bf16 (the scope's conversion) agrees with the safetensors writer's conversion on
+// ordinary values, ties, overflow to infinity, subnormals, infinities and NaN.
+TEST(Gemm, RoundToBf16IsRoundToNearestEven) {
+  std::vector<float> x = floats(1000, 10);
+  for (uint32_t bits : {0x3F808000u, 0x3F818000u, 0x7F7FFFFFu, 0x00000001u, 0x80400000u,
+                        0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u, 0x00000000u})
+    x.push_back(std::bit_cast<float>(bits));
+  std::vector<uint16_t> out(x.size());
+  ops::round_to_bf16(x.data(), static_cast<int64_t>(x.size()), out.data());
+  for (size_t i = 0; i < x.size(); ++i)
+    ASSERT_EQ(out[i], float_to_bf16(x[i])) << "at " << i << " (" << x[i] << ")";
+  EXPECT_EQ(out[x.size() - 10], 0x3F80);  // tie, even kept bit: rounds down
+  EXPECT_EQ(out[x.size() - 9], 0x3F82);   // tie, odd kept bit: rounds up
+  EXPECT_EQ(out[x.size() - 8], 0x7F80);   // largest float rounds to infinity
 }
 
 TEST(Gemm, EmptyInnerDimensionScalesC) {

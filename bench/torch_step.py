@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""PyTorch reference for bench_train_step (docs/benchmarks.md): one training step of the
+configs/small.toml model (InternLM2: RMSNorm, GQA attention with RoPE, SwiGLU FFN, untied head) on
+one packed row, eager mode, fp32 or torch.autocast("cpu", dtype=torch.bfloat16), AdamW with
+gradient clipping. Attention is causal inside each document of the row (a loop over documents, as
+a varlen-unaware PyTorch model has to do it). Prints tokens/s per dtype.
+
+Needs Debian's python3-torch (1.13); a benchmark only, never a test dependency.
+Usage: python3 bench/torch_step.py [--threads N] [--steps S] [--P 2048] [--dtypes float32,bfloat16]
+"""
+import argparse
+import math
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+# configs/small.toml: vocab 8192, hidden 384, 6 layers, 6 heads (head_dim 64), 2 kv heads,
+# FFN = 256 · ceil(int(384 · 8/3) / 256) = 1024.
+VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, FFN = 8192, 384, 6, 6, 2, 1024
+HEAD_DIM = HIDDEN // HEADS
+
+
+def row_lengths(P, mean, seed):
+    """Documents of exponential length (mean `mean`, at least 2 tokens) packed into a P-token row;
+    the last one is cut at the row edge (as bench_train_step's random dataset is packed)."""
+    rng = np.random.RandomState(seed)
+    lengths, total = [], 0
+    while total < P:
+        n = min(max(2, int(round(rng.exponential(mean)))), P - total)
+        lengths.append(n)
+        total += n
+    return lengths
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)) * self.weight
+
+
+def rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention_norm = RMSNorm(HIDDEN)
+        self.wqkv = torch.nn.Linear(HIDDEN, (HEADS + 2 * KV_HEADS) * HEAD_DIM, bias=False)
+        self.wo = torch.nn.Linear(HIDDEN, HIDDEN, bias=False)
+        self.ffn_norm = RMSNorm(HIDDEN)
+        self.w1 = torch.nn.Linear(HIDDEN, FFN, bias=False)
+        self.w3 = torch.nn.Linear(HIDDEN, FFN, bias=False)
+        self.w2 = torch.nn.Linear(FFN, HIDDEN, bias=False)
+
+    def forward(self, x, cos, sin, bounds):
+        qkv = self.wqkv(self.attention_norm(x))
+        q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
+        q = q.view(-1, HEADS, HEAD_DIM).transpose(0, 1)
+        k = k.view(-1, KV_HEADS, HEAD_DIM).transpose(0, 1)
+        v = v.view(-1, KV_HEADS, HEAD_DIM).transpose(0, 1)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k = k.repeat_interleave(HEADS // KV_HEADS, dim=0)
+        v = v.repeat_interleave(HEADS // KV_HEADS, dim=0)
+        outs = []
+        for a, b in bounds:  # causal attention inside each document
+            s = torch.matmul(q[:, a:b], k[:, a:b].transpose(1, 2)) / math.sqrt(HEAD_DIM)
+            mask = torch.ones(b - a, b - a, dtype=torch.bool).triu(1)
+            p = torch.softmax(s.float().masked_fill(mask, float("-inf")), dim=-1)
+            outs.append(torch.matmul(p.to(v.dtype), v[:, a:b]))
+        attn = torch.cat(outs, dim=1).transpose(0, 1).reshape(-1, HIDDEN)
+        h = x + self.wo(attn)
+        z = self.ffn_norm(h)
+        return h + self.w2(F.silu(self.w1(z)) * self.w3(z))
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok_embeddings = torch.nn.Embedding(VOCAB, HIDDEN)
+        self.layers = torch.nn.ModuleList(Block() for _ in range(LAYERS))
+        self.norm = RMSNorm(HIDDEN)
+        self.output = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
+        for p in self.parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=0.02)
+
+    def forward(self, ids, positions, bounds):
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM))
+        angles = positions[:, None].float() * inv_freq[None, :]
+        emb = torch.cat((angles, angles), dim=-1)
+        cos, sin = emb.cos()[None], emb.sin()[None]
+        x = self.tok_embeddings(ids)
+        for layer in self.layers:
+            x = layer(x, cos, sin, bounds)
+        return self.output(self.norm(x))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--P", type=int, default=2048)
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)  # PyTorch defaults to 1 thread here
+    torch.manual_seed(0)
+    lengths = row_lengths(args.P, 300.0, 2024)
+    bounds, positions, start = [], [], 0
+    for n in lengths:
+        bounds.append((start, start + n))
+        positions.extend(range(n))
+        start += n
+    ids = torch.randint(3, VOCAB, (args.P,))
+    labels = torch.roll(ids, -1)
+    for a, b in bounds:
+        labels[b - 1] = -100
+    positions = torch.tensor(positions)
+    sum_l2 = sum(n * n for n in lengths)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, P = {args.P}, "
+          f"{len(lengths)} documents (sum l^2 = {sum_l2})")
+    for dtype in args.dtypes.split(","):
+        model = Model()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.01)
+        times, losses = [], []
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=(dtype == "bfloat16")):
+                logits = model(ids, positions, bounds)
+                loss = F.cross_entropy(logits.float(), labels, ignore_index=-100)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            times.append(time.perf_counter() - t0)
+            losses.append(loss.item())
+        steady = sorted(times[1:] if len(times) > 1 else times)
+        median = steady[len(steady) // 2]
+        print(f"torch {dtype}: median step {median:.3f} s, {args.P / median:.0f} tokens/s "
+              f"(first step {times[0]:.3f} s left out; loss {losses[0]:.4f} -> {losses[-1]:.4f})")
+
+
+if __name__ == "__main__":
+    main()
