@@ -87,8 +87,7 @@ std::string detect_type(const json& hf, const std::string& source) {
   check(from_type.empty() || from_arch.empty() || from_type == from_arch,
         "{}: model_type \"{}\" and architectures {} name different families", source, from_type,
         hf["architectures"].dump());
-  check(!from_type.empty() || !from_arch.empty(),
-        "{}: neither model_type nor architectures says which model this is", source);
+  if (from_type.empty() && from_arch.empty()) return "internlm2";  // longtron's own default
   return from_type.empty() ? from_arch : from_type;
 }
 

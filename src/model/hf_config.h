@@ -33,8 +33,8 @@ nlohmann::json to_hf_config(const ModelConfig& config, int64_t max_position_embe
                             const std::string& format = "");
 
 /// Reads a config.json (`source` names the file in messages). The family comes from `model_type`
-/// and `architectures` (both, when present, must name the same one); an unknown one is an Error
-/// naming the value. Throws Error naming the key when one is missing or of the wrong type, or asks
+/// and `architectures` (both, when present, must name the same one; neither: internlm2); an
+/// unknown one is an Error naming the value. Throws Error naming the key when one is missing or of the wrong type, or asks
 /// for what longtron does not train: hidden_act other than silu, rope_scaling, a head_dim other
 /// than hidden_size / num_attention_heads, tie_word_embeddings, Llama's mlp_bias, Qwen2's
 /// use_sliding_window. Missing optional keys take Hugging Face's defaults (rms_norm_eps 1e-6,
