@@ -1,12 +1,18 @@
-// InternLM2 model shape (docs/model.md). Key names follow InternEvo's config.py `model` section.
+// Model shape (docs/model.md). Key names follow InternEvo's config.py `model` section.
 #pragma once
 #include <cstdint>
 #include <string>
 
 namespace longtron::model {
 
-/// The shape of an InternLM2 model (docs/model.md). Defaults are InternEvo's.
+/// The Hugging Face families longtron reads and writes (docs/model.md); every one is the same
+/// pre-norm RMSNorm / RoPE / GQA / SwiGLU decoder, they differ in tensor names, config.json keys and
+/// options (biases, windows).
+inline constexpr const char* kModelTypes[] = {"internlm2", "llama", "qwen2", "mistral"};
+
+/// The shape of a model (docs/model.md). Defaults are InternEvo's.
 struct ModelConfig {
+  std::string type = "internlm2";  ///< one of kModelTypes: tensor names and config.json keys
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t num_layers = 0;
@@ -22,6 +28,16 @@ struct ModelConfig {
   /// GEMM precision (InternEvo's model.dtype): "float32" | "bfloat16" | "auto", as
   /// ops::canonical_dtype spells them; ops::resolve_dtype turns it into the run's compute type.
   std::string dtype = "float32";
+  /// Mistral's sliding_window (0 = none): recorded as read; attention with a window smaller
+  /// than a sequence is refused until the kernel supports it (docs/model.md).
+  int64_t sliding_window = 0;
+  /// The config.json read had no sliding_window key (Mistral's default 4096 applies): it is
+  /// written back without one, as read.
+  bool sliding_window_implicit = false;
+  /// The keys of the config.json this model was read from that longtron does not model
+  /// (torch_dtype, bos_token_id, max_position_embeddings, …), as the JSON text of an object ("" =
+  /// none): written back unchanged so that config.json round-trips.
+  std::string hf_extra;
 
   /// head_dim = hidden_size / num_attention_heads.
   int64_t head_dim() const { return hidden_size / num_attention_heads; }

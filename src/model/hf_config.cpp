@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <set>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -11,35 +12,43 @@ namespace longtron::model {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings) {
-  json j = {{"architectures", {"InternLM2ForCausalLM"}},
-            {"model_type", "internlm2"},
-            {"hidden_size", c.hidden_size},
-            {"intermediate_size", c.ffn_size()},
-            {"num_hidden_layers", c.num_layers},
-            {"num_attention_heads", c.num_attention_heads},
-            {"num_key_value_heads", c.num_kv_attention_heads},
-            {"rms_norm_eps", c.norm_eps},
-            {"rope_theta", c.rope_base},
-            {"vocab_size", c.vocab_size},
-            {"bias", c.qkv_bias},
-            {"qkv_bias", c.qkv_bias},
-            {"o_bias", c.o_bias},
-            {"hidden_act", "silu"},
-            {"tie_word_embeddings", false},
-            {"torch_dtype", "float32"}};
-  if (max_position_embeddings > 0) j["max_position_embeddings"] = max_position_embeddings;
-  return j;
+namespace {
+
+struct Family {
+  const char* type;
+  const char* architecture;
+};
+constexpr Family kFamilies[] = {{"internlm2", "InternLM2ForCausalLM"},
+                                {"llama", "LlamaForCausalLM"},
+                                {"qwen2", "Qwen2ForCausalLM"},
+                                {"mistral", "MistralForCausalLM"}};
+
+std::string supported_list() {
+  std::string s;
+  for (const auto& f : kFamilies) s += std::string(s.empty() ? "" : ", ") + f.type;
+  return s;
 }
 
-namespace {
+// Keys longtron models (read into ModelConfig, computed on write); every other key passes through.
+const std::set<std::string>& modelled_keys() {
+  static const std::set<std::string> keys = {
+      "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+      "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta", "vocab_size",
+      "bias", "qkv_bias", "o_bias", "attention_bias"};
+  return keys;
+}
+
 int64_t get_int(const json& j, const char* key, const std::string& source) {
   check(j.contains(key), "{}: missing key {}", source, key);
   check(j[key].is_number_integer(), "{}: {} must be an integer, got {}", source, key, j[key].dump());
   return j[key].get<int64_t>();
 }
+int64_t get_int(const json& j, const char* key, const std::string& source, int64_t fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  return get_int(j, key, source);
+}
 double get_double(const json& j, const char* key, const std::string& source, double fallback) {
-  if (!j.contains(key)) return fallback;
+  if (!j.contains(key) || j[key].is_null()) return fallback;
   check(j[key].is_number(), "{}: {} must be a number, got {}", source, key, j[key].dump());
   return j[key].get<double>();
 }
@@ -48,27 +57,141 @@ bool get_bool(const json& j, const char* key, const std::string& source, bool fa
   check(j[key].is_boolean(), "{}: {} must be true or false, got {}", source, key, j[key].dump());
   return j[key].get<bool>();
 }
+
+/// The family named by model_type and/or architectures (docs/model.md).
+std::string detect_type(const json& hf, const std::string& source) {
+  std::string from_type, from_arch;
+  if (hf.contains("model_type")) {
+    check(hf["model_type"].is_string(), "{}: model_type must be a string, got {}", source,
+          hf["model_type"].dump());
+    from_type = hf["model_type"].get<std::string>();
+    bool known = false;
+    for (const auto& f : kFamilies) known |= from_type == f.type;
+    check(known, "{}: model_type \"{}\" is not supported (supported: {})", source, from_type,
+          supported_list());
+  }
+  if (hf.contains("architectures")) {
+    check(hf["architectures"].is_array(), "{}: architectures must be a list, got {}", source,
+          hf["architectures"].dump());
+    for (const auto& a : hf["architectures"])
+      for (const auto& f : kFamilies)
+        if (a.is_string() && a.get<std::string>() == f.architecture && from_arch.empty())
+          from_arch = f.type;
+    check(!from_arch.empty(), "{}: architectures {} is not supported (supported: {})", source,
+          hf["architectures"].dump(), [] {
+            std::string s;
+            for (const auto& f : kFamilies) s += std::string(s.empty() ? "" : ", ") + f.architecture;
+            return s;
+          }());
+  }
+  check(from_type.empty() || from_arch.empty() || from_type == from_arch,
+        "{}: model_type \"{}\" and architectures {} name different families", source, from_type,
+        hf["architectures"].dump());
+  if (from_type.empty() && from_arch.empty()) return "internlm2";  // longtron's own default
+  return from_type.empty() ? from_arch : from_type;
+}
+
+/// Refuses what longtron does not train, naming the key.
+void check_supported(const json& hf, const std::string& type, const std::string& source) {
+  if (hf.contains("hidden_act")) {
+    check(hf["hidden_act"] == "silu", "{}: hidden_act {} is not supported (only \"silu\")", source,
+          hf["hidden_act"].dump());
+  }
+  if (hf.contains("rope_scaling") && !hf["rope_scaling"].is_null()) {
+    const json& r = hf["rope_scaling"];
+    const std::string kind = r.is_object() && r.contains("rope_type") ? r["rope_type"].dump()
+                             : r.is_object() && r.contains("type")    ? r["type"].dump()
+                                                                      : r.dump();
+    fail("{}: rope_scaling of type {} is not supported", source, kind);
+  }
+  check(!get_bool(hf, "tie_word_embeddings", source, false),
+        "{}: tie_word_embeddings = true is not supported (the head and the embedding are separate "
+        "tensors)", source);
+  check(type != "llama" || !get_bool(hf, "mlp_bias", source, false),
+        "{}: mlp_bias = true is not supported", source);
+  check(type != "qwen2" || !get_bool(hf, "use_sliding_window", source, false),
+        "{}: use_sliding_window = true is not supported", source);
+}
+
 }  // namespace
+
+std::string hf_architecture(const std::string& type) {
+  for (const auto& f : kFamilies)
+    if (type == f.type) return f.architecture;
+  fail("model type \"{}\" is not supported (supported: {})", type, supported_list());
+}
+
+void check_model_type(const std::string& type, const std::string& what) {
+  for (const auto& f : kFamilies)
+    if (type == f.type) return;
+  fail("{} = \"{}\": unsupported model type (supported: {})", what, type, supported_list());
+}
+
+json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const std::string& format) {
+  const std::string type = format.empty() ? c.type : format;
+  const std::string arch = hf_architecture(type);
+  json j = c.hf_extra.empty() ? json::object() : json::parse(c.hf_extra);
+  if (type != c.type) j.erase("auto_map");  // the source family's remote code
+  const bool llama_like = type == "llama" || type == "mistral";
+  check(!llama_like || c.qkv_bias == c.o_bias,
+        "cannot write a {} config.json: its attention_bias covers q, k, v and o together, but this "
+        "model has qkv_bias = {} and o_bias = {}", type, c.qkv_bias, c.o_bias);
+  check(type != "qwen2" || (c.qkv_bias && !c.o_bias),
+        "cannot write a qwen2 config.json: Qwen2 has a bias on q, k, v and none on o, but this model "
+        "has qkv_bias = {} and o_bias = {}", c.qkv_bias, c.o_bias);
+  check(c.sliding_window == 0 || type == "mistral",
+        "cannot write a {} config.json: the model has a sliding window of {}", type, c.sliding_window);
+  j["architectures"] = {arch};
+  j["model_type"] = type;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.ffn_size();
+  j["num_hidden_layers"] = c.num_layers;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_key_value_heads"] = c.num_kv_attention_heads;
+  j["rms_norm_eps"] = c.norm_eps;
+  j["rope_theta"] = c.rope_base;
+  j["vocab_size"] = c.vocab_size;
+  if (type == "internlm2") {
+    j["bias"] = c.qkv_bias;
+    j["qkv_bias"] = c.qkv_bias;
+    j["o_bias"] = c.o_bias;
+  }
+  if (llama_like) j["attention_bias"] = c.qkv_bias;
+  // Absent means 4096 to Hugging Face's MistralConfig, so "none" must be written as null.
+  if (type == "mistral" && !j.contains("sliding_window") &&
+      !(c.sliding_window_implicit && c.sliding_window == 4096))
+    j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+  if (!j.contains("hidden_act")) j["hidden_act"] = "silu";
+  if (!j.contains("tie_word_embeddings")) j["tie_word_embeddings"] = false;
+  if (!j.contains("torch_dtype")) j["torch_dtype"] = "float32";
+  if (max_position_embeddings > 0 && !j.contains("max_position_embeddings"))
+    j["max_position_embeddings"] = max_position_embeddings;
+  return j;
+}
 
 ModelConfig from_hf_config(const json& hf, const std::string& source) {
   check(hf.is_object(), "{}: not a JSON object", source);
-  if (hf.contains("architectures")) {
-    bool ok = false;
-    for (const auto& a : hf["architectures"])
-      ok |= a.is_string() && a.get<std::string>().rfind("InternLM2", 0) == 0;
-    check(ok, "{}: architectures {} is not InternLM2ForCausalLM", source, hf["architectures"].dump());
-  }
   ModelConfig c;
+  c.type = detect_type(hf, source);
+  check_supported(hf, c.type, source);
   c.hidden_size = get_int(hf, "hidden_size", source);
   c.num_layers = get_int(hf, "num_hidden_layers", source);
   c.num_attention_heads = get_int(hf, "num_attention_heads", source);
-  c.num_kv_attention_heads =
-      hf.contains("num_key_value_heads") ? get_int(hf, "num_key_value_heads", source)
-                                         : c.num_attention_heads;
+  c.num_kv_attention_heads = get_int(hf, "num_key_value_heads", source,
+                                     c.type == "mistral" && !hf.contains("num_key_value_heads")
+                                         ? 8 : c.num_attention_heads);
   c.vocab_size = get_int(hf, "vocab_size", source);
   const int64_t inter = get_int(hf, "intermediate_size", source);
   check(c.hidden_size > 0 && inter > 0, "{}: hidden_size {} and intermediate_size {} must be > 0",
         source, c.hidden_size, inter);
+  check(c.num_attention_heads > 0, "{}: num_attention_heads must be > 0, got {}", source,
+        c.num_attention_heads);
+  if (hf.contains("head_dim") && !hf["head_dim"].is_null()) {
+    const int64_t d = get_int(hf, "head_dim", source);
+    check(d * c.num_attention_heads == c.hidden_size,
+          "{}: head_dim {} is not supported: longtron needs head_dim = hidden_size / "
+          "num_attention_heads = {}", source, d, c.hidden_size / c.num_attention_heads);
+  }
   c.multiple_of = 256;
   while (inter % c.multiple_of != 0) c.multiple_of /= 2;
   // Nudge the ratio by ulps so that int(hidden × ratio) is exactly intermediate_size (the plain
@@ -79,9 +202,26 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
   check(c.ffn_size() == inter, "{}: cannot express intermediate_size {} (internal error)", source, inter);
   c.norm_eps = get_double(hf, "rms_norm_eps", source, 1e-6);
   c.rope_base = get_double(hf, "rope_theta", source, 10000.0);
-  const bool bias = get_bool(hf, "bias", source, false);
-  c.qkv_bias = get_bool(hf, "qkv_bias", source, bias);
-  c.o_bias = get_bool(hf, "o_bias", source, bias);
+  if (c.type == "internlm2") {
+    const bool bias = get_bool(hf, "bias", source, false);
+    c.qkv_bias = get_bool(hf, "qkv_bias", source, bias);
+    c.o_bias = get_bool(hf, "o_bias", source, bias);
+  } else if (c.type == "qwen2") {
+    c.qkv_bias = true;  // Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False
+    c.o_bias = false;
+  } else {
+    c.qkv_bias = c.o_bias = get_bool(hf, "attention_bias", source, false);
+  }
+  if (c.type == "mistral") {
+    // MistralConfig: sliding_window defaults to 4096; an explicit null means full attention.
+    c.sliding_window_implicit = !hf.contains("sliding_window");
+    c.sliding_window = c.sliding_window_implicit ? 4096 : get_int(hf, "sliding_window", source, 0);
+    check(c.sliding_window >= 0, "{}: sliding_window must be >= 0, got {}", source, c.sliding_window);
+  }
+  json extra = json::object();
+  for (const auto& [key, value] : hf.items())
+    if (!modelled_keys().count(key)) extra[key] = value;
+  c.hf_extra = extra.empty() ? "" : extra.dump();
   return c;
 }
 
@@ -98,8 +238,9 @@ ModelConfig read_hf_config(const fs::path& dir_or_file) {
   return from_hf_config(j, file.string());
 }
 
-void write_hf_config(const fs::path& file, const ModelConfig& config, int64_t max_position_embeddings) {
-  const std::string text = to_hf_config(config, max_position_embeddings).dump(2) + "\n";
+void write_hf_config(const fs::path& file, const ModelConfig& config, int64_t max_position_embeddings,
+                     const std::string& format) {
+  const std::string text = to_hf_config(config, max_position_embeddings, format).dump(2) + "\n";
   write_atomically(file, [&](const fs::path& tmp) {
     std::ofstream out(tmp);
     out << text;
@@ -122,6 +263,9 @@ ModelConfig merge_model_config(const ModelConfig& f, const ModelConfig& toml,
     check(!given.count(key) || mine == theirs, "model.{} = {} in the TOML config but {} has {} = {}",
           key, mine, source, key, theirs);
   };
+  check(!given.count("type") || toml.type == f.type,
+        "model.type = \"{}\" in the TOML config but {} has model_type = \"{}\"", toml.type, source,
+        f.type);
   same_int("vocab_size", "vocab_size", toml.vocab_size, f.vocab_size);
   same_int("hidden_size", "hidden_size", toml.hidden_size, f.hidden_size);
   same_int("num_layers", "num_hidden_layers", toml.num_layers, f.num_layers);

@@ -1,5 +1,5 @@
-// Hugging Face `config.json` for InternLM2 ↔ ModelConfig (Hugging Face transformers' InternLM2
-// config; docs/model.md).
+// Hugging Face `config.json` ↔ ModelConfig for the families of model::kModelTypes (Hugging Face
+// transformers' InternLM2, Llama, Qwen2 and Mistral configurations; docs/model.md).
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -11,16 +11,35 @@
 
 namespace longtron::model {
 
-/// The HF config of `config`: architectures ["InternLM2ForCausalLM"], model_type "internlm2",
-/// hidden_size, intermediate_size (= ffn_size()), num_hidden_layers, num_attention_heads,
-/// num_key_value_heads, rms_norm_eps, rope_theta, vocab_size, bias (= qkv_bias; HF InternLM2 has
-/// one flag for wqkv and wo, so longtron also writes "qkv_bias"/"o_bias" which it prefers on
-/// read), hidden_act "silu", tie_word_embeddings false, torch_dtype "float32";
-/// max_position_embeddings when > 0.
-nlohmann::json to_hf_config(const ModelConfig& config, int64_t max_position_embeddings = 0);
+/// The `architectures` class of a model type ("llama" → "LlamaForCausalLM"); throws Error naming
+/// the type and listing the supported ones when it is none of kModelTypes.
+std::string hf_architecture(const std::string& type);
 
-/// Reads the HF keys above (`source` names the file in messages). Throws Error naming the key when
-/// one is missing or of the wrong type, or when architectures does not contain an InternLM2 class.
+/// Throws Error "<what> = "<type>": unsupported model type (supported: internlm2, llama, qwen2,
+/// mistral)" unless `type` is one of kModelTypes.
+void check_model_type(const std::string& type, const std::string& what);
+
+/// The HF config of `config` written as family `format` (empty = config.type). Starts from the
+/// keys the model was read with (config.hf_extra, passed through unchanged), then sets the keys
+/// longtron models: architectures, model_type, hidden_size, intermediate_size (= ffn_size()),
+/// num_hidden_layers, num_attention_heads, num_key_value_heads, rms_norm_eps, rope_theta,
+/// vocab_size and the family's bias keys (InternLM2: bias, qkv_bias, o_bias; Llama and Mistral:
+/// attention_bias; Qwen2: none, its q/k/v always carry a bias). Adds hidden_act "silu",
+/// tie_word_embeddings false, torch_dtype "float32" and max_position_embeddings (when > 0) only
+/// where the source config lacked them. Writing as another family drops the source's `auto_map`
+/// (remote code). Throws Error when `format` cannot express the model (biases Llama cannot write,
+/// a Qwen2 without q/k/v bias, a sliding window outside Mistral).
+nlohmann::json to_hf_config(const ModelConfig& config, int64_t max_position_embeddings = 0,
+                            const std::string& format = "");
+
+/// Reads a config.json (`source` names the file in messages). The family comes from `model_type`
+/// and `architectures` (both, when present, must name the same one; neither: internlm2); an
+/// unknown one is an Error naming the value. Throws Error naming the key when one is missing or of the wrong type, or asks
+/// for what longtron does not train: hidden_act other than silu, rope_scaling, a head_dim other
+/// than hidden_size / num_attention_heads, tie_word_embeddings, Llama's mlp_bias, Qwen2's
+/// use_sliding_window. Missing optional keys take Hugging Face's defaults (rms_norm_eps 1e-6,
+/// rope_theta 10000, num_key_value_heads = num_attention_heads; Mistral: 8 and sliding_window
+/// 4096, while "sliding_window": null means none). Keys not modelled are kept in hf_extra.
 /// mlp_ratio/multiple_of are derived so that ffn_size() == intermediate_size exactly:
 /// multiple_of = the largest power of two ≤ 256 dividing intermediate_size (256 for InternEvo
 /// shapes), and mlp_ratio = intermediate_size / hidden_size, raised by a few ulps if needed so that
@@ -30,13 +49,14 @@ ModelConfig from_hf_config(const nlohmann::json& hf, const std::string& source);
 /// File forms (`dir_or_file`: a folder holding config.json, or the file itself). Writing is atomic.
 ModelConfig read_hf_config(const std::filesystem::path& dir_or_file);
 void write_hf_config(const std::filesystem::path& file, const ModelConfig& config,
-                     int64_t max_position_embeddings = 0);
+                     int64_t max_position_embeddings = 0, const std::string& format = "");
 
 /// The model of an --init-from / checkpoint run: `from_file` (read from config.json at `source`)
 /// with the runtime-only options `checkpoint` and `dtype` taken from `toml`. Every key in `given`
 /// (model.* key names as TrainConfig::model_keys_given) must agree with the file, else Error naming
 /// the key and both values, e.g. "model.hidden_size = 512 in the TOML config but config.json (DIR) has
-/// hidden_size = 384". mlp_ratio/multiple_of are compared through the FFN width they give.
+/// hidden_size = 384" or "model.type = "internlm2" in the TOML config but … has model_type =
+/// "llama"". mlp_ratio/multiple_of are compared through the FFN width they give.
 ModelConfig merge_model_config(const ModelConfig& from_file, const ModelConfig& toml,
                                const std::set<std::string>& given, const std::string& source);
 

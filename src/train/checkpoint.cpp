@@ -12,6 +12,7 @@
 #include "core/io_error.h"
 #include "core/safetensors.h"
 #include "model/hf_config.h"
+#include "model/hf_names.h"
 
 namespace longtron::train {
 namespace fs = std::filesystem;
@@ -179,6 +180,71 @@ void load_model(const fs::path& step_dir, const std::vector<MutableTensor>& para
   for (const auto& name : reader.names())
     check(wanted.count(name), "{}: tensor {} is not a parameter of this model (different model "
           "shape or architecture?)", step_dir.string(), name);
+}
+
+HfTensors hf_named_tensors(const model::Params<float>& full, const std::string& prefix,
+                           const std::string& format) {
+  HfTensors out;
+  const model::ParamLayout& layout = full.layout();
+  const auto list = model::hf_tensors(layout, format);
+  out.storage.reserve(list.size());
+  for (const auto& t : list) {
+    int64_t n = 1;
+    for (int64_t s : t.shape) n *= s;
+    out.storage.emplace_back(static_cast<size_t>(n));
+    model::gather_hf(t, layout, full.data(), out.storage.back().data());
+    out.tensors.push_back({prefix + t.name, t.shape, out.storage.back().data()});
+  }
+  return out;
+}
+
+namespace {
+void fill_hf(const st::Reader& reader, const std::string& prefix, model::Params<float>& full,
+             std::set<std::string>* wanted) {
+  const model::ParamLayout& layout = full.layout();
+  std::vector<float> buffer;
+  for (const auto& t : model::hf_tensors(layout)) {
+    int64_t n = 1;
+    for (int64_t s : t.shape) n *= s;
+    buffer.resize(static_cast<size_t>(n));
+    reader.read_floats(prefix + t.name, t.shape, buffer.data());
+    model::scatter_hf(t, layout, buffer.data(), full.data());
+    if (wanted) wanted->insert(prefix + t.name);
+  }
+}
+}  // namespace
+
+void load_hf_model(const fs::path& path, model::Params<float>& full) {
+  const st::Reader reader(path);
+  std::set<std::string> wanted;
+  fill_hf(reader, "", full, &wanted);
+  for (const auto& name : reader.names())
+    check(wanted.count(name), "{}: tensor {} is not a parameter of this {} model (different model "
+          "shape or architecture?)", path.string(), name, full.layout().config().type);
+}
+
+int64_t load_hf_optimizer(const fs::path& step_dir, model::Params<float>& exp_avg,
+                          model::Params<float>& exp_avg_sq) {
+  const fs::path file = step_dir / "optimizer.safetensors";
+  const st::Reader reader(file);
+  fill_hf(reader, kAdamM, exp_avg, nullptr);
+  fill_hf(reader, kAdamV, exp_avg_sq, nullptr);
+  const auto step = reader.file_of(kAdamStep).read_ints(kAdamStep);
+  check(step.size() == 1, "{}: tensor {} must hold one value", file.string(), kAdamStep);
+  return step[0];
+}
+
+std::vector<std::string> copy_tokenizer_files(const fs::path& from, const fs::path& to) {
+  std::vector<std::string> copied;
+  if (from.empty()) return copied;
+  for (const char* name : kTokenizerFiles)
+    if (fs::is_regular_file(from / name)) {
+      const fs::path tmp = (to / name).string() + ".tmp";
+      fs::copy_file(from / name, tmp, fs::copy_options::overwrite_existing);
+      fs::rename(tmp, to / name);
+      copied.push_back(name);
+    }
+  return copied;
 }
 
 int64_t load_optimizer(const fs::path& step_dir, const std::vector<MutableTensor>& adam_m,

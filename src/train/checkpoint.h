@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/params.h"
 
 namespace longtron::train {
 
@@ -84,6 +85,38 @@ CheckpointState read_checkpoint_state(const std::filesystem::path& step_dir);
 /// tensor is missing or its shape differs. Extra tensors in the file are an error too (they would
 /// mean a different model), naming the first one.
 void load_model(const std::filesystem::path& step_dir, const std::vector<MutableTensor>& params);
+
+/// The tensors of a full-model buffer under the names of family `format` (empty = the model's
+/// type; model/hf_names.h), copied out (Llama's q/k/v are rows of the engine's wqkv), each name
+/// prefixed by `prefix`. `tensors` point into `storage`.
+struct HfTensors {
+  std::vector<std::vector<float>> storage;
+  std::vector<NamedTensor> tensors;
+};
+HfTensors hf_named_tensors(const model::Params<float>& full, const std::string& prefix = "",
+                           const std::string& format = "");
+
+/// Fills a full-model buffer from `path` (a step folder, an HF folder or a .safetensors file) by
+/// the names of the model's family. Throws Error naming the path and tensor when a tensor is
+/// missing or mis-shaped, and naming the first tensor of the file that the model does not have.
+void load_hf_model(const std::filesystem::path& path, model::Params<float>& full);
+
+/// AdamW moments of step_dir/optimizer.safetensors by the family's names; returns the stored
+/// step count.
+int64_t load_hf_optimizer(const std::filesystem::path& step_dir, model::Params<float>& exp_avg,
+                          model::Params<float>& exp_avg_sq);
+
+/// The files of a Hugging Face folder that belong to its tokenizer and generation settings
+/// (tokenizer.model, tokenizer.json, tokenizer_config.json, special_tokens_map.json,
+/// generation_config.json): copied beside the weights into checkpoints and exports.
+inline constexpr const char* kTokenizerFiles[] = {
+    "tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "generation_config.json"};
+
+/// Copies those of kTokenizerFiles that exist in `from` into `to` (atomically each, replacing);
+/// returns the names copied.
+std::vector<std::string> copy_tokenizer_files(const std::filesystem::path& from,
+                                              const std::filesystem::path& to);
 
 /// Fills AdamW moments from step_dir/optimizer.safetensors; returns the stored step count.
 int64_t load_optimizer(const std::filesystem::path& step_dir, const std::vector<MutableTensor>& adam_m,

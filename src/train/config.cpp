@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "model/hf_config.h"
 #include "model/params.h"
 #include "ops/precision.h"
 #include "parallel/tp2d_overlap.h"
@@ -290,6 +291,7 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
   auto& p = c.parallel;
   auto& t = c.train;
   const Schema model = {
+      {"type", string_key(m.type)},
       {"vocab_size", int_key(m.vocab_size)}, {"hidden_size", int_key(m.hidden_size)},
       {"num_layers", int_key(m.num_layers)}, {"num_attention_heads", int_key(m.num_attention_heads)},
       {"num_kv_attention_heads", int_key(m.num_kv_attention_heads)},
@@ -368,6 +370,7 @@ TrainConfig load_config(const fs::path& path, const std::vector<std::string>& ov
 }
 
 void check_model_config(const model::ModelConfig& m) {
+  model::check_model_type(m.type, "model.type");
   const std::pair<const char*, int64_t> positive[] = {
       {"vocab_size", m.vocab_size}, {"hidden_size", m.hidden_size}, {"num_layers", m.num_layers},
       {"num_attention_heads", m.num_attention_heads},
@@ -492,7 +495,7 @@ nlohmann::json to_json(const TrainConfig& c) {
   const auto& p = c.parallel;
   const auto& t = c.train;
   nlohmann::json j;
-  j["model"] = {{"vocab_size", m.vocab_size}, {"hidden_size", m.hidden_size},
+  j["model"] = {{"type", m.type}, {"vocab_size", m.vocab_size}, {"hidden_size", m.hidden_size},
                 {"num_layers", m.num_layers}, {"num_attention_heads", m.num_attention_heads},
                 {"num_kv_attention_heads", m.num_kv_attention_heads}, {"mlp_ratio", m.mlp_ratio},
                 {"multiple_of", m.multiple_of}, {"norm_eps", m.norm_eps}, {"rope_base", m.rope_base},

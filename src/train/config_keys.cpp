@@ -13,6 +13,10 @@ const char* kRequiredShape = "required unless `--init-from` or `--resume` gives 
 // section.key, type, default (TOML), meaning of an absent key when no default is written, meaning.
 const std::vector<ConfigKey> kConfigKeys = {
     // [model]: InternEvo's config.py `model` names (docs/model.md).
+    {"model.type", "string", "\"internlm2\"", "",
+     "Model family: internlm2, llama, qwen2 or mistral (docs/model.md). It chooses the tensor names "
+     "and config.json keys of checkpoints, --dump-grads and export; with --init-from it comes from "
+     "config.json."},
     {"model.vocab_size", "integer", "", kRequiredShape,
      "Vocabulary size: rows of the token embedding and of the output head (more than the largest "
      "token id of the data)."},

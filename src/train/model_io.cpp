@@ -19,7 +19,7 @@ LoadedModel load_model_dir(const fs::path& path) {
   const model::ModelConfig config = model::read_hf_config(m.dir);
   m.layout = std::make_unique<model::ParamLayout>(config);
   m.params = std::make_unique<model::Params<float>>(*m.layout);
-  load_model(m.dir, mutable_tensors(*m.params));
+  load_hf_model(m.dir, *m.params);
   m.model = std::make_unique<model::InternLM2<float>>(*m.layout, *m.params);
   for (const fs::path& p : {m.dir / "tokenizer.model", m.dir.parent_path() / "tokenizer.model"})
     if (fs::is_regular_file(p)) {

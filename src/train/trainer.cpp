@@ -66,6 +66,11 @@ void resolve_model_config(TrainConfig& config, const TrainOptions& options) {
     const model::ModelConfig from_file = model::read_hf_config(source);
     config.model = model::merge_model_config(from_file, config.model, config.model_keys_given,
                                              (source / "config.json").string());
+    const int64_t window = config.model.sliding_window,
+                  packed = config.data.seq_len * config.data.micro_bsz;
+    check(window == 0 || window >= packed,
+          "{}: sliding_window {} is shorter than a packed row (data.seq_len × data.micro_bsz = {}): "
+          "windowed attention is not supported yet", (source / "config.json").string(), window, packed);
   }
   check_config(config);
 }
@@ -177,7 +182,7 @@ struct Run {
   /// Loads full HF tensors from `dir` into this rank's shards of `local`.
   void load_full(const fs::path& dir, model::Params<float>& local) {
     model::Params<float> full(engine.full_layout());
-    load_model(dir, mutable_tensors(full));
+    load_hf_model(dir, full);
     engine.scatter_full(local, full);
   }
 
@@ -195,9 +200,12 @@ struct Run {
     }
     if (!rank0) return {};
     CheckpointData d;
-    d.params = named_tensors(*full_params);
-    d.adam_m = named_tensors(*full_m);
-    d.adam_v = named_tensors(*full_v);
+    // Under the family's names (model/hf_names.h); the copies live until the save is written.
+    const HfTensors hp = hf_named_tensors(*full_params), hm = hf_named_tensors(*full_m),
+                    hv = hf_named_tensors(*full_v);
+    d.params = hp.tensors;
+    d.adam_m = hm.tensors;
+    d.adam_v = hv.tensors;
     d.adam_step = optimizer.step();
     d.model = config.model;
     d.max_position_embeddings = config.data.seq_len;
@@ -209,6 +217,8 @@ struct Run {
     const fs::path dir = save_checkpoint(config.train.checkpoint_dir, d);
     // The tokenizer travels with the checkpoint so generate/export need nothing else.
     if (!tokenizer.empty()) copy_file_atomically(tokenizer, dir / "tokenizer.model");
+    // So do the tokenizer files of the Hugging Face folder (or checkpoint) the run started from.
+    copy_tokenizer_files(options.init_from.empty() ? options.resume : options.init_from, dir);
     return dir;
   }
 
@@ -217,7 +227,8 @@ struct Run {
     if (!rank0) return;
     ensure_directory(dir, "--dump-grads");
     std::vector<safetensors::WriteTensor> tensors;
-    for (const auto& t : named_tensors(*full))
+    const HfTensors named = hf_named_tensors(*full);  // family names; outlives the write
+    for (const auto& t : named.tensors)
       tensors.push_back({t.name, t.shape, safetensors::DType::F32, t.data, nullptr});
     safetensors::write_file(dir / "model.safetensors", tensors, {{"content", "gradients of the step loss, before clipping"}});
   }
@@ -384,7 +395,7 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     run.load_full(dir, run.params);
     {
       model::Params<float> m(run.engine.full_layout()), v(run.engine.full_layout());
-      run.optimizer.set_step(load_optimizer(dir, mutable_tensors(m), mutable_tensors(v)));
+      run.optimizer.set_step(load_hf_optimizer(dir, m, v));
       // HF tensors → this layout's local tensors → this rank's ZeRO-1 slice.
       model::Params<float> local_m(run.engine.local_layout()), local_v(run.engine.local_layout());
       run.engine.scatter_full(local_m, m);

@@ -1,0 +1,94 @@
+#include "model/hf_names.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "model/hf_config.h"
+
+namespace longtron::model {
+namespace {
+
+int64_t row_size(const ParamView& v) { return v.shape.size() == 2 ? v.shape[1] : 1; }
+
+/// The whole view under another name.
+HfTensor whole(const ParamLayout& layout, int view, std::string name) {
+  const ParamView& v = layout.view(view);
+  return {std::move(name), v.shape, view, {{0, v.shape[0]}}};
+}
+
+/// q (part 0), k (1) or v (2) of the grouped wqkv rows [Hkv, Hq/Hkv + 2, d] (docs/model.md).
+HfTensor qkv_part(const ParamLayout& layout, int view, int part, std::string name) {
+  const ModelConfig& c = layout.config();
+  const int64_t d = c.head_dim(), groups = c.num_kv_attention_heads;
+  const int64_t per = c.num_attention_heads / groups;  // query heads per kv group
+  const int64_t first = part == 0 ? 0 : (per + part - 1) * d;
+  const int64_t count = part == 0 ? per * d : d;
+  HfTensor t{std::move(name), layout.view(view).shape, view, {}};
+  for (int64_t g = 0; g < groups; ++g) t.rows.emplace_back(g * (per + 2) * d + first, count);
+  t.shape[0] = groups * count;
+  return t;
+}
+
+std::vector<HfTensor> llama_tensors(const ParamLayout& layout) {
+  std::vector<HfTensor> out;
+  out.push_back(whole(layout, layout.tok_embeddings, "model.embed_tokens.weight"));
+  for (size_t i = 0; i < layout.layers.size(); ++i) {
+    const BlockParamIds& b = layout.layers[i];
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    const char* parts[] = {"q_proj", "k_proj", "v_proj"};
+    for (int k = 0; k < 3; ++k) {
+      out.push_back(qkv_part(layout, b.wqkv, k, p + "self_attn." + parts[k] + ".weight"));
+      if (b.wqkv_bias >= 0)
+        out.push_back(qkv_part(layout, b.wqkv_bias, k, p + "self_attn." + parts[k] + ".bias"));
+    }
+    out.push_back(whole(layout, b.wo, p + "self_attn.o_proj.weight"));
+    if (b.wo_bias >= 0) out.push_back(whole(layout, b.wo_bias, p + "self_attn.o_proj.bias"));
+    out.push_back(whole(layout, b.w1, p + "mlp.gate_proj.weight"));
+    out.push_back(whole(layout, b.w3, p + "mlp.up_proj.weight"));
+    out.push_back(whole(layout, b.w2, p + "mlp.down_proj.weight"));
+    out.push_back(whole(layout, b.attention_norm, p + "input_layernorm.weight"));
+    out.push_back(whole(layout, b.ffn_norm, p + "post_attention_layernorm.weight"));
+  }
+  out.push_back(whole(layout, layout.norm, "model.norm.weight"));
+  out.push_back(whole(layout, layout.output, "lm_head.weight"));
+  return out;
+}
+
+}  // namespace
+
+std::vector<HfTensor> hf_tensors(const ParamLayout& layout, const std::string& format) {
+  const std::string type = format.empty() ? layout.config().type : format;
+  check_model_type(type, "model format");
+  if (type != "internlm2") return llama_tensors(layout);
+  std::vector<HfTensor> out;
+  for (int i = 0; i < static_cast<int>(layout.views().size()); ++i)
+    out.push_back(whole(layout, i, layout.view(i).name));
+  return out;
+}
+
+template <typename T>
+void gather_hf(const HfTensor& t, const ParamLayout& layout, const T* flat, T* out) {
+  const ParamView& v = layout.view(t.view);
+  const int64_t r = row_size(v);
+  for (const auto& [first, count] : t.rows) {
+    const T* src = flat + v.offset + first * r;
+    out = std::copy(src, src + count * r, out);
+  }
+}
+
+template <typename T>
+void scatter_hf(const HfTensor& t, const ParamLayout& layout, const T* in, T* flat) {
+  const ParamView& v = layout.view(t.view);
+  const int64_t r = row_size(v);
+  for (const auto& [first, count] : t.rows) {
+    std::copy(in, in + count * r, flat + v.offset + first * r);
+    in += count * r;
+  }
+}
+
+template void gather_hf<float>(const HfTensor&, const ParamLayout&, const float*, float*);
+template void gather_hf<double>(const HfTensor&, const ParamLayout&, const double*, double*);
+template void scatter_hf<float>(const HfTensor&, const ParamLayout&, const float*, float*);
+template void scatter_hf<double>(const HfTensor&, const ParamLayout&, const double*, double*);
+
+}  // namespace longtron::model

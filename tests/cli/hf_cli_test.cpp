@@ -1,0 +1,122 @@
+// Hugging Face families through the CLI (docs/model.md): an InternLM2 checkpoint exported as a
+// Llama folder, trained further with --init-from on it ([model] left out of the TOML), names and
+// config.json keys kept, tokenizer files carried, and the round trip export → --init-from exact.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli_fixture.h"
+#include "core/safetensors.h"
+
+namespace fs = std::filesystem;
+using longtron::testing::contains;
+using longtron::testing::Prepared;
+using longtron::testing::read_file;
+using longtron::testing::run_longtron;
+using longtron::testing::write_file;
+using nlohmann::json;
+namespace st = longtron::safetensors;
+
+namespace {
+
+double first_loss(const fs::path& metrics) {
+  std::istringstream in(read_file(metrics));
+  for (std::string line; std::getline(in, line);) {
+    const json j = json::parse(line);
+    if (j.contains("loss") && j["loss"].is_number()) return j["loss"].get<double>();
+  }
+  ADD_FAILURE() << "no loss row in " << metrics;
+  return 0;
+}
+
+std::vector<float> tensor(const fs::path& file, const std::string& name) {
+  return st::Reader(file).file_of(name).read_floats(name);
+}
+
+/// A TOML with the tiny run's data and train sections and no [model] (it comes from config.json).
+void write_fine_tune_toml(const Prepared& p, const std::string& name, const std::string& ckpt) {
+  write_file(p.dir / name,
+             "[data]\ntrain_folder = \"" + (p.dir / "data" / "train").string() +
+                 "\"\nseq_len = 64\nmicro_bsz = 2\n[optimizer]\nlr = 1e-3\n[train]\ntotal_steps = 1\n"
+                 "num_threads = 1\ncheckpoint_dir = \"" + (p.dir / ckpt).string() +
+                 "\"\nmetrics_file = \"" + (p.dir / (ckpt + ".jsonl")).string() + "\"\n");
+}
+
+TEST(HfCli, InternLM2CheckpointExportedAsLlamaTrainsFurther) {
+  Prepared p;
+  auto r = run_longtron("train" + p.config() + " --set train.total_steps=2");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const fs::path llama = p.dir / "llama";
+  r = run_longtron("export --checkpoint " + (p.dir / "ckpt").string() + " --output " +
+                   llama.string() + " --format llama");
+  ASSERT_EQ(r.status, 0) << r.output;
+  json cfg = json::parse(read_file(llama / "config.json"));
+  EXPECT_EQ(cfg["architectures"][0], "LlamaForCausalLM");
+  EXPECT_EQ(cfg["model_type"], "llama");
+  EXPECT_FALSE(cfg.contains("bias")) << "an InternLM2 key in a Llama config";
+  EXPECT_TRUE(fs::exists(llama / "tokenizer.model"));
+  const st::Reader exported(llama);
+  EXPECT_EQ(exported.file_of("model.layers.1.self_attn.k_proj.weight")
+                .info("model.layers.1.self_attn.k_proj.weight").shape,
+            (std::vector<int64_t>{16, 32}));  // 2 kv heads × head_dim 8
+  // Keys longtron does not use pass through; max_position_embeddings is not replaced by seq_len.
+  cfg["max_position_embeddings"] = 4096;
+  cfg["bos_token_id"] = 7;
+  write_file(llama / "config.json", cfg.dump(2));
+  write_file(llama / "generation_config.json", "{\"do_sample\": false}\n");
+
+  // Fine-tune from the Llama folder and, for comparison, from the InternLM2 checkpoint itself.
+  write_fine_tune_toml(p, "ft_llama.toml", "ck_llama");
+  write_fine_tune_toml(p, "ft_internlm2.toml", "ck_internlm2");
+  r = run_longtron("train --config " + (p.dir / "ft_llama.toml").string() + " --init-from " +
+                   llama.string() + " --dump-grads " + (p.dir / "g_llama").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run_longtron("train --config " + (p.dir / "ft_internlm2.toml").string() + " --init-from " +
+                   (p.dir / "ckpt" / "step_2").string() + " --dump-grads " +
+                   (p.dir / "g_internlm2").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  // The same model under two names: the same loss and gradients, each under its family's names.
+  EXPECT_EQ(first_loss(p.dir / "ck_llama.jsonl"), first_loss(p.dir / "ck_internlm2.jsonl"));
+  EXPECT_EQ(tensor(p.dir / "g_llama", "lm_head.weight"), tensor(p.dir / "g_internlm2", "output.weight"));
+  EXPECT_EQ(tensor(p.dir / "g_llama", "model.layers.0.mlp.down_proj.weight"),
+            tensor(p.dir / "g_internlm2", "model.layers.0.feed_forward.w2.weight"));
+  const fs::path step = p.dir / "ck_llama" / "step_1";
+  const json saved = json::parse(read_file(step / "config.json"));
+  EXPECT_EQ(saved["model_type"], "llama");
+  EXPECT_EQ(saved["max_position_embeddings"], 4096);
+  EXPECT_EQ(saved["bos_token_id"], 7);
+  EXPECT_TRUE(st::Reader(step).file_of("lm_head.weight").contains("lm_head.weight"));
+  EXPECT_TRUE(fs::exists(step / "tokenizer.model"));
+  EXPECT_TRUE(fs::exists(step / "generation_config.json"));
+
+  // Round trip: the Llama folder exported again is the same folder, and trains the same.
+  const fs::path again = p.dir / "llama_again";
+  r = run_longtron("export --checkpoint " + llama.string() + " --output " + again.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(json::parse(read_file(again / "config.json")), cfg);
+  const st::Reader a(llama), b(again);
+  auto na = a.names(), nb = b.names();
+  std::sort(na.begin(), na.end());
+  std::sort(nb.begin(), nb.end());
+  ASSERT_EQ(na, nb);
+  for (const auto& name : na)
+    EXPECT_EQ(a.file_of(name).read_floats(name), b.file_of(name).read_floats(name)) << name;
+  EXPECT_TRUE(fs::exists(again / "generation_config.json"));
+  write_fine_tune_toml(p, "ft_again.toml", "ck_again");
+  r = run_longtron("train --config " + (p.dir / "ft_again.toml").string() + " --init-from " +
+                   again.string() + " --dump-grads " + (p.dir / "g_again").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(first_loss(p.dir / "ck_again.jsonl"), first_loss(p.dir / "ck_llama.jsonl"));
+  EXPECT_EQ(tensor(p.dir / "g_again", "model.layers.1.self_attn.q_proj.weight"),
+            tensor(p.dir / "g_llama", "model.layers.1.self_attn.q_proj.weight"));
+
+  // A TOML that names another family is refused, naming both.
+  r = run_longtron("train --config " + (p.dir / "ft_again.toml").string() + " --init-from " +
+                   again.string() + " --set model.type=\"internlm2\" --overwrite");
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "model.type = \"internlm2\"") && contains(r.output, "\"llama\""))
+      << r.output;
+}
+
+}  // namespace

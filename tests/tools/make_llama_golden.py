@@ -1,0 +1,187 @@
+#!/usr/bin/python3
+"""Writes tests/fixtures/llama_golden/: a tiny random Llama model as a Hugging Face folder
+(config.json, model.safetensors) and golden.safetensors with one packed row, the float64 loss of
+Hugging Face's Llama semantics on it and the gradient of that loss for every tensor.
+
+The reference below is written from transformers' modeling_llama.py (LlamaRMSNorm, LlamaRotary-
+Embedding with the default rope type, rotate_half/apply_rotary_pos_emb, repeat_kv, eager attention
+with scaling head_dim**-0.5, LlamaMLP down(act(gate(x)) * up(x)) with act silu, lm_head, and
+LlamaForCausalLM's cross entropy averaged over labels != -100), in float64. A packed row is read as
+transformers reads one with position_ids restarting at 0 per document (its flash-attention varlen
+path): causal attention inside each document, never across. It does not use longtron's fused wqkv
+layout: q/k/v_proj are separate here, so the test also checks longtron's name mapping.
+
+Needs PyTorch (Debian python3-torch); the test suite reads only the files written here.
+Run: /usr/bin/python3 tests/tools/make_llama_golden.py tests/fixtures/llama_golden
+"""
+import json
+import math
+import os
+import struct
+import sys
+
+import torch
+
+torch.manual_seed(1234)
+D = torch.float64
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 32,
+    "hidden_size": 24,
+    "intermediate_size": 40,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 5000.0,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "mlp_bias": False,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 64,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "float32",
+    "initializer_range": 0.02,
+}
+V, H, F = CONFIG["vocab_size"], CONFIG["hidden_size"], CONFIG["intermediate_size"]
+L, HQ, HKV = CONFIG["num_hidden_layers"], CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"]
+HD = H // HQ
+
+
+def weights():
+    """Random weights far from init scale (so every nonlinearity matters), rounded to float32."""
+    w = {}
+    def mat(name, rows, cols, std=0.3):
+        w[name] = (torch.randn(rows, cols, dtype=D) * std).float().double()
+    def norm(name):
+        w[name] = (1.0 + 0.2 * torch.randn(H, dtype=D)).float().double()
+    mat("model.embed_tokens.weight", V, H, 1.0)
+    for i in range(L):
+        p = f"model.layers.{i}."
+        mat(p + "self_attn.q_proj.weight", HQ * HD, H)
+        mat(p + "self_attn.k_proj.weight", HKV * HD, H)
+        mat(p + "self_attn.v_proj.weight", HKV * HD, H)
+        mat(p + "self_attn.o_proj.weight", H, HQ * HD)
+        mat(p + "mlp.gate_proj.weight", F, H)
+        mat(p + "mlp.up_proj.weight", F, H)
+        mat(p + "mlp.down_proj.weight", H, F)
+        norm(p + "input_layernorm.weight")
+        norm(p + "post_attention_layernorm.weight")
+    norm("model.norm.weight")
+    mat("lm_head.weight", V, H)
+    return w
+
+
+def packed_row():
+    """Documents of 9, 1, 6 and 8 tokens and a 3-token pad segment (id 0, no labels)."""
+    ids, labels, pos, cu = [], [], [], [0]
+    g = torch.Generator().manual_seed(99)
+    for n in (9, 1, 6, 8):
+        doc = torch.randint(1, V, (n,), generator=g).tolist()
+        ids += doc
+        labels += doc[1:] + [-100]
+        pos += list(range(n))
+        cu.append(cu[-1] + n)
+    ids += [0] * 3
+    labels += [-100] * 3
+    pos += [0, 1, 2]
+    cu.append(cu[-1] + 3)
+    return ids, labels, pos, cu
+
+
+def rms_norm(x, w, eps):
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return w * (x * torch.rsqrt(variance + eps))
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def forward(w, ids, labels, pos, cu):
+    n = len(ids)
+    inv_freq = 1.0 / (CONFIG["rope_theta"] ** (torch.arange(0, HD, 2, dtype=D) / HD))
+    freqs = torch.tensor(pos, dtype=D)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]  # [n, 1, HD]
+    seg = torch.zeros(n, dtype=torch.long)
+    for s in range(len(cu) - 1):
+        seg[cu[s] : cu[s + 1]] = s
+    i = torch.arange(n)
+    allowed = (seg[:, None] == seg[None, :]) & (i[None, :] <= i[:, None])
+    mask = torch.zeros(n, n, dtype=D).masked_fill(~allowed, float("-inf"))
+    eps = CONFIG["rms_norm_eps"]
+    x = w["model.embed_tokens.weight"][torch.tensor(ids)]
+    for l in range(L):
+        p = f"model.layers.{l}."
+        h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).view(n, HQ, HD)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).view(n, HKV, HD)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).view(n, HKV, HD)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        rep = HQ // HKV  # repeat_kv: query head j uses kv head j // rep
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+        scores = torch.einsum("ihd,jhd->hij", q, k) * HD ** -0.5 + mask
+        probs = torch.softmax(scores, dim=-1)
+        attn = torch.einsum("hij,jhd->ihd", probs, v).reshape(n, HQ * HD)
+        x = x + attn @ w[p + "self_attn.o_proj.weight"].T
+        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        gate = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T)
+        x = x + (gate * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+    x = rms_norm(x, w["model.norm.weight"], eps)
+    logits = x @ w["lm_head.weight"].T
+    return torch.nn.functional.cross_entropy(logits, torch.tensor(labels), ignore_index=-100)
+
+
+def write_safetensors(path, tensors):
+    """tensors: name → (dtype string, shape, bytes)."""
+    header, blobs, offset = {}, [], 0
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def f32(t):
+    return ("F32", list(t.shape), t.float().contiguous().numpy().tobytes())
+
+
+def f64(t):
+    return ("F64", list(t.shape), t.double().contiguous().numpy().tobytes())
+
+
+def i64(values):
+    return ("I64", [len(values)], struct.pack(f"<{len(values)}q", *values))
+
+
+def main(out):
+    os.makedirs(out, exist_ok=True)
+    w = weights()
+    for t in w.values():
+        t.requires_grad_(True)
+    ids, labels, pos, cu = packed_row()
+    loss = forward(w, ids, labels, pos, cu)
+    loss.backward()
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(CONFIG, f, indent=2)
+        f.write("\n")
+    write_safetensors(os.path.join(out, "model.safetensors"), {k: f32(t.detach()) for k, t in w.items()})
+    golden = {"input_ids": i64(ids), "labels": i64(labels), "indexes": i64(pos), "cu_seqlens": i64(cu),
+              "loss": ("F64", [], struct.pack("<d", loss.item()))}
+    for k, t in w.items():
+        golden["grad." + k] = f64(t.grad)
+    write_safetensors(os.path.join(out, "golden.safetensors"), golden)
+    print(f"loss {loss.item():.17g}, {len(w)} tensors")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/llama_golden")

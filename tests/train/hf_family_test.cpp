@@ -1,0 +1,254 @@
+// Hugging Face families (docs/model.md): a tiny Llama checkpoint's loss and first-step gradients
+// against an independent float64 reference of Hugging Face's Llama semantics, config.json
+// detection and pass-through, name tables, round trips and bad input.
+//
+// What was checked against Hugging Face's published code (transformers, read with code search):
+// modeling_llama.py — LlamaForCausalLM state-dict names model.embed_tokens, model.layers.{i}.
+// self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj, input_layernorm, post_attention_layernorm,
+// model.norm, lm_head; q_proj [Hq·d, H], k/v_proj [Hkv·d, H], o_proj [H, Hq·d], gate/up [F, H],
+// down [H, F]; repeat_kv (query head j reads kv head j // (Hq/Hkv)); rotate_half RoPE with
+// inv_freq = 1 / theta^(2i/d); RMSNorm w · x / sqrt(mean(x²) + eps); MLP down(silu(gate) · up).
+// configuration_llama.py — keys vocab_size, hidden_size, intermediate_size, num_hidden_layers,
+// num_attention_heads, num_key_value_heads (None → num_attention_heads), hidden_act, rms_norm_eps,
+// rope_theta, rope_scaling, attention_bias, mlp_bias, head_dim, tie_word_embeddings. Qwen2:
+// q/k/v_proj bias=True, o_proj bias=False. Mistral: sliding_window default 4096.
+// The reference lives in tests/tools/make_llama_golden.py; its output is committed in
+// tests/fixtures/llama_golden (the suite needs no PyTorch).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+
+#include "core/safetensors.h"
+#include "expect_error.h"
+#include "model/hf_config.h"
+#include "model/hf_names.h"
+#include "model/internlm2.h"
+#include "test_util.h"
+#include "train/checkpoint.h"
+#include "train/model_io.h"
+
+namespace longtron {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::expect_error;
+using testing::TempDir;
+
+const fs::path kFixture = fs::path(LONGTRON_SOURCE_DIR) / "tests/fixtures/llama_golden";
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return json::parse(in);
+}
+
+std::vector<int32_t> ints(const safetensors::Reader& r, const std::string& name) {
+  std::vector<int32_t> out;
+  for (int64_t v : r.file_of(name).read_ints(name)) out.push_back(static_cast<int32_t>(v));
+  return out;
+}
+
+TEST(HfFamily, LlamaGoldenLossAndGradients) {
+  const train::LoadedModel m = train::load_model_dir(kFixture);
+  ASSERT_EQ(m.layout->config().type, "llama");
+  const safetensors::Reader golden(kFixture / "golden.safetensors");
+  data::MicroBatch b;
+  b.input_ids = ints(golden, "input_ids");
+  b.labels = ints(golden, "labels");
+  b.indexes = ints(golden, "indexes");
+  b.cu_seqlens = ints(golden, "cu_seqlens");
+  for (size_t s = 0; s + 1 < b.cu_seqlens.size(); ++s)
+    b.max_seqlen = std::max(b.max_seqlen, b.cu_seqlens[s + 1] - b.cu_seqlens[s]);
+  int64_t count = 0;
+  for (int32_t l : b.labels) count += l != data::kIgnoreIndex;
+
+  model::Params<float> grads(*m.layout);
+  const model::LossSum ls = m.model->forward_backward(b, grads, 1.0 / double(count));
+  const double ref_loss = golden.file_of("loss").read_doubles("loss").at(0);
+  EXPECT_NEAR(ls.sum / double(ls.count), ref_loss, 1e-5 * std::abs(ref_loss));
+
+  // Every gradient, by its Hugging Face name: max |g − ref| ≤ 1e-4 · max |ref| per tensor.
+  const train::HfTensors named = train::hf_named_tensors(grads);
+  ASSERT_EQ(named.tensors.size(), 21u);
+  for (const auto& t : named.tensors) {
+    const auto ref = golden.file_of("grad." + t.name).read_doubles("grad." + t.name);
+    ASSERT_EQ(ref.size(), named.storage[&t - named.tensors.data()].size()) << t.name;
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      err = std::max(err, std::abs(double(t.data[i]) - ref[i]));
+      scale = std::max(scale, std::abs(ref[i]));
+    }
+    EXPECT_GT(scale, 0.0) << t.name;
+    EXPECT_LE(err, 1e-4 * scale) << t.name << ": max error " << err << ", max |grad| " << scale;
+  }
+}
+
+TEST(HfFamily, DetectsTypeAndPassesUnusedKeysThrough) {
+  const model::ModelConfig c = model::read_hf_config(kFixture);
+  EXPECT_EQ(c.type, "llama");
+  EXPECT_EQ(c.hidden_size, 24);
+  EXPECT_EQ(c.ffn_size(), 40);
+  EXPECT_EQ(c.num_kv_attention_heads, 2);
+  EXPECT_DOUBLE_EQ(c.rope_base, 5000.0);
+  // Written back: the same keys with the same values, max_position_embeddings untouched.
+  const json in = read_json(kFixture / "config.json");
+  EXPECT_EQ(model::to_hf_config(c, 4096), in);
+}
+
+TEST(HfFamily, LlamaNamesSplitGroupedWqkv) {
+  model::ModelConfig c = model::read_hf_config(kFixture);
+  const model::ParamLayout layout(c);
+  const auto list = model::hf_tensors(layout);
+  std::map<std::string, model::HfTensor> by_name;
+  for (const auto& t : list) by_name[t.name] = t;
+  const auto& q = by_name.at("model.layers.1.self_attn.q_proj.weight");
+  const auto& k = by_name.at("model.layers.1.self_attn.k_proj.weight");
+  const auto& v = by_name.at("model.layers.1.self_attn.v_proj.weight");
+  EXPECT_EQ(q.shape, (std::vector<int64_t>{24, 24}));
+  EXPECT_EQ(k.shape, (std::vector<int64_t>{12, 24}));
+  // wqkv rows [Hkv=2, Hq/Hkv + 2 = 4, d = 6]: group g holds q(2 heads), k_g, v_g.
+  using Rows = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(q.rows, (Rows{{0, 12}, {24, 12}}));
+  EXPECT_EQ(k.rows, (Rows{{12, 6}, {36, 6}}));
+  EXPECT_EQ(v.rows, (Rows{{18, 6}, {42, 6}}));
+  // Every element of the engine's buffer is covered exactly once.
+  model::Params<float> p(layout);
+  std::vector<float> ones;
+  for (const auto& t : list) {
+    int64_t n = 1;
+    for (auto s : t.shape) n *= s;
+    ones.assign(size_t(n), 0.f);
+    model::gather_hf(t, layout, p.data(), ones.data());
+    for (auto& x : ones) x += 1.f;
+    model::scatter_hf(t, layout, ones.data(), p.data());
+  }
+  for (int64_t i = 0; i < p.numel(); ++i) ASSERT_EQ(p.data()[i], 1.f) << i;
+}
+
+TEST(HfFamily, RoundTripIsBitIdentical) {
+  TempDir dir;
+  const train::LoadedModel a = train::load_model_dir(kFixture);
+  // Written as llama (the fixture's family) and as internlm2, then read back.
+  for (const std::string format : {"llama", "internlm2"}) {
+    const fs::path out = dir / format;
+    fs::create_directories(out);
+    model::write_hf_config(out / "config.json", a.layout->config(), 0, format);
+    const train::HfTensors named = train::hf_named_tensors(*a.params, "", format);
+    std::vector<safetensors::WriteTensor> w;
+    for (const auto& t : named.tensors) w.push_back({t.name, t.shape, safetensors::DType::F32, t.data, nullptr});
+    safetensors::write_file(out / "model.safetensors", w);
+    const train::LoadedModel b = train::load_model_dir(out);
+    EXPECT_EQ(b.layout->config().type, format);
+    ASSERT_EQ(b.params->numel(), a.params->numel());
+    for (int64_t i = 0; i < a.params->numel(); ++i)
+      ASSERT_EQ(a.params->data()[i], b.params->data()[i]) << format << " element " << i;
+  }
+  // The llama folder's names and config.json are the input's.
+  const safetensors::Reader in(kFixture / "model.safetensors"), out(dir / "llama");
+  auto names = [](const safetensors::Reader& r) {
+    auto n = r.names();
+    std::sort(n.begin(), n.end());
+    return n;
+  };
+  EXPECT_EQ(names(in), names(out));
+  EXPECT_EQ(read_json(dir / "llama" / "config.json"), read_json(kFixture / "config.json"));
+  // InternLM2 written from a llama source drops nothing it needs and adds its bias keys.
+  const json j = read_json(dir / "internlm2" / "config.json");
+  EXPECT_EQ(j["architectures"][0], "InternLM2ForCausalLM");
+  EXPECT_EQ(j["bos_token_id"], 1);
+}
+
+TEST(HfFamily, BadConfigsNameTheKey) {
+  const json base = read_json(kFixture / "config.json");
+  auto with = [&](const char* key, const json& value) {
+    json j = base;
+    j[key] = value;
+    return j;
+  };
+  expect_error([&] { model::from_hf_config(with("architectures", {"GPT2LMHeadModel"}), "c.json"); },
+               {"c.json", "architectures", "GPT2LMHeadModel", "LlamaForCausalLM"});
+  expect_error([&] { model::from_hf_config(with("model_type", "gpt2"), "c.json"); },
+               {"model_type", "gpt2", "not supported"});
+  expect_error([&] { model::from_hf_config(with("model_type", "qwen2"), "c.json"); },
+               {"model_type", "qwen2", "LlamaForCausalLM", "different"});
+  expect_error([&] { model::from_hf_config(with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4}}), "c.json"); },
+               {"rope_scaling", "yarn"});
+  expect_error([&] { model::from_hf_config(with("hidden_act", "gelu"), "c.json"); },
+               {"hidden_act", "gelu"});
+  expect_error([&] { model::from_hf_config(with("head_dim", 8), "c.json"); }, {"head_dim 8"});
+  expect_error([&] { model::from_hf_config(with("tie_word_embeddings", true), "c.json"); },
+               {"tie_word_embeddings"});
+  json missing = base;
+  missing.erase("intermediate_size");
+  expect_error([&] { model::from_hf_config(missing, "c.json"); }, {"missing key intermediate_size"});
+}
+
+TEST(HfFamily, BadTensorsNameTheTensor) {
+  TempDir dir;
+  const train::LoadedModel a = train::load_model_dir(kFixture);
+  const train::HfTensors named = train::hf_named_tensors(*a.params);
+  auto write = [&](const std::string& case_name, auto edit) {
+    const fs::path out = dir / case_name;
+    fs::create_directories(out);
+    fs::copy_file(kFixture / "config.json", out / "config.json");
+    std::vector<safetensors::WriteTensor> w;
+    for (const auto& t : named.tensors) w.push_back({t.name, t.shape, safetensors::DType::F32, t.data, nullptr});
+    edit(w);
+    safetensors::write_file(out / "model.safetensors", w);
+    return out;
+  };
+  const fs::path missing = write("missing", [](auto& w) {
+    w.erase(std::find_if(w.begin(), w.end(), [](auto& t) { return t.name == "model.layers.1.self_attn.k_proj.weight"; }));
+  });
+  expect_error([&] { train::load_model_dir(missing); }, {"model.layers.1.self_attn.k_proj.weight"});
+  static const float extra_value = 1.f;
+  const fs::path extra = write("extra", [](auto& w) {
+    w.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", {1}, safetensors::DType::F32, &extra_value, nullptr});
+  });
+  expect_error([&] { train::load_model_dir(extra); }, {"model.layers.0.self_attn.rotary_emb.inv_freq", "not a parameter"});
+  const fs::path shape = write("shape", [](auto& w) {
+    for (auto& t : w)
+      if (t.name == "model.layers.0.mlp.up_proj.weight") t.shape = {20, 48};
+  });
+  expect_error([&] { train::load_model_dir(shape); }, {"model.layers.0.mlp.up_proj.weight", "[40, 24]", "[20, 48]"});
+  // An InternLM2 folder's names under a llama config.json: the first missing Llama name.
+  const fs::path internlm2 = write("internlm2_names", [&](auto& w) {
+    w.clear();
+    for (const auto& v : a.layout->views())
+      w.push_back({v.name, v.shape, safetensors::DType::F32, a.params->ptr(&v - a.layout->views().data()), nullptr});
+  });
+  expect_error([&] { train::load_model_dir(internlm2); }, {"model.embed_tokens.weight"});
+}
+
+TEST(HfFamily, TomlTypeMustAgreeWithConfigJson) {
+  const model::ModelConfig f = model::read_hf_config(kFixture);
+  model::ModelConfig toml;
+  toml.type = "internlm2";
+  expect_error([&] { model::merge_model_config(f, toml, {"type"}, "DIR/config.json"); },
+               {"model.type = \"internlm2\"", "DIR/config.json", "model_type = \"llama\""});
+  toml.type = "llama";
+  EXPECT_EQ(model::merge_model_config(f, toml, {"type"}, "x").type, "llama");
+  expect_error([] { model::check_model_type("gpt2", "model.type"); }, {"model.type", "gpt2", "llama"});
+}
+
+TEST(HfFamily, WritingRefusesWhatTheFormatCannotExpress) {
+  model::ModelConfig c = model::read_hf_config(kFixture);
+  c.qkv_bias = true;
+  expect_error([&] { model::to_hf_config(c, 0, "llama"); }, {"attention_bias", "qkv_bias = true"});
+  c.qkv_bias = false;
+  expect_error([&] { model::to_hf_config(c, 0, "qwen2"); }, {"qwen2", "qkv_bias = false"});
+  // Mistral: no window is written as null (absent would mean 4096 to Hugging Face).
+  const json m = model::to_hf_config(c, 0, "mistral");
+  ASSERT_TRUE(m.contains("sliding_window"));
+  EXPECT_TRUE(m["sliding_window"].is_null());
+  EXPECT_EQ(model::from_hf_config(m, "m").sliding_window, 0);
+  json absent = m;
+  absent.erase("sliding_window");
+  EXPECT_EQ(model::from_hf_config(absent, "m").sliding_window, 4096);
+  EXPECT_FALSE(model::to_hf_config(model::from_hf_config(absent, "m")).contains("sliding_window"))
+      << "written back as read";
+}
+
+}  // namespace
+}  // namespace longtron
