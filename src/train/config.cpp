@@ -537,13 +537,11 @@ nlohmann::json to_json(const TrainConfig& c) {
   if (p.tensor_2d.given)
     j["parallel"]["tensor_2d"] = {{"x", p.tensor_2d.x}, {"y", p.tensor_2d.y},
                                   {"overlap", p.tensor_2d.overlap}};
-  if (p.sequence_2d.given) {
-    const auto& q = p.sequence_2d;
-    j["parallel"]["sequence_2D"] = {
-        {"enable", q.enable}, {"head_size", q.head_size}, {"context_size", q.context_size},
-        {"window_size", q.window_size}, {"balance", q.balance},
-        {"device_placement_strategy", {{"head_first", q.head_first}, {"interleaved", q.interleaved}}}};
-  }
+  const auto& q = p.sequence_2d;
+  j["parallel"]["sequence_2D"] = {
+      {"enable", q.enable}, {"head_size", q.head_size}, {"context_size", q.context_size},
+      {"window_size", q.window_size}, {"balance", q.balance},
+      {"device_placement_strategy", {{"head_first", q.head_first}, {"interleaved", q.interleaved}}}};
   j["train"] = {{"total_steps", t.total_steps}, {"seed", t.seed}, {"num_threads", t.num_threads},
                 {"log_every", t.log_every}, {"valid_every", t.valid_every},
                 {"save_every", t.save_every}, {"checkpoint_dir", t.checkpoint_dir},
