@@ -21,7 +21,8 @@ struct InspectArgs {
   int64_t seq_len = 0, micro_bsz = 0, micro_num = 1, steps = 1;
   bool unpacked = false, into_one = false, shuffle = false, json = false, no_split = false;
   std::string pack_tail = "pad";
-  int64_t seed = 1024, sp_size = 1, sp_rank = 0, dp_size = 0;
+  int64_t seed = 1024, sp_size = 1, sp_rank = 0, dp_size = 0, cp_size = 1;
+  std::string cp_balance = "zigzag";
   std::string balance = "none", config;
   int64_t balance_window = 8;
   std::vector<double> balance_cost;
@@ -67,6 +68,12 @@ Subcommand inspect_command(20, [](CLI::App& app) {
   sub->add_option("--seed", args->seed, "Shuffle seed (data.seed)")->capture_default_str();
   sub->add_option("--sp-size", args->sp_size, "Sequence parallel size T")->capture_default_str();
   sub->add_option("--sp-rank", args->sp_rank, "Sequence parallel rank shown")->capture_default_str();
+  sub->add_option("--cp-size", args->cp_size,
+                  "Context-parallel size C: add each row's token assignment (\"cp_ranks\")")
+      ->capture_default_str();
+  sub->add_option("--cp-balance", args->cp_balance,
+                  "parallel.sequence_2D.balance: contiguous | zigzag | document")
+      ->capture_default_str();
   auto* dp_option = sub->add_option("--dp-size", args->dp_size,
                   "Show every rank of a data-parallel run of this size, with its modelled cost");
   sub->add_option("--balance", args->balance, "data.balance: none | rows | documents")
@@ -102,6 +109,9 @@ Subcommand inspect_command(20, [](CLI::App& app) {
     longtron::check(dp_option->count() == 0 || args->dp_size > 0, "--dp-size must be > 0, got {}",
                     args->dp_size);
     o.dp_size = args->dp_size;
+    longtron::check(args->cp_size >= 1, "--cp-size must be >= 1, got {}", args->cp_size);
+    o.cp_size = args->cp_size;
+    o.cp_balance = data::parse_context_balance(args->cp_balance, "--cp-balance");
     o.data.balance.mode = data::parse_balance_mode(args->balance, "--balance");
     o.data.balance.window = args->balance_window;
     longtron::check(args->balance_window >= 1, "--balance-window must be >= 1, got {}",

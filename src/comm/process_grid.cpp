@@ -46,6 +46,38 @@ static int zero1_parent_size(const Layout& l, int world) {
   return is_isp(l) ? world / l.weight_size : world / l.tp();
 }
 
+// InternEvo's rules for parallel.sequence_2D (internlm/initialize/launch.py and the 2D
+// sequence-parallel process-group initializer), with the sizes named.
+static void validate_sequence_2d(const Layout& l) {
+  check(is_isp(l), "parallel.sequence_2D.enable = true needs parallel.tensor.mode = \"isp\" "
+        "(2D-Attention splits ISP's sequence-parallel group)");
+  check(l.seq2d_head >= 1 && l.seq2d_context >= 1 && l.seq2d_window >= 1,
+        "parallel.sequence_2D: head_size, context_size and window_size must be >= 1, got {}, {}, {}",
+        l.seq2d_head, l.seq2d_context, l.seq2d_window);
+  check(l.seq2d_head * l.seq2d_context == l.tensor_size,
+        "parallel.sequence_2D: head_size ({}) x context_size ({}) must equal parallel.tensor.size "
+        "({})",
+        l.seq2d_head, l.seq2d_context, l.tensor_size);
+  check(l.seq2d_context % l.seq2d_window == 0,
+        "parallel.sequence_2D: window_size ({}) must divide context_size ({})", l.seq2d_window,
+        l.seq2d_context);
+  check(!(l.seq2d_head_first && l.seq2d_head > 1 && l.seq2d_interleaved),
+        "parallel.sequence_2D.device_placement_strategy: interleaved = true needs head_first = "
+        "false when head_size ({}) > 1",
+        l.seq2d_head);
+  const std::string& b = l.seq2d_balance;
+  check(b == "contiguous" || b == "zigzag" || b == "document",
+        "parallel.sequence_2D.balance must be \"contiguous\", \"zigzag\" or \"document\", got "
+        "\"{}\"",
+        b);
+}
+
+std::pair<int, int> sequence_2d_ranks(const Layout& l, int t) {
+  if (!l.seq2d) return {t, 0};
+  if (l.seq2d_head_first) return {t % l.seq2d_head, t / l.seq2d_head};
+  return {t / l.seq2d_context, t % l.seq2d_context};
+}
+
 void validate_layout(const Layout& l, int world) {
   check(world >= 1, "world size must be >= 1, got {}", world);
   if (l.is_2d()) {
@@ -61,6 +93,7 @@ void validate_layout(const Layout& l, int world) {
   check(l.weight_size == 1 || is_isp(l),
         "parallel.weight.size = {} needs parallel.tensor.mode = \"isp\" (weight parallel is ISP's)",
         l.weight_size);
+  if (l.seq2d) validate_sequence_2d(l);
   int tp = l.tp();
   check(world % tp == 0,
         "world size {} is not divisible by the tensor-parallel size {} ({}); world = dp × tp",
@@ -99,9 +132,18 @@ void validate_model_layout(const Layout& l, int world, const ModelShape& s) {
     return;
   }
   int64_t T = l.tensor_size;
-  need_divisible(s.num_heads, T, "num_attention_heads", "parallel.tensor.size");
+  if (l.seq2d) {  // Ulysses over the head group only: the context size is free of the heads
+    const int64_t hp = l.seq2d_head;
+    need_divisible(s.num_heads, hp, "num_attention_heads", "parallel.sequence_2D.head_size");
+    check(s.num_kv_heads % hp == 0 || hp % s.num_kv_heads == 0,
+          "num_kv_attention_heads ({}) and parallel.sequence_2D.head_size ({}) must divide one "
+          "another (kv heads are repeated when head_size > kv heads)",
+          s.num_kv_heads, hp);
+  } else {
+    need_divisible(s.num_heads, T, "num_attention_heads", "parallel.tensor.size");
+  }
   if (l.tensor_mode == TensorMode::kIsp) {
-    check(s.num_kv_heads % T == 0 || T % s.num_kv_heads == 0,
+    check(l.seq2d || s.num_kv_heads % T == 0 || T % s.num_kv_heads == 0,
           "num_kv_attention_heads ({}) and parallel.tensor.size ({}) must divide one another "
           "(ISP repeats kv heads when T > kv heads)",
           s.num_kv_heads, T);
@@ -189,6 +231,14 @@ ProcessGrid make_process_grid(const CommPtr& world, const Layout& layout) {
   g.zero1_replica = make(Group::kZero1Replica);
   g.x = make(Group::kX);
   g.y = make(Group::kY);
+  if (layout.seq2d) {  // both inside TENSOR: same context rank → one head group, and vice versa
+    const auto [h, c] = sequence_2d_ranks(layout, g.tensor->rank());
+    g.head = g.tensor->split(c, h);
+    g.context = g.tensor->split(h, c);
+  } else {
+    g.head = g.tensor;
+    g.context = make_local_communicator();
+  }
   return g;
 }
 

@@ -16,6 +16,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -42,6 +43,12 @@ struct Layout {
   /// parallel.tensor_2d.overlap: one of parallel::overlap_2d_names() (checked by the engine before
   /// any allocation, parallel/tp2d_overlap.h).
   std::string tensor_2d_overlap = "none";
+  /// parallel.sequence_2D (2D-Attention under isp, docs/isp.md): the TENSOR group is head_size ×
+  /// context_size ranks; head_first = head groups of consecutive ranks (InternEvo's placement).
+  bool seq2d = false;
+  int seq2d_head = 1, seq2d_context = 1, seq2d_window = 1;
+  bool seq2d_head_first = true, seq2d_interleaved = false;
+  std::string seq2d_balance = "zigzag";  ///< "contiguous" | "zigzag" | "document"
   bool is_2d() const { return tensor_2d_x > 0 || tensor_2d_y > 0; }
   /// Size of one TENSOR group: T, or x·y under 2D.
   int tp() const { return is_2d() ? tensor_2d_x * tensor_2d_y : tensor_size; }
@@ -70,6 +77,10 @@ struct ModelShape {
 /// per-x heads by y, kv heads per x by y or y by them, P by x and by y, hidden by y.
 void validate_model_layout(const Layout& layout, int world_size, const ModelShape& shape);
 
+/// (head rank, context rank) of TENSOR rank t under parallel.sequence_2D: head_first → t % head,
+/// t / head; context first → t / context, t % context. (t, 0) when sequence_2D is off.
+std::pair<int, int> sequence_2d_ranks(const Layout& layout, int t);
+
 /// World ranks (ascending group-rank order) of the `group` that world rank `rank` belongs to.
 /// Pure arithmetic; the layout must be valid. Groups that do not apply to the layout (WEIGHT without
 /// isp, X/Y without 2D) are the rank alone.
@@ -83,6 +94,9 @@ struct ProcessGrid {
   int tp = 1;  ///< TENSOR group size
   int dp = 1;  ///< DATA group size = world / tp
   CommPtr world, tensor, data, weight, weight_data, zero1, zero1_replica, x, y;
+  /// 2D-Attention: the HEAD group (Ulysses all-to-all; = tensor when sequence_2D is off) and the
+  /// CONTEXT group (context-parallel attention; one rank when off), both inside TENSOR.
+  CommPtr head, context;
   /// The communicator of a group kind.
   const CommPtr& get(Group group) const;
 };

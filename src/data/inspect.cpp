@@ -20,6 +20,20 @@ nlohmann::json rows_of(const std::vector<int32_t>& flat, int64_t width) {
   return out;
 }
 
+// "cp_ranks" and "cp_imbalance" of one normalized row (inspect.h).
+void add_context_ranks(nlohmann::json& j, const MicroBatch& row, const InspectOptions& o) {
+  MicroBatch padded = row;
+  pad_for_sequence_parallel(padded, o.cp_size);
+  const auto shares = context_assignment(padded.cu_seqlens, o.cp_size, o.cp_balance);
+  nlohmann::json ranks = nlohmann::json::array();
+  for (size_t r = 0; r < shares.size(); ++r)
+    ranks.push_back({{"rank", r},
+                     {"positions", shares[r]},
+                     {"attention_work", attention_work(padded.cu_seqlens, shares[r])}});
+  j["cp_ranks"] = std::move(ranks);
+  j["cp_imbalance"] = context_imbalance(padded.cu_seqlens, shares);
+}
+
 nlohmann::json micro_batch_json(const MicroBatch& row, const InspectOptions& o) {
   MicroBatch m = row;
   packed_data_normalizer(m);
@@ -27,6 +41,7 @@ nlohmann::json micro_batch_json(const MicroBatch& row, const InspectOptions& o) 
   nlohmann::json j{{"input_ids", s.input_ids}, {"labels", s.labels},
                    {"cu_seqlens", s.cu_seqlens}, {"indexes", s.indexes},
                    {"max_seqlen", s.max_seqlen}};
+  if (o.cp_size > 1) add_context_ranks(j, m, o);
   if (!o.data.pack.use_packed_dataset) {
     UnpackedBatch u = unpack_data(m, o.data.pack.micro_bsz, o.data.pack.seq_len);
     u = split_for_sequence_parallel(u, o.sp_size, o.sp_rank);
@@ -47,6 +62,15 @@ std::string tensor(const nlohmann::json& rows, bool two_d) {
   return out + "])";
 }
 
+// One line per micro-batch with --cp-size: the work of each context rank and max ÷ mean.
+std::string context_text(const nlohmann::json& mb, const InspectOptions& o) {
+  std::vector<int64_t> work;
+  for (const auto& r : mb["cp_ranks"]) work.push_back(r["attention_work"].get<int64_t>());
+  return fmt::format("context ranks ({} of size {}): attention work [{}], max / mean {:.4f}\n",
+                     context_balance_name(o.cp_balance), o.cp_size, fmt::join(work, ", "),
+                     mb["cp_imbalance"].get<double>());
+}
+
 nlohmann::json stack(const nlohmann::json& mbs, const char* key) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& m : mbs) out.push_back(m[key]);
@@ -59,6 +83,7 @@ nlohmann::json inspect_json(Dataset dataset, const InspectOptions& o) {
   check(o.steps > 0, "--steps must be > 0, got {}", o.steps);
   check_sequence_parallel(o.sp_size, o.sp_rank);
   check(o.dp_size >= 0, "--dp-size must be > 0, got {}", o.dp_size);
+  check(o.cp_size >= 1, "--cp-size must be >= 1, got {}", o.cp_size);
   BatchLoader loader(std::move(dataset), o.data, std::max<int64_t>(o.dp_size, 1));
   nlohmann::json steps = nlohmann::json::array();
   for (int64_t step = 0; step < o.steps; ++step) {
@@ -108,6 +133,7 @@ std::string inspect_text(const nlohmann::json& batches, const InspectOptions& o)
     for (size_t m = 0; m < mbs.size(); ++m) {
       const auto& mb = mbs[m];
       out += fmt::format("micro batch {}:\n", m);
+      if (mb.contains("cp_ranks")) out += context_text(mb, o);
       if (mb.contains("unpacked")) {
         out += "data[\"input_ids\"]:\n" + tensor(mb["unpacked"]["input_ids"], true) + "\n";
         out += "label:\n" + tensor(mb["unpacked"]["labels"], true) + "\n\n";

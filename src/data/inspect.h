@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/context_split.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 
@@ -21,6 +22,9 @@ struct InspectOptions {
   int64_t sp_rank = 0;
   /// > 0: show every data-parallel rank of a dp run of this size (`--dp-size`); 0: rank 0 of 1.
   int64_t dp_size = 0;
+  /// > 1: add each micro-batch's context-parallel assignment ("cp_ranks", `--cp-size`).
+  int64_t cp_size = 1;
+  ContextBalance cp_balance = ContextBalance::kZigzag;
 };
 
 /// {"steps": [{"micro_batches": [{"input_ids", "labels", "cu_seqlens", "indexes", "max_seqlen"
@@ -30,7 +34,9 @@ struct InspectOptions {
 /// micro_bsz, micro_num <= 0; sp_rank >= sp_size; a size not dividing the row) or an empty dataset.
 /// With dp_size > 0 each step is {"dp_ranks": [{"rank", "micro_batches": […as above], "cost"}],
 /// "imbalance"}: the rows of every rank under data.balance (BatchLoader::plan), their modelled cost
-/// (RowCost) and max cost ÷ mean.
+/// (RowCost) and max cost ÷ mean. With cp_size > 1 each micro-batch also has "cp_ranks":
+/// [{"rank", "positions", "attention_work"}] (context_assignment of the row padded to a multiple of
+/// cp_size, and the causal work of each rank's queries) and "cp_imbalance" (max work ÷ mean).
 nlohmann::json inspect_json(Dataset dataset, const InspectOptions& options);
 
 /// The same content laid out as InternEvo's data pipeline prints it (`batch_data[0]['input_ids']:

@@ -26,12 +26,18 @@ UlyssesHeads ulysses_heads(int64_t hq, int64_t hkv, int64_t T) {
 }
 
 UlyssesAttention::UlyssesAttention(const model::ModelConfig& c, comm::CommPtr tensor,
-                                   std::shared_ptr<Scratch> scratch)
+                                   std::shared_ptr<Scratch> scratch, comm::CommPtr context,
+                                   data::ContextBalance balance)
     : comm_(std::move(tensor)), T_(comm_->size()),
       h_(ulysses_heads(c.num_attention_heads, c.num_kv_attention_heads, comm_->size())),
       d_(c.head_dim()), q_(c.qkv_size()), local_(h_.hq_local + 2 * h_.hkv_local),
       base_(c.rope_base),
-      scratch_(scratch ? std::move(scratch) : std::make_shared<Scratch>()) {}
+      scratch_(scratch ? std::move(scratch) : std::make_shared<Scratch>()) {
+  if (context && context->size() > 1) {
+    C_ = context->size();
+    context_ = std::make_unique<ContextAttention>(std::move(context), balance, scratch_->context);
+  }
+}
 
 void UlyssesAttention::permute(float* dst, const float* src, int64_t N, bool to_split) const {
   const int64_t hq = h_.hq, hkv = h_.hkv, qpk = hq / hkv;
@@ -86,13 +92,13 @@ void UlyssesAttention::pack_back(float* split, const float* src, int64_t N) cons
 }
 
 model::AttentionBatch UlyssesAttention::check_batch(const model::AttentionBatch& b) const {
-  const int64_t total = b.num_tokens * T_;
+  const int64_t total = b.num_tokens * T_ * C_;
   check(b.num_segments >= 1 && b.cu_seqlens[0] == 0 && b.cu_seqlens[b.num_segments] == total,
         "isp: cu_seqlens must stay global: 0 … {} (= {} local tokens x parallel.tensor.size {}), "
         "got {} … {}",
-        total, b.num_tokens, T_, b.cu_seqlens[0], b.cu_seqlens[b.num_segments]);
+        total, b.num_tokens, T_ * C_, b.cu_seqlens[0], b.cu_seqlens[b.num_segments]);
   model::AttentionBatch g = b;
-  g.num_tokens = total;
+  g.num_tokens = b.num_tokens * T_;  // the tokens after the head all-to-all (the context share)
   return g;
 }
 
@@ -114,8 +120,12 @@ void UlyssesAttention::forward(float* out, float* saved, float* lse, const float
   const int64_t stride = local_ * d_;
   const ops::AttentionShape s{g.num_tokens, h_.hq_local, h_.hkv_local, d_, stride, stride,
                               g.cu_seqlens, g.num_segments, 1.0 / std::sqrt(double(d_))};
-  ops::varlen_attention_forward(out_g, lse, qkv_g, qkv_g + h_.hq_local * d_,
-                                qkv_g + (h_.hq_local + h_.hkv_local) * d_, s);
+  if (context_)
+    context_->forward(out_g, lse, qkv_g, qkv_g + h_.hq_local * d_,
+                      qkv_g + (h_.hq_local + h_.hkv_local) * d_, s);
+  else
+    ops::varlen_attention_forward(out_g, lse, qkv_g, qkv_g + h_.hq_local * d_,
+                                  qkv_g + (h_.hq_local + h_.hkv_local) * d_, s);
   ulysses_gather_heads(out, out_g, N, h_.hq, d_, *comm_);
 }
 
@@ -132,10 +142,16 @@ void UlyssesAttention::backward(float* dqkv, float* scratch, const float* dout, 
   const int64_t stride = local_ * d_;
   const ops::AttentionShape s{g.num_tokens, h_.hq_local, h_.hkv_local, d_, stride, stride,
                               g.cu_seqlens, g.num_segments, 1.0 / std::sqrt(double(d_))};
-  ops::varlen_attention_backward(dqkv_g, dqkv_g + h_.hq_local * d_,
-                                 dqkv_g + (h_.hq_local + h_.hkv_local) * d_, dout_g, qkv_g,
-                                 qkv_g + h_.hq_local * d_,
-                                 qkv_g + (h_.hq_local + h_.hkv_local) * d_, out_g, lse, s);
+  if (context_)
+    context_->backward(dqkv_g, dqkv_g + h_.hq_local * d_,
+                       dqkv_g + (h_.hq_local + h_.hkv_local) * d_, dout_g, qkv_g,
+                       qkv_g + h_.hq_local * d_, qkv_g + (h_.hq_local + h_.hkv_local) * d_, out_g,
+                       lse, s);
+  else
+    ops::varlen_attention_backward(dqkv_g, dqkv_g + h_.hq_local * d_,
+                                   dqkv_g + (h_.hq_local + h_.hkv_local) * d_, dout_g, qkv_g,
+                                   qkv_g + h_.hq_local * d_,
+                                   qkv_g + (h_.hq_local + h_.hkv_local) * d_, out_g, lse, s);
   std::vector<float>& split = scratch_->split;
   std::vector<float>& packed = scratch_->packed;
   split.resize(static_cast<size_t>(N * q_));

@@ -9,6 +9,11 @@
 // GQA: when T > Hkv (T divisible by Hkv) each kv head is repeated T/Hkv times consecutively so each
 // rank gets one kv head (XTuner v1 / DeepSpeed ALST rule: minimal replication); the gradients of the
 // copies are summed. Heads that cannot be divided are an Error naming both numbers.
+//
+// 2D-Attention (LoongTrain, arXiv 2406.18485; InternEvo sequence_2D): with a CONTEXT group of C
+// ranks the all-to-all runs over the HEAD group (T = head_size × C), so after it a rank holds its
+// context rank's share of the row (P/C positions, data/context_split.h) for Hq/head_size heads,
+// and the attention over the row is context parallel (cp_attention.h).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -17,6 +22,7 @@
 #include "comm/communicator.h"
 #include "model/config.h"
 #include "model/layers.h"
+#include "parallel/cp_attention.h"
 
 namespace longtron::parallel {
 
@@ -38,10 +44,13 @@ class UlyssesAttention final : public model::AttentionOp<float> {
   /// attention ops of one model so they exist once, not once per layer.
   struct Scratch {
     std::vector<float> split, packed;
+    std::shared_ptr<ContextScratch> context = std::make_shared<ContextScratch>();
   };
-  /// `scratch` nullptr = buffers of its own.
+  /// `scratch` nullptr = buffers of its own. `tensor` is the HEAD group under 2D-Attention;
+  /// `context` (nullptr = none) its CONTEXT group, whose ranks hold the shares of `balance`.
   UlyssesAttention(const model::ModelConfig& config, comm::CommPtr tensor,
-                   std::shared_ptr<Scratch> scratch = nullptr);
+                   std::shared_ptr<Scratch> scratch = nullptr, comm::CommPtr context = nullptr,
+                   data::ContextBalance balance = data::ContextBalance::kZigzag);
   int64_t qkv_features() const override { return q_; }
   int64_t out_features() const override { return h_.hq * d_; }
   int64_t saved_qkv_size(int64_t N) const override { return N * (T_ * local_ + h_.hq) * d_; }
@@ -66,6 +75,8 @@ class UlyssesAttention final : public model::AttentionOp<float> {
   int64_t d_, q_, local_;  // head dim, full qkv features, local heads (q + 2 kv) after the swap
   double base_;
   std::shared_ptr<Scratch> scratch_;
+  int64_t C_ = 1;                                  // context ranks
+  std::unique_ptr<ContextAttention> context_;      // nullptr when C = 1
 };
 
 }  // namespace longtron::parallel

@@ -3,6 +3,7 @@
 // dim 1 over WEIGHT; norm weights and biases replicated, their partial gradients summed over
 // WEIGHT then WEIGHT_DATA (every rank saw other tokens).
 #include "core/error.h"
+#include "data/context_split.h"
 #include "data/sequence_split.h"
 #include "parallel/engine.h"
 #include "parallel/isp_ops.h"
@@ -30,6 +31,11 @@ void register_isp_mode() {
     return make_isp_ops(ctx.full, ctx.grid, ctx.grid.layout.weight_overlap);
   };
   f.local_batch = [](const data::MicroBatch& row, const ModeContext& ctx) {
+    const comm::ProcessGrid& g = ctx.grid;
+    if (g.context && g.context->size() > 1)  // 2D-Attention: the context share, then the head slice
+      return data::split_for_context_parallel(row, g.head->size(), g.head->rank(),
+                                              g.context->size(), g.context->rank(),
+                                              data::parse_context_balance(g.layout.seq2d_balance));
     const int64_t T = ctx.grid.tensor->size();
     if (static_cast<int64_t>(row.input_ids.size()) % T == 0)
       return data::split_for_sequence_parallel(row, T, ctx.grid.tensor->rank());

@@ -89,7 +89,10 @@ void isp_scatter_params(model::Params<float>& local, const model::Params<float>&
 model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const comm::ProcessGrid& grid,
                                     bool overlap, std::shared_ptr<IspWeightStore>* store_out) {
   const model::ModelConfig& c = full.config();
-  (void)ulysses_heads(c.num_attention_heads, c.num_kv_attention_heads, grid.tensor->size());
+  // Ulysses over the HEAD group (= TENSOR unless 2D-Attention splits it with a CONTEXT group).
+  const comm::CommPtr& head = grid.head ? grid.head : grid.tensor;
+  (void)ulysses_heads(c.num_attention_heads, c.num_kv_attention_heads, head->size());
+  const data::ContextBalance balance = data::parse_context_balance(grid.layout.seq2d_balance);
   auto store = std::make_shared<IspWeightStore>(grid.weight, overlap);
   const float eps = static_cast<float>(c.norm_eps);
   const int64_t H = c.hidden_size;
@@ -114,7 +117,8 @@ model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const comm::
     block.w1 = linear(b.w1, -1);
     block.w3 = linear(b.w3, -1);
     block.w2 = linear(b.w2, -1);
-    block.attention = std::make_unique<UlyssesAttention>(c, grid.tensor, scratch);
+    block.attention =
+        std::make_unique<UlyssesAttention>(c, head, scratch, grid.context, balance);
     ops.blocks.push_back(std::move(block));
   }
   ops.norm = std::make_unique<ReplicatedNorm>(full.norm, H, eps);

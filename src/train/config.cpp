@@ -327,6 +327,24 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
          apply(*n.as_table(), "parallel.tensor_2d",
                {{"x", int_key(p.tensor_2d.x)}, {"y", int_key(p.tensor_2d.y)},
                 {"overlap", string_key(p.tensor_2d.overlap)}}, loc);
+       }},
+      {"sequence_2D", [&](const toml::node& n, const std::string& where) {
+         if (!n.is_table()) wrong_type(where, "a table {enable, head_size, context_size, ...}", n);
+         auto& q = p.sequence_2d;
+         q.given = true;
+         apply(*n.as_table(), "parallel.sequence_2D",
+               {{"enable", bool_key(q.enable)}, {"head_size", int_key(q.head_size)},
+                {"context_size", int_key(q.context_size)},
+                {"window_size", int_key(q.window_size)}, {"balance", string_key(q.balance)},
+                {"device_placement_strategy",
+                 [&](const toml::node& d, const std::string& at) {
+                   if (!d.is_table()) wrong_type(at, "a table {head_first, interleaved}", d);
+                   apply(*d.as_table(), "parallel.sequence_2D.device_placement_strategy",
+                         {{"head_first", bool_key(q.head_first)},
+                          {"interleaved", bool_key(q.interleaved)}},
+                         loc);
+                 }}},
+               loc);
        }}};
   const Schema train = {
       {"total_steps", int_key(t.total_steps)}, {"seed", int_key(t.seed)},
@@ -470,6 +488,23 @@ void check_config(const TrainConfig& c, const ConfigNeeds& needs) {
   positive("parallel.tensor_2d.y", p.tensor_2d.y);
   check_in(at("parallel.tensor_2d.overlap"), p.tensor_2d.overlap,
            parallel::overlap_2d_names());
+  const auto& q = p.sequence_2d;
+  positive("parallel.sequence_2D.head_size", q.head_size);
+  positive("parallel.sequence_2D.context_size", q.context_size);
+  positive("parallel.sequence_2D.window_size", q.window_size);
+  check_in(at("parallel.sequence_2D.balance"), q.balance, {"contiguous", "zigzag", "document"});
+  if (q.enable) {  // InternEvo's rules, before any work (the layout checks them again)
+    check(p.tensor.mode == "isp", "{}: 2D-Attention needs parallel.tensor.mode = \"isp\", got \"{}\"",
+          at("parallel.sequence_2D.enable"), p.tensor.mode);
+    check(q.head_size * q.context_size == p.tensor.size,
+          "{}: head_size ({}) x context_size ({}) must equal parallel.tensor.size ({})",
+          at("parallel.sequence_2D"), q.head_size, q.context_size, p.tensor.size);
+    check(q.context_size % q.window_size == 0, "{}: window_size ({}) must divide context_size ({})",
+          at("parallel.sequence_2D.window_size"), q.window_size, q.context_size);
+    check(!(q.head_first && q.head_size > 1 && q.interleaved),
+          "{}: interleaved = true needs head_first = false when head_size ({}) > 1",
+          at("parallel.sequence_2D.device_placement_strategy"), q.head_size);
+  }
   check(!(p.tensor.size > 1 && p.tensor_2d.given), "{}: cannot be combined with "
         "parallel.tensor.size = {} (use one form of tensor parallelism)", at("parallel.tensor_2d"),
         p.tensor.size);
@@ -519,6 +554,11 @@ nlohmann::json to_json(const TrainConfig& c) {
   if (p.tensor_2d.given)
     j["parallel"]["tensor_2d"] = {{"x", p.tensor_2d.x}, {"y", p.tensor_2d.y},
                                   {"overlap", p.tensor_2d.overlap}};
+  const auto& q = p.sequence_2d;
+  j["parallel"]["sequence_2D"] = {
+      {"enable", q.enable}, {"head_size", q.head_size}, {"context_size", q.context_size},
+      {"window_size", q.window_size}, {"balance", q.balance},
+      {"device_placement_strategy", {{"head_first", q.head_first}, {"interleaved", q.interleaved}}}};
   j["train"] = {{"total_steps", t.total_steps}, {"seed", t.seed}, {"num_threads", t.num_threads},
                 {"log_every", t.log_every}, {"valid_every", t.valid_every},
                 {"save_every", t.save_every}, {"checkpoint_dir", t.checkpoint_dir},

@@ -72,11 +72,25 @@ struct Tensor2dConfig {
   bool given = false;
 };
 
+/// parallel.sequence_2D (InternEvo's 2D-Attention for isp: head parallel × context parallel,
+/// docs/isp.md). `given` is true when the table appears in the config.
+struct Sequence2DConfig {
+  bool enable = false;
+  int64_t head_size = 1;
+  int64_t context_size = 1;
+  int64_t window_size = 1;
+  bool head_first = true;    ///< device_placement_strategy.head_first
+  bool interleaved = false;  ///< device_placement_strategy.interleaved
+  std::string balance = "zigzag";  ///< "contiguous" | "zigzag" | "document"
+  bool given = false;
+};
+
 struct ParallelConfig {
   TensorParallelConfig tensor;
   WeightParallelConfig weight;
   Zero1Config zero1;
   Tensor2dConfig tensor_2d;
+  Sequence2DConfig sequence_2d;
   bool tensor_given = false;  ///< parallel.tensor appeared in the config
 };
 

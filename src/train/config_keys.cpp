@@ -114,6 +114,23 @@ const std::vector<ConfigKey> kConfigKeys = {
      "2D tensor parallel forward overlap (MindSpeed's names): \"none\", \"ag_with_matmul\" "
      "(all-gather with the matmul) or \"matmul_with_rs\" (matmul with the reduce-scatter); one at "
      "a time."},
+    {"parallel.sequence_2D.enable", "boolean", "false", "",
+     "ISP 2D-Attention (InternEvo, LoongTrain): Ulysses over head groups × context parallel "
+     "attention over context groups (all-gather form, docs/isp.md)."},
+    {"parallel.sequence_2D.head_size", "integer", "1", "",
+     "2D-Attention head-parallel size; head_size × context_size = parallel.tensor.size."},
+    {"parallel.sequence_2D.context_size", "integer", "1", "",
+     "2D-Attention context-parallel size C (free of the head count)."},
+    {"parallel.sequence_2D.window_size", "integer", "1", "",
+     "InternEvo's double-ring window; must divide context_size (no effect in the all-gather form)."},
+    {"parallel.sequence_2D.balance", "string", "\"zigzag\"", "",
+     "Token-to-context-rank assignment: \"contiguous\", \"zigzag\" or \"document\" "
+     "(per-document zigzag + greedy, docs/isp.md)."},
+    {"parallel.sequence_2D.device_placement_strategy.head_first", "boolean", "true", "",
+     "Head groups of consecutive ranks (else context groups consecutive)."},
+    {"parallel.sequence_2D.device_placement_strategy.interleaved", "boolean", "false", "",
+     "InternEvo's interleaved context ranks for window_size > 1; needs head_first = false when "
+     "head_size > 1 (no effect in the all-gather form)."},
 
     // [train]: the job (docs/training.md).
     {"train.total_steps", "integer", "", kRequired, "Optimizer steps of the run."},

@@ -258,6 +258,16 @@ comm::Layout layout_of(const ParallelConfig& p) {
     l.tensor_2d_y = static_cast<int>(p.tensor_2d.y);
     l.tensor_2d_overlap = p.tensor_2d.overlap;
   }
+  if (p.sequence_2d.enable) {
+    const auto& q = p.sequence_2d;
+    l.seq2d = true;
+    l.seq2d_head = static_cast<int>(q.head_size);
+    l.seq2d_context = static_cast<int>(q.context_size);
+    l.seq2d_window = static_cast<int>(q.window_size);
+    l.seq2d_head_first = q.head_first;
+    l.seq2d_interleaved = q.interleaved;
+    l.seq2d_balance = q.balance;
+  }
   return l;
 }
 

@@ -83,6 +83,40 @@ TEST(Inspect, ExampleUnpackedWithSplit) {
             (std::vector<V>{{-100, -100, -100, -100}, {49731, 51, -100, -100}}));
 }
 
+TEST(Inspect, ContextRanksOfEveryBalance) {
+  TempDir dir;
+  write_file(dir / "d.bin", kExamplePacked);
+  // Row 0 is {0, 4, 11, 16}; zigzag C = 2 cuts it in 4 chunks of 4: rank 0 chunks 0 and 3.
+  json z = inspect(dir, "--seq-len 8 --micro-bsz 2 --micro-num 1 --cp-size 2");
+  const auto& ranks = z["steps"][0]["micro_batches"][0]["cp_ranks"];
+  ASSERT_EQ(ranks.size(), 2u);
+  EXPECT_EQ(ranks[0]["positions"].get<V>(), (V{0, 1, 2, 3, 12, 13, 14, 15}));
+  EXPECT_EQ(ranks[1]["positions"].get<V>(), (V{4, 5, 6, 7, 8, 9, 10, 11}));
+  EXPECT_EQ(ranks[0]["attention_work"], 1 + 2 + 3 + 4 + 2 + 3 + 4 + 5);
+  EXPECT_EQ(ranks[1]["attention_work"], 1 + 2 + 3 + 4 + 5 + 6 + 7 + 1);
+  EXPECT_NEAR(z["steps"][0]["micro_batches"][0]["cp_imbalance"].get<double>(), 29.0 / 26.5, 1e-12);
+  json c = inspect(dir, "--seq-len 8 --micro-bsz 2 --micro-num 1 --cp-size 2 --cp-balance contiguous");
+  EXPECT_EQ(c["steps"][0]["micro_batches"][0]["cp_ranks"][1]["positions"].get<V>(),
+            (V{8, 9, 10, 11, 12, 13, 14, 15}));
+  // C = 3 pads the row to 18 (its own segment); every balance holds 6 positions per rank.
+  for (const char* b : {"contiguous", "zigzag", "document"}) {
+    json d = inspect(dir, std::string("--seq-len 8 --micro-bsz 2 --micro-num 1 --cp-size 3 "
+                                      "--cp-balance ") + b);
+    int64_t total = 0;
+    for (const auto& r : d["steps"][0]["micro_batches"][0]["cp_ranks"]) {
+      EXPECT_EQ(r["positions"].size(), 6u) << b;
+      total += r["attention_work"].get<int64_t>();
+    }
+    EXPECT_EQ(total, 10 + 28 + 15 + 3) << b;  // Σ l(l+1)/2 over 4, 7, 5 and the pad of 2
+  }
+  auto text = run_longtron("inspect --data " + (dir / "d.bin").string() +
+                           " --seq-len 8 --micro-bsz 2 --micro-num 1 --cp-size 2");
+  EXPECT_NE(text.output.find("context ranks (zigzag of size 2): attention work [24, 29], "
+                             "max / mean 1.0943"),
+            std::string::npos)
+      << text.output;
+}
+
 TEST(Inspect, BadInputIsAClearError) {
   TempDir dir;
   write_file(dir / "d.bin", kExamplePacked);
@@ -100,6 +134,10 @@ TEST(Inspect, BadInputIsAClearError) {
                "pad_for_sequence_parallel");
   expect_error(run_longtron("inspect" + data + " --seq-len 8 --micro-bsz 2 --micro-num 1 --sp-size 2 --sp-rank 2"),
                "rank 2");
+  expect_error(run_longtron("inspect" + data + " --seq-len 8 --micro-bsz 2 --micro-num 1 --cp-size 0"),
+               "--cp-size must be >= 1");
+  expect_error(run_longtron("inspect" + data + " --seq-len 8 --micro-bsz 2 --micro-num 1 --cp-size 2 --cp-balance ring"),
+               "--cp-balance must be \"contiguous\", \"zigzag\" or \"document\"");
   auto r = run_longtron("inspect --data " + (dir / "empty.bin").string() +
                         " --seq-len 8 --micro-bsz 2 --micro-num 1");
   EXPECT_EQ(r.status, 1) << r.output;

@@ -1,0 +1,106 @@
+// Context-parallel attention, all-gather form (see cp_attention.h).
+#include "parallel/cp_attention.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "core/error.h"
+
+namespace longtron::parallel {
+
+ContextAttention::ContextAttention(comm::CommPtr context, data::ContextBalance balance,
+                                   std::shared_ptr<ContextScratch> scratch)
+    : comm_(std::move(context)), balance_(balance),
+      scratch_(scratch ? std::move(scratch) : std::make_shared<ContextScratch>()) {}
+
+const ContextPlan& ContextAttention::plan(const ops::AttentionShape& s) const {
+  const int64_t C = comm_->size(), M = s.num_tokens;
+  const std::span<const int32_t> cu(s.cu_seqlens, static_cast<size_t>(s.num_segments + 1));
+  check(s.num_segments >= 1 && cu.back() == C * M,
+        "context parallel: cu_seqlens must stay global: 0 … {} (= {} local tokens x {} context "
+        "ranks), got … {}",
+        C * M, M, C, cu.back());
+  ContextPlan& p = scratch_->plan;
+  if (std::equal(cu.begin(), cu.end(), p.cu_seqlens.begin(), p.cu_seqlens.end())) return p;
+  const auto shares = data::context_assignment(cu, C, balance_);
+  std::vector<int32_t> gathered(static_cast<size_t>(C * M));  // row position → all-gather row
+  for (int64_t r = 0; r < C; ++r)
+    for (int64_t i = 0; i < M; ++i) gathered[shares[r][i]] = static_cast<int32_t>(r * M + i);
+  p.segments = data::context_segments(cu, shares[comm_->rank()]);
+  p.key_rows.clear();
+  for (const auto& [a, b] : p.segments.key_ranges)
+    for (int32_t x = a; x < b; ++x) p.key_rows.push_back(gathered[x]);
+  p.cu_seqlens.assign(cu.begin(), cu.end());
+  return p;
+}
+
+void ContextAttention::gather_keys(const float* k, const float* v,
+                                   const ops::AttentionShape& s) const {
+  const int64_t M = s.num_tokens, kv = s.num_kv_heads * s.head_dim, C = comm_->size();
+  ContextScratch& b = *scratch_;
+  b.kv_local.resize(static_cast<size_t>(M * 2 * kv));
+  for (int64_t i = 0; i < M; ++i) {
+    std::copy(k + i * s.kv_stride, k + i * s.kv_stride + kv, b.kv_local.data() + i * 2 * kv);
+    std::copy(v + i * s.kv_stride, v + i * s.kv_stride + kv, b.kv_local.data() + i * 2 * kv + kv);
+  }
+  b.kv_row.resize(static_cast<size_t>(C * M * 2 * kv));
+  comm_->all_gather(b.kv_row.data(), b.kv_local.data(), M * 2 * kv);
+  const std::vector<int32_t>& rows = b.plan.key_rows;
+  b.keys.resize(rows.size() * static_cast<size_t>(2 * kv));
+#pragma omp parallel for schedule(static) if (rows.size() * kv > 32768)
+  for (size_t j = 0; j < rows.size(); ++j) {
+    const float* src = b.kv_row.data() + int64_t(rows[j]) * 2 * kv;
+    std::copy(src, src + 2 * kv, b.keys.data() + j * 2 * kv);
+  }
+}
+
+ops::AttentionShape ContextAttention::kernel_shape(const ops::AttentionShape& s) const {
+  const ContextPlan& p = scratch_->plan;
+  ops::AttentionShape k = s;
+  k.kv_stride = 2 * s.num_kv_heads * s.head_dim;
+  k.cu_seqlens = p.segments.cu_seqlens_q.data();
+  k.num_segments = static_cast<int64_t>(p.segments.key_ranges.size());
+  k.cu_seqlens_k = p.segments.cu_seqlens_k.data();
+  k.num_kv_tokens = static_cast<int64_t>(p.key_rows.size());
+  return k;
+}
+
+void ContextAttention::forward(float* out, float* lse, const float* q, const float* k,
+                               const float* v, const ops::AttentionShape& s) const {
+  check(s.cu_seqlens_k == nullptr, "context parallel: the local shape must not have key segments");
+  plan(s);
+  gather_keys(k, v, s);
+  const ops::AttentionShape ks = kernel_shape(s);
+  const float* keys = scratch_->keys.data();
+  ops::varlen_attention_forward(out, lse, q, keys, keys + s.num_kv_heads * s.head_dim, ks);
+}
+
+void ContextAttention::backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                                const float* k, const float* v, const float* out,
+                                const float* lse, const ops::AttentionShape& s) const {
+  plan(s);
+  gather_keys(k, v, s);  // re-gathered: nothing row-sized lives between the passes
+  const ops::AttentionShape ks = kernel_shape(s);
+  ContextScratch& b = *scratch_;
+  const int64_t kv = s.num_kv_heads * s.head_dim, M = s.num_tokens;
+  b.dkeys.resize(b.keys.size());
+  const float* keys = b.keys.data();
+  ops::varlen_attention_backward(dq, b.dkeys.data(), b.dkeys.data() + kv, dout, q, keys,
+                                 keys + kv, out, lse, ks);
+  // Σ of the key buffer's gradients into the row (a key can sit in several runs), then home.
+  std::fill(b.kv_row.begin(), b.kv_row.end(), 0.f);
+  const std::vector<int32_t>& rows = b.plan.key_rows;
+  for (size_t j = 0; j < rows.size(); ++j) {
+    const float* g = b.dkeys.data() + j * 2 * kv;
+    float* dst = b.kv_row.data() + int64_t(rows[j]) * 2 * kv;
+    for (int64_t e = 0; e < 2 * kv; ++e) dst[e] += g[e];
+  }
+  comm_->reduce_scatter(b.kv_local.data(), b.kv_row.data(), M * 2 * kv);
+  for (int64_t i = 0; i < M; ++i) {
+    const float* g = b.kv_local.data() + i * 2 * kv;
+    std::copy(g, g + kv, dk + i * s.kv_stride);
+    std::copy(g + kv, g + 2 * kv, dv + i * s.kv_stride);
+  }
+}
+
+}  // namespace longtron::parallel

@@ -1,0 +1,100 @@
+// `mpirun longtron train` with parallel.sequence_2D (2D-Attention: head parallel × context
+// parallel under isp, docs/isp.md): losses and gradient norms of every step equal one process's;
+// impossible sequence_2D settings stop the job before any work, naming the rule.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli_fixture.h"
+
+namespace fs = std::filesystem;
+using longtron::testing::mpirun_longtron;
+using longtron::testing::Prepared;
+using longtron::testing::read_file;
+using longtron::testing::run_longtron;
+
+namespace {
+
+struct Row {
+  double loss = 0, grad_norm = 0;
+};
+
+/// step → (loss, grad_norm) of the training rows of a metrics file.
+std::map<int64_t, Row> rows_of(const fs::path& metrics) {
+  std::map<int64_t, Row> out;
+  std::istringstream in(read_file(metrics));
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss") && j.contains("grad_norm"))
+      out[j["step"].get<int64_t>()] = {j["loss"].get<double>(), j["grad_norm"].get<double>()};
+  }
+  return out;
+}
+
+std::string args(const Prepared& p, const std::string& run, const std::string& extra) {
+  return "train --config " + (p.dir / "tiny.toml").string() + " --set train.metrics_file=\"" +
+         (p.dir / run / "metrics.jsonl").string() + "\" --set train.checkpoint_dir=\"" +
+         (p.dir / run / "ckpt").string() + "\" --set train.total_steps=3 " + extra;
+}
+
+void expect_same(const std::map<int64_t, Row>& got, const std::map<int64_t, Row>& ref,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double e_loss = 0, e_norm = 0;
+  for (const auto& [step, r] : ref) {
+    e_loss = std::max(e_loss, std::abs(got.at(step).loss - r.loss) / std::abs(r.loss));
+    e_norm = std::max(e_norm, std::abs(got.at(step).grad_norm - r.grad_norm) / std::abs(r.grad_norm));
+  }
+  std::printf("[cp-cli] %-40s max rel err vs one process: loss %.2e, grad norm %.2e\n",
+              what.c_str(), e_loss, e_norm);
+  EXPECT_LT(e_loss, 1e-5) << what;
+  EXPECT_LT(e_norm, 1e-5) << what;
+}
+
+const std::string k2D = " --set parallel.tensor.mode=\"isp\" --set parallel.sequence_2D.enable=true";
+
+TEST(CpCli, TrainsLikeOneProcessUnderMpirun) {
+  Prepared p;
+  auto r = run_longtron(args(p, "one", ""));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto ref = rows_of(p.dir / "one" / "metrics.jsonl");
+  ASSERT_EQ(ref.size(), 3u);
+  r = mpirun_longtron(2, args(p, "cp2", "--set parallel.tensor.size=2" + k2D +
+                                            " --set parallel.sequence_2D.context_size=2"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  expect_same(rows_of(p.dir / "cp2" / "metrics.jsonl"), ref, "cp2 zigzag");
+  r = mpirun_longtron(4, args(p, "hp2cp2", "--set parallel.tensor.size=4 --set parallel.weight.size=4" +
+                                               k2D + " --set parallel.sequence_2D.head_size=2"
+                                               " --set parallel.sequence_2D.context_size=2"
+                                               " --set parallel.sequence_2D.balance=\"document\""));
+  ASSERT_EQ(r.status, 0) << r.output;
+  expect_same(rows_of(p.dir / "hp2cp2" / "metrics.jsonl"), ref, "hp2 x cp2 document W4");
+}
+
+TEST(CpCli, ImpossibleSettingsStopTheJobFirst) {
+  Prepared p;
+  auto refused = [&](const std::string& extra, const std::string& words) {
+    auto r = run_longtron(args(p, "bad", extra));
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_NE(r.output.find(words), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(p.dir / "bad" / "metrics.jsonl")) << "work started before the error";
+  };
+  refused("--set parallel.tensor.size=2" + k2D + " --set parallel.sequence_2D.context_size=4",
+          "head_size (1) x context_size (4) must equal parallel.tensor.size (2)");
+  refused("--set parallel.sequence_2D.enable=true --set parallel.sequence_2D.context_size=1",
+          "2D-Attention needs parallel.tensor.mode = \"isp\"");
+  refused("--set parallel.tensor.size=4" + k2D +
+              " --set parallel.sequence_2D.head_size=2 --set parallel.sequence_2D.context_size=2"
+              " --set parallel.sequence_2D.device_placement_strategy.interleaved=true",
+          "interleaved = true needs head_first = false when head_size (2) > 1");
+  refused("--set parallel.tensor.size=4" + k2D +
+              " --set parallel.sequence_2D.context_size=4 --set parallel.sequence_2D.window_size=3",
+          "window_size (3) must divide context_size (4)");
+  refused("--set parallel.sequence_2D.balance=\"ring\"", "is not one of contiguous | zigzag | document");
+  // One process cannot hold the tensor group of 2 (the layout check names the size).
+  refused("--set parallel.tensor.size=2" + k2D + " --set parallel.sequence_2D.context_size=2",
+          "parallel.tensor.size");
+}
+
+}  // namespace

@@ -1,0 +1,22 @@
+// 2D-Attention through the engine on 2 ranks against one process (see cp_parity.h): hp1 x cp2
+// for every balance, on random rows and on the edge rows (one document, length-1 documents,
+// documents longer than a rank's share).
+#include "cp_parity.h"
+
+namespace longtron::testing {
+namespace {
+
+TEST(CpParityNp2, Cp2EveryBalance) {
+  for (const char* b : kBalances) check_isp_parity({std::string("cp2 ") + b, seq2d(2, 2, 1, b)});
+}
+
+TEST(CpParityNp2, Cp2EdgeRows) {
+  for (const char* b : kBalances) {
+    IspCase c{std::string("cp2 edge rows ") + b, seq2d(2, 2, 1, b)};
+    c.row = edge_rows(c.model.vocab_size);
+    check_isp_parity(c);
+  }
+}
+
+}  // namespace
+}  // namespace longtron::testing
