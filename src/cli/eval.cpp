@@ -7,12 +7,15 @@
 #include <string>
 
 #include "cli/registry.h"
+#include "comm/communicator.h"
+#include "comm/process_grid.h"
 #include "core/error.h"
 #include "core/plural.h"
 #include "core/phase.h"
 #include "core/threads.h"
 #include "data/open.h"
 #include "data/validate.h"
+#include "parallel/engine.h"
 #include "train/evaluate.h"
 #include "train/memory_plan.h"
 #include "train/model_io.h"
@@ -26,6 +29,8 @@ struct EvalOptions {
   int64_t seq_len = 0, micro_bsz = 0;
   int threads = 0;
   std::string dtype;  // empty: the run's model.dtype
+  int tensor_size = 1;          // parallel.tensor.size of the evaluation's layout
+  std::string tensor_mode = "mtp";  // parallel.tensor.mode
 };
 
 int64_t config_int(const nlohmann::json& config, const char* key) {
@@ -34,8 +39,23 @@ int64_t config_int(const nlohmann::json& config, const char* key) {
   return 0;
 }
 
-int run_eval(const EvalOptions& o) {
-  set_num_threads(o.threads);
+/// The model of the checkpoint in a ParallelEngine over `world` (dp × tensor layout of the
+/// options; one rank: the dense mode), its weights loaded into every rank's shards.
+std::unique_ptr<parallel::ParallelEngine> load_engine(const EvalOptions& o, train::LoadedModel& m,
+                                                      const comm::CommPtr& world, int64_t packed_length) {
+  comm::Layout layout;
+  layout.tensor_size = o.tensor_size;
+  layout.tensor_mode = comm::parse_tensor_mode(o.tensor_mode, "--tensor-mode");
+  comm::ProcessGrid grid = comm::make_process_grid(world, layout);
+  auto engine = std::make_unique<parallel::ParallelEngine>(m.layout->config(), grid, 0, packed_length);
+  engine->scatter_full(engine->params(), *m.params);
+  m.model.reset();  // the engine holds the model now
+  m.params.reset();
+  return engine;
+}
+
+int eval_on(const EvalOptions& o, const comm::CommPtr& world) {
+  set_num_threads(o.threads, world->size() > 1 ? comm::ranks_on_node() : 1);
   train::LoadedModel m = train::load_model_dir(o.checkpoint);
   const ops::ComputeTypeScope precision(train::loaded_compute_type(m, o.dtype));
   data::PackConfig pack;
@@ -59,11 +79,13 @@ int run_eval(const EvalOptions& o) {
   const data::Dataset dataset = data::open_dataset(o.data);
   // eval reads every token anyway: check ids first so the error names the file and document.
   data::validate_dataset(dataset, m.layout->config().vocab_size);
-  const train::EvalResult r = train::evaluate_documents(*m.model, dataset, pack);
+  const auto engine = load_engine(o, m, world, pack.packed_length());
+  const train::EvalResult r = train::evaluate_documents(*engine, dataset, pack);
   // A loss of 0 would read as a perfect model: with no label there is no loss to report.
   check(r.count > 0, "{}: no token has a label ({}, every target masked: negative ids "
         "or labels -100, or one-token documents): there is no loss to evaluate", o.data,
         count_of(int64_t(r.documents.size()), "document"));
+  if (world->rank() != 0) return 0;  // every rank holds the same result
   if (o.json) {
     nlohmann::json docs = nlohmann::json::array();
     for (const auto& d : r.documents)
@@ -72,11 +94,22 @@ int run_eval(const EvalOptions& o) {
                       {"loss", d.tokens > 0 ? nlohmann::json(d.loss()) : nlohmann::json(nullptr)}});
     fmt::print("{}\n", nlohmann::json{{"documents", docs}, {"loss", r.loss()}}.dump());
   } else {
-    fmt::print("eval: {}, {} scored, loss {:.6f} (checkpoint {})\n",
+    fmt::print("eval: {}, {} scored, loss {:.6f} (checkpoint {}{})\n",
                count_of(int64_t(r.documents.size()), "document"), count_of(r.count, "token"),
-               r.loss(), m.dir.string());
+               r.loss(), m.dir.string(),
+               world->size() > 1 ? fmt::format("; {} ranks, {}", world->size(), engine->mode()) : "");
   }
   return 0;
+}
+
+int run_eval(const EvalOptions& o) {
+  int argc = 0;
+  char** argv = nullptr;
+  comm::CommPtr world = comm::init(argc, argv);  // under mpirun: the MPI world; else one rank
+  const int status = comm::abort_on_error([&] { return eval_on(o, world); });
+  world.reset();
+  comm::finalize();
+  return status;
 }
 
 Subcommand eval_command(40, [](CLI::App& app) {
@@ -95,6 +128,12 @@ Subcommand eval_command(40, [](CLI::App& app) {
   sub->add_option("--dtype", o->dtype,
                   "GEMM precision: float32, bfloat16 or auto (default: the run's model.dtype; "
                   "float32 for a Hugging Face folder)");
+  sub->add_option("--tensor-size", o->tensor_size,
+                  "Tensor-parallel size T of the evaluation's layout (as parallel.tensor.size; run "
+                  "under mpirun, the remaining factor of the ranks is data parallel)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--tensor-mode", o->tensor_mode,
+                  "Tensor-parallel mode (as parallel.tensor.mode): mtp, msp, fsp or isp");
   return [o] { return run_eval(*o); };
 });
 

@@ -31,12 +31,8 @@ class DenseLinear final : public LinearOp<T> {
     if (dx) ops::gemm<T>(false, false, N, in_, out_, T(1), dy, p.ptr(weight_),
                          accumulate_dx ? T(1) : T(0), dx);
     if (!g) return;
-    ops::gemm<T>(true, false, out_, in_, N, T(1), dy, x, T(1), g->ptr(weight_));
-    if (bias_ >= 0) {
-      T* db = g->ptr(bias_);
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t o = 0; o < out_; ++o) db[o] += dy[n * out_ + o];
-    }
+    ops::linear_weight_grad(g->ptr(weight_), dy, x, N, in_, out_);
+    if (bias_ >= 0) ops::bias_grad(g->ptr(bias_), dy, N, out_);
   }
 
  private:
@@ -182,8 +178,7 @@ class DenseHeadLoss final : public HeadLossOp<T> {
       ops::cross_entropy_backward(dlogits_.data(), logits_.data(), lse_.data(), labels + n0, rows,
                                   V_, static_cast<T>(loss_scale));
       ops::gemm<T>(false, false, rows, H_, V_, T(1), dlogits_.data(), W, T(0), dxf + n0 * H_);
-      if (g) ops::gemm<T>(true, false, V_, H_, rows, T(1), dlogits_.data(), xf + n0 * H_, T(1),
-                          g->ptr(weight_));
+      if (g) ops::linear_weight_grad(g->ptr(weight_), dlogits_.data(), xf + n0 * H_, rows, H_, V_);
     }
     return loss;
   }

@@ -19,13 +19,23 @@ template <typename T>
 void linear_backward(T* dx, T* dW, T* dbias, const T* dy, const T* x, const T* W, int64_t N,
                      int64_t in, int64_t out) {
   if (dx != nullptr) gemm<T>(false, false, N, in, out, T(1), dy, W, T(0), dx);
-  if (dW != nullptr) gemm<T>(true, false, out, in, N, T(1), dy, x, T(1), dW);
+  if (dW != nullptr) linear_weight_grad(dW, dy, x, N, in, out);
+  bias_grad(dbias, dy, N, out);
+}
+
+template <typename T>
+void linear_weight_grad(T* dW, const T* dy, const T* x, int64_t N, int64_t in, int64_t out, T beta) {
+  gemm<T>(true, false, out, in, N, T(1), dy, x, beta, dW);
+}
+
+template <typename T>
+void bias_grad(T* dbias, const T* dy, int64_t rows, int64_t out) {
   if (dbias == nullptr) return;
   // Column sums: each thread owns a range of output features, so there is no race.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * out > 65536)
   for (int64_t o = 0; o < out; ++o) {
     double sum = 0.0;
-    for (int64_t n = 0; n < N; ++n) sum += static_cast<double>(dy[n * out + o]);
+    for (int64_t n = 0; n < rows; ++n) sum += static_cast<double>(dy[n * out + o]);
     dbias[o] += static_cast<T>(sum);
   }
 }
@@ -33,7 +43,9 @@ void linear_backward(T* dx, T* dW, T* dbias, const T* dy, const T* x, const T* W
 #define LONGTRON_INSTANTIATE(T)                                                               \
   template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t); \
   template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t,  \
-                                   int64_t);
+                                   int64_t);                                                      \
+  template void linear_weight_grad<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, T);     \
+  template void bias_grad<T>(T*, const T*, int64_t, int64_t);
 LONGTRON_INSTANTIATE(float)
 LONGTRON_INSTANTIATE(double)
 #undef LONGTRON_INSTANTIATE

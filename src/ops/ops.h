@@ -51,6 +51,16 @@ void linear_forward(T* y, const T* x, const T* W, const T* bias, int64_t N, int6
 template <typename T>
 void linear_backward(T* dx, T* dW, T* dbias, const T* dy, const T* x, const T* W, int64_t N,
                      int64_t in, int64_t out);
+/// The weight gradient of every linear, dense or parallel: dW[out,in] = beta·dW + dyᵀ·x over
+/// dy[N,out] and x[N,in] (beta 1 accumulates, as parameter gradients do; 0 overwrites a scratch
+/// that is reduced afterwards).
+template <typename T>
+void linear_weight_grad(T* dW, const T* dy, const T* x, int64_t N, int64_t in, int64_t out,
+                        T beta = T(1));
+/// The bias gradient of every linear: dbias[out] += Σ_n dy[n,:] over dy[rows,out] (column sums in
+/// double). No-op when dbias is nullptr.
+template <typename T>
+void bias_grad(T* dbias, const T* dy, int64_t rows, int64_t out);
 
 // ---- Embedding ----------------------------------------------------------------------------------
 /// out[N,H] = table[ids[n], :]. ids must be in [0, V); the caller maps negative ids to abs(id).

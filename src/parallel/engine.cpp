@@ -100,7 +100,18 @@ model::LossSum ParallelEngine::forward_backward(const data::MicroBatch& row, dou
 model::LossSum ParallelEngine::forward_loss(const data::MicroBatch& row,
                                             std::vector<double>* token_losses) {
   if (!factory_->local_batch) return model_->forward_loss(row, token_losses);
-  return model_->forward_loss(local_batch(row), token_losses);
+  const model::LossSum loss = model_->forward_loss(local_batch(row), token_losses);
+  if (token_losses != nullptr) {
+    // The local batch is this rank's contiguous 1/T of the (padded) row: the tensor group's
+    // pieces in rank order are the row; the pad added for the split is cut off again.
+    comm::Communicator& tp = *grid_.tensor;
+    const auto local = static_cast<int64_t>(token_losses->size());
+    std::vector<double> full(static_cast<size_t>(local * tp.size()));
+    tp.all_gather(full.data(), token_losses->data(), local);
+    full.resize(row.input_ids.size());
+    *token_losses = std::move(full);
+  }
+  return loss;
 }
 
 void ParallelEngine::finish_gradients() {

@@ -63,7 +63,8 @@ struct ModeContext {
 struct ModeFactory {
   std::function<void(ShardPlan& plan)> plan;
   std::function<model::ModelOps<float>(const ModeContext& ctx)> make_ops;
-  /// nullptr = feed the whole row.
+  /// nullptr = feed the whole row; otherwise this rank's contiguous 1/T of the row over the
+  /// TENSOR group (padded to a multiple of T first), as forward_loss assumes.
   std::function<data::MicroBatch(const data::MicroBatch& row, const ModeContext& ctx)> local_batch;
   /// The group of finish_gradients' data-parallel SUM: the ranks holding the same shards that saw
   /// different rows. DATA for every mode but ISP, whose weight shards live in WEIGHT_DATA
@@ -109,7 +110,9 @@ class ParallelEngine {
   /// loss_scale · loss_sum into grads(). Returns the row's (loss_sum, count), identical on every
   /// rank of the model replica.
   model::LossSum forward_backward(const data::MicroBatch& row, double loss_scale);
-  /// Loss only (evaluation); token_losses as InternLM2::forward_loss (only under whole-row modes).
+  /// Loss only (evaluation), identical on every rank of the model replica. token_losses (when not
+  /// nullptr) receives the loss of each token of the FULL row (0 where the label is ignored) in
+  /// every mode: a mode feeding each rank a slice of the row (local_batch, ISP) gathers them.
   model::LossSum forward_loss(const data::MicroBatch& row, std::vector<double>* token_losses = nullptr);
 
   /// Sets grads() to 0.

@@ -41,8 +41,7 @@ model::LossSum VocabParallelHeadLoss::forward_backward(float* dX, float* dW, con
     vocab_parallel_cross_entropy_backward(dlogits, logits, lse, labels + n0, rows, Vr,
                                           vocab_start_, static_cast<float>(loss_scale));
     ops::gemm<float>(false, false, rows, H, Vr, 1.0f, dlogits, W, 0.0f, dX + n0 * H);
-    if (dW != nullptr)
-      ops::gemm<float>(true, false, Vr, H, rows, 1.0f, dlogits, X + n0 * H, 1.0f, dW);
+    if (dW != nullptr) ops::linear_weight_grad(dW, dlogits, X + n0 * H, rows, H, Vr);
   }
   return loss;
 }

@@ -166,13 +166,10 @@ void IspLinear::backward(float* dx, const float* dy, const float* x, int64_t N,
   if (dx) ops::gemm<float>(false, false, N, in_, out_, 1.f, dy, W, accumulate_dx ? 1.f : 0.f, dx);
   if (!g) return;
   float* G = store_->grad_scratch(out_ * in_);
-  ops::gemm<float>(true, false, out_, in_, N, 1.f, dy, x, 0.f, G);
+  ops::linear_weight_grad(G, dy, x, N, in_, out_, 0.f);
   store_->reduce_grad(g->ptr(weight_view_), G, id_);
-  if (bias_view_ >= 0) {  // replicated bias: partial sum over local tokens (engine sums it)
-    float* db = g->ptr(bias_view_);
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t o = 0; o < out_; ++o) db[o] += dy[n * out_ + o];
-  }
+  // Replicated bias: partial sum over local tokens (the engine sums it).
+  if (bias_view_ >= 0) ops::bias_grad(g->ptr(bias_view_), dy, N, out_);
 }
 
 // ---- IspEmbedding --------------------------------------------------------------------------------
@@ -254,7 +251,7 @@ model::LossSum IspHeadLoss::forward_backward(float* dxf, const float* xf, const 
     ops::cross_entropy_backward(dlogits_.data(), logits_.data(), lse_.data(), labels + n0, rows,
                                 V_, static_cast<float>(loss_scale));
     ops::gemm<float>(false, false, rows, H_, V_, 1.f, dlogits_.data(), W, 0.f, dxf + n0 * H_);
-    if (G) ops::gemm<float>(true, false, V_, H_, rows, 1.f, dlogits_.data(), xf + n0 * H_, 1.f, G);
+    if (G) ops::linear_weight_grad(G, dlogits_.data(), xf + n0 * H_, rows, H_, V_);
   }
   if (G) store_->reduce_grad(g->ptr(view_), G, id_);
   if (tensor_ && tensor_->size() > 1) {

@@ -25,13 +25,6 @@ int64_t shard_rows(int64_t N, Communicator& comm) {
   return N / comm.size();
 }
 
-// dbias[out] += Σ_n dy[n, :].
-void add_column_sums(float* dbias, const float* dy, int64_t rows, int64_t out) {
-  if (dbias == nullptr) return;
-  for (int64_t n = 0; n < rows; ++n)
-    for (int64_t o = 0; o < out; ++o) dbias[o] += dy[n * out + o];
-}
-
 }  // namespace
 
 Range shard_range(int64_t total, int parts, int rank) {
@@ -86,8 +79,8 @@ void column_parallel_backward(float* dx, float* dW, float* dbias, const float* d
     }
   }
   gather.wait();
-  if (dW != nullptr) ops::gemm(true, false, out_local, in, N, 1.0f, dy, X, 1.0f, dW);
-  add_column_sums(dbias, dy, N, out_local);
+  if (dW != nullptr) ops::linear_weight_grad(dW, dy, X, N, in, out_local);
+  ops::bias_grad(dbias, dy, N, out_local);
   reduce.wait();
 }
 
@@ -125,8 +118,8 @@ void row_parallel_backward(float* dx, float* dW, float* dbias, const float* dy, 
     dY = dy_full.data();
   }
   if (dx != nullptr) ops::gemm(false, false, N, in_local, out, 1.0f, dY, W, 0.0f, dx);
-  if (dW != nullptr) ops::gemm(true, false, out, in_local, N, 1.0f, dY, x, 1.0f, dW);
-  add_column_sums(dbias, dy, rows, out);
+  if (dW != nullptr) ops::linear_weight_grad(dW, dY, x, N, in_local, out);
+  ops::bias_grad(dbias, dy, rows, out);
 }
 
 // ---- Vocab-parallel cross-entropy ----------------------------------------------------------------

@@ -103,12 +103,8 @@ class ColumnLinear final : public model::LinearOp<float> {
       }
     }
     if (g != nullptr) {  // overlapped with the input-gradient reduction
-      ops::gemm<float>(true, false, out_, in_, N, 1.0f, dy, X, 1.0f, g->ptr(weight_));
-      if (bias_ >= 0) {
-        float* db = g->ptr(bias_);
-        for (int64_t n = 0; n < N; ++n)
-          for (int64_t o = 0; o < out_; ++o) db[o] += dy[n * out_ + o];
-      }
+      ops::linear_weight_grad(g->ptr(weight_), dy, X, N, in_, out_);
+      if (bias_ >= 0) ops::bias_grad(g->ptr(bias_), dy, N, out_);
     }
     reduce.wait();
     if (reduced == nullptr) return;

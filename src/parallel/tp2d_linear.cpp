@@ -145,12 +145,8 @@ void Linear2D::backward(float* dx, const float* dy, const float* x, int64_t N,
     }
   }
   if (g != nullptr) {  // overlapped with the input-gradient reduce-scatter
-    ops::gemm<float>(true, false, out_, in_, N, 1.0f, dY, X, 1.0f, g->ptr(weight_));
-    if (bias_ >= 0) {
-      float* db = g->ptr(bias_);
-      for (int64_t n = 0; n < nR; ++n)
-        for (int64_t o = 0; o < out_; ++o) db[o] += dy[n * out_ + o];
-    }
+    ops::linear_weight_grad(g->ptr(weight_), dY, X, N, in_, out_);
+    if (bias_ >= 0) ops::bias_grad(g->ptr(bias_), dy, nR, out_);
   }
   reduce.wait();
   if (reduced == nullptr) return;

@@ -1,33 +1,27 @@
 #include "train/evaluate.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace longtron::train {
 
-model::LossSum evaluate_rows(model::InternLM2<float>& model, const data::RowSource& rows,
-                             comm::Communicator* dp) {
-  const int64_t rank = dp ? dp->rank() : 0;
-  const int64_t size = dp ? dp->size() : 1;
-  double sum = 0;
-  int64_t count = 0;
+model::LossSum evaluate_rows(parallel::ParallelEngine& engine, const data::RowSource& rows) {
+  const comm::Communicator& dp = *engine.grid().data;
+  model::LossSum local;
   data::MicroBatch batch;
-  for (int64_t k = rank; k < rows.num_rows(); k += size) {
+  for (int64_t k = dp.rank(); k < rows.num_rows(); k += dp.size()) {
     rows.row_into(k, batch);
-    const model::LossSum ls = model.forward_loss(batch);
-    sum += ls.sum;
-    count += ls.count;
+    const model::LossSum ls = engine.forward_loss(batch);
+    local.sum += ls.sum;
+    local.count += ls.count;
   }
-  if (size > 1) {
-    dp->all_reduce(&sum, 1);
-    dp->all_reduce(&count, 1);
-  }
-  return {sum, count};
+  return engine.reduce_loss(local);
 }
 
 namespace {
 
 /// Scores the rows of one file and adds each token's loss to its document.
-void score_file(model::InternLM2<float>& model, const data::DocumentSource& file,
+void score_file(parallel::ParallelEngine& engine, const data::DocumentSource& file,
                 const data::PackConfig& pack, int64_t first_index, EvalResult& result) {
   std::vector<int64_t> order = data::document_order(file, 0, /*shuffle=*/false, 0);
   if (order.empty()) return;
@@ -47,9 +41,10 @@ void score_file(model::InternLM2<float>& model, const data::DocumentSource& file
   const int64_t P = pack.packed_length();
   data::MicroBatch batch;
   std::vector<double> token_losses;
-  for (int64_t k = 0; k < rows->num_rows(); ++k) {
+  const comm::Communicator& dp = *engine.grid().data;
+  for (int64_t k = dp.rank(); k < rows->num_rows(); k += dp.size()) {
     rows->row_into(k, batch);
-    model.forward_loss(batch, &token_losses);
+    engine.forward_loss(batch, &token_losses);
     auto add = [&](size_t doc, int64_t j) {
       if (batch.labels[static_cast<size_t>(j)] == data::kIgnoreIndex) return;
       auto& d = result.documents[base + doc];
@@ -79,14 +74,27 @@ void score_file(model::InternLM2<float>& model, const data::DocumentSource& file
 
 }  // namespace
 
-EvalResult evaluate_documents(model::InternLM2<float>& model, const data::Dataset& dataset,
+EvalResult evaluate_documents(parallel::ParallelEngine& engine, const data::Dataset& dataset,
                               const data::PackConfig& pack) {
   pack.validate();
   EvalResult result;
   int64_t first_index = 0;
   for (const auto& file : dataset) {
-    score_file(model, *file, pack, first_index, result);
+    score_file(engine, *file, pack, first_index, result);
     first_index += static_cast<int64_t>(file->num_documents());
+  }
+  comm::Communicator& dp = *engine.grid().data;
+  if (dp.size() > 1) {  // each dp rank scored its own rows: sum the documents' parts
+    std::vector<double> sums(result.documents.size() * 2);
+    for (size_t i = 0; i < result.documents.size(); ++i) {
+      sums[2 * i] = result.documents[i].loss_sum;
+      sums[2 * i + 1] = static_cast<double>(result.documents[i].tokens);
+    }
+    dp.all_reduce(sums.data(), static_cast<int64_t>(sums.size()));
+    for (size_t i = 0; i < result.documents.size(); ++i) {
+      result.documents[i].loss_sum = sums[2 * i];
+      result.documents[i].tokens = std::llround(sums[2 * i + 1]);
+    }
   }
   for (const auto& d : result.documents) {
     result.loss_sum += d.loss_sum;

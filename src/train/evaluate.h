@@ -8,14 +8,15 @@
 #include "data/dataset.h"
 #include "data/pack.h"
 #include "model/internlm2.h"
+#include "parallel/engine.h"
 
 namespace longtron::train {
 
-/// Σ token losses and valid labels over every row of `rows` (in row order). With a data-parallel
-/// communicator of size D, rank r scores rows r, r+D, … and the sums are all-reduced, so every
-/// rank returns the same total. valid_loss = sum / count (token-weighted).
-model::LossSum evaluate_rows(model::InternLM2<float>& model, const data::RowSource& rows,
-                             comm::Communicator* dp = nullptr);
+/// Σ token losses and valid labels over every row of `rows` through the engine (any layout): with
+/// a data-parallel group of size D, dp rank r scores rows r, r+D, … and the sums are reduced over
+/// it, so every rank returns the same total. valid_loss = sum / count (token-weighted).
+/// Collective over the engine's grid.
+model::LossSum evaluate_rows(parallel::ParallelEngine& engine, const data::RowSource& rows);
 
 /// Loss of one document as scored by `longtron eval`.
 struct DocumentLoss {
@@ -38,7 +39,10 @@ struct EvalResult {
 /// stored order (no shuffle) through build_pack (or build_unpack when !use_packed_dataset), so a
 /// document longer than seq_len or cut by a row edge is scored in segments, exactly as training
 /// sees it. Tokens of a document are attributed through the prefix sums of document lengths.
-EvalResult evaluate_documents(model::InternLM2<float>& model, const data::Dataset& dataset,
+/// Through the engine, so any layout scores the same documents (the engine returns full-row token
+/// losses in every mode); dp rank r scores rows r, r+D, … of each file and the documents' sums are
+/// reduced over the data-parallel group: every rank returns the same result. Collective.
+EvalResult evaluate_documents(parallel::ParallelEngine& engine, const data::Dataset& dataset,
                               const data::PackConfig& pack);
 
 }  // namespace longtron::train

@@ -156,19 +156,10 @@ struct Run {
     tokenizer = find_tokenizer(c.data.train_folder);
   }
 
-  /// evaluate_rows' split (dp rank r scores rows r, r+D, …) through the engine, so that a mode
-  /// feeding each rank a shard of the row (ISP) gets its local batch.
+  /// The held-out loss through the engine (evaluate_rows: dp rank r scores rows r, r+D, …).
   double validate() {
-    model::LossSum local;
-    data::MicroBatch batch;
     const ops::ComputeTypeScope precision(compute);
-    for (int64_t k = dp->rank(); k < valid_rows->num_rows(); k += dp->size()) {
-      valid_rows->row_into(k, batch);
-      const model::LossSum ls = engine.forward_loss(batch);
-      local.sum += ls.sum;
-      local.count += ls.count;
-    }
-    const model::LossSum ls = engine.reduce_loss(local);
+    const model::LossSum ls = evaluate_rows(engine, *valid_rows);
     return ls.count > 0 ? ls.sum / static_cast<double>(ls.count) : 0.0;
   }
 

@@ -141,4 +141,46 @@ TEST(TrainParallel, ARankThatThrowsEndsTheJobWithItsError) {
   EXPECT_LT(seconds, 60.0) << r.output;
 }
 
+/// The JSON line of `eval --json` in a command's output (the other lines are stderr's).
+nlohmann::json eval_json(const std::string& output) {
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("{\"documents\"", 0) == 0) return nlohmann::json::parse(line);
+  ADD_FAILURE() << "no eval --json line in:\n" << output;
+  return nlohmann::json::object();
+}
+
+// eval goes through the engine like training: under mpirun with tensor parallelism (Megatron and
+// ISP, whose ranks each score a slice of every row) and with data parallelism, every document's
+// tokens and loss equal one process's.
+TEST(TrainParallel, EvalJsonUnderTensorAndDataParallelEqualsOneProcess) {
+  Prepared p;
+  auto r = run_longtron(p.args("one", "--set train.total_steps=1"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string eval = "eval --json --threads 1 --checkpoint " + (p.dir / "one" / "ckpt").string() +
+                           " --data " + (p.dir / "data" / "train").string();
+  r = run_longtron(eval);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json ref = eval_json(r.output);
+  ASSERT_GT(ref["documents"].size(), 4u);
+  for (const std::string layout : {"--tensor-size 2", "--tensor-size 2 --tensor-mode isp", ""}) {
+    r = mpirun_longtron(2, eval + " " + layout);
+    ASSERT_EQ(r.status, 0) << layout << "\n" << r.output;
+    const nlohmann::json got = eval_json(r.output);
+    ASSERT_EQ(got["documents"].size(), ref["documents"].size()) << layout;
+    double worst = 0;
+    for (size_t i = 0; i < ref["documents"].size(); ++i) {
+      const auto &a = got["documents"][i], &b = ref["documents"][i];
+      EXPECT_EQ(a["index"], b["index"]) << layout;
+      EXPECT_EQ(a["tokens"], b["tokens"]) << layout << " document " << i;
+      const double want = b["loss_sum"].get<double>();
+      worst = std::max(worst, std::abs(a["loss_sum"].get<double>() - want) / std::max(std::abs(want), 1e-30));
+    }
+    EXPECT_LT(worst, 1e-5) << layout;
+    EXPECT_NEAR(got["loss"].get<double>(), ref["loss"].get<double>(), 1e-5 * ref["loss"].get<double>()) << layout;
+    std::printf("[eval] mpirun -np 2 %s: max relative document loss_sum error %.2e\n",
+                layout.empty() ? "(dp2)" : layout.c_str(), worst);
+  }
+}
+
 }  // namespace

@@ -7,12 +7,14 @@
 
 #include "../test_util.h"
 #include "comm/communicator.h"
+#include "comm/process_grid.h"
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "data/megatron.h"
 #include "data/open.h"
 #include "model/hf_config.h"
 #include "ops/ops.h"
+#include "parallel/engine.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/evaluate.h"
@@ -204,10 +206,13 @@ TEST(Trainer, InitFromBf16AndShardedFolders) {
   // The model the folder holds: every weight rounded to bf16.
   for (int64_t i = 0; i < params.numel(); ++i)
     params.data()[i] = safetensors::bf16_to_float(safetensors::float_to_bf16(params.data()[i]));
-  model::InternLM2<float> m(layout, params);
+  // Scored by a dense engine (one process) holding those weights.
+  const comm::ProcessGrid grid = comm::make_process_grid(comm::make_local_communicator(), comm::Layout{});
+  parallel::ParallelEngine engine(c.model, grid, 1);
+  engine.scatter_full(engine.params(), params);
   data::Dataset valid = data::open_dataset(c.data.valid_folder);
   data::DatasetRows rows(valid, train::loader_config(c).pack, 0, false, static_cast<uint32_t>(c.data.seed));
-  const model::LossSum expected = train::evaluate_rows(m, rows);
+  const model::LossSum expected = train::evaluate_rows(engine, rows);
 
   auto o = quiet();
   o.init_from = hf;
