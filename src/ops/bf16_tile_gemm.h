@@ -38,29 +38,32 @@ LONGTRON_BF16_TARGET inline void to_bf16(bf16_t* dst, const float* src, int64_t 
   }
 }
 
+// Vector casts, not memcpy: copies through memory made GCC keep the accumulators on the stack.
 template <int R, int NV>
 LONGTRON_BF16_TARGET inline void bf16_block(int64_t K2, const bf16_t* A, int64_t lda,
                                             const uint32_t* B, int64_t ldb, float* C, int64_t ldc,
                                             bool accumulate, __mmask16 last) {
   __m512 acc[R][NV];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
   for (int64_t k2 = 0; k2 < K2; ++k2) {
     __m512bh b[NV];
-    for (int v = 0; v < NV; ++v) {
-      const __m512i w = _mm512_loadu_si512(B + k2 * ldb + v * 16);
-      std::memcpy(&b[v], &w, 64);
-    }
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) b[v] = (__m512bh)_mm512_loadu_si512(B + k2 * ldb + v * 16);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       int32_t pair;
       std::memcpy(&pair, A + r * lda + 2 * k2, 4);
-      const __m512i wa = _mm512_set1_epi32(pair);
-      __m512bh a;
-      std::memcpy(&a, &wa, 64);
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+#pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       const __mmask16 m = v == NV - 1 ? last : __mmask16(0xFFFF);
       float* c = C + r * ldc + v * 16;
