@@ -32,22 +32,28 @@ struct ForwardScratch {
       : q(rows * d), s(rows * kAttnBlock), o(rows * d), m(rows), l(rows) {}
 };
 
-// Kᵀ tiles [d, bj] of every (key block, kv head), packed once per call so the score GEMM reads
-// rows; every later query block of the segment reuses them. O(N_k · Hkv · d) floats.
+// Kᵀ tiles [d, bj] and V tiles [bj, d] of every (key block, kv head), packed once per call so
+// the score GEMM reads rows and the PV GEMM reads contiguous rows (a strided V, rows a packed qkv
+// row apart, costs the PV product ~25%); every later query block of the segment reuses them.
+// 2 · O(N_k · Hkv · d) values.
 template <typename T>
-void pack_key_block(T* kt_all, const T* k, const AttentionShape& s, const detail::AttnPlan& p,
-                    const detail::AttnItem& it) {
+void pack_key_block(T* kt_all, T* v_all, const T* k, const T* v, const AttentionShape& s,
+                    const detail::AttnPlan& p, const detail::AttnItem& it) {
   const detail::AttnSegment& g = p.segments[it.seg];
   const int64_t d = s.head_dim;
   const int64_t c0 = it.block * kAttnBlock, bj = std::min(kAttnBlock, g.k_len - c0);
   const T* kb = k + (g.k_begin + c0) * s.kv_stride + it.kv_head * d;
-  T* kt = kt_all + ((g.k_block0 + it.block) * s.num_kv_heads + it.kv_head) * d * kAttnBlock;
+  const int64_t index = (g.k_block0 + it.block) * s.num_kv_heads + it.kv_head;
+  T* kt = kt_all + index * d * kAttnBlock;
   for (int64_t c = 0; c < bj; ++c)
     for (int64_t x = 0; x < d; ++x) kt[x * bj + c] = kb[c * s.kv_stride + x];
+  const T* vb = v + (g.k_begin + c0) * s.kv_stride + it.kv_head * d;
+  T* vt = v_all + index * d * kAttnBlock;
+  for (int64_t c = 0; c < bj; ++c) std::memcpy(vt + c * d, vb + c * s.kv_stride, sizeof(T) * d);
 }
 
 template <typename T>
-void forward_item(T* out, T* lse, const T* q, const T* kt_all, const T* v,
+void forward_item(T* out, T* lse, const T* q, const T* kt_all, const T* v_all,
                   const AttentionShape& s, const detail::AttnPlan& p, const detail::AttnItem& it,
                   ForwardScratch<T>& w) {
   const detail::AttnSegment& g = p.segments[it.seg];
@@ -65,7 +71,8 @@ void forward_item(T* out, T* lse, const T* q, const T* kt_all, const T* v,
   std::fill(w.l.begin(), w.l.end(), T(0));
   for (int64_t j = it.first; j < it.last; ++j) {
     const int64_t c0 = j * kAttnBlock, bj = std::min(kAttnBlock, g.k_len - c0);
-    const T* kt = kt_all + ((g.k_block0 + j) * s.num_kv_heads + it.kv_head) * d * kAttnBlock;
+    const int64_t index = (g.k_block0 + j) * s.num_kv_heads + it.kv_head;
+    const T* kt = kt_all + index * d * kAttnBlock;
     detail::tile_gemm<T>(M, bj, d, w.q.data(), d, 1, kt, bj, w.s.data(), bj, false);
     for (int64_t row = 0; row < M; ++row) {
       const int64_t r = r0 + row % bi;
@@ -78,8 +85,7 @@ void forward_item(T* out, T* lse, const T* q, const T* kt_all, const T* v,
         for (int64_t x = 0; x < d; ++x) orow[x] *= alpha;
       }
     }
-    detail::tile_gemm<T>(M, d, bj, w.s.data(), bj, 1,
-                         v + (g.k_begin + c0) * s.kv_stride + it.kv_head * d, s.kv_stride,
+    detail::tile_gemm<T>(M, d, bj, w.s.data(), bj, 1, v_all + index * d * kAttnBlock, d,
                          w.o.data(), d, true);
   }
   for (int64_t h = 0; h < G; ++h) {
@@ -111,15 +117,17 @@ void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v
   const int64_t rows = (s.num_heads / s.num_kv_heads) * kAttnBlock;
   const int64_t n_items = static_cast<int64_t>(p.items.size());
   const int64_t n_keys = static_cast<int64_t>(p.k_side.size());
-  T* kt_all = detail::workspace<T>(0, p.k_blocks * s.num_kv_heads * s.head_dim * kAttnBlock);
+  const size_t tiles = static_cast<size_t>(p.k_blocks * s.num_kv_heads * s.head_dim * kAttnBlock);
+  T* kt_all = detail::workspace<T>(0, 2 * tiles);
+  T* v_all = kt_all + tiles;
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < n_keys; ++i) pack_key_block(kt_all, k, s, p, p.k_side[i]);
+    for (int64_t i = 0; i < n_keys; ++i) pack_key_block(kt_all, v_all, k, v, s, p, p.k_side[i]);
     ForwardScratch<T> scratch(rows, s.head_dim);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < n_items; ++i)
-      forward_item(out, lse, q, kt_all, v, s, p, p.items[i], scratch);
+      forward_item(out, lse, q, kt_all, v_all, s, p, p.items[i], scratch);
   }
 }
 

@@ -45,9 +45,9 @@ struct PackedQueries {
 
 template <typename T>
 struct BackwardScratch {
-  std::vector<T> kt, vt, s, dp, dq, dk, dv;
+  std::vector<T> kt, vt, kc, s, dp, dq, dk, dv;
   BackwardScratch(int64_t rows, int64_t d)
-      : kt(d * kAttnBlock), vt(d * kAttnBlock), s(rows * kAttnBlock), dp(rows * kAttnBlock),
+      : kt(d * kAttnBlock), vt(d * kAttnBlock), kc(kAttnBlock * d), s(rows * kAttnBlock), dp(rows * kAttnBlock),
         dq(rows * d), dk(kAttnBlock * d), dv(kAttnBlock * d) {}
 };
 
@@ -114,6 +114,7 @@ void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
   for (int64_t c = 0; c < bj; ++c) {  // Kᵀ and Vᵀ tiles [d, bj] so score GEMMs read rows
     for (int64_t x = 0; x < d; ++x) {
       w.kt[x * bj + c] = kb[c * s.kv_stride + x];
+      w.kc[c * d + x] = kb[c * s.kv_stride + x];  // contiguous K for dQ (see attention.cpp's V)
       w.vt[x * bj + c] = vb[c * s.kv_stride + x];
     }
   }
@@ -140,11 +141,11 @@ void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
     std::mutex& lock = locks[(sg.q_block0 + i) * s.num_kv_heads + g];
     T* dst = &pq.dq[base * d];
     if (lock.try_lock()) {
-      detail::tile_gemm<T>(M, d, bj, w.dp.data(), bj, 1, kb, s.kv_stride, dst, d, true);
+      detail::tile_gemm<T>(M, d, bj, w.dp.data(), bj, 1, w.kc.data(), d, dst, d, true);
       lock.unlock();
       continue;
     }
-    detail::tile_gemm<T>(M, d, bj, w.dp.data(), bj, 1, kb, s.kv_stride, w.dq.data(), d, false);
+    detail::tile_gemm<T>(M, d, bj, w.dp.data(), bj, 1, w.kc.data(), d, w.dq.data(), d, false);
     std::lock_guard<std::mutex> guard(lock);
     const T* src = w.dq.data();
 #pragma omp simd

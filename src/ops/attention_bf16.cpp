@@ -130,11 +130,11 @@ struct PackedQueries {
 };
 
 struct BackwardScratch {
-  std::vector<bf16_t> rows, p, ds;
+  std::vector<bf16_t> rows, ds;
   std::vector<uint32_t> kw, vw, kp, p_pairs, ds_pairs;
   std::vector<float> s, dp, dq, dk_t, dv_t;
   BackwardScratch(int64_t tile_rows, const Dims& m)
-      : rows(B * m.dp), p(tile_rows * B), ds(tile_rows * B), kw(m.words_t()), vw(m.words_t()),
+      : rows(B * m.dp), ds(tile_rows * B), kw(m.words_t()), vw(m.words_t()),
         kp(m.words_rows()), p_pairs(tile_rows / 2 * B), ds_pairs(tile_rows / 2 * B),
         s(tile_rows * B), dp(tile_rows * B), dq(tile_rows * m.d), dk_t(m.d * B),
         dv_t(m.d * B) {}
@@ -224,12 +224,11 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
       const int64_t hi = std::clamp<int64_t>(p.key_hi(sg, r) - c0, 0, bj);
       dscores_row(&w.s[rr * bj], &w.dp[rr * bj], bj, lo, hi, pq.lse[base + rr],
                   pq.delta[base + rr], scale);
-      row_to_bf16(&w.p[rr * bjp], &w.s[rr * bj], bj, bjp);
       row_to_bf16(&w.ds[rr * bjp], &w.dp[rr * bj], bj, bjp);
     }
     // dVᵀ += dOᵀ P and dKᵀ += Qᵀ dS (pairs along the query rows).
-    pack_pairs_of_rows(w.p_pairs.data(), B, w.p.data(), bjp, M, bj);
-    pack_pairs_of_rows(w.ds_pairs.data(), B, w.ds.data(), bjp, M, bj);
+    pack_pairs_of_float_rows(w.p_pairs.data(), B, w.s.data(), bj, M, bj);
+    pack_pairs_of_float_rows(w.ds_pairs.data(), B, w.dp.data(), bj, M, bj);
     bf16_gemm(d, bj, Mp / 2, pq.dout_t + tile * size, pq.tile_rows, w.p_pairs.data(), B,
               w.dv_t.data(), B, !first);
     bf16_gemm(d, bj, Mp / 2, pq.q_t + tile * size, pq.tile_rows, w.ds_pairs.data(), B,

@@ -38,29 +38,32 @@ LONGTRON_BF16_TARGET inline void to_bf16(bf16_t* dst, const float* src, int64_t 
   }
 }
 
+// Vector casts, not memcpy: copies through memory made GCC keep the accumulators on the stack.
 template <int R, int NV>
 LONGTRON_BF16_TARGET inline void bf16_block(int64_t K2, const bf16_t* A, int64_t lda,
                                             const uint32_t* B, int64_t ldb, float* C, int64_t ldc,
                                             bool accumulate, __mmask16 last) {
   __m512 acc[R][NV];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
   for (int64_t k2 = 0; k2 < K2; ++k2) {
     __m512bh b[NV];
-    for (int v = 0; v < NV; ++v) {
-      const __m512i w = _mm512_loadu_si512(B + k2 * ldb + v * 16);
-      std::memcpy(&b[v], &w, 64);
-    }
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) b[v] = (__m512bh)_mm512_loadu_si512(B + k2 * ldb + v * 16);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       int32_t pair;
       std::memcpy(&pair, A + r * lda + 2 * k2, 4);
-      const __m512i wa = _mm512_set1_epi32(pair);
-      __m512bh a;
-      std::memcpy(&a, &wa, 64);
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+#pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       const __mmask16 m = v == NV - 1 ? last : __mmask16(0xFFFF);
       float* c = C + r * ldc + v * 16;
@@ -123,6 +126,32 @@ inline void pack_pairs_of_rows(uint32_t* dst, int64_t ldb, const bf16_t* Y, int6
       for (int64_t j = 0; j < N; ++j) d[j] = uint32_t(a[j]);
     }
     std::fill(d + N, d + ldb, 0u);
+  }
+}
+
+/// pack_pairs_of_rows from fp32 rows (X(k, j) = X[k·ldx + j]), rounding on the way: two rows are
+/// converted by one vcvtne2ps2bf16 and interleaved by one permute, 16 words at a time.
+LONGTRON_BF16_TARGET inline void pack_pairs_of_float_rows(uint32_t* dst, int64_t ldb,
+                                                          const float* X, int64_t ldx, int64_t K,
+                                                          int64_t N) {
+  // Word j of the result takes bf16 element j (row 2k2) and 16 + j (row 2k2 + 1).
+  const __m512i interleave =
+      _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                       6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t k2 = 0; 2 * k2 < K; ++k2) {
+    const float* a = X + 2 * k2 * ldx;
+    const bool pair = 2 * k2 + 1 < K;
+    uint32_t* d = dst + k2 * ldb;
+    for (int64_t j = 0; j < ldb; j += 16) {
+      const int64_t n = std::clamp<int64_t>(N - j, 0, 16);
+      const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
+      const __m512 lo = _mm512_maskz_loadu_ps(m, a + j);
+      const __m512 hi = pair ? _mm512_maskz_loadu_ps(m, a + ldx + j) : _mm512_setzero_ps();
+      const __m512bh both = _mm512_cvtne2ps_pbh(hi, lo);
+      __m512i words;
+      std::memcpy(&words, &both, 64);
+      _mm512_storeu_si512(d + j, _mm512_permutexvar_epi16(interleave, words));
+    }
   }
 }
 

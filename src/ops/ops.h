@@ -146,7 +146,7 @@ constexpr int64_t visible_pairs(int64_t len, int64_t window = 0) {
 /// of Σ exp(scale · q·k) over the visible keys). Tiled (64×64 blocks inside each segment, the q
 /// heads of a kv group stacked as tile rows) with an online softmax; tiles with no visible pair
 /// (above the diagonal, before the window, across segments) are never computed: work ≈
-/// visible_pairs · 4d per head, extra memory O(N_k · Hkv · d) (packed Kᵀ tiles) plus a few tiles
+/// visible_pairs · 4d per head, extra memory O(N_k · Hkv · d) (packed Kᵀ and V tiles) plus a few tiles
 /// per thread. Parallel over (segment, kv head, query block), largest first, dynamic. A query
 /// that sees no key (impossible for a valid shape) gets out = 0 and lse = −inf. Throws
 /// longtron::Error on an inconsistent shape, cu_seqlens, cu_seqlens_k or window. Float uses a
