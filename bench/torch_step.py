@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """PyTorch reference for bench_train_step (docs/benchmarks.md): one training step of the
 configs/small.toml model (InternLM2: RMSNorm, GQA attention with RoPE, SwiGLU FFN, untied head) on
 one packed row, eager mode, fp32 or torch.autocast("cpu", dtype=torch.bfloat16), AdamW with
@@ -6,7 +6,7 @@ gradient clipping. Attention is causal inside each document of the row (a loop o
 a varlen-unaware PyTorch model has to do it). Prints tokens/s per dtype.
 
 Needs Debian's python3-torch (1.13); a benchmark only, never a test dependency.
-Usage: python3 bench/torch_step.py [--threads N] [--steps S] [--P 2048] [--dtypes float32,bfloat16]
+Usage: /usr/bin/python3 bench/torch_step.py [--threads N] [--steps S] [--P 2048] [--dtypes float32,bfloat16]
 """
 import argparse
 import math

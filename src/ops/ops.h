@@ -30,7 +30,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const uint16_t* A, const uint16_t* B, float beta, float* C);
 
-/// out[i] = x[i] rounded to bf16 (nearest even, NaN kept quiet; raw bits), i < n. OpenMP threads.
+/// out[i] = x[i] rounded to bf16 as VCVTNEPS2BF16 does it (raw bits): nearest even, NaN kept
+/// quiet, subnormals flushed to signed zero; i < n. AVX512-BF16 where the CPU has it; OpenMP threads.
 void round_to_bf16(const float* x, int64_t n, uint16_t* out);
 
 /// The GEMM library and the instruction set its kernels dispatch to on this CPU.

@@ -149,20 +149,33 @@ TEST(Gemm, FloatUnderBf16ScopeIsTheBf16GemmOfRoundedInputs) {
   }
 }
 
-// round_to_bf16 (the scope's conversion) agrees with the safetensors writer's conversion on
-// ordinary values, ties, overflow to infinity, subnormals, infinities and NaN.
+// round_to_bf16 (the scope's conversion) rounds as VCVTNEPS2BF16: as the safetensors writer's
+// conversion on ordinary values, ties, overflow to infinity, infinities and NaN, and subnormals to
+// signed zero. The special values sit both in the 32-wide vector body and in the scalar tail.
 TEST(Gemm, RoundToBf16IsRoundToNearestEven) {
-  std::vector<float> x = floats(1000, 10);
-  for (uint32_t bits : {0x3F808000u, 0x3F818000u, 0x7F7FFFFFu, 0x00000001u, 0x80400000u,
-                        0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u, 0x00000000u})
-    x.push_back(std::bit_cast<float>(bits));
+  const std::vector<uint32_t> specials = {0x3F808000u, 0x3F818000u, 0x7F7FFFFFu, 0x00000001u,
+                                          0x80400000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u,
+                                          0x7F800001u, 0x00000000u, 0x80000000u, 0x00800000u};
+  std::vector<float> x;
+  for (uint32_t bits : specials) x.push_back(std::bit_cast<float>(bits));
+  const std::vector<float> middle = floats(200000, 10);  // several threads' chunks
+  x.insert(x.end(), middle.begin(), middle.end());
+  for (uint32_t bits : specials) x.push_back(std::bit_cast<float>(bits));
   std::vector<uint16_t> out(x.size());
   ops::round_to_bf16(x.data(), static_cast<int64_t>(x.size()), out.data());
-  for (size_t i = 0; i < x.size(); ++i)
-    ASSERT_EQ(out[i], float_to_bf16(x[i])) << "at " << i << " (" << x[i] << ")";
-  EXPECT_EQ(out[x.size() - 10], 0x3F80);  // tie, even kept bit: rounds down
-  EXPECT_EQ(out[x.size() - 9], 0x3F82);   // tie, odd kept bit: rounds up
-  EXPECT_EQ(out[x.size() - 8], 0x7F80);   // largest float rounds to infinity
+  for (size_t i = 0; i < x.size(); ++i) {
+    const uint32_t bits = std::bit_cast<uint32_t>(x[i]);
+    const bool subnormal = (bits & 0x7F800000u) == 0;
+    const uint16_t want = subnormal ? uint16_t((bits >> 16) & 0x8000u) : float_to_bf16(x[i]);
+    ASSERT_EQ(out[i], want) << "at " << i << " (" << x[i] << ")";
+  }
+  for (size_t base : {size_t{0}, x.size() - specials.size()}) {
+    EXPECT_EQ(out[base + 0], 0x3F80);  // tie, even kept bit: rounds down
+    EXPECT_EQ(out[base + 1], 0x3F82);  // tie, odd kept bit: rounds up
+    EXPECT_EQ(out[base + 2], 0x7F80);  // largest float rounds to infinity
+    EXPECT_EQ(out[base + 4], 0x8000);  // negative subnormal: −0
+    EXPECT_EQ(out[base + 8], 0x7FC0);  // signalling NaN: quiet NaN
+  }
 }
 
 TEST(Gemm, EmptyInnerDimensionScalesC) {
