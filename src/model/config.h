@@ -25,6 +25,13 @@ struct ModelConfig {
   bool qkv_bias = false;
   bool o_bias = false;
   bool checkpoint = false;  ///< activation recomputation per block (InternEvo's name)
+  /// Hugging Face's rope_scaling (model/rope_scaling.h), read from config.json: type "" (none),
+  /// "linear", "llama3" or "dynamic", with its parameters.
+  std::string rope_scaling_type;
+  double rope_factor = 1.0;
+  double rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;  ///< llama3
+  int64_t rope_original_max_position = 0;  ///< llama3: original_max_position_embeddings
+  int64_t rope_max_position = 0;  ///< dynamic: max_position_embeddings (positions must stay below)
   /// Mistral's sliding_window (0 = none): recorded as read; attention with a window smaller
   /// than a sequence is refused until the kernel supports it (docs/model.md).
   int64_t sliding_window = 0;

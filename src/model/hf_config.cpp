@@ -7,6 +7,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/io_error.h"
+#include "model/rope_scaling.h"
 
 namespace longtron::model {
 namespace fs = std::filesystem;
@@ -96,13 +97,6 @@ void check_supported(const json& hf, const std::string& type, const std::string&
   if (hf.contains("hidden_act")) {
     check(hf["hidden_act"] == "silu", "{}: hidden_act {} is not supported (only \"silu\")", source,
           hf["hidden_act"].dump());
-  }
-  if (hf.contains("rope_scaling") && !hf["rope_scaling"].is_null()) {
-    const json& r = hf["rope_scaling"];
-    const std::string kind = r.is_object() && r.contains("rope_type") ? r["rope_type"].dump()
-                             : r.is_object() && r.contains("type")    ? r["type"].dump()
-                                                                      : r.dump();
-    fail("{}: rope_scaling of type {} is not supported", source, kind);
   }
   check(!get_bool(hf, "tie_word_embeddings", source, false),
         "{}: tie_word_embeddings = true is not supported (the head and the embedding are separate "
@@ -202,6 +196,7 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
   check(c.ffn_size() == inter, "{}: cannot express intermediate_size {} (internal error)", source, inter);
   c.norm_eps = get_double(hf, "rms_norm_eps", source, 1e-6);
   c.rope_base = get_double(hf, "rope_theta", source, 10000.0);
+  read_rope_scaling(hf, c, source);  // kept in hf_extra too: written back as read
   if (c.type == "internlm2") {
     const bool bias = get_bool(hf, "bias", source, false);
     c.qkv_bias = get_bool(hf, "qkv_bias", source, bias);

@@ -1,7 +1,11 @@
 #!/usr/bin/python3
 """Writes tests/fixtures/llama_golden/: a tiny random Llama model as a Hugging Face folder
 (config.json, model.safetensors) and golden.safetensors with one packed row, the float64 loss of
-Hugging Face's Llama semantics on it and the gradient of that loss for every tensor.
+Hugging Face's Llama semantics on it and the gradient of that loss for every tensor. Then, for the
+same weights and row, tests/fixtures/llama_rope_{linear,llama3}/ (config.json, golden.safetensors
+with float32-rounded gradients) with rope_scaling of those types, whose inverse frequencies follow
+transformers' modeling_rope_utils.py (_compute_linear_scaling_rope_parameters,
+_compute_llama3_parameters).
 
 The reference below is written from transformers' modeling_llama.py (LlamaRMSNorm, LlamaRotary-
 Embedding with the default rope type, rotate_half/apply_rotary_pos_emb, repeat_kv, eager attention
@@ -12,7 +16,7 @@ path): causal attention inside each document, never across. It does not use long
 layout: q/k/v_proj are separate here, so the test also checks longtron's name mapping.
 
 Needs PyTorch (Debian python3-torch); the test suite reads only the files written here.
-Run: /usr/bin/python3 tests/tools/make_llama_golden.py tests/fixtures/llama_golden
+Run: /usr/bin/python3 tests/tools/make_llama_golden.py tests/fixtures
 """
 import json
 import math
@@ -101,9 +105,29 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
-def forward(w, ids, labels, pos, cu):
+def inv_freq_of(config):
+    inv_freq = 1.0 / (config["rope_theta"] ** (torch.arange(0, HD, 2, dtype=D) / HD))
+    scaling = config.get("rope_scaling")
+    if scaling is None:
+        return inv_freq
+    factor = scaling["factor"]
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    assert scaling["rope_type"] == "llama3"
+    old_len = scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def forward(w, ids, labels, pos, cu, config):
     n = len(ids)
-    inv_freq = 1.0 / (CONFIG["rope_theta"] ** (torch.arange(0, HD, 2, dtype=D) / HD))
+    inv_freq = inv_freq_of(config)
     freqs = torch.tensor(pos, dtype=D)[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]  # [n, 1, HD]
@@ -163,25 +187,50 @@ def i64(values):
     return ("I64", [len(values)], struct.pack(f"<{len(values)}q", *values))
 
 
-def main(out):
-    os.makedirs(out, exist_ok=True)
-    w = weights()
+def run(w, config):
     for t in w.values():
+        t.grad = None
         t.requires_grad_(True)
     ids, labels, pos, cu = packed_row()
-    loss = forward(w, ids, labels, pos, cu)
+    loss = forward(w, ids, labels, pos, cu, config)
     loss.backward()
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(CONFIG, f, indent=2)
-        f.write("\n")
-    write_safetensors(os.path.join(out, "model.safetensors"), {k: f32(t.detach()) for k, t in w.items()})
     golden = {"input_ids": i64(ids), "labels": i64(labels), "indexes": i64(pos), "cu_seqlens": i64(cu),
               "loss": ("F64", [], struct.pack("<d", loss.item()))}
+    return loss.item(), golden
+
+
+def write_config(out, config):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+
+
+def main(root):
+    w = weights()
+    out = os.path.join(root, "llama_golden")
+    loss, golden = run(w, CONFIG)
+    write_config(out, CONFIG)
+    write_safetensors(os.path.join(out, "model.safetensors"), {k: f32(t.detach()) for k, t in w.items()})
     for k, t in w.items():
         golden["grad." + k] = f64(t.grad)
     write_safetensors(os.path.join(out, "golden.safetensors"), golden)
-    print(f"loss {loss.item():.17g}, {len(w)} tensors")
+    print(f"llama_golden: loss {loss:.17g}, {len(w)} tensors")
+    variants = {
+        "llama_rope_linear": {"rope_type": "linear", "factor": 2.0},
+        "llama_rope_llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+    }
+    for name, scaling in variants.items():
+        config = dict(CONFIG, rope_scaling=scaling)
+        loss, golden = run(w, config)
+        for k, t in w.items():
+            golden["grad." + k] = f32(t.grad)
+        out = os.path.join(root, name)
+        write_config(out, config)
+        write_safetensors(os.path.join(out, "golden.safetensors"), golden)
+        print(f"{name}: loss {loss:.17g}, inv_freq {inv_freq_of(config).tolist()}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/llama_golden")
+    main(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures")
