@@ -43,8 +43,16 @@ struct ModelConfig {
   /// none): written back unchanged so that config.json round-trips.
   std::string hf_extra;
 
-  /// head_dim = hidden_size / num_attention_heads.
-  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  /// Hugging Face's head_dim when it differs from hidden_size / num_attention_heads (0: it does
+  /// not); then q/k/v have heads × head_dim features and wo is [hidden_size, heads × head_dim].
+  int64_t explicit_head_dim = 0;
+
+  /// head_dim = explicit_head_dim, or hidden_size / num_attention_heads.
+  int64_t head_dim() const {
+    return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_attention_heads;
+  }
+  /// Features of the attention output (wo's input): num_attention_heads × head_dim.
+  int64_t attention_size() const { return num_attention_heads * head_dim(); }
   /// FFN width = multiple_of × ceil(int(hidden × mlp_ratio) / multiple_of) (InternEvo).
   int64_t ffn_size() const {
     const int64_t raw = static_cast<int64_t>(static_cast<double>(hidden_size) * mlp_ratio);

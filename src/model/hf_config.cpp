@@ -133,6 +133,9 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
   check(type != "qwen2" || (c.qkv_bias && !c.o_bias),
         "cannot write a qwen2 config.json: Qwen2 has a bias on q, k, v and none on o, but this model "
         "has qkv_bias = {} and o_bias = {}", c.qkv_bias, c.o_bias);
+  check(c.explicit_head_dim == 0 || type != "internlm2",
+        "cannot write an internlm2 config.json: InternLM2 has no head_dim key, and this model's "
+        "head_dim {} is not hidden_size / num_attention_heads", c.explicit_head_dim);
   check(c.sliding_window == 0 || type == "mistral",
         "cannot write a {} config.json: the model has a sliding window of {}", type, c.sliding_window);
   j["architectures"] = {arch};
@@ -145,6 +148,7 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
   j["rms_norm_eps"] = c.norm_eps;
   j["rope_theta"] = c.rope_base;
   j["vocab_size"] = c.vocab_size;
+  if (c.explicit_head_dim > 0) j["head_dim"] = c.explicit_head_dim;
   if (type == "internlm2") {
     j["bias"] = c.qkv_bias;
     j["qkv_bias"] = c.qkv_bias;
@@ -180,11 +184,10 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
         source, c.hidden_size, inter);
   check(c.num_attention_heads > 0, "{}: num_attention_heads must be > 0, got {}", source,
         c.num_attention_heads);
-  if (hf.contains("head_dim") && !hf["head_dim"].is_null()) {
+  if (hf.contains("head_dim") && !hf["head_dim"].is_null()) {  // kept in hf_extra as read
     const int64_t d = get_int(hf, "head_dim", source);
-    check(d * c.num_attention_heads == c.hidden_size,
-          "{}: head_dim {} is not supported: longtron needs head_dim = hidden_size / "
-          "num_attention_heads = {}", source, d, c.hidden_size / c.num_attention_heads);
+    check(d > 0 && d % 2 == 0, "{}: head_dim must be even and > 0, got {}", source, d);
+    if (d * c.num_attention_heads != c.hidden_size) c.explicit_head_dim = d;
   }
   c.multiple_of = 256;
   while (inter % c.multiple_of != 0) c.multiple_of /= 2;
@@ -268,6 +271,7 @@ ModelConfig merge_model_config(const ModelConfig& f, const ModelConfig& toml,
            f.num_attention_heads);
   same_int("num_kv_attention_heads", "num_key_value_heads", toml.num_kv_attention_heads,
            f.num_kv_attention_heads);
+  same_int("head_dim", "head_dim", toml.explicit_head_dim, f.explicit_head_dim);
   same_real("norm_eps", "rms_norm_eps", toml.norm_eps, f.norm_eps);
   same_real("rope_base", "rope_theta", toml.rope_base, f.rope_base);
   same_bool("qkv_bias", toml.qkv_bias, f.qkv_bias);

@@ -5,7 +5,8 @@ Hugging Face's Llama semantics on it and the gradient of that loss for every ten
 same weights and row, tests/fixtures/llama_rope_{linear,llama3}/ (config.json, golden.safetensors
 with float32-rounded gradients) with rope_scaling of those types, whose inverse frequencies follow
 transformers' modeling_rope_utils.py (_compute_linear_scaling_rope_parameters,
-_compute_llama3_parameters).
+_compute_llama3_parameters), and tests/fixtures/llama_head_dim/ (its own weights) with a head_dim
+that is not hidden_size / num_attention_heads.
 
 The reference below is written from transformers' modeling_llama.py (LlamaRMSNorm, LlamaRotary-
 Embedding with the default rope type, rotate_half/apply_rotary_pos_emb, repeat_kv, eager attention
@@ -51,7 +52,7 @@ CONFIG = {
 }
 V, H, F = CONFIG["vocab_size"], CONFIG["hidden_size"], CONFIG["intermediate_size"]
 L, HQ, HKV = CONFIG["num_hidden_layers"], CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"]
-HD = H // HQ
+HD = H // HQ  # head_dim; main() sets it to config.json's head_dim for that variant
 
 
 def weights():
@@ -67,7 +68,7 @@ def weights():
         mat(p + "self_attn.q_proj.weight", HQ * HD, H)
         mat(p + "self_attn.k_proj.weight", HKV * HD, H)
         mat(p + "self_attn.v_proj.weight", HKV * HD, H)
-        mat(p + "self_attn.o_proj.weight", H, HQ * HD)
+        mat(p + "self_attn.o_proj.weight", H, HQ * HD)  # [H, Hq·head_dim]
         mat(p + "mlp.gate_proj.weight", F, H)
         mat(p + "mlp.up_proj.weight", F, H)
         mat(p + "mlp.down_proj.weight", H, F)
@@ -230,6 +231,20 @@ def main(root):
         write_config(out, config)
         write_safetensors(os.path.join(out, "golden.safetensors"), golden)
         print(f"{name}: loss {loss:.17g}, inv_freq {inv_freq_of(config).tolist()}")
+    # head_dim 8 with hidden 24 and 4 heads: q/k/v have 32/16/16 features, o_proj is [24, 32].
+    global HD
+    HD = 8
+    torch.manual_seed(4321)
+    config = dict(CONFIG, head_dim=HD)
+    w = weights()
+    loss, golden = run(w, config)
+    for k, t in w.items():
+        golden["grad." + k] = f32(t.grad)
+    out = os.path.join(root, "llama_head_dim")
+    write_config(out, config)
+    write_safetensors(os.path.join(out, "model.safetensors"), {k: f32(t.detach()) for k, t in w.items()})
+    write_safetensors(os.path.join(out, "golden.safetensors"), golden)
+    print(f"llama_head_dim: loss {loss:.17g}")
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ data::MicroBatch golden_row(const safetensors::Reader& golden) {
 /// The fixture's weights under `variant`'s config.json (a copy in `dir`), or the fixture itself.
 fs::path with_config(const TempDir& dir, const std::string& variant) {
   const fs::path src = kFixture.parent_path() / variant;
-  if (variant == "llama_golden") return src;
+  if (fs::exists(src / "model.safetensors")) return src;
   const fs::path out = dir / variant;
   fs::create_directories(out);
   fs::copy_file(src / "config.json", out / "config.json");
@@ -105,6 +105,7 @@ void expect_golden(const std::string& variant) {
 TEST(HfFamily, LlamaGoldenLossAndGradients) { expect_golden("llama_golden"); }
 TEST(HfFamily, LlamaRopeLinearGolden) { expect_golden("llama_rope_linear"); }
 TEST(HfFamily, LlamaRopeLlama3Golden) { expect_golden("llama_rope_llama3"); }
+TEST(HfFamily, LlamaHeadDimGolden) { expect_golden("llama_head_dim"); }
 
 // Dynamic (InternLM2.5): plain RoPE below max_position_embeddings — the loss of the unscaled model
 // exactly — and an error naming the position at or beyond it.
@@ -228,7 +229,8 @@ TEST(HfFamily, BadConfigsNameTheKey) {
                {"rope_scaling", "yarn"});
   expect_error([&] { model::from_hf_config(with("hidden_act", "gelu"), "c.json"); },
                {"hidden_act", "gelu"});
-  expect_error([&] { model::from_hf_config(with("head_dim", 8), "c.json"); }, {"head_dim 8"});
+  expect_error([&] { model::from_hf_config(with("head_dim", 7), "c.json"); },
+               {"head_dim must be even", "7"});
   expect_error([&] { model::from_hf_config(with("tie_word_embeddings", true), "c.json"); },
                {"tie_word_embeddings"});
   json missing = base;
