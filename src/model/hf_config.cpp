@@ -35,7 +35,7 @@ const std::set<std::string>& modelled_keys() {
   static const std::set<std::string> keys = {
       "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
       "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta", "vocab_size",
-      "bias", "qkv_bias", "o_bias", "attention_bias"};
+      "bias"};
   return keys;
 }
 
@@ -126,10 +126,12 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
   const std::string arch = hf_architecture(type);
   json j = c.hf_extra.empty() ? json::object() : json::parse(c.hf_extra);
   if (type != c.type) j.erase("auto_map");  // the source family's remote code
-  const bool llama_like = type == "llama" || type == "mistral";
-  check(!llama_like || c.qkv_bias == c.o_bias,
+  check(type != "llama" || c.qkv_bias == c.o_bias,
         "cannot write a {} config.json: its attention_bias covers q, k, v and o together, but this "
         "model has qkv_bias = {} and o_bias = {}", type, c.qkv_bias, c.o_bias);
+  check(type != "mistral" || (!c.qkv_bias && !c.o_bias),
+        "cannot write a mistral config.json: Mistral has no attention biases, but this model has "
+        "qkv_bias = {} and o_bias = {}", c.qkv_bias, c.o_bias);
   check(type != "qwen2" || (c.qkv_bias && !c.o_bias),
         "cannot write a qwen2 config.json: Qwen2 has a bias on q, k, v and none on o, but this model "
         "has qkv_bias = {} and o_bias = {}", c.qkv_bias, c.o_bias);
@@ -149,12 +151,16 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
   j["rope_theta"] = c.rope_base;
   j["vocab_size"] = c.vocab_size;
   if (c.explicit_head_dim > 0) j["head_dim"] = c.explicit_head_dim;
+  // Bias keys: Hugging Face's own, plus longtron's finer InternLM2 pair when it is needed or was
+  // read; a key the source lacked is added only to say something its default does not.
   if (type == "internlm2") {
     j["bias"] = c.qkv_bias;
-    j["qkv_bias"] = c.qkv_bias;
-    j["o_bias"] = c.o_bias;
+    if (c.qkv_bias != c.o_bias || j.contains("qkv_bias") || j.contains("o_bias")) {
+      j["qkv_bias"] = c.qkv_bias;
+      j["o_bias"] = c.o_bias;
+    }
   }
-  if (llama_like) j["attention_bias"] = c.qkv_bias;
+  if (type == "llama" && (c.qkv_bias || j.contains("attention_bias"))) j["attention_bias"] = c.qkv_bias;
   // Absent means 4096 to Hugging Face's MistralConfig, so "none" must be written as null.
   if (type == "mistral" && !j.contains("sliding_window") &&
       !(c.sliding_window_implicit && c.sliding_window == 4096))
@@ -207,9 +213,9 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
   } else if (c.type == "qwen2") {
     c.qkv_bias = true;  // Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False
     c.o_bias = false;
-  } else {
+  } else if (c.type == "llama") {
     c.qkv_bias = c.o_bias = get_bool(hf, "attention_bias", source, false);
-  }
+  }  // Mistral: no biases (MistralAttention's projections have bias=False)
   if (c.type == "mistral") {
     // MistralConfig: sliding_window defaults to 4096; an explicit null means full attention.
     c.sliding_window_implicit = !hf.contains("sliding_window");

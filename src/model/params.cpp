@@ -27,7 +27,9 @@ void check_config(const ModelConfig& c) {
         "model.num_kv_attention_heads ({}) must divide model.num_attention_heads ({})",
         c.num_kv_attention_heads, c.num_attention_heads);
   check(c.explicit_head_dim >= 0, "model.head_dim must be >= 0, got {}", c.explicit_head_dim);
-  check(c.head_dim() % 2 == 0, "head_dim = {} must be even for RoPE", c.head_dim());
+  check(c.head_dim() % 2 == 0, "head_dim = {} = {} must be even for RoPE",
+        c.explicit_head_dim > 0 ? "model.head_dim" : "model.hidden_size / model.num_attention_heads",
+        c.head_dim());
   check(c.mlp_ratio > 0, "model.mlp_ratio must be positive, got {}", c.mlp_ratio);
   check(c.multiple_of > 0, "model.multiple_of must be positive, got {}", c.multiple_of);
   check_model_limits(c);

@@ -6,7 +6,8 @@ same weights and row, tests/fixtures/llama_rope_{linear,llama3}/ (config.json, g
 with float32-rounded gradients) with rope_scaling of those types, whose inverse frequencies follow
 transformers' modeling_rope_utils.py (_compute_linear_scaling_rope_parameters,
 _compute_llama3_parameters), and tests/fixtures/llama_head_dim/ (its own weights) with a head_dim
-that is not hidden_size / num_attention_heads.
+that is not hidden_size / num_attention_heads; then qwen2_golden (q/k/v bias), llama_attention_bias
+(q/k/v and o bias) and mistral_golden (sliding_window null), each with its own weights.
 
 The reference below is written from transformers' modeling_llama.py (LlamaRMSNorm, LlamaRotary-
 Embedding with the default rope type, rotate_half/apply_rotary_pos_emb, repeat_kv, eager attention
@@ -55,9 +56,11 @@ L, HQ, HKV = CONFIG["num_hidden_layers"], CONFIG["num_attention_heads"], CONFIG[
 HD = H // HQ  # head_dim; main() sets it to config.json's head_dim for that variant
 
 
-def weights():
+def weights(qkv_bias=False, o_bias=False):
     """Random weights far from init scale (so every nonlinearity matters), rounded to float32."""
     w = {}
+    def vec(name, n):
+        w[name] = (torch.randn(n, dtype=D) * 0.3).float().double()
     def mat(name, rows, cols, std=0.3):
         w[name] = (torch.randn(rows, cols, dtype=D) * std).float().double()
     def norm(name):
@@ -69,6 +72,12 @@ def weights():
         mat(p + "self_attn.k_proj.weight", HKV * HD, H)
         mat(p + "self_attn.v_proj.weight", HKV * HD, H)
         mat(p + "self_attn.o_proj.weight", H, HQ * HD)  # [H, Hq·head_dim]
+        if qkv_bias:
+            vec(p + "self_attn.q_proj.bias", HQ * HD)
+            vec(p + "self_attn.k_proj.bias", HKV * HD)
+            vec(p + "self_attn.v_proj.bias", HKV * HD)
+        if o_bias:
+            vec(p + "self_attn.o_proj.bias", H)
         mat(p + "mlp.gate_proj.weight", F, H)
         mat(p + "mlp.up_proj.weight", F, H)
         mat(p + "mlp.down_proj.weight", H, F)
@@ -143,9 +152,12 @@ def forward(w, ids, labels, pos, cu, config):
     for l in range(L):
         p = f"model.layers.{l}."
         h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
-        q = (h @ w[p + "self_attn.q_proj.weight"].T).view(n, HQ, HD)
-        k = (h @ w[p + "self_attn.k_proj.weight"].T).view(n, HKV, HD)
-        v = (h @ w[p + "self_attn.v_proj.weight"].T).view(n, HKV, HD)
+        def proj(name):
+            y = h @ w[p + f"self_attn.{name}.weight"].T
+            return y + w[p + f"self_attn.{name}.bias"] if p + f"self_attn.{name}.bias" in w else y
+        q = proj("q_proj").view(n, HQ, HD)
+        k = proj("k_proj").view(n, HKV, HD)
+        v = proj("v_proj").view(n, HKV, HD)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         rep = HQ // HKV  # repeat_kv: query head j uses kv head j // rep
@@ -155,6 +167,8 @@ def forward(w, ids, labels, pos, cu, config):
         probs = torch.softmax(scores, dim=-1)
         attn = torch.einsum("hij,jhd->ihd", probs, v).reshape(n, HQ * HD)
         x = x + attn @ w[p + "self_attn.o_proj.weight"].T
+        if p + "self_attn.o_proj.bias" in w:
+            x = x + w[p + "self_attn.o_proj.bias"]
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
         gate = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T)
         x = x + (gate * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
@@ -245,6 +259,27 @@ def main(root):
     write_safetensors(os.path.join(out, "model.safetensors"), {k: f32(t.detach()) for k, t in w.items()})
     write_safetensors(os.path.join(out, "golden.safetensors"), golden)
     print(f"llama_head_dim: loss {loss:.17g}")
+    HD = H // HQ
+    # Qwen2 (q/k/v bias, none on o) and Llama with attention_bias (q/k/v and o).
+    base = {k: v for k, v in CONFIG.items() if k not in ("attention_bias", "mlp_bias")}
+    families = {
+        "qwen2_golden": (dict(base, architectures=["Qwen2ForCausalLM"], model_type="qwen2",
+                              use_sliding_window=False, max_window_layers=1), True, False),
+        "llama_attention_bias": (dict(CONFIG, attention_bias=True), True, True),
+        "mistral_golden": (dict(base, architectures=["MistralForCausalLM"], model_type="mistral",
+                                sliding_window=None), False, False),
+    }
+    for name, (config, qkv_bias, o_bias) in families.items():
+        torch.manual_seed(len(name))
+        w = weights(qkv_bias, o_bias)
+        loss, golden = run(w, config)
+        for k, t in w.items():
+            golden["grad." + k] = f32(t.grad)
+        out = os.path.join(root, name)
+        write_config(out, config)
+        write_safetensors(os.path.join(out, "model.safetensors"), {k: f32(t.detach()) for k, t in w.items()})
+        write_safetensors(os.path.join(out, "golden.safetensors"), golden)
+        print(f"{name}: loss {loss:.17g}, {len(w)} tensors")
 
 
 if __name__ == "__main__":
