@@ -8,6 +8,9 @@
 // The dense baseline is credited with the same useful FLOPs (the masked half and the
 // cross-document blocks are wasted work), so its GFLOP/s is comparable.
 //
+// Also: backward alone against forward alone (target: backward rate >= 0.8 × forward), the bf16
+// kernel where the CPU has AVX512-BF16, and a sliding window on one long document.
+//
 // Threads: OMP_NUM_THREADS if set (OpenMP and OpenBLAS alike), else all hardware threads.
 #include <benchmark/benchmark.h>
 
@@ -24,6 +27,7 @@
 
 #include "core/threads.h"
 #include "ops/ops.h"
+#include "ops/precision.h"
 
 namespace ops = longtron::ops;
 
@@ -123,9 +127,52 @@ void BM_VarlenAttentionForward(benchmark::State& state) {
   state.counters["segments"] = double(a.cu.size() - 1);
 }
 
+// Backward alone (out and lse computed once, outside the timing), credited with 2 × the forward's
+// useful FLOPs as in fwd+bwd = 3 × forward (dV, dP, dQ, dK; the recomputed S is not counted).
+void BM_VarlenAttentionBackward(benchmark::State& state) {
+  AttentionData a(state.range(0));
+  a.forward();
+  timed(state, "bwd" + std::to_string(a.d), 2 * a.forward_flops(), [&] { a.backward(); });
+}
+
 void BM_VarlenAttentionForwardBackward(benchmark::State& state) {
   AttentionData a(state.range(0));
   timed(state, "fwdbwd" + std::to_string(a.d), 3 * a.forward_flops(), [&] {
+    a.forward();
+    a.backward();
+  });
+}
+
+// The same kernels in bf16 (AVX512-BF16 tile products, fp32 softmax and accumulators), when this
+// CPU has them; credited with the same useful FLOPs.
+void BM_VarlenAttentionBf16Forward(benchmark::State& state) {
+  if (!ops::attention_bf16_native()) return state.SkipWithError("no AVX512-BF16 on this CPU");
+  ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
+  AttentionData a(state.range(0));
+  timed(state, "bf16fwd" + std::to_string(a.d), a.forward_flops(), [&] { a.forward(); });
+}
+
+void BM_VarlenAttentionBf16Backward(benchmark::State& state) {
+  if (!ops::attention_bf16_native()) return state.SkipWithError("no AVX512-BF16 on this CPU");
+  ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
+  AttentionData a(state.range(0));
+  a.forward();
+  timed(state, "bf16bwd" + std::to_string(a.d), 2 * a.forward_flops(), [&] { a.backward(); });
+}
+
+// Sliding window (Mistral): fwd+bwd over ONE 4096-token document, head_dim 128, window
+// state.range(0) (0 = none). Credited with the useful FLOPs of the visible pairs only, so equal
+// GFLOP/s at every window means the time scales with visible_pairs ≈ l·W, not l².
+void BM_VarlenAttentionWindow(benchmark::State& state) {
+  constexpr int64_t kLength = 4096;
+  AttentionData a(128);
+  a.cu = {0, static_cast<int32_t>(kLength)};
+  a.shape.num_tokens = kLength;
+  a.shape.cu_seqlens = a.cu.data();
+  a.shape.num_segments = 1;
+  a.shape.window = state.range(0);
+  const double flops = 3 * 4.0 * a.d * kHeads * double(ops::visible_pairs(kLength, state.range(0)));
+  timed(state, "window" + std::to_string(state.range(0)), flops, [&] {
     a.forward();
     a.backward();
   });
@@ -189,7 +236,11 @@ void BM_DenseCausalAttentionForwardBackward(benchmark::State& state) {
 
 BENCHMARK(BM_Sgemm)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_VarlenAttentionForward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_VarlenAttentionBackward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_VarlenAttentionForwardBackward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_VarlenAttentionBf16Forward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_VarlenAttentionBf16Backward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_VarlenAttentionWindow)->Arg(0)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
 BENCHMARK(BM_DenseCausalAttentionForwardBackward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
 // Records each run's wall-clock time (ms) under the short names used by `timed`.
@@ -202,6 +253,10 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       const std::string arg = r.run_name.args.substr(0, r.run_name.args.find('/'));
       const std::string key = f == "BM_Sgemm"                            ? "sgemm"
                               : f == "BM_VarlenAttentionForward"         ? "fwd" + arg
+                              : f == "BM_VarlenAttentionBackward"        ? "bwd" + arg
+                              : f == "BM_VarlenAttentionBf16Forward"     ? "bf16fwd" + arg
+                              : f == "BM_VarlenAttentionBf16Backward"    ? "bf16bwd" + arg
+                              : f == "BM_VarlenAttentionWindow"          ? "window" + arg
                               : f == "BM_VarlenAttentionForwardBackward" ? "fwdbwd" + arg
                                                                          : "dense" + arg;
       ms[key] = r.GetAdjustedRealTime();
@@ -235,6 +290,32 @@ int main(int argc, char** argv) {
         "speed-up %.1fx\n",
         d, g_gflops["fwd" + ds], fb, sgemm > 0 ? fb / sgemm : 0.0,
         sgemm_cpu > 0 ? fb_cpu / sgemm_cpu : 0.0, ms, dense_ms, ms > 0 ? dense_ms / ms : 0.0);
+    const double f = g_gflops["fwd" + ds], b = g_gflops["bwd" + ds];
+    const double f_cpu = g_cpu_gflops["fwd" + ds], b_cpu = g_cpu_gflops["bwd" + ds];
+    std::printf(
+        "head_dim %3d: backward %.1f GFLOP/s = %.2f x forward wall (%.1f vs %.1f GFLOP per "
+        "CPU-second = %.2f; target >= 0.8)\n",
+        d, b, f > 0 ? b / f : 0.0, b_cpu, f_cpu, f_cpu > 0 ? b_cpu / f_cpu : 0.0);
+    const double hf = g_gflops["bf16fwd" + ds], hb = g_gflops["bf16bwd" + ds];
+    if (hf > 0 && hb > 0) {
+      std::printf(
+          "head_dim %3d: bf16 forward %.1f GFLOP/s (%.2f x fp32), backward %.1f (%.2f x fp32), "
+          "backward = %.2f x forward (%.2f per CPU-second)\n",
+          d, hf, f > 0 ? hf / f : 0.0, hb, b > 0 ? hb / b : 0.0, hb / hf,
+          g_cpu_gflops["bf16fwd" + ds] > 0
+              ? g_cpu_gflops["bf16bwd" + ds] / g_cpu_gflops["bf16fwd" + ds]
+              : 0.0);
+    }
+  }
+  const double none_ms = reporter.ms["window0"];
+  for (int w : {256, 1024}) {
+    const std::string key = "window" + std::to_string(w);
+    if (none_ms <= 0 || reporter.ms[key] <= 0) continue;
+    std::printf(
+        "window %4d on one 4096-token document: fwd+bwd %.0f ms vs %.0f ms without = %.3f of the "
+        "time for %.3f of the pairs\n",
+        w, reporter.ms[key], none_ms, reporter.ms[key] / none_ms,
+        double(ops::visible_pairs(4096, w)) / double(ops::visible_pairs(4096)));
   }
   return 0;
 }

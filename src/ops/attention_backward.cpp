@@ -1,21 +1,27 @@
 // Varlen causal attention backward, FlashAttention-2 style (Dao 2023, Algorithm 2) on the CPU.
 // One work item = (segment, kv head, key block of 64 tokens): the loop over query blocks runs
 // inside it (key blocks outer, query blocks inner), so dK and dV of the tile are accumulated
-// privately and written once, without atomics. P is recomputed from the saved lse, and
+// privately and written once, without atomics. It visits only the query blocks that see one of
+// its keys (causal, bottom-right aligned, window), as the forward does. P is recomputed from the saved lse, and
 // D = rowsum(dO ∘ O) replaces the softmax Jacobian. The query heads of the kv group are stacked
 // as tile rows, so the GQA sum over them is part of the dK/dV GEMMs. dQ of a query block receives
-// one tile from each key block; it is added under a lock per (query block, kv head), the CPU
-// counterpart of FA2's atomic adds, after the tile is computed in private memory. Extra memory:
+// one tile from each key block, accumulated under a lock per (query block, kv head), the CPU
+// counterpart of FA2's atomic adds: directly into the shared tile when the lock is free, else
+// computed in private memory first and added when it is. Extra memory:
 // the packed q, dO and dq of the call, O(N · Hq · d), never O(N²).
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
+#include "ops/attention_bf16.h"
 #include "ops/attention_plan.h"
+#include "ops/attention_rows.h"
 #include "ops/fast_math.h"
 #include "ops/ops.h"
+#include "ops/precision.h"
 #include "ops/tile_gemm.h"
 
 namespace longtron::ops {
@@ -39,9 +45,9 @@ struct PackedQueries {
 
 template <typename T>
 struct BackwardScratch {
-  std::vector<T> kt, vt, s, dp, dq, dk, dv;
+  std::vector<T> kt, vt, kc, s, dp, dq, dk, dv;
   BackwardScratch(int64_t rows, int64_t d)
-      : kt(d * kAttnBlock), vt(d * kAttnBlock), s(rows * kAttnBlock), dp(rows * kAttnBlock),
+      : kt(d * kAttnBlock), vt(d * kAttnBlock), kc(kAttnBlock * d), s(rows * kAttnBlock), dp(rows * kAttnBlock),
         dq(rows * d), dk(kAttnBlock * d), dv(kAttnBlock * d) {}
 };
 
@@ -49,12 +55,13 @@ struct BackwardScratch {
 // (pack = false) its accumulated dq back to the caller's layout.
 template <typename T>
 void move_query_block(PackedQueries<T>& pq, T* dq, const T* q, const T* dout, const T* out,
-                      const T* lse, const AttentionShape& s, const detail::AttnItem& it,
-                      bool pack) {
+                      const T* lse, const AttentionShape& s, const detail::AttnPlan& p,
+                      const detail::AttnItem& it, bool pack) {
+  const detail::AttnSegment& sg = p.segments[it.seg];
   const int64_t d = s.head_dim, G = s.num_heads / s.num_kv_heads, g = it.kv_head;
-  const int64_t q0 = it.seg_begin + it.block * kAttnBlock;
-  const int64_t bi = std::min(kAttnBlock, it.seg_end - q0);
-  const int64_t base = pq.row(it.block_id, s.num_kv_heads, g);
+  const int64_t q0 = sg.q_begin + it.block * kAttnBlock;
+  const int64_t bi = std::min(kAttnBlock, sg.q_len - it.block * kAttnBlock);
+  const int64_t base = pq.row(sg.q_block0 + it.block, s.num_kv_heads, g);
   for (int64_t h = 0; h < G; ++h) {
     const int64_t head = g * G + h;
     for (int64_t r = 0; r < bi; ++r) {
@@ -77,59 +84,69 @@ void move_query_block(PackedQueries<T>& pq, T* dq, const T* q, const T* dout, co
   }
 }
 
-// P = exp(scale·S − lse) (0 where masked) into w.s; dS = P ∘ (dP − D) · scale into w.dp.
+// P = exp(scale·S − lse) (0 where masked) into w.s; dS = P ∘ (dP − D) · scale into w.dp. Row
+// `row` is query r0 + row % bi of the segment; the tile's keys start at key c0.
 template <typename T>
-void probabilities_and_dscores(BackwardScratch<T>& w, const T* lse, const T* delta, int64_t M,
-                               int64_t bi, int64_t bj, int64_t q0, int64_t k0, bool diagonal,
+void probabilities_and_dscores(BackwardScratch<T>& w, const T* lse, const T* delta,
+                               const detail::AttnPlan& p, const detail::AttnSegment& sg,
+                               int64_t M, int64_t bi, int64_t bj, int64_t r0, int64_t c0,
                                T scale) {
   for (int64_t row = 0; row < M; ++row) {
-    const int64_t valid = diagonal ? std::min(bj, q0 + row % bi - k0 + 1) : bj;
-    T* srow = &w.s[row * bj];
-    T* dprow = &w.dp[row * bj];
-    const T l = lse[row], D = delta[row];
-#pragma omp simd
-    for (int64_t c = 0; c < valid; ++c) {
-      const T p = detail::fast_exp(srow[c] * scale - l);
-      srow[c] = p;
-      dprow[c] = p * (dprow[c] - D) * scale;
-    }
-    for (int64_t c = valid; c < bj; ++c) srow[c] = dprow[c] = T(0);
+    const int64_t r = r0 + row % bi;
+    const int64_t lo = std::clamp<int64_t>(p.key_lo(sg, r) - c0, 0, bj);
+    const int64_t hi = std::clamp<int64_t>(p.key_hi(sg, r) - c0, 0, bj);
+    detail::dscores_row(&w.s[row * bj], &w.dp[row * bj], bj, lo, hi, lse[row], delta[row],
+                        scale);
   }
 }
 
 template <typename T>
 void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
-                   std::mutex* locks, const AttentionShape& s, const detail::AttnItem& it,
-                   BackwardScratch<T>& w) {
+                   std::mutex* locks, const AttentionShape& s, const detail::AttnPlan& p,
+                   const detail::AttnItem& it, BackwardScratch<T>& w) {
+  const detail::AttnSegment& sg = p.segments[it.seg];
   const int64_t d = s.head_dim, G = s.num_heads / s.num_kv_heads, g = it.kv_head;
-  const int64_t k0 = it.seg_begin + it.block * kAttnBlock;
-  const int64_t bj = std::min(kAttnBlock, it.seg_end - k0);
-  const int64_t blocks = (it.seg_end - it.seg_begin + kAttnBlock - 1) / kAttnBlock;
+  const int64_t c0 = it.block * kAttnBlock, k0 = sg.k_begin + c0;
+  const int64_t bj = std::min(kAttnBlock, sg.k_len - c0);
   const T scale = static_cast<T>(s.scale);
   const T* kb = k + k0 * s.kv_stride + g * d;
   const T* vb = v + k0 * s.kv_stride + g * d;
   for (int64_t c = 0; c < bj; ++c) {  // Kᵀ and Vᵀ tiles [d, bj] so score GEMMs read rows
     for (int64_t x = 0; x < d; ++x) {
       w.kt[x * bj + c] = kb[c * s.kv_stride + x];
+      w.kc[c * d + x] = kb[c * s.kv_stride + x];  // contiguous K for dQ (see attention.cpp's V)
       w.vt[x * bj + c] = vb[c * s.kv_stride + x];
     }
   }
-  for (int64_t i = it.block; i < blocks; ++i) {
-    const int64_t q0 = it.seg_begin + i * kAttnBlock;
-    const int64_t bi = std::min(kAttnBlock, it.seg_end - q0), M = G * bi;
-    const int64_t base = pq.row(it.block_id - it.block + i, s.num_kv_heads, g);
+  // Keys no query sees (before a window, or of a segment without queries) get zero gradients.
+  if (it.first == it.last) {
+    std::fill(w.dk.begin(), w.dk.end(), T(0));
+    std::fill(w.dv.begin(), w.dv.end(), T(0));
+  }
+  for (int64_t i = it.first; i < it.last; ++i) {
+    const int64_t r0 = i * kAttnBlock;
+    const int64_t bi = std::min(kAttnBlock, sg.q_len - r0), M = G * bi;
+    const int64_t base = pq.row(sg.q_block0 + i, s.num_kv_heads, g);
     const T* qt = &pq.q[base * d];
     const T* dot = &pq.dout[base * d];
-    const bool first = i == it.block;
+    const bool first = i == it.first;
     detail::tile_gemm<T>(M, bj, d, qt, d, 1, w.kt.data(), bj, w.s.data(), bj, false);
     detail::tile_gemm<T>(M, bj, d, dot, d, 1, w.vt.data(), bj, w.dp.data(), bj, false);
-    probabilities_and_dscores(w, &pq.lse[base], &pq.delta[base], M, bi, bj, q0, k0, first, scale);
+    probabilities_and_dscores(w, &pq.lse[base], &pq.delta[base], p, sg, M, bi, bj, r0, c0, scale);
     // dV += Pᵀ dO and dK += dSᵀ Q (the transposes are strides of A, nothing is copied).
     detail::tile_gemm<T>(bj, d, M, w.s.data(), 1, bj, dot, d, w.dv.data(), d, !first);
     detail::tile_gemm<T>(bj, d, M, w.dp.data(), 1, bj, qt, d, w.dk.data(), d, !first);
-    detail::tile_gemm<T>(M, d, bj, w.dp.data(), bj, 1, kb, s.kv_stride, w.dq.data(), d, false);
-    std::lock_guard<std::mutex> lock(locks[(it.block_id - it.block + i) * s.num_kv_heads + g]);
+    // dQ += dS K: straight into the shared tile when its lock is free (the usual case: threads
+    // work on different key blocks or heads), else into private memory and added once it is.
+    std::mutex& lock = locks[(sg.q_block0 + i) * s.num_kv_heads + g];
     T* dst = &pq.dq[base * d];
+    if (lock.try_lock()) {
+      detail::tile_gemm<T>(M, d, bj, w.dp.data(), bj, 1, w.kc.data(), d, dst, d, true);
+      lock.unlock();
+      continue;
+    }
+    detail::tile_gemm<T>(M, d, bj, w.dp.data(), bj, 1, w.kc.data(), d, w.dq.data(), d, false);
+    std::lock_guard<std::mutex> guard(lock);
     const T* src = w.dq.data();
 #pragma omp simd
     for (int64_t x = 0; x < M * d; ++x) dst[x] += src[x];
@@ -145,30 +162,35 @@ void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
 template <typename T>
 void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
                                const T* v, const T* out, const T* lse, const AttentionShape& s) {
-  detail::validate_attention_shape(s);
-  int64_t total_blocks = 0;
-  const std::vector<detail::AttnItem> items = detail::attention_items(s, true, &total_blocks);
-  const int64_t n_items = static_cast<int64_t>(items.size());
+  if constexpr (std::is_same_v<T, float>) {
+    if (compute_type() == ComputeType::kBFloat16 && attention_bf16_native()) {
+      detail::varlen_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s);
+      return;
+    }
+  }
+  const detail::AttnPlan p = detail::plan_attention(s, true);
+  const int64_t n_items = static_cast<int64_t>(p.items.size());
+  const int64_t n_queries = static_cast<int64_t>(p.q_side.size());
   const int64_t tile_rows = (s.num_heads / s.num_kv_heads) * kAttnBlock;
-  const int64_t rows = total_blocks * s.num_kv_heads * tile_rows;  // ≤ (N + 64·segments)·Hq
+  const int64_t rows = p.q_blocks * s.num_kv_heads * tile_rows;  // ≤ (N + 64·segments)·Hq
   const size_t values = static_cast<size_t>(rows * s.head_dim);
   T* buffer = detail::workspace<T>(1, 3 * values + 2 * static_cast<size_t>(rows));
   PackedQueries<T> pq{tile_rows,       buffer,
                       buffer + values, buffer + 2 * values,
                       buffer + 3 * values, buffer + 3 * values + rows};
-  std::unique_ptr<std::mutex[]> locks(new std::mutex[total_blocks * s.num_kv_heads]);
+  std::unique_ptr<std::mutex[]> locks(new std::mutex[p.q_blocks * s.num_kv_heads]);
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < n_items; ++i)
-      move_query_block(pq, dq, q, dout, out, lse, s, items[i], true);
+    for (int64_t i = 0; i < n_queries; ++i)
+      move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], true);
     BackwardScratch<T> scratch(tile_rows, s.head_dim);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < n_items; ++i)
-      backward_item(dk, dv, k, v, pq, locks.get(), s, items[i], scratch);
+      backward_item(dk, dv, k, v, pq, locks.get(), s, p, p.items[i], scratch);
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < n_items; ++i)
-      move_query_block(pq, dq, q, dout, out, lse, s, items[i], false);
+    for (int64_t i = 0; i < n_queries; ++i)
+      move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], false);
   }
 }
 

@@ -6,9 +6,23 @@
 
 namespace longtron::ops::detail {
 
+namespace {
+
+void validate_offsets(const int32_t* cu, int64_t segments, int64_t total, const char* name,
+                      const char* what) {
+  check(cu[0] == 0, "attention: {}[0] must be 0, got {}", name, cu[0]);
+  for (int64_t i = 0; i < segments; ++i) {
+    check(cu[i + 1] >= cu[i],
+          "attention: {} must be non-decreasing, but {}[{}] = {} > {}[{}] = {}", name, name, i,
+          cu[i], name, i + 1, cu[i + 1]);
+  }
+  check(cu[segments] == total, "attention: {} ends at {} but there are {} {}", name,
+        cu[segments], total, what);
+}
+
+}  // namespace
+
 void validate_attention_shape(const AttentionShape& s) {
-  check(s.cu_seqlens_k == nullptr && s.window == 0,
-        "attention: separate key segments and sliding windows are not implemented yet");
   check(s.num_heads > 0 && s.num_kv_heads > 0 && s.num_heads % s.num_kv_heads == 0,
         "attention: num_heads {} must be a positive multiple of num_kv_heads {}", s.num_heads,
         s.num_kv_heads);
@@ -19,44 +33,60 @@ void validate_attention_shape(const AttentionShape& s) {
   check(s.kv_stride >= s.num_kv_heads * s.head_dim,
         "attention: kv_stride {} is less than num_kv_heads × head_dim = {}", s.kv_stride,
         s.num_kv_heads * s.head_dim);
+  check(s.window >= 0, "attention: window must be >= 0 (0 = none), got {}", s.window);
   check(s.num_segments >= 1 && s.cu_seqlens != nullptr, "attention: cu_seqlens is empty");
-  check(s.cu_seqlens[0] == 0, "attention: cu_seqlens[0] must be 0, got {}", s.cu_seqlens[0]);
+  validate_offsets(s.cu_seqlens, s.num_segments, s.num_tokens, "cu_seqlens", "tokens");
+  if (s.cu_seqlens_k == nullptr) return;
+  validate_offsets(s.cu_seqlens_k, s.num_segments, s.num_kv_tokens, "cu_seqlens_k",
+                   "key tokens (num_kv_tokens)");
   for (int64_t i = 0; i < s.num_segments; ++i) {
-    check(s.cu_seqlens[i + 1] >= s.cu_seqlens[i],
-          "attention: cu_seqlens must be non-decreasing, but cu_seqlens[{}] = {} > cu_seqlens[{}] "
-          "= {}",
-          i, s.cu_seqlens[i], i + 1, s.cu_seqlens[i + 1]);
+    const int64_t lq = s.cu_seqlens[i + 1] - s.cu_seqlens[i];
+    const int64_t lk = s.cu_seqlens_k[i + 1] - s.cu_seqlens_k[i];
+    check(lq <= lk,
+          "attention: segment {} has {} queries but only {} keys (queries are aligned to the end "
+          "of their keys, so there must be at least as many keys)",
+          i, lq, lk);
   }
-  check(s.cu_seqlens[s.num_segments] == s.num_tokens,
-        "attention: cu_seqlens ends at {} but there are {} tokens", s.cu_seqlens[s.num_segments],
-        s.num_tokens);
 }
 
-std::vector<AttnItem> attention_items(const AttentionShape& s, bool backward,
-                                      int64_t* total_blocks) {
-  std::vector<AttnItem> items;
-  std::vector<int64_t> cost;
-  int64_t block_id = 0;
-  for (int64_t seg = 0; seg < s.num_segments; ++seg) {
-    const int64_t begin = s.cu_seqlens[seg], end = s.cu_seqlens[seg + 1];
-    const int64_t blocks = (end - begin + kAttnBlock - 1) / kAttnBlock;
-    for (int64_t b = 0; b < blocks; ++b) {
-      for (int64_t g = 0; g < s.num_kv_heads; ++g) {
-        items.push_back({begin, end, b, g, block_id + b});
-        cost.push_back(backward ? blocks - b : b + 1);
-      }
-    }
-    block_id += blocks;
+AttnPlan plan_attention(const AttentionShape& s, bool backward) {
+  validate_attention_shape(s);
+  AttnPlan p;
+  p.window = s.window;
+  const int32_t* cu_k = s.cu_seqlens_k != nullptr ? s.cu_seqlens_k : s.cu_seqlens;
+  for (int64_t i = 0; i < s.num_segments; ++i) {
+    AttnSegment g{s.cu_seqlens[i], s.cu_seqlens[i + 1] - s.cu_seqlens[i], cu_k[i],
+                  cu_k[i + 1] - cu_k[i], p.q_blocks, p.k_blocks};
+    p.q_blocks += g.q_blocks();
+    p.k_blocks += g.k_blocks();
+    p.segments.push_back(g);
   }
-  if (total_blocks != nullptr) *total_blocks = block_id;
-  std::vector<int64_t> order(items.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return cost[a] > cost[b]; });
-  std::vector<AttnItem> sorted;
-  sorted.reserve(items.size());
-  for (int64_t i : order) sorted.push_back(items[i]);
-  return sorted;
+  std::vector<AttnItem> items;
+  for (int64_t i = 0; i < s.num_segments; ++i) {
+    const AttnSegment& g = p.segments[i];
+    for (int64_t b = 0; b < (backward ? g.k_blocks() : g.q_blocks()); ++b) {
+      int64_t first = 0, last = 0;
+      if (backward) {  // query blocks that see any key of [c0, c1)
+        const int64_t c0 = b * kAttnBlock, c1 = std::min(g.k_len, c0 + kAttnBlock);
+        const int64_t lo = p.query_lo(g, c0), hi = p.query_hi(g, c1 - 1);
+        if (lo < hi) first = lo / kAttnBlock, last = (hi + kAttnBlock - 1) / kAttnBlock;
+      } else {  // key blocks seen by any query of [r0, r1)
+        const int64_t r0 = b * kAttnBlock, r1 = std::min(g.q_len, r0 + kAttnBlock);
+        first = p.key_lo(g, r0) / kAttnBlock;
+        last = (p.key_hi(g, r1 - 1) + kAttnBlock - 1) / kAttnBlock;
+      }
+      for (int64_t h = 0; h < s.num_kv_heads; ++h) items.push_back({i, b, h, first, last});
+    }
+    for (int64_t b = 0; b < g.q_blocks(); ++b)
+      for (int64_t h = 0; h < s.num_kv_heads; ++h) p.q_side.push_back({i, b, h, 0, 0});
+    for (int64_t b = 0; b < g.k_blocks(); ++b)
+      for (int64_t h = 0; h < s.num_kv_heads; ++h) p.k_side.push_back({i, b, h, 0, 0});
+  }
+  std::stable_sort(items.begin(), items.end(), [](const AttnItem& a, const AttnItem& b) {
+    return a.last - a.first > b.last - b.first;
+  });
+  p.items = std::move(items);
+  return p;
 }
 
 }  // namespace longtron::ops::detail

@@ -1,7 +1,9 @@
-// Shared by the varlen attention forward and backward: validation of an AttentionShape and the
-// list of (segment, kv head, block) work items, largest first, so a dynamic OpenMP schedule
-// keeps threads busy when one long document dominates.
+// Shared by the varlen attention forward and backward: validation of an AttentionShape, the
+// segments with their query and key ranges, the visibility rule (causal, bottom-right aligned,
+// optional sliding window), and the list of (segment, kv head, block) work items, largest first,
+// so a dynamic OpenMP schedule keeps threads busy when one long document dominates.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -13,12 +15,43 @@ namespace longtron::ops::detail {
 /// Query and key block size (FlashAttention-2 Br = Bc).
 constexpr int64_t kAttnBlock = 64;
 
+/// One segment: queries [q_begin, q_begin + q_len) of q, keys [k_begin, k_begin + k_len) of k/v.
+struct AttnSegment {
+  int64_t q_begin, q_len, k_begin, k_len;
+  int64_t q_block0, k_block0;  // global index of the segment's first query / key block
+  /// Bottom-right alignment: query r sits at key position r + offset.
+  int64_t offset() const { return k_len - q_len; }
+  int64_t q_blocks() const { return (q_len + kAttnBlock - 1) / kAttnBlock; }
+  int64_t k_blocks() const { return (k_len + kAttnBlock - 1) / kAttnBlock; }
+};
+
+/// A work item: block `block` (a query block in the forward, a key block in the backward) of
+/// segment `seg` for kv head `kv_head`, and the range [first, last) of blocks on the other side
+/// that it visits (the only ones with a visible pair).
 struct AttnItem {
-  int64_t seg_begin;    // first token of the segment
-  int64_t seg_end;      // one past its last token
-  int64_t block;        // query block (forward) or key block (backward) inside the segment
-  int64_t kv_head;
-  int64_t block_id;     // global index of this block over all segments (backward locks)
+  int64_t seg, block, kv_head, first, last;
+};
+
+/// Segments and work items of one call. Positions are local to the segment.
+struct AttnPlan {
+  std::vector<AttnSegment> segments;
+  int64_t window = 0;
+  int64_t q_blocks = 0, k_blocks = 0;  // totals over all segments
+  std::vector<AttnItem> items;         // largest first
+  std::vector<AttnItem> q_side;        // every (segment, query block, kv head), first = last = 0
+  std::vector<AttnItem> k_side;        // every (segment, key block, kv head), first = last = 0
+  /// Query r sees keys [key_lo, key_hi): causal at r + offset, at most `window` of them.
+  int64_t key_lo(const AttnSegment& g, int64_t r) const {
+    return window > 0 ? std::max<int64_t>(0, r + g.offset() - window + 1) : 0;
+  }
+  int64_t key_hi(const AttnSegment& g, int64_t r) const { return r + g.offset() + 1; }
+  /// Key c is seen by queries [query_lo, query_hi) (empty when query_lo >= query_hi).
+  int64_t query_lo(const AttnSegment& g, int64_t c) const {
+    return std::max<int64_t>(0, c - g.offset());
+  }
+  int64_t query_hi(const AttnSegment& g, int64_t c) const {
+    return window > 0 ? std::min(g.q_len, c - g.offset() + window) : g.q_len;
+  }
 };
 
 /// A buffer of at least n elements kept per calling thread and slot between calls: the packed
@@ -32,13 +65,14 @@ T* workspace(int slot, size_t n) {
   return b.data();
 }
 
-/// Throws longtron::Error unless cu_seqlens is 0, non-decreasing, ends at num_tokens, and the
-/// head counts, head_dim and strides are consistent.
+/// Throws longtron::Error unless cu_seqlens (and cu_seqlens_k when given) start at 0, are
+/// non-decreasing and end at num_tokens (num_kv_tokens), no segment has more queries than keys,
+/// the window is >= 0, and the head counts, head_dim and strides are consistent.
 void validate_attention_shape(const AttentionShape& s);
 
-/// One item per (segment, kv head, block). Forward items cost block + 1 key blocks, backward
-/// items cost (blocks − block) query blocks; sorted by that cost, largest first.
-std::vector<AttnItem> attention_items(const AttentionShape& s, bool backward,
-                                      int64_t* total_blocks);
+/// Validates s and lists its segments and work items. Forward items are query blocks visiting
+/// key blocks, backward items key blocks visiting query blocks; each item's cost is the number
+/// of blocks it visits, and items are sorted by it, largest first.
+AttnPlan plan_attention(const AttentionShape& s, bool backward);
 
 }  // namespace longtron::ops::detail

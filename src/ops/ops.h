@@ -97,12 +97,13 @@ template <typename T>
 void swiglu_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_t count);
 
 // ---- Varlen causal attention (document-masked, flash-style) -----------------------------------
-/// Shapes of one attention call. Tokens are the rows of a packed sequence of N tokens, split into
-/// segments by cu_seqlens[0..num_segments] (cu_seqlens[0] = 0, cu_seqlens[num_segments] = N).
-/// Attention is causal inside each segment and never crosses one. GQA: query head h uses kv head
-/// h / (num_heads / num_kv_heads). q is [N, num_heads, head_dim] with token stride q_stride; k, v
-/// are [N, num_kv_heads, head_dim] with token strides kv_stride (so they may live inside a packed
-/// qkv buffer); out is dense [N, num_heads, head_dim]. scale is usually 1/sqrt(head_dim).
+/// Shapes of one attention call. Query tokens are the rows of a packed sequence of N tokens,
+/// split into segments by cu_seqlens[0..num_segments] (cu_seqlens[0] = 0, cu_seqlens[num_segments]
+/// = N). Attention is causal inside each segment and never crosses one. GQA: query head h uses kv
+/// head h / (num_heads / num_kv_heads). q is [N, num_heads, head_dim] with token stride q_stride;
+/// k, v are [N_k, num_kv_heads, head_dim] with token strides kv_stride (so they may live inside a
+/// packed qkv buffer); out is dense [N, num_heads, head_dim]. scale is usually 1/sqrt(head_dim).
+/// N_k = N unless cu_seqlens_k is given.
 struct AttentionShape {
   int64_t num_tokens;
   int64_t num_heads;
@@ -115,35 +116,62 @@ struct AttentionShape {
   double scale;
   /// Key segments, when they differ from the query segments (context parallelism: a rank's query
   /// chunk of a document against every key of that document up to the chunk's end). nullptr =
-  /// cu_seqlens. Otherwise keys are a separate [num_kv_tokens] buffer split by
-  /// cu_seqlens_k[0..num_segments], and segment i's queries are aligned to the END of its keys
-  /// (flash_attn_varlen_func's bottom-right causal rule): query r of a segment with Lq queries and
-  /// Lk keys sees key c when c <= r + Lk − Lq.
+  /// cu_seqlens (and num_kv_tokens is ignored). Otherwise k and v have N_k = num_kv_tokens rows
+  /// split by cu_seqlens_k[0..num_segments] (starting at 0, non-decreasing, ending at
+  /// num_kv_tokens), every segment has at least as many keys Lk as queries Lq, and its queries
+  /// are aligned to the END of its keys (flash_attn_varlen_func's bottom-right causal rule):
+  /// query r of the segment (0-based) sits at key position r + Lk − Lq and sees key c when
+  /// c <= r + Lk − Lq. Segments with Lq = 0 are allowed (their keys get zero gradients).
   const int32_t* cu_seqlens_k = nullptr;
   int64_t num_kv_tokens = 0;
   /// Sliding window (Mistral): a query sees only the last `window` keys of its own document, key c
-  /// visible to query r when r − window < c <= r (Hugging Face's rule). 0 = no window.
+  /// visible to the query at position p (p = r + Lk − Lq, above) when p − window < c <= p
+  /// (Hugging Face's rule). 0 = no window; negative is an error. Tiles entirely outside the
+  /// window are skipped, so the work is O(Σ lᵢ · window · d), not O(Σ lᵢ² · d).
   int64_t window = 0;
 };
+
+/// Number of (query, key) pairs that attend in a causal document of `len` tokens under a sliding
+/// window of `window` keys (0 = none): len(len+1)/2 without a window (or when len <= window),
+/// else window(window+1)/2 + (len − window)·window. The attention term of FLOP and cost models.
+constexpr int64_t visible_pairs(int64_t len, int64_t window = 0) {
+  if (window <= 0 || len <= window) return len * (len + 1) / 2;
+  return window * (window + 1) / 2 + (len - window) * window;
+}
+
 /// out[N,Hq,d] and the log-sum-exp of every score row lse[Hq, N] (saved for backward; natural log
-/// of Σ exp(scale · q·k)). Tiled (64×64 blocks inside each segment, the q heads of a kv group
-/// stacked as tile rows) with an online softmax; blocks above the diagonal and across segments are
-/// never computed: work ≈ Σ lᵢ²/2 · d per head, extra memory O(N · Hkv · d) (packed Kᵀ tiles) plus
-/// a few tiles per thread. Parallel over (segment, kv head, query block), largest first, dynamic.
-/// Throws longtron::Error on an inconsistent shape or cu_seqlens. Float uses a vectorised exp with
-/// ≈1e-7 relative error. Method: FlashAttention-2 (Dao 2023), varlen as flash_attn_varlen_func.
+/// of Σ exp(scale · q·k) over the visible keys). Tiled (64×64 blocks inside each segment, the q
+/// heads of a kv group stacked as tile rows) with an online softmax; tiles with no visible pair
+/// (above the diagonal, before the window, across segments) are never computed: work ≈
+/// visible_pairs · 4d per head, extra memory O(N_k · Hkv · d) (packed Kᵀ and V tiles) plus a few tiles
+/// per thread. Parallel over (segment, kv head, query block), largest first, dynamic. A query
+/// that sees no key (impossible for a valid shape) gets out = 0 and lse = −inf. Throws
+/// longtron::Error on an inconsistent shape, cu_seqlens, cu_seqlens_k or window. Float uses a
+/// vectorised exp with ≈1e-7 relative error. Method: FlashAttention-2 (Dao 2023), varlen and
+/// windows as flash_attn_varlen_func (window_size = (W − 1, 0)). In float under a kBFloat16
+/// compute type with attention_bf16_native(), q, k, v are rounded to bf16 and QKᵀ, PV run as
+/// bf16 × bf16 → fp32 products (P rounded to bf16); softmax and lse stay fp32.
 template <typename T>
 void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
                               const AttentionShape& s);
-/// dq (same layout as q), dk, dv (layout of k, v) OVERWRITTEN, from dout[N,Hq,d]; uses
+/// dq (same layout as q), dk, dv (layout of k, v: N_k rows) OVERWRITTEN, from dout[N,Hq,d]; uses
 /// D = rowsum(dout ∘ out) and the saved lse (P is recomputed per tile, never stored). GQA
-/// gradients of the shared kv heads are summed. Only the head columns of the strided buffers are
-/// written, so dq, dk, dv may be views into one packed dqkv buffer. Parallel over (segment, kv
-/// head, key block): dK/dV accumulate privately (FA2 Algorithm 2 loop order), dQ tiles are added
-/// under a per-(query block, kv head) lock. Extra memory O(N · Hq · d) (packed q, dO, dq).
+/// gradients of the shared kv heads are summed; keys no query sees get zero gradients. Only the
+/// head columns of the strided buffers are written, so dq, dk, dv may be views into one packed
+/// dqkv buffer. Parallel over (segment, kv head, key block): dK/dV accumulate privately (FA2
+/// Algorithm 2 loop order), dQ tiles are added under a per-(query block, kv head) lock. Extra
+/// memory O(N · Hq · d) (packed q, dO, dq). The bf16 path of the forward applies here too: q, k,
+/// v, dout rounded to bf16, the five tile products bf16 × bf16 → fp32, P and dS rounded to bf16
+/// as product inputs, D and every accumulation fp32.
 template <typename T>
 void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
                                const T* v, const T* out, const T* lse, const AttentionShape& s);
+
+/// Whether varlen attention in float runs its bf16 kernel when the calling thread's compute type
+/// (ops/precision.h) is kBFloat16: the CPU has AVX512-BF16 (checked at run time, the build needs
+/// no -march flag) and oneDNN's effective ISA includes it (so ONEDNN_MAX_CPU_ISA=avx512_core
+/// masks it for the GEMMs and attention alike). Otherwise float attention stays fp32.
+bool attention_bf16_native();
 
 // ---- Cross-entropy with ignore_index -100 -----------------------------------------------------
 /// Over logits[N,V] and labels[N] (-100 = ignored): returns Σ over valid rows of

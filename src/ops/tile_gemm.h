@@ -1,61 +1,99 @@
 // Register-blocked micro-GEMM for attention tiles (at most a few hundred rows × 64–128 columns),
 // where a BLAS call's set-up costs more than the work. GCC vector extensions: with AVX-512, 6 rows
 // × 4 zmm vectors (64 floats) of C stay in 24 of the 32 registers while K runs; with AVX2, 6 rows
-// × 2 ymm (the BLIS/OpenBLAS Haswell layout). Measured on the development machine (Zen 4, one
-// core, 256×64×64 tiles): zmm 6×4 ≈ 110 GFLOP/s, zmm 6×2 ≈ 100, ymm 6×2 ≈ 78, against OpenBLAS
-// sgemm 2048³ ≈ 95. Always called from inside an OpenMP worker, single-threaded.
+// × 2 ymm (the BLIS/OpenBLAS Haswell layout). Always called from inside an OpenMP worker,
+// single-threaded.
 #pragma once
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace longtron::ops::detail {
 
 #if defined(__AVX512F__)
 constexpr int kVecBytes = 64;
 constexpr int kWideNV = 4;  // vectors per row in the widest block
-#else
-constexpr int kVecBytes = 32;
-constexpr int kWideNV = 2;
-#endif
 
+// AVX-512 intrinsics rather than GCC vector extensions: with the latter, GCC 12 at
+// -march=sapphirerapids kept the 24 accumulators on the stack and copied each B vector through
+// it in 32-byte halves (the kernel ran at ~45 GFLOP/s per core against ~200 for the FMA units).
 template <typename T>
 struct Vec;
 template <>
 struct Vec<float> {
-  typedef float type __attribute__((vector_size(kVecBytes)));
+  typedef __m512 type;
+  static type load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, type x) { _mm512_storeu_ps(p, x); }
+  static type set1(float x) { return _mm512_set1_ps(x); }
+  static type zero() { return _mm512_setzero_ps(); }
+  static type fma(type a, type b, type c) { return _mm512_fmadd_ps(a, b, c); }
+  static type add(type a, type b) { return _mm512_add_ps(a, b); }
 };
 template <>
 struct Vec<double> {
-  typedef double type __attribute__((vector_size(kVecBytes)));
+  typedef __m512d type;
+  static type load(const double* p) { return _mm512_loadu_pd(p); }
+  static void store(double* p, type x) { _mm512_storeu_pd(p, x); }
+  static type set1(double x) { return _mm512_set1_pd(x); }
+  static type zero() { return _mm512_setzero_pd(); }
+  static type fma(type a, type b, type c) { return _mm512_fmadd_pd(a, b, c); }
+  static type add(type a, type b) { return _mm512_add_pd(a, b); }
 };
+#else
+constexpr int kVecBytes = 32;
+constexpr int kWideNV = 2;
+
+template <typename T>
+struct Vec {
+  typedef T type __attribute__((vector_size(kVecBytes)));
+  static type load(const T* p) {
+    type x;
+    std::memcpy(&x, p, sizeof(type));
+    return x;
+  }
+  static void store(T* p, type x) { std::memcpy(p, &x, sizeof(type)); }
+  static type set1(T x) { return type{} + x; }
+  static type zero() { return type{}; }
+  static type fma(type a, type b, type c) { return a * b + c; }
+  static type add(type a, type b) { return a + b; }
+};
+#endif
 
 // C[R, NV·W] += A(R×K) · B(K × NV·W); A(i, k) = A[i·ars + k·acs] (any strides, so Aᵀ is free);
 // B rows are contiguous with leading dimension ldb.
 template <typename T, int R, int NV>
 inline void tile_block(int64_t K, const T* A, int64_t ars, int64_t acs, const T* B, int64_t ldb,
                        T* C, int64_t ldc, bool accumulate) {
-  using V = typename Vec<T>::type;
+  using V = Vec<T>;
+  using VT = typename V::type;
   constexpr int W = kVecBytes / sizeof(T);
-  V acc[R][NV];
+  VT acc[R][NV];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = V::zero();
   for (int64_t k = 0; k < K; ++k) {
-    V b[NV];
-    for (int v = 0; v < NV; ++v) std::memcpy(&b[v], B + k * ldb + v * W, sizeof(V));
+    VT b[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) b[v] = V::load(B + k * ldb + v * W);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const V a = V{} + A[r * ars + k * acs];
-      for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
+      const VT a = V::set1(A[r * ars + k * acs]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = V::fma(a, b[v], acc[r][v]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
-      V c = acc[r][v];
-      if (accumulate) {
-        V old;
-        std::memcpy(&old, C + r * ldc + v * W, sizeof(V));
-        c += old;
-      }
-      std::memcpy(C + r * ldc + v * W, &c, sizeof(V));
+      VT c = acc[r][v];
+      if (accumulate) c = V::add(c, V::load(C + r * ldc + v * W));
+      V::store(C + r * ldc + v * W, c);
     }
   }
 }
@@ -78,11 +116,9 @@ inline void tile_rows(int64_t M, int64_t K, const T* A, int64_t ars, int64_t acs
   }
 }
 
-/// C[M, N] (leading dimension ldc) = A · B (+ C if accumulate) with A(i, k) = A[i·ars + k·acs]
-/// and B[k·ldb + j].
 template <typename T>
-inline void tile_gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t ars, int64_t acs,
-                      const T* B, int64_t ldb, T* C, int64_t ldc, bool accumulate) {
+inline void tile_gemm_panel(int64_t M, int64_t N, int64_t K, const T* A, int64_t ars, int64_t acs,
+                            const T* B, int64_t ldb, T* C, int64_t ldc, bool accumulate) {
   constexpr int64_t W = kVecBytes / sizeof(T);
   int64_t j = 0;
   for (; j + kWideNV * W <= N; j += kWideNV * W)
@@ -100,6 +136,33 @@ inline void tile_gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t ars, 
       const T a = A[i * ars + k * acs];
       for (int64_t jj = j; jj < N; ++jj) C[i * ldc + jj] += a * B[k * ldb + jj];
     }
+  }
+}
+
+#ifndef LONGTRON_PANEL_ROWS
+#define LONGTRON_PANEL_ROWS 64
+#define LONGTRON_PANEL_SPLIT 128
+#endif
+/// K is split into passes of kPanelRows when it exceeds kPanelSplit: a pass streams a [kPanelRows,
+/// 64-column] panel of B once per 6-row block of C, so the panel should stay in L1 (64 rows:
+/// 16 KiB of floats). Without the split, the backward's dV += Pᵀ·dO and dK += dSᵀ·Q (K = G·64
+/// rows, 256 for 4 query heads per kv head) stream a 64 KiB panel from L2 for every 6 rows of C;
+/// with it C is re-read once per pass instead.
+constexpr int64_t kPanelRows = LONGTRON_PANEL_ROWS;
+constexpr int64_t kPanelSplit = LONGTRON_PANEL_SPLIT;
+
+/// C[M, N] (leading dimension ldc) = A · B (+ C if accumulate) with A(i, k) = A[i·ars + k·acs]
+/// and B[k·ldb + j]. K is split into passes of at most kPanelRows rows when it is longer.
+template <typename T>
+inline void tile_gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t ars, int64_t acs,
+                      const T* B, int64_t ldb, T* C, int64_t ldc, bool accumulate) {
+  if (K <= kPanelSplit) {
+    tile_gemm_panel(M, N, K, A, ars, acs, B, ldb, C, ldc, accumulate);
+    return;
+  }
+  for (int64_t k = 0; k < K; k += kPanelRows) {
+    tile_gemm_panel(M, N, std::min(kPanelRows, K - k), A + k * acs, ars, acs, B + k * ldb, ldb, C,
+                    ldc, accumulate || k > 0);
   }
 }
 

@@ -5,12 +5,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <random>
+#include <string>
 
 #include "core/error.h"
+#include "core/safetensors.h"
 #include "core/threads.h"
 #include "fd_check.h"
 #include "ops/ops.h"
+#include "ops/precision.h"
 
 namespace ops = longtron::ops;
 using longtron::testing::dot;
@@ -23,48 +28,83 @@ namespace {
 struct Case {
   std::vector<int32_t> cu_seqlens;
   int64_t heads, kv_heads, d;
-  bool packed;  // q, k, v inside one [N, (heads + 2·kv_heads)·d] buffer
+  bool packed;  // strided views: see q_stride / kv_stride
+  std::vector<int32_t> cu_seqlens_k = {};  // empty: keys are the query segments
+  int64_t window = 0;
+  bool separate_keys() const { return !cu_seqlens_k.empty(); }
+  const std::vector<int32_t>& cu_k() const { return separate_keys() ? cu_seqlens_k : cu_seqlens; }
   int64_t tokens() const { return cu_seqlens.back(); }
-  int64_t width() const { return packed ? (heads + 2 * kv_heads) * d : 0; }
-  int64_t q_size() const { return tokens() * (packed ? width() : heads * d); }
-  int64_t kv_size() const { return packed ? 0 : tokens() * kv_heads * d; }
+  int64_t kv_tokens() const { return cu_k().back(); }
+  // Packed with shared segments: q, k, v inside one [N, (heads + 2·kv_heads)·d] buffer (the
+  // model's qkv). Packed with separate keys: q strided in [N, heads·d + 3] (3 pad columns) and
+  // k, v inside one [N_k, 2·kv_heads·d + 1] buffer (1 pad column).
+  bool padded() const { return packed && separate_keys(); }
+  int64_t q_stride() const {
+    return !packed ? heads * d : padded() ? heads * d + 3 : (heads + 2 * kv_heads) * d;
+  }
+  int64_t kv_stride() const {
+    return !packed ? kv_heads * d : padded() ? 2 * kv_heads * d + 1 : (heads + 2 * kv_heads) * d;
+  }
+  int64_t q_size() const { return tokens() * q_stride(); }
+  int64_t k_size() const { return packed && !padded() ? 0 : kv_tokens() * kv_stride(); }
+  int64_t v_size() const { return packed ? 0 : kv_tokens() * kv_stride(); }
   ops::AttentionShape shape() const {
-    return {tokens(), heads, kv_heads, d,
-            packed ? width() : heads * d, packed ? width() : kv_heads * d,
-            cu_seqlens.data(), static_cast<int64_t>(cu_seqlens.size()) - 1,
-            1.0 / std::sqrt(static_cast<double>(d))};
+    ops::AttentionShape s{tokens(), heads, kv_heads, d, q_stride(), kv_stride(),
+                          cu_seqlens.data(), static_cast<int64_t>(cu_seqlens.size()) - 1,
+                          1.0 / std::sqrt(static_cast<double>(d))};
+    if (separate_keys()) {
+      s.cu_seqlens_k = cu_seqlens_k.data();
+      s.num_kv_tokens = kv_tokens();
+    }
+    s.window = window;
+    return s;
+  }
+  // Offsets of k and v inside the buffers that hold them (see the layouts above).
+  int64_t k_offset() const { return packed && !padded() ? heads * d : 0; }
+  int64_t v_offset() const {
+    return packed ? (padded() ? kv_heads * d : (heads + kv_heads) * d) : 0;
   }
 };
 
-// Inputs of one case: for a packed case everything lives in `q` and k, v are offsets into it.
+// Inputs (or gradients) of one case: k and v live in q's buffer (packed) or k's (padded) when the
+// layout says so.
 template <typename T>
 struct Inputs {
   std::vector<T> q, k, v;
-  const T* qp() const { return q.data(); }
-  const T* kp(const Case& c) const { return c.packed ? q.data() + c.heads * c.d : k.data(); }
-  const T* vp(const Case& c) const {
-    return c.packed ? q.data() + (c.heads + c.kv_heads) * c.d : v.data();
+  T* qp() { return q.data(); }
+  T* kp(const Case& c) { return (c.k_size() == 0 ? q.data() : k.data()) + c.k_offset(); }
+  T* vp(const Case& c) {
+    return (c.packed ? (c.padded() ? k.data() : q.data()) : v.data()) + c.v_offset();
   }
+  const T* qp() const { return q.data(); }
+  const T* kp(const Case& c) const { return const_cast<Inputs*>(this)->kp(c); }
+  const T* vp(const Case& c) const { return const_cast<Inputs*>(this)->vp(c); }
 };
 
 Inputs<double> make_inputs(const Case& c, uint32_t seed) {
-  return {random_vector(c.q_size(), seed), random_vector(c.kv_size(), seed + 1),
-          random_vector(c.kv_size(), seed + 2)};
+  return {random_vector(c.q_size(), seed), random_vector(c.k_size(), seed + 1),
+          random_vector(c.v_size(), seed + 2)};
 }
 
 // Explicit masked softmax, one (token, head) at a time: the definition the kernel must meet.
+// Query r of a segment with Lq queries and Lk keys sits at key position p = r + Lk − Lq and sees
+// keys c with p − window < c <= p (every c <= p without a window).
 void naive_attention(Vec& out, Vec& lse, const Inputs<double>& in, const Case& c) {
   const ops::AttentionShape s = c.shape();
   const int64_t N = c.tokens(), G = c.heads / c.kv_heads, d = c.d;
   out.assign(N * c.heads * d, 0.0);
   lse.assign(c.heads * N, 0.0);
   for (size_t seg = 0; seg + 1 < c.cu_seqlens.size(); ++seg) {
-    for (int64_t n = c.cu_seqlens[seg]; n < c.cu_seqlens[seg + 1]; ++n) {
+    const int64_t q_begin = c.cu_seqlens[seg], k_begin = c.cu_k()[seg];
+    const int64_t lq = c.cu_seqlens[seg + 1] - q_begin, lk = c.cu_k()[seg + 1] - k_begin;
+    for (int64_t r = 0; r < lq; ++r) {
+      const int64_t n = q_begin + r, pos = r + lk - lq;
+      const int64_t first = c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
       for (int64_t h = 0; h < c.heads; ++h) {
         const double* qr = in.qp() + n * s.q_stride + h * d;
         std::vector<double> score;
-        for (int64_t m = c.cu_seqlens[seg]; m <= n; ++m) {
-          const double* kr = in.kp(c) + m * s.kv_stride + (h / G) * d;
+        for (int64_t m = first; m <= pos; ++m) {
+          const double* kr = in.kp(c) + (k_begin + m) * s.kv_stride + (h / G) * d;
           double dotp = 0;
           for (int64_t x = 0; x < d; ++x) dotp += qr[x] * kr[x];
           score.push_back(dotp * s.scale);
@@ -75,7 +115,7 @@ void naive_attention(Vec& out, Vec& lse, const Inputs<double>& in, const Case& c
         lse[h * N + n] = mx + std::log(sum);
         for (size_t j = 0; j < score.size(); ++j) {
           const double p = std::exp(score[j] - mx) / sum;
-          const double* vr = in.vp(c) + (c.cu_seqlens[seg] + j) * s.kv_stride + (h / G) * d;
+          const double* vr = in.vp(c) + (k_begin + first + j) * s.kv_stride + (h / G) * d;
           for (int64_t x = 0; x < d; ++x) out[(n * c.heads + h) * d + x] += p * vr[x];
         }
       }
@@ -100,6 +140,16 @@ void expect_matches_naive(const Case& c, double tol) {
   for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], ref_lse[i], tol) << "lse " << i;
 }
 
+// Pad columns of a padded layout are no gradient: the kernel must leave them alone (they keep
+// the garbage they were filled with), and they are zeroed so the FD comparison sees 0 there.
+void clear_pad_columns(std::vector<double>& g, int64_t stride, int64_t used, double garbage) {
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (static_cast<int64_t>(i) % stride < used) continue;
+    ASSERT_EQ(g[i], garbage) << "pad column written at " << i;
+    g[i] = 0;
+  }
+}
+
 // Backward of L = Σ dout ∘ attention(q, k, v) against central differences of L.
 void expect_backward_matches_fd(const Case& c, int64_t stride) {
   // Thousands of tiny forward calls: one thread avoids OpenMP barrier costs on a shared machine
@@ -116,17 +166,16 @@ void expect_backward_matches_fd(const Case& c, int64_t stride) {
   forward(out, lse, in, c);
   const ops::AttentionShape s = c.shape();
   // Gradients share the inputs' layout; fill with garbage to prove they are overwritten.
-  Vec dq(c.q_size(), 123.0), dk(c.kv_size(), 123.0), dv(c.kv_size(), 123.0);
-  double* dqp = dq.data();
-  double* dkp = c.packed ? dq.data() + c.heads * c.d : dk.data();
-  double* dvp = c.packed ? dq.data() + (c.heads + c.kv_heads) * c.d : dv.data();
-  ops::varlen_attention_backward<double>(dqp, dkp, dvp, dout.data(), in.qp(), in.kp(c), in.vp(c),
-                                         out.data(), lse.data(), s);
-  expect_fd(in.q, dq, loss, c.packed ? "dqkv" : "dq", 1e-6, stride);
-  if (!c.packed) {
-    expect_fd(in.k, dk, loss, "dk", 1e-6, stride);
-    expect_fd(in.v, dv, loss, "dv", 1e-6, stride);
+  Inputs<double> grad{Vec(c.q_size(), 123.0), Vec(c.k_size(), 123.0), Vec(c.v_size(), 123.0)};
+  ops::varlen_attention_backward<double>(grad.qp(), grad.kp(c), grad.vp(c), dout.data(), in.qp(),
+                                         in.kp(c), in.vp(c), out.data(), lse.data(), s);
+  if (c.padded()) {
+    clear_pad_columns(grad.q, c.q_stride(), c.heads * c.d, 123.0);
+    clear_pad_columns(grad.k, c.kv_stride(), 2 * c.kv_heads * c.d, 123.0);
   }
+  expect_fd(in.q, grad.q, loss, c.packed && !c.padded() ? "dqkv" : "dq", 1e-6, stride);
+  if (c.k_size() > 0) expect_fd(in.k, grad.k, loss, c.padded() ? "dkv" : "dk", 1e-6, stride);
+  if (c.v_size() > 0) expect_fd(in.v, grad.v, loss, "dv", 1e-6, stride);
 }
 
 // Float forward and backward against double on the same inputs.
@@ -143,22 +192,16 @@ void expect_float_matches_double(const Case& c) {
   for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(outf[i], out[i], 2e-5) << "out " << i;
   for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lsef[i], lse[i], 2e-5) << "lse " << i;
   const ops::AttentionShape s = c.shape();
-  Vec dq(c.q_size()), dk(c.kv_size()), dv(c.kv_size());
-  std::vector<float> dqf(c.q_size()), dkf(c.kv_size()), dvf(c.kv_size());
-  auto grad_ptrs = [&](auto& q, auto& k, auto& v) {
-    auto* base = q.data();
-    return std::make_tuple(base, c.packed ? base + c.heads * c.d : k.data(),
-                           c.packed ? base + (c.heads + c.kv_heads) * c.d : v.data());
-  };
-  auto [a, b, e] = grad_ptrs(dq, dk, dv);
-  ops::varlen_attention_backward<double>(a, b, e, dout.data(), in.qp(), in.kp(c), in.vp(c),
-                                         out.data(), lse.data(), s);
-  auto [af, bf, ef] = grad_ptrs(dqf, dkf, dvf);
-  ops::varlen_attention_backward<float>(af, bf, ef, doutf.data(), inf.qp(), inf.kp(c), inf.vp(c),
-                                        outf.data(), lsef.data(), s);
-  for (size_t i = 0; i < dq.size(); ++i) ASSERT_NEAR(dqf[i], dq[i], 1e-4) << "dq " << i;
-  for (size_t i = 0; i < dk.size(); ++i) ASSERT_NEAR(dkf[i], dk[i], 1e-4) << "dk " << i;
-  for (size_t i = 0; i < dv.size(); ++i) ASSERT_NEAR(dvf[i], dv[i], 1e-4) << "dv " << i;
+  Inputs<double> g{Vec(c.q_size()), Vec(c.k_size()), Vec(c.v_size())};
+  Inputs<float> gf{std::vector<float>(c.q_size()), std::vector<float>(c.k_size()),
+                   std::vector<float>(c.v_size())};
+  ops::varlen_attention_backward<double>(g.qp(), g.kp(c), g.vp(c), dout.data(), in.qp(),
+                                         in.kp(c), in.vp(c), out.data(), lse.data(), s);
+  ops::varlen_attention_backward<float>(gf.qp(), gf.kp(c), gf.vp(c), doutf.data(), inf.qp(),
+                                        inf.kp(c), inf.vp(c), outf.data(), lsef.data(), s);
+  for (size_t i = 0; i < g.q.size(); ++i) ASSERT_NEAR(gf.q[i], g.q[i], 1e-4) << "dq " << i;
+  for (size_t i = 0; i < g.k.size(); ++i) ASSERT_NEAR(gf.k[i], g.k[i], 1e-4) << "dk " << i;
+  for (size_t i = 0; i < g.v.size(); ++i) ASSERT_NEAR(gf.v[i], g.v[i], 1e-4) << "dv " << i;
 }
 
 class Attention : public ::testing::Test {
@@ -203,6 +246,286 @@ TEST_F(Attention, BackwardFdGqaSingleKvHead) {
 TEST_F(Attention, FloatAgreesWithDouble) {
   expect_float_matches_double({{0, 100, 101, 300}, 8, 2, 64, false});
   expect_float_matches_double({{0, 7, 140}, 4, 2, 13, true});
+}
+
+// ---- Separate key segments (bottom-right aligned) and sliding windows ------------------------
+
+namespace {
+
+// Random cases: 1–4 segments of 0–150 queries (empty and length-1 segments included), keys
+// Lq + 0–100, windows shorter and longer than the segments, MHA/GQA, dense or strided views.
+Case random_case(std::mt19937& rng, bool separate_keys) {
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  const int64_t segments = pick(1, 4);
+  static constexpr int64_t kLengths[] = {0, 1, 2, 5, 63, 64, 65, 100, 150};
+  static constexpr int64_t kWindows[] = {0, 1, 3, 17, 64, 70, 1000};
+  static constexpr int64_t kHeads[][2] = {{2, 2}, {4, 2}, {3, 1}, {4, 1}};
+  Case c{{0}, 0, 0, pick(1, 2) == 1 ? 8 : 5, pick(0, 1) == 1};
+  const int64_t* hk = kHeads[pick(0, 3)];
+  c.heads = hk[0];
+  c.kv_heads = hk[1];
+  c.window = kWindows[pick(0, 6)];
+  if (separate_keys) c.cu_seqlens_k = {0};
+  for (int64_t i = 0; i < segments; ++i) {
+    const int64_t lq = kLengths[pick(0, 8)];
+    c.cu_seqlens.push_back(c.cu_seqlens.back() + static_cast<int32_t>(lq));
+    if (separate_keys) {
+      const int64_t extra = pick(0, 1) == 1 ? 0 : pick(1, 100);
+      c.cu_seqlens_k.push_back(c.cu_seqlens_k.back() + static_cast<int32_t>(lq + extra));
+    }
+  }
+  if (c.tokens() == 0) {  // at least one query somewhere
+    c.cu_seqlens.back() += 3;
+    if (separate_keys) c.cu_seqlens_k.back() += 3;
+  }
+  return c;
+}
+
+std::string describe(const Case& c) {
+  std::string t = "cu_q";
+  for (int32_t x : c.cu_seqlens) t += " " + std::to_string(x);
+  t += " cu_k";
+  for (int32_t x : c.cu_k()) t += " " + std::to_string(x);
+  return t + " heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " d " +
+         std::to_string(c.d) + (c.packed ? " strided" : " dense") + " window " +
+         std::to_string(c.window);
+}
+
+}  // namespace
+
+TEST_F(Attention, ForwardMatchesNaiveWindowsRandomShapes) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 12; ++trial) {
+    const Case c = random_case(rng, false);
+    SCOPED_TRACE(describe(c));
+    expect_matches_naive(c, 1e-10);
+  }
+}
+TEST_F(Attention, ForwardMatchesNaiveSeparateKeysRandomShapes) {
+  std::mt19937 rng(8);
+  for (int trial = 0; trial < 16; ++trial) {
+    const Case c = random_case(rng, true);
+    SCOPED_TRACE(describe(c));
+    expect_matches_naive(c, 1e-10);
+  }
+}
+TEST_F(Attention, FloatAgreesWithDoubleKeysAndWindows) {
+  std::mt19937 rng(9);
+  for (int trial = 0; trial < 6; ++trial) {
+    const Case c = random_case(rng, trial % 2 == 0);
+    SCOPED_TRACE(describe(c));
+    expect_float_matches_double(c);
+  }
+}
+
+TEST_F(Attention, BackwardFdWindowAcrossBlocks) {
+  Case c{{0, 150, 160}, 2, 1, 3, false};
+  c.window = 40;  // 150 > W: the window slides over three blocks; 10 < W: untouched
+  expect_backward_matches_fd(c, 3);
+}
+TEST_F(Attention, BackwardFdWindowOfOneGqaStrided) {
+  Case c{{0, 4, 5, 12}, 4, 2, 3, true};
+  c.window = 1;  // every query sees only itself
+  expect_backward_matches_fd(c, 1);
+}
+TEST_F(Attention, BackwardFdSeparateKeysStridedGqaEmptySegment) {
+  // An empty query segment with 10 keys (zero gradients), Lk = Lq, and Lk > Lq across blocks.
+  Case c{{0, 0, 5, 75}, 4, 2, 3, true, {0, 10, 15, 150}};
+  expect_backward_matches_fd(c, 3);
+}
+TEST_F(Attention, BackwardFdSeparateKeysAndWindow) {
+  // Window 30 with Lk − Lq = 90: keys before the window of the first query get no gradient.
+  Case c{{0, 3, 73}, 2, 1, 4, false, {0, 3, 163}};
+  c.window = 30;
+  expect_backward_matches_fd(c, 3);
+}
+
+// A window at least as long as every segment's keys changes nothing: exactly the same tiles and
+// arithmetic, so the results are bitwise equal, forward and backward, float and double.
+template <typename T>
+void expect_long_window_is_exact(Case c) {
+  const Inputs<double> ind = make_inputs(c, 41);
+  const Inputs<T> in{{ind.q.begin(), ind.q.end()}, {ind.k.begin(), ind.k.end()},
+                     {ind.v.begin(), ind.v.end()}};
+  const Vec doutd = random_vector(c.tokens() * c.heads * c.d, 42);
+  const std::vector<T> dout(doutd.begin(), doutd.end());
+  auto run = [&](const Case& cc, std::vector<T>& out, std::vector<T>& lse, Inputs<T>& g) {
+    forward(out, lse, in, cc);
+    g = {std::vector<T>(cc.q_size()), std::vector<T>(cc.k_size()), std::vector<T>(cc.v_size())};
+    ops::varlen_attention_backward<T>(g.qp(), g.kp(cc), g.vp(cc), dout.data(), in.qp(),
+                                      in.kp(cc), in.vp(cc), out.data(), lse.data(), cc.shape());
+  };
+  std::vector<T> out0, lse0, out1, lse1;
+  Inputs<T> g0, g1;
+  run(c, out0, lse0, g0);
+  int64_t longest = 0;
+  for (size_t i = 0; i + 1 < c.cu_k().size(); ++i)
+    longest = std::max<int64_t>(longest, c.cu_k()[i + 1] - c.cu_k()[i]);
+  for (int64_t w : {longest, longest + 1, int64_t{100000}}) {
+    c.window = w;
+    run(c, out1, lse1, g1);
+    EXPECT_EQ(out1, out0) << "window " << w;
+    EXPECT_EQ(lse1, lse0) << "window " << w;
+    EXPECT_EQ(g1.q, g0.q) << "window " << w;
+    EXPECT_EQ(g1.k, g0.k) << "window " << w;
+    EXPECT_EQ(g1.v, g0.v) << "window " << w;
+  }
+}
+TEST_F(Attention, WindowLongerThanEveryDocumentIsExact) {
+  expect_long_window_is_exact<double>({{0, 100, 101, 230}, 4, 2, 16, true});
+  expect_long_window_is_exact<float>({{0, 100, 101, 230}, 4, 2, 16, true});
+  expect_long_window_is_exact<float>({{0, 30, 90}, 4, 1, 8, false, {0, 70, 200}});
+}
+
+// The pair count the FLOP and cost models use, against counting the mask pair by pair.
+TEST(AttentionPairs, VisiblePairsCountsTheMask) {
+  for (int64_t len : {0, 1, 2, 7, 64, 100}) {
+    for (int64_t w : {0, 1, 3, 64, 99, 100, 500}) {
+      int64_t pairs = 0;
+      for (int64_t r = 0; r < len; ++r)
+        for (int64_t c = 0; c <= r; ++c) pairs += (w == 0 || r - w < c) ? 1 : 0;
+      EXPECT_EQ(ops::visible_pairs(len, w), pairs) << "len " << len << " window " << w;
+    }
+  }
+}
+
+TEST_F(Attention, RejectsBadKeySegmentsAndWindows) {
+  const Case c{{0, 2, 4}, 2, 1, 4, false, {0, 3, 6}};
+  const Inputs<double> in = make_inputs(c, 1);
+  Vec out(4 * 2 * 4), lse(2 * 4);
+  auto fails = [&](const ops::AttentionShape& s, const std::string& message) {
+    try {
+      ops::varlen_attention_forward<double>(out.data(), lse.data(), in.q.data(), in.k.data(),
+                                            in.v.data(), s);
+      ADD_FAILURE() << "no error, expected: " << message;
+    } catch (const longtron::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  ops::AttentionShape s = c.shape();
+  s.num_kv_tokens = 5;
+  fails(s, "cu_seqlens_k ends at 6 but there are 5");
+  s = c.shape();
+  const std::vector<int32_t> not_zero = {1, 3, 6};
+  s.cu_seqlens_k = not_zero.data();
+  fails(s, "cu_seqlens_k[0] must be 0");
+  const std::vector<int32_t> decreasing = {0, 4, 3};
+  s.cu_seqlens_k = decreasing.data();
+  s.num_kv_tokens = 3;
+  fails(s, "non-decreasing");
+  const std::vector<int32_t> short_keys = {0, 1, 6};  // segment 0: 2 queries, 1 key
+  s.cu_seqlens_k = short_keys.data();
+  s.num_kv_tokens = 6;
+  fails(s, "segment 0 has 2 queries but only 1 keys");
+  s = c.shape();
+  s.window = -1;
+  fails(s, "window must be >= 0");
+  // The backward validates the same way.
+  Vec dq(in.q.size()), dk(in.k.size()), dv(in.v.size());
+  EXPECT_THROW(ops::varlen_attention_backward<double>(dq.data(), dk.data(), dv.data(), out.data(),
+                                                      in.q.data(), in.k.data(), in.v.data(),
+                                                      out.data(), lse.data(), s),
+               longtron::Error);
+}
+
+// ---- bf16 kernel (AVX512-BF16) ----------------------------------------------------------------
+
+namespace {
+
+double round_bf16(double x) {
+  using longtron::safetensors::bf16_to_float;
+  using longtron::safetensors::float_to_bf16;
+  return bf16_to_float(float_to_bf16(static_cast<float>(x)));
+}
+
+struct MaxError {
+  double worst = 0;
+  void add(const std::vector<float>& got, const Vec& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+  }
+};
+
+// The float kernel under a kBFloat16 compute type against the double kernel on the same inputs
+// rounded to bf16 (q, k, v, dout): what remains is the bf16 rounding of P and dS as product
+// inputs (relative 2⁻⁹ each) and fp32 accumulation. Inputs are N(0, 1), so out, dq, dk, dv are
+// O(1). Largest errors measured on these cases: 2.9e-3 (out, lse) and 1.1e-2 (gradients, which
+// sum up to G·L products of rounded dS); the bounds are about 3× that.
+void expect_bf16_matches_double(const Case& c, double* out_err, double* grad_err) {
+  Inputs<double> in = make_inputs(c, 51);
+  for (auto* v : {&in.q, &in.k, &in.v})
+    for (double& x : *v) x = round_bf16(x);
+  Vec dout = random_vector(c.tokens() * c.heads * c.d, 52);
+  for (double& x : dout) x = round_bf16(x);
+  const Inputs<float> inf{{in.q.begin(), in.q.end()}, {in.k.begin(), in.k.end()},
+                          {in.v.begin(), in.v.end()}};
+  const std::vector<float> doutf(dout.begin(), dout.end());
+  Vec out, lse;
+  forward(out, lse, in, c);
+  Inputs<double> g{Vec(c.q_size()), Vec(c.k_size()), Vec(c.v_size())};
+  ops::varlen_attention_backward<double>(g.qp(), g.kp(c), g.vp(c), dout.data(), in.qp(),
+                                         in.kp(c), in.vp(c), out.data(), lse.data(), c.shape());
+  std::vector<float> outf, lsef;
+  Inputs<float> gf{std::vector<float>(c.q_size()), std::vector<float>(c.k_size()),
+                   std::vector<float>(c.v_size())};
+  {
+    ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
+    forward(outf, lsef, inf, c);
+    ops::varlen_attention_backward<float>(gf.qp(), gf.kp(c), gf.vp(c), doutf.data(), inf.qp(),
+                                          inf.kp(c), inf.vp(c), outf.data(), lsef.data(),
+                                          c.shape());
+  }
+  MaxError fwd, bwd;
+  fwd.add(outf, out);
+  fwd.add(lsef, lse);
+  bwd.add(gf.q, g.q);
+  bwd.add(gf.k, g.k);
+  bwd.add(gf.v, g.v);
+  *out_err = std::max(*out_err, fwd.worst);
+  *grad_err = std::max(*grad_err, bwd.worst);
+}
+
+}  // namespace
+
+TEST_F(Attention, Bf16KernelMatchesDoubleOnRoundedInputs) {
+  if (!ops::attention_bf16_native()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  double out_err = 0, grad_err = 0;
+  expect_bf16_matches_double({{0, 200, 330}, 8, 2, 64, true}, &out_err, &grad_err);
+  expect_bf16_matches_double({{0, 150}, 4, 2, 128, false}, &out_err, &grad_err);
+  std::mt19937 rng(10);
+  for (int trial = 0; trial < 8; ++trial) {
+    const Case c = random_case(rng, trial % 2 == 0);
+    SCOPED_TRACE(describe(c));
+    expect_bf16_matches_double(c, &out_err, &grad_err);
+  }
+  std::printf("bf16 attention vs double on rounded inputs: max |error| out/lse %.2e, grads %.2e\n",
+              out_err, grad_err);
+  EXPECT_LT(out_err, 1e-2);
+  EXPECT_LT(grad_err, 3e-2);
+  EXPECT_GT(out_err, 1e-4);  // the bf16 products really ran (fp32 agrees to ~1e-6 here)
+}
+
+TEST_F(Attention, FloatStaysFp32WithoutBf16ComputeType) {
+  // The default compute type is float32: results equal the fp32 kernel's, bit for bit, whatever
+  // the CPU; under kBFloat16 on a CPU without AVX512-BF16 the fp32 kernel runs too.
+  const Case c{{0, 100, 170}, 4, 2, 16, true};
+  const Inputs<double> in = make_inputs(c, 61);
+  const Inputs<float> inf{{in.q.begin(), in.q.end()}, {}, {}};
+  std::vector<float> out0, lse0, out1, lse1;
+  forward(out0, lse0, inf, c);
+  {
+    ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
+    forward(out1, lse1, inf, c);
+  }
+  if (ops::attention_bf16_native()) {
+    EXPECT_NE(out1, out0);
+  } else {
+    EXPECT_EQ(out1, out0);
+  }
+  forward(out1, lse1, inf, c);  // the scope ended: fp32 again
+  EXPECT_EQ(out1, out0);
 }
 
 TEST_F(Attention, RejectsInconsistentShapes) {

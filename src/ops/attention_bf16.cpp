@@ -1,0 +1,324 @@
+// bf16 varlen attention on AVX512-BF16: the loop structure of attention.cpp (forward, FA2
+// Algorithm 1) and attention_backward.cpp (backward, Algorithm 2) with every tile product in
+// bf16 × bf16 → fp32 (bf16_tile_gemm.h). Inputs are rounded to bf16 once, while they are packed
+// into the layouts vdpbf16ps reads (pairs along the reduction dimension); the softmax, lse, D and
+// all accumulators stay fp32, and P and dS are rounded to bf16 only as GEMM inputs, as in
+// FlashAttention-2's bf16 kernels (Dao 2023).
+#include "ops/attention_bf16.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "ops/attention_plan.h"
+#include "ops/attention_rows.h"
+#include "ops/bf16_tile_gemm.h"
+
+namespace longtron::ops::detail {
+namespace {
+
+constexpr int64_t B = kAttnBlock;
+
+// Sizes of the packed layouts for one call.
+struct Dims {
+  int64_t d, d2, dp, d16, G;  // head_dim, pairs of it, 2·d2, head_dim rounded up to 16, q per kv
+  explicit Dims(const AttentionShape& s)
+      : d(s.head_dim), d2((s.head_dim + 1) / 2), dp(2 * d2), d16(round_up(s.head_dim, 16)),
+        G(s.num_heads / s.num_kv_heads) {}
+  int64_t words_t() const { return d2 * B; }       // Kᵀ or Vᵀ words of one key block [d2, 64]
+  int64_t words_rows() const { return B / 2 * d16; }  // K or V pairs of rows [32, d16]
+};
+
+// One row of n floats to bf16, zero-padded to `padded` elements.
+void row_to_bf16(bf16_t* dst, const float* src, int64_t n, int64_t padded) {
+  to_bf16(dst, src, n);
+  std::fill(dst + n, dst + padded, bf16_t(0));
+}
+
+// Rows of a key block [bj, d] (token stride kv_stride) to bf16 rows [bj, dp].
+void key_rows(bf16_t* dst, const float* x, int64_t stride, int64_t bj, const Dims& m) {
+  for (int64_t c = 0; c < bj; ++c) row_to_bf16(dst + c * m.dp, x + c * stride, m.d, m.dp);
+}
+
+// ---- Forward ---------------------------------------------------------------------------------
+
+struct ForwardScratch {
+  std::vector<bf16_t> q, p;
+  std::vector<float> s, o, m, l;
+  ForwardScratch(int64_t rows, const Dims& dm)
+      : q(rows * dm.dp), p(rows * B), s(rows * B), o(rows * dm.d), m(rows), l(rows) {}
+};
+
+// Kᵀ words and V pairs of rows of every (key block, kv head), once per call.
+void pack_forward_keys(uint32_t* kw_all, uint32_t* vp_all, const float* k, const float* v,
+                       const AttentionShape& s, const AttnPlan& p, const AttnItem& it,
+                       const Dims& m, bf16_t* rows) {
+  const AttnSegment& g = p.segments[it.seg];
+  const int64_t c0 = it.block * B, bj = std::min(B, g.k_len - c0);
+  const int64_t index = (g.k_block0 + it.block) * s.num_kv_heads + it.kv_head;
+  const int64_t offset = (g.k_begin + c0) * s.kv_stride + it.kv_head * m.d;
+  key_rows(rows, k + offset, s.kv_stride, bj, m);
+  pack_words_transposed(kw_all + index * m.words_t(), B, rows, m.dp, bj, m.d2);
+  key_rows(rows, v + offset, s.kv_stride, bj, m);
+  pack_pairs_of_rows(vp_all + index * m.words_rows(), m.d16, rows, m.dp, bj, m.d);
+}
+
+void forward_item(float* out, float* lse, const float* q, const uint32_t* kw_all,
+                  const uint32_t* vp_all, const AttentionShape& s, const AttnPlan& p,
+                  const AttnItem& it, const Dims& m, ForwardScratch& w) {
+  const AttnSegment& g = p.segments[it.seg];
+  const int64_t d = m.d, G = m.G, N = s.num_tokens;
+  const int64_t r0 = it.block * B, q0 = g.q_begin + r0;
+  const int64_t bi = std::min(B, g.q_len - r0), M = G * bi;
+  const float scale = static_cast<float>(s.scale);
+  for (int64_t h = 0; h < G; ++h)
+    for (int64_t r = 0; r < bi; ++r)
+      row_to_bf16(&w.q[(h * bi + r) * m.dp],
+                  q + (q0 + r) * s.q_stride + (it.kv_head * G + h) * d, d, m.dp);
+  std::fill(w.o.begin(), w.o.begin() + M * d, 0.0f);
+  std::fill(w.m.begin(), w.m.end(), -std::numeric_limits<float>::infinity());
+  std::fill(w.l.begin(), w.l.end(), 0.0f);
+  for (int64_t j = it.first; j < it.last; ++j) {
+    const int64_t c0 = j * B, bj = std::min(B, g.k_len - c0), bjp = round_up(bj, 2);
+    const int64_t index = (g.k_block0 + j) * s.num_kv_heads + it.kv_head;
+    bf16_gemm(M, bj, m.d2, w.q.data(), m.dp, kw_all + index * m.words_t(), B, w.s.data(), bj,
+              false);
+    for (int64_t row = 0; row < M; ++row) {
+      const int64_t r = r0 + row % bi;
+      const int64_t lo = std::clamp<int64_t>(p.key_lo(g, r) - c0, 0, bj);
+      const int64_t hi = std::clamp<int64_t>(p.key_hi(g, r) - c0, 0, bj);
+      float* srow = &w.s[row * bj];
+      const float alpha = softmax_row_update(srow, bj, lo, hi, scale, w.m[row], w.l[row]);
+      if (alpha != 1.0f) {
+        float* orow = &w.o[row * d];
+#pragma omp simd
+        for (int64_t x = 0; x < d; ++x) orow[x] *= alpha;
+      }
+      row_to_bf16(&w.p[row * bjp], srow, bj, bjp);
+    }
+    bf16_gemm(M, d, bjp / 2, w.p.data(), bjp, vp_all + index * m.words_rows(), m.d16,
+              w.o.data(), d, true);
+  }
+  for (int64_t h = 0; h < G; ++h) {
+    const int64_t head = it.kv_head * G + h;
+    for (int64_t r = 0; r < bi; ++r) {
+      const int64_t row = h * bi + r;
+      const float inv = w.l[row] > 0.0f ? 1.0f / w.l[row] : 0.0f;
+      float* orow = out + (q0 + r) * s.num_heads * d + head * d;
+      for (int64_t x = 0; x < d; ++x) orow[x] = w.o[row * d + x] * inv;
+      lse[head * N + q0 + r] = w.l[row] > 0.0f ? w.m[row] + std::log(w.l[row])
+                                               : -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+
+// ---- Backward --------------------------------------------------------------------------------
+
+// Query-side tiles of the call, packed once (tile of (query block b, kv head g) at index
+// b·Hkv + g, rows h·bi + r as in the forward): q and dO as bf16 rows (A of S = QKᵀ, dP = dO Vᵀ)
+// and transposed (A of dKᵀ = Qᵀ dS and dVᵀ = dOᵀ P: computing the transposed gradients lets P and
+// dS enter as B, pairs of rows, built without a transpose); lse, D and the fp32 dq accumulator.
+struct PackedQueries {
+  int64_t tile_rows;
+  bf16_t *q, *dout;      // [tile_rows, dp] per tile
+  bf16_t *q_t, *dout_t;  // [d, tile_rows] per tile, zero column after an odd row count
+  float *lse, *delta, *dq;  // [tile_rows], [tile_rows], [tile_rows, d] per tile
+};
+
+struct BackwardScratch {
+  std::vector<bf16_t> rows, ds;
+  std::vector<uint32_t> kw, vw, kp, p_pairs, ds_pairs;
+  std::vector<float> s, dp, dq, dk_t, dv_t;
+  BackwardScratch(int64_t tile_rows, const Dims& m)
+      : rows(B * m.dp), ds(tile_rows * B), kw(m.words_t()), vw(m.words_t()),
+        kp(m.words_rows()), p_pairs(tile_rows / 2 * B), ds_pairs(tile_rows / 2 * B),
+        s(tile_rows * B), dp(tile_rows * B), dq(tile_rows * m.d), dk_t(m.d * B),
+        dv_t(m.d * B) {}
+};
+
+// dst[x·ldd + i] = src[i·lds + x] for i < M, x < d; a zero column i = M when M is odd.
+void transpose_rows(bf16_t* dst, int64_t ldd, const bf16_t* src, int64_t lds, int64_t M,
+                    int64_t d) {
+  constexpr int64_t kStrip = 16;  // rows per strip: 16 source rows stay in L1 while x runs
+  for (int64_t i0 = 0; i0 < M; i0 += kStrip) {
+    const int64_t i1 = std::min(M, i0 + kStrip);
+    for (int64_t x = 0; x < d; ++x)
+      for (int64_t i = i0; i < i1; ++i) dst[x * ldd + i] = src[i * lds + x];
+  }
+  if (M % 2 == 1)
+    for (int64_t x = 0; x < d; ++x) dst[x * ldd + M] = 0;
+}
+
+void move_query_block(PackedQueries& pq, float* dq, const float* q, const float* dout,
+                      const float* out, const float* lse, const AttentionShape& s,
+                      const AttnPlan& p, const AttnItem& it, const Dims& m, bool pack) {
+  const AttnSegment& sg = p.segments[it.seg];
+  const int64_t d = m.d, G = m.G, g = it.kv_head;
+  const int64_t q0 = sg.q_begin + it.block * B, bi = std::min(B, sg.q_len - it.block * B);
+  const int64_t tile = (sg.q_block0 + it.block) * s.num_kv_heads + g;
+  const int64_t base = tile * pq.tile_rows;
+  for (int64_t h = 0; h < G; ++h) {
+    const int64_t head = g * G + h;
+    for (int64_t r = 0; r < bi; ++r) {
+      const int64_t row = base + h * bi + r, n = q0 + r;
+      if (!pack) {
+        std::memcpy(dq + n * s.q_stride + head * d, &pq.dq[row * d], sizeof(float) * d);
+        continue;
+      }
+      bf16_t* go = &pq.dout[row * m.dp];
+      row_to_bf16(&pq.q[row * m.dp], q + n * s.q_stride + head * d, d, m.dp);
+      row_to_bf16(go, dout + (n * s.num_heads + head) * d, d, m.dp);
+      std::memset(&pq.dq[row * d], 0, sizeof(float) * d);
+      const float* o = out + (n * s.num_heads + head) * d;
+      float delta = 0;  // D = rowsum(dO ∘ O) with the rounded dO the products use
+      for (int64_t x = 0; x < d; ++x) {
+        const uint32_t bits = uint32_t(go[x]) << 16;
+        float gx;
+        std::memcpy(&gx, &bits, 4);
+        delta += o[x] * gx;
+      }
+      pq.delta[row] = delta;
+      pq.lse[row] = lse[head * s.num_tokens + n];
+    }
+  }
+  if (!pack) return;
+  const int64_t M = G * bi, size = d * pq.tile_rows;
+  transpose_rows(pq.q_t + tile * size, pq.tile_rows, &pq.q[base * m.dp], m.dp, M, d);
+  transpose_rows(pq.dout_t + tile * size, pq.tile_rows, &pq.dout[base * m.dp], m.dp, M, d);
+}
+
+void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQueries& pq,
+                   std::mutex* locks, const AttentionShape& s, const AttnPlan& p,
+                   const AttnItem& it, const Dims& m, BackwardScratch& w) {
+  const AttnSegment& sg = p.segments[it.seg];
+  const int64_t d = m.d, G = m.G, g = it.kv_head;
+  const int64_t c0 = it.block * B, k0 = sg.k_begin + c0;
+  const int64_t bj = std::min(B, sg.k_len - c0), bjp = round_up(bj, 2);
+  const float scale = static_cast<float>(s.scale);
+  const int64_t offset = k0 * s.kv_stride + g * d;
+  key_rows(w.rows.data(), k + offset, s.kv_stride, bj, m);
+  pack_words_transposed(w.kw.data(), B, w.rows.data(), m.dp, bj, m.d2);
+  pack_pairs_of_rows(w.kp.data(), m.d16, w.rows.data(), m.dp, bj, d);
+  key_rows(w.rows.data(), v + offset, s.kv_stride, bj, m);
+  pack_words_transposed(w.vw.data(), B, w.rows.data(), m.dp, bj, m.d2);
+  if (it.first == it.last) {  // keys no query sees
+    std::fill(w.dk_t.begin(), w.dk_t.end(), 0.0f);
+    std::fill(w.dv_t.begin(), w.dv_t.end(), 0.0f);
+  }
+  const int64_t size = d * pq.tile_rows;
+  for (int64_t i = it.first; i < it.last; ++i) {
+    const int64_t r0 = i * B, bi = std::min(B, sg.q_len - r0), M = G * bi;
+    const int64_t Mp = round_up(M, 2);
+    const int64_t tile = (sg.q_block0 + i) * s.num_kv_heads + g;
+    const int64_t base = tile * pq.tile_rows;
+    const bool first = i == it.first;
+    bf16_gemm(M, bj, m.d2, &pq.q[base * m.dp], m.dp, w.kw.data(), B, w.s.data(), bj, false);
+    bf16_gemm(M, bj, m.d2, &pq.dout[base * m.dp], m.dp, w.vw.data(), B, w.dp.data(), bj, false);
+    for (int64_t rr = 0; rr < M; ++rr) {
+      const int64_t r = r0 + rr % bi;
+      const int64_t lo = std::clamp<int64_t>(p.key_lo(sg, r) - c0, 0, bj);
+      const int64_t hi = std::clamp<int64_t>(p.key_hi(sg, r) - c0, 0, bj);
+      dscores_row(&w.s[rr * bj], &w.dp[rr * bj], bj, lo, hi, pq.lse[base + rr],
+                  pq.delta[base + rr], scale);
+      row_to_bf16(&w.ds[rr * bjp], &w.dp[rr * bj], bj, bjp);
+    }
+    // dVᵀ += dOᵀ P and dKᵀ += Qᵀ dS (pairs along the query rows).
+    pack_pairs_of_float_rows(w.p_pairs.data(), B, w.s.data(), bj, M, bj);
+    pack_pairs_of_float_rows(w.ds_pairs.data(), B, w.dp.data(), bj, M, bj);
+    bf16_gemm(d, bj, Mp / 2, pq.dout_t + tile * size, pq.tile_rows, w.p_pairs.data(), B,
+              w.dv_t.data(), B, !first);
+    bf16_gemm(d, bj, Mp / 2, pq.q_t + tile * size, pq.tile_rows, w.ds_pairs.data(), B,
+              w.dk_t.data(), B, !first);
+    // dQ += dS K, into the shared tile when its lock is free (see attention_backward.cpp).
+    std::mutex& lock = locks[tile];
+    float* dst = &pq.dq[base * d];
+    if (lock.try_lock()) {
+      bf16_gemm(M, d, bjp / 2, w.ds.data(), bjp, w.kp.data(), m.d16, dst, d, true);
+      lock.unlock();
+      continue;
+    }
+    bf16_gemm(M, d, bjp / 2, w.ds.data(), bjp, w.kp.data(), m.d16, w.dq.data(), d, false);
+    std::lock_guard<std::mutex> guard(lock);
+#pragma omp simd
+    for (int64_t x = 0; x < M * d; ++x) dst[x] += w.dq[x];
+  }
+  for (int64_t c = 0; c < bj; ++c) {
+    float* dkr = dk + (k0 + c) * s.kv_stride + g * d;
+    float* dvr = dv + (k0 + c) * s.kv_stride + g * d;
+    for (int64_t x = 0; x < d; ++x) dkr[x] = w.dk_t[x * B + c], dvr[x] = w.dv_t[x * B + c];
+  }
+}
+
+}  // namespace
+
+void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
+                                   const float* v, const AttentionShape& s) {
+  const AttnPlan p = plan_attention(s, false);
+  const Dims m(s);
+  const int64_t blocks = p.k_blocks * s.num_kv_heads;
+  uint32_t* kw_all = workspace<uint32_t>(0, blocks * m.words_t());
+  uint32_t* vp_all = workspace<uint32_t>(1, blocks * m.words_rows());
+  const int64_t n_items = static_cast<int64_t>(p.items.size());
+  const int64_t n_keys = static_cast<int64_t>(p.k_side.size());
+#pragma omp parallel
+  {
+    std::vector<bf16_t> rows(B * m.dp);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n_keys; ++i)
+      pack_forward_keys(kw_all, vp_all, k, v, s, p, p.k_side[i], m, rows.data());
+    ForwardScratch scratch(m.G * B, m);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n_items; ++i)
+      forward_item(out, lse, q, kw_all, vp_all, s, p, p.items[i], m, scratch);
+  }
+}
+
+void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
+                                    const float* q, const float* k, const float* v,
+                                    const float* out, const float* lse, const AttentionShape& s) {
+  const AttnPlan p = plan_attention(s, true);
+  const Dims m(s);
+  const int64_t tile_rows = m.G * B, tiles = p.q_blocks * s.num_kv_heads;
+  const size_t rows = static_cast<size_t>(tiles * tile_rows);
+  bf16_t* halves = workspace<bf16_t>(0, 2 * rows * (m.dp + m.d));
+  float* floats = workspace<float>(2, rows * (2 + m.d));
+  PackedQueries pq{tile_rows,
+                   halves,
+                   halves + rows * m.dp,
+                   halves + 2 * rows * m.dp,
+                   halves + 2 * rows * m.dp + rows * m.d,
+                   floats,
+                   floats + rows,
+                   floats + 2 * rows};
+  std::unique_ptr<std::mutex[]> locks(new std::mutex[tiles]);
+  const int64_t n_items = static_cast<int64_t>(p.items.size());
+  const int64_t n_queries = static_cast<int64_t>(p.q_side.size());
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n_queries; ++i)
+      move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], m, true);
+    BackwardScratch scratch(tile_rows, m);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n_items; ++i)
+      backward_item(dk, dv, k, v, pq, locks.get(), s, p, p.items[i], m, scratch);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n_queries; ++i)
+      move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], m, false);
+  }
+}
+
+}  // namespace longtron::ops::detail
+
+namespace longtron::ops {
+
+bool attention_bf16_native() {
+  static const bool native = __builtin_cpu_supports("avx512bf16") && gemm_backend().native_bf16;
+  return native;
+}
+
+}  // namespace longtron::ops

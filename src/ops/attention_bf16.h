@@ -1,0 +1,20 @@
+// The bf16 varlen attention kernel (AVX512-BF16), behind the float entry points of ops.h: used
+// when the calling thread's compute type is kBFloat16 and attention_bf16_native() holds.
+#pragma once
+#include "ops/ops.h"
+
+namespace longtron::ops::detail {
+
+/// varlen_attention_forward<float>'s contract with q, k, v rounded to bf16 and the QKᵀ and PV
+/// products in bf16 × bf16 → fp32 (P rounded to bf16 as FlashAttention-2's bf16 kernels do);
+/// softmax, lse and the output accumulator in fp32.
+void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
+                                   const float* v, const AttentionShape& s);
+/// varlen_attention_backward<float>'s contract with q, k, v and dout rounded to bf16 and the five
+/// tile products in bf16 × bf16 → fp32 (P and dS rounded to bf16); D, lse, dS and every
+/// accumulation (dq, dk, dv) in fp32.
+void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
+                                    const float* q, const float* k, const float* v,
+                                    const float* out, const float* lse, const AttentionShape& s);
+
+}  // namespace longtron::ops::detail
