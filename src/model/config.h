@@ -28,6 +28,13 @@ struct ModelConfig {
   /// GEMM precision (InternEvo's model.dtype): "float32" | "bfloat16" | "auto", as
   /// ops::canonical_dtype spells them; ops::resolve_dtype turns it into the run's compute type.
   std::string dtype = "float32";
+  /// Hugging Face's rope_scaling (model/rope_scaling.h), read from config.json: type "" (none),
+  /// "linear", "llama3" or "dynamic", with its parameters.
+  std::string rope_scaling_type;
+  double rope_factor = 1.0;
+  double rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;  ///< llama3
+  int64_t rope_original_max_position = 0;  ///< llama3: original_max_position_embeddings
+  int64_t rope_max_position = 0;  ///< dynamic: max_position_embeddings (positions must stay below)
   /// Mistral's sliding_window (0 = none): recorded as read; attention with a window smaller
   /// than a sequence is refused until the kernel supports it (docs/model.md).
   int64_t sliding_window = 0;
@@ -39,8 +46,16 @@ struct ModelConfig {
   /// none): written back unchanged so that config.json round-trips.
   std::string hf_extra;
 
-  /// head_dim = hidden_size / num_attention_heads.
-  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  /// Hugging Face's head_dim when it differs from hidden_size / num_attention_heads (0: it does
+  /// not); then q/k/v have heads × head_dim features and wo is [hidden_size, heads × head_dim].
+  int64_t explicit_head_dim = 0;
+
+  /// head_dim = explicit_head_dim, or hidden_size / num_attention_heads.
+  int64_t head_dim() const {
+    return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_attention_heads;
+  }
+  /// Features of the attention output (wo's input): num_attention_heads × head_dim.
+  int64_t attention_size() const { return num_attention_heads * head_dim(); }
   /// FFN width = multiple_of × ceil(int(hidden × mlp_ratio) / multiple_of) (InternEvo).
   int64_t ffn_size() const {
     const int64_t raw = static_cast<int64_t>(static_cast<double>(hidden_size) * mlp_ratio);

@@ -7,6 +7,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/io_error.h"
+#include "model/rope_scaling.h"
 
 namespace longtron::model {
 namespace fs = std::filesystem;
@@ -34,7 +35,7 @@ const std::set<std::string>& modelled_keys() {
   static const std::set<std::string> keys = {
       "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
       "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta", "vocab_size",
-      "bias", "qkv_bias", "o_bias", "attention_bias"};
+      "bias"};
   return keys;
 }
 
@@ -97,13 +98,6 @@ void check_supported(const json& hf, const std::string& type, const std::string&
     check(hf["hidden_act"] == "silu", "{}: hidden_act {} is not supported (only \"silu\")", source,
           hf["hidden_act"].dump());
   }
-  if (hf.contains("rope_scaling") && !hf["rope_scaling"].is_null()) {
-    const json& r = hf["rope_scaling"];
-    const std::string kind = r.is_object() && r.contains("rope_type") ? r["rope_type"].dump()
-                             : r.is_object() && r.contains("type")    ? r["type"].dump()
-                                                                      : r.dump();
-    fail("{}: rope_scaling of type {} is not supported", source, kind);
-  }
   check(!get_bool(hf, "tie_word_embeddings", source, false),
         "{}: tie_word_embeddings = true is not supported (the head and the embedding are separate "
         "tensors)", source);
@@ -132,13 +126,18 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
   const std::string arch = hf_architecture(type);
   json j = c.hf_extra.empty() ? json::object() : json::parse(c.hf_extra);
   if (type != c.type) j.erase("auto_map");  // the source family's remote code
-  const bool llama_like = type == "llama" || type == "mistral";
-  check(!llama_like || c.qkv_bias == c.o_bias,
+  check(type != "llama" || c.qkv_bias == c.o_bias,
         "cannot write a {} config.json: its attention_bias covers q, k, v and o together, but this "
         "model has qkv_bias = {} and o_bias = {}", type, c.qkv_bias, c.o_bias);
+  check(type != "mistral" || (!c.qkv_bias && !c.o_bias),
+        "cannot write a mistral config.json: Mistral has no attention biases, but this model has "
+        "qkv_bias = {} and o_bias = {}", c.qkv_bias, c.o_bias);
   check(type != "qwen2" || (c.qkv_bias && !c.o_bias),
         "cannot write a qwen2 config.json: Qwen2 has a bias on q, k, v and none on o, but this model "
         "has qkv_bias = {} and o_bias = {}", c.qkv_bias, c.o_bias);
+  check(c.explicit_head_dim == 0 || type != "internlm2",
+        "cannot write an internlm2 config.json: InternLM2 has no head_dim key, and this model's "
+        "head_dim {} is not hidden_size / num_attention_heads", c.explicit_head_dim);
   check(c.sliding_window == 0 || type == "mistral",
         "cannot write a {} config.json: the model has a sliding window of {}", type, c.sliding_window);
   j["architectures"] = {arch};
@@ -151,12 +150,17 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
   j["rms_norm_eps"] = c.norm_eps;
   j["rope_theta"] = c.rope_base;
   j["vocab_size"] = c.vocab_size;
+  if (c.explicit_head_dim > 0) j["head_dim"] = c.explicit_head_dim;
+  // Bias keys: Hugging Face's own, plus longtron's finer InternLM2 pair when it is needed or was
+  // read; a key the source lacked is added only to say something its default does not.
   if (type == "internlm2") {
     j["bias"] = c.qkv_bias;
-    j["qkv_bias"] = c.qkv_bias;
-    j["o_bias"] = c.o_bias;
+    if (c.qkv_bias != c.o_bias || j.contains("qkv_bias") || j.contains("o_bias")) {
+      j["qkv_bias"] = c.qkv_bias;
+      j["o_bias"] = c.o_bias;
+    }
   }
-  if (llama_like) j["attention_bias"] = c.qkv_bias;
+  if (type == "llama" && (c.qkv_bias || j.contains("attention_bias"))) j["attention_bias"] = c.qkv_bias;
   // Absent means 4096 to Hugging Face's MistralConfig, so "none" must be written as null.
   if (type == "mistral" && !j.contains("sliding_window") &&
       !(c.sliding_window_implicit && c.sliding_window == 4096))
@@ -186,11 +190,10 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
         source, c.hidden_size, inter);
   check(c.num_attention_heads > 0, "{}: num_attention_heads must be > 0, got {}", source,
         c.num_attention_heads);
-  if (hf.contains("head_dim") && !hf["head_dim"].is_null()) {
+  if (hf.contains("head_dim") && !hf["head_dim"].is_null()) {  // kept in hf_extra as read
     const int64_t d = get_int(hf, "head_dim", source);
-    check(d * c.num_attention_heads == c.hidden_size,
-          "{}: head_dim {} is not supported: longtron needs head_dim = hidden_size / "
-          "num_attention_heads = {}", source, d, c.hidden_size / c.num_attention_heads);
+    check(d > 0 && d % 2 == 0, "{}: head_dim must be even and > 0, got {}", source, d);
+    if (d * c.num_attention_heads != c.hidden_size) c.explicit_head_dim = d;
   }
   c.multiple_of = 256;
   while (inter % c.multiple_of != 0) c.multiple_of /= 2;
@@ -202,6 +205,7 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
   check(c.ffn_size() == inter, "{}: cannot express intermediate_size {} (internal error)", source, inter);
   c.norm_eps = get_double(hf, "rms_norm_eps", source, 1e-6);
   c.rope_base = get_double(hf, "rope_theta", source, 10000.0);
+  read_rope_scaling(hf, c, source);  // kept in hf_extra too: written back as read
   if (c.type == "internlm2") {
     const bool bias = get_bool(hf, "bias", source, false);
     c.qkv_bias = get_bool(hf, "qkv_bias", source, bias);
@@ -209,9 +213,9 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
   } else if (c.type == "qwen2") {
     c.qkv_bias = true;  // Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False
     c.o_bias = false;
-  } else {
+  } else if (c.type == "llama") {
     c.qkv_bias = c.o_bias = get_bool(hf, "attention_bias", source, false);
-  }
+  }  // Mistral: no biases (MistralAttention's projections have bias=False)
   if (c.type == "mistral") {
     // MistralConfig: sliding_window defaults to 4096; an explicit null means full attention.
     c.sliding_window_implicit = !hf.contains("sliding_window");
@@ -273,6 +277,7 @@ ModelConfig merge_model_config(const ModelConfig& f, const ModelConfig& toml,
            f.num_attention_heads);
   same_int("num_kv_attention_heads", "num_key_value_heads", toml.num_kv_attention_heads,
            f.num_kv_attention_heads);
+  same_int("head_dim", "head_dim", toml.explicit_head_dim, f.explicit_head_dim);
   same_real("norm_eps", "rms_norm_eps", toml.norm_eps, f.norm_eps);
   same_real("rope_base", "rope_theta", toml.rope_base, f.rope_base);
   same_bool("qkv_bias", toml.qkv_bias, f.qkv_bias);

@@ -23,8 +23,9 @@ void check_model_type(const std::string& type, const std::string& what);
 /// keys the model was read with (config.hf_extra, passed through unchanged), then sets the keys
 /// longtron models: architectures, model_type, hidden_size, intermediate_size (= ffn_size()),
 /// num_hidden_layers, num_attention_heads, num_key_value_heads, rms_norm_eps, rope_theta,
-/// vocab_size and the family's bias keys (InternLM2: bias, qkv_bias, o_bias; Llama and Mistral:
-/// attention_bias; Qwen2: none, its q/k/v always carry a bias). Adds hidden_act "silu",
+/// vocab_size and the family's bias keys (InternLM2: bias, and qkv_bias/o_bias when they differ or
+/// were read; Llama: attention_bias when true or read; Qwen2: none, its q/k/v always carry a bias;
+/// Mistral: none, it has no biases). Adds hidden_act "silu",
 /// tie_word_embeddings false, torch_dtype "float32" and max_position_embeddings (when > 0) only
 /// where the source config lacked them. Writing as another family drops the source's `auto_map`
 /// (remote code). Throws Error when `format` cannot express the model (biases Llama cannot write,

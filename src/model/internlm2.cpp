@@ -252,22 +252,23 @@ namespace {
 // Matmul parameters: every linear of every layer and the head (model_flops' linear term / 6).
 double matmul_parameters(const ModelConfig& c) {
   const double H = static_cast<double>(c.hidden_size);
-  const double per_layer = static_cast<double>(c.qkv_size()) * H + H * H +
+  const double per_layer = static_cast<double>(c.qkv_size()) * H +
+                           static_cast<double>(c.attention_size()) * H +
                            3.0 * static_cast<double>(c.ffn_size()) * H;
   return static_cast<double>(c.num_layers) * per_layer + static_cast<double>(c.vocab_size) * H;
 }
 }  // namespace
 
 double model_flops(const ModelConfig& c, int64_t tokens, double sum_l2) {
-  const double H = static_cast<double>(c.hidden_size);
+  const double A = static_cast<double>(c.attention_size());  // Hq·d (= H unless head_dim is set)
   return 6.0 * matmul_parameters(c) * static_cast<double>(tokens) +
-         6.0 * static_cast<double>(c.num_layers) * H * sum_l2;
+         6.0 * static_cast<double>(c.num_layers) * A * sum_l2;
 }
 
 data::RowCost balance_cost(const ModelConfig& c) {
   data::RowCost cost;
   cost.per_token = 6.0 * matmul_parameters(c);
-  cost.per_pair = 12.0 * static_cast<double>(c.num_layers) * static_cast<double>(c.hidden_size);
+  cost.per_pair = 12.0 * static_cast<double>(c.num_layers) * static_cast<double>(c.attention_size());
   return cost;
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/rope_scaling.h"
 #include "ops/ops.h"
 #include "ops/vocab_check.h"
 
@@ -69,7 +70,7 @@ class DenseAttention final : public AttentionOp<T> {
  public:
   explicit DenseAttention(const ModelConfig& c)
       : hq_(c.num_attention_heads), hkv_(c.num_kv_attention_heads), d_(c.head_dim()),
-        q_(c.qkv_size()), base_(c.rope_base) {}
+        q_(c.qkv_size()), config_(c), inv_freq_(rope_inv_freq(c)) {}
   int64_t qkv_features() const override { return q_; }
   int64_t out_features() const override { return hq_ * d_; }
   int64_t saved_qkv_size(int64_t N) const override { return N * q_; }
@@ -79,7 +80,8 @@ class DenseAttention final : public AttentionOp<T> {
     const int64_t N = b.num_tokens;
     permute(qkv_s, qkv, N, /*to_split=*/true);
     // q and k heads are adjacent in the split layout: one RoPE call rotates both.
-    ops::rope_forward(qkv_s, b.indexes, N, hq_ + hkv_, d_, q_, base_);
+    check_rope_positions(config_, b.indexes, N);
+    ops::rope_forward(qkv_s, b.indexes, N, hq_ + hkv_, d_, q_, inv_freq_.data());
     const ops::AttentionShape s = shape(b);
     ops::varlen_attention_forward(out, lse, qkv_s, qkv_s + hq_ * d_, qkv_s + (hq_ + hkv_) * d_, s);
   }
@@ -90,7 +92,7 @@ class DenseAttention final : public AttentionOp<T> {
     const ops::AttentionShape s = shape(b);
     ops::varlen_attention_backward(dqkv_s, dqkv_s + hq_ * d_, dqkv_s + (hq_ + hkv_) * d_, dout,
                                    qkv_s, qkv_s + hq_ * d_, qkv_s + (hq_ + hkv_) * d_, out, lse, s);
-    ops::rope_backward(dqkv_s, b.indexes, N, hq_ + hkv_, d_, q_, base_);
+    ops::rope_backward(dqkv_s, b.indexes, N, hq_ + hkv_, d_, q_, inv_freq_.data());
     permute(dqkv, dqkv_s, N, /*to_split=*/false);
   }
 
@@ -117,7 +119,8 @@ class DenseAttention final : public AttentionOp<T> {
     }
   }
   int64_t hq_, hkv_, d_, q_;
-  double base_;
+  ModelConfig config_;
+  std::vector<double> inv_freq_;  // RoPE inverse frequencies (model/rope_scaling.h)
 };
 
 template <typename T>

@@ -20,14 +20,16 @@ void check_config(const ModelConfig& c) {
         c.num_attention_heads);
   check(c.num_kv_attention_heads > 0, "model.num_kv_attention_heads must be positive, got {}",
         c.num_kv_attention_heads);
-  check(c.hidden_size % c.num_attention_heads == 0,
+  check(c.explicit_head_dim > 0 || c.hidden_size % c.num_attention_heads == 0,
         "model.num_attention_heads ({}) must divide model.hidden_size ({})",
         c.num_attention_heads, c.hidden_size);
   check(c.num_attention_heads % c.num_kv_attention_heads == 0,
         "model.num_kv_attention_heads ({}) must divide model.num_attention_heads ({})",
         c.num_kv_attention_heads, c.num_attention_heads);
-  check(c.head_dim() % 2 == 0, "head_dim = model.hidden_size / model.num_attention_heads = {} "
-        "must be even for RoPE", c.head_dim());
+  check(c.explicit_head_dim >= 0, "model.head_dim must be >= 0, got {}", c.explicit_head_dim);
+  check(c.head_dim() % 2 == 0, "head_dim = {} = {} must be even for RoPE",
+        c.explicit_head_dim > 0 ? "model.head_dim" : "model.hidden_size / model.num_attention_heads",
+        c.head_dim());
   check(c.mlp_ratio > 0, "model.mlp_ratio must be positive, got {}", c.mlp_ratio);
   check(c.multiple_of > 0, "model.multiple_of must be positive, got {}", c.multiple_of);
   check_model_limits(c);
@@ -58,7 +60,8 @@ void check_model_limits(const ModelConfig& c) {
         "model.mlp_ratio: {} gives an FFN width of {:g} from hidden_size {} (at most 2^40)",
         c.mlp_ratio, raw_ffn, c.hidden_size);
   const double V = double(c.vocab_size), H = double(c.hidden_size), F = double(c.ffn_size());
-  const double per_layer = double(c.qkv_size()) * H + H * H + 3 * F * H + 4 * H;
+  const double per_layer =
+      double(c.qkv_size()) * H + double(c.attention_size()) * H + 3 * F * H + 4 * H;
   const double params = 2 * V * H + double(c.num_layers) * per_layer + H;
   check(params <= kMaxParams, "model.hidden_size: the model would have {:.3g} parameters (at most "
         "2^50): check model.vocab_size, hidden_size, num_layers and mlp_ratio", params);
@@ -76,7 +79,7 @@ ParamLayout::ParamLayout(const ModelConfig& config) : config_(config) {
     b.attention_norm = add(p + "attention_norm.weight", {H}, i, 0.0, true, false, false);
     b.wqkv = add(p + "attention.wqkv.weight", {Q, H}, i, 0.02, false, false, false);
     if (config.qkv_bias) b.wqkv_bias = add(p + "attention.wqkv.bias", {Q}, i, 0.0, false, true, false);
-    b.wo = add(p + "attention.wo.weight", {H, H}, i, out_std, false, false, false);
+    b.wo = add(p + "attention.wo.weight", {H, config.attention_size()}, i, out_std, false, false, false);
     if (config.o_bias) b.wo_bias = add(p + "attention.wo.bias", {H}, i, 0.0, false, true, false);
     b.ffn_norm = add(p + "ffn_norm.weight", {H}, i, 0.0, true, false, false);
     b.w1 = add(p + "feed_forward.w1.weight", {F, H}, i, 0.02, false, false, false);

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace longtron::ops {
 
@@ -91,6 +92,16 @@ void rope_forward(T* x, const int32_t* indexes, int64_t N, int64_t heads, int64_
 template <typename T>
 void rope_backward(T* dx, const int32_t* indexes, int64_t N, int64_t heads, int64_t d,
                    int64_t row_stride, double base);
+/// base^(−2i/d) for i < d/2: the inverse frequencies of plain RoPE.
+std::vector<double> rope_inv_freq(double base, int64_t d);
+/// The same rotations with given inverse frequencies inv_freq[d/2] (angle(n, i) = indexes[n] ·
+/// inv_freq[i]): the scaled RoPE variants (model/rope_scaling.h).
+template <typename T>
+void rope_forward(T* x, const int32_t* indexes, int64_t N, int64_t heads, int64_t d,
+                  int64_t row_stride, const double* inv_freq);
+template <typename T>
+void rope_backward(T* dx, const int32_t* indexes, int64_t N, int64_t heads, int64_t d,
+                   int64_t row_stride, const double* inv_freq);
 
 // ---- SwiGLU -------------------------------------------------------------------------------------
 /// out[N,F] = silu(a) ⊙ b, a = w1·z, b = w3·z.

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "model/rope_scaling.h"
 #include "ops/ops.h"
 #include "parallel/mappings.h"
 
@@ -31,7 +32,7 @@ UlyssesAttention::UlyssesAttention(const model::ModelConfig& c, comm::CommPtr te
     : comm_(std::move(tensor)), T_(comm_->size()),
       h_(ulysses_heads(c.num_attention_heads, c.num_kv_attention_heads, comm_->size())),
       d_(c.head_dim()), q_(c.qkv_size()), local_(h_.hq_local + 2 * h_.hkv_local),
-      base_(c.rope_base),
+      config_(c), inv_freq_(model::rope_inv_freq(c)),
       scratch_(scratch ? std::move(scratch) : std::make_shared<Scratch>()) {
   if (context && context->size() > 1) {
     C_ = context->size();
@@ -112,7 +113,8 @@ void UlyssesAttention::forward(float* out, float* saved, float* lse, const float
   packed.resize(static_cast<size_t>(N * T_ * local_ * d_));
   permute(split.data(), qkv, N, /*to_split=*/true);
   // RoPE is per token, so the local (split) indexes rotate q and k before the swap.
-  ops::rope_forward(split.data(), b.indexes, N, h_.hq + h_.hkv, d_, q_, base_);
+  model::check_rope_positions(config_, b.indexes, N);
+  ops::rope_forward(split.data(), b.indexes, N, h_.hq + h_.hkv, d_, q_, inv_freq_.data());
   pack(packed.data(), split.data(), N);
   float* qkv_g = saved;                         // [T·N, local, d]
   float* out_g = saved + T_ * N * local_ * d_;  // [T·N, hq_local, d]
@@ -158,7 +160,7 @@ void UlyssesAttention::backward(float* dqkv, float* scratch, const float* dout, 
   packed.resize(static_cast<size_t>(N * T_ * local_ * d_));
   ulysses_gather_heads(packed.data(), dqkv_g, N, T_ * local_, d_, *comm_);
   pack_back(split.data(), packed.data(), N);
-  ops::rope_backward(split.data(), b.indexes, N, h_.hq + h_.hkv, d_, q_, base_);
+  ops::rope_backward(split.data(), b.indexes, N, h_.hq + h_.hkv, d_, q_, inv_freq_.data());
   permute(dqkv, split.data(), N, /*to_split=*/false);
 }
 

@@ -73,7 +73,8 @@ class UlyssesAttention final : public model::AttentionOp<float> {
   int64_t T_;
   UlyssesHeads h_;
   int64_t d_, q_, local_;  // head dim, full qkv features, local heads (q + 2 kv) after the swap
-  double base_;
+  model::ModelConfig config_;
+  std::vector<double> inv_freq_;  // RoPE inverse frequencies (model/rope_scaling.h)
   std::shared_ptr<Scratch> scratch_;
   int64_t C_ = 1;                                  // context ranks
   std::unique_ptr<ContextAttention> context_;      // nullptr when C = 1

@@ -295,6 +295,7 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
       {"vocab_size", int_key(m.vocab_size)}, {"hidden_size", int_key(m.hidden_size)},
       {"num_layers", int_key(m.num_layers)}, {"num_attention_heads", int_key(m.num_attention_heads)},
       {"num_kv_attention_heads", int_key(m.num_kv_attention_heads)},
+      {"head_dim", int_key(m.explicit_head_dim)},
       {"mlp_ratio", double_key(m.mlp_ratio, true)}, {"multiple_of", int_key(m.multiple_of)},
       {"norm_eps", double_key(m.norm_eps)}, {"rope_base", double_key(m.rope_base)},
       {"qkv_bias", bool_key(m.qkv_bias)}, {"o_bias", bool_key(m.o_bias)},
@@ -394,7 +395,7 @@ void check_model_config(const model::ModelConfig& m) {
       {"num_attention_heads", m.num_attention_heads},
       {"num_kv_attention_heads", m.num_kv_attention_heads}, {"multiple_of", m.multiple_of}};
   for (const auto& [k, v] : positive) check(v > 0, "model.{}: must be > 0, got {}", k, v);
-  check(m.hidden_size % m.num_attention_heads == 0,
+  check(m.explicit_head_dim > 0 || m.hidden_size % m.num_attention_heads == 0,
         "model.num_attention_heads: {} does not divide model.hidden_size {}", m.num_attention_heads,
         m.hidden_size);
   check(m.num_attention_heads % m.num_kv_attention_heads == 0,
@@ -532,6 +533,7 @@ nlohmann::json to_json(const TrainConfig& c) {
   nlohmann::json j;
   j["model"] = {{"type", m.type}, {"vocab_size", m.vocab_size}, {"hidden_size", m.hidden_size},
                 {"num_layers", m.num_layers}, {"num_attention_heads", m.num_attention_heads},
+                {"head_dim", m.explicit_head_dim},
                 {"num_kv_attention_heads", m.num_kv_attention_heads}, {"mlp_ratio", m.mlp_ratio},
                 {"multiple_of", m.multiple_of}, {"norm_eps", m.norm_eps}, {"rope_base", m.rope_base},
                 {"qkv_bias", m.qkv_bias}, {"o_bias", m.o_bias}, {"checkpoint", m.checkpoint},

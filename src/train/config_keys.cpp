@@ -26,6 +26,9 @@ const std::vector<ConfigKey> kConfigKeys = {
      "Query heads; divides hidden_size (head dim = hidden_size / num_attention_heads)."},
     {"model.num_kv_attention_heads", "integer", "", kRequiredShape,
      "Key/value heads (grouped-query attention); divides num_attention_heads."},
+    {"model.head_dim", "integer", "0", "",
+     "Features per attention head when not hidden_size / num_attention_heads (Hugging Face's "
+     "head_dim); 0: hidden_size / num_attention_heads."},
     {"model.mlp_ratio", "number or fraction", "\"8/3\"", "",
      "FFN width = multiple_of × ceil(int(hidden_size × mlp_ratio) / multiple_of); a fraction is "
      "written as a string."},

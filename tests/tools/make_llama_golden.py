@@ -1,7 +1,13 @@
 #!/usr/bin/python3
 """Writes tests/fixtures/llama_golden/: a tiny random Llama model as a Hugging Face folder
 (config.json, model.safetensors) and golden.safetensors with one packed row, the float64 loss of
-Hugging Face's Llama semantics on it and the gradient of that loss for every tensor.
+Hugging Face's Llama semantics on it and the gradient of that loss for every tensor. Then, for the
+same weights and row, tests/fixtures/llama_rope_{linear,llama3}/ (config.json, golden.safetensors
+with float32-rounded gradients) with rope_scaling of those types, whose inverse frequencies follow
+transformers' modeling_rope_utils.py (_compute_linear_scaling_rope_parameters,
+_compute_llama3_parameters), and tests/fixtures/llama_head_dim/ (its own weights) with a head_dim
+that is not hidden_size / num_attention_heads; then qwen2_golden (q/k/v bias), llama_attention_bias
+(q/k/v and o bias) and mistral_golden (sliding_window null), each with its own weights.
 
 The reference below is written from transformers' modeling_llama.py (LlamaRMSNorm, LlamaRotary-
 Embedding with the default rope type, rotate_half/apply_rotary_pos_emb, repeat_kv, eager attention
@@ -12,7 +18,7 @@ path): causal attention inside each document, never across. It does not use long
 layout: q/k/v_proj are separate here, so the test also checks longtron's name mapping.
 
 Needs PyTorch (Debian python3-torch); the test suite reads only the files written here.
-Run: /usr/bin/python3 tests/tools/make_llama_golden.py tests/fixtures/llama_golden
+Run: /usr/bin/python3 tests/tools/make_llama_golden.py tests/fixtures
 """
 import json
 import math
@@ -47,12 +53,14 @@ CONFIG = {
 }
 V, H, F = CONFIG["vocab_size"], CONFIG["hidden_size"], CONFIG["intermediate_size"]
 L, HQ, HKV = CONFIG["num_hidden_layers"], CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"]
-HD = H // HQ
+HD = H // HQ  # head_dim; main() sets it to config.json's head_dim for that variant
 
 
-def weights():
+def weights(qkv_bias=False, o_bias=False):
     """Random weights far from init scale (so every nonlinearity matters), rounded to float32."""
     w = {}
+    def vec(name, n):
+        w[name] = (torch.randn(n, dtype=D) * 0.3).float().double()
     def mat(name, rows, cols, std=0.3):
         w[name] = (torch.randn(rows, cols, dtype=D) * std).float().double()
     def norm(name):
@@ -63,7 +71,13 @@ def weights():
         mat(p + "self_attn.q_proj.weight", HQ * HD, H)
         mat(p + "self_attn.k_proj.weight", HKV * HD, H)
         mat(p + "self_attn.v_proj.weight", HKV * HD, H)
-        mat(p + "self_attn.o_proj.weight", H, HQ * HD)
+        mat(p + "self_attn.o_proj.weight", H, HQ * HD)  # [H, Hq·head_dim]
+        if qkv_bias:
+            vec(p + "self_attn.q_proj.bias", HQ * HD)
+            vec(p + "self_attn.k_proj.bias", HKV * HD)
+            vec(p + "self_attn.v_proj.bias", HKV * HD)
+        if o_bias:
+            vec(p + "self_attn.o_proj.bias", H)
         mat(p + "mlp.gate_proj.weight", F, H)
         mat(p + "mlp.up_proj.weight", F, H)
         mat(p + "mlp.down_proj.weight", H, F)
@@ -101,9 +115,29 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
-def forward(w, ids, labels, pos, cu):
+def inv_freq_of(config):
+    inv_freq = 1.0 / (config["rope_theta"] ** (torch.arange(0, HD, 2, dtype=D) / HD))
+    scaling = config.get("rope_scaling")
+    if scaling is None:
+        return inv_freq
+    factor = scaling["factor"]
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    assert scaling["rope_type"] == "llama3"
+    old_len = scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def forward(w, ids, labels, pos, cu, config):
     n = len(ids)
-    inv_freq = 1.0 / (CONFIG["rope_theta"] ** (torch.arange(0, HD, 2, dtype=D) / HD))
+    inv_freq = inv_freq_of(config)
     freqs = torch.tensor(pos, dtype=D)[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]  # [n, 1, HD]
@@ -118,9 +152,12 @@ def forward(w, ids, labels, pos, cu):
     for l in range(L):
         p = f"model.layers.{l}."
         h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
-        q = (h @ w[p + "self_attn.q_proj.weight"].T).view(n, HQ, HD)
-        k = (h @ w[p + "self_attn.k_proj.weight"].T).view(n, HKV, HD)
-        v = (h @ w[p + "self_attn.v_proj.weight"].T).view(n, HKV, HD)
+        def proj(name):
+            y = h @ w[p + f"self_attn.{name}.weight"].T
+            return y + w[p + f"self_attn.{name}.bias"] if p + f"self_attn.{name}.bias" in w else y
+        q = proj("q_proj").view(n, HQ, HD)
+        k = proj("k_proj").view(n, HKV, HD)
+        v = proj("v_proj").view(n, HKV, HD)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         rep = HQ // HKV  # repeat_kv: query head j uses kv head j // rep
@@ -130,6 +167,8 @@ def forward(w, ids, labels, pos, cu):
         probs = torch.softmax(scores, dim=-1)
         attn = torch.einsum("hij,jhd->ihd", probs, v).reshape(n, HQ * HD)
         x = x + attn @ w[p + "self_attn.o_proj.weight"].T
+        if p + "self_attn.o_proj.bias" in w:
+            x = x + w[p + "self_attn.o_proj.bias"]
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
         gate = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T)
         x = x + (gate * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
@@ -163,25 +202,85 @@ def i64(values):
     return ("I64", [len(values)], struct.pack(f"<{len(values)}q", *values))
 
 
-def main(out):
-    os.makedirs(out, exist_ok=True)
-    w = weights()
+def run(w, config):
     for t in w.values():
+        t.grad = None
         t.requires_grad_(True)
     ids, labels, pos, cu = packed_row()
-    loss = forward(w, ids, labels, pos, cu)
+    loss = forward(w, ids, labels, pos, cu, config)
     loss.backward()
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(CONFIG, f, indent=2)
-        f.write("\n")
-    write_safetensors(os.path.join(out, "model.safetensors"), {k: f32(t.detach()) for k, t in w.items()})
     golden = {"input_ids": i64(ids), "labels": i64(labels), "indexes": i64(pos), "cu_seqlens": i64(cu),
               "loss": ("F64", [], struct.pack("<d", loss.item()))}
+    return loss.item(), golden
+
+
+def write_config(out, config):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+
+
+def main(root):
+    w = weights()
+    out = os.path.join(root, "llama_golden")
+    loss, golden = run(w, CONFIG)
+    write_config(out, CONFIG)
+    write_safetensors(os.path.join(out, "model.safetensors"), {k: f32(t.detach()) for k, t in w.items()})
     for k, t in w.items():
         golden["grad." + k] = f64(t.grad)
     write_safetensors(os.path.join(out, "golden.safetensors"), golden)
-    print(f"loss {loss.item():.17g}, {len(w)} tensors")
+    print(f"llama_golden: loss {loss:.17g}, {len(w)} tensors")
+    variants = {
+        "llama_rope_linear": {"rope_type": "linear", "factor": 2.0},
+        "llama_rope_llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+    }
+    for name, scaling in variants.items():
+        config = dict(CONFIG, rope_scaling=scaling)
+        loss, golden = run(w, config)
+        for k, t in w.items():
+            golden["grad." + k] = f32(t.grad)
+        out = os.path.join(root, name)
+        write_config(out, config)
+        write_safetensors(os.path.join(out, "golden.safetensors"), golden)
+        print(f"{name}: loss {loss:.17g}, inv_freq {inv_freq_of(config).tolist()}")
+    # head_dim 8 with hidden 24 and 4 heads: q/k/v have 32/16/16 features, o_proj is [24, 32].
+    global HD
+    HD = 8
+    torch.manual_seed(4321)
+    config = dict(CONFIG, head_dim=HD)
+    w = weights()
+    loss, golden = run(w, config)
+    for k, t in w.items():
+        golden["grad." + k] = f32(t.grad)
+    out = os.path.join(root, "llama_head_dim")
+    write_config(out, config)
+    write_safetensors(os.path.join(out, "model.safetensors"), {k: f32(t.detach()) for k, t in w.items()})
+    write_safetensors(os.path.join(out, "golden.safetensors"), golden)
+    print(f"llama_head_dim: loss {loss:.17g}")
+    HD = H // HQ
+    # Qwen2 (q/k/v bias, none on o) and Llama with attention_bias (q/k/v and o).
+    base = {k: v for k, v in CONFIG.items() if k not in ("attention_bias", "mlp_bias")}
+    families = {
+        "qwen2_golden": (dict(base, architectures=["Qwen2ForCausalLM"], model_type="qwen2",
+                              use_sliding_window=False, max_window_layers=1), True, False),
+        "llama_attention_bias": (dict(CONFIG, attention_bias=True), True, True),
+        "mistral_golden": (dict(base, architectures=["MistralForCausalLM"], model_type="mistral",
+                                sliding_window=None), False, False),
+    }
+    for name, (config, qkv_bias, o_bias) in families.items():
+        torch.manual_seed(len(name))
+        w = weights(qkv_bias, o_bias)
+        loss, golden = run(w, config)
+        for k, t in w.items():
+            golden["grad." + k] = f32(t.grad)
+        out = os.path.join(root, name)
+        write_config(out, config)
+        write_safetensors(os.path.join(out, "model.safetensors"), {k: f32(t.detach()) for k, t in w.items()})
+        write_safetensors(os.path.join(out, "golden.safetensors"), golden)
+        print(f"{name}: loss {loss:.17g}, {len(w)} tensors")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/llama_golden")
+    main(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures")

@@ -49,10 +49,7 @@ std::vector<int32_t> ints(const safetensors::Reader& r, const std::string& name)
   return out;
 }
 
-TEST(HfFamily, LlamaGoldenLossAndGradients) {
-  const train::LoadedModel m = train::load_model_dir(kFixture);
-  ASSERT_EQ(m.layout->config().type, "llama");
-  const safetensors::Reader golden(kFixture / "golden.safetensors");
+data::MicroBatch golden_row(const safetensors::Reader& golden) {
   data::MicroBatch b;
   b.input_ids = ints(golden, "input_ids");
   b.labels = ints(golden, "labels");
@@ -60,27 +57,113 @@ TEST(HfFamily, LlamaGoldenLossAndGradients) {
   b.cu_seqlens = ints(golden, "cu_seqlens");
   for (size_t s = 0; s + 1 < b.cu_seqlens.size(); ++s)
     b.max_seqlen = std::max(b.max_seqlen, b.cu_seqlens[s + 1] - b.cu_seqlens[s]);
+  return b;
+}
+
+/// The fixture's weights under `variant`'s config.json (a copy in `dir`), or the fixture itself.
+fs::path with_config(const TempDir& dir, const std::string& variant) {
+  const fs::path src = kFixture.parent_path() / variant;
+  if (fs::exists(src / "model.safetensors")) return src;
+  const fs::path out = dir / variant;
+  fs::create_directories(out);
+  fs::copy_file(src / "config.json", out / "config.json");
+  fs::copy_file(kFixture / "model.safetensors", out / "model.safetensors");
+  return out;
+}
+
+/// Loss (1e-5) and every gradient (max |g − ref| ≤ 1e-4 · max |ref| per tensor, by Hugging Face
+/// name) of `variant` against its float64 reference.
+void expect_golden(const std::string& variant, const std::string& type = "llama") {
+  TempDir dir;
+  const train::LoadedModel m = train::load_model_dir(with_config(dir, variant));
+  ASSERT_EQ(m.layout->config().type, type);
+  const safetensors::Reader golden(kFixture.parent_path() / variant / "golden.safetensors");
+  const data::MicroBatch b = golden_row(golden);
   int64_t count = 0;
   for (int32_t l : b.labels) count += l != data::kIgnoreIndex;
-
   model::Params<float> grads(*m.layout);
   const model::LossSum ls = m.model->forward_backward(b, grads, 1.0 / double(count));
   const double ref_loss = golden.file_of("loss").read_doubles("loss").at(0);
-  EXPECT_NEAR(ls.sum / double(ls.count), ref_loss, 1e-5 * std::abs(ref_loss));
-
-  // Every gradient, by its Hugging Face name: max |g − ref| ≤ 1e-4 · max |ref| per tensor.
+  EXPECT_NEAR(ls.sum / double(ls.count), ref_loss, 1e-5 * std::abs(ref_loss)) << variant;
   const train::HfTensors named = train::hf_named_tensors(grads);
-  ASSERT_EQ(named.tensors.size(), 21u);
-  for (const auto& t : named.tensors) {
-    const auto ref = golden.file_of("grad." + t.name).read_doubles("grad." + t.name);
-    ASSERT_EQ(ref.size(), named.storage[&t - named.tensors.data()].size()) << t.name;
+  size_t expected_tensors = 0;
+  for (const auto& name : golden.names()) expected_tensors += name.rfind("grad.", 0) == 0;
+  ASSERT_EQ(named.tensors.size(), expected_tensors);
+  for (size_t k = 0; k < named.tensors.size(); ++k) {
+    const auto& t = named.tensors[k];
+    const auto ref = golden.file_of("grad." + t.name).read_floats("grad." + t.name);
+    ASSERT_EQ(ref.size(), named.storage[k].size()) << t.name;
     double err = 0, scale = 0;
     for (size_t i = 0; i < ref.size(); ++i) {
-      err = std::max(err, std::abs(double(t.data[i]) - ref[i]));
-      scale = std::max(scale, std::abs(ref[i]));
+      err = std::max(err, std::abs(double(t.data[i]) - double(ref[i])));
+      scale = std::max(scale, std::abs(double(ref[i])));
     }
     EXPECT_GT(scale, 0.0) << t.name;
-    EXPECT_LE(err, 1e-4 * scale) << t.name << ": max error " << err << ", max |grad| " << scale;
+    EXPECT_LE(err, 1e-4 * scale) << variant << " " << t.name << ": max error " << err
+                                 << ", max |grad| " << scale;
+  }
+}
+
+TEST(HfFamily, LlamaGoldenLossAndGradients) { expect_golden("llama_golden"); }
+TEST(HfFamily, LlamaRopeLinearGolden) { expect_golden("llama_rope_linear"); }
+TEST(HfFamily, LlamaRopeLlama3Golden) { expect_golden("llama_rope_llama3"); }
+TEST(HfFamily, LlamaHeadDimGolden) { expect_golden("llama_head_dim"); }
+TEST(HfFamily, LlamaAttentionBiasGolden) { expect_golden("llama_attention_bias"); }
+TEST(HfFamily, Qwen2Golden) { expect_golden("qwen2_golden", "qwen2"); }
+TEST(HfFamily, MistralGolden) { expect_golden("mistral_golden", "mistral"); }
+
+// Dynamic (InternLM2.5): plain RoPE below max_position_embeddings — the loss of the unscaled model
+// exactly — and an error naming the position at or beyond it.
+TEST(HfFamily, RopeDynamicIsPlainBelowTheLimitAndRefusedBeyond) {
+  TempDir dir;
+  const safetensors::Reader golden(kFixture / "golden.safetensors");
+  const data::MicroBatch b = golden_row(golden);
+  const train::LoadedModel plain = train::load_model_dir(kFixture);
+  const double expected = plain.model->forward_loss(b).sum;
+  json cfg = read_json(kFixture / "config.json");
+  cfg["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
+  for (const int limit : {64, 8}) {
+    const fs::path out = dir / ("dynamic" + std::to_string(limit));
+    fs::create_directories(out);
+    cfg["max_position_embeddings"] = limit;
+    std::ofstream(out / "config.json") << cfg.dump(2);
+    fs::copy_file(kFixture / "model.safetensors", out / "model.safetensors");
+    const train::LoadedModel m = train::load_model_dir(out);
+    EXPECT_EQ(m.layout->config().rope_scaling_type, "dynamic");
+    if (limit == 64) {
+      EXPECT_EQ(m.model->forward_loss(b).sum, expected);
+    } else {  // the 9-token document reaches position 8
+      expect_error([&] { m.model->forward_loss(b); }, {"position 8", "max_position_embeddings = 8"});
+    }
+  }
+  cfg.erase("max_position_embeddings");
+  expect_error([&] { model::from_hf_config(cfg, "c.json"); }, {"dynamic", "max_position_embeddings"});
+  cfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+  expect_error([&] { model::from_hf_config(cfg, "c.json"); }, {"rope_scaling.low_freq_factor"});
+}
+
+// Every family's folder written back as its own family: the same names, values and config.json.
+TEST(HfFamily, EachFamilyRoundTripsItsNamesAndConfig) {
+  TempDir dir;
+  for (const std::string variant :
+       {"llama_golden", "llama_head_dim", "llama_attention_bias", "qwen2_golden", "mistral_golden"}) {
+    const fs::path src = kFixture.parent_path() / variant;
+    const train::LoadedModel a = train::load_model_dir(src);
+    const fs::path out = dir / variant;
+    fs::create_directories(out);
+    model::write_hf_config(out / "config.json", a.layout->config());
+    const train::HfTensors named = train::hf_named_tensors(*a.params);
+    std::vector<safetensors::WriteTensor> w;
+    for (const auto& t : named.tensors) w.push_back({t.name, t.shape, safetensors::DType::F32, t.data, nullptr});
+    safetensors::write_file(out / "model.safetensors", w);
+    EXPECT_EQ(read_json(out / "config.json"), read_json(src / "config.json")) << variant;
+    const safetensors::Reader in(src), back(out);
+    auto names = in.names(), names_back = back.names();
+    std::sort(names.begin(), names.end());
+    std::sort(names_back.begin(), names_back.end());
+    ASSERT_EQ(names, names_back) << variant;
+    for (const auto& n : names)
+      EXPECT_EQ(in.file_of(n).read_floats(n), back.file_of(n).read_floats(n)) << variant << " " << n;
   }
 }
 
@@ -176,7 +259,8 @@ TEST(HfFamily, BadConfigsNameTheKey) {
                {"rope_scaling", "yarn"});
   expect_error([&] { model::from_hf_config(with("hidden_act", "gelu"), "c.json"); },
                {"hidden_act", "gelu"});
-  expect_error([&] { model::from_hf_config(with("head_dim", 8), "c.json"); }, {"head_dim 8"});
+  expect_error([&] { model::from_hf_config(with("head_dim", 7), "c.json"); },
+               {"head_dim must be even", "7"});
   expect_error([&] { model::from_hf_config(with("tie_word_embeddings", true), "c.json"); },
                {"tie_word_embeddings"});
   json missing = base;
