@@ -13,6 +13,7 @@
 #include "core/phase.h"
 #include "core/safetensors.h"
 #include "core/threads.h"
+#include "data/context_split.h"
 #include "data/open.h"
 #include "data/validate.h"
 #include "model/hf_config.h"
@@ -258,6 +259,22 @@ struct Run {
     safetensors::write_file(dir / "model.safetensors", tensors, {{"content", "gradients of the step loss, before clipping"}});
   }
 
+  /// 2D-Attention: Σ max ÷ Σ mean of the context ranks' attention work over the step's rows of
+  /// every dp rank (context_split.h); 0 when not context parallel.
+  double cp_imbalance(const std::vector<data::MicroBatch>& batches) const {
+    const comm::Layout& l = grid.layout;
+    if (!l.seq2d || l.seq2d_context <= 1) return 0;
+    double parts[2] = {0, 0};
+    for (const auto& b : batches) {
+      const auto [max, mean] = data::context_work_max_mean(
+          b.cu_seqlens, l.seq2d_context, l.tensor_size, data::parse_context_balance(l.seq2d_balance));
+      parts[0] += max;
+      parts[1] += mean;
+    }
+    if (dp->size() > 1) dp->all_reduce(parts, 2);
+    return parts[1] > 0 ? parts[0] / parts[1] : 1.0;
+  }
+
   /// One optimizer step (1-based `step`). Returns its metrics row.
   TrainRow step(int64_t step, bool dump) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -318,6 +335,7 @@ struct Run {
     row.step_time_s = seconds;
     row.skipped = bad != 0;
     row.imbalance = plan.imbalance();
+    row.cp_imbalance = cp_imbalance(batches);
     row.tgs = static_cast<double>(counts[1]) / static_cast<double>(grid.world_size) / seconds;
     // Model FLOPs of every position the ranks computed (pad included: it is computed) over the
     // sgemm speed of all ranks together.

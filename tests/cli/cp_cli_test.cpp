@@ -18,7 +18,7 @@ using longtron::testing::run_longtron;
 namespace {
 
 struct Row {
-  double loss = 0, grad_norm = 0, valid_loss = 0;
+  double loss = 0, grad_norm = 0, valid_loss = 0, cp_imbalance = 0;
 };
 
 /// step → (loss, grad_norm) of the training rows of a metrics file.
@@ -32,6 +32,7 @@ std::map<int64_t, Row> rows_of(const fs::path& metrics) {
       out[step].loss = j["loss"].get<double>();
       out[step].grad_norm = j["grad_norm"].get<double>();
     }
+    if (j.contains("cp_imbalance")) out[step].cp_imbalance = j["cp_imbalance"].get<double>();
     if (j.contains("valid_loss")) out[step].valid_loss = j["valid_loss"].get<double>();
   }
   return out;
@@ -52,6 +53,9 @@ void expect_same(const std::map<int64_t, Row>& got, const std::map<int64_t, Row>
     if (r.valid_loss != 0)
       e_valid = std::max(e_valid, std::abs(got.at(step).valid_loss - r.valid_loss) / r.valid_loss);
     if (r.loss == 0) continue;  // a validation-only row (step 0)
+    EXPECT_EQ(r.cp_imbalance, 0.0) << "one process writes no cp_imbalance";
+    EXPECT_GE(got.at(step).cp_imbalance, 1.0) << what << " step " << step;
+    EXPECT_LT(got.at(step).cp_imbalance, 3.0) << what << " step " << step;
     e_loss = std::max(e_loss, std::abs(got.at(step).loss - r.loss) / std::abs(r.loss));
     e_norm = std::max(e_norm, std::abs(got.at(step).grad_norm - r.grad_norm) / std::abs(r.grad_norm));
   }
