@@ -38,11 +38,14 @@ std::map<int64_t, Row> rows_of(const fs::path& metrics) {
   return out;
 }
 
-std::string args(const Prepared& p, const std::string& run, const std::string& extra) {
+// A constant learning rate (min_lr = lr), so that a run stopped at step 2 and resumed follows the
+// 3-step run's schedule.
+std::string args(const Prepared& p, const std::string& run, const std::string& extra,
+                 int steps = 3) {
   return "train --config " + (p.dir / "tiny.toml").string() + " --set train.metrics_file=\"" +
          (p.dir / run / "metrics.jsonl").string() + "\" --set train.checkpoint_dir=\"" +
-         (p.dir / run / "ckpt").string() + "\" --set train.total_steps=3 --set train.valid_every=3 " +
-         extra;
+         (p.dir / run / "ckpt").string() + "\" --set train.total_steps=" + std::to_string(steps) +
+         " --set train.valid_every=3 --set lr_scheduler.min_lr=1e-2 " + extra;
 }
 
 void expect_same(const std::map<int64_t, Row>& got, const std::map<int64_t, Row>& ref,
@@ -86,6 +89,21 @@ TEST(CpCli, TrainsLikeOneProcessUnderMpirun) {
                                                " --set parallel.sequence_2D.balance=\"document\""));
   ASSERT_EQ(r.status, 0) << r.output;
   expect_same(rows_of(p.dir / "hp2cp2" / "metrics.jsonl"), ref, "hp2 x cp2 document W4");
+
+  // Resume between layouts: 2 steps under hp1 x cp2 (contiguous), step 3 in one process.
+  r = mpirun_longtron(2, args(p, "cp2ckpt", "--set parallel.tensor.size=2" + k2D +
+                                                " --set parallel.sequence_2D.context_size=2"
+                                                " --set parallel.sequence_2D.balance=\"contiguous\"",
+                              2));
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run_longtron(args(p, "resumed", "--resume " + (p.dir / "cp2ckpt" / "ckpt").string()));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto resumed = rows_of(p.dir / "resumed" / "metrics.jsonl");
+  ASSERT_TRUE(resumed.count(3)) << r.output;
+  EXPECT_FALSE(resumed.count(1) && resumed.at(1).loss != 0) << "trained from scratch, not resumed";
+  const double e = std::abs(resumed.at(3).loss - ref.at(3).loss) / ref.at(3).loss;
+  std::printf("[cp-cli] cp2 checkpoint resumed in one process: step-3 loss rel err %.2e\n", e);
+  EXPECT_LT(e, 1e-5);
 }
 
 TEST(CpCli, ImpossibleSettingsStopTheJobFirst) {
