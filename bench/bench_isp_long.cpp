@@ -10,8 +10,11 @@
 //   per layer and direction (N/P)·d·(2·h_q + 2·h_kv')·4 bytes (fp32) sent, of which (P−1)/P leave
 //   the rank;
 // - the step time (median of the timed steps; the first step is a warm-up).
-// Options (argv): tokens=N checkpoint=0|1 overlap=0|1 steps=K layers=L hidden=H (defaults 32768,
-// 0, 0, 2, 4, 128). Threads per rank: hardware threads ÷ ranks (docs/cluster.md), at least 1.
+// Options (argv): tokens=N checkpoint=0|1 overlap=0|1 steps=K layers=L hidden=H cp=C
+// balance=0|1|2 (defaults 32768, 0, 0, 2, 4, 128, 1, 1). cp=C > 1 turns on 2D-Attention
+// (parallel.sequence_2D, head_size T / C, head_first; balance 0 contiguous, 1 zigzag, 2 document):
+// its all-to-alls run on the HEAD group, the K/V all-gathers and dK/dV reduce-scatters on the
+// CONTEXT group, each counted on its own. Threads per rank: hardware threads ÷ ranks (docs/cluster.md), at least 1.
 // This is a plain MPI program (not Google Benchmark): each configuration is one mpirun.
 #include <sys/resource.h>
 #include <unistd.h>
@@ -58,12 +61,13 @@ double peak_rss_mib() {
 
 std::map<std::string, long> parse_args(int argc, char** argv) {
   std::map<std::string, long> a{{"tokens", 32768}, {"checkpoint", 0}, {"overlap", 0},
-                                {"steps", 2},      {"layers", 4},     {"hidden", 128}};
+                                {"steps", 2},      {"layers", 4},     {"hidden", 128},
+                                {"cp", 1},         {"balance", 1}};
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];
     const auto eq = s.find('=');
     if (eq == std::string::npos || !a.count(s.substr(0, eq))) {
-      std::fprintf(stderr, "unknown option %s (tokens= checkpoint= overlap= steps= layers= hidden=)\n",
+      std::fprintf(stderr, "unknown option %s (tokens= checkpoint= overlap= steps= layers= hidden= cp= balance=)\n",
                    argv[i]);
       std::exit(2);
     }
@@ -121,6 +125,14 @@ int main(int argc, char** argv) {
   layout.tensor_mode = comm::TensorMode::kIsp;
   layout.weight_size = T;
   layout.weight_overlap = a.at("overlap") != 0;
+  const int C = int(a.at("cp"));
+  if (C > 1) {
+    static const char* const kBalance[] = {"contiguous", "zigzag", "document"};
+    layout.seq2d = true;
+    layout.seq2d_context = C;
+    layout.seq2d_head = T / C;
+    layout.seq2d_balance = kBalance[std::clamp<long>(a.at("balance"), 0, 2)];
+  }
   comm::ProcessGrid grid = comm::make_process_grid(world, layout);
   parallel::ParallelEngine engine(c, grid, 42, P);
   train::OptimizerConfig oc;
@@ -129,10 +141,11 @@ int main(int argc, char** argv) {
   const double baseline = rss_mib();
 
   std::vector<double> times;
-  comm::CommStats tensor_bytes, weight_bytes;
+  comm::CommStats tensor_bytes, weight_bytes, context_bytes;
   double loss = 0;
   for (long s = 0; s < a.at("steps"); ++s) {
-    grid.tensor->reset_stats();
+    grid.head->reset_stats();
+    grid.context->reset_stats();
     grid.weight->reset_stats();
     world->barrier();
     const auto t0 = std::chrono::steady_clock::now();
@@ -142,7 +155,8 @@ int main(int argc, char** argv) {
     const train::StepResult l = train::train_step(engine, adam, {row}, so);
     world->barrier();
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    tensor_bytes = grid.tensor->stats();
+    tensor_bytes = grid.head->stats();
+    context_bytes = grid.context->stats();
     weight_bytes = grid.weight->stats();
     loss = l.loss;
   }
@@ -154,16 +168,18 @@ int main(int argc, char** argv) {
   std::vector<double> timed(times.begin() + (times.size() > 1 ? 1 : 0), times.end());
   std::sort(timed.begin(), timed.end());
   if (rank == 0) {
-    const auto h = parallel::ulysses_heads(c.num_attention_heads, c.num_kv_attention_heads, T);
+    const int Th = T / C;  // the head group: Ulysses runs over it
+    const auto h = parallel::ulysses_heads(c.num_attention_heads, c.num_kv_attention_heads, Th);
     const double d = double(c.head_dim()), n_local = double(P) / T;
-    const double per_layer_dir = n_local * d * double(2 * h.hq + 2 * h.hkv_local * T) * 4.0;
+    const double per_layer_dir = n_local * d * double(2 * h.hq + 2 * h.hkv_local * Th) * 4.0;
     // Passes over the layers: forward, backward, and under checkpointing the recomputed forward
     // of every block but the last (the model still holds the last block's activations).
     const int64_t passes = c.checkpoint ? 3 * c.num_layers - 1 : 2 * c.num_layers;
     const auto k = [](comm::Kind kind) { return int(kind); };
-    std::printf("isp_long tokens %lld T %d W %d checkpoint %d overlap %d layers %lld hidden %lld "
-                "threads/rank %d: loss %.4f step %.3f s (median of %zu)\n",
-                (long long)P, T, T, int(c.checkpoint), int(layout.weight_overlap),
+    std::printf("isp_long tokens %lld T %d (head %d x context %d, %s) W %d checkpoint %d overlap %d "
+                "layers %lld hidden %lld threads/rank %d: loss %.4f step %.3f s (median of %zu)\n",
+                (long long)P, T, Th, C, C > 1 ? layout.seq2d_balance.c_str() : "-", T,
+                int(c.checkpoint), int(layout.weight_overlap),
                 (long long)c.num_layers, (long long)c.hidden_size, num_threads(), loss,
                 timed[timed.size() / 2], timed.size());
     for (int r = 0; r < T; ++r)
@@ -174,7 +190,13 @@ int main(int argc, char** argv) {
                 tensor_bytes.bytes[k(comm::Kind::kAllToAll)] / 1048576.0,
                 (unsigned long long)tensor_bytes.calls[k(comm::Kind::kAllToAll)], (long long)passes,
                 double(passes) * per_layer_dir / 1048576.0,
-                double(passes) * per_layer_dir * (T - 1) / T / 1048576.0);
+                double(passes) * per_layer_dir * (Th - 1) / Th / 1048576.0);
+    std::printf("  bytes/step/rank: context K/V all_gather %.2f MiB sent (%llu calls), dK/dV "
+                "reduce_scatter %.2f MiB (%llu calls)\n",
+                context_bytes.bytes[k(comm::Kind::kAllGather)] / 1048576.0,
+                (unsigned long long)context_bytes.calls[k(comm::Kind::kAllGather)],
+                context_bytes.bytes[k(comm::Kind::kReduceScatter)] / 1048576.0,
+                (unsigned long long)context_bytes.calls[k(comm::Kind::kReduceScatter)]);
     std::printf("  bytes/step/rank: weight all_gather %.2f MiB sent (%llu calls, x%d gathered), "
                 "reduce_scatter %.2f MiB (%llu calls)\n",
                 weight_bytes.bytes[k(comm::Kind::kAllGather)] / 1048576.0,

@@ -175,6 +175,22 @@ double context_imbalance(std::span<const int32_t> cu,
   return sum == 0 ? 1.0 : double(max) * double(assignment.size()) / double(sum);
 }
 
+std::pair<double, double> context_work_max_mean(std::span<const int32_t> cu, int64_t C,
+                                                int64_t pad_to, ContextBalance balance) {
+  check(pad_to >= 1 && pad_to % C == 0, "context parallel: padding to {} is not a multiple of {}",
+        pad_to, C);
+  std::vector<int32_t> padded(cu.begin(), cu.end());
+  const int64_t P = row_length(cu), full = (P + pad_to - 1) / pad_to * pad_to;
+  if (full != P) padded.push_back(static_cast<int32_t>(full));
+  double max = 0, sum = 0;
+  for (const auto& positions : context_assignment(padded, C, balance)) {
+    const double w = double(attention_work(padded, positions));
+    max = std::max(max, w);
+    sum += w;
+  }
+  return {max, sum / double(C)};
+}
+
 ContextSegments context_segments(std::span<const int32_t> cu, std::span<const int32_t> positions) {
   const int64_t P = row_length(cu);
   ContextSegments out;

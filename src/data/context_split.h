@@ -52,6 +52,14 @@ int64_t attention_work(std::span<const int32_t> cu_seqlens, std::span<const int3
 double context_imbalance(std::span<const int32_t> cu_seqlens,
                          const std::vector<std::vector<int32_t>>& assignment);
 
+/// (max, mean) over the C context ranks of their attention work on one row, after padding the row
+/// to a multiple of `pad_to` (a multiple of C; the pad is its own segment, as the split does).
+/// Summed over a step's rows, Σ max ÷ Σ mean is the attention time lost to waiting for the slowest
+/// context rank (the metrics' "cp_imbalance").
+std::pair<double, double> context_work_max_mean(std::span<const int32_t> cu_seqlens,
+                                                int64_t context_size, int64_t pad_to,
+                                                ContextBalance balance);
+
 /// The attention a context rank computes, as varlen segments (flash_attn_varlen_func with separate
 /// key segments, bottom-right aligned): its positions (ascending) cut into maximal runs [a, b) of
 /// consecutive positions inside one row segment starting at s. Run i has queries

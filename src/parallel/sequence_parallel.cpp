@@ -7,7 +7,8 @@
 namespace longtron::parallel {
 
 SequenceParallelGroups init_sequence_parallel(const comm::CommPtr& world,
-                                              int sequence_parallel_size) {
+                                              int sequence_parallel_size, int context_size,
+                                              data::ContextBalance balance) {
   const int sp = sequence_parallel_size, n = world->size(), r = world->rank();
   check(sp >= 1 && n % sp == 0,
         "init_sequence_parallel: the world size {} is not divisible by sequence_parallel_size {}",
@@ -15,6 +16,18 @@ SequenceParallelGroups init_sequence_parallel(const comm::CommPtr& world,
   SequenceParallelGroups g;
   g.sp = world->split(r / sp, r);  // contiguous blocks
   g.dp = world->split(r % sp, r);  // stride sp
+  check(context_size >= 1 && sp % context_size == 0,
+        "init_sequence_parallel: context_size {} does not divide sequence_parallel_size {}",
+        context_size, sp);
+  g.balance = balance;
+  if (context_size == 1) {
+    g.head = g.sp;
+    g.context = comm::make_local_communicator();
+  } else {  // head-first: head rank h = t % (sp / C), context rank c = t / (sp / C)
+    const int hp = sp / context_size, t = g.sp->rank();
+    g.head = g.sp->split(t / hp, t % hp);
+    g.context = g.sp->split(t % hp, t / hp);
+  }
   return g;
 }
 
@@ -30,6 +43,10 @@ data::SequenceParallelSampler make_sequence_parallel_sampler(const SequenceParal
 
 data::MicroBatch pad_and_split_for_sequence_parallel(data::MicroBatch row,
                                                      const SequenceParallelGroups& groups) {
+  if (groups.context && groups.context->size() > 1)
+    return data::split_for_context_parallel(row, groups.head->size(), groups.head->rank(),
+                                            groups.context->size(), groups.context->rank(),
+                                            groups.balance);
   data::pad_for_sequence_parallel(row, groups.sp_size());
   return data::split_for_sequence_parallel(row, groups.sp_size(), groups.sp_rank());
 }

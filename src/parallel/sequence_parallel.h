@@ -9,6 +9,7 @@
 
 #include "comm/communicator.h"
 #include "data/batch.h"
+#include "data/context_split.h"
 #include "data/sampler.h"
 
 namespace longtron::parallel {
@@ -19,6 +20,11 @@ namespace longtron::parallel {
 struct SequenceParallelGroups {
   comm::CommPtr sp;  ///< get_sequence_parallel_group()
   comm::CommPtr dp;  ///< get_data_parallel_group()
+  /// 2D-Attention inside each SP group (docs/isp.md): HEAD groups of sp / context_size consecutive
+  /// SP ranks (Ulysses), CONTEXT groups of the ranks with the same head rank; head = sp and
+  /// context = one rank when context_size is 1.
+  comm::CommPtr head, context;
+  data::ContextBalance balance = data::ContextBalance::kZigzag;
   int sp_size() const { return sp->size(); }
   int sp_rank() const { return sp->rank(); }
   int dp_size() const { return dp->size(); }
@@ -27,8 +33,11 @@ struct SequenceParallelGroups {
 
 /// XTuner `init_sequence_parallel(sequence_parallel_size)`. Collective over `world`. Throws Error
 /// if sequence_parallel_size < 1 or does not divide the world size (XTuner raises RuntimeError).
-SequenceParallelGroups init_sequence_parallel(const comm::CommPtr& world,
-                                              int sequence_parallel_size);
+/// With context_size > 1 (which must divide it) the SP group is split head-first into
+/// sp / context_size × context_size for 2D-Attention, the shares assigned by `balance`.
+SequenceParallelGroups init_sequence_parallel(
+    const comm::CommPtr& world, int sequence_parallel_size, int context_size = 1,
+    data::ContextBalance balance = data::ContextBalance::kZigzag);
 
 /// XTuner `SequenceParallelSampler(dataset, shuffle, seed, round_up)`: rank and size from the DP
 /// group, so every rank of an SP group draws the same sample ids.
@@ -37,7 +46,8 @@ data::SequenceParallelSampler make_sequence_parallel_sampler(const SequenceParal
                                                              uint32_t seed, bool round_up = true);
 
 /// pad_for_sequence_parallel then split_for_sequence_parallel of a packed row for this rank (pad:
-/// input 0, label -100, index 0, its own segment; cu_seqlens stays global; docs/data.md).
+/// input 0, label -100, index 0, its own segment; cu_seqlens stays global; docs/data.md). Under
+/// 2D-Attention: split_for_context_parallel (this rank's slice of its context share).
 data::MicroBatch pad_and_split_for_sequence_parallel(data::MicroBatch row,
                                                      const SequenceParallelGroups& groups);
 

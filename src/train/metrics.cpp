@@ -25,6 +25,7 @@ std::string to_json_line(const TrainRow& r) {
             {"lr", number(r.lr)},   {"tokens", r.tokens},     {"tgs", number(r.tgs)},
             {"mfu", number(r.mfu)}, {"step_time_s", number(r.step_time_s)},
             {"dtype", r.dtype},     {"imbalance", number(r.imbalance)}};
+  if (r.cp_imbalance > 0) j["cp_imbalance"] = number(r.cp_imbalance);
   return j.dump();
 }
 
@@ -60,6 +61,7 @@ void read_metrics(const fs::path& path, std::vector<TrainRow>& train, std::vecto
       r.step_time_s = as_double(j.value("step_time_s", json()));
       r.dtype = j.value("dtype", std::string("float32"));
       r.imbalance = as_double(j.value("imbalance", json(1.0)));
+      r.cp_imbalance = as_double(j.value("cp_imbalance", json(0.0)));
       train.push_back(r);
     } else {
       fail("{}:{}: row has neither 'loss' nor 'valid_loss'", path.string(), n);

@@ -29,6 +29,9 @@ struct TrainRow {
   std::string dtype = "float32";  ///< precision of the step's GEMMs ("float32" or "bfloat16")
   /// Modelled cost of the slowest dp rank ÷ the mean (data.balance; 1.0 = perfect balance).
   double imbalance = 1.0;
+  /// 2D-Attention only (0 = not context parallel, not written): Σ over the step's rows of the
+  /// slowest context rank's attention work ÷ Σ of the mean (parallel.sequence_2D.balance).
+  double cp_imbalance = 0;
 };
 
 /// A validation row: token-weighted loss over the valid set.

@@ -13,6 +13,7 @@
 #include "core/phase.h"
 #include "core/safetensors.h"
 #include "core/threads.h"
+#include "data/context_split.h"
 #include "data/open.h"
 #include "data/validate.h"
 #include "model/hf_config.h"
@@ -224,6 +225,22 @@ struct Run {
     safetensors::write_file(dir / "model.safetensors", tensors, {{"content", "gradients of the step loss, before clipping"}});
   }
 
+  /// 2D-Attention: Σ max ÷ Σ mean of the context ranks' attention work over the step's rows of
+  /// every dp rank (context_split.h); 0 when not context parallel.
+  double cp_imbalance(const std::vector<data::MicroBatch>& batches) const {
+    const comm::Layout& l = grid.layout;
+    if (!l.seq2d || l.seq2d_context <= 1) return 0;
+    double parts[2] = {0, 0};
+    for (const auto& b : batches) {
+      const auto [max, mean] = data::context_work_max_mean(
+          b.cu_seqlens, l.seq2d_context, l.tensor_size, data::parse_context_balance(l.seq2d_balance));
+      parts[0] += max;
+      parts[1] += mean;
+    }
+    if (dp->size() > 1) dp->all_reduce(parts, 2);
+    return parts[1] > 0 ? parts[0] / parts[1] : 1.0;
+  }
+
   /// One optimizer step (1-based `step`) through train_step (step.h). Returns its metrics row.
   TrainRow step(int64_t step, bool dump) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -255,6 +272,7 @@ struct Run {
     row.imbalance = plan.imbalance();
     row.dtype = ops::compute_type_name(compute);
     row.tgs = static_cast<double>(r.tokens) / static_cast<double>(grid.world_size) / seconds;
+    row.cp_imbalance = cp_imbalance(batches);
     // Model FLOPs of every position the ranks computed (pad included: it is computed) over the
     // GEMM speed of the step's dtype on all ranks together.
     row.mfu = model::model_flops(config.model, processed, r.sum_l2) / seconds /

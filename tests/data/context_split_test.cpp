@@ -202,6 +202,16 @@ TEST(ContextSplit, SplitOfARowPadsAndKeepsLabels) {
   EXPECT_EQ(all, (V{11, 12, 17, 0, 13, 14, 15, 16}));
 }
 
+TEST(ContextSplit, WorkMaxMeanPadsLikeTheSplit) {
+  // {0, 3, 7} padded to 8 (pad segment of 1), zigzag C = 2: c0 = {0, 1, 6, 7}, c1 = {2, 3, 4, 5}.
+  const auto [max, mean] = context_work_max_mean(V{0, 3, 7}, 2, 4, ContextBalance::kZigzag);
+  const int64_t w0 = 1 + 2 + 4 + 1, w1 = 3 + 1 + 2 + 3;  // position 6 is offset 3 of [3, 7)
+  EXPECT_DOUBLE_EQ(max, double(std::max(w0, w1)));
+  EXPECT_DOUBLE_EQ(mean, (w0 + w1) / 2.0);
+  expect_error([] { context_work_max_mean(V{0, 8}, 2, 3, ContextBalance::kZigzag); },
+               {"not a multiple of 2"});
+}
+
 TEST(ContextSplit, BadInputIsAnError) {
   expect_error([] { context_assignment(V{0, 7}, 2, ContextBalance::kZigzag); },
                {"does not divide the row length 7"});

@@ -1,6 +1,7 @@
 // 2D-Attention through the engine on 4 ranks against one process (see cp_parity.h): hp1 x cp4
-// with 1 kv head, hp2 x cp2 (W = 4 with overlap, both placements), dp2 x (hp1 x cp2) with ZeRO-1,
-// every balance, edge rows and unpacked rows whose shards are all padding.
+// with 1 kv head, hp2 x cp2 (W = 4 with overlap, both placements; recomputation with 1 kv head
+// repeated), cp4 with window_size 2 interleaved, dp2 x (hp1 x cp2) with ZeRO-1, every balance,
+// edge rows and unpacked rows whose shards are all padding.
 #include "cp_parity.h"
 
 namespace longtron::testing {
@@ -22,6 +23,18 @@ TEST(CpParityNp4, Hp2Cp2OverlapBothPlacements) {
       c.layout.weight_overlap = true;
       check_isp_parity(c);
     }
+}
+
+TEST(CpParityNp4, RecomputationRepeatedKvAndWindow) {
+  IspCase r{"hp2xcp2 checkpoint 1 kv head", seq2d(4, 4, 2, "document")};
+  r.model = tiny_model(1);  // head_size 2 > 1 kv head: repeated inside the head group
+  r.model.checkpoint = true;
+  check_isp_parity(r);
+  // window_size 2 with interleaved context ranks (context first): accepted, no effect on results.
+  IspCase w{"cp4 window 2 interleaved", seq2d(4, 4, 1, "zigzag", /*head_first=*/false)};
+  w.layout.seq2d_window = 2;
+  w.layout.seq2d_interleaved = true;
+  check_isp_parity(w);
 }
 
 TEST(CpParityNp4, Dp2Cp2Zero1) {

@@ -114,5 +114,54 @@ TEST(XtunerSpNp4, EndToEnd) {
   EXPECT_LT(err, 1e-6);
 }
 
+// The XTuner-named API with 2D-Attention: sp = 4 split head-first into head 2 x context 2, the
+// row split by "document" balance; the exact loss equals one process's.
+TEST(XtunerSpNp4, EndToEnd2D) {
+  SequenceParallelGroups g =
+      parallel::init_sequence_parallel(world(), 4, 2, data::ContextBalance::kDocument);
+  EXPECT_EQ(g.head->size(), 2);
+  EXPECT_EQ(g.context->size(), 2);
+  EXPECT_EQ(g.head->rank(), g.sp_rank() % 2);
+  EXPECT_EQ(g.context->rank(), g.sp_rank() / 2);
+  // 13 tokens (padded to 16): a document longer than a context share and two of length 1.
+  data::MicroBatch row;
+  row.cu_seqlens = {0, 10, 11, 12, 13};
+  row.max_seqlen = 10;
+  for (int s = 0; s < 4; ++s)
+    for (int32_t i = 0; i < row.cu_seqlens[s + 1] - row.cu_seqlens[s]; ++i) {
+      row.input_ids.push_back(1 + (7 * int32_t(row.input_ids.size())) % 40);
+      row.indexes.push_back(i);
+    }
+  row.labels.assign(row.input_ids.size(), -100);
+  for (int32_t n = 0; n + 1 < 10; ++n) row.labels[size_t(n)] = row.input_ids[size_t(n) + 1];
+  const data::MicroBatch mine = parallel::pad_and_split_for_sequence_parallel(row, g);
+  EXPECT_EQ(mine.input_ids.size(), 4u);
+  EXPECT_EQ(mine.cu_seqlens.back(), 16);
+
+  model::ModelConfig c;
+  c.vocab_size = 41, c.hidden_size = 32, c.num_layers = 2, c.num_attention_heads = 4;
+  c.num_kv_attention_heads = 2, c.multiple_of = 8;
+  comm::Layout l;
+  l.tensor_size = 4, l.tensor_mode = comm::TensorMode::kIsp, l.weight_size = 4;
+  l.seq2d = true, l.seq2d_head = 2, l.seq2d_context = 2, l.seq2d_balance = "document";
+  comm::ProcessGrid grid = comm::make_process_grid(world(), l);
+  model::ParamLayout full(c);
+  model::Params<float> params(full), local(full);
+  model::init_params(params, 9);
+  parallel::isp_scatter_params(local, params, parallel::isp_shard_plan(full, 4, grid.weight->rank()));
+  model::InternLM2<float> isp(full, local, parallel::make_isp_ops(full, grid, false));
+  const model::LossSum ls = isp.forward_loss(mine);
+  const double mean = ls.count > 0 ? ls.sum / double(ls.count) : 0.0;
+  const double got = parallel::reduce_sequence_parallel_loss(mean, ls.count, *g.sp);
+  data::MicroBatch padded = row;
+  data::pad_for_sequence_parallel(padded, 4);
+  model::InternLM2<float> dense(full, params);
+  const model::LossSum want = dense.forward_loss(padded);
+  const double err = std::abs(got - want.sum / double(want.count)) / (want.sum / double(want.count));
+  if (world()->rank() == 0)
+    std::printf("[xtuner-sp] 2D head 2 x context 2 document: loss rel err %.2e\n", err);
+  EXPECT_LT(err, 1e-6);
+}
+
 }  // namespace
 }  // namespace longtron::testing
