@@ -161,17 +161,22 @@ StepShape step_shape(const TrainConfig& c, const comm::ProcessGrid& grid,
       s.layout_scratch = (gathered + 5) * P * Hid;
     }
   } else if (mode == "isp") {
-    const Heads h = ulysses(Hq, Hkv, T);
+    // 2D-Attention: Ulysses over the head group of Th = head_size ranks, the context share of
+    // M = P / C tokens after it (docs/isp.md); without it Th = T, C = 1.
+    const comm::Layout& l = grid.layout;
+    const double C = l.seq2d ? l.seq2d_context : 1, Th = T / C;
+    const Heads h = ulysses(Hq, Hkv, Th);
     const double N = std::ceil(P / T), local_heads = h.q + 2 * h.kv;
     w.N = w.R = N;
     w.H = Hid;
     w.Q = static_cast<double>(m.qkv_size());
     w.F = static_cast<double>(m.ffn_size());
     w.A = Hq * d;
-    w.saved_qkv = N * (T * local_heads + Hq) * d;
+    w.saved_qkv = N * (Th * local_heads + Hq) * d;
     w.saved_lse = N * Hq;
     s.attn_hq = h.q;
     s.attn_hkv = h.kv;
+    s.attn_tokens = N * Th;
     s.head_rows = N;
     // Gathered weights: the largest tensor (the head or the embedding) once, twice with prefetch,
     // its full gradient before the reduce-scatter, and the send/receive staging; plus Ulysses'
@@ -179,7 +184,11 @@ StepShape step_shape(const TrainConfig& c, const comm::ProcessGrid& grid,
     double largest = 0;
     for (const auto& v : full.views()) largest = std::max(largest, static_cast<double>(v.numel));
     const double slots = c.parallel.weight.overlap ? 2 : 1;
-    s.layout_scratch = (slots + 3) * largest + N * (w.Q + T * local_heads * d) * 2;
+    s.layout_scratch = (slots + 3) * largest + N * (w.Q + Th * local_heads * d) * 2;
+    // Context parallel (cp_attention.h): this rank's K/V, the gathered row's, the key buffer and
+    // its gradient (at most about twice the row: a rank's two zigzag pieces of a document both
+    // copy its start).
+    if (C > 1) s.layout_scratch += (N * Th + P + 2 * 2 * P) * 2 * h.kv * d;
   } else {  // "2d"
     const double x = grid.layout.tensor_2d_x, y = grid.layout.tensor_2d_y;
     const double hqx = Hq / x, hkvx = Hkv / x;
@@ -240,6 +249,9 @@ std::string layout_text(const comm::ProcessGrid& g, const std::string& mode) {
   else if (mode != "dense")
     s += fmt::format(", tensor {}", l.tensor_size);
   if (mode == "isp") s += fmt::format(", weight {}", l.weight_size);
+  if (mode == "isp" && l.seq2d)
+    s += fmt::format(", 2D-Attention head {} x context {} ({})", l.seq2d_head, l.seq2d_context,
+                     l.seq2d_balance);
   s += fmt::format(", zero1 {}", g.zero1->size());
   return s;
 }

@@ -95,6 +95,23 @@ TEST(MemoryPlan, LayoutsShardWhatTheyShould) {
   }
 }
 
+// 2D-Attention (hp1 x cp4) holds the gathered row's K/V, the key buffer and its gradient on top
+// of what Ulysses over the same 4 ranks holds; the layout line names the split.
+TEST(MemoryPlan, ContextParallelAddsTheGatheredKeys) {
+  train::MemoryPlanInputs four;
+  four.world_size = 4;
+  const std::string isp = "parallel.tensor={size = 4, mode = \"isp\"}";
+  const auto ulysses = train::plan_memory(tiny({isp, "parallel.weight.size=4"}), four);
+  const auto cp = train::plan_memory(
+      tiny({isp, "parallel.weight.size=4", "parallel.sequence_2D.enable=true",
+            "parallel.sequence_2D.context_size=4"}),
+      four);
+  EXPECT_NE(cp.layout.find("2D-Attention head 1 x context 4 (zigzag)"), std::string::npos)
+      << cp.layout;
+  const double P = 120, kv = 2 * 8;  // 2 kv heads of dim 8, K and V
+  EXPECT_GT(item(cp.step, "layout buffers"), item(ulysses.step, "layout buffers") + P * kv * 4);
+}
+
 // A billion-token row is refused with the breakdown and the key; a run that fits is not.
 TEST(MemoryPlan, RefusesWhatCannotFitNamingTheKey) {
   const auto huge = train::plan_memory(tiny({"data.seq_len=1000000000"}), {});
