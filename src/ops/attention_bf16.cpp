@@ -1,6 +1,6 @@
-// bf16 varlen attention on AVX512-BF16: the loop structure of attention.cpp (forward, FA2
-// Algorithm 1) and attention_backward.cpp (backward, Algorithm 2) with every tile product in
-// bf16 × bf16 → fp32 (bf16_tile_gemm.h). Inputs are rounded to bf16 once, while they are packed
+// bf16 varlen attention on AVX512-BF16 (and AMX tiles where available): the loop structure of
+// attention.cpp (forward, FA2 Algorithm 1) and attention_backward.cpp (backward, Algorithm 2) with
+// every tile product in bf16 × bf16 → fp32 (bf16_tile_gemm.h). Inputs are rounded to bf16 once, while they are packed
 // into the layouts vdpbf16ps reads (pairs along the reduction dimension); the softmax, lse, D and
 // all accumulators stay fp32, and P and dS are rounded to bf16 only as GEMM inputs, as in
 // FlashAttention-2's bf16 kernels (Dao 2023).
