@@ -38,8 +38,8 @@ TEST(DtypeCli, Bf16RunEvalAndGenerateInTheRunsDtype) {
   auto r = run_longtron("train" + p.config() + " --set model.dtype=auto");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "dtype bfloat16 (auto: this CPU has AVX512-BF16)")) << r.output;
-  EXPECT_TRUE(contains(r.output, "train: GEMM oneDNN ") && contains(r.output, "; mfu against bf16"))
-      << r.output;
+  EXPECT_TRUE(contains(r.output, "train: GEMM oneDNN ") && contains(r.output, "; mfu against bf16") &&
+              contains(r.output, "(against the measured bf16 GEMM speed)")) << r.output;
   double last_valid = 0;
   int rows = 0;
   std::istringstream in(read_file(p.dir / "metrics.jsonl"));
