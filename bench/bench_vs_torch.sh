@@ -3,7 +3,9 @@
 # PyTorch eager fp32 and torch.autocast bf16 (bench/torch_step.py) on the same model shape and a
 # packed row of the same length and document-length distribution, with the same thread count, in
 # one run; prints tokens/s and the ratios (docs/benchmarks.md).
-# Needs Debian's python3-torch (apt-get install python3-torch); a benchmark, never a test.
+# PyTorch runs with OMP_WAIT_POLICY=passive, the policy longtron sets for itself (core/threads.h):
+# with libgomp's default spinning, PyTorch's many small parallel ops ran 5-10x slower on a loaded
+# machine. Needs Debian's python3-torch (apt-get install python3-torch); a benchmark, never a test.
 # Usage: bench/bench_vs_torch.sh [BUILD_DIR] [STEPS] [THREADS]   (THREADS: default all cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +29,7 @@ while read -r line; do
   if [[ "$line" =~ ^torch\ (float32|bfloat16):.*\ ([0-9]+)\ tokens/s ]]; then
     tps[torch_${BASH_REMATCH[1]}]="${BASH_REMATCH[2]}"
   fi
-done < <(/usr/bin/python3 bench/torch_step.py --threads "$THREADS" --steps "$STEPS" --P 2048)
+done < <(OMP_WAIT_POLICY=passive /usr/bin/python3 bench/torch_step.py --threads "$THREADS" --steps "$STEPS" --P 2048)
 awk -v lf="${tps[longtron_float32]}" -v lb="${tps[longtron_bfloat16]}" \
     -v tf="${tps[torch_float32]:-0}" -v tb="${tps[torch_bfloat16]:-0}" 'BEGIN {
   printf "longtron bf16 / longtron fp32: %.2f\n", lb / lf

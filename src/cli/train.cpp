@@ -52,8 +52,9 @@ void print_summary(const train::TrainSummary& s, int world_size) {
     mfu_seconds += r.mfu * r.step_time_s;
   }
   const double rate = seconds > 0 ? tokens / seconds : 0;
-  fmt::print("train: mean {:.0f} tokens/s ({:.0f} per rank), MFU {:.3f} (against the measured fp32 GEMM "
+  fmt::print("train: mean {:.0f} tokens/s ({:.0f} per rank), MFU {:.3f} (against the measured {} GEMM "
              "speed){}\n", rate, rate / world_size, seconds > 0 ? mfu_seconds / seconds : 0.0,
+             s.dtype == "bfloat16" ? "bf16" : "fp32",
              s.last_checkpoint.empty() ? "" : "; checkpoint " + s.last_checkpoint.string());
   if (!s.metrics_file.empty())
     fmt::print("train: metrics {}, loss picture {}\n", s.metrics_file.string(), s.plot_file.string());

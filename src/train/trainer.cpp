@@ -367,8 +367,14 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
   comm::ProcessGrid grid = comm::make_process_grid(world, layout_of(config.parallel));
   // Then the precision: an explicit bfloat16 on a CPU without it fails before any work.
   std::string dtype_note;
-  const ops::ComputeType compute =
+  ops::ComputeType compute =
       ops::resolve_dtype(config.model.dtype, config_origin(config, "model.dtype"), &dtype_note);
+  if (grid.world_size > 1) {  // "auto" on machines of different CPUs: float32 unless all have bf16
+    int64_t fp32 = compute == ops::ComputeType::kFloat32;
+    grid.world->all_reduce(&fp32, 1, comm::ReduceOp::kMax);
+    if (fp32 && compute == ops::ComputeType::kBFloat16)
+      compute = ops::ComputeType::kFloat32, dtype_note = "auto: another rank's CPU lacks AVX512-BF16";
+  }
   if (grid.world_rank == 0) prepare_checkpoint_dir(config, options);
   set_num_threads(static_cast<int>(config.train.num_threads), comm::ranks_on_node());
   // The memory plan, before anything large is allocated: refuse a run that cannot fit.
