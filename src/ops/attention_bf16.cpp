@@ -21,6 +21,7 @@
 #include "ops/attention_plan.h"
 #include "ops/attention_rows.h"
 #include "ops/bf16_tile_gemm.h"
+#include "ops/precision.h"
 
 namespace longtron::ops::detail {
 namespace {
@@ -324,6 +325,8 @@ bool amx_available() {
     if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
     const bool amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
     constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;  // Linux uapi asm/prctl.h
+    // Read once: the AMX tiles are chosen per tile inside the kernels' parallel loops.
+    if (cpu_feature_masked("amx_bf16")) return false;
     return amx_bf16 && amx_tile && syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
   }();
   return available;
@@ -335,7 +338,7 @@ namespace longtron::ops {
 
 bool attention_bf16_native() {
   static const bool native = __builtin_cpu_supports("avx512bf16") && gemm_backend().native_bf16;
-  return native;
+  return native && cpu_has_avx512_bf16();  // the latter honours kCpuFeaturesMaskEnv
 }
 
 }  // namespace longtron::ops

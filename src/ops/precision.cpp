@@ -11,9 +11,9 @@
 namespace longtron::ops {
 namespace {
 thread_local ComputeType current = ComputeType::kFloat32;
+}  // namespace
 
-/// The feature is listed in kCpuFeaturesMaskEnv.
-bool masked(const std::string& feature) {
+bool cpu_feature_masked(const std::string& feature) {
   const char* env = std::getenv(kCpuFeaturesMaskEnv);
   if (env == nullptr) return false;
   std::istringstream in(env);
@@ -24,6 +24,7 @@ bool masked(const std::string& feature) {
   return false;
 }
 
+namespace {
 /// AVX512-BF16 in cpuid and AVX-512 state (opmask, ZMM) enabled by the OS in XCR0.
 bool cpuid_avx512_bf16() {
   unsigned a = 0, b = 0, c = 0, d = 0;
@@ -48,7 +49,7 @@ const char* compute_type_name(ComputeType type) {
 
 bool cpu_has_avx512_bf16() {
   static const bool cpu = cpuid_avx512_bf16();
-  return cpu && !masked("avx512_bf16");
+  return cpu && !cpu_feature_masked("avx512_bf16");
 }
 
 std::string canonical_dtype(const std::string& name) {

@@ -28,10 +28,13 @@ class ComputeTypeScope {
 /// "float32" or "bfloat16" (the names of model.dtype and of the metrics rows' dtype).
 const char* compute_type_name(ComputeType type);
 
-/// The environment variable that hides CPU features from cpu_has_avx512_bf16(): a comma-separated
-/// list of feature names as /proc/cpuinfo spells them ("avx512_bf16"). Tests set it to play a CPU
-/// without native bf16 on one that has it.
+/// The environment variable that hides CPU features from cpu_has_avx512_bf16() and from the AMX
+/// attention tiles: a comma-separated list of feature names as /proc/cpuinfo spells them
+/// ("avx512_bf16", "amx_bf16"). Tests set it to play a CPU without them on one that has them.
 inline constexpr const char* kCpuFeaturesMaskEnv = "LONGTRON_CPU_FEATURES_MASK";
+
+/// Whether kCpuFeaturesMaskEnv lists `feature` ("avx512_bf16", "amx_bf16"). Reads the environment.
+bool cpu_feature_masked(const std::string& feature);
 
 /// Whether the CPU has AVX512-BF16 (bf16 dot products, cpuid leaf 7.1 EAX bit 5) and the operating
 /// system saves AVX-512 state, unless kCpuFeaturesMaskEnv lists "avx512_bf16". Reads the
