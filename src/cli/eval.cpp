@@ -39,21 +39,6 @@ int64_t config_int(const nlohmann::json& config, const char* key) {
   return 0;
 }
 
-/// The model of the checkpoint in a ParallelEngine over `world` (dp × tensor layout of the
-/// options; one rank: the dense mode), its weights loaded into every rank's shards.
-std::unique_ptr<parallel::ParallelEngine> load_engine(const EvalOptions& o, train::LoadedModel& m,
-                                                      const comm::CommPtr& world, int64_t packed_length) {
-  comm::Layout layout;
-  layout.tensor_size = o.tensor_size;
-  layout.tensor_mode = comm::parse_tensor_mode(o.tensor_mode, "--tensor-mode");
-  comm::ProcessGrid grid = comm::make_process_grid(world, layout);
-  auto engine = std::make_unique<parallel::ParallelEngine>(m.layout->config(), grid, 0, packed_length);
-  engine->scatter_full(engine->params(), *m.params);
-  m.model.reset();  // the engine holds the model now
-  m.params.reset();
-  return engine;
-}
-
 int eval_on(const EvalOptions& o, const comm::CommPtr& world) {
   set_num_threads(o.threads, world->size() > 1 ? comm::ranks_on_node() : 1);
   train::LoadedModel m = train::load_model_dir(o.checkpoint);
@@ -79,7 +64,11 @@ int eval_on(const EvalOptions& o, const comm::CommPtr& world) {
   const data::Dataset dataset = data::open_dataset(o.data);
   // eval reads every token anyway: check ids first so the error names the file and document.
   data::validate_dataset(dataset, m.layout->config().vocab_size);
-  const auto engine = load_engine(o, m, world, pack.packed_length());
+  comm::Layout layout;  // dp × tensor over the world; one rank: the dense mode
+  layout.tensor_size = o.tensor_size;
+  layout.tensor_mode = comm::parse_tensor_mode(o.tensor_mode, "--tensor-mode");
+  const auto engine =
+      train::load_into_engine(m, comm::make_process_grid(world, layout), pack.packed_length());
   const train::EvalResult r = train::evaluate_documents(*engine, dataset, pack);
   // A loss of 0 would read as a perfect model: with no label there is no loss to report.
   check(r.count > 0, "{}: no token has a label ({}, every target masked: negative ids "

@@ -61,6 +61,9 @@ int run_generate(const GenerateOptions& o) {
   set_num_threads(o.threads);
   train::LoadedModel m = train::load_model_dir(o.checkpoint);
   const ops::ComputeTypeScope precision(train::loaded_compute_type(m, o.dtype));
+  // One process: the engine's dense mode (the one way into the model).
+  const auto engine = train::load_into_engine(
+      m, comm::make_process_grid(comm::make_local_communicator(), comm::Layout{}));
   check(!m.tokenizer.empty(), "generate: no tokenizer.model in {} or next to its training data",
         m.dir.string());
   const data::Tokenizer tok = data::Tokenizer::load(m.tokenizer);
@@ -82,7 +85,7 @@ int run_generate(const GenerateOptions& o) {
   const size_t prompt_len = ids.size();
   std::mt19937_64 rng(o.seed);
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
-    const int32_t next = pick(m.model->logits_last(ids), o, rng);
+    const int32_t next = pick(engine->model().logits_last(ids), o, rng);
     if (next == stop) break;
     ids.push_back(next);
   }

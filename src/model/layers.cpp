@@ -199,6 +199,11 @@ class DenseHeadLoss final : public HeadLossOp<T> {
 }  // namespace
 
 template <typename T>
+std::unique_ptr<NormOp<T>> make_dense_norm(const ParamLayout& layout, int weight) {
+  return std::make_unique<DenseNorm<T>>(layout, weight);
+}
+
+template <typename T>
 ModelOps<T> make_dense_ops(const ParamLayout& layout) {
   ModelOps<T> ops;
   ops.embedding = std::make_unique<DenseEmbedding<T>>(layout, layout.tok_embeddings);
@@ -221,5 +226,7 @@ ModelOps<T> make_dense_ops(const ParamLayout& layout) {
 
 template ModelOps<float> make_dense_ops<float>(const ParamLayout&);
 template ModelOps<double> make_dense_ops<double>(const ParamLayout&);
+template std::unique_ptr<NormOp<float>> make_dense_norm<float>(const ParamLayout&, int);
+template std::unique_ptr<NormOp<double>> make_dense_norm<double>(const ParamLayout&, int);
 
 }  // namespace longtron::model

@@ -131,4 +131,9 @@ struct ModelOps {
 template <typename T>
 ModelOps<T> make_dense_ops(const ParamLayout& layout);
 
+/// RMSNorm over whole rows with weight view `weight` [H] of `layout` (eps model.norm_eps): the
+/// dense model's norms, and any mode's whose rows are all local (ISP).
+template <typename T>
+std::unique_ptr<NormOp<T>> make_dense_norm(const ParamLayout& layout, int weight);
+
 }  // namespace longtron::model

@@ -67,7 +67,7 @@ std::string mode_name(const comm::Layout& layout) {
 }
 
 ParallelEngine::ParallelEngine(const model::ModelConfig& config, const comm::ProcessGrid& grid,
-                               uint64_t seed, int64_t packed_length)
+                               int64_t packed_length, Unfilled)
     : grid_(validated(grid, config, packed_length)),
       mode_(mode_name(grid.layout)),
       factory_(&find_mode(mode_)),
@@ -76,14 +76,23 @@ ParallelEngine::ParallelEngine(const model::ModelConfig& config, const comm::Pro
       local_(plan_.local_layout()),
       params_(local_),
       grads_(local_) {
-  {
-    // Every rank draws the full tensors (init_params seeds each tensor on its own) and keeps its
-    // slices, so any layout starts from the one-process parameters.
-    model::Params<float> full(full_);
-    model::init_params(full, seed);
-    scatter_full(params_, full);
-  }
   model_ = std::make_unique<model::InternLM2<float>>(local_, params_, factory_->make_ops(context()));
+}
+
+ParallelEngine::ParallelEngine(const model::ModelConfig& config, const comm::ProcessGrid& grid,
+                               uint64_t seed, int64_t packed_length)
+    : ParallelEngine(config, grid, packed_length, Unfilled{}) {
+  // Every rank draws the full tensors (init_params seeds each tensor on its own) and keeps its
+  // slices, so any layout starts from the one-process parameters.
+  model::Params<float> full(full_);
+  model::init_params(full, seed);
+  scatter_full(params_, full);
+}
+
+ParallelEngine::ParallelEngine(const model::ModelConfig& config, const comm::ProcessGrid& grid,
+                               const model::Params<float>& weights, int64_t packed_length)
+    : ParallelEngine(config, grid, packed_length, Unfilled{}) {
+  scatter_full(params_, weights);  // checks the buffer's size against the full layout
 }
 
 ParallelEngine::~ParallelEngine() = default;

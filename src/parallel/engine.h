@@ -90,6 +90,11 @@ class ParallelEngine {
   /// full layout, then this rank's slice). Collective over the grid's world.
   ParallelEngine(const model::ModelConfig& config, const comm::ProcessGrid& grid, uint64_t seed,
                  int64_t packed_length = 0);
+  /// The same over given full (HF-layout) weights instead of drawn ones: this rank keeps its
+  /// slices of `weights` (every rank passes the full buffer; no full copy is drawn). Throws Error
+  /// when `weights` is not over the layout of `config`.
+  ParallelEngine(const model::ModelConfig& config, const comm::ProcessGrid& grid,
+                 const model::Params<float>& weights, int64_t packed_length = 0);
   ~ParallelEngine();
   ParallelEngine(const ParallelEngine&) = delete;
   ParallelEngine& operator=(const ParallelEngine&) = delete;
@@ -133,6 +138,10 @@ class ParallelEngine {
 
  private:
   ModeContext context() const { return ModeContext{full_, local_, plan_, grid_}; }
+  /// Everything but the parameter values (the public constructors fill them).
+  struct Unfilled {};
+  ParallelEngine(const model::ModelConfig& config, const comm::ProcessGrid& grid,
+                 int64_t packed_length, Unfilled);
 
   comm::ProcessGrid grid_;  // validated against the model first (initialiser order matters)
   std::string mode_;

@@ -8,28 +8,6 @@
 #include "parallel/isp_attention.h"
 
 namespace longtron::parallel {
-namespace {
-
-/// RMSNorm on a replicated weight [H] (the dense op; its gradient is this rank's partial sum).
-class ReplicatedNorm final : public model::NormOp<float> {
- public:
-  ReplicatedNorm(int view, int64_t H, float eps) : view_(view), H_(H), eps_(eps) {}
-  void forward(float* out, float* rstd, const float* x, int64_t N,
-               const model::Params<float>& p) override {
-    ops::rms_norm_forward(out, rstd, x, p.ptr(view_), N, H_, eps_);
-  }
-  void backward(float* dx, const float* dout, const float* x, const float* rstd, int64_t N,
-                const model::Params<float>& p, model::Params<float>* g) override {
-    ops::rms_norm_backward(dx, g ? g->ptr(view_) : nullptr, dout, x, p.ptr(view_), rstd, N, H_);
-  }
-
- private:
-  int view_;
-  int64_t H_;
-  float eps_;
-};
-
-}  // namespace
 
 int64_t IspShard::numel(const model::ParamLayout& full) const {
   const model::ParamView& v = full.view(view);
@@ -94,7 +72,6 @@ model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const comm::
   (void)ulysses_heads(c.num_attention_heads, c.num_kv_attention_heads, head->size());
   const data::ContextBalance balance = data::parse_context_balance(grid.layout.seq2d_balance);
   auto store = std::make_shared<IspWeightStore>(grid.weight, overlap);
-  const float eps = static_cast<float>(c.norm_eps);
   const int64_t H = c.hidden_size;
   model::ModelOps<float> ops;
   const model::ParamView& emb = full.view(full.tok_embeddings);
@@ -110,8 +87,9 @@ model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const comm::
   auto scratch = std::make_shared<UlyssesAttention::Scratch>();
   for (const model::BlockParamIds& b : full.layers) {
     model::BlockOps<float> block;
-    block.attention_norm = std::make_unique<ReplicatedNorm>(b.attention_norm, H, eps);
-    block.ffn_norm = std::make_unique<ReplicatedNorm>(b.ffn_norm, H, eps);
+    // Norms on replicated weights [H]: the dense op; each gradient is this rank's partial sum.
+    block.attention_norm = model::make_dense_norm<float>(full, b.attention_norm);
+    block.ffn_norm = model::make_dense_norm<float>(full, b.ffn_norm);
     block.wqkv = linear(b.wqkv, b.wqkv_bias);
     block.wo = linear(b.wo, b.wo_bias);
     block.w1 = linear(b.w1, -1);
@@ -121,7 +99,7 @@ model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const comm::
         std::make_unique<UlyssesAttention>(c, head, scratch, grid.context, balance);
     ops.blocks.push_back(std::move(block));
   }
-  ops.norm = std::make_unique<ReplicatedNorm>(full.norm, H, eps);
+  ops.norm = model::make_dense_norm<float>(full, full.norm);
   const model::ParamView& out = full.view(full.output);
   ops.head = std::make_unique<IspHeadLoss>(store, full.output, out.shape[0], out.shape[1],
                                           grid.tensor);

@@ -82,16 +82,17 @@ void IspWeightStore::finish_gather(Slot& slot) {
   }
 }
 
+void IspWeightStore::begin_pass() {
+  current_.work.wait();  // parameters may have changed: no gathered copy survives the pass
+  current_.id = -1;
+  next_.work.wait();  // a prefetch from the last pass may hold old values
+  next_.id = -1;
+  if (recording_ && !trace_.empty()) recording_ = false;
+  pos_ = 0;
+}
+
 const float* IspWeightStore::acquire(int id, WeightUse use, const model::Params<float>& params) {
   const Key key{id, use};
-  if (id == 0 && use == WeightUse::kForward) {  // a pass starts: parameters may have changed
-    current_.work.wait();
-    current_.id = -1;
-    next_.work.wait();  // a prefetch from the last pass may hold old values
-    next_.id = -1;
-    if (recording_ && !trace_.empty()) recording_ = false;
-    pos_ = 0;
-  }
   if (recording_) {
     trace_.push_back(key);
   } else if (pos_ < trace_.size() && trace_[pos_] == key) {
@@ -184,6 +185,7 @@ IspEmbedding::IspEmbedding(std::shared_ptr<IspWeightStore> store, int table_view
 void IspEmbedding::forward(float* x, const int32_t* ids, int64_t N,
                            const model::Params<float>& p) {
   ops::check_token_ids(ids, N, V_);
+  store_->begin_pass();  // the embedding is the first op of every pass
   const float* chunks = store_->acquire(id_, WeightUse::kForward, p);  // [W][V][H/W]
   const int W = store_->weight_size();
 #pragma omp parallel for schedule(static) if (N * H_ > 65536)

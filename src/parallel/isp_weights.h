@@ -38,9 +38,14 @@ class IspWeightStore {
   /// Throws Error if dim is 1 and W does not divide cols.
   int add(int view, int64_t rows, int64_t cols, int dim);
 
+  /// Starts a forward pass (IspEmbedding::forward calls it: the embedding is the first op of every
+  /// pass). The parameters may have changed since the last pass, so gathered copies and prefetches
+  /// are dropped, and the prediction restarts at the beginning of the recorded order. Local.
+  void begin_pass();
+
   /// The gathered weight `id` ([rows, cols] for dim 0, [W][rows][cols/W] for dim 1), valid until
-  /// the next acquire. The first acquire of the embedding (id 0 by convention: the first add) starts
-  /// a pass. With overlap, also starts the gather of the predicted next weight before returning.
+  /// the next acquire. With overlap, also starts the gather of the predicted next weight (the
+  /// recorded order of the last pass, see begin_pass) before returning.
   /// Collective over the WEIGHT group (every rank acquires in the same order).
   const float* acquire(int id, WeightUse use, const model::Params<float>& params);
 

@@ -400,7 +400,9 @@ MemoryPlan plan_forward_memory(const model::ModelConfig& model, int64_t seq_len,
   p.runtime_bytes = runtime_bytes;
   p.reclaimable_bytes = files_bytes(dataset);
   p.resident = {{"runtime (binary, libraries, the loaded model)", runtime_bytes, ""},
-                {"dataset (memory-mapped, page cache)", p.reclaimable_bytes, ""}};
+                {"dataset (memory-mapped, page cache)", p.reclaimable_bytes, ""},
+                // The engine's own parameters and gradients, while the loaded copy is still held.
+                {"engine parameters and gradients", 2.0 * static_cast<double>(full.numel()) * kFloat, ""}};
   const double head_chunk = head_chunk_rows(s) * (s.head_vocab + 1);  // logits and lse, no gradient
   p.step = {
       {"activations (one block, forward only)", model::workspace_elements(s.ws) * kFloat, key},

@@ -20,7 +20,6 @@ LoadedModel load_model_dir(const fs::path& path) {
   m.layout = std::make_unique<model::ParamLayout>(config);
   m.params = std::make_unique<model::Params<float>>(*m.layout);
   load_hf_model(m.dir, *m.params);
-  m.model = std::make_unique<model::InternLM2<float>>(*m.layout, *m.params);
   for (const fs::path& p : {m.dir / "tokenizer.model", m.dir.parent_path() / "tokenizer.model"})
     if (fs::is_regular_file(p)) {
       m.tokenizer = p;
@@ -42,6 +41,16 @@ ops::ComputeType loaded_compute_type(const LoadedModel& m, const std::string& dt
     return ops::resolve_dtype(c["model"]["dtype"].get<std::string>(),
                               (m.dir / "state.json").string() + ": config.model.dtype", note);
   return ops::ComputeType::kFloat32;
+}
+
+std::unique_ptr<parallel::ParallelEngine> load_into_engine(LoadedModel& m, const comm::ProcessGrid& grid,
+                                                           int64_t packed_length) {
+  check(m.params != nullptr, "load_into_engine: the weights of {} were already handed over",
+        m.dir.string());
+  auto engine = std::make_unique<parallel::ParallelEngine>(m.layout->config(), grid, *m.params,
+                                                           packed_length);
+  m.params.reset();
+  return engine;
 }
 
 }  // namespace longtron::train

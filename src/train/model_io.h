@@ -1,12 +1,15 @@
 // A trained model read back from a checkpoint or a Hugging Face folder (eval, export, generate).
+// Its weights reach the model only through a ParallelEngine (load_into_engine), as in training.
 #pragma once
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <memory>
 
-#include "model/internlm2.h"
+#include "comm/process_grid.h"
+#include "model/params.h"
 #include "ops/precision.h"
+#include "parallel/engine.h"
 
 namespace longtron::train {
 
@@ -16,8 +19,7 @@ struct LoadedModel {
   nlohmann::json train_config;    ///< state.json "config" (empty object for an HF folder)
   std::filesystem::path tokenizer;  ///< tokenizer.model found for it (empty when none)
   std::unique_ptr<model::ParamLayout> layout;
-  std::unique_ptr<model::Params<float>> params;
-  std::unique_ptr<model::InternLM2<float>> model;
+  std::unique_ptr<model::Params<float>> params;  ///< full HF tensors (released by load_into_engine)
 };
 
 /// Loads `path`: a checkpoint root (its latest step), a step folder, or a Hugging Face folder
@@ -33,5 +35,11 @@ LoadedModel load_model_dir(const std::filesystem::path& path);
 /// --dtype or the state.json key for an unknown name or a bfloat16 this CPU cannot run.
 ops::ComputeType loaded_compute_type(const LoadedModel& m, const std::string& dtype,
                                      std::string* note = nullptr);
+
+/// The loaded weights in a ParallelEngine over `grid` (one rank: the dense mode): every rank keeps
+/// its shards of m.params, which is then released. packed_length as ParallelEngine's (0: no row
+/// length check). Layout errors are raised before the engine allocates. Collective over the grid.
+std::unique_ptr<parallel::ParallelEngine> load_into_engine(LoadedModel& m, const comm::ProcessGrid& grid,
+                                                           int64_t packed_length = 0);
 
 }  // namespace longtron::train

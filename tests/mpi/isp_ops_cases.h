@@ -117,6 +117,7 @@ inline void check_linear(const Layout& layout, int view, bool overlap) {
   Vec y(size_t(n * out)), dx(size_t(n * in));
   for (int rep = 0; rep < 2; ++rep) {  // twice: the second pass may use prefetched weights
     grads.zero();
+    store->begin_pass();  // the model's embedding would start the pass
     lin.forward(y.data(), x.data(), n, local);
     lin.backward(dx.data(), dy.data(), x.data(), n, local, &grads, false);
   }

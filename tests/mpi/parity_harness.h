@@ -52,22 +52,6 @@ inline train::StepOptions parity_step_options() {
   return o;
 }
 
-/// `steps` train_step calls (the trainer's step) of `engine` on its dp share of each step's rows;
-/// appends to `out`, recording the step-1 gradients (full tensors) when first_step is 0.
-inline void run_steps(parallel::ParallelEngine& engine, train::AdamW& adam, const StepRows& step_rows,
-                      int first_step, int last_step, RunResult& out);
-
-/// One process (a dense engine on a one-rank communicator), every row of the global batch, `steps`
-/// AdamW steps with clipping: exactly what `longtron train` runs as one process.
-inline RunResult reference_run(const model::ModelConfig& m, int steps, const StepRows& step_rows) {
-  comm::ProcessGrid grid = comm::make_process_grid(comm::make_local_communicator(), comm::Layout{});
-  parallel::ParallelEngine engine(m, grid, 42);
-  train::AdamW adam(engine.local_layout(), parity_optimizer());
-  RunResult out;
-  run_steps(engine, adam, step_rows, 0, steps, out);
-  return out;
-}
-
 /// This dp rank's rows of the global batch: micro_num = rows / dp consecutive rows.
 inline std::vector<MicroBatch> dp_share(const std::vector<MicroBatch>& all,
                                         const comm::ProcessGrid& grid) {
@@ -86,8 +70,12 @@ inline train::StepResult engine_gradients(parallel::ParallelEngine& engine,
   return r;
 }
 
-inline void run_steps(parallel::ParallelEngine& engine, train::AdamW& adam, const StepRows& step_rows,
-                      int first_step, int last_step, RunResult& out) {
+/// Steps [first_step, last_step) of `engine` through train::train_step, the trainer's step: each
+/// dp rank its own rows, the engine's reductions, clipping, AdamW (with ZeRO-1 over grid.zero1
+/// when `adam` was built so). Appends to `out`; the step-1 gradients (full tensors, before
+/// clipping) are recorded when first_step is 0.
+inline void engine_steps(parallel::ParallelEngine& engine, train::AdamW& adam,
+                         const StepRows& step_rows, int first_step, int last_step, RunResult& out) {
   for (int step = first_step; step < last_step; ++step) {
     train::StepOptions options = parity_step_options();
     if (step == 0)
@@ -104,12 +92,15 @@ inline void run_steps(parallel::ParallelEngine& engine, train::AdamW& adam, cons
   }
 }
 
-/// Steps [first_step, last_step) of the layout under test through train_step: each dp rank its
-/// own rows, the engine's reductions, clipping, AdamW (with ZeRO-1 over grid.zero1 when `adam`
-/// was built so). Appends to `out`; the step-1 gradients are recorded when first_step is 0.
-inline void engine_steps(parallel::ParallelEngine& engine, train::AdamW& adam,
-                         const StepRows& step_rows, int first_step, int last_step, RunResult& out) {
-  run_steps(engine, adam, step_rows, first_step, last_step, out);
+/// One process (a dense engine on a one-rank communicator), every row of the global batch, `steps`
+/// AdamW steps with clipping: exactly what `longtron train` runs as one process.
+inline RunResult reference_run(const model::ModelConfig& m, int steps, const StepRows& step_rows) {
+  comm::ProcessGrid grid = comm::make_process_grid(comm::make_local_communicator(), comm::Layout{});
+  parallel::ParallelEngine engine(m, grid, 42);
+  train::AdamW adam(engine.local_layout(), parity_optimizer());
+  RunResult out;
+  engine_steps(engine, adam, step_rows, 0, steps, out);
+  return out;
 }
 
 inline double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }

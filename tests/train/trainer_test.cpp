@@ -208,8 +208,7 @@ TEST(Trainer, InitFromBf16AndShardedFolders) {
     params.data()[i] = safetensors::bf16_to_float(safetensors::float_to_bf16(params.data()[i]));
   // Scored by a dense engine (one process) holding those weights.
   const comm::ProcessGrid grid = comm::make_process_grid(comm::make_local_communicator(), comm::Layout{});
-  parallel::ParallelEngine engine(c.model, grid, 1);
-  engine.scatter_full(engine.params(), params);
+  parallel::ParallelEngine engine(c.model, grid, params);
   data::Dataset valid = data::open_dataset(c.data.valid_folder);
   data::DatasetRows rows(valid, train::loader_config(c).pack, 0, false, static_cast<uint32_t>(c.data.seed));
   const model::LossSum expected = train::evaluate_rows(engine, rows);
