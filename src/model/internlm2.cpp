@@ -120,12 +120,6 @@ double workspace_elements(const WorkspaceShape& s) {
 
 template <typename T>
 AttentionBatch InternLM2<T>::attention_batch(const data::MicroBatch& b) const {
-  // A window no sequence reaches is full causal attention; a shorter one needs windowed attention.
-  if (const int64_t w = layout_.config().sliding_window; w > 0)
-    for (size_t s = 0; s + 1 < b.cu_seqlens.size(); ++s)
-      check(b.cu_seqlens[s + 1] - b.cu_seqlens[s] <= w,
-            "a sequence of {} tokens is longer than the model's sliding_window {}: windowed "
-            "attention is not supported yet", b.cu_seqlens[s + 1] - b.cu_seqlens[s], w);
   return AttentionBatch{b.indexes.data(), b.cu_seqlens.data(),
                         static_cast<int64_t>(b.cu_seqlens.size()) - 1,
                         static_cast<int64_t>(b.input_ids.size())};

@@ -39,9 +39,9 @@ class UlyssesAttention final : public model::AttentionOp<float> {
   struct Scratch {
     std::vector<float> split, packed;
   };
-  /// `scratch` nullptr = buffers of its own.
+  /// `scratch` nullptr = buffers of its own; `window`: the block's sliding window (0 = none).
   UlyssesAttention(const model::ModelConfig& config, comm::CommPtr tensor,
-                   std::shared_ptr<Scratch> scratch = nullptr);
+                   std::shared_ptr<Scratch> scratch = nullptr, int64_t window = 0);
   int64_t qkv_features() const override { return q_; }
   int64_t out_features() const override { return h_.hq * d_; }
   int64_t saved_qkv_size(int64_t N) const override { return N * (T_ * local_ + h_.hq) * d_; }
@@ -66,6 +66,7 @@ class UlyssesAttention final : public model::AttentionOp<float> {
   int64_t d_, q_, local_;  // head dim, full qkv features, local heads (q + 2 kv) after the swap
   model::ModelConfig config_;
   std::vector<double> inv_freq_;  // RoPE inverse frequencies (model/rope_scaling.h)
+  int64_t window_;
   std::shared_ptr<Scratch> scratch_;
 };
 
