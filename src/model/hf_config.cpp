@@ -293,6 +293,7 @@ ModelConfig merge_model_config(const ModelConfig& f, const ModelConfig& toml,
   same_int("num_kv_attention_heads", "num_key_value_heads", toml.num_kv_attention_heads,
            f.num_kv_attention_heads);
   same_int("head_dim", "head_dim", toml.explicit_head_dim, f.explicit_head_dim);
+  same_int("sliding_window", "sliding_window", toml.sliding_window, f.sliding_window);
   same_real("norm_eps", "rms_norm_eps", toml.norm_eps, f.norm_eps);
   same_real("rope_base", "rope_theta", toml.rope_base, f.rope_base);
   same_bool("qkv_bias", toml.qkv_bias, f.qkv_bias);
