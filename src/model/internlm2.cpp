@@ -266,6 +266,20 @@ data::RowCost balance_cost(const ModelConfig& c) {
   return cost;
 }
 
+double sum_squared_segments(const ModelConfig& c, std::span<const int32_t> cu_seqlens) {
+  if (c.sliding_window == 0) return sum_squared_segments(cu_seqlens);
+  double s = 0.0;
+  for (size_t i = 0; i + 1 < cu_seqlens.size(); ++i) {
+    const int64_t l = cu_seqlens[i + 1] - cu_seqlens[i];
+    if (l == 0) continue;
+    double share = 0.0;  // visible pairs over causal pairs, summed over layers
+    for (int64_t layer = 0; layer < c.num_layers; ++layer)
+      share += double(ops::visible_pairs(l, c.window_of(layer))) / double(ops::visible_pairs(l));
+    s += double(l) * double(l) * share / double(c.num_layers);
+  }
+  return s;
+}
+
 double sum_squared_segments(std::span<const int32_t> cu_seqlens) {
   double s = 0.0;
   for (size_t i = 1; i < cu_seqlens.size(); ++i) {

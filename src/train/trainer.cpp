@@ -277,7 +277,7 @@ struct Run {
     for (const auto& b : batches) {
       counts[0] += count_labels(b);
       counts[1] += count_tokens(b);
-      sum_l2 += model::sum_squared_segments(b.cu_seqlens);
+      sum_l2 += model::sum_squared_segments(config.model, b.cu_seqlens);  // windows: visible pairs
     }
     if (dp->size() > 1) {
       dp->all_reduce(counts, 2);
