@@ -123,7 +123,11 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
   const std::string type = format.empty() ? c.type : format;
   const std::string arch = hf_architecture(type);
   json j = c.hf_extra.empty() ? json::object() : json::parse(c.hf_extra);
-  if (type != c.type) j.erase("auto_map");  // the source family's remote code
+  if (type != c.type) {  // the source family's own keys and remote code mean nothing to another
+    for (const char* key : {"auto_map", "bias", "qkv_bias", "o_bias", "attention_bias", "mlp_bias",
+                            "use_sliding_window", "max_window_layers", "sliding_window"})
+      j.erase(key);
+  }
   check(type != "llama" || c.qkv_bias == c.o_bias,
         "cannot write a {} config.json: its attention_bias covers q, k, v and o together, but this "
         "model has qkv_bias = {} and o_bias = {}", type, c.qkv_bias, c.o_bias);

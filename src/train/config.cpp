@@ -362,11 +362,6 @@ TrainConfig load_config(const fs::path& path, const std::vector<std::string>& ov
 void check_model_config(const model::ModelConfig& m) {
   model::check_model_type(m.type, "model.type");
   check(m.sliding_window >= 0, "model.sliding_window: must be >= 0, got {}", m.sliding_window);
-  try {  // what the family's config.json cannot say (e.g. a Qwen2 without q/k/v bias)
-    (void)model::to_hf_config(m);
-  } catch (const Error& e) {
-    fail("model.type: {}", e.what());
-  }
   const std::pair<const char*, int64_t> positive[] = {
       {"vocab_size", m.vocab_size}, {"hidden_size", m.hidden_size}, {"num_layers", m.num_layers},
       {"num_attention_heads", m.num_attention_heads},
@@ -383,7 +378,14 @@ void check_model_config(const model::ModelConfig& m) {
         m.norm_eps);
   check(m.rope_base > 0 && std::isfinite(m.rope_base),
         "model.rope_base: must be finite and > 0, got {}", m.rope_base);
+  check(m.explicit_head_dim >= 0, "model.head_dim: must be >= 0, got {}", m.explicit_head_dim);
   model::check_model_limits(m);
+  try {  // what the family's config.json cannot say (e.g. a Qwen2 without q/k/v bias); last, as
+         // it computes the FFN width from the checked sizes
+    (void)model::to_hf_config(m);
+  } catch (const Error& e) {
+    fail("model.type: {}", e.what());
+  }
 }
 
 std::string config_origin(const TrainConfig& c, const std::string& key) {
