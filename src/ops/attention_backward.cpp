@@ -1,5 +1,5 @@
 // Varlen causal attention backward, FlashAttention-2 style (Dao 2023, Algorithm 2) on the CPU.
-// One work item = (segment, kv head, key block of 64 tokens): the loop over query blocks runs
+// One work item = (segment, kv head, key block of 128 tokens): the loop over query blocks runs
 // inside it (key blocks outer, query blocks inner), so dK and dV of the tile are accumulated
 // privately and written once, without atomics. It visits only the query blocks that see one of
 // its keys (causal, bottom-right aligned, window), as the forward does. P is recomputed from the saved lse, and
@@ -28,6 +28,7 @@ namespace longtron::ops {
 namespace {
 
 using detail::kAttnBlock;
+constexpr int64_t kKeyBlock = detail::kAttnBackwardKeyBlock;
 
 // Query-side rows packed once per call in tile order: the tile of (query block b, kv head g)
 // starts at row (b·Hkv + g)·G·64 and holds row h·bi + r for query head g·G + h at token q0 + r.
@@ -47,8 +48,8 @@ template <typename T>
 struct BackwardScratch {
   std::vector<T> kt, vt, kc, s, dp, dq, dk, dv;
   BackwardScratch(int64_t rows, int64_t d)
-      : kt(d * kAttnBlock), vt(d * kAttnBlock), kc(kAttnBlock * d), s(rows * kAttnBlock), dp(rows * kAttnBlock),
-        dq(rows * d), dk(kAttnBlock * d), dv(kAttnBlock * d) {}
+      : kt(d * kKeyBlock), vt(d * kKeyBlock), kc(kKeyBlock * d), s(rows * kKeyBlock),
+        dp(rows * kKeyBlock), dq(rows * d), dk(kKeyBlock * d), dv(kKeyBlock * d) {}
 };
 
 // Copies (pack = true) the query block of `it` into PackedQueries with its lse and D, or scatters
@@ -106,8 +107,8 @@ void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
                    const detail::AttnItem& it, BackwardScratch<T>& w) {
   const detail::AttnSegment& sg = p.segments[it.seg];
   const int64_t d = s.head_dim, G = s.num_heads / s.num_kv_heads, g = it.kv_head;
-  const int64_t c0 = it.block * kAttnBlock, k0 = sg.k_begin + c0;
-  const int64_t bj = std::min(kAttnBlock, sg.k_len - c0);
+  const int64_t c0 = it.block * kKeyBlock, k0 = sg.k_begin + c0;
+  const int64_t bj = std::min(kKeyBlock, sg.k_len - c0);
   const T scale = static_cast<T>(s.scale);
   const T* kb = k + k0 * s.kv_stride + g * d;
   const T* vb = v + k0 * s.kv_stride + g * d;
@@ -118,34 +119,40 @@ void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
       w.vt[x * bj + c] = vb[c * s.kv_stride + x];
     }
   }
-  // Keys no query sees (before a window, or of a segment without queries) get zero gradients.
-  if (it.first == it.last) {
-    std::fill(w.dk.begin(), w.dk.end(), T(0));
-    std::fill(w.dv.begin(), w.dv.end(), T(0));
-  }
+  // Keys no query sees (before a window, or of a segment without queries) keep zero gradients.
+  std::fill(w.dk.begin(), w.dk.begin() + bj * d, T(0));
+  std::fill(w.dv.begin(), w.dv.begin() + bj * d, T(0));
   for (int64_t i = it.first; i < it.last; ++i) {
     const int64_t r0 = i * kAttnBlock;
     const int64_t bi = std::min(kAttnBlock, sg.q_len - r0), M = G * bi;
+    // Only the keys [klo, khi) of the block are visible to this query block (on the diagonal
+    // and at a window's edge the rest are masked for every row): the products skip the others.
+    const int64_t klo = std::clamp<int64_t>(p.key_lo(sg, r0) - c0, 0, bj);
+    const int64_t khi = std::clamp<int64_t>(p.key_hi(sg, r0 + bi - 1) - c0, 0, bj);
+    if (klo >= khi) continue;
+    const int64_t nb = khi - klo;
     const int64_t base = pq.row(sg.q_block0 + i, s.num_kv_heads, g);
     const T* qt = &pq.q[base * d];
     const T* dot = &pq.dout[base * d];
-    const bool first = i == it.first;
-    detail::tile_gemm<T>(M, bj, d, qt, d, 1, w.kt.data(), bj, w.s.data(), bj, false);
-    detail::tile_gemm<T>(M, bj, d, dot, d, 1, w.vt.data(), bj, w.dp.data(), bj, false);
+    T* sk = w.s.data() + klo;    // columns klo.. of P (rows of stride bj)
+    T* dsk = w.dp.data() + klo;  // and of dS
+    detail::tile_gemm<T>(M, nb, d, qt, d, 1, w.kt.data() + klo, bj, sk, bj, false);
+    detail::tile_gemm<T>(M, nb, d, dot, d, 1, w.vt.data() + klo, bj, dsk, bj, false);
     probabilities_and_dscores(w, &pq.lse[base], &pq.delta[base], p, sg, M, bi, bj, r0, c0, scale);
     // dV += Pᵀ dO and dK += dSᵀ Q (the transposes are strides of A, nothing is copied).
-    detail::tile_gemm<T>(bj, d, M, w.s.data(), 1, bj, dot, d, w.dv.data(), d, !first);
-    detail::tile_gemm<T>(bj, d, M, w.dp.data(), 1, bj, qt, d, w.dk.data(), d, !first);
+    detail::tile_gemm<T>(nb, d, M, sk, 1, bj, dot, d, w.dv.data() + klo * d, d, true);
+    detail::tile_gemm<T>(nb, d, M, dsk, 1, bj, qt, d, w.dk.data() + klo * d, d, true);
     // dQ += dS K: straight into the shared tile when its lock is free (the usual case: threads
     // work on different key blocks or heads), else into private memory and added once it is.
+    const T* kc = w.kc.data() + klo * d;
     std::mutex& lock = locks[(sg.q_block0 + i) * s.num_kv_heads + g];
     T* dst = &pq.dq[base * d];
     if (lock.try_lock()) {
-      detail::tile_gemm<T>(M, d, bj, w.dp.data(), bj, 1, w.kc.data(), d, dst, d, true);
+      detail::tile_gemm<T>(M, d, nb, dsk, bj, 1, kc, d, dst, d, true);
       lock.unlock();
       continue;
     }
-    detail::tile_gemm<T>(M, d, bj, w.dp.data(), bj, 1, w.kc.data(), d, w.dq.data(), d, false);
+    detail::tile_gemm<T>(M, d, nb, dsk, bj, 1, kc, d, w.dq.data(), d, false);
     std::lock_guard<std::mutex> guard(lock);
     const T* src = w.dq.data();
 #pragma omp simd
@@ -168,7 +175,7 @@ void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
       return;
     }
   }
-  const detail::AttnPlan p = detail::plan_attention(s, true);
+  const detail::AttnPlan p = detail::plan_attention(s, true, kKeyBlock);
   const int64_t n_items = static_cast<int64_t>(p.items.size());
   const int64_t n_queries = static_cast<int64_t>(p.q_side.size());
   const int64_t tile_rows = (s.num_heads / s.num_kv_heads) * kAttnBlock;

@@ -1,10 +1,14 @@
-// bf16 varlen attention on AVX512-BF16: the loop structure of attention.cpp (forward, FA2
-// Algorithm 1) and attention_backward.cpp (backward, Algorithm 2) with every tile product in
-// bf16 × bf16 → fp32 (bf16_tile_gemm.h). Inputs are rounded to bf16 once, while they are packed
+// bf16 varlen attention on AVX512-BF16 (and AMX tiles where available): the loop structure of
+// attention.cpp (forward, FA2 Algorithm 1) and attention_backward.cpp (backward, Algorithm 2) with
+// every tile product in bf16 × bf16 → fp32 (bf16_tile_gemm.h). Inputs are rounded to bf16 once, while they are packed
 // into the layouts vdpbf16ps reads (pairs along the reduction dimension); the softmax, lse, D and
 // all accumulators stay fp32, and P and dS are rounded to bf16 only as GEMM inputs, as in
 // FlashAttention-2's bf16 kernels (Dao 2023).
 #include "ops/attention_bf16.h"
+
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -86,7 +90,7 @@ void forward_item(float* out, float* lse, const float* q, const uint32_t* kw_all
     const int64_t c0 = j * B, bj = std::min(B, g.k_len - c0), bjp = round_up(bj, 2);
     const int64_t index = (g.k_block0 + j) * s.num_kv_heads + it.kv_head;
     bf16_gemm(M, bj, m.d2, w.q.data(), m.dp, kw_all + index * m.words_t(), B, w.s.data(), bj,
-              false);
+              false, m.G * B);
     for (int64_t row = 0; row < M; ++row) {
       const int64_t r = r0 + row % bi;
       const int64_t lo = std::clamp<int64_t>(p.key_lo(g, r) - c0, 0, bj);
@@ -101,7 +105,7 @@ void forward_item(float* out, float* lse, const float* q, const uint32_t* kw_all
       row_to_bf16(&w.p[row * bjp], srow, bj, bjp);
     }
     bf16_gemm(M, d, bjp / 2, w.p.data(), bjp, vp_all + index * m.words_rows(), m.d16,
-              w.o.data(), d, true);
+              w.o.data(), d, true, m.G * B);
   }
   for (int64_t h = 0; h < G; ++h) {
     const int64_t head = it.kv_head * G + h;
@@ -216,8 +220,10 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
     const int64_t tile = (sg.q_block0 + i) * s.num_kv_heads + g;
     const int64_t base = tile * pq.tile_rows;
     const bool first = i == it.first;
-    bf16_gemm(M, bj, m.d2, &pq.q[base * m.dp], m.dp, w.kw.data(), B, w.s.data(), bj, false);
-    bf16_gemm(M, bj, m.d2, &pq.dout[base * m.dp], m.dp, w.vw.data(), B, w.dp.data(), bj, false);
+    const int64_t rows = pq.tile_rows;
+    bf16_gemm(M, bj, m.d2, &pq.q[base * m.dp], m.dp, w.kw.data(), B, w.s.data(), bj, false, rows);
+    bf16_gemm(M, bj, m.d2, &pq.dout[base * m.dp], m.dp, w.vw.data(), B, w.dp.data(), bj, false,
+              rows);
     for (int64_t rr = 0; rr < M; ++rr) {
       const int64_t r = r0 + rr % bi;
       const int64_t lo = std::clamp<int64_t>(p.key_lo(sg, r) - c0, 0, bj);
@@ -230,18 +236,18 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
     pack_pairs_of_float_rows(w.p_pairs.data(), B, w.s.data(), bj, M, bj);
     pack_pairs_of_float_rows(w.ds_pairs.data(), B, w.dp.data(), bj, M, bj);
     bf16_gemm(d, bj, Mp / 2, pq.dout_t + tile * size, pq.tile_rows, w.p_pairs.data(), B,
-              w.dv_t.data(), B, !first);
+              w.dv_t.data(), B, !first, d);
     bf16_gemm(d, bj, Mp / 2, pq.q_t + tile * size, pq.tile_rows, w.ds_pairs.data(), B,
-              w.dk_t.data(), B, !first);
+              w.dk_t.data(), B, !first, d);
     // dQ += dS K, into the shared tile when its lock is free (see attention_backward.cpp).
     std::mutex& lock = locks[tile];
     float* dst = &pq.dq[base * d];
     if (lock.try_lock()) {
-      bf16_gemm(M, d, bjp / 2, w.ds.data(), bjp, w.kp.data(), m.d16, dst, d, true);
+      bf16_gemm(M, d, bjp / 2, w.ds.data(), bjp, w.kp.data(), m.d16, dst, d, true, rows);
       lock.unlock();
       continue;
     }
-    bf16_gemm(M, d, bjp / 2, w.ds.data(), bjp, w.kp.data(), m.d16, w.dq.data(), d, false);
+    bf16_gemm(M, d, bjp / 2, w.ds.data(), bjp, w.kp.data(), m.d16, w.dq.data(), d, false, rows);
     std::lock_guard<std::mutex> guard(lock);
 #pragma omp simd
     for (int64_t x = 0; x < M * d; ++x) dst[x] += w.dq[x];
@@ -310,6 +316,17 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
     for (int64_t i = 0; i < n_queries; ++i)
       move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], m, false);
   }
+}
+
+bool amx_available() {
+  static const bool available = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+    const bool amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;  // Linux uapi asm/prctl.h
+    return amx_bf16 && amx_tile && syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return available;
 }
 
 }  // namespace longtron::ops::detail

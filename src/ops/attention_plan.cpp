@@ -49,14 +49,15 @@ void validate_attention_shape(const AttentionShape& s) {
   }
 }
 
-AttnPlan plan_attention(const AttentionShape& s, bool backward) {
+AttnPlan plan_attention(const AttentionShape& s, bool backward, int64_t key_block) {
   validate_attention_shape(s);
   AttnPlan p;
   p.window = s.window;
+  p.key_block = key_block;
   const int32_t* cu_k = s.cu_seqlens_k != nullptr ? s.cu_seqlens_k : s.cu_seqlens;
   for (int64_t i = 0; i < s.num_segments; ++i) {
     AttnSegment g{s.cu_seqlens[i], s.cu_seqlens[i + 1] - s.cu_seqlens[i], cu_k[i],
-                  cu_k[i + 1] - cu_k[i], p.q_blocks, p.k_blocks};
+                  cu_k[i + 1] - cu_k[i], p.q_blocks, p.k_blocks, key_block};
     p.q_blocks += g.q_blocks();
     p.k_blocks += g.k_blocks();
     p.segments.push_back(g);
@@ -67,13 +68,13 @@ AttnPlan plan_attention(const AttentionShape& s, bool backward) {
     for (int64_t b = 0; b < (backward ? g.k_blocks() : g.q_blocks()); ++b) {
       int64_t first = 0, last = 0;
       if (backward) {  // query blocks that see any key of [c0, c1)
-        const int64_t c0 = b * kAttnBlock, c1 = std::min(g.k_len, c0 + kAttnBlock);
+        const int64_t c0 = b * key_block, c1 = std::min(g.k_len, c0 + key_block);
         const int64_t lo = p.query_lo(g, c0), hi = p.query_hi(g, c1 - 1);
         if (lo < hi) first = lo / kAttnBlock, last = (hi + kAttnBlock - 1) / kAttnBlock;
       } else {  // key blocks seen by any query of [r0, r1)
         const int64_t r0 = b * kAttnBlock, r1 = std::min(g.q_len, r0 + kAttnBlock);
-        first = p.key_lo(g, r0) / kAttnBlock;
-        last = (p.key_hi(g, r1 - 1) + kAttnBlock - 1) / kAttnBlock;
+        first = p.key_lo(g, r0) / key_block;
+        last = (p.key_hi(g, r1 - 1) + key_block - 1) / key_block;
       }
       for (int64_t h = 0; h < s.num_kv_heads; ++h) items.push_back({i, b, h, first, last});
     }

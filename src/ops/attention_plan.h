@@ -12,17 +12,21 @@
 
 namespace longtron::ops::detail {
 
-/// Query and key block size (FlashAttention-2 Br = Bc).
+/// Query block size (FlashAttention-2 Br), and the key block size Bc of the forward.
 constexpr int64_t kAttnBlock = 64;
+/// Key block size of the fp32/double backward: each query tile (q, dO and the shared dq, three
+/// G·64×d tiles that come from beyond L2) then serves 128 keys, halving that traffic per FLOP.
+constexpr int64_t kAttnBackwardKeyBlock = 128;
 
 /// One segment: queries [q_begin, q_begin + q_len) of q, keys [k_begin, k_begin + k_len) of k/v.
 struct AttnSegment {
   int64_t q_begin, q_len, k_begin, k_len;
   int64_t q_block0, k_block0;  // global index of the segment's first query / key block
+  int64_t key_block;           // key block size of the plan
   /// Bottom-right alignment: query r sits at key position r + offset.
   int64_t offset() const { return k_len - q_len; }
   int64_t q_blocks() const { return (q_len + kAttnBlock - 1) / kAttnBlock; }
-  int64_t k_blocks() const { return (k_len + kAttnBlock - 1) / kAttnBlock; }
+  int64_t k_blocks() const { return (k_len + key_block - 1) / key_block; }
 };
 
 /// A work item: block `block` (a query block in the forward, a key block in the backward) of
@@ -36,6 +40,7 @@ struct AttnItem {
 struct AttnPlan {
   std::vector<AttnSegment> segments;
   int64_t window = 0;
+  int64_t key_block = kAttnBlock;
   int64_t q_blocks = 0, k_blocks = 0;  // totals over all segments
   std::vector<AttnItem> items;         // largest first
   std::vector<AttnItem> q_side;        // every (segment, query block, kv head), first = last = 0
@@ -72,7 +77,9 @@ void validate_attention_shape(const AttentionShape& s);
 
 /// Validates s and lists its segments and work items. Forward items are query blocks visiting
 /// key blocks, backward items key blocks visiting query blocks; each item's cost is the number
-/// of blocks it visits, and items are sorted by it, largest first.
-AttnPlan plan_attention(const AttentionShape& s, bool backward);
+/// of blocks it visits, and items are sorted by it, largest first. Query blocks have kAttnBlock
+/// rows, key blocks key_block.
+AttnPlan plan_attention(const AttentionShape& s, bool backward,
+                        int64_t key_block = kAttnBlock);
 
 }  // namespace longtron::ops::detail

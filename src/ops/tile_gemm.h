@@ -44,7 +44,13 @@ struct Vec<double> {
   static type add(type a, type b) { return _mm512_add_pd(a, b); }
 };
 #else
+// AVX2 builds: ymm vectors; builds without AVX (plain x86-64): xmm, since returning a 32-byte
+// vector by value without AVX would change the ABI.
+#if defined(__AVX__)
 constexpr int kVecBytes = 32;
+#else
+constexpr int kVecBytes = 16;
+#endif
 constexpr int kWideNV = 2;
 
 template <typename T>
