@@ -35,9 +35,15 @@ struct ModelConfig {
   double rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;  ///< llama3
   int64_t rope_original_max_position = 0;  ///< llama3: original_max_position_embeddings
   int64_t rope_max_position = 0;  ///< dynamic: max_position_embeddings (positions must stay below)
-  /// Mistral's sliding_window (0 = none): recorded as read; attention with a window smaller
-  /// than a sequence is refused until the kernel supports it (docs/model.md).
+  /// Sliding-window attention (Mistral's sliding_window, Qwen2's with use_sliding_window; 0 =
+  /// none): a query sees the last sliding_window keys of its document, in layers ≥
+  /// first_window_layer (Qwen2's max_window_layers; 0 for Mistral).
   int64_t sliding_window = 0;
+  int64_t first_window_layer = 0;
+  /// The window of block `layer` (0 = full causal attention).
+  int64_t window_of(int64_t layer) const {
+    return layer >= first_window_layer ? sliding_window : 0;
+  }
   /// The config.json read had no sliding_window key (Mistral's default 4096 applies): it is
   /// written back without one, as read.
   bool sliding_window_implicit = false;

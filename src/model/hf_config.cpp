@@ -103,8 +103,6 @@ void check_supported(const json& hf, const std::string& type, const std::string&
         "tensors)", source);
   check(type != "llama" || !get_bool(hf, "mlp_bias", source, false),
         "{}: mlp_bias = true is not supported", source);
-  check(type != "qwen2" || !get_bool(hf, "use_sliding_window", source, false),
-        "{}: use_sliding_window = true is not supported", source);
 }
 
 }  // namespace
@@ -125,7 +123,11 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
   const std::string type = format.empty() ? c.type : format;
   const std::string arch = hf_architecture(type);
   json j = c.hf_extra.empty() ? json::object() : json::parse(c.hf_extra);
-  if (type != c.type) j.erase("auto_map");  // the source family's remote code
+  if (type != c.type) {  // the source family's own keys and remote code mean nothing to another
+    for (const char* key : {"auto_map", "bias", "qkv_bias", "o_bias", "attention_bias", "mlp_bias",
+                            "use_sliding_window", "max_window_layers", "sliding_window"})
+      j.erase(key);
+  }
   check(type != "llama" || c.qkv_bias == c.o_bias,
         "cannot write a {} config.json: its attention_bias covers q, k, v and o together, but this "
         "model has qkv_bias = {} and o_bias = {}", type, c.qkv_bias, c.o_bias);
@@ -138,8 +140,16 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
   check(c.explicit_head_dim == 0 || type != "internlm2",
         "cannot write an internlm2 config.json: InternLM2 has no head_dim key, and this model's "
         "head_dim {} is not hidden_size / num_attention_heads", c.explicit_head_dim);
-  check(c.sliding_window == 0 || type == "mistral",
+  check(c.sliding_window == 0 || type == "mistral" || type == "qwen2",
         "cannot write a {} config.json: the model has a sliding window of {}", type, c.sliding_window);
+  check(c.sliding_window == 0 || type != "mistral" || c.first_window_layer == 0,
+        "cannot write a mistral config.json: its window covers every layer, this model's only "
+        "layers >= {}", c.first_window_layer);
+  if (type == "qwen2" && c.sliding_window > 0) {
+    j["use_sliding_window"] = true;
+    j["sliding_window"] = c.sliding_window;
+    j["max_window_layers"] = c.first_window_layer;
+  }
   j["architectures"] = {arch};
   j["model_type"] = type;
   j["hidden_size"] = c.hidden_size;
@@ -222,6 +232,15 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
     c.sliding_window = c.sliding_window_implicit ? 4096 : get_int(hf, "sliding_window", source, 0);
     check(c.sliding_window >= 0, "{}: sliding_window must be >= 0, got {}", source, c.sliding_window);
   }
+  if (c.type == "qwen2" && get_bool(hf, "use_sliding_window", source, false)) {
+    // Qwen2Config: sliding_window 4096 and max_window_layers 28 by default; layers from
+    // max_window_layers on slide (null sliding_window: none).
+    c.sliding_window = hf.contains("sliding_window") ? get_int(hf, "sliding_window", source, 0) : 4096;
+    c.first_window_layer = get_int(hf, "max_window_layers", source, 28);
+    check(c.sliding_window >= 0 && c.first_window_layer >= 0,
+          "{}: sliding_window ({}) and max_window_layers ({}) must be >= 0", source, c.sliding_window,
+          c.first_window_layer);
+  }
   json extra = json::object();
   for (const auto& [key, value] : hf.items())
     if (!modelled_keys().count(key)) extra[key] = value;
@@ -278,6 +297,7 @@ ModelConfig merge_model_config(const ModelConfig& f, const ModelConfig& toml,
   same_int("num_kv_attention_heads", "num_key_value_heads", toml.num_kv_attention_heads,
            f.num_kv_attention_heads);
   same_int("head_dim", "head_dim", toml.explicit_head_dim, f.explicit_head_dim);
+  same_int("sliding_window", "sliding_window", toml.sliding_window, f.sliding_window);
   same_real("norm_eps", "rms_norm_eps", toml.norm_eps, f.norm_eps);
   same_real("rope_base", "rope_theta", toml.rope_base, f.rope_base);
   same_bool("qkv_bias", toml.qkv_bias, f.qkv_bias);

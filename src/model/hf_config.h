@@ -28,7 +28,8 @@ void check_model_type(const std::string& type, const std::string& what);
 /// Mistral: none, it has no biases). Adds hidden_act "silu",
 /// tie_word_embeddings false, torch_dtype "float32" and max_position_embeddings (when > 0) only
 /// where the source config lacked them. Writing as another family drops the source's `auto_map`
-/// (remote code). Throws Error when `format` cannot express the model (biases Llama cannot write,
+/// (remote code) and family keys (bias, qkv_bias, o_bias, attention_bias, mlp_bias,
+/// use_sliding_window, max_window_layers, sliding_window), then writes the target's. Throws Error when `format` cannot express the model (biases Llama cannot write,
 /// a Qwen2 without q/k/v bias, a sliding window outside Mistral).
 nlohmann::json to_hf_config(const ModelConfig& config, int64_t max_position_embeddings = 0,
                             const std::string& format = "");

@@ -120,12 +120,6 @@ double workspace_elements(const WorkspaceShape& s) {
 
 template <typename T>
 AttentionBatch InternLM2<T>::attention_batch(const data::MicroBatch& b) const {
-  // A window no sequence reaches is full causal attention; a shorter one needs windowed attention.
-  if (const int64_t w = layout_.config().sliding_window; w > 0)
-    for (size_t s = 0; s + 1 < b.cu_seqlens.size(); ++s)
-      check(b.cu_seqlens[s + 1] - b.cu_seqlens[s] <= w,
-            "a sequence of {} tokens is longer than the model's sliding_window {}: windowed "
-            "attention is not supported yet", b.cu_seqlens[s + 1] - b.cu_seqlens[s], w);
   return AttentionBatch{b.indexes.data(), b.cu_seqlens.data(),
                         static_cast<int64_t>(b.cu_seqlens.size()) - 1,
                         static_cast<int64_t>(b.input_ids.size())};
@@ -270,6 +264,20 @@ data::RowCost balance_cost(const ModelConfig& c) {
   cost.per_token = 6.0 * matmul_parameters(c);
   cost.per_pair = 12.0 * static_cast<double>(c.num_layers) * static_cast<double>(c.attention_size());
   return cost;
+}
+
+double sum_squared_segments(const ModelConfig& c, std::span<const int32_t> cu_seqlens) {
+  if (c.sliding_window == 0) return sum_squared_segments(cu_seqlens);
+  double s = 0.0;
+  for (size_t i = 0; i + 1 < cu_seqlens.size(); ++i) {
+    const int64_t l = cu_seqlens[i + 1] - cu_seqlens[i];
+    if (l == 0) continue;
+    double share = 0.0;  // visible pairs over causal pairs, summed over layers
+    for (int64_t layer = 0; layer < c.num_layers; ++layer)
+      share += double(ops::visible_pairs(l, c.window_of(layer))) / double(ops::visible_pairs(l));
+    s += double(l) * double(l) * share / double(c.num_layers);
+  }
+  return s;
 }
 
 double sum_squared_segments(std::span<const int32_t> cu_seqlens) {

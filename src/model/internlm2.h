@@ -110,4 +110,10 @@ data::RowCost balance_cost(const ModelConfig& config);
 /// Σ lᵢ² over the segments of cu_seqlens (the attention term of model_flops).
 double sum_squared_segments(std::span<const int32_t> cu_seqlens);
 
+/// The attention term of model_flops for `config`'s sliding windows: Σ lᵢ² with each segment's
+/// l² scaled, in each layer, by the share of its causal pairs that the layer's window leaves
+/// visible (ops::visible_pairs), averaged over layers. Equals sum_squared_segments without a
+/// window or when no segment is longer than it.
+double sum_squared_segments(const ModelConfig& config, std::span<const int32_t> cu_seqlens);
+
 }  // namespace longtron::model

@@ -68,9 +68,10 @@ class DenseNorm final : public NormOp<T> {
 template <typename T>
 class DenseAttention final : public AttentionOp<T> {
  public:
-  explicit DenseAttention(const ModelConfig& c)
+  /// `window`: this block's sliding window (ModelConfig::window_of), 0 = none.
+  DenseAttention(const ModelConfig& c, int64_t window)
       : hq_(c.num_attention_heads), hkv_(c.num_kv_attention_heads), d_(c.head_dim()),
-        q_(c.qkv_size()), config_(c), inv_freq_(rope_inv_freq(c)) {}
+        q_(c.qkv_size()), config_(c), inv_freq_(rope_inv_freq(c)), window_(window) {}
   int64_t qkv_features() const override { return q_; }
   int64_t out_features() const override { return hq_ * d_; }
   int64_t saved_qkv_size(int64_t N) const override { return N * q_; }
@@ -98,8 +99,10 @@ class DenseAttention final : public AttentionOp<T> {
 
  private:
   ops::AttentionShape shape(const AttentionBatch& b) const {
-    return ops::AttentionShape{b.num_tokens, hq_, hkv_, d_, q_, q_, b.cu_seqlens, b.num_segments,
-                               1.0 / std::sqrt(static_cast<double>(d_))};
+    ops::AttentionShape s{b.num_tokens, hq_, hkv_, d_, q_, q_, b.cu_seqlens, b.num_segments,
+                          1.0 / std::sqrt(static_cast<double>(d_))};
+    s.window = window_;
+    return s;
   }
   /// grouped → split (to_split) or split → grouped; dst and src are [N, Q].
   void permute(T* dst, const T* src, int64_t N, bool to_split) const {
@@ -121,6 +124,7 @@ class DenseAttention final : public AttentionOp<T> {
   int64_t hq_, hkv_, d_, q_;
   ModelConfig config_;
   std::vector<double> inv_freq_;  // RoPE inverse frequencies (model/rope_scaling.h)
+  int64_t window_;
 };
 
 template <typename T>
@@ -216,7 +220,8 @@ ModelOps<T> make_dense_ops(const ParamLayout& layout) {
     block.w1 = std::make_unique<DenseLinear<T>>(layout, b.w1, -1);
     block.w3 = std::make_unique<DenseLinear<T>>(layout, b.w3, -1);
     block.w2 = std::make_unique<DenseLinear<T>>(layout, b.w2, -1);
-    block.attention = std::make_unique<DenseAttention<T>>(layout.config());
+    const int64_t layer = &b - layout.layers.data();
+    block.attention = std::make_unique<DenseAttention<T>>(layout.config(), layout.config().window_of(layer));
     ops.blocks.push_back(std::move(block));
   }
   ops.norm = std::make_unique<DenseNorm<T>>(layout, layout.norm);

@@ -50,7 +50,8 @@ void check_model_limits(const ModelConfig& c) {
   const std::pair<const char*, int64_t> widths[] = {
       {"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
       {"num_attention_heads", c.num_attention_heads},
-      {"num_kv_attention_heads", c.num_kv_attention_heads}, {"multiple_of", c.multiple_of}};
+      {"num_kv_attention_heads", c.num_kv_attention_heads}, {"multiple_of", c.multiple_of},
+      {"head_dim", c.explicit_head_dim}, {"sliding_window", c.sliding_window}};
   for (const auto& [key, v] : widths)
     check(v <= kMaxWidth, "model.{}: {} is too large (at most 2^40 = {})", key, v, kMaxWidth);
   check(c.num_layers <= kMaxLayers, "model.num_layers: {} is too large (at most {})", c.num_layers,

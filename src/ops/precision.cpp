@@ -69,7 +69,7 @@ ComputeType resolve_dtype(const std::string& dtype, const std::string& where, st
   const bool native = cpu && gemm.native_bf16;
   // Why there is no native bf16, for both the fallback note and the error.
   const std::string missing =
-      !cpu ? std::string(masked("avx512_bf16") && cpuid_avx512_bf16()
+      !cpu ? std::string(cpu_feature_masked("avx512_bf16") && cpuid_avx512_bf16()
                              ? "AVX512-BF16 (avx512_bf16, hidden by " + std::string(kCpuFeaturesMaskEnv) + ")"
                              : "AVX512-BF16 (avx512_bf16)")
            : "AVX512-BF16 kernels in " + gemm.library + " (its ISA is " + gemm.isa + ")";

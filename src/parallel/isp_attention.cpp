@@ -28,11 +28,11 @@ UlyssesHeads ulysses_heads(int64_t hq, int64_t hkv, int64_t T) {
 
 UlyssesAttention::UlyssesAttention(const model::ModelConfig& c, comm::CommPtr tensor,
                                    std::shared_ptr<Scratch> scratch, comm::CommPtr context,
-                                   data::ContextBalance balance)
+                                   data::ContextBalance balance, int64_t window)
     : comm_(std::move(tensor)), T_(comm_->size()),
       h_(ulysses_heads(c.num_attention_heads, c.num_kv_attention_heads, comm_->size())),
       d_(c.head_dim()), q_(c.qkv_size()), local_(h_.hq_local + 2 * h_.hkv_local),
-      config_(c), inv_freq_(model::rope_inv_freq(c)),
+      config_(c), inv_freq_(model::rope_inv_freq(c)), window_(window),
       scratch_(scratch ? std::move(scratch) : std::make_shared<Scratch>()) {
   if (context && context->size() > 1) {
     C_ = context->size();
@@ -120,8 +120,9 @@ void UlyssesAttention::forward(float* out, float* saved, float* lse, const float
   float* out_g = saved + T_ * N * local_ * d_;  // [T·N, hq_local, d]
   ulysses_scatter_heads(qkv_g, packed.data(), N, T_ * local_, d_, *comm_);
   const int64_t stride = local_ * d_;
-  const ops::AttentionShape s{g.num_tokens, h_.hq_local, h_.hkv_local, d_, stride, stride,
-                              g.cu_seqlens, g.num_segments, 1.0 / std::sqrt(double(d_))};
+  ops::AttentionShape s{g.num_tokens, h_.hq_local, h_.hkv_local, d_, stride, stride,
+                        g.cu_seqlens, g.num_segments, 1.0 / std::sqrt(double(d_))};
+  s.window = window_;  // under context parallelism too: positions stay those of the document
   if (context_)
     context_->forward(out_g, lse, qkv_g, qkv_g + h_.hq_local * d_,
                       qkv_g + (h_.hq_local + h_.hkv_local) * d_, s);
@@ -142,8 +143,9 @@ void UlyssesAttention::backward(float* dqkv, float* scratch, const float* dout, 
   float* dout_g = scratch + T_ * N * local_ * d_;  // [T·N, hq_local, d]
   ulysses_scatter_heads(dout_g, dout, N, h_.hq, d_, *comm_);
   const int64_t stride = local_ * d_;
-  const ops::AttentionShape s{g.num_tokens, h_.hq_local, h_.hkv_local, d_, stride, stride,
-                              g.cu_seqlens, g.num_segments, 1.0 / std::sqrt(double(d_))};
+  ops::AttentionShape s{g.num_tokens, h_.hq_local, h_.hkv_local, d_, stride, stride,
+                        g.cu_seqlens, g.num_segments, 1.0 / std::sqrt(double(d_))};
+  s.window = window_;
   if (context_)
     context_->backward(dqkv_g, dqkv_g + h_.hq_local * d_,
                        dqkv_g + (h_.hq_local + h_.hkv_local) * d_, dout_g, qkv_g,

@@ -47,10 +47,12 @@ class UlyssesAttention final : public model::AttentionOp<float> {
     std::shared_ptr<ContextScratch> context = std::make_shared<ContextScratch>();
   };
   /// `scratch` nullptr = buffers of its own. `tensor` is the HEAD group under 2D-Attention;
-  /// `context` (nullptr = none) its CONTEXT group, whose ranks hold the shares of `balance`.
+  /// `context` (nullptr = none) its CONTEXT group, whose ranks hold the shares of `balance`;
+  /// `window`: the block's sliding window (0 = none).
   UlyssesAttention(const model::ModelConfig& config, comm::CommPtr tensor,
                    std::shared_ptr<Scratch> scratch = nullptr, comm::CommPtr context = nullptr,
-                   data::ContextBalance balance = data::ContextBalance::kZigzag);
+                   data::ContextBalance balance = data::ContextBalance::kZigzag,
+                   int64_t window = 0);
   int64_t qkv_features() const override { return q_; }
   int64_t out_features() const override { return h_.hq * d_; }
   int64_t saved_qkv_size(int64_t N) const override { return N * (T_ * local_ + h_.hq) * d_; }
@@ -75,6 +77,7 @@ class UlyssesAttention final : public model::AttentionOp<float> {
   int64_t d_, q_, local_;  // head dim, full qkv features, local heads (q + 2 kv) after the swap
   model::ModelConfig config_;
   std::vector<double> inv_freq_;  // RoPE inverse frequencies (model/rope_scaling.h)
+  int64_t window_;
   std::shared_ptr<Scratch> scratch_;
   int64_t C_ = 1;                                  // context ranks
   std::unique_ptr<ContextAttention> context_;      // nullptr when C = 1

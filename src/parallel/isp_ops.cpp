@@ -95,8 +95,8 @@ model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const comm::
     block.w1 = linear(b.w1, -1);
     block.w3 = linear(b.w3, -1);
     block.w2 = linear(b.w2, -1);
-    block.attention =
-        std::make_unique<UlyssesAttention>(c, head, scratch, grid.context, balance);
+    block.attention = std::make_unique<UlyssesAttention>(
+        c, head, scratch, grid.context, balance, c.window_of(&b - full.layers.data()));
     ops.blocks.push_back(std::move(block));
   }
   ops.norm = model::make_dense_norm<float>(full, full.norm);

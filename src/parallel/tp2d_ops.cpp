@@ -97,9 +97,10 @@ class Norm2D final : public model::NormOp<float> {
 class Attention2D final : public model::AttentionOp<float> {
  public:
   Attention2D(const model::ModelConfig& local_heads, std::unique_ptr<model::AttentionOp<float>> dense,
-              const Pos& g)
+              const Pos& g, int64_t window)
       : g_(g), inner_(g.y == 1 ? std::move(dense)
-                               : std::make_unique<UlyssesAttention>(local_heads, g.Y)) {}
+                               : std::make_unique<UlyssesAttention>(local_heads, g.Y, nullptr,
+                                                                    window)) {}
   int64_t qkv_features() const override { return inner_->qkv_features(); }
   int64_t out_features() const override { return inner_->out_features(); }
   int64_t saved_qkv_size(int64_t N) const override { return inner_->saved_qkv_size(chunk(N)); }
@@ -232,7 +233,8 @@ model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
     block.w3 = std::make_unique<Linear2D>(L, b.w3, -1, g.X, g.Y, overlap, ffn, Pair2D::kSecond);
     block.w2 = std::make_unique<Linear2D>(L, b.w2, -1, g.Y, g.X, overlap, Linear2DShared{},
                                           Pair2D::kAlone);
-    block.attention = std::make_unique<Attention2D>(heads, std::move(dense.blocks[i].attention), g);
+    block.attention = std::make_unique<Attention2D>(heads, std::move(dense.blocks[i].attention), g,
+                                                    heads.window_of(i));
     ops.blocks.push_back(std::move(block));
   }
   ops.norm = std::make_unique<Norm2D>(ctx.full, L.norm, g);

@@ -296,6 +296,7 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
       {"num_layers", int_key(m.num_layers)}, {"num_attention_heads", int_key(m.num_attention_heads)},
       {"num_kv_attention_heads", int_key(m.num_kv_attention_heads)},
       {"head_dim", int_key(m.explicit_head_dim)},
+      {"sliding_window", int_key(m.sliding_window)},
       {"mlp_ratio", double_key(m.mlp_ratio, true)}, {"multiple_of", int_key(m.multiple_of)},
       {"norm_eps", double_key(m.norm_eps)}, {"rope_base", double_key(m.rope_base)},
       {"qkv_bias", bool_key(m.qkv_bias)}, {"o_bias", bool_key(m.o_bias)},
@@ -390,6 +391,7 @@ TrainConfig load_config(const fs::path& path, const std::vector<std::string>& ov
 
 void check_model_config(const model::ModelConfig& m) {
   model::check_model_type(m.type, "model.type");
+  check(m.sliding_window >= 0, "model.sliding_window: must be >= 0, got {}", m.sliding_window);
   const std::pair<const char*, int64_t> positive[] = {
       {"vocab_size", m.vocab_size}, {"hidden_size", m.hidden_size}, {"num_layers", m.num_layers},
       {"num_attention_heads", m.num_attention_heads},
@@ -406,7 +408,14 @@ void check_model_config(const model::ModelConfig& m) {
         m.norm_eps);
   check(m.rope_base > 0 && std::isfinite(m.rope_base),
         "model.rope_base: must be finite and > 0, got {}", m.rope_base);
+  check(m.explicit_head_dim >= 0, "model.head_dim: must be >= 0, got {}", m.explicit_head_dim);
   model::check_model_limits(m);
+  try {  // what the family's config.json cannot say (e.g. a Qwen2 without q/k/v bias); last, as
+         // it computes the FFN width from the checked sizes
+    (void)model::to_hf_config(m);
+  } catch (const Error& e) {
+    fail("model.type: {}", e.what());
+  }
 }
 
 std::string config_origin(const TrainConfig& c, const std::string& key) {
@@ -533,7 +542,7 @@ nlohmann::json to_json(const TrainConfig& c) {
   nlohmann::json j;
   j["model"] = {{"type", m.type}, {"vocab_size", m.vocab_size}, {"hidden_size", m.hidden_size},
                 {"num_layers", m.num_layers}, {"num_attention_heads", m.num_attention_heads},
-                {"head_dim", m.explicit_head_dim},
+                {"head_dim", m.explicit_head_dim}, {"sliding_window", m.sliding_window},
                 {"num_kv_attention_heads", m.num_kv_attention_heads}, {"mlp_ratio", m.mlp_ratio},
                 {"multiple_of", m.multiple_of}, {"norm_eps", m.norm_eps}, {"rope_base", m.rope_base},
                 {"qkv_bias", m.qkv_bias}, {"o_bias", m.o_bias}, {"checkpoint", m.checkpoint},

@@ -29,6 +29,9 @@ const std::vector<ConfigKey> kConfigKeys = {
     {"model.head_dim", "integer", "0", "",
      "Features per attention head when not hidden_size / num_attention_heads (Hugging Face's "
      "head_dim); 0: hidden_size / num_attention_heads."},
+    {"model.sliding_window", "integer", "0", "",
+     "Sliding-window attention (mistral, qwen2): a query sees the last sliding_window keys of its "
+     "document; 0: none. With --init-from it comes from config.json."},
     {"model.mlp_ratio", "number or fraction", "\"8/3\"", "",
      "FFN width = multiple_of × ceil(int(hidden_size × mlp_ratio) / multiple_of); a fraction is "
      "written as a string."},

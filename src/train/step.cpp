@@ -57,7 +57,8 @@ StepResult step_gradients(parallel::ParallelEngine& engine, const std::vector<da
   for (const auto& b : rows) {
     counts[0] += count_labels(b);
     counts[1] += count_tokens(b);
-    sum_l2 += model::sum_squared_segments(b.cu_seqlens);
+    // windows: only the visible pairs (the MFU numerator)
+    sum_l2 += model::sum_squared_segments(engine.full_layout().config(), b.cu_seqlens);
   }
   if (dp.size() > 1) {
     dp.all_reduce(counts, 2);

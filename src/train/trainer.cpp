@@ -67,11 +67,6 @@ void resolve_model_config(TrainConfig& config, const TrainOptions& options) {
     const model::ModelConfig from_file = model::read_hf_config(source);
     config.model = model::merge_model_config(from_file, config.model, config.model_keys_given,
                                              (source / "config.json").string());
-    const int64_t window = config.model.sliding_window,
-                  packed = config.data.seq_len * config.data.micro_bsz;
-    check(window == 0 || window >= packed,
-          "{}: sliding_window {} is shorter than a packed row (data.seq_len × data.micro_bsz = {}): "
-          "windowed attention is not supported yet", (source / "config.json").string(), window, packed);
   }
   check_config(config);
 }

@@ -119,4 +119,36 @@ TEST(HfCli, InternLM2CheckpointExportedAsLlamaTrainsFurther) {
       << r.output;
 }
 
+// configs/tiny_{llama,qwen2,mistral}.toml train from scratch and save under their family's names.
+TEST(HfCli, TinyConfigOfEachFamilyTrainsAndSavesItsNames) {
+  Prepared p;
+  for (const std::string family : {"llama", "qwen2", "mistral"}) {
+    const fs::path out = p.dir / family;
+    const auto r = run_longtron(
+        "train --config " + std::string(LONGTRON_SOURCE_DIR) + "/configs/tiny_" + family +
+        ".toml --set model.vocab_size=400 --set train.total_steps=2 --set train.valid_every=0"
+        " --set data.train_folder=\"" + (p.dir / "data" / "train").string() +
+        "\" --set data.valid_folder=\"" + (p.dir / "data" / "valid").string() +
+        "\" --set train.checkpoint_dir=\"" + (out / "ckpt").string() +
+        "\" --set train.metrics_file=\"" + (out / "metrics.jsonl").string() + "\"");
+    ASSERT_EQ(r.status, 0) << family << "\n" << r.output;
+    const fs::path step = out / "ckpt" / "step_2";
+    const json cfg = json::parse(read_file(step / "config.json"));
+    EXPECT_EQ(cfg["model_type"], family);
+    const st::Reader saved(step);
+    EXPECT_TRUE(saved.file_of("model.layers.1.mlp.gate_proj.weight").contains("model.layers.1.mlp.gate_proj.weight"));
+    const auto names = saved.names();
+    const bool has_bias = std::find(names.begin(), names.end(), "model.layers.0.self_attn.q_proj.bias") != names.end();
+    EXPECT_EQ(has_bias, family == "qwen2") << family;
+    if (family == "mistral") {
+      EXPECT_EQ(cfg["sliding_window"], 32);
+    }
+  }
+  // A Qwen2 without its q/k/v bias cannot be written as Qwen2: refused before training.
+  const auto r = run_longtron("train --config " + std::string(LONGTRON_SOURCE_DIR) +
+                              "/configs/tiny_qwen2.toml --set model.qkv_bias=false --dry-run");
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "model.type") && contains(r.output, "qkv_bias = false")) << r.output;
+}
+
 }  // namespace

@@ -96,6 +96,16 @@ TEST(ModelGrad, FiniteDifferencesWithBiasesAndOneKvHead) {
   check_gradients(c, false);
 }
 
+// Sliding window 3 (documents of 7, 5 and 6 tokens) in layer 1 only, and an explicit head_dim 6
+// (q/k/v of 4·6 and 2·6 features, wo [16, 24]).
+TEST(ModelGrad, FiniteDifferencesWithWindowAndHeadDim) {
+  ModelConfig c = testing::tiny_config();
+  c.sliding_window = 3;
+  c.first_window_layer = 1;
+  c.explicit_head_dim = 6;
+  check_gradients(c, false);
+}
+
 TEST(ModelGrad, CheckpointGivesIdenticalGradients) {
   ModelConfig c = testing::tiny_config();
   const ParamLayout layout(c);

@@ -165,5 +165,20 @@ TEST(ModelFlops, HandComputedExample) {
   EXPECT_EQ(ParamLayout(c).matmul_numel(), 6656);
 }
 
+TEST(ModelFlops, WindowCountsOnlyVisiblePairs) {
+  // Window 4 in layer 1 only (layer 0 full). Segments 7, 5 and 6 are longer than 4: visible pairs
+  // 4·5/2 + (7−4)·4 = 22 of 28, 10 + 4 = 14 of 15 and 10 + 2·4 = 18 of 21. Σ over layers / 2:
+  // 49·(1 + 22/28)/2 + 1 + 25·(1 + 14/15)/2 + 1 + 36·(1 + 18/21)/2 + 16.
+  ModelConfig c = testing::tiny_config();
+  c.sliding_window = 4;
+  c.first_window_layer = 1;
+  const std::vector<int32_t> cu = {0, 7, 8, 13, 14, 20, 24};
+  const double expected =
+      49.0 * (1 + 22.0 / 28) / 2 + 1 + 25.0 * (1 + 14.0 / 15) / 2 + 1 + 36.0 * (1 + 18.0 / 21) / 2 + 16;
+  EXPECT_DOUBLE_EQ(sum_squared_segments(c, cu), expected);
+  c.sliding_window = 7;  // no segment is longer: every pair counts
+  EXPECT_EQ(sum_squared_segments(c, cu), 128.0);
+}
+
 }  // namespace
 }  // namespace longtron::model

@@ -7,7 +7,9 @@ with float32-rounded gradients) with rope_scaling of those types, whose inverse 
 transformers' modeling_rope_utils.py (_compute_linear_scaling_rope_parameters,
 _compute_llama3_parameters), and tests/fixtures/llama_head_dim/ (its own weights) with a head_dim
 that is not hidden_size / num_attention_heads; then qwen2_golden (q/k/v bias), llama_attention_bias
-(q/k/v and o bias) and mistral_golden (sliding_window null), each with its own weights.
+(q/k/v and o bias) and mistral_golden (sliding_window null), each with its own weights; and
+mistral_window / qwen2_window (config.json and golden only: the weights of mistral_golden /
+qwen2_golden) with windows shorter than the documents.
 
 The reference below is written from transformers' modeling_llama.py (LlamaRMSNorm, LlamaRotary-
 Embedding with the default rope type, rotate_half/apply_rotary_pos_emb, repeat_kv, eager attention
@@ -146,7 +148,15 @@ def forward(w, ids, labels, pos, cu, config):
         seg[cu[s] : cu[s + 1]] = s
     i = torch.arange(n)
     allowed = (seg[:, None] == seg[None, :]) & (i[None, :] <= i[:, None])
-    mask = torch.zeros(n, n, dtype=D).masked_fill(~allowed, float("-inf"))
+    def mask_of(layer):
+        # Sliding window (Mistral; Qwen2 with use_sliding_window from layer max_window_layers on):
+        # key j visible to query i when i - W < j <= i.
+        window = config.get("sliding_window") if config["model_type"] == "mistral" else None
+        if config["model_type"] == "qwen2" and config.get("use_sliding_window"):
+            if layer >= config["max_window_layers"]:
+                window = config["sliding_window"]
+        keep = allowed if window is None else allowed & (i[:, None] - i[None, :] < window)
+        return torch.zeros(n, n, dtype=D).masked_fill(~keep, float("-inf"))
     eps = CONFIG["rms_norm_eps"]
     x = w["model.embed_tokens.weight"][torch.tensor(ids)]
     for l in range(L):
@@ -163,7 +173,7 @@ def forward(w, ids, labels, pos, cu, config):
         rep = HQ // HKV  # repeat_kv: query head j uses kv head j // rep
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
-        scores = torch.einsum("ihd,jhd->hij", q, k) * HD ** -0.5 + mask
+        scores = torch.einsum("ihd,jhd->hij", q, k) * HD ** -0.5 + mask_of(l)
         probs = torch.softmax(scores, dim=-1)
         attn = torch.einsum("hij,jhd->ihd", probs, v).reshape(n, HQ * HD)
         x = x + attn @ w[p + "self_attn.o_proj.weight"].T
@@ -269,6 +279,7 @@ def main(root):
         "mistral_golden": (dict(base, architectures=["MistralForCausalLM"], model_type="mistral",
                                 sliding_window=None), False, False),
     }
+    weights_of = {}
     for name, (config, qkv_bias, o_bias) in families.items():
         torch.manual_seed(len(name))
         w = weights(qkv_bias, o_bias)
@@ -280,6 +291,23 @@ def main(root):
         write_safetensors(os.path.join(out, "model.safetensors"), {k: f32(t.detach()) for k, t in w.items()})
         write_safetensors(os.path.join(out, "golden.safetensors"), golden)
         print(f"{name}: loss {loss:.17g}, {len(w)} tensors")
+        weights_of[name] = w
+    # Windows shorter than the documents (9, 6 and 8 tokens): Mistral with W = 4 on the Mistral
+    # weights, Qwen2 with W = 3 from layer 1 on (layer 0 full) on the Qwen2 weights.
+    windows = {
+        "mistral_window": ("mistral_golden", dict(families["mistral_golden"][0], sliding_window=4)),
+        "qwen2_window": ("qwen2_golden", dict(families["qwen2_golden"][0], use_sliding_window=True,
+                                               sliding_window=3, max_window_layers=1)),
+    }
+    for name, (base_name, config) in windows.items():
+        w = weights_of[base_name]
+        loss, golden = run(w, config)
+        for k, t in w.items():
+            golden["grad." + k] = f32(t.grad)
+        out = os.path.join(root, name)
+        write_config(out, config)
+        write_safetensors(os.path.join(out, "golden.safetensors"), golden)
+        print(f"{name}: loss {loss:.17g} (weights of {base_name})")
 
 
 if __name__ == "__main__":

@@ -60,22 +60,24 @@ data::MicroBatch golden_row(const safetensors::Reader& golden) {
   return b;
 }
 
-/// The fixture's weights under `variant`'s config.json (a copy in `dir`), or the fixture itself.
-fs::path with_config(const TempDir& dir, const std::string& variant) {
+/// The weights of fixture `base` under `variant`'s config.json (a copy in `dir`), or the variant
+/// itself when it has weights.
+fs::path with_config(const TempDir& dir, const std::string& variant, const std::string& base) {
   const fs::path src = kFixture.parent_path() / variant;
   if (fs::exists(src / "model.safetensors")) return src;
   const fs::path out = dir / variant;
   fs::create_directories(out);
   fs::copy_file(src / "config.json", out / "config.json");
-  fs::copy_file(kFixture / "model.safetensors", out / "model.safetensors");
+  fs::copy_file(kFixture.parent_path() / base / "model.safetensors", out / "model.safetensors");
   return out;
 }
 
 /// Loss (1e-5) and every gradient (max |g − ref| ≤ 1e-4 · max |ref| per tensor, by Hugging Face
 /// name) of `variant` against its float64 reference.
-void expect_golden(const std::string& variant, const std::string& type = "llama") {
+void expect_golden(const std::string& variant, const std::string& type = "llama",
+                   const std::string& base = "llama_golden") {
   TempDir dir;
-  const train::LoadedModel m = train::load_model_dir(with_config(dir, variant));
+  const train::LoadedModel m = train::load_model_dir(with_config(dir, variant, base));
   ASSERT_EQ(m.layout->config().type, type);
   const safetensors::Reader golden(kFixture.parent_path() / variant / "golden.safetensors");
   const data::MicroBatch b = golden_row(golden);
@@ -111,6 +113,29 @@ TEST(HfFamily, LlamaHeadDimGolden) { expect_golden("llama_head_dim"); }
 TEST(HfFamily, LlamaAttentionBiasGolden) { expect_golden("llama_attention_bias"); }
 TEST(HfFamily, Qwen2Golden) { expect_golden("qwen2_golden", "qwen2"); }
 TEST(HfFamily, MistralGolden) { expect_golden("mistral_golden", "mistral"); }
+// Windows shorter than the documents (Hugging Face's rule: key j visible to query i when
+// i − W < j ≤ i): Mistral W = 4 in every layer; Qwen2 W = 3 from max_window_layers = 1 on.
+TEST(HfFamily, MistralWindowGolden) { expect_golden("mistral_window", "mistral", "mistral_golden"); }
+TEST(HfFamily, Qwen2WindowGolden) { expect_golden("qwen2_window", "qwen2", "qwen2_golden"); }
+
+// A window no document reaches changes nothing: exactly the loss and gradients without one.
+TEST(HfFamily, WindowLongerThanEveryDocumentIsExact) {
+  TempDir dir;
+  const fs::path base = kFixture.parent_path() / "mistral_golden";
+  const safetensors::Reader golden(base / "golden.safetensors");
+  const data::MicroBatch b = golden_row(golden);
+  json cfg = read_json(base / "config.json");
+  const train::LoadedModel plain = train::load_model_dir(base);
+  cfg["sliding_window"] = 9;  // the longest document has 9 tokens
+  fs::create_directories(dir / "w9");
+  std::ofstream(dir / "w9" / "config.json") << cfg.dump(2);
+  fs::copy_file(base / "model.safetensors", dir / "w9" / "model.safetensors");
+  const train::LoadedModel windowed = train::load_model_dir(dir / "w9");
+  ASSERT_EQ(windowed.layout->config().sliding_window, 9);
+  model::Params<float> g1(*plain.layout), g2(*windowed.layout);
+  EXPECT_EQ(plain.model->forward_backward(b, g1, 0.1).sum, windowed.model->forward_backward(b, g2, 0.1).sum);
+  for (int64_t i = 0; i < g1.numel(); ++i) ASSERT_EQ(g1.data()[i], g2.data()[i]) << i;
+}
 
 // Dynamic (InternLM2.5): plain RoPE below max_position_embeddings — the loss of the unscaled model
 // exactly — and an error naming the position at or beyond it.
