@@ -99,8 +99,9 @@ class Attention2D final : public model::AttentionOp<float> {
   Attention2D(const model::ModelConfig& local_heads, std::unique_ptr<model::AttentionOp<float>> dense,
               const Pos& g, int64_t window)
       : g_(g), inner_(g.y == 1 ? std::move(dense)
-                               : std::make_unique<UlyssesAttention>(local_heads, g.Y, nullptr,
-                                                                    window)) {}
+                               : std::make_unique<UlyssesAttention>(
+                                     local_heads, g.Y, nullptr, nullptr,
+                                     data::ContextBalance::kZigzag, window)) {}
   int64_t qkv_features() const override { return inner_->qkv_features(); }
   int64_t out_features() const override { return inner_->out_features(); }
   int64_t saved_qkv_size(int64_t N) const override { return inner_->saved_qkv_size(chunk(N)); }
