@@ -19,6 +19,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <memory>
 
 #include "core/safetensors.h"
 #include "expect_error.h"
@@ -72,6 +73,12 @@ fs::path with_config(const TempDir& dir, const std::string& variant, const std::
   return out;
 }
 
+/// The loaded weights as a one-process model (the CLI goes through the engine; these checks
+/// compare the model's own numbers).
+std::unique_ptr<model::InternLM2<float>> model_of(const train::LoadedModel& m) {
+  return std::make_unique<model::InternLM2<float>>(*m.layout, *m.params);
+}
+
 /// Loss (1e-5) and every gradient (max |g − ref| ≤ 1e-4 · max |ref| per tensor, by Hugging Face
 /// name) of `variant` against its float64 reference.
 void expect_golden(const std::string& variant, const std::string& type = "llama",
@@ -84,7 +91,7 @@ void expect_golden(const std::string& variant, const std::string& type = "llama"
   int64_t count = 0;
   for (int32_t l : b.labels) count += l != data::kIgnoreIndex;
   model::Params<float> grads(*m.layout);
-  const model::LossSum ls = m.model->forward_backward(b, grads, 1.0 / double(count));
+  const model::LossSum ls = model_of(m)->forward_backward(b, grads, 1.0 / double(count));
   const double ref_loss = golden.file_of("loss").read_doubles("loss").at(0);
   EXPECT_NEAR(ls.sum / double(ls.count), ref_loss, 1e-5 * std::abs(ref_loss)) << variant;
   const train::HfTensors named = train::hf_named_tensors(grads);
@@ -133,7 +140,7 @@ TEST(HfFamily, WindowLongerThanEveryDocumentIsExact) {
   const train::LoadedModel windowed = train::load_model_dir(dir / "w9");
   ASSERT_EQ(windowed.layout->config().sliding_window, 9);
   model::Params<float> g1(*plain.layout), g2(*windowed.layout);
-  EXPECT_EQ(plain.model->forward_backward(b, g1, 0.1).sum, windowed.model->forward_backward(b, g2, 0.1).sum);
+  EXPECT_EQ(model_of(plain)->forward_backward(b, g1, 0.1).sum, model_of(windowed)->forward_backward(b, g2, 0.1).sum);
   for (int64_t i = 0; i < g1.numel(); ++i) ASSERT_EQ(g1.data()[i], g2.data()[i]) << i;
 }
 
@@ -144,7 +151,7 @@ TEST(HfFamily, RopeDynamicIsPlainBelowTheLimitAndRefusedBeyond) {
   const safetensors::Reader golden(kFixture / "golden.safetensors");
   const data::MicroBatch b = golden_row(golden);
   const train::LoadedModel plain = train::load_model_dir(kFixture);
-  const double expected = plain.model->forward_loss(b).sum;
+  const double expected = model_of(plain)->forward_loss(b).sum;
   json cfg = read_json(kFixture / "config.json");
   cfg["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
   for (const int limit : {64, 8}) {
@@ -156,9 +163,9 @@ TEST(HfFamily, RopeDynamicIsPlainBelowTheLimitAndRefusedBeyond) {
     const train::LoadedModel m = train::load_model_dir(out);
     EXPECT_EQ(m.layout->config().rope_scaling_type, "dynamic");
     if (limit == 64) {
-      EXPECT_EQ(m.model->forward_loss(b).sum, expected);
+      EXPECT_EQ(model_of(m)->forward_loss(b).sum, expected);
     } else {  // the 9-token document reaches position 8
-      expect_error([&] { m.model->forward_loss(b); }, {"position 8", "max_position_embeddings = 8"});
+      expect_error([&] { model_of(m)->forward_loss(b); }, {"position 8", "max_position_embeddings = 8"});
     }
   }
   cfg.erase("max_position_embeddings");
