@@ -63,7 +63,7 @@ class ParamLayout {
 
   int tok_embeddings = -1;             ///< view index of model.tok_embeddings.weight
   int norm = -1;                       ///< view index of model.norm.weight
-  int output = -1;                     ///< view index of output.weight
+  int output = -1;  ///< view index of output.weight; == tok_embeddings when tie_word_embeddings
   std::vector<BlockParamIds> layers;   ///< per block
 
  private:
