@@ -94,6 +94,7 @@ void expect_golden(const std::string& variant, const std::string& type = "llama"
   const model::LossSum ls = model_of(m)->forward_backward(b, grads, 1.0 / double(count));
   const double ref_loss = golden.file_of("loss").read_doubles("loss").at(0);
   EXPECT_NEAR(ls.sum / double(ls.count), ref_loss, 1e-5 * std::abs(ref_loss)) << variant;
+  double worst = 0;  // max over tensors of max |g − ref| / max |ref|
   const train::HfTensors named = train::hf_named_tensors(grads);
   size_t expected_tensors = 0;
   for (const auto& name : golden.names()) expected_tensors += name.rfind("grad.", 0) == 0;
@@ -110,7 +111,10 @@ void expect_golden(const std::string& variant, const std::string& type = "llama"
     EXPECT_GT(scale, 0.0) << t.name;
     EXPECT_LE(err, 1e-4 * scale) << variant << " " << t.name << ": max error " << err
                                  << ", max |grad| " << scale;
+    if (scale > 0) worst = std::max(worst, err / scale);
   }
+  std::printf("[golden] %s: loss rel err %.2e, worst gradient err / max|ref| %.2e\n", variant.c_str(),
+              std::abs(ls.sum / double(ls.count) - ref_loss) / std::abs(ref_loss), worst);
 }
 
 TEST(HfFamily, LlamaGoldenLossAndGradients) { expect_golden("llama_golden"); }
