@@ -133,6 +133,25 @@ TEST(TiedCli, DataParallelMatchesOneProcessAndTensorModesRefuse) {
     std::printf("[tied] qwen2 tied, %s np 2: max rel loss err vs one process %.2e\n", name, e);
   }
 
+  // The ZeRO-1 checkpoint of step 3 (one tensor's moments, sharded over 2 ranks) resumed in one
+  // process for steps 4–5: the losses of 5 steps in one process.
+  r = run_longtron(args("one5", "--set train.total_steps=5"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto ref5 = losses(dir / "one5" / "metrics.jsonl");
+  ASSERT_EQ(ref5.size(), 5u);
+  r = run_longtron("train --config " + (dir / "ft.toml").string() + " --resume " +
+                   (dir / "zero1" / "ckpt" / "step_3").string() +
+                   " --set train.total_steps=5 --set train.metrics_file=\"" +
+                   (dir / "resumed" / "metrics.jsonl").string() + "\"");
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto resumed = losses(dir / "resumed" / "metrics.jsonl");
+  ASSERT_EQ(resumed.size(), 2u);
+  double e = 0;
+  for (const auto& [s, loss] : resumed) e = std::max(e, std::abs(loss - ref5.at(s)) / ref5.at(s));
+  EXPECT_LT(e, 1e-4);
+  std::printf("[tied] zero1 np 2 checkpoint resumed in one process, steps 4-5: max rel loss err "
+              "%.2e\n", e);
+
   // The tensor modes split the embedding on hidden and the head on vocab: refused, naming both.
   const std::pair<const char*, const char*> tensor[] = {
       {"mtp", "--set parallel.tensor.size=2 --set parallel.tensor.mode=\"mtp\""},
