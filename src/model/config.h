@@ -25,7 +25,7 @@ struct ModelConfig {
   bool qkv_bias = false;
   bool o_bias = false;
   /// Hugging Face's tie_word_embeddings: the output head is the token embedding [V,H] itself (one
-  /// tensor, one gradient = embedding's + head's); read from an HF config.json only.
+  /// tensor, one gradient = embedding's + head's); model.tie_word_embeddings or config.json.
   bool tie_word_embeddings = false;
   bool checkpoint = false;  ///< activation recomputation per block (InternEvo's name)
   /// GEMM precision (InternEvo's model.dtype): "float32" | "bfloat16" | "auto", as

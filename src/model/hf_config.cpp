@@ -300,6 +300,7 @@ ModelConfig merge_model_config(const ModelConfig& f, const ModelConfig& toml,
   same_real("rope_base", "rope_theta", toml.rope_base, f.rope_base);
   same_bool("qkv_bias", toml.qkv_bias, f.qkv_bias);
   same_bool("o_bias", toml.o_bias, f.o_bias);
+  same_bool("tie_word_embeddings", toml.tie_word_embeddings, f.tie_word_embeddings);
   if (given.count("mlp_ratio") || given.count("multiple_of")) {
     ModelConfig probe = toml;
     probe.hidden_size = f.hidden_size;

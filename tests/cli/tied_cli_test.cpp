@@ -178,4 +178,32 @@ TEST(TiedCli, DataParallelMatchesOneProcessAndTensorModesRefuse) {
   EXPECT_NE(r.output.find("tie_word_embeddings"), std::string::npos) << r.output;
 }
 
+// From scratch: model.tie_word_embeddings = true gives a checkpoint with one tensor and the flag in
+// config.json; a TOML key that contradicts the --init-from config.json is refused.
+TEST(TiedCli, FromScratchAndContradictionWithConfigJson) {
+  TempDir dir;
+  std::mt19937 gen(7);
+  std::vector<std::string> docs;
+  for (int d = 0; d < 8; ++d) docs.push_back(english_document(gen, 20 + d * 3));
+  prepare_corpus(dir, jsonl_of(docs), "0");
+  const std::string data = "[data]\ntrain_folder = \"" + (dir / "data" / "train").string() +
+                           "\"\nseq_len = 64\nmicro_bsz = 1\n";
+  write_file(dir / "t.toml", tiny_model_toml(8) + "tie_word_embeddings = true\n" + data +
+                                 "[train]\ntotal_steps = 1\nnum_threads = 1\ncheckpoint_dir = \"" +
+                                 (dir / "ckpt").string() + "\"\n");
+  auto r = run_longtron("train --config " + (dir / "t.toml").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const fs::path step = dir / "ckpt" / "step_1";
+  EXPECT_EQ(json::parse(read_file(step / "config.json"))["tie_word_embeddings"], true);
+  const st::Reader saved(step);
+  EXPECT_FALSE(saved.contains("output.weight"));
+  EXPECT_TRUE(saved.contains("model.tok_embeddings.weight"));
+
+  write_file(dir / "u.toml", "[model]\ntie_word_embeddings = false\n" + data +
+                                 "[train]\ntotal_steps = 1\nnum_threads = 1\n");
+  r = run_longtron("train --config " + (dir / "u.toml").string() + " --init-from " + step.string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("model.tie_word_embeddings"), std::string::npos) << r.output;
+}
+
 }  // namespace
