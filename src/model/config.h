@@ -24,6 +24,9 @@ struct ModelConfig {
   double rope_base = 10000.0;
   bool qkv_bias = false;
   bool o_bias = false;
+  /// Hugging Face's tie_word_embeddings: the output head is the token embedding [V,H] itself (one
+  /// tensor, one gradient = embedding's + head's); model.tie_word_embeddings or config.json.
+  bool tie_word_embeddings = false;
   bool checkpoint = false;  ///< activation recomputation per block (InternEvo's name)
   /// GEMM precision (InternEvo's model.dtype): "float32" | "bfloat16" | "auto", as
   /// ops::canonical_dtype spells them; ops::resolve_dtype turns it into the run's compute type.

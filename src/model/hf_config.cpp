@@ -35,7 +35,7 @@ const std::set<std::string>& modelled_keys() {
   static const std::set<std::string> keys = {
       "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
       "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta", "vocab_size",
-      "bias"};
+      "bias", "tie_word_embeddings"};
   return keys;
 }
 
@@ -98,9 +98,6 @@ void check_supported(const json& hf, const std::string& type, const std::string&
     check(hf["hidden_act"] == "silu", "{}: hidden_act {} is not supported (only \"silu\")", source,
           hf["hidden_act"].dump());
   }
-  check(!get_bool(hf, "tie_word_embeddings", source, false),
-        "{}: tie_word_embeddings = true is not supported (the head and the embedding are separate "
-        "tensors)", source);
   check(type != "llama" || !get_bool(hf, "mlp_bias", source, false),
         "{}: mlp_bias = true is not supported", source);
 }
@@ -176,7 +173,7 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
       !(c.sliding_window_implicit && c.sliding_window == 4096))
     j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
   if (!j.contains("hidden_act")) j["hidden_act"] = "silu";
-  if (!j.contains("tie_word_embeddings")) j["tie_word_embeddings"] = false;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
   if (!j.contains("torch_dtype")) j["torch_dtype"] = "float32";
   if (max_position_embeddings > 0 && !j.contains("max_position_embeddings"))
     j["max_position_embeddings"] = max_position_embeddings;
@@ -216,6 +213,7 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
   c.norm_eps = get_double(hf, "rms_norm_eps", source, 1e-6);
   c.rope_base = get_double(hf, "rope_theta", source, 10000.0);
   read_rope_scaling(hf, c, source);  // kept in hf_extra too: written back as read
+  c.tie_word_embeddings = get_bool(hf, "tie_word_embeddings", source, false);
   if (c.type == "internlm2") {
     const bool bias = get_bool(hf, "bias", source, false);
     c.qkv_bias = get_bool(hf, "qkv_bias", source, bias);
@@ -302,6 +300,7 @@ ModelConfig merge_model_config(const ModelConfig& f, const ModelConfig& toml,
   same_real("rope_base", "rope_theta", toml.rope_base, f.rope_base);
   same_bool("qkv_bias", toml.qkv_bias, f.qkv_bias);
   same_bool("o_bias", toml.o_bias, f.o_bias);
+  same_bool("tie_word_embeddings", toml.tie_word_embeddings, f.tie_word_embeddings);
   if (given.count("mlp_ratio") || given.count("multiple_of")) {
     ModelConfig probe = toml;
     probe.hidden_size = f.hidden_size;

@@ -23,10 +23,10 @@ void check_model_type(const std::string& type, const std::string& what);
 /// keys the model was read with (config.hf_extra, passed through unchanged), then sets the keys
 /// longtron models: architectures, model_type, hidden_size, intermediate_size (= ffn_size()),
 /// num_hidden_layers, num_attention_heads, num_key_value_heads, rms_norm_eps, rope_theta,
-/// vocab_size and the family's bias keys (InternLM2: bias, and qkv_bias/o_bias when they differ or
+/// vocab_size, tie_word_embeddings (always written) and the family's bias keys (InternLM2: bias, and qkv_bias/o_bias when they differ or
 /// were read; Llama: attention_bias when true or read; Qwen2: none, its q/k/v always carry a bias;
 /// Mistral: none, it has no biases). Adds hidden_act "silu",
-/// tie_word_embeddings false, torch_dtype "float32" and max_position_embeddings (when > 0) only
+/// torch_dtype "float32" and max_position_embeddings (when > 0) only
 /// where the source config lacked them. Writing as another family drops the source's `auto_map`
 /// (remote code) and family keys (bias, qkv_bias, o_bias, attention_bias, mlp_bias,
 /// use_sliding_window, max_window_layers, sliding_window), then writes the target's. Throws Error when `format` cannot express the model (biases Llama cannot write,
@@ -38,8 +38,8 @@ nlohmann::json to_hf_config(const ModelConfig& config, int64_t max_position_embe
 /// and `architectures` (both, when present, must name the same one; neither: internlm2); an
 /// unknown one is an Error naming the value. Throws Error naming the key when one is missing or of the wrong type, or asks
 /// for what longtron does not train: hidden_act other than silu, rope_scaling, a head_dim other
-/// than hidden_size / num_attention_heads, tie_word_embeddings, Llama's mlp_bias, Qwen2's
-/// use_sliding_window. Missing optional keys take Hugging Face's defaults (rms_norm_eps 1e-6,
+/// than hidden_size / num_attention_heads, Llama's mlp_bias. tie_word_embeddings (default false)
+/// sets ModelConfig::tie_word_embeddings (ParamLayout then has no separate head tensor). Missing optional keys take Hugging Face's defaults (rms_norm_eps 1e-6,
 /// rope_theta 10000, num_key_value_heads = num_attention_heads; Mistral: 8 and sliding_window
 /// 4096, while "sliding_window": null means none). Keys not modelled are kept in hf_extra.
 /// mlp_ratio/multiple_of are derived so that ffn_size() == intermediate_size exactly:

@@ -50,7 +50,8 @@ std::vector<HfTensor> llama_tensors(const ParamLayout& layout) {
     out.push_back(whole(layout, b.ffn_norm, p + "post_attention_layernorm.weight"));
   }
   out.push_back(whole(layout, layout.norm, "model.norm.weight"));
-  out.push_back(whole(layout, layout.output, "lm_head.weight"));
+  if (layout.output != layout.tok_embeddings)  // tied: no lm_head.weight in the files
+    out.push_back(whole(layout, layout.output, "lm_head.weight"));
   return out;
 }
 

@@ -89,7 +89,10 @@ ParamLayout::ParamLayout(const ModelConfig& config) : config_(config) {
     layers.push_back(b);
   }
   norm = add("model.norm.weight", {H}, -1, 0.0, true, false, false);
-  output = add("output.weight", {V, H}, -1, 0.02, false, false, false);
+  // Tied: the head op reads and writes the embedding's parameter and gradient (both ops add into
+  // the gradient), so saving, the gradient norm and AdamW see the tensor once.
+  output = config.tie_word_embeddings ? tok_embeddings
+                                      : add("output.weight", {V, H}, -1, 0.02, false, false, false);
 }
 
 int ParamLayout::add(std::string name, std::vector<int64_t> shape, int layer, double init_std,
@@ -127,6 +130,7 @@ int64_t ParamLayout::matmul_numel() const {
   int64_t n = 0;
   for (const auto& v : views_)
     if (v.is_matrix && !v.is_embedding) n += v.numel;
+  if (config_.tie_word_embeddings) n += views_.at(static_cast<size_t>(output)).numel;  // the head
   return n;
 }
 

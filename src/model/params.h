@@ -36,7 +36,8 @@ struct BlockParamIds {
 /// attention.wqkv.weight [(Hq+2Hkv)·d, H] (grouped rows, docs/model.md), attention.wqkv.bias
 /// (qkv_bias), attention.wo.weight [H,H], attention.wo.bias (o_bias), ffn_norm.weight [H],
 /// feed_forward.w1.weight [F,H], feed_forward.w3.weight [F,H], feed_forward.w2.weight [H,F];
-/// then model.norm.weight [H], output.weight [V,H].
+/// then model.norm.weight [H], output.weight [V,H] (absent with tie_word_embeddings: output is
+/// then the view index of model.tok_embeddings.weight).
 /// Init std (InternEvo init_type "normal"): 0.02; wo and w2 of layer i 0.02/sqrt(2(i+1)).
 class ParamLayout {
  public:
@@ -63,7 +64,7 @@ class ParamLayout {
 
   int tok_embeddings = -1;             ///< view index of model.tok_embeddings.weight
   int norm = -1;                       ///< view index of model.norm.weight
-  int output = -1;                     ///< view index of output.weight
+  int output = -1;  ///< view index of output.weight; == tok_embeddings when tie_word_embeddings
   std::vector<BlockParamIds> layers;   ///< per block
 
  private:

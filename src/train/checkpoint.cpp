@@ -218,9 +218,14 @@ void load_hf_model(const fs::path& path, model::Params<float>& full) {
   const st::Reader reader(path);
   std::set<std::string> wanted;
   fill_hf(reader, "", full, &wanted);
-  for (const auto& name : reader.names())
+  for (const auto& name : reader.names()) {
+    check(wanted.count(name) || name != "lm_head.weight" ||
+              !full.layout().config().tie_word_embeddings,
+          "{}: tensor lm_head.weight is present but config.json has tie_word_embeddings = true (the "
+          "head is model.embed_tokens.weight; remove one or the other)", path.string());
     check(wanted.count(name), "{}: tensor {} is not a parameter of this {} model (different model "
           "shape or architecture?)", path.string(), name, full.layout().config().type);
+  }
 }
 
 int64_t load_hf_optimizer(const fs::path& step_dir, model::Params<float>& exp_avg,

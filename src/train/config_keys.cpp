@@ -40,6 +40,9 @@ const std::vector<ConfigKey> kConfigKeys = {
     {"model.rope_base", "float", "10000.0", "", "RoPE base: inv_freq = rope_base^(−2i/head_dim)."},
     {"model.qkv_bias", "boolean", "false", "", "Bias on the wqkv projection."},
     {"model.o_bias", "boolean", "false", "", "Bias on the wo projection."},
+    {"model.tie_word_embeddings", "boolean", "false", "",
+     "The output head is the token embedding (one tensor; Hugging Face's tie_word_embeddings). "
+     "One process, data parallel and ZeRO-1 only: the tensor modes refuse it."},
     {"model.checkpoint", "boolean", "false", "",
      "Activation recomputation: each block's forward runs again in backward (less memory)."},
     {"model.dtype", "string", "\"float32\"", "",

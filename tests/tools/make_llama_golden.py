@@ -6,7 +6,8 @@ same weights and row, tests/fixtures/llama_rope_{linear,llama3}/ (config.json, g
 with float32-rounded gradients) with rope_scaling of those types, whose inverse frequencies follow
 transformers' modeling_rope_utils.py (_compute_linear_scaling_rope_parameters,
 _compute_llama3_parameters), and tests/fixtures/llama_head_dim/ (its own weights) with a head_dim
-that is not hidden_size / num_attention_heads; then qwen2_golden (q/k/v bias), llama_attention_bias
+that is not hidden_size / num_attention_heads; then qwen2_golden (q/k/v bias), qwen2_tied (tie_word_embeddings: no lm_head.weight, the head is
+the embedding, whose gradient is the sum of both uses), llama_attention_bias
 (q/k/v and o bias) and mistral_golden (sliding_window null), each with its own weights; and
 mistral_window / qwen2_window (config.json and golden only: the weights of mistral_golden /
 qwen2_golden) with windows shorter than the documents.
@@ -183,7 +184,10 @@ def forward(w, ids, labels, pos, cu, config):
         gate = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T)
         x = x + (gate * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
     x = rms_norm(x, w["model.norm.weight"], eps)
-    logits = x @ w["lm_head.weight"].T
+    # tie_word_embeddings (PreTrainedModel.tie_weights): lm_head.weight IS embed_tokens.weight, so
+    # autograd sums the embedding's and the head's gradients into one tensor.
+    head = w["model.embed_tokens.weight"] if config.get("tie_word_embeddings") else w["lm_head.weight"]
+    logits = x @ head.T
     return torch.nn.functional.cross_entropy(logits, torch.tensor(labels), ignore_index=-100)
 
 
@@ -278,11 +282,16 @@ def main(root):
         "llama_attention_bias": (dict(CONFIG, attention_bias=True), True, True),
         "mistral_golden": (dict(base, architectures=["MistralForCausalLM"], model_type="mistral",
                                 sliding_window=None), False, False),
+        "qwen2_tied": (dict(base, architectures=["Qwen2ForCausalLM"], model_type="qwen2",
+                            use_sliding_window=False, max_window_layers=1, tie_word_embeddings=True),
+                       True, False),
     }
     weights_of = {}
     for name, (config, qkv_bias, o_bias) in families.items():
         torch.manual_seed(len(name))
         w = weights(qkv_bias, o_bias)
+        if config.get("tie_word_embeddings"):
+            del w["lm_head.weight"]  # absent from the files: the head is the embedding
         loss, golden = run(w, config)
         for k, t in w.items():
             golden["grad." + k] = f32(t.grad)

@@ -94,6 +94,7 @@ void expect_golden(const std::string& variant, const std::string& type = "llama"
   const model::LossSum ls = model_of(m)->forward_backward(b, grads, 1.0 / double(count));
   const double ref_loss = golden.file_of("loss").read_doubles("loss").at(0);
   EXPECT_NEAR(ls.sum / double(ls.count), ref_loss, 1e-5 * std::abs(ref_loss)) << variant;
+  double worst = 0;  // max over tensors of max |g − ref| / max |ref|
   const train::HfTensors named = train::hf_named_tensors(grads);
   size_t expected_tensors = 0;
   for (const auto& name : golden.names()) expected_tensors += name.rfind("grad.", 0) == 0;
@@ -110,7 +111,10 @@ void expect_golden(const std::string& variant, const std::string& type = "llama"
     EXPECT_GT(scale, 0.0) << t.name;
     EXPECT_LE(err, 1e-4 * scale) << variant << " " << t.name << ": max error " << err
                                  << ", max |grad| " << scale;
+    if (scale > 0) worst = std::max(worst, err / scale);
   }
+  std::printf("[golden] %s: loss rel err %.2e, worst gradient err / max|ref| %.2e\n", variant.c_str(),
+              std::abs(ls.sum / double(ls.count) - ref_loss) / std::abs(ref_loss), worst);
 }
 
 TEST(HfFamily, LlamaGoldenLossAndGradients) { expect_golden("llama_golden"); }
@@ -120,6 +124,25 @@ TEST(HfFamily, LlamaHeadDimGolden) { expect_golden("llama_head_dim"); }
 TEST(HfFamily, LlamaAttentionBiasGolden) { expect_golden("llama_attention_bias"); }
 TEST(HfFamily, Qwen2Golden) { expect_golden("qwen2_golden", "qwen2"); }
 TEST(HfFamily, MistralGolden) { expect_golden("mistral_golden", "mistral"); }
+// tie_word_embeddings: one tensor serves as embedding and head; its gradient is the sum of both.
+TEST(HfFamily, Qwen2TiedGolden) { expect_golden("qwen2_tied", "qwen2"); }
+
+// Tied: the layout has no output tensor (the head reads the embedding), the files no lm_head, the
+// head still counts in matmul_numel, and config.json says so on the way back.
+TEST(HfFamily, TiedLayoutHasOneTensor) {
+  const train::LoadedModel tied = train::load_model_dir(kFixture.parent_path() / "qwen2_tied");
+  const train::LoadedModel plain = train::load_model_dir(kFixture.parent_path() / "qwen2_golden");
+  const model::ParamLayout& t = *tied.layout;
+  ASSERT_TRUE(t.config().tie_word_embeddings);
+  EXPECT_EQ(t.output, t.tok_embeddings);
+  EXPECT_EQ(t.find("output.weight"), -1);
+  const int64_t VH = t.config().vocab_size * t.config().hidden_size;
+  EXPECT_EQ(t.numel(), plain.layout->numel() - VH);
+  EXPECT_EQ(t.matmul_numel(), plain.layout->matmul_numel());
+  for (const auto& x : train::hf_named_tensors(*tied.params).tensors) EXPECT_NE(x.name, "lm_head.weight");
+  EXPECT_EQ(model::to_hf_config(t.config(), 0)["tie_word_embeddings"], true);
+  EXPECT_EQ(model::to_hf_config(plain.layout->config(), 0)["tie_word_embeddings"], false);
+}
 // Windows shorter than the documents (Hugging Face's rule: key j visible to query i when
 // i − W < j ≤ i): Mistral W = 4 in every layer; Qwen2 W = 3 from max_window_layers = 1 on.
 TEST(HfFamily, MistralWindowGolden) { expect_golden("mistral_window", "mistral", "mistral_golden"); }
@@ -178,7 +201,8 @@ TEST(HfFamily, RopeDynamicIsPlainBelowTheLimitAndRefusedBeyond) {
 TEST(HfFamily, EachFamilyRoundTripsItsNamesAndConfig) {
   TempDir dir;
   for (const std::string variant :
-       {"llama_golden", "llama_head_dim", "llama_attention_bias", "qwen2_golden", "mistral_golden"}) {
+       {"llama_golden", "llama_head_dim", "llama_attention_bias", "qwen2_golden", "mistral_golden",
+        "qwen2_tied"}) {
     const fs::path src = kFixture.parent_path() / variant;
     const train::LoadedModel a = train::load_model_dir(src);
     const fs::path out = dir / variant;
@@ -293,7 +317,7 @@ TEST(HfFamily, BadConfigsNameTheKey) {
                {"hidden_act", "gelu"});
   expect_error([&] { model::from_hf_config(with("head_dim", 7), "c.json"); },
                {"head_dim must be even", "7"});
-  expect_error([&] { model::from_hf_config(with("tie_word_embeddings", true), "c.json"); },
+  expect_error([&] { model::from_hf_config(with("tie_word_embeddings", 1), "c.json"); },
                {"tie_word_embeddings"});
   json missing = base;
   missing.erase("intermediate_size");
