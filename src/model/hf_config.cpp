@@ -129,7 +129,7 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
       j.erase(key);
   }
   check(type != "llama" || c.qkv_bias == c.o_bias,
-        "cannot write a {} config.json: its attention_bias covers q, k, v and o together, but this "
+        "cannot write the {} config.json: its attention_bias covers q, k, v and o together, but this "
         "model has qkv_bias = {} and o_bias = {}", type, c.qkv_bias, c.o_bias);
   check(type != "mistral" || (!c.qkv_bias && !c.o_bias),
         "cannot write a mistral config.json: Mistral has no attention biases, but this model has "
@@ -141,7 +141,7 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
         "cannot write an internlm2 config.json: InternLM2 has no head_dim key, and this model's "
         "head_dim {} is not hidden_size / num_attention_heads", c.explicit_head_dim);
   check(c.sliding_window == 0 || type == "mistral" || type == "qwen2",
-        "cannot write a {} config.json: the model has a sliding window of {}", type, c.sliding_window);
+        "cannot write the {} config.json: the model has a sliding window of {}", type, c.sliding_window);
   check(c.sliding_window == 0 || type != "mistral" || c.first_window_layer == 0,
         "cannot write a mistral config.json: its window covers every layer, this model's only "
         "layers >= {}", c.first_window_layer);
