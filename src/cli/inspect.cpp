@@ -71,12 +71,12 @@ Subcommand inspect_command(20, [](CLI::App& app) {
   sub->add_option("--cp-size", args->cp_size,
                   "Context-parallel size C: add each row's token assignment (\"cp_ranks\")")
       ->capture_default_str();
-  sub->add_option("--cp-balance", args->cp_balance,
+  auto* cp_balance_option = sub->add_option("--cp-balance", args->cp_balance,
                   "parallel.sequence_2D.balance: contiguous | zigzag | document")
       ->capture_default_str();
   auto* dp_option = sub->add_option("--dp-size", args->dp_size,
                   "Show every rank of a data-parallel run of this size, with its modelled cost");
-  sub->add_option("--balance", args->balance, "data.balance: none | rows | documents")
+  auto* balance_option = sub->add_option("--balance", args->balance, "data.balance: none | rows | documents")
       ->capture_default_str();
   sub->add_option("--balance-window", args->balance_window,
                   "data.balance_window (steps' worth of rows per \"documents\" window)")
@@ -89,7 +89,7 @@ Subcommand inspect_command(20, [](CLI::App& app) {
   sub->add_option("--config", args->config,
                   "A train config whose model.* (or data.balance_cost) gives the balance cost");
   sub->add_flag("--json", args->json, "Print one JSON object");
-  return [args, dp_option] {
+  return [args, dp_option, cp_balance_option, balance_option] {
     data::InspectOptions o;
     o.data.pack.seq_len = args->seq_len;
     o.data.pack.micro_bsz = args->micro_bsz;
@@ -110,6 +110,17 @@ Subcommand inspect_command(20, [](CLI::App& app) {
                     args->dp_size);
     o.dp_size = args->dp_size;
     longtron::check(args->cp_size >= 1, "--cp-size must be >= 1, got {}", args->cp_size);
+    // Options that only shape a layout that was not asked for would change nothing, silently.
+    longtron::check(cp_balance_option->count() == 0 || args->cp_size > 1,
+                    "--cp-balance needs --cp-size C > 1 (the context-parallel size to balance over)");
+    longtron::check(balance_option->count() == 0 || args->dp_size > 0,
+                    "--balance needs --dp-size D (the data-parallel size to balance over)");
+    // A rank holds at least one position of the (padded) row; more ranks than positions would
+    // only allocate rows of padding (and a huge C runs out of memory).
+    longtron::check(args->seq_len <= 0 || args->micro_bsz <= 0 ||
+                        args->cp_size <= args->seq_len * args->micro_bsz,
+                    "--cp-size {} exceeds the row's {} tokens (seq_len x micro_bsz)", args->cp_size,
+                    args->seq_len * args->micro_bsz);
     o.cp_size = args->cp_size;
     o.cp_balance = data::parse_context_balance(args->cp_balance, "--cp-balance");
     o.data.balance.mode = data::parse_balance_mode(args->balance, "--balance");

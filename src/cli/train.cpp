@@ -13,6 +13,7 @@
 #include "cli/registry.h"
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/memory_plan.h"
 #include "train/trainer.h"
@@ -89,6 +90,13 @@ int run_train(const TrainCliOptions& o) {
     train::TrainOptions options;
     options.resume = o.resume;
     options.init_from = o.init_from;
+    // A checkpoint root (config.json in its step folders, `latest` naming one) means its latest
+    // step, as for --resume, eval and export.
+    namespace fs = std::filesystem;
+    if (!o.init_from.empty() && fs::is_directory(o.init_from) &&
+        !fs::exists(fs::path(o.init_from) / "config.json") &&
+        fs::exists(fs::path(o.init_from) / "latest"))
+      options.init_from = train::resolve_checkpoint(o.init_from).string();
     options.dump_grads = o.dump_grads;
     options.overwrite = o.overwrite;
     options.dry_run = o.dry_run;
@@ -126,7 +134,7 @@ Subcommand train_command(30, [](CLI::App& app) {
   sub->add_option("--set", o->overrides, "Override: section.key=value (repeatable)")
       ->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   sub->add_option("--resume", o->resume, "Continue from a checkpoint root (latest) or step folder");
-  sub->add_option("--init-from", o->init_from, "Start from a Hugging Face folder");
+  sub->add_option("--init-from", o->init_from, "Start from a Hugging Face folder (or a checkpoint: step folder, or root meaning its latest step)");
   sub->add_flag("--overwrite", o->overwrite,
                 "Replace the checkpoints of an earlier run in train.checkpoint_dir (a fresh run "
                 "into a non-empty folder is refused otherwise)");

@@ -126,7 +126,7 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
       j.erase(key);
   }
   check(type != "llama" || c.qkv_bias == c.o_bias,
-        "cannot write a {} config.json: its attention_bias covers q, k, v and o together, but this "
+        "cannot write the {} config.json: its attention_bias covers q, k, v and o together, but this "
         "model has qkv_bias = {} and o_bias = {}", type, c.qkv_bias, c.o_bias);
   check(type != "mistral" || (!c.qkv_bias && !c.o_bias),
         "cannot write a mistral config.json: Mistral has no attention biases, but this model has "
@@ -138,7 +138,7 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
         "cannot write an internlm2 config.json: InternLM2 has no head_dim key, and this model's "
         "head_dim {} is not hidden_size / num_attention_heads", c.explicit_head_dim);
   check(c.sliding_window == 0 || type == "mistral" || type == "qwen2",
-        "cannot write a {} config.json: the model has a sliding window of {}", type, c.sliding_window);
+        "cannot write the {} config.json: the model has a sliding window of {}", type, c.sliding_window);
   check(c.sliding_window == 0 || type != "mistral" || c.first_window_layer == 0,
         "cannot write a mistral config.json: its window covers every layer, this model's only "
         "layers >= {}", c.first_window_layer);
@@ -197,6 +197,13 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
         source, c.hidden_size, inter);
   check(c.num_attention_heads > 0, "{}: num_attention_heads must be > 0, got {}", source,
         c.num_attention_heads);
+  // The rest of the shape, checked here under config.json's own key names (a folder read by eval,
+  // generate or export is checked nowhere else before its numbers reach the kernels).
+  check(c.num_layers > 0, "{}: num_hidden_layers must be > 0, got {}", source, c.num_layers);
+  check(c.vocab_size > 0, "{}: vocab_size must be > 0, got {}", source, c.vocab_size);
+  check(c.num_kv_attention_heads > 0 && c.num_attention_heads % c.num_kv_attention_heads == 0,
+        "{}: num_key_value_heads must be > 0 and divide num_attention_heads {}, got {}", source,
+        c.num_attention_heads, c.num_kv_attention_heads);
   if (hf.contains("head_dim") && !hf["head_dim"].is_null()) {  // kept in hf_extra as read
     const int64_t d = get_int(hf, "head_dim", source);
     check(d > 0 && d % 2 == 0, "{}: head_dim must be even and > 0, got {}", source, d);
@@ -212,6 +219,10 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
   check(c.ffn_size() == inter, "{}: cannot express intermediate_size {} (internal error)", source, inter);
   c.norm_eps = get_double(hf, "rms_norm_eps", source, 1e-6);
   c.rope_base = get_double(hf, "rope_theta", source, 10000.0);
+  check(std::isfinite(c.norm_eps) && c.norm_eps > 0, "{}: rms_norm_eps must be finite and > 0, got {}",
+        source, c.norm_eps);
+  check(std::isfinite(c.rope_base) && c.rope_base > 0, "{}: rope_theta must be finite and > 0, got {}",
+        source, c.rope_base);
   read_rope_scaling(hf, c, source);  // kept in hf_extra too: written back as read
   c.tie_word_embeddings = get_bool(hf, "tie_word_embeddings", source, false);
   if (c.type == "internlm2") {

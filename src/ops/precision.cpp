@@ -3,6 +3,7 @@
 #include <cpuid.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 
 #include "core/error.h"
@@ -59,7 +60,35 @@ std::string canonical_dtype(const std::string& name) {
   return "";
 }
 
+namespace {
+/// The words of the first "flags" line of /proc/cpuinfo, with spaces around each; "" if unreadable.
+std::string cpuinfo_flags() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);)
+    if (line.rfind("flags", 0) == 0 && line.find(':') != std::string::npos)
+      return line.substr(line.find(':') + 1) + " ";
+  return "";
+}
+}  // namespace
+
+void check_cpu_features_mask() {
+  const char* env = std::getenv(kCpuFeaturesMaskEnv);
+  if (env == nullptr) return;
+  const std::string flags = cpuinfo_flags();
+  std::istringstream in(env);
+  for (std::string item; std::getline(in, item, ',');) {
+    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    if (b == std::string::npos) continue;
+    const std::string name = item.substr(b, e - b + 1);
+    check(name == "avx512_bf16" || name == "amx_bf16" || flags.empty() ||
+              flags.find(" " + name + " ") != std::string::npos,
+          "{}: \"{}\" is neither a /proc/cpuinfo flag of this CPU nor one longtron consults "
+          "(avx512_bf16, amx_bf16)", kCpuFeaturesMaskEnv, name);
+  }
+}
+
 ComputeType resolve_dtype(const std::string& dtype, const std::string& where, std::string* note) {
+  check_cpu_features_mask();  // a misspelt name would otherwise hide nothing, silently
   const std::string d = canonical_dtype(dtype);
   check(!d.empty(), "{}: \"{}\" is not one of float32 | bfloat16 | auto (or torch.float32 | "
         "torch.bfloat16)", where, dtype);

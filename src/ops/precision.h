@@ -33,6 +33,12 @@ const char* compute_type_name(ComputeType type);
 /// ("avx512_bf16", "amx_bf16"). Tests set it to play a CPU without them on one that has them.
 inline constexpr const char* kCpuFeaturesMaskEnv = "LONGTRON_CPU_FEATURES_MASK";
 
+/// Throws longtron::Error naming kCpuFeaturesMaskEnv when it lists a name that is neither
+/// "avx512_bf16", "amx_bf16" (the features longtron consults) nor a flag of this CPU's
+/// /proc/cpuinfo: a misspelling would otherwise hide nothing, silently. resolve_dtype() calls it,
+/// so every command that picks a dtype (train, eval, generate) checks it at start-up.
+void check_cpu_features_mask();
+
 /// Whether kCpuFeaturesMaskEnv lists `feature` ("avx512_bf16", "amx_bf16"). Reads the environment.
 bool cpu_feature_masked(const std::string& feature);
 

@@ -410,6 +410,9 @@ void check_model_config(const model::ModelConfig& m) {
   check(m.rope_base > 0 && std::isfinite(m.rope_base),
         "model.rope_base: must be finite and > 0, got {}", m.rope_base);
   check(m.explicit_head_dim >= 0, "model.head_dim: must be >= 0, got {}", m.explicit_head_dim);
+  check(m.sliding_window == 0 || m.type == "mistral" || m.type == "qwen2",
+        "model.sliding_window: {} needs model.type = \"mistral\" or \"qwen2\" (the families whose "
+        "config.json has a window), got \"{}\"", m.sliding_window, m.type);
   model::check_model_limits(m);
   try {  // what the family's config.json cannot say (e.g. a Qwen2 without q/k/v bias); last, as
          // it computes the FFN width from the checked sizes

@@ -105,15 +105,18 @@ TEST(BalanceCli, InspectShowsEveryRankAndItsCost) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(json::parse(r.output)["steps"][0].contains("micro_batches"));
   // Refusals name what is wrong.
-  r = run_longtron(base + " --balance documents --unpacked");
+  r = run_longtron(base + " --dp-size 2 --balance documents --unpacked");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("data.use_packed_dataset"), std::string::npos) << r.output;
   r = run_longtron(base + " --dp-size 0");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("--dp-size must be > 0, got 0"), std::string::npos) << r.output;
-  r = run_longtron(base + " --balance bogus");
+  r = run_longtron(base + " --dp-size 2 --balance bogus");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("--balance"), std::string::npos) << r.output;
+  r = run_longtron(base + " --balance rows");  // no data-parallel layout to balance: said, not ignored
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("--balance needs --dp-size"), std::string::npos) << r.output;
 }
 
 TEST(BalanceCli, RowsMatchesNoneAndDocumentsMatchesOneProcessUnderMpi) {

@@ -76,6 +76,12 @@ TEST(HfCli, InternLM2CheckpointExportedAsLlamaTrainsFurther) {
                    (p.dir / "ckpt" / "step_2").string() + " --dump-grads " +
                    (p.dir / "g_internlm2").string());
   ASSERT_EQ(r.status, 0) << r.output;
+  // A checkpoint root means its latest step (as for --resume, eval and export).
+  write_fine_tune_toml(p, "ft_root.toml", "ck_root");
+  r = run_longtron("train --config " + (p.dir / "ft_root.toml").string() + " --init-from " +
+                   (p.dir / "ckpt").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(first_loss(p.dir / "ck_root.jsonl"), first_loss(p.dir / "ck_internlm2.jsonl"));
   // The same model under two names: the same loss and gradients, each under its family's names.
   EXPECT_EQ(first_loss(p.dir / "ck_llama.jsonl"), first_loss(p.dir / "ck_internlm2.jsonl"));
   EXPECT_EQ(tensor(p.dir / "g_llama", "lm_head.weight"), tensor(p.dir / "g_internlm2", "output.weight"));

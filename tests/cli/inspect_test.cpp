@@ -138,6 +138,10 @@ TEST(Inspect, BadInputIsAClearError) {
                "--cp-size must be >= 1");
   expect_error(run_longtron("inspect" + data + " --seq-len 8 --micro-bsz 2 --micro-num 1 --cp-size 2 --cp-balance ring"),
                "--cp-balance must be \"contiguous\", \"zigzag\" or \"document\"");
+  expect_error(run_longtron("inspect" + data + " --seq-len 8 --micro-bsz 2 --micro-num 1 --cp-balance document"),
+               "--cp-balance needs --cp-size");  // would be ignored, silently
+  expect_error(run_longtron("inspect" + data + " --seq-len 8 --micro-bsz 2 --micro-num 1 --cp-size 17"),
+               "--cp-size 17 exceeds the row's 16 tokens");
   auto r = run_longtron("inspect --data " + (dir / "empty.bin").string() +
                         " --seq-len 8 --micro-bsz 2 --micro-num 1");
   EXPECT_EQ(r.status, 1) << r.output;

@@ -88,6 +88,16 @@ TEST(HfConfig, ErrorsNameTheKey) {
   j = lm::to_hf_config(demo());
   j["architectures"] = {"LlamaForCausalLM"};
   expect_error([&] { lm::from_hf_config(j, "c.json"); }, {"LlamaForCausalLM"});
+  // Values that parse but no model has: refused naming the file and config.json's own key (eval,
+  // generate and export read a folder with no other check: rope_theta 0 gave a NaN loss).
+  const std::pair<const char*, nlohmann::json> impossible[] = {
+      {"num_hidden_layers", 0}, {"vocab_size", 0}, {"num_key_value_heads", 0},
+      {"num_key_value_heads", 4}, {"rope_theta", 0}, {"rope_theta", -1.0}, {"rms_norm_eps", 0}};
+  for (const auto& [key, value] : impossible) {
+    j = lm::to_hf_config(demo());
+    j[key] = value;
+    expect_error([&] { lm::from_hf_config(j, "hf/config.json"); }, {"hf/config.json", key});
+  }
   longtron::testing::TempDir dir;
   expect_error([&] { lm::read_hf_config(dir.path()); }, {"config.json"});
   longtron::testing::write_file(dir / "config.json", "{oops");

@@ -85,6 +85,20 @@ TEST(Precision, ExplicitBfloat16WithoutAvx512Bf16IsAnErrorNamingIt) {
   }
 }
 
+TEST(Precision, MisspeltMaskedFeatureIsAnErrorNamingIt) {
+  MaskedFeatures mask("amx_bf16, avx512bf16");  // "avx512bf16" hides nothing: say so
+  for (const char* dtype : {"float32", "auto", "bfloat16"}) {
+    try {
+      ops::resolve_dtype(dtype, "model.dtype");
+      FAIL() << "no error for " << dtype;
+    } catch (const longtron::Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("LONGTRON_CPU_FEATURES_MASK: \"avx512bf16\" is neither"), std::string::npos)
+          << m;
+    }
+  }
+}
+
 TEST(Precision, OtherMaskedFeaturesLeaveBf16Alone) {
   if (!native_here()) GTEST_SKIP() << "this CPU has no native bf16";
   MaskedFeatures mask("avx512_bf16x,amx_bf16");

@@ -164,6 +164,7 @@ TEST(Config, SetErrorsBlameTheSetArgument) {
            {"parallel.tensor.mode=xyz", "is not one of"},
            {"data.seq_len=0", "must be > 0"},
            {"model.vocab_size=0", "must be > 0"},
+           {"model.sliding_window=16", "needs model.type = \"mistral\" or \"qwen2\""},
            {"train.max_skipped_steps=0", "must be > 0"},
            {"lr_scheduler.warmup_steps=11", "exceeds train.total_steps"}}) {
     try {
