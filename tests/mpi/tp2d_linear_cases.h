@@ -1,4 +1,4 @@
-// Linear2D (parallel/tp2d_linear.h) against the dense linear on the same full tensors, for both
+// Linear2D (parallel/tp_linear.h) against the dense linear on the same full tensors, for both
 // role assignments (A = X, R = Y and A = Y, R = X), with and without a bias, each overlap option,
 // and as a w1/w3 pair. Rank (a, r) must hold: y = rows block r (of |R|) × out block a of the dense
 // y; dx = rows block a × in block r of the dense dx; dW = block (a, r); db (summed over R) = out
@@ -16,7 +16,7 @@
 #include "model/params.h"
 #include "mpi_test_main.h"
 #include "ops/ops.h"
-#include "parallel/tp2d_linear.h"
+#include "parallel/tp_linear.h"
 
 namespace longtron::testing {
 
@@ -85,11 +85,13 @@ inline void check_linear_2d(const comm::CommPtr& ag, const comm::CommPtr& rs, in
     for (size_t i = 0; i < dx.size(); ++i) dx[i] += dx2[i];
   }
 
-  using parallel::Pair2D;
-  parallel::Linear2DShared shared;
-  parallel::Linear2D l1(local, w, with_bias ? wb : -1, ag, rs, overlap, shared,
-                        pair ? Pair2D::kFirst : Pair2D::kAlone);
-  parallel::Linear2D l2(local, w2, -1, ag, rs, overlap, shared, Pair2D::kSecond);
+  using parallel::PairRole;
+  const parallel::TpLinearSpec spec{ag, parallel::SequenceParallel::kKeepGathered, rs, true,
+                                    overlap};
+  parallel::LinearShared shared;
+  parallel::TensorParallelLinearOp l1(local, w, with_bias ? wb : -1, spec, shared,
+                                      pair ? PairRole::kFirst : PairRole::kAlone);
+  parallel::TensorParallelLinearOp l2(local, w2, -1, spec, shared, PairRole::kSecond);
   const auto xl = sub(x, in, a * nA, nA, r * il, il);
   std::vector<float> yl(nR * ol), y2l(nR * ol), dxl(nA * il, 0.f);
   l1.forward(yl.data(), xl.data(), N, p);
