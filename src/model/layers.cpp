@@ -217,8 +217,9 @@ ModelOps<T> make_dense_ops(const ParamLayout& layout) {
     block.ffn_norm = std::make_unique<DenseNorm<T>>(layout, b.ffn_norm);
     block.wqkv = std::make_unique<DenseLinear<T>>(layout, b.wqkv, b.wqkv_bias);
     block.wo = std::make_unique<DenseLinear<T>>(layout, b.wo, b.wo_bias);
-    block.w1 = std::make_unique<DenseLinear<T>>(layout, b.w1, -1);
-    block.w3 = std::make_unique<DenseLinear<T>>(layout, b.w3, -1);
+    block.gate_up = std::make_unique<SeparateGateUp<T>>(
+        std::make_unique<DenseLinear<T>>(layout, b.w1, -1),
+        std::make_unique<DenseLinear<T>>(layout, b.w3, -1));
     block.w2 = std::make_unique<DenseLinear<T>>(layout, b.w2, -1);
     const int64_t layer = &b - layout.layers.data();
     block.attention = std::make_unique<DenseAttention<T>>(layout.config(), layout.config().window_of(layer));

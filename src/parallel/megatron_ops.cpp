@@ -12,9 +12,8 @@
 // this rank's rows [r·N/T, (r+1)·N/T) at the front of the model's buffers. Column linears gather
 // them (MSP keeps the gathered copy per layer for backward; FSP keeps only one scratch copy for the
 // whole model and gathers again in backward); row linears reduce-scatter into them.
-// w1 and w3 read the same input: they are built as a pair that shares one gathered input and sums
-// their partial input gradients before ONE reduction (Megatron's fused gate/up projection). The
-// pair relies on the model calling w1 then w3 with the same input, forward and backward.
+// w1 and w3 read the same input: one gate/up op (TensorParallelGateUp) gathers it once and sums
+// their partial input gradients before ONE reduction (Megatron's fused gate/up projection).
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -224,9 +223,7 @@ ModelOps<float> megatron_ops(const ModeContext& ctx) {
     block.ffn_norm = std::make_unique<ShardNorm>(L, b.ffn_norm, sp, tp);
     block.wqkv = std::make_unique<TensorParallelLinearOp>(L, b.wqkv, b.wqkv_bias, column, shared());
     block.wo = std::make_unique<TensorParallelLinearOp>(L, b.wo, b.wo_bias, row);
-    const LinearShared ffn = shared();
-    block.w1 = std::make_unique<TensorParallelLinearOp>(L, b.w1, -1, column, ffn, PairRole::kFirst);
-    block.w3 = std::make_unique<TensorParallelLinearOp>(L, b.w3, -1, column, ffn, PairRole::kSecond);
+    block.gate_up = std::make_unique<TensorParallelGateUp>(L, b.w1, b.w3, column, shared());
     block.w2 = std::make_unique<TensorParallelLinearOp>(L, b.w2, -1, row);
     block.attention = std::move(dense.blocks[i].attention);
     ops.blocks.push_back(std::move(block));

@@ -230,9 +230,7 @@ model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
     const TpLinearSpec yx{g.Y, SequenceParallel::kKeepGathered, g.X, true, overlap};
     block.wqkv = std::make_unique<TensorParallelLinearOp>(L, b.wqkv, b.wqkv_bias, xy);
     block.wo = std::make_unique<TensorParallelLinearOp>(L, b.wo, b.wo_bias, yx);
-    const LinearShared ffn;
-    block.w1 = std::make_unique<TensorParallelLinearOp>(L, b.w1, -1, xy, ffn, PairRole::kFirst);
-    block.w3 = std::make_unique<TensorParallelLinearOp>(L, b.w3, -1, xy, ffn, PairRole::kSecond);
+    block.gate_up = std::make_unique<TensorParallelGateUp>(L, b.w1, b.w3, xy);
     block.w2 = std::make_unique<TensorParallelLinearOp>(L, b.w2, -1, yx);
     block.attention = std::make_unique<Attention2D>(heads, std::move(dense.blocks[i].attention), g,
                                                     heads.window_of(i));

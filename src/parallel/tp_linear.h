@@ -63,17 +63,18 @@ struct TpLinearSpec {
   int chunks = 4;  ///< row chunks of the overlapped forms (clamped to the rows available)
 };
 
-/// Buffers shared by linears that read the same input (w1 then w3, Megatron's fused gate/up
-/// projection), or by all column linears of a model under FSP: the gathered input and the partial
+/// Buffers shared by the halves of a gate/up op (Megatron's fused gate/up projection), or by all
+/// column linears of a model under FSP: the gathered input and the partial
 /// input gradient. Owned by the caller so that it can choose the sharing.
 struct LinearShared {
   std::shared_ptr<std::vector<float>> gathered = std::make_shared<std::vector<float>>();
   std::shared_ptr<std::vector<float>> dx_partial = std::make_shared<std::vector<float>>();
 };
 
-/// kFirst/kSecond: a pair that shares one gathered input (the second neither gathers nor, in
-/// backward, reduces alone: it adds its partial input gradient to the first's and reduces the sum
-/// once). The model must call first then second with the same input, forward and backward.
+/// kFirst/kSecond: the halves of TensorParallelGateUp, which share one gathered input (the second
+/// neither gathers nor, in backward, reduces alone: it adds its partial input gradient to the
+/// first's and reduces the sum once). The gate/up op calls first then second with the same input,
+/// forward and backward; nothing else builds a pair.
 enum class PairRole { kAlone, kFirst, kSecond };
 
 /// The linear on raw pointers (weights passed per call). Collective over A and R: every rank of
@@ -123,6 +124,24 @@ class TensorParallelLinearOp final : public model::LinearOp<float> {
  private:
   int weight_, bias_;
   TensorParallelLinear linear_;
+};
+
+/// The FFN's gate (w1) and up (w3) projections as one tensor-parallel op over the same spec: one
+/// input gather and one reduction of the summed input gradient (Megatron-LM's fused linear_fc1).
+class TensorParallelGateUp final : public model::GateUpOp<float> {
+ public:
+  /// w1, w3: view indices in `local` (same shard shape [F_local, in]).
+  TensorParallelGateUp(const model::ParamLayout& local, int w1, int w3, const TpLinearSpec& spec,
+                       LinearShared shared = {});
+  int64_t out() const override { return gate_.out(); }
+  void forward(float* a, float* b, const float* x, int64_t N,
+               const model::Params<float>& p) override;
+  void backward(float* dx, const float* da, const float* db, const float* x, int64_t N,
+                const model::Params<float>& p, model::Params<float>* g) override;
+
+ private:
+  int w1_, w3_;
+  TensorParallelLinear gate_, up_;
 };
 
 }  // namespace longtron::parallel
