@@ -6,9 +6,11 @@
 // Backward conventions follow ops.h: input gradients are overwritten (or accumulated when asked),
 // parameter gradients accumulate (+=) and are skipped when the gradient buffer is nullptr.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "model/params.h"
 
@@ -138,6 +140,24 @@ class HeadLossOp {
   /// logits[V] of one normalised row xf[H] (generation).
   virtual void logits_row(T* logits, const T* xf, const Params<T>& params) = 0;
 };
+
+/// Scratch of a chunked head: logits, their gradient and lse for one chunk of rows.
+template <typename T>
+struct HeadChunks {
+  /// Rows per chunk for a vocabulary of V: about 4M logits at once, at least 64 rows.
+  static int64_t rows_for(int64_t V) { return std::max<int64_t>(64, (int64_t{1} << 22) / V); }
+  std::vector<T> logits, dlogits, lse;
+};
+
+/// The output head W[V, H] + cross-entropy over xf[N, H] in chunks of `chunk` rows, so logits exist
+/// for one chunk at a time; the loop shared by the dense and the weight-parallel (ISP) heads.
+/// dxf[N, H] (nullptr: forward only) is overwritten with d(loss_scale · loss_sum)/dxf; dW[V, H]
+/// (nullptr: none; only with dxf) accumulates. token_losses as HeadLossOp. Labels must have been
+/// checked (ops::check_labels) by the caller.
+template <typename T>
+LossSum chunked_head_loss(HeadChunks<T>& s, T* dxf, T* dW, const T* xf, const T* W,
+                          const int32_t* labels, int64_t N, int64_t V, int64_t H, int64_t chunk,
+                          double loss_scale, double* token_losses);
 
 /// The ops of one block, in the order the block calls them.
 template <typename T>
