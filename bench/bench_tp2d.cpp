@@ -1,6 +1,6 @@
 // 2D tensor parallel versus 1D tensor parallel (MSP): payload bytes per rank per step on each group
 // against the per-layer formulas of docs/tp2d.md (with the gathered input kept
-// for backward, tp2d_linear.h), and step time of each overlap option. Run under mpirun with 4
+// for backward, tp_linear.h), and step time of each overlap option. Run under mpirun with 4
 // ranks (docs/tp2d.md):
 //   OMP_NUM_THREADS=1 mpirun -np 4 --oversubscribe build/bench_tp2d configs/tp_bench.toml [steps]
 // Per-layer bytes are measured as bytes(num_layers = L) − bytes(num_layers = L − 1), so the edges

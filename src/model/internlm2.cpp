@@ -55,7 +55,7 @@ InternLM2<T>::InternLM2(const ParamLayout& layout, const Params<T>& params, Mode
   const BlockOps<T>& b = ops_.blocks.front();
   H_ = b.wqkv->in();
   Q_ = b.wqkv->out();
-  F_ = b.w1->out();
+  F_ = b.gate_up->out();
   A_ = b.attention->out_features();
 }
 
@@ -142,8 +142,7 @@ void InternLM2<T>::block_forward(int layer, BlockActs& A, T* y, const T* x,
   const int64_t R = N / ops_.residual_split;  // residual-stream rows
   add_into(A.h, x, tmp_, R * H_);
   o.ffn_norm->forward(xn_, A.rstd2, A.h, N, params_);
-  o.w1->forward(A.a, xn_, N, params_);
-  o.w3->forward(A.b, xn_, N, params_);
+  o.gate_up->forward(A.a, A.b, xn_, N, params_);
   ops::swiglu_forward(g_, A.a, A.b, N * F_);
   o.w2->forward(tmp_, g_, N, params_);
   add_into(y, A.h, tmp_, R * H_);
@@ -160,8 +159,7 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const T* x, const Att
   o.w2->backward(dg_, dres_, g_, N, params_, &grads, false);
   ops::swiglu_backward(da_, db_, dg_, A.a, A.b, N * F_);
   o.ffn_norm->forward(xn_, rstd_scratch_, A.h, N, params_);
-  o.w1->backward(dxn_, da_, xn_, N, params_, &grads, false);
-  o.w3->backward(dxn_, db_, xn_, N, params_, &grads, true);
+  o.gate_up->backward(dxn_, da_, db_, xn_, N, params_, &grads);
   o.ffn_norm->backward(dtmp_, dxn_, A.h, A.rstd2, N, params_, &grads);
   const int64_t R = N / ops_.residual_split;  // residual-stream rows
   accumulate(dres_, dtmp_, R * H_);  // dres = dL/dh

@@ -151,43 +151,14 @@ class DenseHeadLoss final : public HeadLossOp<T> {
  public:
   DenseHeadLoss(const ParamLayout& layout, int weight)
       : weight_(weight), V_(layout.view(weight).shape[0]), H_(layout.view(weight).shape[1]),
-        chunk_(std::max<int64_t>(64, (int64_t{1} << 22) / V_)) {}
+        chunk_(HeadChunks<T>::rows_for(V_)) {}
 
   LossSum forward_backward(T* dxf, const T* xf, const int32_t* labels, int64_t N,
                            const Params<T>& p, Params<T>* g, double loss_scale,
                            double* token_losses) override {
     ops::check_labels(labels, N, V_);
-    const int64_t C = std::min(chunk_, N);
-    if (static_cast<int64_t>(logits_.size()) < C * V_) {
-      logits_.assign(static_cast<size_t>(C * V_), T(0));
-      lse_.assign(static_cast<size_t>(C), T(0));
-      if (dxf) dlogits_.assign(static_cast<size_t>(C * V_), T(0));
-    }
-    if (dxf && static_cast<int64_t>(dlogits_.size()) < C * V_)
-      dlogits_.assign(static_cast<size_t>(C * V_), T(0));
-    const T* W = p.ptr(weight_);
-    LossSum loss;
-    for (int64_t n0 = 0; n0 < N; n0 += C) {
-      const int64_t rows = std::min(C, N - n0);
-      ops::gemm<T>(false, true, rows, V_, H_, T(1), xf + n0 * H_, W, T(0), logits_.data());
-      int64_t count = 0;
-      loss.sum += ops::cross_entropy_forward(lse_.data(), &count, logits_.data(), labels + n0,
-                                             rows, V_);
-      loss.count += count;
-      if (token_losses) {
-        for (int64_t r = 0; r < rows; ++r) {
-          const int32_t y = labels[n0 + r];
-          token_losses[n0 + r] =
-              y < 0 ? 0.0 : double(lse_[r]) - double(logits_[static_cast<size_t>(r * V_ + y)]);
-        }
-      }
-      if (!dxf) continue;
-      ops::cross_entropy_backward(dlogits_.data(), logits_.data(), lse_.data(), labels + n0, rows,
-                                  V_, static_cast<T>(loss_scale));
-      ops::gemm<T>(false, false, rows, H_, V_, T(1), dlogits_.data(), W, T(0), dxf + n0 * H_);
-      if (g) ops::linear_weight_grad(g->ptr(weight_), dlogits_.data(), xf + n0 * H_, rows, H_, V_);
-    }
-    return loss;
+    return chunked_head_loss(chunks_, dxf, dxf && g ? g->ptr(weight_) : nullptr, xf,
+                             p.ptr(weight_), labels, N, V_, H_, chunk_, loss_scale, token_losses);
   }
 
   void logits_row(T* logits, const T* xf, const Params<T>& p) override {
@@ -197,10 +168,44 @@ class DenseHeadLoss final : public HeadLossOp<T> {
  private:
   int weight_;
   int64_t V_, H_, chunk_;
-  std::vector<T> logits_, dlogits_, lse_;
+  HeadChunks<T> chunks_;
 };
 
 }  // namespace
+
+template <typename T>
+LossSum chunked_head_loss(HeadChunks<T>& s, T* dxf, T* dW, const T* xf, const T* W,
+                          const int32_t* labels, int64_t N, int64_t V, int64_t H, int64_t chunk,
+                          double loss_scale, double* token_losses) {
+  const int64_t C = std::max<int64_t>(1, std::min(chunk, N));
+  if (static_cast<int64_t>(s.logits.size()) < C * V) s.logits.resize(static_cast<size_t>(C * V));
+  if (static_cast<int64_t>(s.lse.size()) < C) s.lse.resize(static_cast<size_t>(C));
+  if (dxf && static_cast<int64_t>(s.dlogits.size()) < C * V)
+    s.dlogits.resize(static_cast<size_t>(C * V));
+  LossSum loss;
+  for (int64_t n0 = 0; n0 < N; n0 += C) {
+    const int64_t rows = std::min(C, N - n0);
+    ops::gemm<T>(false, true, rows, V, H, T(1), xf + n0 * H, W, T(0), s.logits.data());
+    int64_t count = 0;
+    loss.sum += ops::cross_entropy_forward(s.lse.data(), &count, s.logits.data(), labels + n0,
+                                           rows, V);
+    loss.count += count;
+    if (token_losses) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const int32_t y = labels[n0 + r];
+        token_losses[n0 + r] = y < 0 ? 0.0
+                                     : double(s.lse[size_t(r)]) -
+                                           double(s.logits[static_cast<size_t>(r * V + y)]);
+      }
+    }
+    if (!dxf) continue;
+    ops::cross_entropy_backward(s.dlogits.data(), s.logits.data(), s.lse.data(), labels + n0,
+                                rows, V, static_cast<T>(loss_scale));
+    ops::gemm<T>(false, false, rows, H, V, T(1), s.dlogits.data(), W, T(0), dxf + n0 * H);
+    if (dW) ops::linear_weight_grad(dW, s.dlogits.data(), xf + n0 * H, rows, H, V);
+  }
+  return loss;
+}
 
 template <typename T>
 std::unique_ptr<NormOp<T>> make_dense_norm(const ParamLayout& layout, int weight) {
@@ -217,8 +222,9 @@ ModelOps<T> make_dense_ops(const ParamLayout& layout) {
     block.ffn_norm = std::make_unique<DenseNorm<T>>(layout, b.ffn_norm);
     block.wqkv = std::make_unique<DenseLinear<T>>(layout, b.wqkv, b.wqkv_bias);
     block.wo = std::make_unique<DenseLinear<T>>(layout, b.wo, b.wo_bias);
-    block.w1 = std::make_unique<DenseLinear<T>>(layout, b.w1, -1);
-    block.w3 = std::make_unique<DenseLinear<T>>(layout, b.w3, -1);
+    block.gate_up = std::make_unique<SeparateGateUp<T>>(
+        std::make_unique<DenseLinear<T>>(layout, b.w1, -1),
+        std::make_unique<DenseLinear<T>>(layout, b.w3, -1));
     block.w2 = std::make_unique<DenseLinear<T>>(layout, b.w2, -1);
     const int64_t layer = &b - layout.layers.data();
     block.attention = std::make_unique<DenseAttention<T>>(layout.config(), layout.config().window_of(layer));
@@ -229,6 +235,13 @@ ModelOps<T> make_dense_ops(const ParamLayout& layout) {
   return ops;
 }
 
+#define LONGTRON_INSTANTIATE(T)                                                               \
+  template LossSum chunked_head_loss<T>(HeadChunks<T>&, T*, T*, const T*, const T*,             \
+                                        const int32_t*, int64_t, int64_t, int64_t, int64_t,      \
+                                        double, double*);
+LONGTRON_INSTANTIATE(float)
+LONGTRON_INSTANTIATE(double)
+#undef LONGTRON_INSTANTIATE
 template ModelOps<float> make_dense_ops<float>(const ParamLayout&);
 template ModelOps<double> make_dense_ops<double>(const ParamLayout&);
 template std::unique_ptr<NormOp<float>> make_dense_norm<float>(const ParamLayout&, int);

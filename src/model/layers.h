@@ -6,9 +6,11 @@
 // Backward conventions follow ops.h: input gradients are overwritten (or accumulated when asked),
 // parameter gradients accumulate (+=) and are skipped when the gradient buffer is nullptr.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "model/params.h"
 
@@ -28,6 +30,43 @@ class LinearOp {
   /// (skipped when grads is nullptr).
   virtual void backward(T* dx, const T* dy, const T* x, int64_t N, const Params<T>& params,
                         Params<T>* grads, bool accumulate_dx) = 0;
+};
+
+/// The gated FFN's gate and up projections, which read the same input: a[N, F] = x·W1ᵀ and
+/// b[N, F] = x·W3ᵀ (Megatron-LM's fused linear_fc1 of gated MLPs). One op, so that a tensor-parallel
+/// form gathers the input once and reduces the summed input gradient once.
+template <typename T>
+class GateUpOp {
+ public:
+  virtual ~GateUpOp() = default;
+  /// Local features F of a and b.
+  virtual int64_t out() const = 0;
+  /// a and b (overwritten) from x.
+  virtual void forward(T* a, T* b, const T* x, int64_t N, const Params<T>& params) = 0;
+  /// dx = da·W1 + db·W3 (overwritten); dW1 += daᵀ·x, dW3 += dbᵀ·x (skipped when grads is nullptr).
+  virtual void backward(T* dx, const T* da, const T* db, const T* x, int64_t N,
+                        const Params<T>& params, Params<T>* grads) = 0;
+};
+
+/// Gate/up as two independent linears (each computes, and if parallel reduces, its own part).
+template <typename T>
+class SeparateGateUp final : public GateUpOp<T> {
+ public:
+  SeparateGateUp(std::unique_ptr<LinearOp<T>> w1, std::unique_ptr<LinearOp<T>> w3)
+      : w1_(std::move(w1)), w3_(std::move(w3)) {}
+  int64_t out() const override { return w1_->out(); }
+  void forward(T* a, T* b, const T* x, int64_t N, const Params<T>& params) override {
+    w1_->forward(a, x, N, params);
+    w3_->forward(b, x, N, params);
+  }
+  void backward(T* dx, const T* da, const T* db, const T* x, int64_t N, const Params<T>& params,
+                Params<T>* grads) override {
+    w1_->backward(dx, da, x, N, params, grads, false);
+    w3_->backward(dx, db, x, N, params, grads, true);
+  }
+
+ private:
+  std::unique_ptr<LinearOp<T>> w1_, w3_;
 };
 
 /// RMSNorm over the hidden features of each token: out = x / sqrt(mean(x²) + eps) ⊙ w. A 2D
@@ -102,11 +141,31 @@ class HeadLossOp {
   virtual void logits_row(T* logits, const T* xf, const Params<T>& params) = 0;
 };
 
+/// Scratch of a chunked head: logits, their gradient and lse for one chunk of rows.
+template <typename T>
+struct HeadChunks {
+  /// Rows per chunk for a vocabulary of V: about 4M logits at once, at least 64 rows.
+  static int64_t rows_for(int64_t V) { return std::max<int64_t>(64, (int64_t{1} << 22) / V); }
+  std::vector<T> logits, dlogits, lse;
+};
+
+/// The output head W[V, H] + cross-entropy over xf[N, H] in chunks of `chunk` rows, so logits exist
+/// for one chunk at a time; the loop shared by the dense and the weight-parallel (ISP) heads.
+/// dxf[N, H] (nullptr: forward only) is overwritten with d(loss_scale · loss_sum)/dxf; dW[V, H]
+/// (nullptr: none; only with dxf) accumulates. token_losses as HeadLossOp. Labels must have been
+/// checked (ops::check_labels) by the caller.
+template <typename T>
+LossSum chunked_head_loss(HeadChunks<T>& s, T* dxf, T* dW, const T* xf, const T* W,
+                          const int32_t* labels, int64_t N, int64_t V, int64_t H, int64_t chunk,
+                          double loss_scale, double* token_losses);
+
 /// The ops of one block, in the order the block calls them.
 template <typename T>
 struct BlockOps {
   std::unique_ptr<NormOp<T>> attention_norm, ffn_norm;
-  std::unique_ptr<LinearOp<T>> wqkv, wo, w1, w3, w2;
+  std::unique_ptr<LinearOp<T>> wqkv, wo;
+  std::unique_ptr<GateUpOp<T>> gate_up;  ///< w1 (gate) and w3 (up)
+  std::unique_ptr<LinearOp<T>> w2;
   std::unique_ptr<AttentionOp<T>> attention;
 };
 

@@ -92,8 +92,7 @@ model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const comm::
     block.ffn_norm = model::make_dense_norm<float>(full, b.ffn_norm);
     block.wqkv = linear(b.wqkv, b.wqkv_bias);
     block.wo = linear(b.wo, b.wo_bias);
-    block.w1 = linear(b.w1, -1);
-    block.w3 = linear(b.w3, -1);
+    block.gate_up = std::make_unique<model::SeparateGateUp<float>>(linear(b.w1, -1), linear(b.w3, -1));
     block.w2 = linear(b.w2, -1);
     block.attention = std::make_unique<UlyssesAttention>(
         c, head, scratch, grid.context, balance, c.window_of(&b - full.layers.data()));

@@ -216,7 +216,7 @@ void IspEmbedding::backward(const float* dx, const int32_t* ids, int64_t N,
 IspHeadLoss::IspHeadLoss(std::shared_ptr<IspWeightStore> store, int weight_view, int64_t V,
                          int64_t H, comm::CommPtr tensor)
     : store_(std::move(store)), tensor_(std::move(tensor)), view_(weight_view), V_(V), H_(H),
-      chunk_(std::max<int64_t>(64, (int64_t{1} << 22) / V)) {
+      chunk_(model::HeadChunks<float>::rows_for(V)) {
   id_ = store_->add(weight_view, V, H, 0);
 }
 
@@ -226,35 +226,13 @@ model::LossSum IspHeadLoss::forward_backward(float* dxf, const float* xf, const 
                                              double* token_losses) {
   ops::check_labels(labels, N, V_);
   const float* W = store_->acquire(id_, WeightUse::kForward, p);
-  const int64_t C = std::max<int64_t>(1, std::min(chunk_, N));
-  logits_.resize(static_cast<size_t>(C * V_));
-  lse_.resize(static_cast<size_t>(C));
-  if (dxf) dlogits_.resize(static_cast<size_t>(C * V_));
   float* G = nullptr;
   if (dxf && g) {
     G = store_->grad_scratch(V_ * H_);
     std::fill(G, G + V_ * H_, 0.f);
   }
-  model::LossSum loss;
-  for (int64_t n0 = 0; n0 < N; n0 += C) {
-    const int64_t rows = std::min(C, N - n0);
-    ops::gemm<float>(false, true, rows, V_, H_, 1.f, xf + n0 * H_, W, 0.f, logits_.data());
-    int64_t count = 0;
-    loss.sum += ops::cross_entropy_forward(lse_.data(), &count, logits_.data(), labels + n0, rows,
-                                           V_);
-    loss.count += count;
-    if (token_losses)
-      for (int64_t r = 0; r < rows; ++r) {
-        const int32_t y = labels[n0 + r];
-        token_losses[n0 + r] =
-            y < 0 ? 0.0 : double(lse_[size_t(r)]) - double(logits_[size_t(r * V_ + y)]);
-      }
-    if (!dxf) continue;
-    ops::cross_entropy_backward(dlogits_.data(), logits_.data(), lse_.data(), labels + n0, rows,
-                                V_, static_cast<float>(loss_scale));
-    ops::gemm<float>(false, false, rows, H_, V_, 1.f, dlogits_.data(), W, 0.f, dxf + n0 * H_);
-    if (G) ops::linear_weight_grad(G, dlogits_.data(), xf + n0 * H_, rows, H_, V_);
-  }
+  model::LossSum loss = model::chunked_head_loss(chunks_, dxf, G, xf, W, labels, N, V_, H_, chunk_,
+                                                 loss_scale, token_losses);
   if (G) store_->reduce_grad(g->ptr(view_), G, id_);
   if (tensor_ && tensor_->size() > 1) {
     double sum = loss.sum;

@@ -156,7 +156,7 @@ class IspHeadLoss final : public model::HeadLossOp<float> {
   comm::CommPtr tensor_;
   int id_, view_;
   int64_t V_, H_, chunk_;
-  std::vector<float> logits_, dlogits_, lse_;
+  model::HeadChunks<float> chunks_;
 };
 
 }  // namespace longtron::parallel

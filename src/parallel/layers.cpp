@@ -1,6 +1,5 @@
-// Tensor-parallel layers (see layers.h). The GEMMs are ops::gemm / ops::linear_forward; the
-// communication is the mappings' collectives, issued asynchronously in backward where a GEMM that
-// does not depend on them can run meanwhile (Megatron's allreduce_dgrad overlap).
+// Tensor-parallel layers (see layers.h): vocab-parallel cross-entropy and the hidden-split
+// embedding.
 #include "parallel/layers.h"
 
 #include <cmath>
@@ -15,111 +14,12 @@
 #include "parallel/mappings.h"
 
 namespace longtron::parallel {
-namespace {
-
-// Rows of this rank's sequence shard; N must divide evenly (the layout validation ensures it).
-int64_t shard_rows(int64_t N, Communicator& comm) {
-  check(N % comm.size() == 0,
-        "sequence parallel: the row of {} tokens is not divisible by the tensor-parallel size {}",
-        N, comm.size());
-  return N / comm.size();
-}
-
-}  // namespace
 
 Range shard_range(int64_t total, int parts, int rank) {
   check(parts >= 1 && rank >= 0 && rank < parts, "shard_range: rank {} outside [0, {})", rank,
         parts);
   int64_t base = total / parts, extra = total % parts;
   return {rank * base + std::min<int64_t>(rank, extra), base + (rank < extra ? 1 : 0)};
-}
-
-// ---- ColumnParallelLinear ------------------------------------------------------------------------
-
-void column_parallel_forward(float* y, float* x_full, const float* x, const float* W,
-                             const float* bias, int64_t N, int64_t in, int64_t out_local,
-                             SequenceParallel sp, Communicator& comm) {
-  const float* X = x;
-  if (sp != SequenceParallel::kNone) {
-    check(x_full != nullptr, "column_parallel_forward: sequence parallel needs an x_full buffer");
-    all_gather_first_dim_forward(x_full, x, N, in, comm);
-    X = x_full;
-  }
-  ops::linear_forward(y, X, W, bias, N, in, out_local);
-}
-
-void column_parallel_backward(float* dx, float* dW, float* dbias, const float* dy, float* x_full,
-                              const float* x, const float* W, int64_t N, int64_t in,
-                              int64_t out_local, SequenceParallel sp, Communicator& comm) {
-  const float* X = x;
-  comm::Work gather;
-  if (sp != SequenceParallel::kNone) {
-    int64_t rows = shard_rows(N, comm);
-    check(x_full != nullptr, "column_parallel_backward: sequence parallel needs an x_full buffer");
-    // FSP kept only the shard: gather it again, overlapped with the input-gradient GEMM.
-    if (sp == SequenceParallel::kRegather)
-      gather = comm.all_gather_async(x_full, x, rows * in);
-    X = x_full;
-  }
-  comm::Work reduce;
-  std::vector<float> dx_partial;
-  if (dx != nullptr) {
-    // dX = dY·W_r is a partial sum over the output features each rank holds.
-    float* target = dx;
-    if (sp != SequenceParallel::kNone) {
-      dx_partial.resize(size_t(N * in));
-      target = dx_partial.data();
-    }
-    ops::gemm(false, false, N, in, out_local, 1.0f, dy, W, 0.0f, target);
-    if (sp == SequenceParallel::kNone)
-      reduce = comm.all_reduce_async(dx, N * in);
-    else {
-      gather.wait();  // MPI progresses collectives in issue order; finish the gather first
-      reduce = comm.reduce_scatter_async(dx, dx_partial.data(), N / comm.size() * in);
-    }
-  }
-  gather.wait();
-  if (dW != nullptr) ops::linear_weight_grad(dW, dy, X, N, in, out_local);
-  ops::bias_grad(dbias, dy, N, out_local);
-  reduce.wait();
-}
-
-// ---- RowParallelLinear ---------------------------------------------------------------------------
-
-void row_parallel_forward(float* y, const float* x, const float* W, const float* bias, int64_t N,
-                          int64_t in_local, int64_t out, SequenceParallel sp, Communicator& comm) {
-  int64_t rows = N;
-  if (sp == SequenceParallel::kNone) {
-    ops::linear_forward(y, x, W, static_cast<const float*>(nullptr), N, in_local, out);
-    reduce_from_group_forward(y, N * out, comm);
-  } else {
-    rows = shard_rows(N, comm);
-    std::vector<float> partial(size_t(N * out));
-    ops::linear_forward(partial.data(), x, W, static_cast<const float*>(nullptr), N, in_local,
-                        out);
-    reduce_scatter_first_dim_forward(y, partial.data(), N, out, comm);
-  }
-  // The bias is added once, after the reduction (adding it before would count it T times).
-  if (bias != nullptr)
-    for (int64_t n = 0; n < rows; ++n)
-      for (int64_t o = 0; o < out; ++o) y[n * out + o] += bias[o];
-}
-
-void row_parallel_backward(float* dx, float* dW, float* dbias, const float* dy, const float* x,
-                           const float* W, int64_t N, int64_t in_local, int64_t out,
-                           SequenceParallel sp, Communicator& comm) {
-  const float* dY = dy;
-  std::vector<float> dy_full;
-  int64_t rows = N;
-  if (sp != SequenceParallel::kNone) {
-    rows = shard_rows(N, comm);
-    dy_full.resize(size_t(N * out));
-    reduce_scatter_first_dim_backward(dy_full.data(), dy, N, out, comm);
-    dY = dy_full.data();
-  }
-  if (dx != nullptr) ops::gemm(false, false, N, in_local, out, 1.0f, dY, W, 0.0f, dx);
-  if (dW != nullptr) ops::linear_weight_grad(dW, dY, x, N, in_local, out);
-  ops::bias_grad(dbias, dy, rows, out);
 }
 
 // ---- Vocab-parallel cross-entropy ----------------------------------------------------------------

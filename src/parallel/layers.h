@@ -1,6 +1,6 @@
-// Tensor-parallel layers built from the mappings: column/row-parallel linears in Megatron's MTP and
-// sequence-parallel (MSP/FSP) forms, vocab-parallel cross-entropy and InternEvo's hidden-split
-// embedding (Megatron-LM megatron/core/tensor_parallel/layers.py; InternEvo's ISP embedding).
+// Tensor-parallel layers built from the mappings: vocab-parallel cross-entropy and InternEvo's
+// hidden-split embedding (Megatron-LM megatron/core/tensor_parallel; InternEvo's ISP embedding).
+// The column/row-parallel linears are one op, parallel/tp_linear.h.
 //
 // Conventions: arguments are (outputs, saved state, inputs, weights, sizes, mode, comm); weights are
 // HF-layout [out, in] shards; N is the FULL token count of the tensor-parallel region (the whole
@@ -30,38 +30,6 @@ struct Range {
   int64_t count;
 };
 Range shard_range(int64_t total, int parts, int rank);
-
-// ---- ColumnParallelLinear: W shard [out_local, in] = rows of the full W, output features split --
-/// y[N, out_local] = X · W_rᵀ (+ bias_r) over the full sequence X[N, in].
-/// x: [N, in] under kNone, this rank's shard [N/T, in] otherwise.
-/// x_full: scratch [N, in] written with the gathered input under kKeepGathered/kRegather (must
-/// stay untouched until backward under kKeepGathered; free to reuse under kRegather); unused
-/// (may be nullptr) under kNone. bias: [out_local] or nullptr.
-void column_parallel_forward(float* y, float* x_full, const float* x, const float* W,
-                             const float* bias, int64_t N, int64_t in, int64_t out_local,
-                             SequenceParallel sp, Communicator& comm);
-/// dx: [N, in] under kNone (all-reduced over the group), [N/T, in] otherwise (reduce-scattered).
-/// dW[out_local, in] += dyᵀ X, dbias[out_local] += Σ dy (no reduction: each shard is unique).
-/// x_full: under kKeepGathered the buffer forward filled; under kRegather scratch [N, in] that is
-/// re-gathered here from x (the shard); ignored under kNone (x is the full input).
-/// The input-gradient collective is started asynchronously and overlapped with the weight GEMM.
-void column_parallel_backward(float* dx, float* dW, float* dbias, const float* dy, float* x_full,
-                              const float* x, const float* W, int64_t N, int64_t in,
-                              int64_t out_local, SequenceParallel sp, Communicator& comm);
-
-// ---- RowParallelLinear: W shard [out, in_local] = columns of the full W, input features split ----
-/// Partial y = x_r · W_rᵀ over this rank's input features x[N, in_local], then summed over the
-/// group: all-reduce → y[N, out] (kNone) or reduce-scatter → y[N/T, out] (sequence parallel).
-/// bias [out] (full, replicated) is added after the reduction, once.
-void row_parallel_forward(float* y, const float* x, const float* W, const float* bias, int64_t N,
-                          int64_t in_local, int64_t out, SequenceParallel sp, Communicator& comm);
-/// dy: [N, out] (kNone) or [N/T, out] (all-gathered here). dx[N, in_local] = dy·W_r;
-/// dW[out, in_local] += dyᵀ x_r. dbias[out] += Σ dy over the rows this rank holds: complete under
-/// kNone; under sequence parallel a partial sum the caller must all-reduce over the group with the
-/// norm weights (Megatron's sequence_parallel-tagged params).
-void row_parallel_backward(float* dx, float* dW, float* dbias, const float* dy, const float* x,
-                           const float* W, int64_t N, int64_t in_local, int64_t out,
-                           SequenceParallel sp, Communicator& comm);
 
 // ---- Vocab-parallel cross-entropy (Megatron cross_entropy.py, with ignore_index) ----------------
 /// logits: this rank's vocabulary shard [N, V_local] holding ids [vocab_start, vocab_start +

@@ -12,9 +12,8 @@
 // this rank's rows [r·N/T, (r+1)·N/T) at the front of the model's buffers. Column linears gather
 // them (MSP keeps the gathered copy per layer for backward; FSP keeps only one scratch copy for the
 // whole model and gathers again in backward); row linears reduce-scatter into them.
-// w1 and w3 read the same input: they are built as a pair that shares one gathered input and sums
-// their partial input gradients before ONE reduction (Megatron's fused gate/up projection). The
-// pair relies on the model calling w1 then w3 with the same input, forward and backward.
+// w1 and w3 read the same input: one gate/up op (TensorParallelGateUp) gathers it once and sums
+// their partial input gradients before ONE reduction (Megatron's fused gate/up projection).
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -28,6 +27,7 @@
 #include "parallel/layers.h"
 #include "parallel/mappings.h"
 #include "parallel/scratch.h"
+#include "parallel/tp_linear.h"
 
 namespace longtron::parallel {
 namespace {
@@ -45,115 +45,6 @@ int64_t shard_tokens(int64_t N, SequenceParallel sp, const Communicator& c) {
         c.size());
   return N / c.size();
 }
-
-/// Buffers shared by the column linears of one model: the gathered input (per layer under MSP,
-/// one for all under FSP) and the partial input gradient of a pair.
-struct ColumnShared {
-  std::shared_ptr<Buffer> gathered;
-  std::shared_ptr<Buffer> dx_partial;
-};
-
-enum class PairRole { kAlone, kFirst, kSecond };
-
-class ColumnLinear final : public model::LinearOp<float> {
- public:
-  ColumnLinear(const ParamLayout& local, int weight, int bias, SequenceParallel sp, CommPtr comm,
-               ColumnShared shared, PairRole role)
-      : weight_(weight), bias_(bias), out_(local.view(weight).shape[0]),
-        in_(local.view(weight).shape[1]), sp_(sp), comm_(std::move(comm)),
-        shared_(std::move(shared)), role_(role) {}
-  int64_t in() const override { return in_; }
-  int64_t out() const override { return out_; }
-
-  void forward(float* y, const float* x, int64_t N, const Params<float>& p) override {
-    const float* X = x;
-    if (sp_ != SequenceParallel::kNone) {
-      float* full = ensure(*shared_.gathered, N * in_);
-      if (role_ != PairRole::kSecond) all_gather_first_dim_forward(full, x, N, in_, *comm_);
-      X = full;
-    }
-    ops::linear_forward(y, X, p.ptr(weight_), p.ptr(bias_), N, in_, out_);
-  }
-
-  void backward(float* dx, const float* dy, const float* x, int64_t N, const Params<float>& p,
-                Params<float>* g, bool accumulate_dx) override {
-    const float* X = x;
-    if (sp_ != SequenceParallel::kNone) {
-      float* full = ensure(*shared_.gathered, N * in_);
-      // FSP kept only the shard: gather it again (the second of a pair reuses the first's).
-      if (sp_ == SequenceParallel::kRegather && role_ != PairRole::kSecond)
-        all_gather_first_dim_forward(full, x, N, in_, *comm_);
-      X = full;
-    }
-    comm::Work reduce;
-    float* reduced = nullptr;  // where the reduction lands, then added/copied into dx
-    const int64_t rows = shard_tokens(N, sp_, *comm_);
-    if (dx != nullptr) {
-      float* part = ensure(*shared_.dx_partial, N * in_);
-      ops::gemm<float>(false, false, N, in_, out_, 1.0f, dy, p.ptr(weight_),
-                       role_ == PairRole::kSecond ? 1.0f : 0.0f, part);
-      if (role_ != PairRole::kFirst) {
-        if (sp_ == SequenceParallel::kNone) {
-          reduce = comm_->all_reduce_async(part, N * in_);
-          reduced = part;
-        } else {
-          reduced = ensure(scratch_, rows * in_);
-          reduce = comm_->reduce_scatter_async(reduced, part, rows * in_);
-        }
-      }
-    }
-    if (g != nullptr) {  // overlapped with the input-gradient reduction
-      ops::linear_weight_grad(g->ptr(weight_), dy, X, N, in_, out_);
-      if (bias_ >= 0) ops::bias_grad(g->ptr(bias_), dy, N, out_);
-    }
-    reduce.wait();
-    if (reduced == nullptr) return;
-    // The second of a pair carries both partial sums: it overwrites dx (the first wrote none).
-    if (accumulate_dx && role_ == PairRole::kAlone) {
-      for (int64_t i = 0; i < rows * in_; ++i) dx[i] += reduced[i];
-    } else {
-      std::memcpy(dx, reduced, size_t(rows * in_) * sizeof(float));
-    }
-  }
-
- private:
-  int weight_, bias_;
-  int64_t out_, in_;
-  SequenceParallel sp_;
-  CommPtr comm_;
-  ColumnShared shared_;
-  PairRole role_;
-  Buffer scratch_;
-};
-
-class RowLinear final : public model::LinearOp<float> {
- public:
-  RowLinear(const ParamLayout& local, int weight, int bias, SequenceParallel sp, CommPtr comm)
-      : weight_(weight), bias_(bias), out_(local.view(weight).shape[0]),
-        in_(local.view(weight).shape[1]), sp_(sp), comm_(std::move(comm)) {}
-  int64_t in() const override { return in_; }
-  int64_t out() const override { return out_; }
-
-  void forward(float* y, const float* x, int64_t N, const Params<float>& p) override {
-    row_parallel_forward(y, x, p.ptr(weight_), p.ptr(bias_), N, in_, out_, sp_, *comm_);
-  }
-  void backward(float* dx, const float* dy, const float* x, int64_t N, const Params<float>& p,
-                Params<float>* g, bool accumulate_dx) override {
-    float* target = dx;
-    if (dx != nullptr && accumulate_dx) target = ensure(scratch_, N * in_);
-    row_parallel_backward(target, g ? g->ptr(weight_) : nullptr, g ? g->ptr(bias_) : nullptr, dy,
-                          x, p.ptr(weight_), N, in_, out_, sp_, *comm_);
-    if (target != dx)
-      for (int64_t i = 0; i < N * in_; ++i) dx[i] += target[i];
-  }
-
- private:
-  int weight_, bias_;
-  int64_t out_, in_;
-  SequenceParallel sp_;
-  CommPtr comm_;
-  Buffer scratch_;
-};
 
 /// RMSNorm over the rows this rank holds (all N, or N/T under sequence parallel).
 class ShardNorm final : public model::NormOp<float> {
@@ -315,24 +206,25 @@ ModelOps<float> megatron_ops(const ModeContext& ctx) {
 
   ModelOps<float> ops;
   ops.embedding = std::make_unique<SplitEmbedding>(ctx.full, L.tok_embeddings, sp, tp);
-  auto fsp_scratch = std::make_shared<Buffer>();  // FSP: one gathered copy for the whole model
+  // Column linears gather over TENSOR (FSP: one gathered copy for the whole model); row linears
+  // reduce over TENSOR, scattering the rows under sequence parallel.
+  const TpLinearSpec column{tp, sp, nullptr};
+  const TpLinearSpec row{nullptr, SequenceParallel::kNone, tp, sp != SequenceParallel::kNone};
+  auto fsp_scratch = std::make_shared<Buffer>();
   auto dx_partial = std::make_shared<Buffer>();
-  const auto gathered = [&] {
-    return sp == SequenceParallel::kRegather ? fsp_scratch : std::make_shared<Buffer>();
+  const auto shared = [&] {
+    return LinearShared{
+        sp == SequenceParallel::kRegather ? fsp_scratch : std::make_shared<Buffer>(), dx_partial};
   };
   for (size_t i = 0; i < L.layers.size(); ++i) {
     const model::BlockParamIds& b = L.layers[i];
     model::BlockOps<float> block;
     block.attention_norm = std::make_unique<ShardNorm>(L, b.attention_norm, sp, tp);
     block.ffn_norm = std::make_unique<ShardNorm>(L, b.ffn_norm, sp, tp);
-    block.wqkv = std::make_unique<ColumnLinear>(L, b.wqkv, b.wqkv_bias, sp, tp,
-                                                ColumnShared{gathered(), dx_partial},
-                                                PairRole::kAlone);
-    block.wo = std::make_unique<RowLinear>(L, b.wo, b.wo_bias, sp, tp);
-    const ColumnShared ffn{gathered(), dx_partial};
-    block.w1 = std::make_unique<ColumnLinear>(L, b.w1, -1, sp, tp, ffn, PairRole::kFirst);
-    block.w3 = std::make_unique<ColumnLinear>(L, b.w3, -1, sp, tp, ffn, PairRole::kSecond);
-    block.w2 = std::make_unique<RowLinear>(L, b.w2, -1, sp, tp);
+    block.wqkv = std::make_unique<TensorParallelLinearOp>(L, b.wqkv, b.wqkv_bias, column, shared());
+    block.wo = std::make_unique<TensorParallelLinearOp>(L, b.wo, b.wo_bias, row);
+    block.gate_up = std::make_unique<TensorParallelGateUp>(L, b.w1, b.w3, column, shared());
+    block.w2 = std::make_unique<TensorParallelLinearOp>(L, b.w2, -1, row);
     block.attention = std::move(dense.blocks[i].attention);
     ops.blocks.push_back(std::move(block));
   }

@@ -14,7 +14,7 @@
 #include "parallel/isp_attention.h"
 #include "parallel/layers.h"
 #include "parallel/scratch.h"
-#include "parallel/tp2d_linear.h"
+#include "parallel/tp_linear.h"
 
 namespace longtron::parallel {
 
@@ -225,15 +225,13 @@ model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
     model::BlockOps<float> block;
     block.attention_norm = std::make_unique<Norm2D>(ctx.full, b.attention_norm, g);
     block.ffn_norm = std::make_unique<Norm2D>(ctx.full, b.ffn_norm, g);
-    block.wqkv = std::make_unique<Linear2D>(L, b.wqkv, b.wqkv_bias, g.X, g.Y, overlap,
-                                            Linear2DShared{}, Pair2D::kAlone);
-    block.wo = std::make_unique<Linear2D>(L, b.wo, b.wo_bias, g.Y, g.X, overlap, Linear2DShared{},
-                                          Pair2D::kAlone);
-    const Linear2DShared ffn;
-    block.w1 = std::make_unique<Linear2D>(L, b.w1, -1, g.X, g.Y, overlap, ffn, Pair2D::kFirst);
-    block.w3 = std::make_unique<Linear2D>(L, b.w3, -1, g.X, g.Y, overlap, ffn, Pair2D::kSecond);
-    block.w2 = std::make_unique<Linear2D>(L, b.w2, -1, g.Y, g.X, overlap, Linear2DShared{},
-                                          Pair2D::kAlone);
+    // Column-like linears gather over X and reduce-scatter over Y, row-like ones the reverse.
+    const TpLinearSpec xy{g.X, SequenceParallel::kKeepGathered, g.Y, true, overlap};
+    const TpLinearSpec yx{g.Y, SequenceParallel::kKeepGathered, g.X, true, overlap};
+    block.wqkv = std::make_unique<TensorParallelLinearOp>(L, b.wqkv, b.wqkv_bias, xy);
+    block.wo = std::make_unique<TensorParallelLinearOp>(L, b.wo, b.wo_bias, yx);
+    block.gate_up = std::make_unique<TensorParallelGateUp>(L, b.w1, b.w3, xy);
+    block.w2 = std::make_unique<TensorParallelLinearOp>(L, b.w2, -1, yx);
     block.attention = std::make_unique<Attention2D>(heads, std::move(dense.blocks[i].attention), g,
                                                     heads.window_of(i));
     ops.blocks.push_back(std::move(block));

@@ -4,13 +4,13 @@
 //
 // Layouts (N = tokens of the packed row; rank (xr, yr), tensor rank r = xr + x·yr):
 //   residual stream, norm in/out     [N/x, H/y]   rows block xr, hidden block yr
-//   wqkv, w1, w3 (Linear2D A=X, R=Y) [N/x, H/y] → [N/y, out/x]
+//   wqkv, w1, w3 (linear A=X, R=Y)   [N/x, H/y] → [N/y, out/x]
 //   attention                        heads split on x (Hq/x q heads, Hkv/x kv heads: whole GQA
 //                                    groups, docs/model.md grouped rows); with y > 1 Ulysses over the y
 //                                    group (all-to-all: scatter the x-rank's heads over y, gather
 //                                    the sequence; kv heads repeated when y > Hkv/x) — reference
 //                                    MindSpeed's "attention over the TP-Y-union-CP group" with cp = 1
-//   wo, w2 (Linear2D A=Y, R=X)       [N/y, in/x] → [N/x, H/y]
+//   wo, w2 (linear A=Y, R=X)         [N/y, in/x] → [N/x, H/y]
 //   embedding                        InternEvo's hidden-split table [V, H/tp] over the whole
 //                                    tensor group (as MSP), lookup, all-gather along hidden,
 //                                    keep block (xr, yr); backward all-gathers the blocks

@@ -10,7 +10,7 @@
 
 namespace longtron::parallel {
 
-/// The forward overlap of the 2D linears (tp2d_linear.h).
+/// The forward overlap of the 2D linears (parallel/tp_linear.h).
 enum class Overlap2D { kNone, kAgWithMatmul, kMatmulWithRs };
 
 /// Every accepted value, in Overlap2D order.

@@ -96,7 +96,7 @@ struct StepShape {
   double layout_scratch = 0;  // the mode's gather / reduce / all-to-all buffers
 };
 
-/// Elements one layer's 2D linears keep between calls (parallel/tp2d_linear.cpp): for a linear
+/// Elements one layer's 2D linears keep between calls (parallel/tp_linear.cpp): for a linear
 /// gathering its input over a group of `ag` and reduce-scattering its output over `rs`, the
 /// gathered input N × in (kept for backward; shared by w1/w3), the partial input gradient N × in
 /// (shared by w1/w3), the reduce-scattered input gradient N/ag × in, and the partial output and
@@ -208,7 +208,7 @@ StepShape step_shape(const TrainConfig& c, const comm::ProcessGrid& grid,
       s.attn_hkv = h.kv;
     }
     s.head_vocab = std::ceil(V / T);
-    // Every Linear2D of every layer keeps its own buffers (parallel/tp2d_linear.cpp); the
+    // Every 2D linear of every layer keeps its own buffers (parallel/tp_linear.cpp); the
     // embedding and the head hold full-row copies (N × H each: 2 and 3).
     s.layout_scratch = w.L * linear_2d_elements(local, b, P, x, y) + 5 * P * Hid;
   }

@@ -17,6 +17,7 @@
 #include "ops/ops.h"
 #include "parallel/layers.h"
 #include "parallel/mappings.h"
+#include "parallel/tp_linear.h"
 
 namespace longtron::parallel {
 namespace {
@@ -168,15 +169,17 @@ TEST(Layers, ColumnParallelMatchesOneRank) {
     const int64_t rows = seq ? N / T : N, r0 = seq ? r * rows : 0;
     Vec x = block(X, in, r0, rows, 0, in), Wr = block(W, in, r * ol, ol, 0, in);
     Vec br(b.begin() + r * ol, b.begin() + (r + 1) * ol);
-    Vec y(static_cast<size_t>(N * ol)), x_full(static_cast<size_t>(N * in));
-    column_parallel_forward(y.data(), x_full.data(), x.data(), Wr.data(), br.data(), N, in, ol, sp, c);
+    Vec y(static_cast<size_t>(N * ol));
+    LinearShared shared;  // Megatron's column linear: input rows over the group, no reduction
+    TensorParallelLinear column(in, ol, TpLinearSpec{world(), sp, nullptr}, shared);
+    column.forward(y.data(), x.data(), Wr.data(), br.data(), N);
     EXPECT_LT(rel_err(y.data(), block(Y, out, 0, N, r * ol, ol).data(), N * ol), kTol);
     // FSP must not rely on the gathered copy: spoil it.
-    if (sp == SequenceParallel::kRegather) std::fill(x_full.begin(), x_full.end(), NAN);
+    if (sp == SequenceParallel::kRegather)
+      std::fill(shared.gathered->begin(), shared.gathered->end(), NAN);
     Vec dy = block(dY, out, 0, N, r * ol, ol);
     Vec dx(x.size()), dWr(Wr.size(), 0.f), dbr(br.size(), 0.f);
-    column_parallel_backward(dx.data(), dWr.data(), dbr.data(), dy.data(), x_full.data(), x.data(),
-                             Wr.data(), N, in, ol, sp, c);
+    column.backward(dx.data(), dWr.data(), dbr.data(), dy.data(), x.data(), Wr.data(), N, false);
     EXPECT_LT(rel_err(dx.data(), block(dX, in, r0, rows, 0, in).data(), rows * in), kTol) << int(sp);
     EXPECT_LT(rel_err(dWr.data(), block(dW, in, r * ol, ol, 0, in).data(), ol * in), kTol) << int(sp);
     EXPECT_LT(rel_err(dbr.data(), db.data() + r * ol, ol), kTol) << int(sp);
@@ -196,12 +199,14 @@ TEST(Layers, RowParallelMatchesOneRank) {
     const int64_t rows = seq ? N / T : N, r0 = seq ? r * rows : 0;
     Vec x = block(X, in, 0, N, r * il, il), Wr = block(W, in, 0, out, r * il, il);
     Vec y(static_cast<size_t>(rows * out));
-    row_parallel_forward(y.data(), x.data(), Wr.data(), b.data(), N, il, out, sp, c);
+    // Megatron's row linear: partial outputs all-reduced, or reduce-scattered under sequence
+    // parallel.
+    TensorParallelLinear row(il, out, TpLinearSpec{nullptr, SequenceParallel::kNone, world(), seq});
+    row.forward(y.data(), x.data(), Wr.data(), b.data(), N);
     EXPECT_LT(rel_err(y.data(), block(Y, out, r0, rows, 0, out).data(), rows * out), kTol);
     Vec dy = block(dY, out, r0, rows, 0, out);
     Vec dx(x.size()), dWr(Wr.size(), 0.f), dbr(b.size(), 0.f);
-    row_parallel_backward(dx.data(), dWr.data(), dbr.data(), dy.data(), x.data(), Wr.data(), N, il,
-                          out, sp, c);
+    row.backward(dx.data(), dWr.data(), dbr.data(), dy.data(), x.data(), Wr.data(), N, false);
     EXPECT_LT(rel_err(dx.data(), block(dX, in, 0, N, r * il, il).data(), N * il), kTol) << int(sp);
     EXPECT_LT(rel_err(dWr.data(), block(dW, in, 0, out, r * il, il).data(), out * il), kTol);
     if (seq) c.all_reduce(dbr.data(), out);  // the caller's sum over the group (layers.h)

@@ -1,8 +1,8 @@
-// Linear2D (parallel/tp2d_linear.h) against the dense linear on the same full tensors, for both
-// role assignments (A = X, R = Y and A = Y, R = X), with and without a bias, each overlap option,
-// and as a w1/w3 pair. Rank (a, r) must hold: y = rows block r (of |R|) × out block a of the dense
-// y; dx = rows block a × in block r of the dense dx; dW = block (a, r); db (summed over R) = out
-// block a of the dense db.
+// The 2D form of the tensor-parallel linear (parallel/tp_linear.h) against the dense linear on the
+// same full tensors, for both role assignments (A = X, R = Y and A = Y, R = X), with and without a
+// bias, each overlap option, and as the w1/w3 gate/up op. Rank (a, r) must hold: y = rows block r
+// (of |R|) × out block a of the dense y; dx = rows block a × in block r of the dense dx; dW = block
+// (a, r); db (summed over R) = out block a of the dense db.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@
 #include "model/params.h"
 #include "mpi_test_main.h"
 #include "ops/ops.h"
-#include "parallel/tp2d_linear.h"
+#include "parallel/tp_linear.h"
 
 namespace longtron::testing {
 
@@ -46,7 +46,7 @@ inline double rel_err(const float* a, const std::vector<float>& b) {
   return diff / scale;
 }
 
-/// One case: groups (ag, rs), N tokens; a pair computes w1 then w3 sharing the input.
+/// One case: groups (ag, rs), N tokens; a pair is the gate/up op (w1 and w3 sharing the input).
 inline void check_linear_2d(const comm::CommPtr& ag, const comm::CommPtr& rs, int64_t N,
                             bool with_bias, parallel::Overlap2D overlap, bool pair) {
   model::ModelConfig c;
@@ -85,18 +85,18 @@ inline void check_linear_2d(const comm::CommPtr& ag, const comm::CommPtr& rs, in
     for (size_t i = 0; i < dx.size(); ++i) dx[i] += dx2[i];
   }
 
-  using parallel::Pair2D;
-  parallel::Linear2DShared shared;
-  parallel::Linear2D l1(local, w, with_bias ? wb : -1, ag, rs, overlap, shared,
-                        pair ? Pair2D::kFirst : Pair2D::kAlone);
-  parallel::Linear2D l2(local, w2, -1, ag, rs, overlap, shared, Pair2D::kSecond);
+  // Alone: one linear; pair: the gate/up op over (w, w2).
+  const parallel::TpLinearSpec spec{ag, parallel::SequenceParallel::kKeepGathered, rs, true,
+                                    overlap};
+  parallel::TensorParallelLinearOp l1(local, w, with_bias ? wb : -1, spec);
+  parallel::TensorParallelGateUp l12(local, w, w2, spec);
   const auto xl = sub(x, in, a * nA, nA, r * il, il);
   std::vector<float> yl(nR * ol), y2l(nR * ol), dxl(nA * il, 0.f);
-  l1.forward(yl.data(), xl.data(), N, p);
-  if (pair) l2.forward(y2l.data(), xl.data(), N, p);
+  if (pair) l12.forward(yl.data(), y2l.data(), xl.data(), N, p);
+  else l1.forward(yl.data(), xl.data(), N, p);
   const auto dyl = sub(dy, out, r * nR, nR, a * ol, ol), dy2l = sub(dy2, out, r * nR, nR, a * ol, ol);
-  l1.backward(dxl.data(), dyl.data(), xl.data(), N, p, &g, false);
-  if (pair) l2.backward(dxl.data(), dy2l.data(), xl.data(), N, p, &g, true);
+  if (pair) l12.backward(dxl.data(), dyl.data(), dy2l.data(), xl.data(), N, p, &g);
+  else l1.backward(dxl.data(), dyl.data(), xl.data(), N, p, &g, false);
   rs->all_reduce(g.ptr(wb), ol);  // the plan's bias SUM over R
 
   double e[6] = {rel_err(yl.data(), sub(y, out, r * nR, nR, a * ol, ol)),

@@ -1,0 +1,147 @@
+// The one tensor-parallel linear of the engine: y = x·Wᵀ (+ b), W [out, in], parameterised by the
+// group its input rows are gathered over, the group its partial outputs are reduced over and
+// whether the gathered input is kept for backward. Megatron-LM's column and row parallel linears
+// (megatron/core/tensor_parallel/layers.py, LinearWithGradAccumulationAndAsyncCommunication) and
+// MindSpeed's 2D ParallelLinear2D (mindspeed/core/tensor_parallel/tp_2d; docs/tp2d.md) are all
+// instances of it:
+//
+//   mode     linear              gather group A, input policy     reduce group R, output
+//   MTP      column (wqkv,w1,w3)  TENSOR, kNone (replicated)       none
+//            row (wo, w2)         none                             TENSOR, all-reduce
+//   MSP/FSP  column               TENSOR, kKeepGathered/kRegather  none
+//            row                  none                             TENSOR, reduce-scatter
+//   2D x×y   wqkv, w1, w3         X, kKeepGathered                 Y, reduce-scatter
+//            wo, w2               Y, kKeepGathered                 X, reduce-scatter
+//
+// Shapes (N = tokens of the whole row, |G| = 1 for an absent group):
+//   weight  [out/|A|, in/|R|] shard (the plan cuts it), bias [out shard] added ONCE after the
+//           reduction (its gradient is the sum over this rank's output rows; when those rows are
+//           a shard the engine's plan SUMS it over R, Megatron's sequence_parallel params)
+//   input   [N/|A|, in] rows block a = rank in A when the input is sharded, else [N, in]
+//   output  [N/|R|, out] rows block r = rank in R when reduce-scattered, else [N, out]
+//
+// Forward:  all-gather the input over A (sharded input) → GEMM (partial over in when |R| > 1) →
+//           reduce-scatter or all-reduce over R → + bias.
+// Backward: all-gather dy over R (reduce-scattered output) → dX = dY·W (partial over out when
+//           |A| > 1) → reduce-scatter (sharded input) or all-reduce (replicated input) over A,
+//           issued asynchronously and overlapped with dW += dYᵀ·X and db (Megatron's
+//           async allreduce_dgrad). kKeepGathered reuses the forward's gathered input; kRegather
+//           (FSP) gathers the shard again (less memory, one all-gather more).
+//
+// Overlap (forward only, one option at a time as MindSpeed requires; parallel.tensor_2d.overlap):
+//   kAgWithMatmul  the input all-gather is issued in row chunks; chunk c+1's all-gather (async)
+//                  runs while chunk c's GEMMs compute (one collective in flight at a time);
+//   kMatmulWithRs  the GEMM is computed in row chunks (for every destination rank of R at
+//                  once), and chunk c's reduce-scatter (async) runs while chunk c+1 computes.
+// Each output element is the same dot product whatever the chunking, but oneDNN picks its GEMM
+// kernel and blocking by matrix shape, so the rows of a chunk GEMM may round differently from
+// the same rows of the whole GEMM: results equal kNone to float rounding, not bit for bit
+// (measured ≤ 5e-8 absolute on step-1 gradients of the parity tests; bit-identical where the
+// shapes select the same kernel). 2D at x×1 is therefore MSP op for op.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/layers.h"
+#include "model/params.h"
+#include "parallel/layers.h"
+#include "parallel/tp2d_overlap.h"
+
+namespace longtron::parallel {
+
+/// The groups and policies of one tensor-parallel linear (see the table above).
+struct TpLinearSpec {
+  comm::CommPtr gather;  ///< A: the input's rows (or, under kNone, its dX) over it; null = none
+  /// kNone: input replicated over A (backward all-reduces dX); kKeepGathered / kRegather: input
+  /// rows sharded over A, the gathered copy kept for backward / gathered again in backward.
+  SequenceParallel input = SequenceParallel::kKeepGathered;
+  comm::CommPtr reduce;         ///< R: sums the partial outputs; null = none
+  bool scatter_output = true;   ///< reduce-scatter the output rows over R (else all-reduce)
+  Overlap2D overlap = Overlap2D::kNone;
+  int chunks = 4;  ///< row chunks of the overlapped forms (clamped to the rows available)
+};
+
+/// Buffers shared by the halves of a gate/up op (Megatron's fused gate/up projection), or by all
+/// column linears of a model under FSP: the gathered input and the partial
+/// input gradient. Owned by the caller so that it can choose the sharing.
+struct LinearShared {
+  std::shared_ptr<std::vector<float>> gathered = std::make_shared<std::vector<float>>();
+  std::shared_ptr<std::vector<float>> dx_partial = std::make_shared<std::vector<float>>();
+};
+
+/// kFirst/kSecond: the halves of TensorParallelGateUp, which share one gathered input (the second
+/// neither gathers nor, in backward, reduces alone: it adds its partial input gradient to the
+/// first's and reduces the sum once). The gate/up op calls first then second with the same input,
+/// forward and backward; nothing else builds a pair.
+enum class PairRole { kAlone, kFirst, kSecond };
+
+/// The linear on raw pointers (weights passed per call). Collective over A and R: every rank of
+/// them calls in the same order. N must be divisible by |A| (sharded input) and |R| (scattered
+/// output), else Error naming the sizes.
+class TensorParallelLinear {
+ public:
+  /// in, out: the shapes of this rank's weight shard [out, in].
+  TensorParallelLinear(int64_t in, int64_t out, TpLinearSpec spec, LinearShared shared = {},
+                       PairRole role = PairRole::kAlone);
+  int64_t in() const { return in_; }
+  int64_t out() const { return out_; }
+  /// y (overwritten) from x; bias [out] or nullptr.
+  void forward(float* y, const float* x, const float* W, const float* bias, int64_t N);
+  /// dx overwritten (or += when accumulate_dx; a pair's second always overwrites, its first
+  /// writes none); dW[out, in] and dbias[out] accumulate; any gradient may be nullptr. `x` is
+  /// read only when the input is not gathered (A absent or kNone); kRegather gathers it again.
+  void backward(float* dx, float* dW, float* dbias, const float* dy, const float* x,
+                const float* W, int64_t N, bool accumulate_dx);
+
+ private:
+  bool sharded_input() const;
+  bool scattered_output() const;
+  int64_t rows(int64_t N, const comm::Communicator& c) const;
+  void gather_input_overlapped(float* Y, const float* x, int64_t N, const float* W);
+  void matmul_reduce_scatter_overlapped(float* y, const float* X, int64_t N, const float* W);
+
+  int64_t in_, out_;
+  TpLinearSpec spec_;
+  LinearShared shared_;
+  PairRole role_;
+  std::vector<float> partial_, recv_[2], send_[2], dy_full_, scratch_;
+};
+
+/// The linear as a model::LinearOp over the views `weight` and `bias` (−1 = none) of `local`.
+class TensorParallelLinearOp final : public model::LinearOp<float> {
+ public:
+  TensorParallelLinearOp(const model::ParamLayout& local, int weight, int bias, TpLinearSpec spec,
+                         LinearShared shared = {}, PairRole role = PairRole::kAlone);
+  int64_t in() const override { return linear_.in(); }
+  int64_t out() const override { return linear_.out(); }
+  void forward(float* y, const float* x, int64_t N, const model::Params<float>& p) override;
+  void backward(float* dx, const float* dy, const float* x, int64_t N,
+                const model::Params<float>& p, model::Params<float>* g,
+                bool accumulate_dx) override;
+
+ private:
+  int weight_, bias_;
+  TensorParallelLinear linear_;
+};
+
+/// The FFN's gate (w1) and up (w3) projections as one tensor-parallel op over the same spec: one
+/// input gather and one reduction of the summed input gradient (Megatron-LM's fused linear_fc1).
+class TensorParallelGateUp final : public model::GateUpOp<float> {
+ public:
+  /// w1, w3: view indices in `local` (same shard shape [F_local, in]).
+  TensorParallelGateUp(const model::ParamLayout& local, int w1, int w3, const TpLinearSpec& spec,
+                       LinearShared shared = {});
+  int64_t out() const override { return gate_.out(); }
+  void forward(float* a, float* b, const float* x, int64_t N,
+               const model::Params<float>& p) override;
+  void backward(float* dx, const float* da, const float* db, const float* x, int64_t N,
+                const model::Params<float>& p, model::Params<float>* g) override;
+
+ private:
+  int w1_, w3_;
+  TensorParallelLinear gate_, up_;
+};
+
+}  // namespace longtron::parallel
