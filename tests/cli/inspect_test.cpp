@@ -123,7 +123,8 @@ TEST(Inspect, ContextWorkAndCostCountOnlyTheWindowsPairs) {
   TempDir dir;
   write_file(dir / "d.bin", kExamplePacked);
   write_file(dir / "m.toml", "[model]\ntype = \"mistral\"\nvocab_size = 60000\nhidden_size = 32\n"
-                             "num_layers = 2\nnum_attention_heads = 4\nsliding_window = 3\n"
+                             "num_layers = 2\nnum_attention_heads = 4\nnum_kv_attention_heads = 4\n"
+                             "sliding_window = 3\n"
                              "[data]\nbalance_cost = [0.0, 1.0]\n");
   json z = inspect(dir, "--seq-len 8 --micro-bsz 2 --micro-num 1 --cp-size 2 --dp-size 1 --config " +
                             (dir / "m.toml").string());
