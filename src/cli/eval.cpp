@@ -31,6 +31,8 @@ struct EvalOptions {
   std::string dtype;  // empty: the run's model.dtype
   int tensor_size = 1;          // parallel.tensor.size of the evaluation's layout
   std::string tensor_mode = "mtp";  // parallel.tensor.mode
+  int context_size = 1;             // parallel.sequence_2D.context_size (> 1: 2D-Attention)
+  std::string context_balance = "zigzag";  // parallel.sequence_2D.balance
 };
 
 int64_t config_int(const nlohmann::json& config, const char* key) {
@@ -67,6 +69,15 @@ int eval_on(const EvalOptions& o, const comm::CommPtr& world) {
   comm::Layout layout;  // dp × tensor over the world; one rank: the dense mode
   layout.tensor_size = o.tensor_size;
   layout.tensor_mode = comm::parse_tensor_mode(o.tensor_mode, "--tensor-mode");
+  if (o.context_size > 1) {  // 2D-Attention: head parallel × context parallel inside TENSOR
+    check(layout.tensor_mode == comm::TensorMode::kIsp && o.tensor_size % o.context_size == 0,
+          "eval: --context-size {} needs --tensor-mode isp and a --tensor-size it divides (got {} {})",
+          o.context_size, o.tensor_mode, o.tensor_size);
+    layout.seq2d = true;
+    layout.seq2d_head = o.tensor_size / o.context_size;
+    layout.seq2d_context = o.context_size;
+    layout.seq2d_balance = o.context_balance;
+  }
   const auto engine =
       train::load_into_engine(m, comm::make_process_grid(world, layout), pack.packed_length());
   const train::EvalResult r = train::evaluate_documents(*engine, dataset, pack);
@@ -123,6 +134,13 @@ Subcommand eval_command(40, [](CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--tensor-mode", o->tensor_mode,
                   "Tensor-parallel mode (as parallel.tensor.mode): mtp, msp, fsp or isp");
+  sub->add_option("--context-size", o->context_size,
+                  "2D-Attention's context-parallel size (as parallel.sequence_2D.context_size; "
+                  "needs --tensor-mode isp, the head-parallel size is --tensor-size / this)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--context-balance", o->context_balance,
+                  "Token assignment to context ranks (as parallel.sequence_2D.balance): "
+                  "contiguous, zigzag or document");
   return [o] { return run_eval(*o); };
 });
 

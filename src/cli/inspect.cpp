@@ -39,7 +39,7 @@ data::RowCost inspect_cost(const InspectArgs& a) {
     needs.total_steps = false;
     const train::TrainConfig c = train::load_config(a.config, {}, needs);
     given = c.data.balance_cost;
-    if (given.empty()) cost = model::balance_cost(c.model);
+    cost = model::balance_cost(c.model);  // its window stays under a given data.balance_cost
   }
   if (!given.empty()) {
     longtron::check(given.size() == 2, "--balance-cost: expected two numbers A,B, got {}", given.size());
@@ -128,6 +128,8 @@ Subcommand inspect_command(20, [](CLI::App& app) {
     longtron::check(args->balance_window >= 1, "--balance-window must be >= 1, got {}",
                     args->balance_window);
     o.data.balance.cost = inspect_cost(*args);
+    // The context ranks' work counts the window when it applies to every layer (Mistral).
+    if (o.data.balance.cost.windowed == 1.0) o.cp_window = o.data.balance.cost.window;
     o.data.pack.validate();  // bad sizes fail before the dataset is read
     data::check_sequence_parallel(o.sp_size, o.sp_rank);
     const auto batches = data::inspect_json(data::open_dataset(args->data), o);

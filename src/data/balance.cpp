@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "ops/ops.h"
 
 namespace longtron::data {
 
@@ -29,14 +30,21 @@ int64_t piece_pairs(int64_t len, int64_t seq_len) {
   return (len / seq_len) * causal_pairs(seq_len) + causal_pairs(len % seq_len);
 }
 
+double RowCost::pairs(int64_t l) const {
+  const double full = static_cast<double>(causal_pairs(l));
+  if (window <= 0 || l <= window) return full;
+  const double seen = static_cast<double>(ops::visible_pairs(l, window));
+  return (1.0 - windowed) * full + windowed * seen;
+}
+
 double RowCost::of(std::span<const int32_t> cu_seqlens) const {
-  double tokens = 0, pairs = 0;
+  double tokens = 0, sum = 0;
   for (size_t i = 1; i < cu_seqlens.size(); ++i) {
     const int64_t l = static_cast<int64_t>(cu_seqlens[i]) - cu_seqlens[i - 1];
     tokens += static_cast<double>(l);
-    pairs += static_cast<double>(causal_pairs(l));
+    sum += pairs(l);
   }
-  return per_token * tokens + per_pair * pairs;
+  return per_token * tokens + per_pair * sum;
 }
 
 void RowCost::validate(const std::string& key) const {

@@ -32,9 +32,15 @@ int64_t piece_pairs(int64_t len, int64_t seq_len);
 /// The modelled cost of a row: per_token · tokens + per_pair · Σ causal pairs over its segments.
 /// From the model's FLOP count (linear layers per token, attention per causal pair; see
 /// model::balance_cost) or `data.balance_cost = [a, b]`. Both >= 0, not both 0.
+/// With a sliding window (model.sliding_window, in the share `windowed` of the layers) a segment
+/// counts only its visible pairs (ops::visible_pairs) in those layers, as the kernel computes.
 struct RowCost {
   double per_token = 0.0;
   double per_pair = 1.0;
+  int64_t window = 0;     ///< keys a query sees in windowed layers (0 = none)
+  double windowed = 1.0;  ///< share of the layers with the window, in [0, 1]
+  /// Pairs of a segment of l tokens, averaged over layers: l(l+1)/2 without a window.
+  double pairs(int64_t l) const;
   /// Cost of a row given its cu_seqlens (row-local offsets 0 … P; every segment counts, the pad
   /// included, since it is computed).
   double of(std::span<const int32_t> cu_seqlens) const;

@@ -152,23 +152,25 @@ std::vector<std::vector<int32_t>> context_assignment(std::span<const int32_t> cu
   return out;
 }
 
-int64_t attention_work(std::span<const int32_t> cu, std::span<const int32_t> positions) {
+int64_t attention_work(std::span<const int32_t> cu, std::span<const int32_t> positions,
+                       int64_t window) {
   const int64_t P = row_length(cu);
   int64_t work = 0;
   for (int32_t p : positions) {
     check(p >= 0 && p < P, "context parallel: position {} outside the row [0, {})", p, P);
     const auto seg = std::upper_bound(cu.begin(), cu.end(), p) - cu.begin() - 1;
-    work += p - cu[seg] + 1;
+    const int64_t keys = p - cu[seg] + 1;
+    work += window > 0 ? std::min(keys, window) : keys;
   }
   return work;
 }
 
 double context_imbalance(std::span<const int32_t> cu,
-                         const std::vector<std::vector<int32_t>>& assignment) {
+                         const std::vector<std::vector<int32_t>>& assignment, int64_t window) {
   if (assignment.empty()) return 1.0;
   int64_t max = 0, sum = 0;
   for (const auto& positions : assignment) {
-    const int64_t w = attention_work(cu, positions);
+    const int64_t w = attention_work(cu, positions, window);
     max = std::max(max, w);
     sum += w;
   }

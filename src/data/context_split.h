@@ -45,12 +45,14 @@ std::vector<std::vector<int32_t>> context_assignment(std::span<const int32_t> cu
                                                      int64_t context_size, ContextBalance balance);
 
 /// Σ over `positions` of (offset of the position in its segment + 1): the keys each query sees
-/// under causal attention inside its segment. Positions must lie in [0, P).
-int64_t attention_work(std::span<const int32_t> cu_seqlens, std::span<const int32_t> positions);
+/// under causal attention inside its segment, at most `window` of them with a sliding window
+/// (0 = none). Positions must lie in [0, P).
+int64_t attention_work(std::span<const int32_t> cu_seqlens, std::span<const int32_t> positions,
+                       int64_t window = 0);
 
 /// max ÷ mean of the attention work of each rank's positions (1 when every rank has none).
 double context_imbalance(std::span<const int32_t> cu_seqlens,
-                         const std::vector<std::vector<int32_t>>& assignment);
+                         const std::vector<std::vector<int32_t>>& assignment, int64_t window = 0);
 
 /// (max, mean) over the C context ranks of their attention work on one row, after padding the row
 /// to a multiple of `pad_to` (a multiple of C; the pad is its own segment, as the split does).

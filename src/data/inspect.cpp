@@ -29,9 +29,9 @@ void add_context_ranks(nlohmann::json& j, const MicroBatch& row, const InspectOp
   for (size_t r = 0; r < shares.size(); ++r)
     ranks.push_back({{"rank", r},
                      {"positions", shares[r]},
-                     {"attention_work", attention_work(padded.cu_seqlens, shares[r])}});
+                     {"attention_work", attention_work(padded.cu_seqlens, shares[r], o.cp_window)}});
   j["cp_ranks"] = std::move(ranks);
-  j["cp_imbalance"] = context_imbalance(padded.cu_seqlens, shares);
+  j["cp_imbalance"] = context_imbalance(padded.cu_seqlens, shares, o.cp_window);
 }
 
 nlohmann::json micro_batch_json(const MicroBatch& row, const InspectOptions& o) {

@@ -25,6 +25,9 @@ struct InspectOptions {
   /// > 1: add each micro-batch's context-parallel assignment ("cp_ranks", `--cp-size`).
   int64_t cp_size = 1;
   ContextBalance cp_balance = ContextBalance::kZigzag;
+  /// The model's sliding window when every layer has it (0 = none): caps each query's keys in
+  /// "attention_work" and "cp_imbalance".
+  int64_t cp_window = 0;
 };
 
 /// {"steps": [{"micro_batches": [{"input_ids", "labels", "cu_seqlens", "indexes", "max_seqlen"

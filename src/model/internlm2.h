@@ -104,7 +104,9 @@ double model_flops(const ModelConfig& config, int64_t tokens, double sum_l2);
 /// The row cost model of data.balance (data/balance.h) from model_flops' two terms: per token
 /// 6 × matmul parameters (the linear term), per causal pair 12 × num_layers × hidden (model_flops
 /// counts 6·layers·hidden·l² per segment, and a segment of l tokens has l(l+1)/2 ≈ l²/2 causal
-/// pairs). FLOPs, not timing, so every rank and `inspect` compute the same costs.
+/// pairs). With a sliding window, only the pairs the window leaves visible count, in the layers it
+/// applies to (RowCost::window). FLOPs, not timing, so every rank and `inspect` compute the same
+/// costs.
 data::RowCost balance_cost(const ModelConfig& config);
 
 /// Σ lᵢ² over the segments of cu_seqlens (the attention term of model_flops).

@@ -1,6 +1,9 @@
 // The distributed engine (see engine.h): plan, ops, reductions and full-tensor import/export.
 #include "parallel/engine.h"
 
+#include "data/context_split.h"
+#include "data/sequence_split.h"
+
 #include <cmath>
 #include <map>
 
@@ -124,6 +127,23 @@ model::LossSum ParallelEngine::forward_loss(const data::MicroBatch& row,
     const auto local = static_cast<int64_t>(token_losses->size());
     std::vector<double> full(static_cast<size_t>(local * tp.size()));
     tp.all_gather(full.data(), token_losses->data(), local);
+    if (grid_.context && grid_.context->size() > 1) {
+      // 2D-Attention: a rank holds its context share's positions (not contiguous under zigzag
+      // or document), so the positions travel with the losses and put each one back in place.
+      const int64_t hp = grid_.head->size(), C = grid_.context->size();
+      data::MicroBatch padded = row;
+      data::pad_for_sequence_parallel(padded, hp * C);
+      const auto shares = data::context_assignment(
+          padded.cu_seqlens, C, data::parse_context_balance(grid_.layout.seq2d_balance));
+      const auto& mine = shares[static_cast<size_t>(grid_.context->rank())];
+      std::vector<double> pos(static_cast<size_t>(local)), all(full.size());
+      for (int64_t k = 0; k < local; ++k)
+        pos[size_t(k)] = double(mine[size_t(grid_.head->rank() * local + k)]);
+      tp.all_gather(all.data(), pos.data(), local);
+      std::vector<double> placed(full.size());
+      for (size_t k = 0; k < full.size(); ++k) placed[size_t(all[k])] = full[k];
+      full = std::move(placed);
+    }
     full.resize(row.input_ids.size());
     *token_losses = std::move(full);
   }

@@ -48,11 +48,10 @@ data::DataConfig loader_config(const TrainConfig& config) {
   d.min_length = config.data.min_length;
   d.balance.mode = data::parse_balance_mode(config.data.balance);
   d.balance.window = config.data.balance_window;
+  d.balance.cost = model::balance_cost(config.model);  // a given [a, b] keeps the model's window
   if (config.data.balance_cost.size() == 2) {
     d.balance.cost.per_token = config.data.balance_cost[0];
     d.balance.cost.per_pair = config.data.balance_cost[1];
-  } else {
-    d.balance.cost = model::balance_cost(config.model);
   }
   return d;
 }

@@ -1,6 +1,7 @@
 // A Mistral model with a sliding window shorter than its documents, trained from --init-from under
 // `mpirun -np 2` in the layouts whose attention differs (Megatron TP, ISP's Ulysses, 2D-TP's
-// Ulysses over y), gives the one-process losses (docs/model.md).
+// Ulysses over y, 2D-Attention's context parallelism in each balance), gives the one-process
+// losses (docs/model.md).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -80,17 +81,24 @@ TEST(HfParallel, MistralWindowMatchesOneProcessInEveryAttentionLayout) {
   EXPECT_GT(max_rel_error(losses(dir / "full" / "metrics.jsonl"), ref), 1e-3)
       << "the window changes nothing: the test would not see it ignored";
 
-  const std::pair<const char*, const char*> layouts[] = {
+  const std::string cp2 =
+      "--set parallel.tensor.size=2 --set parallel.tensor.mode=\"isp\" --set "
+      "parallel.sequence_2D.enable=true --set parallel.sequence_2D.context_size=2 "
+      "--set parallel.sequence_2D.balance=";
+  const std::pair<std::string, std::string> layouts[] = {
       {"mtp", "--set parallel.tensor.size=2 --set parallel.tensor.mode=\"mtp\""},
       {"isp", "--set parallel.tensor.size=2 --set parallel.tensor.mode=\"isp\""},
-      {"2d", "--set parallel.tensor_2d.x=1 --set parallel.tensor_2d.y=2"}};
+      {"2d", "--set parallel.tensor_2d.x=1 --set parallel.tensor_2d.y=2"},
+      {"cp2-contiguous", cp2 + "\"contiguous\""},
+      {"cp2-zigzag", cp2 + "\"zigzag\""},
+      {"cp2-document", cp2 + "\"document\""}};
   for (const auto& [name, extra] : layouts) {
     r = mpirun_longtron(2, args(windowed, name, extra));
     ASSERT_EQ(r.status, 0) << name << "\n" << r.output;
     const double e = max_rel_error(losses(dir / name / "metrics.jsonl"), ref);
     EXPECT_LT(e, 1e-4) << name;
-    std::printf("[hf-parallel] mistral window 16, %s tp2: max rel loss err vs one process %.2e\n",
-                name, e);
+    std::printf("[hf-parallel] mistral window 16, %s np2: max rel loss err vs one process %.2e\n",
+                name.c_str(), e);
   }
 }
 

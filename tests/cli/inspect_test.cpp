@@ -117,6 +117,26 @@ TEST(Inspect, ContextRanksOfEveryBalance) {
       << text.output;
 }
 
+// With a --config whose model has a sliding window in every layer (Mistral), a query's work is at
+// most the window's keys, in the context ranks' work and in the rows' balance cost.
+TEST(Inspect, ContextWorkAndCostCountOnlyTheWindowsPairs) {
+  TempDir dir;
+  write_file(dir / "d.bin", kExamplePacked);
+  write_file(dir / "m.toml", "[model]\ntype = \"mistral\"\nvocab_size = 60000\nhidden_size = 32\n"
+                             "num_layers = 2\nnum_attention_heads = 4\nnum_kv_attention_heads = 4\n"
+                             "sliding_window = 3\n"
+                             "[data]\nbalance_cost = [0.0, 1.0]\n");
+  json z = inspect(dir, "--seq-len 8 --micro-bsz 2 --micro-num 1 --cp-size 2 --dp-size 1 --config " +
+                            (dir / "m.toml").string());
+  const auto& mb = z["steps"][0]["dp_ranks"][0]["micro_batches"][0];
+  // Row {0, 4, 11, 16}, zigzag as above, each query's keys capped at 3.
+  EXPECT_EQ(mb["cp_ranks"][0]["attention_work"], 1 + 2 + 3 + 3 + 2 + 3 + 3 + 3);
+  EXPECT_EQ(mb["cp_ranks"][1]["attention_work"], 1 + 2 + 3 + 3 + 3 + 3 + 3 + 1);
+  EXPECT_NEAR(mb["cp_imbalance"].get<double>(), 20.0 / 19.5, 1e-12);
+  // Cost per pair 1: visible pairs of 4, 7, 5 under window 3 = 9 + 18 + 12 (causal: 10 + 28 + 15).
+  EXPECT_DOUBLE_EQ(z["steps"][0]["dp_ranks"][0]["cost"].get<double>(), 9 + 18 + 12);
+}
+
 TEST(Inspect, BadInputIsAClearError) {
   TempDir dir;
   write_file(dir / "d.bin", kExamplePacked);

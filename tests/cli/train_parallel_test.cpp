@@ -151,8 +151,8 @@ nlohmann::json eval_json(const std::string& output) {
 }
 
 // eval goes through the engine like training: under mpirun with tensor parallelism (Megatron and
-// ISP, whose ranks each score a slice of every row) and with data parallelism, every document's
-// tokens and loss equal one process's.
+// ISP, whose ranks each score a slice of every row; 2D-Attention's context parallelism, each
+// balance) and with data parallelism, every document's tokens and loss equal one process's.
 TEST(TrainParallel, EvalJsonUnderTensorAndDataParallelEqualsOneProcess) {
   Prepared p;
   auto r = run_longtron(p.args("one", "--set train.total_steps=1"));
@@ -163,7 +163,11 @@ TEST(TrainParallel, EvalJsonUnderTensorAndDataParallelEqualsOneProcess) {
   ASSERT_EQ(r.status, 0) << r.output;
   const nlohmann::json ref = eval_json(r.output);
   ASSERT_GT(ref["documents"].size(), 4u);
-  for (const std::string layout : {"--tensor-size 2", "--tensor-size 2 --tensor-mode isp", ""}) {
+  for (const std::string layout :
+       {"--tensor-size 2", "--tensor-size 2 --tensor-mode isp", "",
+        "--tensor-size 2 --tensor-mode isp --context-size 2",
+        "--tensor-size 2 --tensor-mode isp --context-size 2 --context-balance contiguous",
+        "--tensor-size 2 --tensor-mode isp --context-size 2 --context-balance document"}) {
     r = mpirun_longtron(2, eval + " " + layout);
     ASSERT_EQ(r.status, 0) << layout << "\n" << r.output;
     const nlohmann::json got = eval_json(r.output);

@@ -134,6 +134,9 @@ TEST(ContextSplit, AttentionWorkMatchesBruteForce) {
     EXPECT_EQ(attention_work(cu, pos), brute_work(cu, pos));
   }
   EXPECT_EQ(attention_work(V{0, 3, 8, 12}, V{0, 1, 2, 3, 4, 11}), 1 + 2 + 3 + 1 + 2 + 4);
+  // A window of 2: each query sees at most 2 keys.
+  EXPECT_EQ(attention_work(V{0, 3, 8, 12}, V{0, 1, 2, 3, 4, 11}, 2), 1 + 2 + 2 + 1 + 2 + 2);
+  EXPECT_EQ(attention_work(cu, V{0, 1, 2, 3, 4, 5}, 1000), attention_work(cu, V{0, 1, 2, 3, 4, 5}));
 }
 
 TEST(ContextSplit, SegmentsGolden) {

@@ -1,10 +1,11 @@
 // bf16 mixed precision (model.dtype = "bfloat16") on 2 ranks against one bf16 process on the same
-// global batch: dp2, tp2 in each Megatron mode, ISP; contract (docs/parallel.md): step-1 loss within
+// global batch: dp2, tp2 in each Megatron mode, ISP, 2D-Attention's context parallelism (cp2, each
+// balance) and a Mistral model whose sliding window is shorter than its documents; contract (docs/parallel.md): step-1 loss within
 // 1e-3 relative and gradient norm within 1e-2. Every GEMM rounds its inputs to bf16 elementwise, so
 // sharding changes only fp32 summation orders; a changed order can move an activation across a
 // bf16 rounding boundary, hence the looser bounds than fp32's. The layout must also be closer to
 // the bf16 reference than the bf16 reference is to fp32, or its GEMMs were not bf16.
-#include "isp_parity.h"
+#include "cp_parity.h"
 
 #include "ops/precision.h"
 
@@ -25,7 +26,7 @@ void check_bf16_parity(const ParityCase& c) {
   const ParityErrors e = parity_errors(engine.full_layout(), got, ref);
   const ParityErrors vs32 = parity_errors(engine.full_layout(), ref, fp32);
   if (world()->rank() == 0)
-    std::printf("[bf16 parity] %-10s mode %-5s: step-1 loss %.6f rel err %.2e, grad norm %.6f "
+    std::printf("[bf16 parity] %-18s mode %-5s: step-1 loss %.6f rel err %.2e, grad norm %.6f "
                 "rel err %.2e, max grad err %.2e (%s), %d-step loss max rel err %.2e; bf16 vs "
                 "fp32 reference: loss %.2e, norm %.2e, grads %.2e\n",
                 c.name.c_str(), engine.mode().c_str(), ref.losses[0], e.loss1, ref.norms[0],
@@ -43,6 +44,23 @@ TEST(Bf16ParityNp2, Tp2Msp) { check_bf16_parity({"tp2 msp", layout(2, TensorMode
 TEST(Bf16ParityNp2, Tp2Fsp) { check_bf16_parity({"tp2 fsp", layout(2, TensorMode::kFsp)}); }
 TEST(Bf16ParityNp2, Isp2) { check_bf16_parity({"isp2", isp(2, 1)}); }
 TEST(Bf16ParityNp2, Isp2Weight2) { check_bf16_parity({"isp2 w2", isp(2, 2)}); }
+
+TEST(Bf16ParityNp2, Cp2EveryBalance) {
+  for (const char* b : kBalances) check_bf16_parity({std::string("cp2 ") + b, seq2d(2, 2, 1, b)});
+}
+TEST(Bf16ParityNp2, WindowIsp2AndCp2) {
+  ParityCase isp2{"isp2 window", isp(2, 1)};
+  isp2.model = windowed_model();
+  check_bf16_parity(isp2);
+  ParityCase tp2{"tp2 window", layout(2, TensorMode::kMtp)};
+  tp2.model = windowed_model();
+  check_bf16_parity(tp2);
+  for (const char* b : {"zigzag", "document"}) {
+    ParityCase cp2{std::string("cp2 window ") + b, seq2d(2, 2, 1, b)};
+    cp2.model = windowed_model();
+    check_bf16_parity(cp2);
+  }
+}
 
 }  // namespace
 }  // namespace longtron::testing

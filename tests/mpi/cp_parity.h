@@ -49,6 +49,17 @@ inline RowFn edge_rows(int64_t vocab) {
   };
 }
 
+/// A Mistral-type tiny model (no biases) whose sliding window of 3 keys is shorter than most
+/// documents of random_row and edge_rows, so a window ignored anywhere changes the losses.
+inline model::ModelConfig windowed_model(int kv_heads = 2) {
+  model::ModelConfig m = tiny_model(kv_heads);
+  m.type = "mistral";
+  m.qkv_bias = false;
+  m.o_bias = false;
+  m.sliding_window = 3;
+  return m;
+}
+
 const char* const kBalances[] = {"contiguous", "zigzag", "document"};
 
 }  // namespace longtron::testing

@@ -1,7 +1,8 @@
 // 2D-Attention through the engine on 4 ranks against one process (see cp_parity.h): hp1 x cp4
 // with 1 kv head, hp2 x cp2 (W = 4 with overlap, both placements; recomputation with 1 kv head
 // repeated), cp4 with window_size 2 interleaved, dp2 x (hp1 x cp2) with ZeRO-1, every balance,
-// edge rows and unpacked rows whose shards are all padding.
+// edge rows and unpacked rows whose shards are all padding; a Mistral model with a window (3)
+// shorter than its documents under hp2 x cp2 and cp4 for every balance.
 #include "cp_parity.h"
 
 namespace longtron::testing {
@@ -54,6 +55,18 @@ TEST(CpParityNp4, EdgeRowsAndPaddingShards) {
   IspCase u{"cp4 unpacked, shards all pad", seq2d(4, 4, 1, "contiguous")};
   u.row = unpacked_rows(8, 2, 4, u.model.vocab_size);
   check_isp_parity(u);
+}
+
+TEST(CpParityNp4, MistralWindowEveryBalance) {
+  for (const char* b : kBalances) {
+    IspCase c{std::string("hp2xcp2 window 3 edge rows ") + b, seq2d(4, 4, 2, b)};
+    c.model = windowed_model();
+    c.row = edge_rows(c.model.vocab_size);
+    check_isp_parity(c);
+    IspCase q{std::string("cp4 window 3 1 kv head ") + b, seq2d(4, 4, 1, b)};
+    q.model = windowed_model(1);
+    check_isp_parity(q);
+  }
 }
 
 }  // namespace
