@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "model/hf_config.h"
+#include "ops/precision.h"
 #include "train/checkpoint.h"
 #include "train/model_io.h"
 
@@ -27,7 +28,9 @@ struct ExportOptions {
 int run_export(const ExportOptions& o) {
   const fs::path out = o.output;
   check(!fs::exists(out) || fs::is_empty(out), "export: --output {} exists and is not empty", o.output);
-  check(o.dtype == "float32" || o.dtype == "bfloat16",
+  // InternEvo's spellings (torch.float32, torch.bfloat16) as model.dtype and eval --dtype take them.
+  const std::string dtype = ops::canonical_dtype(o.dtype);
+  check(dtype == "float32" || dtype == "bfloat16",
         "export: --dtype must be float32 or bfloat16, got \"{}\"", o.dtype);
   // Loading checks every tensor's name and shape before anything is written.
   const train::LoadedModel m = train::load_model_dir(o.checkpoint);
@@ -36,8 +39,8 @@ int run_export(const ExportOptions& o) {
   model::check_model_type(format, "export --format");
   // The config first: it refuses what the format cannot express before any tensor is copied.
   nlohmann::json hf = model::to_hf_config(config, 0, format);
-  const bool bf16 = o.dtype == "bfloat16";
-  hf["torch_dtype"] = o.dtype;
+  const bool bf16 = dtype == "bfloat16";
+  hf["torch_dtype"] = dtype;
   const train::HfTensors named = train::hf_named_tensors(*m.params, "", format);
   const fs::path tmp = out.string() + ".tmp-export";
   std::error_code ec;
@@ -71,7 +74,7 @@ int run_export(const ExportOptions& o) {
   std::string files;
   for (const auto& c : copied) files += ", " + c;
   fmt::print("export: {} -> {} ({} {} parameters, {}{})\n", m.dir.string(), o.output,
-             m.layout->numel(), format, o.dtype, copied.empty() ? ", no tokenizer found" : files);
+             m.layout->numel(), format, dtype, copied.empty() ? ", no tokenizer found" : files);
   return 0;
 }
 
@@ -84,7 +87,7 @@ Subcommand export_command(50, [](CLI::App& app) {
   sub->add_option("--format", o->format,
                   "Family to write: internlm2, llama, qwen2 or mistral (default: the model's own; "
                   "an InternLM2 model written as llama has its wqkv split into q/k/v_proj)");
-  sub->add_option("--dtype", o->dtype, "Tensor type: float32 (default) or bfloat16");
+  sub->add_option("--dtype", o->dtype, "Tensor type: float32 (default) or bfloat16 (torch.float32, torch.bfloat16 also accepted)");
   return [o] { return run_export(*o); };
 });
 

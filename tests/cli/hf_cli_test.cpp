@@ -117,6 +117,21 @@ TEST(HfCli, InternLM2CheckpointExportedAsLlamaTrainsFurther) {
   EXPECT_EQ(tensor(p.dir / "g_again", "model.layers.1.self_attn.q_proj.weight"),
             tensor(p.dir / "g_llama", "model.layers.1.self_attn.q_proj.weight"));
 
+  // --dtype bfloat16 (InternEvo's spelling too) writes BF16 tensors and says so in config.json;
+  // the values are the float32 export's rounded to bf16.
+  const fs::path half = p.dir / "llama_bf16";
+  r = run_longtron("export --checkpoint " + llama.string() + " --output " + half.string() +
+                   " --dtype torch.bfloat16");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(json::parse(read_file(half / "config.json"))["torch_dtype"], "bfloat16");
+  const st::Reader h(half);
+  const std::string q = "model.layers.1.self_attn.q_proj.weight";
+  EXPECT_EQ(h.file_of(q).info(q).dtype, st::DType::BF16);
+  const std::vector<float> full = a.file_of(q).read_floats(q), rounded = h.file_of(q).read_floats(q);
+  ASSERT_EQ(full.size(), rounded.size());
+  for (size_t i = 0; i < full.size(); ++i)
+    ASSERT_NEAR(rounded[i], full[i], std::abs(full[i]) * 0x1p-8) << q << " [" << i << "]";
+
   // A TOML that names another family is refused, naming both.
   r = run_longtron("train --config " + (p.dir / "ft_again.toml").string() + " --init-from " +
                    again.string() + " --set model.type=\"internlm2\" --overwrite");
