@@ -4,7 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -85,6 +90,35 @@ inline CommandResult mpirun_longtron(int np, const std::string& args) {
   return run_command("OMP_NUM_THREADS=1 timeout 120 mpirun -np " + std::to_string(np) +
                      " --oversubscribe --allow-run-as-root --bind-to none " + LONGTRON_BINARY +
                      " " + args + " 2>&1");
+}
+
+/// step → loss of the training rows of a metrics file (JSON lines; validation rows skipped).
+inline std::map<int64_t, double> losses(const std::filesystem::path& metrics) {
+  std::map<int64_t, double> out;
+  std::istringstream in(read_file(metrics));
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return out;
+}
+
+/// The largest |got − ref| / |ref| over the steps of `got`, each of which must be in `ref`.
+inline double max_rel_error(const std::map<int64_t, double>& got,
+                            const std::map<int64_t, double>& ref) {
+  double e = 0;
+  for (const auto& [step, loss] : got) {
+    EXPECT_TRUE(ref.count(step)) << "step " << step;
+    if (ref.count(step)) e = std::max(e, std::abs(loss - ref.at(step)) / std::abs(ref.at(step)));
+  }
+  return e;
+}
+
+/// max_rel_error of two runs that must have logged the same steps.
+inline double max_rel_error_same_steps(const std::map<int64_t, double>& got,
+                                       const std::map<int64_t, double>& ref) {
+  EXPECT_EQ(got.size(), ref.size());
+  return max_rel_error(got, ref);
 }
 
 }  // namespace longtron::testing

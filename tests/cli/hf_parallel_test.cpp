@@ -13,6 +13,8 @@
 namespace fs = std::filesystem;
 using longtron::testing::english_document;
 using longtron::testing::jsonl_of;
+using longtron::testing::losses;
+using longtron::testing::max_rel_error_same_steps;
 using longtron::testing::mpirun_longtron;
 using longtron::testing::prepare_corpus;
 using longtron::testing::read_file;
@@ -23,24 +25,6 @@ using longtron::testing::write_file;
 using nlohmann::json;
 
 namespace {
-
-std::map<int64_t, double> losses(const fs::path& metrics) {
-  std::map<int64_t, double> out;
-  std::istringstream in(read_file(metrics));
-  for (std::string line; std::getline(in, line);) {
-    const auto j = json::parse(line);
-    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return out;
-}
-
-double max_rel_error(const std::map<int64_t, double>& got, const std::map<int64_t, double>& ref) {
-  EXPECT_EQ(got.size(), ref.size());
-  double e = 0;
-  for (const auto& [step, loss] : got)
-    if (ref.count(step)) e = std::max(e, std::abs(loss - ref.at(step)) / std::abs(ref.at(step)));
-  return e;
-}
 
 TEST(HfParallel, MistralWindowMatchesOneProcessInEveryAttentionLayout) {
   TempDir dir;
@@ -78,7 +62,7 @@ TEST(HfParallel, MistralWindowMatchesOneProcessInEveryAttentionLayout) {
   ASSERT_EQ(ref.size(), 3u);
   r = run_longtron(args(hf, "full", ""));
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_GT(max_rel_error(losses(dir / "full" / "metrics.jsonl"), ref), 1e-3)
+  EXPECT_GT(max_rel_error_same_steps(losses(dir / "full" / "metrics.jsonl"), ref), 1e-3)
       << "the window changes nothing: the test would not see it ignored";
 
   const std::string cp2 =
@@ -95,7 +79,7 @@ TEST(HfParallel, MistralWindowMatchesOneProcessInEveryAttentionLayout) {
   for (const auto& [name, extra] : layouts) {
     r = mpirun_longtron(2, args(windowed, name, extra));
     ASSERT_EQ(r.status, 0) << name << "\n" << r.output;
-    const double e = max_rel_error(losses(dir / name / "metrics.jsonl"), ref);
+    const double e = max_rel_error_same_steps(losses(dir / name / "metrics.jsonl"), ref);
     EXPECT_LT(e, 1e-4) << name;
     std::printf("[hf-parallel] mistral window 16, %s np2: max rel loss err vs one process %.2e\n",
                 name.c_str(), e);

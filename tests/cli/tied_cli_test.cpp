@@ -16,6 +16,8 @@ namespace fs = std::filesystem;
 namespace st = longtron::safetensors;
 using longtron::testing::english_document;
 using longtron::testing::jsonl_of;
+using longtron::testing::losses;
+using longtron::testing::max_rel_error_same_steps;
 using longtron::testing::mpirun_longtron;
 using longtron::testing::prepare_corpus;
 using longtron::testing::read_file;
@@ -26,24 +28,6 @@ using longtron::testing::write_file;
 using nlohmann::json;
 
 namespace {
-
-std::map<int64_t, double> losses(const fs::path& metrics) {
-  std::map<int64_t, double> out;
-  std::istringstream in(read_file(metrics));
-  for (std::string line; std::getline(in, line);) {
-    const auto j = json::parse(line);
-    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return out;
-}
-
-double max_rel_error(const std::map<int64_t, double>& got, const std::map<int64_t, double>& ref) {
-  EXPECT_EQ(got.size(), ref.size());
-  double e = 0;
-  for (const auto& [step, loss] : got)
-    if (ref.count(step)) e = std::max(e, std::abs(loss - ref.at(step)) / std::abs(ref.at(step)));
-  return e;
-}
 
 /// Copies the Hugging Face folder `from` to `to` with tie_word_embeddings = true and without
 /// lm_head.weight (the layout of a tied Hugging Face checkpoint).
@@ -128,7 +112,7 @@ TEST(TiedCli, DataParallelMatchesOneProcessAndTensorModesRefuse) {
   for (const auto& [name, extra] : dp) {
     r = mpirun_longtron(2, args(name, extra));
     ASSERT_EQ(r.status, 0) << name << "\n" << r.output;
-    const double e = max_rel_error(losses(dir / name / "metrics.jsonl"), ref);
+    const double e = max_rel_error_same_steps(losses(dir / name / "metrics.jsonl"), ref);
     EXPECT_LT(e, 1e-4) << name;
     std::printf("[tied] qwen2 tied, %s np 2: max rel loss err vs one process %.2e\n", name, e);
   }

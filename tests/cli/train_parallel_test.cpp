@@ -15,6 +15,8 @@ namespace fs = std::filesystem;
 using longtron::testing::mpirun_longtron;
 using longtron::testing::english_document;
 using longtron::testing::jsonl_of;
+using longtron::testing::losses;
+using longtron::testing::max_rel_error;
 using longtron::testing::prepare_corpus;
 using longtron::testing::read_file;
 using longtron::testing::run_command;
@@ -48,26 +50,6 @@ struct Prepared {
            (dir / run / "ckpt").string() + "\" " + extra;
   }
 };
-
-/// step → loss of the training rows of a metrics file.
-std::map<int64_t, double> losses(const fs::path& metrics) {
-  std::map<int64_t, double> out;
-  std::istringstream in(read_file(metrics));
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return out;
-}
-
-double max_rel_error(const std::map<int64_t, double>& got, const std::map<int64_t, double>& ref) {
-  double e = 0;
-  for (const auto& [step, loss] : got) {
-    EXPECT_TRUE(ref.count(step)) << "step " << step;
-    if (ref.count(step)) e = std::max(e, std::abs(loss - ref.at(step)) / std::abs(ref.at(step)));
-  }
-  return e;
-}
 
 TEST(TrainParallel, TensorParallelMatchesOneProcessAndResumesInAnotherLayout) {
   Prepared p;
