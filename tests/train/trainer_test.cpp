@@ -6,6 +6,7 @@
 #include <random>
 
 #include "../test_util.h"
+#include "arithmetic_dataset.h"
 #include "comm/communicator.h"
 #include "comm/process_grid.h"
 #include "core/error.h"
@@ -27,20 +28,9 @@ using longtron::testing::TempDir;
 
 namespace {
 
-/// Documents with learnable structure: arithmetic runs a, a+s, a+2s, … (mod 60, ids 2…61) of
-/// random start, stride and length, written as a Megatron dataset at dir/data.
+/// The arithmetic-run corpus (arithmetic_dataset.h) with documents of 8 … 47 tokens.
 void write_dataset(const fs::path& dir, int documents, uint32_t seed) {
-  fs::create_directories(dir);
-  data::MegatronWriter w(dir / "data", data::MegatronDtype::kInt32);
-  std::mt19937 rng(seed);
-  for (int d = 0; d < documents; ++d) {
-    const int start = static_cast<int>(rng() % 60), stride = 1 + static_cast<int>(rng() % 3);
-    const int len = 8 + static_cast<int>(rng() % 40);
-    std::vector<int32_t> ids;
-    for (int i = 0; i < len; ++i) ids.push_back(2 + (start + i * stride) % 60);
-    w.add_document(ids.data(), ids.size());
-  }
-  w.finish();
+  longtron::testing::write_arithmetic_dataset(dir, documents, seed, 40);
 }
 
 std::string tiny_toml(const fs::path& root) {
