@@ -9,7 +9,7 @@
 #include <random>
 
 #include "../test_util.h"
-#include "arithmetic_dataset.h"
+#include "trainer_fixture.h"
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/safetensors.h"
@@ -23,11 +23,13 @@
 
 namespace fs = std::filesystem;
 using namespace longtron;
+using longtron::testing::quiet;
 using longtron::testing::TempDir;
+using longtron::testing::train_run;
 
 namespace {
 
-/// The arithmetic-run corpus (arithmetic_dataset.h) with documents of 8 … 127 tokens.
+/// The arithmetic-run corpus (trainer_fixture.h) with documents of 8 … 127 tokens.
 void write_dataset(const fs::path& dir, int documents, uint32_t seed) {
   longtron::testing::write_arithmetic_dataset(dir, documents, seed, 120);
 }
@@ -46,18 +48,6 @@ struct Small {
     return train::parse_config(toml, "small.toml", overrides);
   }
 };
-
-train::TrainOptions quiet() {
-  train::TrainOptions o;
-  o.console = false;
-  o.progress = false;
-  o.sgemm_size = 128;
-  return o;
-}
-
-train::TrainSummary train_run(const train::TrainConfig& c, const train::TrainOptions& o) {
-  return train::run_training(c, o, comm::make_local_communicator());
-}
 
 bool native_bf16() { return ops::cpu_has_avx512_bf16() && ops::gemm_backend().native_bf16; }
 

@@ -6,7 +6,7 @@
 #include <random>
 
 #include "../test_util.h"
-#include "arithmetic_dataset.h"
+#include "trainer_fixture.h"
 #include "comm/communicator.h"
 #include "comm/process_grid.h"
 #include "core/error.h"
@@ -24,11 +24,13 @@
 
 namespace fs = std::filesystem;
 using namespace longtron;
+using longtron::testing::quiet;
 using longtron::testing::TempDir;
+using longtron::testing::train_run;
 
 namespace {
 
-/// The arithmetic-run corpus (arithmetic_dataset.h) with documents of 8 … 47 tokens.
+/// The arithmetic-run corpus (trainer_fixture.h) with documents of 8 … 47 tokens.
 void write_dataset(const fs::path& dir, int documents, uint32_t seed) {
   longtron::testing::write_arithmetic_dataset(dir, documents, seed, 40);
 }
@@ -52,18 +54,6 @@ struct Tiny {
     return train::parse_config(tiny_toml(dir.path()), "tiny.toml", overrides);
   }
 };
-
-train::TrainOptions quiet() {
-  train::TrainOptions o;
-  o.console = false;
-  o.progress = false;
-  o.sgemm_size = 128;
-  return o;
-}
-
-train::TrainSummary train_run(const train::TrainConfig& c, const train::TrainOptions& o) {
-  return train::run_training(c, o, comm::make_local_communicator());
-}
 
 TEST(Trainer, LossFallsAndValidRowsAtStartEveryAndEnd) {
   Tiny t;

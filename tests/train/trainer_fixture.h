@@ -1,12 +1,15 @@
-// A learnable synthetic corpus for the trainer tests: arithmetic runs a, a+s, a+2s, … (mod 60,
-// ids 2…61) of random start, stride and length, written as a Megatron dataset at dir/data.
+// Shared by the trainer tests: a learnable synthetic corpus (arithmetic runs a, a+s, a+2s, … mod 60,
+// ids 2…61, of random start, stride and length, written as a Megatron dataset at dir/data) and a
+// quiet one-process run of the trainer.
 #pragma once
 #include <cstdint>
 #include <filesystem>
 #include <random>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "data/megatron.h"
+#include "train/trainer.h"
 
 namespace longtron::testing {
 
@@ -24,6 +27,20 @@ inline void write_arithmetic_dataset(const std::filesystem::path& dir, int docum
     w.add_document(ids.data(), ids.size());
   }
   w.finish();
+}
+
+/// Trainer options for tests: no console, no progress bar, a small start-up GEMM timing.
+inline train::TrainOptions quiet() {
+  train::TrainOptions o;
+  o.console = false;
+  o.progress = false;
+  o.sgemm_size = 128;
+  return o;
+}
+
+/// run_training on one process.
+inline train::TrainSummary train_run(const train::TrainConfig& c, const train::TrainOptions& o) {
+  return train::run_training(c, o, comm::make_local_communicator());
 }
 
 }  // namespace longtron::testing
