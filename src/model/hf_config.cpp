@@ -85,9 +85,11 @@ std::string detect_type(const json& hf, const std::string& source) {
             return s;
           }());
   }
-  check(from_type.empty() || from_arch.empty() || from_type == from_arch,
-        "{}: model_type \"{}\" and architectures {} name different families", source, from_type,
-        hf["architectures"].dump());
+  // Both were read when both are set; otherwise the message is never formatted (a const json's
+  // operator[] on a missing key is undefined behaviour, so no argument may touch one).
+  if (!from_type.empty() && !from_arch.empty())
+    check(from_type == from_arch, "{}: model_type \"{}\" and architectures {} name different families",
+          source, from_type, hf["architectures"].dump());
   if (from_type.empty() && from_arch.empty()) return "internlm2";  // longtron's own default
   return from_type.empty() ? from_arch : from_type;
 }
