@@ -25,7 +25,7 @@
 #include <random>
 #include <vector>
 
-#include "core/threads.h"
+#include "ops/threads.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
 
@@ -268,7 +268,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
 };
 
 int main(int argc, char** argv) {
-  longtron::ensure_passive_omp_wait(argv);  // see core/threads.h: spinning OpenMP workers starve the BLAS
+  longtron::ensure_passive_omp_wait(argv);  // see ops/threads.h: spinning OpenMP workers starve the BLAS
   const char* env = std::getenv("OMP_NUM_THREADS");
   const int threads = longtron::set_num_threads(env != nullptr ? std::atoi(env) : 0);
   benchmark::Initialize(&argc, argv);

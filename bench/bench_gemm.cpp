@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "core/safetensors.h"
-#include "core/threads.h"
+#include "ops/threads.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
 

@@ -31,7 +31,7 @@
 
 #include "comm/communicator.h"
 #include "comm/process_grid.h"
-#include "core/threads.h"
+#include "ops/threads.h"
 #include "data/memory_source.h"
 #include "data/pack.h"
 #include "model/internlm2.h"

@@ -25,7 +25,7 @@
 
 #include "comm/communicator.h"
 #include "comm/process_grid.h"
-#include "core/threads.h"
+#include "ops/threads.h"
 #include "data/loader.h"
 #include "data/memory_source.h"
 #include "model/internlm2.h"
@@ -122,7 +122,7 @@ int sum_l2_report(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  longtron::ensure_passive_omp_wait(argv);  // see core/threads.h: spinning OpenMP workers starve the BLAS
+  longtron::ensure_passive_omp_wait(argv);  // see ops/threads.h: spinning OpenMP workers starve the BLAS
   if (flag(argc, argv, "--sum-l2")) return sum_l2_report(argc, argv);
   comm::CommPtr world = comm::init(argc, argv);
   int status = comm::abort_on_error([&] {

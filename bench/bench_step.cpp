@@ -24,7 +24,7 @@
 #include <random>
 #include <vector>
 
-#include "core/threads.h"
+#include "ops/threads.h"
 #include "data/batch.h"
 #include "model/internlm2.h"
 #include "ops/ops.h"

@@ -18,7 +18,7 @@
 #include "comm/process_grid.h"
 #include "parallel/engine.h"
 #include "train/config.h"
-#include "core/threads.h"
+#include "ops/threads.h"
 
 using namespace longtron;
 
@@ -111,7 +111,7 @@ Bytes formula(const model::ModelConfig& m, int64_t N, int x, int y) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  longtron::ensure_passive_omp_wait(argv);  // see core/threads.h: spinning OpenMP workers starve the BLAS
+  longtron::ensure_passive_omp_wait(argv);  // see ops/threads.h: spinning OpenMP workers starve the BLAS
   comm::CommPtr world = comm::init(argc, argv);
   const std::string path = argc > 1 ? argv[1] : "configs/tp_bench.toml";
   const int steps = argc > 2 ? std::stoi(argv[2]) : 5;

@@ -25,7 +25,7 @@
 #include "data/megatron.h"
 #include "train/config.h"
 #include "train/trainer.h"
-#include "core/threads.h"
+#include "ops/threads.h"
 
 namespace fs = std::filesystem;
 using namespace longtron;
@@ -112,7 +112,7 @@ std::vector<double> run_child(const std::string& self, int64_t micro_bsz, int64_
 }  // namespace
 
 int main(int argc, char** argv) {
-  longtron::ensure_passive_omp_wait(argv);  // see core/threads.h: spinning OpenMP workers starve the BLAS
+  longtron::ensure_passive_omp_wait(argv);  // see ops/threads.h: spinning OpenMP workers starve the BLAS
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.size() == 5 && args[0] == "--child")
     return child(std::atoll(args[1].c_str()), std::atoll(args[2].c_str()), args[3], args[4]);

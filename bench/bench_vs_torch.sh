@@ -3,7 +3,7 @@
 # PyTorch eager fp32 and torch.autocast bf16 (bench/torch_step.py) on the same model shape and a
 # packed row of the same length and document-length distribution, with the same thread count, in
 # one run; prints tokens/s and the ratios (docs/benchmarks.md).
-# PyTorch runs with OMP_WAIT_POLICY=passive, the policy longtron sets for itself (core/threads.h):
+# PyTorch runs with OMP_WAIT_POLICY=passive, the policy longtron sets for itself (ops/threads.h):
 # with libgomp's default spinning, PyTorch's many small parallel ops ran 5-10x slower on a loaded
 # machine. Needs Debian's python3-torch (apt-get install python3-torch); a benchmark, never a test.
 # Usage: bench/bench_vs_torch.sh [BUILD_DIR] [STEPS] [THREADS]   (THREADS: default all cores)

@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "core/plural.h"
 #include "core/phase.h"
-#include "core/threads.h"
+#include "ops/threads.h"
 #include "data/open.h"
 #include "data/validate.h"
 #include "parallel/engine.h"

@@ -13,7 +13,7 @@
 
 #include "cli/registry.h"
 #include "core/error.h"
-#include "core/threads.h"
+#include "ops/threads.h"
 #include "data/chat_template.h"
 #include "data/tokenizer.h"
 #include "train/model_io.h"

@@ -9,7 +9,7 @@
 #include "cli/registry.h"
 #include "core/error.h"
 #include "core/phase.h"
-#include "core/threads.h"
+#include "ops/threads.h"
 
 namespace longtron::cli {
 

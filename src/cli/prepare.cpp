@@ -17,7 +17,7 @@
 #include "core/io_error.h"
 #include "core/plural.h"
 #include "core/progress.h"
-#include "core/threads.h"
+#include "ops/threads.h"
 #include "data/chat_template.h"
 #include "data/internevo.h"
 #include "data/megatron.h"

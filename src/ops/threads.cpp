@@ -1,4 +1,4 @@
-#include "core/threads.h"
+#include "ops/threads.h"
 
 #include <omp.h>
 

@@ -6,7 +6,7 @@
 #include <array>
 #include <cstdint>
 
-namespace longtron::train::font {
+namespace longtron::report::font {
 
 inline constexpr int kGlyphWidth = 5;
 inline constexpr int kGlyphHeight = 7;
@@ -74,4 +74,4 @@ constexpr Glyph glyph(char c) {
   return {'?', {0b11111, 0b10001, 0b10001, 0b10001, 0b10001, 0b10001, 0b11111}};
 }
 
-}  // namespace longtron::train::font
+}  // namespace longtron::report::font

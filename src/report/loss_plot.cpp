@@ -1,5 +1,6 @@
-// The loss picture of metrics.h: a PNG line chart drawn on a small raster (train/raster.h) with a
-// 5×7 bitmap font, so that no plotting or font dependency is needed.
+// The loss picture (see loss_plot.h).
+#include "report/loss_plot.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -9,10 +10,8 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/io_error.h"
-#include "train/metrics.h"
-#include "train/raster.h"
 
-namespace longtron::train {
+namespace longtron::report {
 namespace fs = std::filesystem;
 using raster::Image;
 using raster::Rgb;
@@ -24,7 +23,7 @@ constexpr int kRight = 24, kTop = 44, kBottom = 64;      // plot-area margins (p
 constexpr int kScale = 2;                                 // font pixel size: 10×14 px glyphs
 constexpr Rgb kBlack{0, 0, 0}, kGrid{225, 225, 225}, kBorder{150, 150, 150}, kWhite{255, 255, 255};
 
-using Points = std::vector<std::pair<double, double>>;
+using Points = LossPoints;
 
 /// Data ranges and the mapping from (step, loss) to pixel coordinates.
 struct Frame {
@@ -151,13 +150,13 @@ void draw_legend(Image& img, int left, bool train, bool valid) {
 
 }  // namespace
 
-void write_loss_plot(const fs::path& path, const std::vector<TrainRow>& train,
-                     const std::vector<ValidRow>& valid, const std::string& title) {
+void write_loss_plot(const fs::path& path, const LossPoints& train, const LossPoints& valid,
+                     const std::string& title) {
   Points tp, vp;
-  for (const auto& r : train)
-    if (std::isfinite(r.loss)) tp.emplace_back(double(r.step), r.loss);
-  for (const auto& r : valid)
-    if (std::isfinite(r.valid_loss)) vp.emplace_back(double(r.step), r.valid_loss);
+  for (const auto& p : train)
+    if (std::isfinite(p.second)) tp.push_back(p);
+  for (const auto& p : valid)
+    if (std::isfinite(p.second)) vp.push_back(p);
   const Frame f = frame_of(tp, vp);
 
   Image img(kWidth, kHeight, kWhite);
@@ -176,4 +175,4 @@ void write_loss_plot(const fs::path& path, const std::vector<TrainRow>& train,
   });
 }
 
-}  // namespace longtron::train
+}  // namespace longtron::report

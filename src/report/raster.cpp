@@ -1,5 +1,5 @@
 // Raster drawing and PNG encoding for raster.h.
-#include "train/raster.h"
+#include "report/raster.h"
 
 #include <zlib.h>
 
@@ -7,9 +7,9 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "train/bitmap_font.h"
+#include "report/bitmap_font.h"
 
-namespace longtron::train::raster {
+namespace longtron::report::raster {
 
 Image::Image(int width, int height, Rgb background) : width_(width), height_(height) {
   check(width > 0 && height > 0, "raster: image size {}x{} must be positive", width, height);
@@ -144,4 +144,4 @@ std::string encode_png(const Image& image) {
   return png;
 }
 
-}  // namespace longtron::train::raster
+}  // namespace longtron::report::raster

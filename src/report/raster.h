@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-namespace longtron::train::raster {
+namespace longtron::report::raster {
 
 /// An 8-bit sRGB colour.
 struct Rgb {
@@ -56,4 +56,4 @@ void draw_text_up(Image& image, std::string_view text, int x, int y, int scale, 
 /// fails.
 std::string encode_png(const Image& image);
 
-}  // namespace longtron::train::raster
+}  // namespace longtron::report::raster

@@ -186,4 +186,12 @@ fs::path MetricsWriter::plot_path() const {
   return path_.parent_path() / (path_.stem().string() + ".png");
 }
 
+void write_loss_plot(const fs::path& path, const std::vector<TrainRow>& train,
+                     const std::vector<ValidRow>& valid, const std::string& title) {
+  report::LossPoints tp, vp;
+  for (const TrainRow& r : train) tp.emplace_back(double(r.step), r.loss);
+  for (const ValidRow& r : valid) vp.emplace_back(double(r.step), r.valid_loss);
+  report::write_loss_plot(path, tp, vp, title);
+}
+
 }  // namespace longtron::train

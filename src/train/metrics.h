@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "train/raster.h"
+#include "report/loss_plot.h"
 
 namespace longtron::train {
 
@@ -98,14 +98,13 @@ std::string to_json_line(const ValidRow& row);
 void read_metrics(const std::filesystem::path& path, std::vector<TrainRow>& train,
                   std::vector<ValidRow>& valid);
 
-/// Curve colours of the loss picture (tests look for them).
-inline constexpr raster::Rgb kTrainLossColor{31, 119, 180};
-inline constexpr raster::Rgb kValidLossColor{214, 39, 40};
+/// Curve colours of the loss picture (report/loss_plot.h; tests look for them).
+using report::kTrainLossColor;
+using report::kValidLossColor;
 
-/// Writes an 800×480 PNG line chart (white background, grid, axes with ticks and tick labels, axis
-/// titles, legend, `title` on top): train loss per step and valid loss at its steps (with
-/// markers), loss on the y axis. Non-finite values are skipped; either series may be empty.
-/// Atomic. Throws Error naming the file when it cannot be written.
+/// The loss picture of these rows (report::write_loss_plot: train loss per step, valid loss at its
+/// steps, non-finite values skipped). Atomic. Throws Error naming the file when it cannot be
+/// written.
 void write_loss_plot(const std::filesystem::path& path, const std::vector<TrainRow>& train,
                      const std::vector<ValidRow>& valid, const std::string& title = "loss");
 

@@ -12,7 +12,7 @@
 #include "core/plural.h"
 #include "core/phase.h"
 #include "core/safetensors.h"
-#include "core/threads.h"
+#include "ops/threads.h"
 #include "data/context_split.h"
 #include "data/open.h"
 #include "data/validate.h"

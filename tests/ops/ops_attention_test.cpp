@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
-#include "core/threads.h"
+#include "ops/threads.h"
 #include "fd_check.h"
 #include "ops/ops.h"
 #include "ops/precision.h"

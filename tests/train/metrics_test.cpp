@@ -32,7 +32,7 @@ tr::TrainRow row(int64_t step, double loss) {
 struct Decoded {
   uint32_t width = 0, height = 0;
   std::vector<uint8_t> rgb;
-  size_t count(tr::raster::Rgb c) const {
+  size_t count(longtron::report::raster::Rgb c) const {
     size_t n = 0;
     for (size_t i = 0; i + 2 < rgb.size(); i += 3) n += rgb[i] == c.r && rgb[i + 1] == c.g && rgb[i + 2] == c.b;
     return n;
