@@ -30,13 +30,13 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/process_grid.h"
-#include "ops/threads.h"
 #include "data/memory_source.h"
 #include "data/pack.h"
 #include "model/internlm2.h"
+#include "ops/threads.h"
 #include "parallel/engine.h"
 #include "parallel/isp_attention.h"
+#include "parallel/layout.h"
 #include "train/optimizer.h"
 #include "train/step.h"
 
@@ -120,9 +120,9 @@ int main(int argc, char** argv) {
   const int64_t P = a.at("tokens");
   const data::MicroBatch row = long_row(P, c.vocab_size);
 
-  comm::Layout layout;
+  parallel::Layout layout;
   layout.tensor_size = T;
-  layout.tensor_mode = comm::TensorMode::kIsp;
+  layout.tensor_mode = parallel::TensorMode::kIsp;
   layout.weight_size = T;
   layout.weight_overlap = a.at("overlap") != 0;
   const int C = int(a.at("cp"));
@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
     layout.seq2d_head = T / C;
     layout.seq2d_balance = kBalance[std::clamp<long>(a.at("balance"), 0, 2)];
   }
-  comm::ProcessGrid grid = comm::make_process_grid(world, layout);
+  parallel::Grid grid = parallel::make_grid(world, layout);
   parallel::ParallelEngine engine(c, grid, 42, P);
   train::OptimizerConfig oc;
   train::AdamW adam(engine.local_layout(), oc, grid.zero1);

@@ -24,12 +24,12 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/process_grid.h"
-#include "ops/threads.h"
 #include "data/loader.h"
 #include "data/memory_source.h"
 #include "model/internlm2.h"
+#include "ops/threads.h"
 #include "parallel/engine.h"
+#include "parallel/layout.h"
 #include "train/optimizer.h"
 #include "train/step.h"
 
@@ -126,13 +126,13 @@ int main(int argc, char** argv) {
   if (flag(argc, argv, "--sum-l2")) return sum_l2_report(argc, argv);
   comm::CommPtr world = comm::init(argc, argv);
   int status = comm::abort_on_error([&] {
-    comm::Layout layout;
+    parallel::Layout layout;
     layout.tensor_size = std::stoi(arg(argc, argv, "--tp", "1"));
-    layout.tensor_mode = comm::parse_tensor_mode(arg(argc, argv, "--mode", "mtp"), "--mode");
+    layout.tensor_mode = parallel::parse_tensor_mode(arg(argc, argv, "--mode", "mtp"), "--mode");
     layout.zero1_size = std::stoi(arg(argc, argv, "--zero1", "1"));
     const int steps = std::stoi(arg(argc, argv, "--steps", "3"));
     set_num_threads(0, world->size());  // cores ÷ ranks (one machine)
-    comm::ProcessGrid grid = comm::make_process_grid(world, layout);
+    parallel::Grid grid = parallel::make_grid(world, layout);
     const data::DataConfig dc = small_data();
     data::BatchLoader loader(synthetic_dataset(4000, 8192), dc, grid.dp);
     parallel::ParallelEngine engine(small_model(), grid, 1, dc.pack.packed_length());

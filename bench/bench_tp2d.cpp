@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/process_grid.h"
-#include "parallel/engine.h"
-#include "train/config.h"
 #include "ops/threads.h"
+#include "parallel/engine.h"
+#include "parallel/layout.h"
+#include "train/config.h"
 
 using namespace longtron;
 
@@ -46,9 +46,9 @@ struct Measured {
   double step_s = 0;
 };
 
-Measured measure(const model::ModelConfig& m, const comm::CommPtr& world, const comm::Layout& l,
+Measured measure(const model::ModelConfig& m, const comm::CommPtr& world, const parallel::Layout& l,
                  int64_t P, int steps) {
-  comm::ProcessGrid grid = comm::make_process_grid(world, l);
+  parallel::Grid grid = parallel::make_grid(world, l);
   parallel::ParallelEngine engine(m, grid, 1, P);
   const data::MicroBatch row = bench_row(P, m.vocab_size);
   const std::vector<std::pair<std::string, comm::CommPtr>> groups = {
@@ -128,18 +128,18 @@ int main(int argc, char** argv) {
                 (long long)m.vocab_size, L, (long long)P, world->size());
   struct Case {
     std::string name;
-    comm::Layout layout;
+    parallel::Layout layout;
     int x, y;  // for the formula (y = 0: MSP with t = x)
   };
   std::vector<Case> cases;
   {
-    comm::Layout msp;
+    parallel::Layout msp;
     msp.tensor_size = world->size();
-    msp.tensor_mode = comm::TensorMode::kMsp;
+    msp.tensor_mode = parallel::TensorMode::kMsp;
     cases.push_back({"1D tp" + std::to_string(world->size()) + " msp", msp, world->size(), 0});
   }
   for (const char* o : {"none", "ag_with_matmul", "matmul_with_rs"}) {
-    comm::Layout l;
+    parallel::Layout l;
     l.tensor_2d_x = 2, l.tensor_2d_y = world->size() / 2, l.tensor_2d_overlap = o;
     cases.push_back({std::string("2D x2 y") + std::to_string(world->size() / 2) + " " + o, l, 2,
                      world->size() / 2});

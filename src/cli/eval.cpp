@@ -8,14 +8,14 @@
 
 #include "cli/registry.h"
 #include "comm/communicator.h"
-#include "comm/process_grid.h"
 #include "core/error.h"
-#include "core/plural.h"
 #include "core/phase.h"
-#include "ops/threads.h"
+#include "core/plural.h"
 #include "data/open.h"
 #include "data/validate.h"
+#include "ops/threads.h"
 #include "parallel/engine.h"
+#include "parallel/layout.h"
 #include "train/evaluate.h"
 #include "train/memory_plan.h"
 #include "train/model_io.h"
@@ -66,11 +66,11 @@ int eval_on(const EvalOptions& o, const comm::CommPtr& world) {
   const data::Dataset dataset = data::open_dataset(o.data);
   // eval reads every token anyway: check ids first so the error names the file and document.
   data::validate_dataset(dataset, m.layout->config().vocab_size);
-  comm::Layout layout;  // dp × tensor over the world; one rank: the dense mode
+  parallel::Layout layout;  // dp × tensor over the world; one rank: the dense mode
   layout.tensor_size = o.tensor_size;
-  layout.tensor_mode = comm::parse_tensor_mode(o.tensor_mode, "--tensor-mode");
+  layout.tensor_mode = parallel::parse_tensor_mode(o.tensor_mode, "--tensor-mode");
   if (o.context_size > 1) {  // 2D-Attention: head parallel × context parallel inside TENSOR
-    check(layout.tensor_mode == comm::TensorMode::kIsp && o.tensor_size % o.context_size == 0,
+    check(layout.tensor_mode == parallel::TensorMode::kIsp && o.tensor_size % o.context_size == 0,
           "eval: --context-size {} needs --tensor-mode isp and a --tensor-size it divides (got {} {})",
           o.context_size, o.tensor_mode, o.tensor_size);
     layout.seq2d = true;
@@ -79,7 +79,7 @@ int eval_on(const EvalOptions& o, const comm::CommPtr& world) {
     layout.seq2d_balance = o.context_balance;
   }
   const auto engine =
-      train::load_into_engine(m, comm::make_process_grid(world, layout), pack.packed_length());
+      train::load_into_engine(m, parallel::make_grid(world, layout), pack.packed_length());
   const train::EvalResult r = train::evaluate_documents(*engine, dataset, pack);
   // A loss of 0 would read as a perfect model: with no label there is no loss to report.
   check(r.count > 0, "{}: no token has a label ({}, every target masked: negative ids "

@@ -13,9 +13,9 @@
 
 #include "cli/registry.h"
 #include "core/error.h"
-#include "ops/threads.h"
 #include "data/chat_template.h"
 #include "data/tokenizer.h"
+#include "ops/threads.h"
 #include "train/model_io.h"
 
 namespace longtron::cli {
@@ -63,7 +63,7 @@ int run_generate(const GenerateOptions& o) {
   const ops::ComputeTypeScope precision(train::loaded_compute_type(m, o.dtype));
   // One process: the engine's dense mode (the one way into the model).
   const auto engine = train::load_into_engine(
-      m, comm::make_process_grid(comm::make_local_communicator(), comm::Layout{}));
+      m, parallel::make_grid(comm::make_local_communicator(), parallel::Layout{}));
   check(!m.tokenizer.empty(), "generate: no tokenizer.model in {} or next to its training data",
         m.dir.string());
   const data::Tokenizer tok = data::Tokenizer::load(m.tokenizer);

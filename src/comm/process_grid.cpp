@@ -1,4 +1,4 @@
-// Group arithmetic and validation of a parallel layout (see process_grid.h).
+// Group arithmetic of a process grid (see process_grid.h).
 #include "comm/process_grid.h"
 
 #include <algorithm>
@@ -6,24 +6,6 @@
 #include "core/error.h"
 
 namespace longtron::comm {
-
-TensorMode parse_tensor_mode(const std::string& name, const std::string& key) {
-  if (name == "mtp") return TensorMode::kMtp;
-  if (name == "msp") return TensorMode::kMsp;
-  if (name == "fsp") return TensorMode::kFsp;
-  if (name == "isp") return TensorMode::kIsp;
-  fail("{} = \"{}\": expected one of \"mtp\", \"msp\", \"fsp\", \"isp\"", key, name);
-}
-
-const char* tensor_mode_name(TensorMode mode) {
-  switch (mode) {
-    case TensorMode::kMtp: return "mtp";
-    case TensorMode::kMsp: return "msp";
-    case TensorMode::kFsp: return "fsp";
-    case TensorMode::kIsp: return "isp";
-  }
-  return "unknown";
-}
 
 const char* group_name(Group group) {
   switch (group) {
@@ -39,120 +21,29 @@ const char* group_name(Group group) {
   return "unknown";
 }
 
-static bool is_isp(const Layout& l) { return !l.is_2d() && l.tensor_mode == TensorMode::kIsp; }
-
-// Size of the group ZeRO-1 shards live in: WEIGHT_DATA under ISP, DATA otherwise.
-static int zero1_parent_size(const Layout& l, int world) {
-  return is_isp(l) ? world / l.weight_size : world / l.tp();
+void validate_grid(const GridShape& s, int world) {
+  check(world >= 1 && s.tp >= 1 && s.weight >= 0 && s.x >= 0 && s.y >= 0,
+        "process grid: sizes must be positive (world {}, tensor {}, weight {}, x {}, y {})", world,
+        s.tp, s.weight, s.x, s.y);
+  check(world % s.tp == 0, "process grid: world size {} is not divisible by the tensor size {}",
+        world, s.tp);
+  check(s.weight == 0 || world % s.weight == 0,
+        "process grid: world size {} is not divisible by the weight size {}", world, s.weight);
+  check(s.x == 0 || s.x * s.y == s.tp, "process grid: x ({}) · y ({}) must equal the tensor size {}",
+        s.x, s.y, s.tp);
+  check(s.head == 0 || (s.context >= 1 && s.head * s.context == s.tp),
+        "process grid: head ({}) · context ({}) must equal the tensor size {}", s.head, s.context,
+        s.tp);
+  const int parent = s.weight > 0 ? world / s.weight : world / s.tp;
+  check(s.zero1 == -1 || (s.zero1 >= 1 && parent % s.zero1 == 0),
+        "process grid: the ZeRO-1 size {} does not divide its parent group size {}", s.zero1,
+        parent);
 }
 
-// InternEvo's rules for parallel.sequence_2D (internlm/initialize/launch.py and the 2D
-// sequence-parallel process-group initializer), with the sizes named.
-static void validate_sequence_2d(const Layout& l) {
-  check(is_isp(l), "parallel.sequence_2D.enable = true needs parallel.tensor.mode = \"isp\" "
-        "(2D-Attention splits ISP's sequence-parallel group)");
-  check(l.seq2d_head >= 1 && l.seq2d_context >= 1 && l.seq2d_window >= 1,
-        "parallel.sequence_2D: head_size, context_size and window_size must be >= 1, got {}, {}, {}",
-        l.seq2d_head, l.seq2d_context, l.seq2d_window);
-  check(l.seq2d_head * l.seq2d_context == l.tensor_size,
-        "parallel.sequence_2D: head_size ({}) x context_size ({}) must equal parallel.tensor.size "
-        "({})",
-        l.seq2d_head, l.seq2d_context, l.tensor_size);
-  check(l.seq2d_context % l.seq2d_window == 0,
-        "parallel.sequence_2D: window_size ({}) must divide context_size ({})", l.seq2d_window,
-        l.seq2d_context);
-  check(!(l.seq2d_head_first && l.seq2d_head > 1 && l.seq2d_interleaved),
-        "parallel.sequence_2D.device_placement_strategy: interleaved = true needs head_first = "
-        "false when head_size ({}) > 1",
-        l.seq2d_head);
-  const std::string& b = l.seq2d_balance;
-  check(b == "contiguous" || b == "zigzag" || b == "document",
-        "parallel.sequence_2D.balance must be \"contiguous\", \"zigzag\" or \"document\", got "
-        "\"{}\"",
-        b);
-}
-
-std::pair<int, int> sequence_2d_ranks(const Layout& l, int t) {
-  if (!l.seq2d) return {t, 0};
-  if (l.seq2d_head_first) return {t % l.seq2d_head, t / l.seq2d_head};
-  return {t / l.seq2d_context, t % l.seq2d_context};
-}
-
-void validate_layout(const Layout& l, int world) {
-  check(world >= 1, "world size must be >= 1, got {}", world);
-  if (l.is_2d()) {
-    check(l.tensor_size == 1,
-          "parallel.tensor (size {}) and parallel.tensor_2d cannot be used together",
-          l.tensor_size);
-    check(l.tensor_2d_x >= 1 && l.tensor_2d_y >= 1,
-          "parallel.tensor_2d: x and y must both be >= 1, got x = {}, y = {}", l.tensor_2d_x,
-          l.tensor_2d_y);
-  }
-  check(l.tensor_size >= 1, "parallel.tensor.size must be >= 1, got {}", l.tensor_size);
-  check(l.weight_size >= 1, "parallel.weight.size must be >= 1, got {}", l.weight_size);
-  check(l.weight_size == 1 || is_isp(l),
-        "parallel.weight.size = {} needs parallel.tensor.mode = \"isp\" (weight parallel is ISP's)",
-        l.weight_size);
-  if (l.seq2d) validate_sequence_2d(l);
-  int tp = l.tp();
-  check(world % tp == 0,
-        "world size {} is not divisible by the tensor-parallel size {} ({}); world = dp × tp",
-        world, tp, l.is_2d() ? "parallel.tensor_2d x·y" : "parallel.tensor.size");
-  check(world % l.weight_size == 0, "world size {} is not divisible by parallel.weight.size {}",
-        world, l.weight_size);
-  int parent = zero1_parent_size(l, world);
-  check(l.zero1_size == -1 || l.zero1_size >= 1,
-        "parallel.zero1.size must be -1 (whole group), 1 (off) or a group size, got {}",
-        l.zero1_size);
-  check(l.zero1_size == -1 || parent % l.zero1_size == 0,
-        "parallel.zero1.size {} does not divide the {} group size {}", l.zero1_size,
-        is_isp(l) ? "weight-data" : "data-parallel", parent);
-}
-
-static void need_divisible(int64_t a, int64_t b, const char* what_a, const char* what_b) {
-  check(b > 0 && a % b == 0, "{} ({}) is not divisible by {} ({})", what_a, a, what_b, b);
-}
-
-void validate_model_layout(const Layout& l, int world, const ModelShape& s) {
-  validate_layout(l, world);
-  check(s.num_heads > 0 && s.num_kv_heads > 0 && s.num_heads % s.num_kv_heads == 0,
-        "num_attention_heads ({}) must be a positive multiple of num_kv_attention_heads ({})",
-        s.num_heads, s.num_kv_heads);
-  if (l.is_2d()) {
-    int64_t x = l.tensor_2d_x, y = l.tensor_2d_y;
-    need_divisible(s.num_heads, x, "num_attention_heads", "parallel.tensor_2d.x");
-    need_divisible(s.num_kv_heads, x, "num_kv_attention_heads", "parallel.tensor_2d.x");
-    need_divisible(s.num_heads / x, y, "attention heads per x rank", "parallel.tensor_2d.y");
-    int64_t kv = s.num_kv_heads / x;
-    check(kv % y == 0 || y % kv == 0,
-          "kv heads per x rank ({}) and parallel.tensor_2d.y ({}) must divide one another", kv, y);
-    need_divisible(s.packed_length, x, "packed row length P", "parallel.tensor_2d.x");
-    need_divisible(s.packed_length, y, "packed row length P", "parallel.tensor_2d.y");
-    need_divisible(s.hidden_size, y, "hidden_size", "parallel.tensor_2d.y");
-    return;
-  }
-  int64_t T = l.tensor_size;
-  if (l.seq2d) {  // Ulysses over the head group only: the context size is free of the heads
-    const int64_t hp = l.seq2d_head;
-    need_divisible(s.num_heads, hp, "num_attention_heads", "parallel.sequence_2D.head_size");
-    check(s.num_kv_heads % hp == 0 || hp % s.num_kv_heads == 0,
-          "num_kv_attention_heads ({}) and parallel.sequence_2D.head_size ({}) must divide one "
-          "another (kv heads are repeated when head_size > kv heads)",
-          s.num_kv_heads, hp);
-  } else {
-    need_divisible(s.num_heads, T, "num_attention_heads", "parallel.tensor.size");
-  }
-  if (l.tensor_mode == TensorMode::kIsp) {
-    check(l.seq2d || s.num_kv_heads % T == 0 || T % s.num_kv_heads == 0,
-          "num_kv_attention_heads ({}) and parallel.tensor.size ({}) must divide one another "
-          "(ISP repeats kv heads when T > kv heads)",
-          s.num_kv_heads, T);
-    need_divisible(s.hidden_size, l.weight_size, "hidden_size", "parallel.weight.size");
-  } else {
-    need_divisible(s.num_kv_heads, T, "num_kv_attention_heads", "parallel.tensor.size");
-  }
-  if (l.tensor_mode != TensorMode::kMtp)
-    need_divisible(s.packed_length, T, "packed row length P", "parallel.tensor.size");
+std::pair<int, int> head_context_ranks(const GridShape& s, int t) {
+  if (s.head == 0) return {t, 0};
+  if (s.head_first) return {t % s.head, t / s.head};
+  return {t / s.context, t % s.context};
 }
 
 static std::vector<int> range(int start, int count, int stride) {
@@ -161,11 +52,11 @@ static std::vector<int> range(int start, int count, int stride) {
   return r;
 }
 
-std::vector<int> group_ranks(const Layout& l, int world, Group group, int rank) {
-  const int tp = l.tp();
+std::vector<int> group_ranks(const GridShape& l, int world, Group group, int rank) {
+  const int tp = l.tp;
   const int block = rank / tp * tp, t = rank % tp;
-  const bool isp = is_isp(l);
-  const int W = l.weight_size;
+  const bool isp = l.weight > 0;
+  const int W = l.weight;
   switch (group) {
     case Group::kTensor: return range(block, tp, 1);
     case Group::kData: return range(t, world / tp, tp);
@@ -175,7 +66,7 @@ std::vector<int> group_ranks(const Layout& l, int world, Group group, int rank) 
     case Group::kZero1Replica: {
       std::vector<int> parent = group_ranks(l, world, Group::kWeightData, rank);
       const int n = int(parent.size());
-      const int z = l.zero1_size == -1 ? n : l.zero1_size;
+      const int z = l.zero1 == -1 ? n : l.zero1;
       const int p = int(std::find(parent.begin(), parent.end(), rank) - parent.begin());
       std::vector<int> out;
       if (group == Group::kZero1)
@@ -185,11 +76,11 @@ std::vector<int> group_ranks(const Layout& l, int world, Group group, int rank) 
       return out;
     }
     case Group::kX:
-      if (!l.is_2d()) return {rank};
-      return range(block + t / l.tensor_2d_x * l.tensor_2d_x, l.tensor_2d_x, 1);
+      if (l.x == 0) return {rank};
+      return range(block + t / l.x * l.x, l.x, 1);
     case Group::kY:
-      if (!l.is_2d()) return {rank};
-      return range(block + t % l.tensor_2d_x, l.tensor_2d_y, l.tensor_2d_x);
+      if (l.x == 0) return {rank};
+      return range(block + t % l.x, l.y, l.x);
   }
   return {rank};
 }
@@ -208,14 +99,14 @@ const CommPtr& ProcessGrid::get(Group group) const {
   return world;
 }
 
-ProcessGrid make_process_grid(const CommPtr& world, const Layout& layout) {
+ProcessGrid make_process_grid(const CommPtr& world, const GridShape& layout) {
   ProcessGrid g;
-  g.layout = layout;
+  g.shape = layout;
   g.world = world;
   g.world_size = world->size();
   g.world_rank = world->rank();
-  validate_layout(layout, g.world_size);
-  g.tp = layout.tp();
+  validate_grid(layout, g.world_size);
+  g.tp = layout.tp;
   g.dp = g.world_size / g.tp;
   auto make = [&](Group group) {
     std::vector<int> ranks = group_ranks(layout, g.world_size, group, g.world_rank);
@@ -231,8 +122,8 @@ ProcessGrid make_process_grid(const CommPtr& world, const Layout& layout) {
   g.zero1_replica = make(Group::kZero1Replica);
   g.x = make(Group::kX);
   g.y = make(Group::kY);
-  if (layout.seq2d) {  // both inside TENSOR: same context rank → one head group, and vice versa
-    const auto [h, c] = sequence_2d_ranks(layout, g.tensor->rank());
+  if (layout.head > 0) {  // both inside TENSOR: same context rank → one head group, and vice versa
+    const auto [h, c] = head_context_ranks(layout, g.tensor->rank());
     g.head = g.tensor->split(c, h);
     g.context = g.tensor->split(h, c);
   } else {

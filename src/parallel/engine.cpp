@@ -8,7 +8,6 @@
 #include <map>
 
 #include "core/error.h"
-#include "parallel/tp2d_overlap.h"
 
 namespace longtron::parallel {
 namespace {
@@ -19,14 +18,13 @@ std::map<std::string, ModeFactory>& registry() {
 }
 
 // Checks the layout against the world and the model before anything is allocated.
-const comm::ProcessGrid& validated(const comm::ProcessGrid& grid, const model::ModelConfig& c,
-                                   int64_t packed_length) {
-  comm::ModelShape shape;
+const Grid& validated(const Grid& grid, const model::ModelConfig& c, int64_t packed_length) {
+  ModelShape shape;
   shape.num_heads = c.num_attention_heads;
   shape.num_kv_heads = c.num_kv_attention_heads;
   shape.hidden_size = c.hidden_size;
   shape.packed_length = packed_length;
-  comm::validate_model_layout(grid.layout, grid.world_size, shape);
+  validate_model_layout(grid.layout, grid.world_size, shape);
   // The tensor modes split the embedding on hidden and the head on vocab: one tied tensor would
   // need both shardings at once, so they refuse it (data parallel and ZeRO-1 need no split).
   const std::string mode = mode_name(grid.layout);
@@ -34,11 +32,10 @@ const comm::ProcessGrid& validated(const comm::ProcessGrid& grid, const model::M
         "tie_word_embeddings = true is not supported under tensor parallel mode \"{}\" (tensor "
         "size {}): the tied embedding/head can be trained on one process, data parallel and ZeRO-1 "
         "only", mode, grid.layout.tp());
-  if (grid.layout.is_2d()) parse_overlap_2d(grid.layout.tensor_2d_overlap);  // the mode's own option
   return grid;
 }
 
-ShardPlan build_plan(const model::ParamLayout& full, const comm::ProcessGrid& grid,
+ShardPlan build_plan(const model::ParamLayout& full, const Grid& grid,
                      const ModeFactory& factory) {
   ShardPlan plan(full, grid);
   if (factory.plan) factory.plan(plan);
@@ -69,14 +66,14 @@ const ModeFactory& find_mode(const std::string& name) {
   return it->second;
 }
 
-std::string mode_name(const comm::Layout& layout) {
+std::string mode_name(const Layout& layout) {
   if (layout.is_2d()) return "2d";
-  if (layout.tensor_mode == comm::TensorMode::kIsp) return "isp";
+  if (layout.tensor_mode == TensorMode::kIsp) return "isp";
   if (layout.tensor_size == 1) return "dense";
-  return comm::tensor_mode_name(layout.tensor_mode);
+  return tensor_mode_name(layout.tensor_mode);
 }
 
-ParallelEngine::ParallelEngine(const model::ModelConfig& config, const comm::ProcessGrid& grid,
+ParallelEngine::ParallelEngine(const model::ModelConfig& config, const Grid& grid,
                                int64_t packed_length, Unfilled)
     : grid_(validated(grid, config, packed_length)),
       mode_(mode_name(grid.layout)),
@@ -89,7 +86,7 @@ ParallelEngine::ParallelEngine(const model::ModelConfig& config, const comm::Pro
   model_ = std::make_unique<model::InternLM2<float>>(local_, params_, factory_->make_ops(context()));
 }
 
-ParallelEngine::ParallelEngine(const model::ModelConfig& config, const comm::ProcessGrid& grid,
+ParallelEngine::ParallelEngine(const model::ModelConfig& config, const Grid& grid,
                                uint64_t seed, int64_t packed_length)
     : ParallelEngine(config, grid, packed_length, Unfilled{}) {
   // Every rank draws the full tensors (init_params seeds each tensor on its own) and keeps its
@@ -99,7 +96,7 @@ ParallelEngine::ParallelEngine(const model::ModelConfig& config, const comm::Pro
   scatter_full(params_, full);
 }
 
-ParallelEngine::ParallelEngine(const model::ModelConfig& config, const comm::ProcessGrid& grid,
+ParallelEngine::ParallelEngine(const model::ModelConfig& config, const Grid& grid,
                                const model::Params<float>& weights, int64_t packed_length)
     : ParallelEngine(config, grid, packed_length, Unfilled{}) {
   scatter_full(params_, weights);  // checks the buffer's size against the full layout

@@ -42,11 +42,11 @@
 #include <string>
 #include <vector>
 
-#include "comm/process_grid.h"
 #include "data/batch.h"
 #include "model/internlm2.h"
 #include "model/layers.h"
 #include "model/params.h"
+#include "parallel/layout.h"
 #include "parallel/shard_plan.h"
 
 namespace longtron::parallel {
@@ -56,7 +56,7 @@ struct ModeContext {
   const model::ParamLayout& full;   ///< the full (HF) layout
   const model::ParamLayout& local;  ///< this rank's layout (plan.local_layout())
   const ShardPlan& plan;
-  const comm::ProcessGrid& grid;
+  const Grid& grid;
 };
 
 /// One parallel mode.
@@ -70,6 +70,9 @@ struct ModeFactory {
   /// different rows. DATA for every mode but ISP, whose weight shards live in WEIGHT_DATA
   /// (docs/isp.md).
   comm::Group data_group = comm::Group::kData;
+  /// The mode's own rules on the model sizes and its options (throws Error naming the config keys
+  /// and sizes), run by validate_model_layout before anything is allocated; nullptr = none.
+  std::function<void(const Layout& layout, const ModelShape& shape)> validate;
 };
 
 /// Registers `factory` under `name` (replacing an earlier one).
@@ -77,7 +80,7 @@ void register_mode(const std::string& name, ModeFactory factory);
 /// The factory of `name`; throws Error listing the registered names when there is none.
 const ModeFactory& find_mode(const std::string& name);
 /// "dense" | "mtp" | "msp" | "fsp" | "isp" | "2d" for a layout (see the top of this file).
-std::string mode_name(const comm::Layout& layout);
+std::string mode_name(const Layout& layout);
 /// Registers every built-in mode once (idempotent; called by the engine's constructor).
 void register_builtin_modes();
 
@@ -88,12 +91,12 @@ class ParallelEngine {
   /// the P check) BEFORE any allocation, builds the plan and the ops of mode_name(grid.layout),
   /// and initialises the parameters from `seed` exactly as one process would (init_params on the
   /// full layout, then this rank's slice). Collective over the grid's world.
-  ParallelEngine(const model::ModelConfig& config, const comm::ProcessGrid& grid, uint64_t seed,
+  ParallelEngine(const model::ModelConfig& config, const Grid& grid, uint64_t seed,
                  int64_t packed_length = 0);
   /// The same over given full (HF-layout) weights instead of drawn ones: this rank keeps its
   /// slices of `weights` (every rank passes the full buffer; no full copy is drawn). Throws Error
   /// when `weights` is not over the layout of `config`.
-  ParallelEngine(const model::ModelConfig& config, const comm::ProcessGrid& grid,
+  ParallelEngine(const model::ModelConfig& config, const Grid& grid,
                  const model::Params<float>& weights, int64_t packed_length = 0);
   ~ParallelEngine();
   ParallelEngine(const ParallelEngine&) = delete;
@@ -102,7 +105,7 @@ class ParallelEngine {
   const model::ParamLayout& full_layout() const { return full_; }
   const model::ParamLayout& local_layout() const { return local_; }
   const ShardPlan& plan() const { return plan_; }
-  const comm::ProcessGrid& grid() const { return grid_; }
+  const Grid& grid() const { return grid_; }
   const std::string& mode() const { return mode_; }
   model::Params<float>& params() { return params_; }
   model::Params<float>& grads() { return grads_; }
@@ -140,10 +143,10 @@ class ParallelEngine {
   ModeContext context() const { return ModeContext{full_, local_, plan_, grid_}; }
   /// Everything but the parameter values (the public constructors fill them).
   struct Unfilled {};
-  ParallelEngine(const model::ModelConfig& config, const comm::ProcessGrid& grid,
+  ParallelEngine(const model::ModelConfig& config, const Grid& grid,
                  int64_t packed_length, Unfilled);
 
-  comm::ProcessGrid grid_;  // validated against the model first (initialiser order matters)
+  Grid grid_;  // validated against the model first (initialiser order matters)
   std::string mode_;
   const ModeFactory* factory_;
   model::ParamLayout full_;

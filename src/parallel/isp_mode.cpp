@@ -7,19 +7,39 @@
 #include "data/sequence_split.h"
 #include "parallel/engine.h"
 #include "parallel/isp_ops.h"
+#include "parallel/layout.h"
 
 namespace longtron::parallel {
 
+void validate_isp_sizes(const Layout& l, const ModelShape& s) {
+  const int64_t T = l.tensor_size;
+  if (l.seq2d) {  // Ulysses over the head group only: the context size is free of the heads
+    const int64_t hp = l.seq2d_head;
+    need_divisible(s.num_heads, hp, "num_attention_heads", "parallel.sequence_2D.head_size");
+    check(s.num_kv_heads % hp == 0 || hp % s.num_kv_heads == 0,
+          "num_kv_attention_heads ({}) and parallel.sequence_2D.head_size ({}) must divide one "
+          "another (kv heads are repeated when head_size > kv heads)",
+          s.num_kv_heads, hp);
+  } else {
+    need_divisible(s.num_heads, T, "num_attention_heads", "parallel.tensor.size");
+    check(s.num_kv_heads % T == 0 || T % s.num_kv_heads == 0,
+          "num_kv_attention_heads ({}) and parallel.tensor.size ({}) must divide one another "
+          "(ISP repeats kv heads when T > kv heads)",
+          s.num_kv_heads, T);
+  }
+  need_divisible(s.hidden_size, l.weight_size, "hidden_size", "parallel.weight.size");
+  need_divisible(s.packed_length, T, "packed row length P", "parallel.tensor.size");
+}
+
 void register_isp_mode() {
   ModeFactory f;
+  f.validate = validate_isp_sizes;
   f.plan = [](ShardPlan& plan) {
     const model::ParamLayout& full = plan.full_layout();
     for (int v = 0; v < static_cast<int>(full.views().size()); ++v) {
-      const model::ParamView& view = full.view(v);
-      if (view.is_embedding)
-        plan.split(v, 1, comm::Group::kWeight);
-      else if (view.is_matrix)
-        plan.split(v, 0, comm::Group::kWeight);
+      const int dim = isp_split_dim(full.view(v));
+      if (dim >= 0)
+        plan.split(v, dim, comm::Group::kWeight);
       else  // replicated: each rank of the weight group contributed a partial sum
         plan.sum_gradient(v, comm::Group::kWeight);
     }
@@ -31,7 +51,7 @@ void register_isp_mode() {
     return make_isp_ops(ctx.full, ctx.grid, ctx.grid.layout.weight_overlap);
   };
   f.local_batch = [](const data::MicroBatch& row, const ModeContext& ctx) {
-    const comm::ProcessGrid& g = ctx.grid;
+    const Grid& g = ctx.grid;
     if (g.context && g.context->size() > 1)  // 2D-Attention: the context share, then the head slice
       return data::split_for_context_parallel(row, g.head->size(), g.head->rank(),
                                               g.context->size(), g.context->rank(),

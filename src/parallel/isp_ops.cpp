@@ -16,28 +16,25 @@ int64_t IspShard::numel(const model::ParamLayout& full) const {
   return count * other;
 }
 
+int isp_split_dim(const model::ParamView& v) {
+  if (v.is_embedding) return 1;  // hidden columns
+  if (v.is_matrix) return 0;     // linears and head: rows
+  return -1;                     // norms and biases: replicated
+}
+
 std::vector<IspShard> isp_shard_plan(const model::ParamLayout& full, int W, int weight_rank) {
-  const int64_t H = full.config().hidden_size;
-  check(W >= 1 && H % W == 0,
-        "isp: model.hidden_size = {} is not divisible by parallel.weight.size = {} (the "
-        "embedding is split on its hidden dim)",
-        H, W);
   std::vector<IspShard> plan;
   for (int i = 0; i < static_cast<int>(full.views().size()); ++i) {
     const model::ParamView& v = full.view(i);
     IspShard s;
     s.view = i;
-    if (v.is_embedding) {
-      s.dim = 1;
-      s.start = weight_rank * (H / W);
-      s.count = H / W;
-    } else if (v.is_matrix) {  // linears and head: rows
-      const Range r = shard_range(v.shape[0], W, weight_rank);
-      s.dim = 0;
+    s.dim = isp_split_dim(v);
+    if (s.dim < 0) {
+      s.count = v.shape[0];
+    } else {
+      const Range r = shard_range(v.shape[static_cast<size_t>(s.dim)], W, weight_rank);
       s.start = r.start;
       s.count = r.count;
-    } else {  // norms and biases: replicated, partial gradients summed over the world
-      s.count = v.shape[0];
     }
     plan.push_back(s);
   }
@@ -64,21 +61,18 @@ void isp_scatter_params(model::Params<float>& local, const model::Params<float>&
   }
 }
 
-model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const comm::ProcessGrid& grid,
+model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const Grid& grid,
                                     bool overlap, std::shared_ptr<IspWeightStore>* store_out) {
   const model::ModelConfig& c = full.config();
+  validate_isp_sizes(grid.layout, ModelShape{c.num_attention_heads, c.num_kv_attention_heads,
+                                             c.hidden_size, 0});
   // Ulysses over the HEAD group (= TENSOR unless 2D-Attention splits it with a CONTEXT group).
   const comm::CommPtr& head = grid.head ? grid.head : grid.tensor;
-  (void)ulysses_heads(c.num_attention_heads, c.num_kv_attention_heads, head->size());
   const data::ContextBalance balance = data::parse_context_balance(grid.layout.seq2d_balance);
   auto store = std::make_shared<IspWeightStore>(grid.weight, overlap);
   const int64_t H = c.hidden_size;
   model::ModelOps<float> ops;
   const model::ParamView& emb = full.view(full.tok_embeddings);
-  check(H % store->weight_size() == 0,
-        "isp: model.hidden_size = {} is not divisible by parallel.weight.size = {} (the "
-        "embedding is split on its hidden dim)",
-        H, store->weight_size());
   ops.embedding = std::make_unique<IspEmbedding>(store, full.tok_embeddings, emb.shape[0], H);
   auto linear = [&](int w, int b) {
     const model::ParamView& v = full.view(w);

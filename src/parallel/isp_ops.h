@@ -17,15 +17,15 @@
 #include <memory>
 #include <vector>
 
-#include "comm/process_grid.h"
 #include "model/layers.h"
 #include "model/params.h"
 #include "parallel/isp_weights.h"
+#include "parallel/layout.h"
 
 namespace longtron::parallel {
 
-/// How one full tensor is held under ISP on this rank (the same split as the engine's "isp" plan,
-/// isp_mode.cpp; this form serves tests and tools that build the ops without the engine).
+/// How one full tensor is held under ISP on this rank (isp_split_dim, as the engine's "isp" plan;
+/// this form serves tests and tools that build the ops without the engine).
 struct IspShard {
   int view = -1;       ///< index into the full ParamLayout's views
   int dim = -1;        ///< split dim (0 rows, 1 columns), -1 = replicated
@@ -35,9 +35,20 @@ struct IspShard {
   int64_t numel(const model::ParamLayout& full) const;
 };
 
+/// The ISP rules on the model sizes (isp_mode.cpp), each named in its error: heads by T (by the
+/// head size under parallel.sequence_2D), kv heads and T dividing one another, hidden by W (the
+/// embedding is split on its hidden dim), P by T (P = 0: not checked). The engine runs them
+/// (ModeFactory::validate) before any allocation; make_isp_ops runs them too.
+void validate_isp_sizes(const Layout& layout, const ModelShape& shape);
+
+/// The dim ISP splits a tensor on over WEIGHT (shard_range): 1 for the embedding (hidden columns),
+/// 0 for the linears and the head (rows), -1 for norms and biases (replicated). The engine's "isp"
+/// plan (isp_mode.cpp) and isp_shard_plan both follow it.
+int isp_split_dim(const model::ParamView& view);
+
 /// The ISP plan of every view of `full` for weight rank `weight_rank` of W (shard_range rows for
-/// the linears and head, uneven allowed; H / W columns for the embedding). Throws Error (naming
-/// parallel.weight.size) if W does not divide hidden_size.
+/// the linears and head, uneven allowed; H / W columns for the embedding). W must divide
+/// hidden_size (validate_isp_sizes).
 std::vector<IspShard> isp_shard_plan(const model::ParamLayout& full, int W, int weight_rank);
 
 /// Copies this rank's part of every full tensor into `local` (same view indices; `local`'s view v
@@ -49,8 +60,8 @@ void isp_scatter_params(model::Params<float>& local, const model::Params<float>&
 /// must hold at view v this rank's part per isp_shard_plan (replicated views whole). Ops registered
 /// in call order: embedding first (it marks the start of each pass for the prefetcher).
 /// `store_out`, if given, receives the weight store (prefetch counters for tests/benchmarks).
-/// Throws Error for heads that cannot be divided by T (ulysses_heads) or hidden by W.
-model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const comm::ProcessGrid& grid,
+/// Throws Error when the sizes break validate_isp_sizes.
+model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const Grid& grid,
                                     bool overlap,
                                     std::shared_ptr<IspWeightStore>* store_out = nullptr);
 

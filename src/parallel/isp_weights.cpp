@@ -29,10 +29,7 @@ int IspWeightStore::add(int view, int64_t rows, int64_t cols, int dim) {
   for (int r = 0; r < W_; ++r) {
     if (dim == 0) {
       e.counts.push_back(shard_range(rows, W_, r).count * cols);
-    } else {
-      check(cols % W_ == 0,
-            "ISP: the embedding's hidden size {} is not divisible by parallel.weight.size = {}",
-            cols, W_);
+    } else {  // the embedding: W divides its hidden columns (validate_isp_sizes)
       e.counts.push_back(rows * (cols / W_));
     }
     e.max_count = std::max(e.max_count, e.counts.back());

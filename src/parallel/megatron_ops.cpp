@@ -154,29 +154,20 @@ class VocabParallelHead final : public model::HeadLossOp<float> {
   Buffer x_full_, dx_full_;
 };
 
-SequenceParallel sequence_parallel_of(const comm::Layout& layout) {
+SequenceParallel sequence_parallel_of(const Layout& layout) {
   switch (layout.tensor_mode) {
-    case comm::TensorMode::kMsp: return SequenceParallel::kKeepGathered;
-    case comm::TensorMode::kFsp: return SequenceParallel::kRegather;
+    case TensorMode::kMsp: return SequenceParallel::kKeepGathered;
+    case TensorMode::kFsp: return SequenceParallel::kRegather;
     default: return SequenceParallel::kNone;
   }
 }
 
 void megatron_plan(ShardPlan& plan) {
   const ParamLayout& full = plan.full_layout();
-  const model::ModelConfig& c = full.config();
-  const comm::CommPtr& tp = plan.grid().tensor;
-  const int T = tp->size(), r = tp->rank();
   const bool sp = sequence_parallel_of(plan.grid().layout) != SequenceParallel::kNone;
-  const int64_t d = c.head_dim();
-  const int64_t groups = c.num_kv_attention_heads / T;  // kv groups per rank (validated)
-  const int64_t group_rows = (c.num_attention_heads / c.num_kv_attention_heads + 2) * d;
-  const int64_t q_cols = c.num_attention_heads / T * d;
   plan.split(full.tok_embeddings, 1, Group::kTensor);
   for (const model::BlockParamIds& b : full.layers) {
-    plan.split_range(b.wqkv, 0, Group::kTensor, r * groups * group_rows, groups * group_rows);
-    plan.split_range(b.wqkv_bias, 0, Group::kTensor, r * groups * group_rows, groups * group_rows);
-    plan.split_range(b.wo, 1, Group::kTensor, r * q_cols, q_cols);
+    plan.split_attention_heads(b, Group::kTensor);
     plan.split(b.w1, 0, Group::kTensor);
     plan.split(b.w3, 0, Group::kTensor);
     plan.split(b.w2, 1, Group::kTensor);
@@ -234,6 +225,16 @@ ModelOps<float> megatron_ops(const ModeContext& ctx) {
   return ops;
 }
 
+// Heads and kv heads split by T (whole kv groups per rank); under sequence parallel the packed
+// row P too (each rank holds P/T rows of the residual stream).
+void megatron_sizes(const Layout& l, const ModelShape& s) {
+  const int64_t T = l.tensor_size;
+  need_divisible(s.num_heads, T, "num_attention_heads", "parallel.tensor.size");
+  need_divisible(s.num_kv_heads, T, "num_kv_attention_heads", "parallel.tensor.size");
+  if (l.tensor_mode != TensorMode::kMtp)
+    need_divisible(s.packed_length, T, "packed row length P", "parallel.tensor.size");
+}
+
 }  // namespace
 
 void register_megatron_modes() {
@@ -241,6 +242,7 @@ void register_megatron_modes() {
     ModeFactory f;
     f.plan = megatron_plan;
     f.make_ops = megatron_ops;
+    f.validate = megatron_sizes;
     register_mode(name, std::move(f));
   }
 }

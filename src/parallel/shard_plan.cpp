@@ -15,7 +15,7 @@ int64_t TensorPlan::split_parts() const {
   return p;
 }
 
-ShardPlan::ShardPlan(const model::ParamLayout& full, const comm::ProcessGrid& grid)
+ShardPlan::ShardPlan(const model::ParamLayout& full, const Grid& grid)
     : full_(&full), grid_(&grid), plans_(full.views().size()) {}
 
 void ShardPlan::add_split(int view, Split s) {
@@ -43,6 +43,19 @@ void ShardPlan::split(int view, int dim, comm::Group group) {
 void ShardPlan::split_range(int view, int dim, comm::Group group, int64_t start, int64_t count) {
   if (view < 0) return;
   add_split(view, Split{dim, group, grid_->get(group)->size(), start, count});
+}
+
+void ShardPlan::split_attention_heads(const model::BlockParamIds& b, comm::Group group) {
+  const model::ModelConfig& c = full_->config();
+  const comm::CommPtr& g = grid_->get(group);
+  const int64_t d = c.head_dim();
+  const int64_t groups = c.num_kv_attention_heads / g->size();  // kv groups per rank
+  const int64_t group_rows = (c.num_attention_heads / c.num_kv_attention_heads + 2) * d;
+  const int64_t q_cols = c.num_attention_heads / g->size() * d;
+  const int64_t r = g->rank();
+  split_range(b.wqkv, 0, group, r * groups * group_rows, groups * group_rows);
+  split_range(b.wqkv_bias, 0, group, r * groups * group_rows, groups * group_rows);
+  split_range(b.wo, 1, group, r * q_cols, q_cols);
 }
 
 void ShardPlan::sum_gradient(int view, comm::Group group) {

@@ -16,8 +16,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "comm/process_grid.h"
 #include "model/params.h"
+#include "parallel/layout.h"
 
 namespace longtron::parallel {
 
@@ -42,7 +42,7 @@ struct TensorPlan {
 class ShardPlan {
  public:
   /// Every tensor of `full` replicated. `full` must outlive the plan.
-  ShardPlan(const model::ParamLayout& full, const comm::ProcessGrid& grid);
+  ShardPlan(const model::ParamLayout& full, const Grid& grid);
 
   /// Splits view `view` along `dim` over `group` with the uneven rule shard_range (the first
   /// extent % size ranks hold one more). Throws Error if that dim is already split.
@@ -50,12 +50,17 @@ class ShardPlan {
   /// Splits view `view` along `dim` over `group`, this rank holding [start, start + count)
   /// (the caller guarantees the ranks' ranges tile the extent).
   void split_range(int view, int dim, comm::Group group, int64_t start, int64_t count);
+  /// Splits the attention of block `b` over `group` by whole kv-head groups (Megatron's split of
+  /// grouped-query attention): this rank holds the wqkv rows (and bias) of its Hkv / size kv groups
+  /// (each: its query heads, then k, then v; model/hf_names.h) and the wo columns of their query
+  /// heads. The group size must divide the kv heads (the mode's validate checks it).
+  void split_attention_heads(const model::BlockParamIds& b, comm::Group group);
   /// The gradient of view `view` is SUMMED over `group` in finish_gradients (ranks saw different
   /// tokens). A view with index -1 (absent bias) is ignored.
   void sum_gradient(int view, comm::Group group);
 
   const model::ParamLayout& full_layout() const { return *full_; }
-  const comm::ProcessGrid& grid() const { return *grid_; }
+  const Grid& grid() const { return *grid_; }
   const TensorPlan& tensor(int view) const { return plans_.at(static_cast<size_t>(view)); }
   int num_views() const { return static_cast<int>(plans_.size()); }
 
@@ -72,7 +77,7 @@ class ShardPlan {
  private:
   void add_split(int view, Split s);
   const model::ParamLayout* full_;
-  const comm::ProcessGrid* grid_;
+  const Grid* grid_;
   std::vector<TensorPlan> plans_;
 };
 

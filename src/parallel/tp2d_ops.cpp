@@ -49,7 +49,7 @@ using Buffer = std::vector<float>;
 struct Pos {
   int x, y, xr, yr;
   CommPtr X, Y, tensor;
-  explicit Pos(const comm::ProcessGrid& g)
+  explicit Pos(const Grid& g)
       : x(g.x->size()), y(g.y->size()), xr(g.x->rank()), yr(g.y->rank()), X(g.x), Y(g.y),
         tensor(g.tensor) {}
   int64_t rows_x(int64_t N) const {
@@ -244,21 +244,12 @@ model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
 void tp2d_plan(ShardPlan& plan) {
   using comm::Group;
   const ParamLayout& full = plan.full_layout();
-  const model::ModelConfig& c = full.config();
-  const comm::ProcessGrid& grid = plan.grid();
-  const int x = grid.x->size(), xr = grid.x->rank();
-  const int64_t d = c.head_dim();
-  const int64_t groups = c.num_kv_attention_heads / x;  // kv groups per x rank (validated)
-  const int64_t group_rows = (c.num_attention_heads / c.num_kv_attention_heads + 2) * d;
-  const int64_t q_cols = c.num_attention_heads / x * d;
   plan.split(full.tok_embeddings, 1, Group::kTensor);
   for (const model::BlockParamIds& b : full.layers) {
-    plan.split_range(b.wqkv, 0, Group::kX, xr * groups * group_rows, groups * group_rows);
+    plan.split_attention_heads(b, Group::kX);  // wqkv rows, wo columns: whole kv groups over X
     plan.split(b.wqkv, 1, Group::kY);
-    plan.split_range(b.wqkv_bias, 0, Group::kX, xr * groups * group_rows, groups * group_rows);
     plan.sum_gradient(b.wqkv_bias, Group::kY);
     plan.split(b.wo, 0, Group::kY);
-    plan.split_range(b.wo, 1, Group::kX, xr * q_cols, q_cols);
     plan.split(b.wo_bias, 0, Group::kY);
     plan.sum_gradient(b.wo_bias, Group::kX);
     for (int w : {b.w1, b.w3}) {
@@ -277,10 +268,31 @@ void tp2d_plan(ShardPlan& plan) {
   plan.split(full.output, 0, Group::kTensor);
 }
 
+namespace {
+
+// Heads and kv heads by x, the heads of an x rank by y (kv heads per x rank and y dividing one
+// another: repeated when y is larger), P by x and by y, hidden by y; and the overlap option.
+void tp2d_sizes(const Layout& l, const ModelShape& s) {
+  const int64_t x = l.tensor_2d_x, y = l.tensor_2d_y;
+  need_divisible(s.num_heads, x, "num_attention_heads", "parallel.tensor_2d.x");
+  need_divisible(s.num_kv_heads, x, "num_kv_attention_heads", "parallel.tensor_2d.x");
+  need_divisible(s.num_heads / x, y, "attention heads per x rank", "parallel.tensor_2d.y");
+  const int64_t kv = s.num_kv_heads / x;
+  check(kv % y == 0 || y % kv == 0,
+        "kv heads per x rank ({}) and parallel.tensor_2d.y ({}) must divide one another", kv, y);
+  need_divisible(s.packed_length, x, "packed row length P", "parallel.tensor_2d.x");
+  need_divisible(s.packed_length, y, "packed row length P", "parallel.tensor_2d.y");
+  need_divisible(s.hidden_size, y, "hidden_size", "parallel.tensor_2d.y");
+  parse_overlap_2d(l.tensor_2d_overlap);
+}
+
+}  // namespace
+
 void register_2d_mode() {
   ModeFactory f;
   f.plan = tp2d_plan;
   f.make_ops = make_tp2d_ops;
+  f.validate = tp2d_sizes;
   register_mode("2d", std::move(f));
 }
 

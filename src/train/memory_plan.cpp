@@ -10,11 +10,11 @@
 #include <fstream>
 #include <sstream>
 
-#include "comm/process_grid.h"
 #include "core/error.h"
 #include "model/internlm2.h"
 #include "model/params.h"
 #include "parallel/engine.h"
+#include "parallel/layout.h"
 #include "parallel/shard_plan.h"
 
 namespace fs = std::filesystem;
@@ -45,15 +45,16 @@ class ShapeCommunicator final : public comm::Communicator {
 };
 
 /// The process grid of world rank 0 of `layout` on `world` ranks, without communicators.
-comm::ProcessGrid shape_grid(const comm::Layout& layout, int world) {
-  comm::ProcessGrid g;
+parallel::Grid shape_grid(const parallel::Layout& layout, int world) {
+  parallel::Grid g;
   g.layout = layout;
+  g.shape = parallel::grid_shape(layout);
   g.world_size = world;
   g.world_rank = 0;
   g.tp = layout.tp();
   g.dp = world / g.tp;
   const auto make = [&](comm::Group group) -> comm::CommPtr {
-    const std::vector<int> ranks = comm::group_ranks(layout, world, group, 0);
+    const std::vector<int> ranks = parallel::group_ranks(layout, world, group, 0);
     const auto it = std::find(ranks.begin(), ranks.end(), 0);
     return std::make_shared<ShapeCommunicator>(static_cast<int>(it - ranks.begin()),
                                                static_cast<int>(ranks.size()));
@@ -121,7 +122,7 @@ double linear_2d_elements(const model::ParamLayout& local, const model::BlockPar
   return total;
 }
 
-StepShape step_shape(const TrainConfig& c, const comm::ProcessGrid& grid,
+StepShape step_shape(const TrainConfig& c, const parallel::Grid& grid,
                      const model::ParamLayout& full, const model::ParamLayout& local,
                      const std::string& mode) {
   const model::ModelConfig& m = c.model;
@@ -163,7 +164,7 @@ StepShape step_shape(const TrainConfig& c, const comm::ProcessGrid& grid,
   } else if (mode == "isp") {
     // 2D-Attention: Ulysses over the head group of Th = head_size ranks, the context share of
     // M = P / C tokens after it (docs/isp.md); without it Th = T, C = 1.
-    const comm::Layout& l = grid.layout;
+    const parallel::Layout& l = grid.layout;
     const double C = l.seq2d ? l.seq2d_context : 1, Th = T / C;
     const Heads h = ulysses(Hq, Hkv, Th);
     const double N = std::ceil(P / T), local_heads = h.q + 2 * h.kv;
@@ -240,8 +241,8 @@ std::string tensor_key(const std::string& mode) {
                          : "parallel.tensor.size";
 }
 
-std::string layout_text(const comm::ProcessGrid& g, const std::string& mode) {
-  const comm::Layout& l = g.layout;
+std::string layout_text(const parallel::Grid& g, const std::string& mode) {
+  const parallel::Layout& l = g.layout;
   std::string s =
       fmt::format("{}: {} rank{}, data {}", mode, g.world_size, g.world_size == 1 ? "" : "s", g.dp);
   if (mode == "2d")
@@ -258,10 +259,10 @@ std::string layout_text(const comm::ProcessGrid& g, const std::string& mode) {
 
 }  // namespace
 
-comm::Layout layout_of(const ParallelConfig& p) {
-  comm::Layout l;
+parallel::Layout layout_of(const ParallelConfig& p) {
+  parallel::Layout l;
   l.tensor_size = static_cast<int>(p.tensor.size);
-  l.tensor_mode = comm::parse_tensor_mode(p.tensor.mode);
+  l.tensor_mode = parallel::parse_tensor_mode(p.tensor.mode);
   l.weight_size = static_cast<int>(p.weight.size);
   l.weight_overlap = p.weight.overlap;
   l.zero1_size = static_cast<int>(p.zero1.size);
@@ -284,14 +285,14 @@ comm::Layout layout_of(const ParallelConfig& p) {
 }
 
 MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
-  const comm::Layout layout = layout_of(c.parallel);
-  comm::ModelShape shape;
+  const parallel::Layout layout = layout_of(c.parallel);
+  parallel::ModelShape shape;
   shape.num_heads = c.model.num_attention_heads;
   shape.num_kv_heads = c.model.num_kv_attention_heads;
   shape.hidden_size = c.model.hidden_size;
   shape.packed_length = c.data.micro_bsz * c.data.seq_len;
-  comm::validate_model_layout(layout, in.world_size, shape);
-  const comm::ProcessGrid grid = shape_grid(layout, in.world_size);
+  parallel::validate_model_layout(layout, in.world_size, shape);
+  const parallel::Grid grid = shape_grid(layout, in.world_size);
   const std::string mode = parallel::mode_name(layout);
   const model::ParamLayout full(c.model);
   parallel::ShardPlan shard(full, grid);
@@ -384,7 +385,7 @@ MemoryPlan plan_forward_memory(const model::ModelConfig& model, int64_t seq_len,
   c.model = model;
   c.data.seq_len = seq_len;
   c.data.micro_bsz = micro_bsz;
-  const comm::ProcessGrid grid = shape_grid(comm::Layout{}, 1);
+  const parallel::Grid grid = shape_grid(parallel::Layout{}, 1);
   const model::ParamLayout full(model);
   StepShape s = step_shape(c, grid, full, full, "dense");
   s.ws.per_layer = false;  // forward only: one shared set of block state

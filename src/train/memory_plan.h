@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/process_grid.h"
+#include "parallel/layout.h"
 #include "train/config.h"
 
 namespace longtron::train {
@@ -56,9 +56,9 @@ struct MemoryPlan {
   std::string peak_phase;        ///< "start-up (…)", "training step" or "checkpoint save"
 };
 
-/// The comm::Layout of the config's parallel.* keys (docs/parallel.md): what the trainer builds
+/// The parallel::Layout of the config's parallel.* keys (docs/parallel.md): what the trainer builds
 /// its process grid from and what the plan sizes each rank's shards by.
-comm::Layout layout_of(const ParallelConfig& p);
+parallel::Layout layout_of(const ParallelConfig& p);
 
 /// What the plan needs beyond the config.
 struct MemoryPlanInputs {

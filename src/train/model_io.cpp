@@ -43,7 +43,7 @@ ops::ComputeType loaded_compute_type(const LoadedModel& m, const std::string& dt
   return ops::ComputeType::kFloat32;
 }
 
-std::unique_ptr<parallel::ParallelEngine> load_into_engine(LoadedModel& m, const comm::ProcessGrid& grid,
+std::unique_ptr<parallel::ParallelEngine> load_into_engine(LoadedModel& m, const parallel::Grid& grid,
                                                            int64_t packed_length) {
   check(m.params != nullptr, "load_into_engine: the weights of {} were already handed over",
         m.dir.string());

@@ -6,10 +6,10 @@
 #include <filesystem>
 #include <memory>
 
-#include "comm/process_grid.h"
 #include "model/params.h"
 #include "ops/precision.h"
 #include "parallel/engine.h"
+#include "parallel/layout.h"
 
 namespace longtron::train {
 
@@ -39,7 +39,7 @@ ops::ComputeType loaded_compute_type(const LoadedModel& m, const std::string& dt
 /// The loaded weights in a ParallelEngine over `grid` (one rank: the dense mode): every rank keeps
 /// its shards of m.params, which is then released. packed_length as ParallelEngine's (0: no row
 /// length check). Layout errors are raised before the engine allocates. Collective over the grid.
-std::unique_ptr<parallel::ParallelEngine> load_into_engine(LoadedModel& m, const comm::ProcessGrid& grid,
+std::unique_ptr<parallel::ParallelEngine> load_into_engine(LoadedModel& m, const parallel::Grid& grid,
                                                            int64_t packed_length = 0);
 
 }  // namespace longtron::train

@@ -94,7 +94,7 @@ StepResult train_step(parallel::ParallelEngine& engine, AdamW& optimizer,
   r.grad_norm = clip.grad_norm;
   // Every rank must agree (a loss seen by some ranks only would split the run).
   int64_t bad = !clip.finite || !std::isfinite(r.loss);
-  const comm::ProcessGrid& grid = engine.grid();
+  const parallel::Grid& grid = engine.grid();
   if (grid.world_size > 1) grid.world->all_reduce(&bad, 1, comm::ReduceOp::kMax);
   r.skipped = bad != 0;
   if (!r.skipped) {

@@ -9,16 +9,16 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
-#include "core/plural.h"
 #include "core/phase.h"
+#include "core/plural.h"
 #include "core/safetensors.h"
-#include "ops/threads.h"
 #include "data/context_split.h"
 #include "data/open.h"
 #include "data/validate.h"
 #include "model/hf_config.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
+#include "ops/threads.h"
 #include "parallel/engine.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
@@ -112,7 +112,7 @@ void copy_file_atomically(const fs::path& from, const fs::path& to) {
 struct Run {
   const TrainConfig& config;
   const TrainOptions& options;
-  comm::ProcessGrid grid;
+  parallel::Grid grid;
   comm::CommPtr dp;  // data-parallel group: ranks that read different rows
   bool rank0;        // world rank 0 writes metrics and checkpoints
   parallel::ParallelEngine engine;
@@ -130,7 +130,7 @@ struct Run {
   ops::ComputeType compute = ops::ComputeType::kFloat32;  // model.dtype on this CPU
   double gemm_flops = 0;  // GEMM FLOP/s of `compute` (the MFU denominator)
 
-  Run(const TrainConfig& c, const TrainOptions& o, comm::ProcessGrid g)
+  Run(const TrainConfig& c, const TrainOptions& o, parallel::Grid g)
       : config(c), options(o), grid(std::move(g)), dp(grid.data), rank0(grid.world_rank == 0),
         engine(c.model, grid, static_cast<uint64_t>(c.train.seed),
                loader_config(c).pack.packed_length()),
@@ -222,7 +222,7 @@ struct Run {
   /// 2D-Attention: Σ max ÷ Σ mean of the context ranks' attention work over the step's rows of
   /// every dp rank (context_split.h); 0 when not context parallel.
   double cp_imbalance(const std::vector<data::MicroBatch>& batches) const {
-    const comm::Layout& l = grid.layout;
+    const parallel::Layout& l = grid.layout;
     if (!l.seq2d || l.seq2d_context <= 1) return 0;
     double parts[2] = {0, 0};
     for (const auto& b : batches) {
@@ -321,16 +321,16 @@ void report_skip(const TrainRow& row, int64_t in_a_row, int64_t max_in_a_row, bo
 namespace {
 
 /// The fewest ranks `layout` runs on: the tensor group, and under ISP also the weight group.
-int fewest_ranks(const comm::Layout& l) {
+int fewest_ranks(const parallel::Layout& l) {
   const int tp = l.tp();
-  if (l.tensor_mode != comm::TensorMode::kIsp) return tp;
+  if (l.tensor_mode != parallel::TensorMode::kIsp) return tp;
   return std::lcm(tp, l.weight_size);
 }
 
 /// --dry-run: the plan of the layout on the ranks it runs on, or (as one process) on
 /// options.dry_run_ranks or the fewest the layout needs; nothing is allocated or written.
 TrainSummary dry_run(const TrainConfig& config, const TrainOptions& options, const comm::CommPtr& world) {
-  const comm::Layout layout = layout_of(config.parallel);
+  const parallel::Layout layout = layout_of(config.parallel);
   int ranks = options.dry_run_ranks > 0 ? options.dry_run_ranks : world->size();
   if (options.dry_run_ranks <= 0 && ranks == 1) ranks = std::max(1, fewest_ranks(layout));
   MemoryPlanInputs in;
@@ -358,7 +358,7 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
                           comm::CommPtr world) {
   if (options.dry_run) return dry_run(config, options, world);
   // Layout errors (world, heads, P against the layout) come first, before any data or memory.
-  comm::ProcessGrid grid = comm::make_process_grid(world, layout_of(config.parallel));
+  parallel::Grid grid = parallel::make_grid(world, layout_of(config.parallel));
   // Then the precision: an explicit bfloat16 on a CPU without it fails before any work.
   std::string dtype_note;
   ops::ComputeType compute =

@@ -12,12 +12,12 @@
 namespace longtron::testing {
 namespace {
 
-using comm::TensorMode;
+using parallel::TensorMode;
 
 void check_bf16_parity(const ParityCase& c) {
   const RunResult fp32 = run_reference(c);
   const ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
-  comm::ProcessGrid grid = comm::make_process_grid(world(), c.layout);
+  parallel::Grid grid = parallel::make_grid(world(), c.layout);
   const RunResult ref = run_reference(c);
   parallel::ParallelEngine engine(c.model, grid, 42, c.P);
   train::AdamW adam(engine.local_layout(), parity_optimizer(), grid.zero1);

@@ -13,11 +13,14 @@
 #include "comm/process_grid.h"
 #include "core/error.h"
 #include "mpi_test_main.h"
+#include "parallel/layout.h"
 
 namespace longtron::comm {
 namespace {
 
 using longtron::testing::world;
+using parallel::Layout;
+using parallel::TensorMode;
 
 // The value rank r contributes at index i.
 double value(int r, int64_t i) { return 0.25 * (r + 1) + 0.5 * double(i) - 0.125 * (r * i % 5); }
@@ -258,11 +261,11 @@ TEST(Comm, OrderCheckNamesTheMismatch) {
 // The communicators of a grid hold exactly the world ranks group_ranks names.
 void check_grid(const Layout& layout) {
   Communicator& w = *world();
-  ProcessGrid g = make_process_grid(world(), layout);
+  parallel::Grid g = parallel::make_grid(world(), layout);
   EXPECT_EQ(g.tp * g.dp, w.size());
   for (Group kind : {Group::kTensor, Group::kData, Group::kWeight, Group::kWeightData, Group::kZero1,
                      Group::kZero1Replica, Group::kX, Group::kY}) {
-    std::vector<int> want = group_ranks(layout, w.size(), kind, w.rank());
+    std::vector<int> want = parallel::group_ranks(layout, w.size(), kind, w.rank());
     Communicator& c = *g.get(kind);
     std::vector<int32_t> got(static_cast<size_t>(c.size()));
     int32_t me = w.rank();
@@ -292,7 +295,7 @@ TEST(Comm, ProcessGridLayouts) {
     check_grid(Layout{.zero1_size = 2, .tensor_2d_x = 1, .tensor_2d_y = 2});
     check_grid(Layout{.zero1_size = 2});
   }
-  EXPECT_THROW(make_process_grid(world(), Layout{.tensor_size = W + 1}), Error);
+  EXPECT_THROW(parallel::make_grid(world(), Layout{.tensor_size = W + 1}), Error);
 }
 
 }  // namespace

@@ -7,9 +7,9 @@
 namespace longtron::testing {
 
 /// isp(T, W) with sequence_2D = {head_size hp, context_size T / hp, balance}.
-inline comm::Layout seq2d(int T, int W, int hp, const std::string& balance,
+inline parallel::Layout seq2d(int T, int W, int hp, const std::string& balance,
                           bool head_first = true) {
-  comm::Layout l = isp(T, W);
+  parallel::Layout l = isp(T, W);
   l.seq2d = true;
   l.seq2d_head = hp;
   l.seq2d_context = T / hp;

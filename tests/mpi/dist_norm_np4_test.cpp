@@ -2,15 +2,15 @@
 // y, weight gradients summed over x), and features split over all 4.
 #include "dist_norm_cases.h"
 
-#include "comm/process_grid.h"
+#include "parallel/layout.h"
 
 namespace longtron::testing {
 namespace {
 
 TEST(DistNormNp4, Grid2x2) {
-  comm::Layout l;
+  parallel::Layout l;
   l.tensor_2d_x = 2, l.tensor_2d_y = 2;
-  comm::ProcessGrid grid = comm::make_process_grid(world(), l);
+  parallel::Grid grid = parallel::make_grid(world(), l);
   check_random_shapes(*grid.x, *grid.y, 31);
 }
 

@@ -10,7 +10,7 @@
 namespace longtron::testing {
 namespace {
 
-using comm::TensorMode;
+using parallel::TensorMode;
 
 TEST(EngineNp2, Dp2) { check_parity({"dp2", layout(1, TensorMode::kMtp, 1)}); }
 TEST(EngineNp2, Dp2Zero1) { check_parity({"dp2 zero1", layout(1, TensorMode::kMtp, -1)}); }
@@ -48,7 +48,7 @@ TEST(EngineNp2, SaveDp2ResumeDp2Zero1) {
 TEST(EngineNp2, Zero1HoldsHalfTheState) {
   ParityCase c{"zero1 state", {}};
   for (int zero1 : {-1, 1}) {
-    comm::ProcessGrid grid = comm::make_process_grid(world(), layout(1, TensorMode::kMtp, zero1));
+    parallel::Grid grid = parallel::make_grid(world(), layout(1, TensorMode::kMtp, zero1));
     parallel::ParallelEngine engine(c.model, grid, 42, c.P);
     train::AdamW adam(engine.local_layout(), parity_optimizer(), grid.zero1);
     const int64_t n = engine.local_layout().numel();

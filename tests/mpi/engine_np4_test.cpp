@@ -6,7 +6,7 @@
 namespace longtron::testing {
 namespace {
 
-using comm::TensorMode;
+using parallel::TensorMode;
 
 TEST(EngineNp4, Dp2Tp2Mtp) { check_parity({"dp2 tp2 mtp", layout(2, TensorMode::kMtp)}); }
 TEST(EngineNp4, Dp2Tp2MspZero1) {

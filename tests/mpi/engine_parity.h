@@ -59,7 +59,7 @@ inline MicroBatch random_row(int64_t P, int64_t vocab, unsigned seed) {
 
 struct ParityCase {
   std::string name;
-  comm::Layout layout;
+  parallel::Layout layout;
   model::ModelConfig model = tiny_model();
   int64_t P = 16;        ///< tokens per row
   int rows = 4;          ///< rows of the global batch per step (micro_num = rows / dp)
@@ -88,7 +88,7 @@ inline void run_engine_steps(parallel::ParallelEngine& engine, train::AdamW& ada
 
 /// Runs the case and checks the contract on every rank; prints the measured errors on rank 0.
 inline void check_parity(const ParityCase& c) {
-  comm::ProcessGrid grid = comm::make_process_grid(world(), c.layout);
+  parallel::Grid grid = parallel::make_grid(world(), c.layout);
   const RunResult ref = run_reference(c);
   parallel::ParallelEngine engine(c.model, grid, 42, c.P);
   train::AdamW adam(engine.local_layout(), parity_optimizer(), grid.zero1);
@@ -107,7 +107,7 @@ inline void check_parity(const ParityCase& c) {
 
 /// Save after `split` steps in layout `a` (HF-named full tensors: params and AdamW moments,
 /// gathered), resume in layout `b` from those full tensors, and compare every loss with one process.
-inline void check_resume(const ParityCase& c, const comm::Layout& a, const comm::Layout& b,
+inline void check_resume(const ParityCase& c, const parallel::Layout& a, const parallel::Layout& b,
                          int split) {
   const RunResult ref = run_reference(c);
   model::ParamLayout full_layout(c.model);
@@ -115,7 +115,7 @@ inline void check_resume(const ParityCase& c, const comm::Layout& a, const comm:
   int64_t adam_step = 0;
   RunResult got;
   {
-    comm::ProcessGrid grid = comm::make_process_grid(world(), a);
+    parallel::Grid grid = parallel::make_grid(world(), a);
     parallel::ParallelEngine engine(c.model, grid, 42, c.P);
     train::AdamW adam(engine.local_layout(), parity_optimizer(), grid.zero1);
     run_engine_steps(engine, adam, c, 0, split, got);
@@ -126,7 +126,7 @@ inline void check_resume(const ParityCase& c, const comm::Layout& a, const comm:
     engine.gather_full(v, local_v);
     adam_step = adam.step();
   }
-  comm::ProcessGrid grid = comm::make_process_grid(world(), b);
+  parallel::Grid grid = parallel::make_grid(world(), b);
   parallel::ParallelEngine engine(c.model, grid, /*seed (overwritten)=*/7, c.P);
   train::AdamW adam(engine.local_layout(), parity_optimizer(), grid.zero1);
   engine.scatter_full(engine.params(), params);
@@ -146,8 +146,8 @@ inline void check_resume(const ParityCase& c, const comm::Layout& a, const comm:
   EXPECT_LT(err, 1e-4) << c.name;
 }
 
-inline comm::Layout layout(int tp, comm::TensorMode mode, int zero1 = 1) {
-  comm::Layout l;
+inline parallel::Layout layout(int tp, parallel::TensorMode mode, int zero1 = 1) {
+  parallel::Layout l;
   l.tensor_size = tp;
   l.tensor_mode = mode;
   l.zero1_size = zero1;

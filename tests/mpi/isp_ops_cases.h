@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "comm/process_grid.h"
 #include "core/error.h"
 #include "model/layers.h"
 #include "model/params.h"
@@ -23,13 +22,14 @@
 #include "parallel/isp_attention.h"
 #include "parallel/isp_ops.h"
 #include "parallel/isp_weights.h"
+#include "parallel/layout.h"
 #include "parallel/mappings.h"
 
 namespace longtron::testing {
 
 using Vec = std::vector<float>;
-using comm::Layout;
-using comm::TensorMode;
+using parallel::Layout;
+using parallel::TensorMode;
 
 inline Vec random_vec(int64_t n, unsigned seed) {
   std::mt19937 gen(seed);
@@ -91,14 +91,14 @@ inline Vec rows_of(const Vec& full, int64_t n, int64_t cols, int rank) {
 }
 
 /// Sums a sharded gradient over WEIGHT_DATA (the engine's data-parallel step under ISP).
-inline void data_sum(float* g, int64_t n, const comm::ProcessGrid& grid) {
+inline void data_sum(float* g, int64_t n, const parallel::Grid& grid) {
   if (grid.weight_data->size() > 1) grid.weight_data->all_reduce(g, n);
 }
 
 /// A weight-parallel linear (view `view` of the full layout used as [out, in]) against dense.
 inline void check_linear(const Layout& layout, int view, bool overlap) {
   const int R = world()->size(), r = world()->rank();
-  comm::ProcessGrid grid = comm::make_process_grid(world(), layout);
+  parallel::Grid grid = parallel::make_grid(world(), layout);
   model::ParamLayout full(op_model(2));
   model::Params<float> params(full), local(full), grads(full);
   model::init_params(params, 5);
@@ -141,7 +141,7 @@ inline void make_segments(int64_t P, std::vector<int32_t>& cu, std::vector<int32
 
 /// Ulysses attention (TENSOR group) against the dense attention on the whole row.
 inline void check_attention(const Layout& layout, int kv_heads) {
-  comm::ProcessGrid grid = comm::make_process_grid(world(), layout);
+  parallel::Grid grid = parallel::make_grid(world(), layout);
   const int T = grid.tensor->size(), t = grid.tensor->rank();
   const model::ModelConfig c = op_model(kv_heads);
   model::ParamLayout full(c);
@@ -172,7 +172,7 @@ inline void check_attention(const Layout& layout, int kv_heads) {
 /// Hidden-split embedding against the dense embedding.
 inline void check_embedding(const Layout& layout) {
   const int R = world()->size(), r = world()->rank();
-  comm::ProcessGrid grid = comm::make_process_grid(world(), layout);
+  parallel::Grid grid = parallel::make_grid(world(), layout);
   model::ParamLayout full(op_model(2));
   model::Params<float> params(full), local(full), grads(full);
   model::init_params(params, 6);
@@ -207,7 +207,7 @@ inline void check_embedding(const Layout& layout) {
 /// tokens have no valid label (its shard is all padding): it must return (0, 0), not NaN.
 inline void check_head(const Layout& layout) {
   const int R = world()->size(), r = world()->rank();
-  comm::ProcessGrid grid = comm::make_process_grid(world(), layout);
+  parallel::Grid grid = parallel::make_grid(world(), layout);
   model::ParamLayout full(op_model(2));
   model::Params<float> params(full), local(full), grads(full), dgrads(full);
   model::init_params(params, 7);

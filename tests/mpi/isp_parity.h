@@ -17,9 +17,9 @@ namespace longtron::testing {
 using RowFn = std::function<MicroBatch(int step, int i)>;
 
 struct IspCase {
-  IspCase(std::string n, comm::Layout l) : name(std::move(n)), layout(l) {}
+  IspCase(std::string n, parallel::Layout l) : name(std::move(n)), layout(l) {}
   std::string name;
-  comm::Layout layout;
+  parallel::Layout layout;
   model::ModelConfig model = tiny_model();
   int64_t P = 16;
   int rows = 4;
@@ -27,10 +27,10 @@ struct IspCase {
   RowFn row;  ///< nullptr = random_row(P)
 };
 
-inline comm::Layout isp(int T, int W, bool overlap = false) {
-  comm::Layout l;
+inline parallel::Layout isp(int T, int W, bool overlap = false) {
+  parallel::Layout l;
   l.tensor_size = T;
-  l.tensor_mode = comm::TensorMode::kIsp;
+  l.tensor_mode = parallel::TensorMode::kIsp;
   l.weight_size = W;
   l.weight_overlap = overlap;
   return l;
@@ -92,7 +92,7 @@ inline RunResult isp_run(const IspCase& c, parallel::ParallelEngine& engine) {
 
 /// Checks the contract on every rank and prints the measured errors on rank 0.
 inline RunResult check_isp_parity(const IspCase& c) {
-  comm::ProcessGrid grid = comm::make_process_grid(world(), c.layout);
+  parallel::Grid grid = parallel::make_grid(world(), c.layout);
   const RunResult ref = isp_reference(c);
   parallel::ParallelEngine engine(c.model, grid, 42, c.P);
   EXPECT_EQ(engine.mode(), "isp");

@@ -1,8 +1,8 @@
 // ISP (Ulysses + weight parallel) through the engine on 2 ranks against one process on the same
 // global batch (see isp_parity.h): T=2, W != T, overlap on/off, activation recomputation,
 // unpacked rows and a row whose second sequence shard is all padding.
-#include "isp_parity.h"
 #include "data/sequence_split.h"
+#include "isp_parity.h"
 #include "parallel/isp_ops.h"
 
 namespace longtron::testing {
@@ -46,7 +46,7 @@ TEST(IspParityNp2, OverlapPrefetchesAreUsed) {
   for (bool ckpt : {false, true}) {
     model::ModelConfig cfg = tiny_model();
     cfg.checkpoint = ckpt;
-    comm::ProcessGrid grid = comm::make_process_grid(world(), isp(2, 2, true));
+    parallel::Grid grid = parallel::make_grid(world(), isp(2, 2, true));
     model::ParamLayout full(cfg);
     model::Params<float> params(full), local(full), grads(full);
     model::init_params(params, 42);

@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "comm/process_grid.h"
 #include "core/error.h"
 #include "model/internlm2.h"
 #include "mpi_test_main.h"
 #include "parallel/engine.h"
+#include "parallel/layout.h"
 #include "train/optimizer.h"
 #include "train/step.h"
 
@@ -54,7 +54,7 @@ inline train::StepOptions parity_step_options() {
 
 /// This dp rank's rows of the global batch: micro_num = rows / dp consecutive rows.
 inline std::vector<MicroBatch> dp_share(const std::vector<MicroBatch>& all,
-                                        const comm::ProcessGrid& grid) {
+                                        const parallel::Grid& grid) {
   const int micro_num = int(all.size()) / grid.dp;
   return std::vector<MicroBatch>(all.begin() + grid.data->rank() * micro_num,
                                  all.begin() + (grid.data->rank() + 1) * micro_num);
@@ -95,7 +95,7 @@ inline void engine_steps(parallel::ParallelEngine& engine, train::AdamW& adam,
 /// One process (a dense engine on a one-rank communicator), every row of the global batch, `steps`
 /// AdamW steps with clipping: exactly what `longtron train` runs as one process.
 inline RunResult reference_run(const model::ModelConfig& m, int steps, const StepRows& step_rows) {
-  comm::ProcessGrid grid = comm::make_process_grid(comm::make_local_communicator(), comm::Layout{});
+  parallel::Grid grid = parallel::make_grid(comm::make_local_communicator(), parallel::Layout{});
   parallel::ParallelEngine engine(m, grid, 42);
   train::AdamW adam(engine.local_layout(), parity_optimizer());
   RunResult out;
@@ -148,9 +148,9 @@ inline void expect_parity(const ParityErrors& e, const std::string& name) {
 
 /// The engine's error message for a layout (empty when it builds). Layout errors come from the
 /// constructor, before any parameter is allocated, on every rank.
-inline std::string engine_error(const model::ModelConfig& m, const comm::Layout& l, int64_t P) {
+inline std::string engine_error(const model::ModelConfig& m, const parallel::Layout& l, int64_t P) {
   try {
-    comm::ProcessGrid grid = comm::make_process_grid(world(), l);
+    parallel::Grid grid = parallel::make_grid(world(), l);
     parallel::ParallelEngine engine(m, grid, 1, P);
   } catch (const Error& e) {
     return e.what();

@@ -5,9 +5,9 @@
 namespace longtron::testing {
 namespace {
 
-using comm::TensorMode;
+using parallel::TensorMode;
 
-ParityCase recompute(const std::string& name, comm::Layout l) {
+ParityCase recompute(const std::string& name, parallel::Layout l) {
   ParityCase c{name + " checkpoint", l};
   c.model.checkpoint = true;
   return c;
@@ -18,7 +18,7 @@ TEST(RecomputeNp2, Mtp) { check_parity(recompute("tp2 mtp", layout(2, TensorMode
 TEST(RecomputeNp2, Msp) { check_parity(recompute("tp2 msp", layout(2, TensorMode::kMsp))); }
 TEST(RecomputeNp2, Fsp) { check_parity(recompute("tp2 fsp", layout(2, TensorMode::kFsp))); }
 TEST(RecomputeNp2, Isp) {
-  comm::Layout l = layout(2, TensorMode::kIsp);
+  parallel::Layout l = layout(2, TensorMode::kIsp);
   l.weight_size = 2;
   check_parity(recompute("isp2 W=2", l));
 }

@@ -42,7 +42,7 @@ MicroBatch sft_row(int step, int i, int64_t vocab) {
   return data::build_pack(src, order, pc)->row(0);
 }
 
-void check_sft_parity(const std::string& name, const comm::Layout& l) {
+void check_sft_parity(const std::string& name, const parallel::Layout& l) {
   const model::ModelConfig m = tiny_model();
   const StepRows rows = [&](int step) {
     std::vector<MicroBatch> out;
@@ -52,7 +52,7 @@ void check_sft_parity(const std::string& name, const comm::Layout& l) {
   // The premise: row 0's second half carries no label, and every row has some -100.
   const MicroBatch r0 = rows(0)[0];
   for (size_t j = 8; j < 16; ++j) ASSERT_EQ(r0.labels[j], data::kIgnoreIndex);
-  comm::ProcessGrid grid = comm::make_process_grid(world(), l);
+  parallel::Grid grid = parallel::make_grid(world(), l);
   const RunResult ref = reference_run(m, 4, rows);
   parallel::ParallelEngine engine(m, grid, 42, 16);
   train::AdamW adam(engine.local_layout(), parity_optimizer(), grid.zero1);
@@ -67,7 +67,7 @@ void check_sft_parity(const std::string& name, const comm::Layout& l) {
   expect_parity(e, name);
 }
 
-using comm::TensorMode;
+using parallel::TensorMode;
 
 TEST(SftParityNp2, Dp2) { check_sft_parity("dp2", layout(1, TensorMode::kMtp)); }
 TEST(SftParityNp2, Dp2Zero1) { check_sft_parity("dp2 zero1", layout(1, TensorMode::kMtp, -1)); }

@@ -10,8 +10,8 @@
 
 namespace longtron::testing {
 
-inline comm::Layout layout_2d(int x, int y, const std::string& overlap = "none", int zero1 = 1) {
-  comm::Layout l;
+inline parallel::Layout layout_2d(int x, int y, const std::string& overlap = "none", int zero1 = 1) {
+  parallel::Layout l;
   l.tensor_2d_x = x;
   l.tensor_2d_y = y;
   l.tensor_2d_overlap = overlap;
@@ -25,8 +25,8 @@ struct StepOne {
   std::vector<float> grads;
 };
 
-inline StepOne step_one(const ParityCase& c, const comm::Layout& l) {
-  comm::ProcessGrid grid = comm::make_process_grid(world(), l);
+inline StepOne step_one(const ParityCase& c, const parallel::Layout& l) {
+  parallel::Grid grid = parallel::make_grid(world(), l);
   parallel::ParallelEngine engine(c.model, grid, 42, c.P);
   const train::StepResult step = engine_gradients(engine, dp_share(global_rows(c, 0), grid));
   model::Params<float> full(engine.full_layout());
@@ -36,8 +36,8 @@ inline StepOne step_one(const ParityCase& c, const comm::Layout& l) {
 
 /// Max |a − b| over the full step-1 gradients and |loss a − loss b|, printed; both must be <= tol
 /// (0 = bit-identical).
-inline void compare_layouts(const ParityCase& c, const comm::Layout& a, const std::string& a_name,
-                            const comm::Layout& b, const std::string& b_name, double tol) {
+inline void compare_layouts(const ParityCase& c, const parallel::Layout& a, const std::string& a_name,
+                            const parallel::Layout& b, const std::string& b_name, double tol) {
   const StepOne ra = step_one(c, a), rb = step_one(c, b);
   double diff = 0;
   for (size_t i = 0; i < ra.grads.size(); ++i)

@@ -12,10 +12,10 @@
 #include <random>
 #include <vector>
 
-#include "comm/process_grid.h"
 #include "model/params.h"
 #include "mpi_test_main.h"
 #include "ops/ops.h"
+#include "parallel/layout.h"
 #include "parallel/tp_linear.h"
 
 namespace longtron::testing {
@@ -116,9 +116,9 @@ inline void check_linear_2d(const comm::CommPtr& ag, const comm::CommPtr& rs, in
 
 /// Every combination on a grid of x × y.
 inline void check_linear_2d_grid(int x, int y) {
-  comm::Layout l;
+  parallel::Layout l;
   l.tensor_2d_x = x, l.tensor_2d_y = y;
-  const comm::ProcessGrid grid = comm::make_process_grid(world(), l);
+  const parallel::Grid grid = parallel::make_grid(world(), l);
   using parallel::Overlap2D;
   for (bool ax : {true, false})
     for (Overlap2D o : {Overlap2D::kNone, Overlap2D::kAgWithMatmul, Overlap2D::kMatmulWithRs})

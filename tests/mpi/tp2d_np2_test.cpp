@@ -35,7 +35,7 @@ TEST(Tp2dNp2, SaveX1Y2ResumeX2Y1Overlap) {
 TEST(Tp2dNp2, X2Y1EqualsMsp) {
   ParityCase c{"x2y1 vs msp", {}};
   c.P = 32;
-  compare_layouts(c, layout_2d(2, 1), "2d x2 y1", layout(2, comm::TensorMode::kMsp), "msp tp2", 0.0);
+  compare_layouts(c, layout_2d(2, 1), "2d x2 y1", layout(2, parallel::TensorMode::kMsp), "msp tp2", 0.0);
 }
 
 // Each output element is the same dot product whatever the chunking; OpenBLAS picks its kernel by
@@ -72,7 +72,7 @@ TEST(Tp2dNp2, SizeErrorsNameTheConstraint) {
   EXPECT_NE(e.find("x·y"), std::string::npos) << e;
   e = engine_error(tiny_model(), layout_2d(2, 1, "both"), 16);
   EXPECT_NE(e.find("parallel.tensor_2d.overlap"), std::string::npos) << e;
-  comm::Layout both = layout_2d(2, 1);
+  parallel::Layout both = layout_2d(2, 1);
   both.tensor_size = 2;
   e = engine_error(tiny_model(), both, 16);
   EXPECT_NE(e.find("parallel.tensor_2d"), std::string::npos) << e;

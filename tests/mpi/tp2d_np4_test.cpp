@@ -19,7 +19,7 @@ TEST(Tp2dNp4, Dp2X1Y2MatmulWithRs) { check_parity({"dp2 x 2d x1 y2 mm_rs", layou
 TEST(Tp2dNp4, SaveX2Y2ResumeMspTp4) {
   ParityCase c{"2d x2 y2 -> msp tp4", {}};
   c.model = tiny_model(4);  // tp4 MSP needs kv heads divisible by 4
-  check_resume(c, layout_2d(2, 2), layout(4, comm::TensorMode::kMsp), 3);
+  check_resume(c, layout_2d(2, 2), layout(4, parallel::TensorMode::kMsp), 3);
 }
 
 TEST(Tp2dNp4, OverlapsEqualNone) {  // see tp2d_np2_test.cpp
@@ -39,7 +39,7 @@ TEST(Tp2dNp4, ForwardLossTokenLosses) {
   model::InternLM2<float> net(layout, params);
   std::vector<double> want, got;
   const model::LossSum ref = net.forward_loss(row, &want);
-  comm::ProcessGrid grid = comm::make_process_grid(world(), layout_2d(2, 2));
+  parallel::Grid grid = parallel::make_grid(world(), layout_2d(2, 2));
   parallel::ParallelEngine engine(m, grid, 42, 32);
   const model::LossSum l = engine.forward_loss(row, &got);
   EXPECT_EQ(l.count, ref.count);

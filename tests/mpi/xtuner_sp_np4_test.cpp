@@ -10,7 +10,6 @@
 #include <limits>
 #include <random>
 
-#include "comm/process_grid.h"
 #include "core/error.h"
 #include "data/memory_source.h"
 #include "data/pack.h"
@@ -18,6 +17,7 @@
 #include "model/internlm2.h"
 #include "mpi_test_main.h"
 #include "parallel/isp_ops.h"
+#include "parallel/layout.h"
 #include "parallel/sequence_parallel.h"
 
 namespace longtron::testing {
@@ -85,9 +85,9 @@ TEST(XtunerSpNp4, EndToEnd) {
   model::ModelConfig c;
   c.vocab_size = 41, c.hidden_size = 32, c.num_layers = 2, c.num_attention_heads = 4;
   c.num_kv_attention_heads = 2, c.multiple_of = 8;
-  comm::Layout l;
-  l.tensor_size = 2, l.tensor_mode = comm::TensorMode::kIsp, l.weight_size = 2;
-  comm::ProcessGrid grid = comm::make_process_grid(world(), l);
+  parallel::Layout l;
+  l.tensor_size = 2, l.tensor_mode = parallel::TensorMode::kIsp, l.weight_size = 2;
+  parallel::Grid grid = parallel::make_grid(world(), l);
   model::ParamLayout full(c);
   model::Params<float> params(full), local(full);
   model::init_params(params, 9);
@@ -141,10 +141,10 @@ TEST(XtunerSpNp4, EndToEnd2D) {
   model::ModelConfig c;
   c.vocab_size = 41, c.hidden_size = 32, c.num_layers = 2, c.num_attention_heads = 4;
   c.num_kv_attention_heads = 2, c.multiple_of = 8;
-  comm::Layout l;
-  l.tensor_size = 4, l.tensor_mode = comm::TensorMode::kIsp, l.weight_size = 4;
+  parallel::Layout l;
+  l.tensor_size = 4, l.tensor_mode = parallel::TensorMode::kIsp, l.weight_size = 4;
   l.seq2d = true, l.seq2d_head = 2, l.seq2d_context = 2, l.seq2d_balance = "document";
-  comm::ProcessGrid grid = comm::make_process_grid(world(), l);
+  parallel::Grid grid = parallel::make_grid(world(), l);
   model::ParamLayout full(c);
   model::Params<float> params(full), local(full);
   model::init_params(params, 9);

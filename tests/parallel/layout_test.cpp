@@ -5,12 +5,13 @@
 #include <string>
 #include <vector>
 
-#include "comm/process_grid.h"
 #include "core/error.h"
+#include "parallel/layout.h"
 
-namespace longtron::comm {
+namespace longtron::parallel {
 namespace {
 
+using comm::Group;
 using V = std::vector<int>;
 
 TEST(ProcessGrid, TensorConsecutiveDataStrided) {
@@ -111,4 +112,4 @@ TEST(ProcessGrid, ModelErrorsNameTheConstraint) {
 }
 
 }  // namespace
-}  // namespace longtron::comm
+}  // namespace longtron::parallel

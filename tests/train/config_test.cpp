@@ -5,9 +5,9 @@
 
 #include <filesystem>
 
-#include "comm/process_grid.h"
 #include "core/error.h"
 #include "parallel/engine.h"
+#include "parallel/layout.h"
 #include "train/memory_plan.h"
 
 using longtron::Error;
@@ -331,7 +331,7 @@ TEST(Config, Tensor2dOverlapNamesAreTheEngines) {
       c.parallel.tensor_2d.overlap = name;
     }
     try {
-      const auto grid = longtron::comm::make_process_grid(longtron::comm::make_local_communicator(),
+      const auto grid = longtron::parallel::make_grid(longtron::comm::make_local_communicator(),
                                                           longtron::train::layout_of(c.parallel));
       longtron::parallel::ParallelEngine engine(c.model, grid, 1, c.data.seq_len);
       EXPECT_EQ(engine.mode(), "2d");

@@ -8,9 +8,9 @@
 #include <random>
 #include <vector>
 
-#include "comm/process_grid.h"
 #include "model/model_testing.h"
 #include "parallel/engine.h"
+#include "parallel/layout.h"
 #include "train/schedule.h"
 #include "train/step.h"
 
@@ -32,7 +32,7 @@ std::vector<data::MicroBatch> two_rows() {
 }
 
 struct Dense {
-  comm::ProcessGrid grid = comm::make_process_grid(comm::make_local_communicator(), comm::Layout{});
+  parallel::Grid grid = parallel::make_grid(comm::make_local_communicator(), parallel::Layout{});
   parallel::ParallelEngine engine{testing::tiny_config(), grid, 42};
   train::AdamW adam{engine.local_layout(), train::OptimizerConfig{}};
 };

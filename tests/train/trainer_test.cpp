@@ -6,9 +6,7 @@
 #include <random>
 
 #include "../test_util.h"
-#include "trainer_fixture.h"
 #include "comm/communicator.h"
-#include "comm/process_grid.h"
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "data/megatron.h"
@@ -16,11 +14,13 @@
 #include "model/hf_config.h"
 #include "ops/ops.h"
 #include "parallel/engine.h"
+#include "parallel/layout.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/evaluate.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
+#include "trainer_fixture.h"
 
 namespace fs = std::filesystem;
 using namespace longtron;
@@ -187,7 +187,7 @@ TEST(Trainer, InitFromBf16AndShardedFolders) {
   for (int64_t i = 0; i < params.numel(); ++i)
     params.data()[i] = safetensors::bf16_to_float(safetensors::float_to_bf16(params.data()[i]));
   // Scored by a dense engine (one process) holding those weights.
-  const comm::ProcessGrid grid = comm::make_process_grid(comm::make_local_communicator(), comm::Layout{});
+  const parallel::Grid grid = parallel::make_grid(comm::make_local_communicator(), parallel::Layout{});
   parallel::ParallelEngine engine(c.model, grid, params);
   data::Dataset valid = data::open_dataset(c.data.valid_folder);
   data::DatasetRows rows(valid, train::loader_config(c).pack, 0, false, static_cast<uint32_t>(c.data.seed));
