@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "modes/engine.h"
 #include "ops/threads.h"
-#include "parallel/engine.h"
 #include "parallel/layout.h"
 #include "train/config.h"
 

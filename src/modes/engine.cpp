@@ -1,5 +1,5 @@
 // The distributed engine (see engine.h): plan, ops, reductions and full-tensor import/export.
-#include "parallel/engine.h"
+#include "modes/engine.h"
 
 #include "data/context_split.h"
 #include "data/sequence_split.h"
@@ -50,6 +50,15 @@ double sum_squares(const float* x, int64_t n) {
 }
 
 }  // namespace
+
+void validate_model_layout(const Layout& l, int world, const ModelShape& s) {
+  validate_layout(l, world);
+  check(s.num_heads > 0 && s.num_kv_heads > 0 && s.num_heads % s.num_kv_heads == 0,
+        "num_attention_heads ({}) must be a positive multiple of num_kv_attention_heads ({})",
+        s.num_heads, s.num_kv_heads);
+  const ModeFactory& mode = find_mode(mode_name(l));
+  if (mode.validate) mode.validate(l, s);
+}
 
 void register_mode(const std::string& name, ModeFactory factory) {
   registry()[name] = std::move(factory);

@@ -81,6 +81,10 @@ void register_mode(const std::string& name, ModeFactory factory);
 const ModeFactory& find_mode(const std::string& name);
 /// "dense" | "mtp" | "msp" | "fsp" | "isp" | "2d" for a layout (see the top of this file).
 std::string mode_name(const Layout& layout);
+/// validate_layout, heads a positive multiple of kv heads, then the rules of the layout's mode
+/// (its ModeFactory::validate, beside the mode's code), each named in its error.
+void validate_model_layout(const Layout& layout, int world_size, const ModelShape& shape);
+
 /// Registers every built-in mode once (idempotent; called by the engine's constructor).
 void register_builtin_modes();
 

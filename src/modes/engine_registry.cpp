@@ -3,7 +3,7 @@
 #include <mutex>
 
 #include "model/layers.h"
-#include "parallel/engine.h"
+#include "modes/engine.h"
 
 namespace longtron::parallel {
 

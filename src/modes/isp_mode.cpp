@@ -5,8 +5,8 @@
 #include "core/error.h"
 #include "data/context_split.h"
 #include "data/sequence_split.h"
-#include "parallel/engine.h"
-#include "parallel/isp_ops.h"
+#include "modes/engine.h"
+#include "modes/isp_ops.h"
 #include "parallel/layout.h"
 
 namespace longtron::parallel {

@@ -1,5 +1,5 @@
 // ISP ops factory and sharding plan (see isp_ops.h).
-#include "parallel/isp_ops.h"
+#include "modes/isp_ops.h"
 
 #include <algorithm>
 

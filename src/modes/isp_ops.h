@@ -19,7 +19,7 @@
 
 #include "model/layers.h"
 #include "model/params.h"
-#include "parallel/isp_weights.h"
+#include "modes/isp_weights.h"
 #include "parallel/layout.h"
 
 namespace longtron::parallel {

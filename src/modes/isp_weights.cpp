@@ -1,5 +1,5 @@
 // ISP weight parallel (see isp_weights.h).
-#include "parallel/isp_weights.h"
+#include "modes/isp_weights.h"
 
 #include <algorithm>
 #include <cstring>

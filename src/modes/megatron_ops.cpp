@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "core/error.h"
+#include "modes/engine.h"
 #include "ops/ops.h"
 #include "ops/vocab_check.h"
-#include "parallel/engine.h"
 #include "parallel/head_loss.h"
 #include "parallel/layers.h"
 #include "parallel/mappings.h"

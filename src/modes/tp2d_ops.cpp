@@ -1,5 +1,5 @@
 // The ops of the 2D tensor-parallel mode (see tp2d_ops.h).
-#include "parallel/tp2d_ops.h"
+#include "modes/tp2d_ops.h"
 
 #include <algorithm>
 #include <cstring>

@@ -25,7 +25,7 @@
 // Generation (logits_row) is not supported under 2D (Error); training and evaluation are.
 #pragma once
 #include "model/layers.h"
-#include "parallel/engine.h"
+#include "modes/engine.h"
 
 namespace longtron::parallel {
 

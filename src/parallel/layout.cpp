@@ -2,7 +2,6 @@
 #include "parallel/layout.h"
 
 #include "core/error.h"
-#include "parallel/engine.h"
 
 namespace longtron::parallel {
 
@@ -92,15 +91,6 @@ void validate_layout(const Layout& l, int world) {
 
 void need_divisible(int64_t a, int64_t b, const char* what_a, const char* what_b) {
   check(b > 0 && a % b == 0, "{} ({}) is not divisible by {} ({})", what_a, a, what_b, b);
-}
-
-void validate_model_layout(const Layout& l, int world, const ModelShape& s) {
-  validate_layout(l, world);
-  check(s.num_heads > 0 && s.num_kv_heads > 0 && s.num_heads % s.num_kv_heads == 0,
-        "num_attention_heads ({}) must be a positive multiple of num_kv_attention_heads ({})",
-        s.num_heads, s.num_kv_heads);
-  const ModeFactory& mode = find_mode(mode_name(l));
-  if (mode.validate) mode.validate(l, s);
 }
 
 comm::GridShape grid_shape(const Layout& l) {

@@ -1,7 +1,7 @@
 // The parallel layout of the config (`parallel.*` keys): the tensor-parallel mode and the sizes of
 // each parallel dimension, the rules every layout obeys, and the process grid it makes
 // (docs/parallel.md). Each mode checks its own model-size rules beside its code (ModeFactory::
-// validate, engine.h); validate_model_layout runs the common rules and then the mode's.
+// validate, modes/engine.h); validate_model_layout there runs the common rules, then the mode's.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -57,11 +57,6 @@ struct ModelShape {
   int64_t hidden_size = 0;
   int64_t packed_length = 0;  ///< P: tokens of one packed row (micro_bsz × seq_len); 0 = unknown
 };
-
-/// validate_layout, heads a positive multiple of kv heads, then the rules of the layout's mode
-/// (ModeFactory::validate beside each mode's code: megatron_mode_sizes, isp_mode_sizes,
-/// tp2d_mode_sizes), each named in its error.
-void validate_model_layout(const Layout& layout, int world_size, const ModelShape& shape);
 
 /// Throws Error naming both sizes unless b > 0 divides a ("{what_a} ({a}) is not divisible by
 /// {what_b} ({b})"): the form of every mode's size rule.

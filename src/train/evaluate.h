@@ -8,7 +8,7 @@
 #include "data/dataset.h"
 #include "data/pack.h"
 #include "model/internlm2.h"
-#include "parallel/engine.h"
+#include "modes/engine.h"
 
 namespace longtron::train {
 

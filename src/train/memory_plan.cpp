@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "model/internlm2.h"
 #include "model/params.h"
-#include "parallel/engine.h"
+#include "modes/engine.h"
 #include "parallel/layout.h"
 #include "parallel/shard_plan.h"
 

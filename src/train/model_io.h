@@ -7,8 +7,8 @@
 #include <memory>
 
 #include "model/params.h"
+#include "modes/engine.h"
 #include "ops/precision.h"
-#include "parallel/engine.h"
 #include "parallel/layout.h"
 
 namespace longtron::train {

@@ -15,7 +15,7 @@
 
 #include "data/batch.h"
 #include "model/internlm2.h"
-#include "parallel/engine.h"
+#include "modes/engine.h"
 #include "train/optimizer.h"
 
 namespace longtron::train {

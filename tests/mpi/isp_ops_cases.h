@@ -17,11 +17,11 @@
 #include "core/error.h"
 #include "model/layers.h"
 #include "model/params.h"
+#include "modes/isp_ops.h"
+#include "modes/isp_weights.h"
 #include "mpi_test_main.h"
 #include "ops/ops.h"
 #include "parallel/isp_attention.h"
-#include "parallel/isp_ops.h"
-#include "parallel/isp_weights.h"
 #include "parallel/layout.h"
 #include "parallel/mappings.h"
 

@@ -3,7 +3,7 @@
 // unpacked rows and a row whose second sequence shard is all padding.
 #include "data/sequence_split.h"
 #include "isp_parity.h"
-#include "parallel/isp_ops.h"
+#include "modes/isp_ops.h"
 
 namespace longtron::testing {
 namespace {

@@ -16,8 +16,8 @@
 
 #include "core/error.h"
 #include "model/internlm2.h"
+#include "modes/engine.h"
 #include "mpi_test_main.h"
-#include "parallel/engine.h"
 #include "parallel/layout.h"
 #include "train/optimizer.h"
 #include "train/step.h"

@@ -15,8 +15,8 @@
 #include "data/pack.h"
 #include "data/sequence_split.h"
 #include "model/internlm2.h"
+#include "modes/isp_ops.h"
 #include "mpi_test_main.h"
-#include "parallel/isp_ops.h"
 #include "parallel/layout.h"
 #include "parallel/sequence_parallel.h"
 

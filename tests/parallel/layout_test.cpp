@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "modes/engine.h"
 #include "parallel/layout.h"
 
 namespace longtron::parallel {

@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "parallel/engine.h"
+#include "modes/engine.h"
 #include "parallel/layout.h"
 #include "train/memory_plan.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "model/model_testing.h"
-#include "parallel/engine.h"
+#include "modes/engine.h"
 #include "parallel/layout.h"
 #include "train/schedule.h"
 #include "train/step.h"
