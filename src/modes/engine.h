@@ -5,13 +5,17 @@
 // 1. ShardPlan (shard_plan.h): for each full HF tensor, the local view (splits over groups) and the
 //    groups its gradient is SUMMED over. The rank's params/grads are model::Params over
 //    plan.local_layout() (same names and view indices as the full layout, local shapes).
-// 2. A mode = ModeFactory {plan, make_ops, local_batch}, registered under a name:
+// 2. A mode = ModeFactory {plan, make_ops, local_batch, validate}, registered under a name (the
+//    modes live in src/modes/, built from the primitives of src/parallel/):
 //      plan(ShardPlan&)                 adds the mode's splits and gradient sums;
 //      make_ops(const ModeContext&)     builds model::ModelOps<float> over the LOCAL layout (the
 //                                       ops hold their communicators, from ctx.grid);
 //      local_batch(row, ctx)            (optional) the part of a full packed row this rank feeds
 //                                       the model (ISP: the sequence shard, docs/data.md; default:
 //                                       the whole row, as MTP/MSP/FSP do).
+//      validate(layout, shape)          (optional) the mode's own rules on the model sizes and its
+//                                       options, run by validate_model_layout before anything is
+//                                       allocated.
 //    mode_name(layout) picks the factory: "dense" (tp 1, no isp/2d), "mtp", "msp", "fsp", "isp"
 //    (tensor.mode isp, any T/W), "2d" (parallel.tensor_2d). Registration: define
 //    `void register_<mode>_mode()` in your own .cpp (calling register_mode) and add ONE call to it
