@@ -15,9 +15,9 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "ops/attention_dq_order.h"
 #include "ops/attention_plan.h"
 #include "ops/attention_rows.h"
 #include "ops/bf16_tile_gemm.h"
@@ -197,7 +197,7 @@ void move_query_block(PackedQueries& pq, float* dq, const float* q, const float*
 }
 
 void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQueries& pq,
-                   std::mutex* locks, const AttentionShape& s, const AttnPlan& p,
+                   DqOrder& order, const AttentionShape& s, const AttnPlan& p,
                    const AttnItem& it, const Dims& m, BackwardScratch& w) {
   const AttnSegment& sg = p.segments[it.seg];
   const int64_t d = m.d, G = m.G, g = it.kv_head;
@@ -240,18 +240,14 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
               w.dv_t.data(), B, !first, d);
     bf16_gemm(d, bj, Mp / 2, pq.q_t + tile * size, pq.tile_rows, w.ds_pairs.data(), B,
               w.dk_t.data(), B, !first, d);
-    // dQ += dS K, into the shared tile when its lock is free (see attention_backward.cpp).
-    std::mutex& lock = locks[tile];
+    // dQ += dS K, into private memory, then added on this block's turn (attention_dq_order.h).
     float* dst = &pq.dq[base * d];
-    if (lock.try_lock()) {
-      bf16_gemm(M, d, bjp / 2, w.ds.data(), bjp, w.kp.data(), m.d16, dst, d, true, rows);
-      lock.unlock();
-      continue;
-    }
     bf16_gemm(M, d, bjp / 2, w.ds.data(), bjp, w.kp.data(), m.d16, w.dq.data(), d, false, rows);
-    std::lock_guard<std::mutex> guard(lock);
+    const float* src = w.dq.data();
+    order.wait(tile, it.block);
 #pragma omp simd
-    for (int64_t x = 0; x < M * d; ++x) dst[x] += w.dq[x];
+    for (int64_t x = 0; x < M * d; ++x) dst[x] += src[x];
+    order.pass(tile, it.block);
   }
   for (int64_t c = 0; c < bj; ++c) {
     float* dkr = dk + (k0 + c) * s.kv_stride + g * d;
@@ -301,7 +297,8 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
                    floats,
                    floats + rows,
                    floats + 2 * rows};
-  std::unique_ptr<std::mutex[]> locks(new std::mutex[tiles]);
+  DqOrder order(p, s.num_kv_heads);
+  ItemCounter items;  // in order, largest first (a dynamic schedule that DqOrder needs)
   const int64_t n_items = static_cast<int64_t>(p.items.size());
   const int64_t n_queries = static_cast<int64_t>(p.q_side.size());
 #pragma omp parallel
@@ -310,9 +307,9 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
     for (int64_t i = 0; i < n_queries; ++i)
       move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], m, true);
     BackwardScratch scratch(tile_rows, m);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n_items; ++i)
-      backward_item(dk, dv, k, v, pq, locks.get(), s, p, p.items[i], m, scratch);
+    for (int64_t i = items.claim(); i < n_items; i = items.claim())
+      backward_item(dk, dv, k, v, pq, order, s, p, p.items[i], m, scratch);
+#pragma omp barrier
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n_queries; ++i)
       move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], m, false);
