@@ -5,9 +5,9 @@
 // its keys (causal, bottom-right aligned, window), as the forward does. P is recomputed from the saved lse, and
 // D = rowsum(dO ∘ O) replaces the softmax Jacobian. The query heads of the kv group are stacked
 // as tile rows, so the GQA sum over them is part of the dK/dV GEMMs. dQ of a query block receives
-// one tile from each key block, the CPU counterpart of FA2's atomic adds: computed in private
-// memory and added into the shared tile in key-block order (attention_dq_order.h), so dQ does not
-// depend on the number of threads. Extra memory:
+// one tile from each key block, the CPU counterpart of FA2's atomic adds: accumulated into the
+// shared tile in key-block order (attention_dq_order.h), so dQ does not depend on the number of
+// threads. Extra memory:
 // the packed q, dO and dq of the call, O(N · Hq · d), never O(N²).
 #include <algorithm>
 #include <cstring>
@@ -46,10 +46,10 @@ struct PackedQueries {
 
 template <typename T>
 struct BackwardScratch {
-  std::vector<T> kt, vt, kc, s, dp, dq, dk, dv;
+  std::vector<T> kt, vt, kc, s, dp, dk, dv;
   BackwardScratch(int64_t rows, int64_t d)
       : kt(d * kKeyBlock), vt(d * kKeyBlock), kc(kKeyBlock * d), s(rows * kKeyBlock),
-        dp(rows * kKeyBlock), dq(rows * d), dk(kKeyBlock * d), dv(kKeyBlock * d) {}
+        dp(rows * kKeyBlock), dk(kKeyBlock * d), dv(kKeyBlock * d) {}
 };
 
 // Copies (pack = true) the query block of `it` into PackedQueries with its lse and D, or scatters
@@ -147,14 +147,10 @@ void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
     // dV += Pᵀ dO and dK += dSᵀ Q (the transposes are strides of A, nothing is copied).
     detail::tile_gemm<T>(nb, d, M, sk, 1, bj, dot, d, w.dv.data() + klo * d, d, true);
     detail::tile_gemm<T>(nb, d, M, dsk, 1, bj, qt, d, w.dk.data() + klo * d, d, true);
-    // dQ += dS K: into private memory, then added into the shared tile on this block's turn.
+    // dQ += dS K, straight into the shared tile on this block's turn.
     const T* kc = w.kc.data() + klo * d;
-    detail::tile_gemm<T>(M, d, nb, dsk, bj, 1, kc, d, w.dq.data(), d, false);
-    T* dst = &pq.dq[base * d];
-    const T* src = w.dq.data();
     order.wait(tile, it.block);
-#pragma omp simd
-    for (int64_t x = 0; x < M * d; ++x) dst[x] += src[x];
+    detail::tile_gemm<T>(M, d, nb, dsk, bj, 1, kc, d, &pq.dq[base * d], d, true);
     order.pass(tile, it.block);
   }
   for (int64_t c = 0; c < bj; ++c) {

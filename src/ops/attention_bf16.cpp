@@ -137,11 +137,11 @@ struct PackedQueries {
 struct BackwardScratch {
   std::vector<bf16_t> rows, ds;
   std::vector<uint32_t> kw, vw, kp, p_pairs, ds_pairs;
-  std::vector<float> s, dp, dq, dk_t, dv_t;
+  std::vector<float> s, dp, dk_t, dv_t;
   BackwardScratch(int64_t tile_rows, const Dims& m)
       : rows(B * m.dp), ds(tile_rows * B), kw(m.words_t()), vw(m.words_t()),
         kp(m.words_rows()), p_pairs(tile_rows / 2 * B), ds_pairs(tile_rows / 2 * B),
-        s(tile_rows * B), dp(tile_rows * B), dq(tile_rows * m.d), dk_t(m.d * B),
+        s(tile_rows * B), dp(tile_rows * B), dk_t(m.d * B),
         dv_t(m.d * B) {}
 };
 
@@ -240,13 +240,9 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
               w.dv_t.data(), B, !first, d);
     bf16_gemm(d, bj, Mp / 2, pq.q_t + tile * size, pq.tile_rows, w.ds_pairs.data(), B,
               w.dk_t.data(), B, !first, d);
-    // dQ += dS K, into private memory, then added on this block's turn (attention_dq_order.h).
-    float* dst = &pq.dq[base * d];
-    bf16_gemm(M, d, bjp / 2, w.ds.data(), bjp, w.kp.data(), m.d16, w.dq.data(), d, false, rows);
-    const float* src = w.dq.data();
+    // dQ += dS K, straight into the shared tile on this block's turn (attention_dq_order.h).
     order.wait(tile, it.block);
-#pragma omp simd
-    for (int64_t x = 0; x < M * d; ++x) dst[x] += src[x];
+    bf16_gemm(M, d, bjp / 2, w.ds.data(), bjp, w.kp.data(), m.d16, &pq.dq[base * d], d, true, rows);
     order.pass(tile, it.block);
   }
   for (int64_t c = 0; c < bj; ++c) {
