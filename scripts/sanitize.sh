@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Builds longtron with AddressSanitizer + UndefinedBehaviorSanitizer in build-asan/ and runs the
 # whole test suite (unit tests, CLI tests, MPI tests) under them with ctest.
-# -O1 -g keeps the asserts and a readable stack while staying fast enough to run the suite
-# (the sanitizers' own advice for optimised builds). Extra arguments go to ctest (e.g. -R pack).
+# -O1 -g1 keeps the asserts (no NDEBUG: nlohmann::json's own checks run too) and file:line in
+# every stack while staying fast enough to run the suite (the sanitizers' own advice for optimised
+# builds). Extra arguments go to ctest (e.g. -R pack).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
+LAUNCHER=()
+command -v ccache > /dev/null && LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 scripts/setup.sh build-asan -DLONGTRON_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g"
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "${LAUNCHER[@]}"
 
 # Every test runs these processes as children (gtest binaries, `longtron` from the CLI tests,
 # mpirun's ranks on this machine), and all of them inherit this environment. Only third-party

@@ -117,10 +117,12 @@ Subcommand inspect_command(20, [](CLI::App& app) {
                     "--balance needs --dp-size D (the data-parallel size to balance over)");
     // A rank holds at least one position of the (padded) row; more ranks than positions would
     // only allocate rows of padding (and a huge C runs out of memory).
-    longtron::check(args->seq_len <= 0 || args->micro_bsz <= 0 ||
-                        args->cp_size <= args->seq_len * args->micro_bsz,
+    // A row too long for 64 bits is refused below (PackConfig::validate), not multiplied here.
+    int64_t row = 0;
+    const bool row_fits = !__builtin_mul_overflow(args->seq_len, args->micro_bsz, &row);
+    longtron::check(args->seq_len <= 0 || args->micro_bsz <= 0 || !row_fits || args->cp_size <= row,
                     "--cp-size {} exceeds the row's {} tokens (seq_len x micro_bsz)", args->cp_size,
-                    args->seq_len * args->micro_bsz);
+                    row);
     o.cp_size = args->cp_size;
     o.cp_balance = data::parse_context_balance(args->cp_balance, "--cp-balance");
     o.data.balance.mode = data::parse_balance_mode(args->balance, "--balance");

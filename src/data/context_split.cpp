@@ -202,8 +202,11 @@ ContextSegments context_segments(std::span<const int32_t> cu, std::span<const in
   while (i < positions.size()) {
     const int32_t a = positions[i];
     check(a >= 0 && a < P, "context parallel: position {} outside the row [0, {})", a, P);
-    check(i == 0 || a > positions[i - 1], "context parallel: positions must ascend ({} after {})",
-          a, positions[i - 1]);
+    // Guarded, not folded into the condition: the message's arguments are evaluated even when the
+    // check passes, and positions[-1] is out of bounds.
+    if (i > 0)
+      check(a > positions[i - 1], "context parallel: positions must ascend ({} after {})", a,
+            positions[i - 1]);
     const auto seg = std::upper_bound(cu.begin(), cu.end(), a) - cu.begin() - 1;
     const int32_t s = cu[seg], e = cu[seg + 1];
     size_t j = i + 1;  // the run: consecutive positions inside [s, e)

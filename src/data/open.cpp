@@ -95,13 +95,14 @@ void validate_dataset(const Dataset& dataset, int64_t vocab_size) {
   for (const auto& source : dataset) {
     for (size_t i = 0; i < source->num_documents(); ++i) {
       const size_t length = source->document_length(i);
-      check(length > 0, "{}: document {} is empty (0 tokens)", source->path().string(), i);
+      if (length == 0) fail("{}: document {} is empty (0 tokens)", source->path().string(), i);
       tokens.resize(length);
       source->read_tokens(i, 0, length, tokens.data());
       for (size_t j = 0; j < length; ++j) {
-        check(std::abs(static_cast<int64_t>(tokens[j])) < vocab_size,
-              "{}: document {}, token {}: id {} is outside the vocabulary of {} ids",
-              source->path().string(), i, j, tokens[j], vocab_size);
+        // fail() under an if: check()'s arguments would build the path string for every token.
+        if (std::abs(static_cast<int64_t>(tokens[j])) >= vocab_size)
+          fail("{}: document {}, token {}: id {} is outside the vocabulary of {} ids",
+               source->path().string(), i, j, tokens[j], vocab_size);
       }
     }
   }

@@ -28,7 +28,10 @@ void check_batch(const data::MicroBatch& b, int64_t sp) {
   check(b.labels.size() == N && b.indexes.size() == N,
         "micro-batch arrays disagree: input_ids {}, labels {}, indexes {} tokens", N,
         b.labels.size(), b.indexes.size());
-  check(b.cu_seqlens.size() >= 2 && b.cu_seqlens.front() == 0 &&
+  check(b.cu_seqlens.size() >= 2, "cu_seqlens needs at least 2 entries (0 and the {} tokens of the "
+        "micro-batch), got {}", static_cast<int64_t>(N) * sp, b.cu_seqlens.size());
+  // Only now may the message read front() and back(): its arguments are evaluated either way.
+  check(b.cu_seqlens.front() == 0 &&
             static_cast<int64_t>(b.cu_seqlens.back()) == static_cast<int64_t>(N) * sp,
         "cu_seqlens must run from 0 to the {} tokens of the micro-batch (got {} … {})",
         static_cast<int64_t>(N) * sp, b.cu_seqlens.front(), b.cu_seqlens.back());

@@ -5,18 +5,18 @@
 // its keys (causal, bottom-right aligned, window), as the forward does. P is recomputed from the saved lse, and
 // D = rowsum(dO ∘ O) replaces the softmax Jacobian. The query heads of the kv group are stacked
 // as tile rows, so the GQA sum over them is part of the dK/dV GEMMs. dQ of a query block receives
-// one tile from each key block, accumulated under a lock per (query block, kv head), the CPU
-// counterpart of FA2's atomic adds: directly into the shared tile when the lock is free, else
-// computed in private memory first and added when it is. Extra memory:
+// one tile from each key block, the CPU counterpart of FA2's atomic adds: accumulated into the
+// shared tile in key-block order (attention_dq_order.h), so dQ does not depend on the number of
+// threads. Extra memory:
 // the packed q, dO and dq of the call, O(N · Hq · d), never O(N²).
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <type_traits>
 #include <vector>
 
 #include "ops/attention_bf16.h"
+#include "ops/attention_dq_order.h"
 #include "ops/attention_plan.h"
 #include "ops/attention_rows.h"
 #include "ops/fast_math.h"
@@ -46,10 +46,10 @@ struct PackedQueries {
 
 template <typename T>
 struct BackwardScratch {
-  std::vector<T> kt, vt, kc, s, dp, dq, dk, dv;
+  std::vector<T> kt, vt, kc, s, dp, dk, dv;
   BackwardScratch(int64_t rows, int64_t d)
       : kt(d * kKeyBlock), vt(d * kKeyBlock), kc(kKeyBlock * d), s(rows * kKeyBlock),
-        dp(rows * kKeyBlock), dq(rows * d), dk(kKeyBlock * d), dv(kKeyBlock * d) {}
+        dp(rows * kKeyBlock), dk(kKeyBlock * d), dv(kKeyBlock * d) {}
 };
 
 // Copies (pack = true) the query block of `it` into PackedQueries with its lse and D, or scatters
@@ -103,7 +103,7 @@ void probabilities_and_dscores(BackwardScratch<T>& w, const T* lse, const T* del
 
 template <typename T>
 void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
-                   std::mutex* locks, const AttentionShape& s, const detail::AttnPlan& p,
+                   detail::DqOrder& order, const AttentionShape& s, const detail::AttnPlan& p,
                    const detail::AttnItem& it, BackwardScratch<T>& w) {
   const detail::AttnSegment& sg = p.segments[it.seg];
   const int64_t d = s.head_dim, G = s.num_heads / s.num_kv_heads, g = it.kv_head;
@@ -129,7 +129,12 @@ void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
     // and at a window's edge the rest are masked for every row): the products skip the others.
     const int64_t klo = std::clamp<int64_t>(p.key_lo(sg, r0) - c0, 0, bj);
     const int64_t khi = std::clamp<int64_t>(p.key_hi(sg, r0 + bi - 1) - c0, 0, bj);
-    if (klo >= khi) continue;
+    const int64_t tile = detail::DqOrder::tile(p, s.num_kv_heads, it, i);
+    if (klo >= khi) {  // nothing to add, but the turn still passes through this block
+      order.wait(tile, it.block);
+      order.pass(tile, it.block);
+      continue;
+    }
     const int64_t nb = khi - klo;
     const int64_t base = pq.row(sg.q_block0 + i, s.num_kv_heads, g);
     const T* qt = &pq.q[base * d];
@@ -142,21 +147,11 @@ void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
     // dV += Pᵀ dO and dK += dSᵀ Q (the transposes are strides of A, nothing is copied).
     detail::tile_gemm<T>(nb, d, M, sk, 1, bj, dot, d, w.dv.data() + klo * d, d, true);
     detail::tile_gemm<T>(nb, d, M, dsk, 1, bj, qt, d, w.dk.data() + klo * d, d, true);
-    // dQ += dS K: straight into the shared tile when its lock is free (the usual case: threads
-    // work on different key blocks or heads), else into private memory and added once it is.
+    // dQ += dS K, straight into the shared tile on this block's turn.
     const T* kc = w.kc.data() + klo * d;
-    std::mutex& lock = locks[(sg.q_block0 + i) * s.num_kv_heads + g];
-    T* dst = &pq.dq[base * d];
-    if (lock.try_lock()) {
-      detail::tile_gemm<T>(M, d, nb, dsk, bj, 1, kc, d, dst, d, true);
-      lock.unlock();
-      continue;
-    }
-    detail::tile_gemm<T>(M, d, nb, dsk, bj, 1, kc, d, w.dq.data(), d, false);
-    std::lock_guard<std::mutex> guard(lock);
-    const T* src = w.dq.data();
-#pragma omp simd
-    for (int64_t x = 0; x < M * d; ++x) dst[x] += src[x];
+    order.wait(tile, it.block);
+    detail::tile_gemm<T>(M, d, nb, dsk, bj, 1, kc, d, &pq.dq[base * d], d, true);
+    order.pass(tile, it.block);
   }
   for (int64_t c = 0; c < bj; ++c) {
     std::memcpy(dk + (k0 + c) * s.kv_stride + g * d, &w.dk[c * d], sizeof(T) * d);
@@ -185,16 +180,17 @@ void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
   PackedQueries<T> pq{tile_rows,       buffer,
                       buffer + values, buffer + 2 * values,
                       buffer + 3 * values, buffer + 3 * values + rows};
-  std::unique_ptr<std::mutex[]> locks(new std::mutex[p.q_blocks * s.num_kv_heads]);
+  detail::DqOrder order(p, s.num_kv_heads);
+  detail::ItemCounter items;  // in order, largest first (a dynamic schedule that DqOrder needs)
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n_queries; ++i)
       move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], true);
     BackwardScratch<T> scratch(tile_rows, s.head_dim);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n_items; ++i)
-      backward_item(dk, dv, k, v, pq, locks.get(), s, p, p.items[i], scratch);
+    for (int64_t i = items.claim(); i < n_items; i = items.claim())
+      backward_item(dk, dv, k, v, pq, order, s, p, p.items[i], scratch);
+#pragma omp barrier
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n_queries; ++i)
       move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], false);

@@ -15,9 +15,9 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "ops/attention_dq_order.h"
 #include "ops/attention_plan.h"
 #include "ops/attention_rows.h"
 #include "ops/bf16_tile_gemm.h"
@@ -137,11 +137,11 @@ struct PackedQueries {
 struct BackwardScratch {
   std::vector<bf16_t> rows, ds;
   std::vector<uint32_t> kw, vw, kp, p_pairs, ds_pairs;
-  std::vector<float> s, dp, dq, dk_t, dv_t;
+  std::vector<float> s, dp, dk_t, dv_t;
   BackwardScratch(int64_t tile_rows, const Dims& m)
       : rows(B * m.dp), ds(tile_rows * B), kw(m.words_t()), vw(m.words_t()),
         kp(m.words_rows()), p_pairs(tile_rows / 2 * B), ds_pairs(tile_rows / 2 * B),
-        s(tile_rows * B), dp(tile_rows * B), dq(tile_rows * m.d), dk_t(m.d * B),
+        s(tile_rows * B), dp(tile_rows * B), dk_t(m.d * B),
         dv_t(m.d * B) {}
 };
 
@@ -197,7 +197,7 @@ void move_query_block(PackedQueries& pq, float* dq, const float* q, const float*
 }
 
 void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQueries& pq,
-                   std::mutex* locks, const AttentionShape& s, const AttnPlan& p,
+                   DqOrder& order, const AttentionShape& s, const AttnPlan& p,
                    const AttnItem& it, const Dims& m, BackwardScratch& w) {
   const AttnSegment& sg = p.segments[it.seg];
   const int64_t d = m.d, G = m.G, g = it.kv_head;
@@ -240,18 +240,10 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
               w.dv_t.data(), B, !first, d);
     bf16_gemm(d, bj, Mp / 2, pq.q_t + tile * size, pq.tile_rows, w.ds_pairs.data(), B,
               w.dk_t.data(), B, !first, d);
-    // dQ += dS K, into the shared tile when its lock is free (see attention_backward.cpp).
-    std::mutex& lock = locks[tile];
-    float* dst = &pq.dq[base * d];
-    if (lock.try_lock()) {
-      bf16_gemm(M, d, bjp / 2, w.ds.data(), bjp, w.kp.data(), m.d16, dst, d, true, rows);
-      lock.unlock();
-      continue;
-    }
-    bf16_gemm(M, d, bjp / 2, w.ds.data(), bjp, w.kp.data(), m.d16, w.dq.data(), d, false, rows);
-    std::lock_guard<std::mutex> guard(lock);
-#pragma omp simd
-    for (int64_t x = 0; x < M * d; ++x) dst[x] += w.dq[x];
+    // dQ += dS K, straight into the shared tile on this block's turn (attention_dq_order.h).
+    order.wait(tile, it.block);
+    bf16_gemm(M, d, bjp / 2, w.ds.data(), bjp, w.kp.data(), m.d16, &pq.dq[base * d], d, true, rows);
+    order.pass(tile, it.block);
   }
   for (int64_t c = 0; c < bj; ++c) {
     float* dkr = dk + (k0 + c) * s.kv_stride + g * d;
@@ -301,7 +293,8 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
                    floats,
                    floats + rows,
                    floats + 2 * rows};
-  std::unique_ptr<std::mutex[]> locks(new std::mutex[tiles]);
+  DqOrder order(p, s.num_kv_heads);
+  ItemCounter items;  // in order, largest first (a dynamic schedule that DqOrder needs)
   const int64_t n_items = static_cast<int64_t>(p.items.size());
   const int64_t n_queries = static_cast<int64_t>(p.q_side.size());
 #pragma omp parallel
@@ -310,9 +303,9 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
     for (int64_t i = 0; i < n_queries; ++i)
       move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], m, true);
     BackwardScratch scratch(tile_rows, m);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n_items; ++i)
-      backward_item(dk, dv, k, v, pq, locks.get(), s, p, p.items[i], m, scratch);
+    for (int64_t i = items.claim(); i < n_items; i = items.claim())
+      backward_item(dk, dv, k, v, pq, order, s, p, p.items[i], m, scratch);
+#pragma omp barrier
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n_queries; ++i)
       move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], m, false);

@@ -86,6 +86,24 @@ AttnPlan plan_attention(const AttentionShape& s, bool backward, int64_t key_bloc
   std::stable_sort(items.begin(), items.end(), [](const AttnItem& a, const AttnItem& b) {
     return a.last - a.first > b.last - b.first;
   });
+  if (backward) {
+    // The key blocks of one (segment, kv head) take the places that chain holds in the sorted
+    // list in increasing block order (a window can make a later block costlier): the backward
+    // adds dQ in block order and may wait only on blocks handed out earlier (attention_dq_order.h).
+    const int64_t H = s.num_kv_heads;
+    std::vector<std::vector<size_t>> places(static_cast<size_t>(s.num_segments * H));
+    for (size_t x = 0; x < items.size(); ++x)
+      places[static_cast<size_t>(items[x].seg * H + items[x].kv_head)].push_back(x);
+    std::vector<AttnItem> ordered(items.size());
+    for (const auto& chain : places) {
+      std::vector<AttnItem> blocks;
+      for (size_t x : chain) blocks.push_back(items[x]);
+      std::sort(blocks.begin(), blocks.end(),
+                [](const AttnItem& a, const AttnItem& b) { return a.block < b.block; });
+      for (size_t y = 0; y < chain.size(); ++y) ordered[chain[y]] = blocks[y];
+    }
+    items = std::move(ordered);
+  }
   p.items = std::move(items);
   return p;
 }

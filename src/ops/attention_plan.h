@@ -77,8 +77,9 @@ void validate_attention_shape(const AttentionShape& s);
 
 /// Validates s and lists its segments and work items. Forward items are query blocks visiting
 /// key blocks, backward items key blocks visiting query blocks; each item's cost is the number
-/// of blocks it visits, and items are sorted by it, largest first. Query blocks have kAttnBlock
-/// rows, key blocks key_block.
+/// of blocks it visits, and items are sorted by it, largest first, except that in the backward
+/// the key blocks of one (segment, kv head) come in increasing order (attention_dq_order.h).
+/// Query blocks have kAttnBlock rows, key blocks key_block.
 AttnPlan plan_attention(const AttentionShape& s, bool backward,
                         int64_t key_block = kAttnBlock);
 

@@ -15,8 +15,10 @@ ContextAttention::ContextAttention(comm::CommPtr context, data::ContextBalance b
 
 const ContextPlan& ContextAttention::plan(const ops::AttentionShape& s) const {
   const int64_t C = comm_->size(), M = s.num_tokens;
+  check(s.num_segments >= 1, "context parallel: a batch needs at least one segment, got {}",
+        s.num_segments);
   const std::span<const int32_t> cu(s.cu_seqlens, static_cast<size_t>(s.num_segments + 1));
-  check(s.num_segments >= 1 && cu.back() == C * M,
+  check(cu.back() == C * M,
         "context parallel: cu_seqlens must stay global: 0 … {} (= {} local tokens x {} context "
         "ranks), got … {}",
         C * M, M, C, cu.back());

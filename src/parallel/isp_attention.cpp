@@ -94,7 +94,8 @@ void UlyssesAttention::pack_back(float* split, const float* src, int64_t N) cons
 
 model::AttentionBatch UlyssesAttention::check_batch(const model::AttentionBatch& b) const {
   const int64_t total = b.num_tokens * T_ * C_;
-  check(b.num_segments >= 1 && b.cu_seqlens[0] == 0 && b.cu_seqlens[b.num_segments] == total,
+  check(b.num_segments >= 1, "isp: a batch needs at least one segment, got {}", b.num_segments);
+  check(b.cu_seqlens[0] == 0 && b.cu_seqlens[b.num_segments] == total,
         "isp: cu_seqlens must stay global: 0 … {} (= {} local tokens x parallel.tensor.size {}), "
         "got {} … {}",
         total, b.num_tokens, T_ * C_, b.cu_seqlens[0], b.cu_seqlens[b.num_segments]);

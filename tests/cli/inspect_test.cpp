@@ -162,6 +162,10 @@ TEST(Inspect, BadInputIsAClearError) {
                "--cp-balance needs --cp-size");  // would be ignored, silently
   expect_error(run_longtron("inspect" + data + " --seq-len 8 --micro-bsz 2 --micro-num 1 --cp-size 17"),
                "--cp-size 17 exceeds the row's 16 tokens");
+  // seq_len x micro_bsz beyond 2^63: refused by its own rule, not multiplied into a wrapped row.
+  expect_error(run_longtron("inspect" + data + " --seq-len 4000000000 --micro-bsz 4000000000 "
+                            "--micro-num 1 --cp-size 2"),
+               "exceeds 2^31-1");
   auto r = run_longtron("inspect --data " + (dir / "empty.bin").string() +
                         " --seq-len 8 --micro-bsz 2 --micro-num 1");
   EXPECT_EQ(r.status, 1) << r.output;

@@ -346,9 +346,6 @@ TEST_F(Attention, BackwardFdSeparateKeysAndWindow) {
 // arithmetic, so the results are bitwise equal, forward and backward, float and double.
 template <typename T>
 void expect_long_window_is_exact(Case c) {
-  // One thread: with several, dQ tiles are added under locks in whatever order the threads reach
-  // them, so two runs of the same call may differ in the last bits.
-  longtron::set_num_threads(1);
   const Inputs<double> ind = make_inputs(c, 41);
   const Inputs<T> in{{ind.q.begin(), ind.q.end()}, {ind.k.begin(), ind.k.end()},
                      {ind.v.begin(), ind.v.end()}};
@@ -380,6 +377,50 @@ TEST_F(Attention, WindowLongerThanEveryDocumentIsExact) {
   expect_long_window_is_exact<double>({{0, 100, 101, 230}, 4, 2, 16, true});
   expect_long_window_is_exact<float>({{0, 100, 101, 230}, 4, 2, 16, true});
   expect_long_window_is_exact<float>({{0, 30, 90}, 4, 1, 8, false, {0, 70, 200}});
+}
+
+// The backward adds the dQ tiles of the key blocks in key-block order whatever thread runs which
+// block, so its results are bitwise the same for 1 to 4 threads and from one run to the next
+// (with adds in arrival order, two runs with 2 threads differed in the last bits).
+template <typename T>
+void expect_backward_independent_of_threads(const Case& c, bool bf16) {
+  const Inputs<double> ind = make_inputs(c, 71);
+  const Inputs<T> in{{ind.q.begin(), ind.q.end()}, {ind.k.begin(), ind.k.end()},
+                     {ind.v.begin(), ind.v.end()}};
+  const Vec doutd = random_vector(c.tokens() * c.heads * c.d, 72);
+  const std::vector<T> dout(doutd.begin(), doutd.end());
+  ops::ComputeTypeScope type(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
+  longtron::set_num_threads(1);
+  std::vector<T> out, lse;
+  forward(out, lse, in, c);
+  auto run = [&] {
+    Inputs<T> g{std::vector<T>(c.q_size()), std::vector<T>(c.k_size()), std::vector<T>(c.v_size())};
+    ops::varlen_attention_backward<T>(g.qp(), g.kp(c), g.vp(c), dout.data(), in.qp(), in.kp(c),
+                                      in.vp(c), out.data(), lse.data(), c.shape());
+    return g;
+  };
+  const Inputs<T> one = run();
+  for (int threads : {2, 3, 4, 4}) {
+    longtron::set_num_threads(threads);
+    const Inputs<T> g = run();
+    EXPECT_EQ(g.q, one.q) << threads << " threads: dq";
+    EXPECT_EQ(g.k, one.k) << threads << " threads: dk";
+    EXPECT_EQ(g.v, one.v) << threads << " threads: dv";
+  }
+}
+TEST_F(Attention, BackwardIsBitwiseTheSameForAnyThreadCount) {
+  // One long GQA document (many key blocks add into every query tile), several documents, and
+  // separate keys with a window (a later key block may cost more than an earlier one).
+  const Case gqa{{0, 700}, 4, 1, 16, true};
+  const Case docs{{0, 300, 301, 650}, 4, 2, 8, false};
+  Case window{{0, 40, 400}, 2, 1, 8, false, {0, 40, 900}};
+  window.window = 200;
+  for (const Case& c : {gqa, docs, window}) {
+    SCOPED_TRACE(describe(c));
+    expect_backward_independent_of_threads<double>(c, false);
+    expect_backward_independent_of_threads<float>(c, false);
+    if (ops::attention_bf16_native()) expect_backward_independent_of_threads<float>(c, true);
+  }
 }
 
 // The pair count the FLOP and cost models use, against counting the mask pair by pair.
