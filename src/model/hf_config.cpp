@@ -3,6 +3,7 @@
 #include <cmath>
 #include <fstream>
 #include <set>
+#include <utility>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -206,10 +207,21 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
   check(c.num_kv_attention_heads > 0 && c.num_attention_heads % c.num_kv_attention_heads == 0,
         "{}: num_key_value_heads must be > 0 and divide num_attention_heads {}, got {}", source,
         c.num_attention_heads, c.num_kv_attention_heads);
+  // Bounded before the arithmetic below: a product of two of them would overflow int64, and an
+  // intermediate_size near 2^63 would make the mlp_ratio search convert 2^63 back to int64.
+  // 2^40 is check_model_limits' bound (model/params.h), which the layout applies later anyway.
+  constexpr int64_t kMaxModelWidth = int64_t{1} << 40;
+  const std::pair<const char*, int64_t> widths[] = {
+      {"hidden_size", c.hidden_size}, {"intermediate_size", inter},
+      {"num_attention_heads", c.num_attention_heads}, {"vocab_size", c.vocab_size}};
+  for (const auto& [key, v] : widths)
+    check(v <= kMaxModelWidth, "{}: {} = {} is too large (at most 2^40)", source, key, v);
   if (hf.contains("head_dim") && !hf["head_dim"].is_null()) {  // kept in hf_extra as read
     const int64_t d = get_int(hf, "head_dim", source);
-    check(d > 0 && d % 2 == 0, "{}: head_dim must be even and > 0, got {}", source, d);
-    if (d * c.num_attention_heads != c.hidden_size) c.explicit_head_dim = d;
+    check(d > 0 && d % 2 == 0 && d <= kMaxModelWidth,
+          "{}: head_dim must be even, > 0 and at most 2^40, got {}", source, d);
+    if (c.hidden_size % c.num_attention_heads != 0 || c.hidden_size / c.num_attention_heads != d)
+      c.explicit_head_dim = d;
   }
   c.multiple_of = 256;
   while (inter % c.multiple_of != 0) c.multiple_of /= 2;

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+
 #include "core/error.h"
 #include "test_util.h"
 
@@ -92,7 +94,11 @@ TEST(HfConfig, ErrorsNameTheKey) {
   // generate and export read a folder with no other check: rope_theta 0 gave a NaN loss).
   const std::pair<const char*, nlohmann::json> impossible[] = {
       {"num_hidden_layers", 0}, {"vocab_size", 0}, {"num_key_value_heads", 0},
-      {"num_key_value_heads", 4}, {"rope_theta", 0}, {"rope_theta", -1.0}, {"rms_norm_eps", 0}};
+      {"num_key_value_heads", 4}, {"rope_theta", 0}, {"rope_theta", -1.0}, {"rms_norm_eps", 0},
+      // Beyond 64-bit size arithmetic: intermediate_size 2^63 - 1 made the ratio search loop
+      // forever (2^63 converted back to int64), head_dim 2^62 overflowed head_dim x heads.
+      {"intermediate_size", INT64_MAX}, {"hidden_size", int64_t{1} << 41},
+      {"head_dim", int64_t{1} << 62}};
   for (const auto& [key, value] : impossible) {
     j = lm::to_hf_config(demo());
     j[key] = value;

@@ -172,6 +172,13 @@ TEST(ModelGrad, BadBatchesAreErrors) {
   b = tiny_row(c.vocab_size);
   b.indexes.pop_back();
   EXPECT_THROW(model.forward_loss(b), longtron::Error);
+  // Fewer than 2 offsets: the message once read front() and back() of the empty vector.
+  for (const size_t n : {0, 1}) {
+    b = tiny_row(c.vocab_size);
+    b.cu_seqlens.resize(n);
+    EXPECT_THROW(model.forward_loss(b), longtron::Error) << n << " offsets";
+    EXPECT_THROW(model.forward_backward(b, grads, 1.0), longtron::Error) << n << " offsets";
+  }
 }
 
 TEST(ModelGrad, LogitsLastMatchesTokenLoss) {
