@@ -11,7 +11,9 @@
 //   the rank;
 // - the step time (median of the timed steps; the first step is a warm-up).
 // Options (argv): tokens=N checkpoint=0|1 overlap=0|1 steps=K layers=L hidden=H cp=C
-// balance=0|1|2 (defaults 32768, 0, 0, 2, 4, 128, 1, 1). cp=C > 1 turns on 2D-Attention
+// balance=0|1|2 ring=0|1 window_size=w (defaults 32768, 0, 0, 2, 4, 128, 1, 1, 1, 1). cp=C > 1
+// turns on 2D-Attention (ring=1: ring attention, window_size its inner rings; ring=0: the K/V
+// all-gather form)
 // (parallel.sequence_2D, head_size T / C, head_first; balance 0 contiguous, 1 zigzag, 2 document):
 // its all-to-alls run on the HEAD group, the K/V all-gathers and dK/dV reduce-scatters on the
 // CONTEXT group, each counted on its own. Threads per rank: hardware threads ÷ ranks (docs/cluster.md), at least 1.
@@ -62,12 +64,13 @@ double peak_rss_mib() {
 std::map<std::string, long> parse_args(int argc, char** argv) {
   std::map<std::string, long> a{{"tokens", 32768}, {"checkpoint", 0}, {"overlap", 0},
                                 {"steps", 2},      {"layers", 4},     {"hidden", 128},
-                                {"cp", 1},         {"balance", 1}};
+                                {"cp", 1},         {"balance", 1},   {"ring", 1},
+                                {"window_size", 1}};
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];
     const auto eq = s.find('=');
     if (eq == std::string::npos || !a.count(s.substr(0, eq))) {
-      std::fprintf(stderr, "unknown option %s (tokens= checkpoint= overlap= steps= layers= hidden= cp= balance=)\n",
+      std::fprintf(stderr, "unknown option %s (tokens= checkpoint= overlap= steps= layers= hidden= cp= balance= ring= window_size=)\n",
                    argv[i]);
       std::exit(2);
     }
@@ -132,6 +135,8 @@ int main(int argc, char** argv) {
     layout.seq2d_context = C;
     layout.seq2d_head = T / C;
     layout.seq2d_balance = kBalance[std::clamp<long>(a.at("balance"), 0, 2)];
+    layout.seq2d_ring = a.at("ring") != 0;
+    layout.seq2d_window = int(a.at("window_size"));
   }
   comm::ProcessGrid grid = comm::make_process_grid(world, layout);
   parallel::ParallelEngine engine(c, grid, 42, P);
@@ -197,6 +202,13 @@ int main(int argc, char** argv) {
                 (unsigned long long)context_bytes.calls[k(comm::Kind::kAllGather)],
                 context_bytes.bytes[k(comm::Kind::kReduceScatter)] / 1048576.0,
                 (unsigned long long)context_bytes.calls[k(comm::Kind::kReduceScatter)]);
+    std::printf("  bytes/step/rank: context ring sends %.2f MiB (%llu messages), skipped as "
+                "invisible %.2f MiB; per layer %.2f MiB sent, %.2f MiB skipped\n",
+                context_bytes.bytes[k(comm::Kind::kSend)] / 1048576.0,
+                (unsigned long long)context_bytes.calls[k(comm::Kind::kSend)],
+                context_bytes.skipped[k(comm::Kind::kSend)] / 1048576.0,
+                context_bytes.bytes[k(comm::Kind::kSend)] / 1048576.0 / double(c.num_layers),
+                context_bytes.skipped[k(comm::Kind::kSend)] / 1048576.0 / double(c.num_layers));
     std::printf("  bytes/step/rank: weight all_gather %.2f MiB sent (%llu calls, x%d gathered), "
                 "reduce_scatter %.2f MiB (%llu calls)\n",
                 weight_bytes.bytes[k(comm::Kind::kAllGather)] / 1048576.0,
