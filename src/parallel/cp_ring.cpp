@@ -53,6 +53,11 @@ constexpr int kKvTag = 0;  // tag of block s: kKvTag·C + s for K/V, C + s for d
 
 }  // namespace
 
+void RingScratch::release() {
+  for (std::vector<float>* b : {&kv_local, &keys, &dkeys, &out, &lse, &dq})
+    std::vector<float>().swap(*b);
+}
+
 RingAttention::RingAttention(comm::CommPtr context, data::ContextBalance balance,
                              RingSchedule schedule, std::shared_ptr<RingScratch> scratch)
     : comm_(std::move(context)), balance_(balance), schedule_(schedule),
@@ -168,6 +173,7 @@ void RingAttention::forward(float* out, float* lse, const float* q, const float*
     finish_kv_step(step);
   }
   check(!first, "ring attention: no key visible to this rank's queries (a broken plan)");
+  b.release();
   bytes_.kv_sent += uint64_t(p.kv_rows_sent * row * 4);
   bytes_.kv_skipped += uint64_t(p.kv_rows_skipped * row * 4);
   bytes_.calls += 1;
@@ -257,6 +263,7 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
   }
   bytes_.kv_sent += uint64_t(p.kv_rows_sent * row * 4);
   bytes_.kv_skipped += uint64_t(p.kv_rows_skipped * row * 4);
+  b.release();
   bytes_.dkv_sent += uint64_t(p.dkv_rows_sent * row * 4);
   bytes_.dkv_skipped += uint64_t(p.dkv_rows_skipped * row * 4);
   comm_->count_skipped(comm::Kind::kSend,

@@ -30,10 +30,14 @@ struct RingBytes {
   uint64_t kv_sent = 0, kv_skipped = 0, dkv_sent = 0, dkv_skipped = 0, calls = 0;
 };
 
-/// Buffers of the ring between calls, shared by the attention ops of one model.
+/// The ring's plan (kept while cu_seqlens and the window do not change) and its buffers, shared
+/// by the attention ops of one model. The buffers are released at the end of every call: between
+/// calls (while the other layers' activations are alive) the ring holds nothing row- or
+/// share-sized.
 struct RingScratch {
   RingPlan plan;
   std::vector<float> kv_local, keys, dkeys, out, lse, dq;
+  void release();
 };
 
 /// Ring attention of this rank's M queries (see the header comment); shapes as ContextAttention.
