@@ -11,7 +11,9 @@
 //   the rank;
 // - the step time (median of the timed steps; the first step is a warm-up).
 // Options (argv): tokens=N checkpoint=0|1 overlap=0|1 steps=K layers=L hidden=H cp=C
-// balance=0|1|2 ring=0|1 window_size=w (defaults 32768, 0, 0, 2, 4, 128, 1, 1, 1, 1). cp=C > 1
+// balance=0|1|2 ring=0|1 window_size=w compare=0|1 (defaults 32768, 0, 0, 2, 4, 128, 1, 1, 1, 1,
+// 0). compare=1 also steps a plain isp engine on the same ranks after each step (one run, two
+// step times and their ratio). cp=C > 1
 // turns on 2D-Attention (ring=1: ring attention, window_size its inner rings; ring=0: the K/V
 // all-gather form)
 // (parallel.sequence_2D, head_size T / C, head_first; balance 0 contiguous, 1 zigzag, 2 document):
@@ -27,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -65,12 +68,12 @@ std::map<std::string, long> parse_args(int argc, char** argv) {
   std::map<std::string, long> a{{"tokens", 32768}, {"checkpoint", 0}, {"overlap", 0},
                                 {"steps", 2},      {"layers", 4},     {"hidden", 128},
                                 {"cp", 1},         {"balance", 1},   {"ring", 1},
-                                {"window_size", 1}};
+                                {"window_size", 1}, {"compare", 0}};
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];
     const auto eq = s.find('=');
     if (eq == std::string::npos || !a.count(s.substr(0, eq))) {
-      std::fprintf(stderr, "unknown option %s (tokens= checkpoint= overlap= steps= layers= hidden= cp= balance= ring= window_size=)\n",
+      std::fprintf(stderr, "unknown option %s (tokens= checkpoint= overlap= steps= layers= hidden= cp= balance= ring= window_size= compare=)\n",
                    argv[i]);
       std::exit(2);
     }
@@ -142,6 +145,20 @@ int main(int argc, char** argv) {
   parallel::ParallelEngine engine(c, grid, 42, P);
   train::OptimizerConfig oc;
   train::AdamW adam(engine.local_layout(), oc, grid.zero1);
+  // compare=1 (with cp > 1): a second engine in plain isp over the same T ranks, stepped after
+  // each step of the first on the same row, so the two step times come from one run under the
+  // same load (memory figures then include both engines).
+  std::unique_ptr<comm::ProcessGrid> grid_b;
+  std::unique_ptr<parallel::ParallelEngine> engine_b;
+  std::unique_ptr<train::AdamW> adam_b;
+  if (a.at("compare") != 0 && C > 1) {
+    comm::Layout plain = layout;
+    plain.seq2d = false;
+    grid_b = std::make_unique<comm::ProcessGrid>(comm::make_process_grid(world, plain));
+    engine_b = std::make_unique<parallel::ParallelEngine>(c, *grid_b, 42, P);
+    adam_b = std::make_unique<train::AdamW>(engine_b->local_layout(), oc, grid_b->zero1);
+  }
+  std::vector<double> times_b;
   world->barrier();
   const double baseline = rss_mib();
 
@@ -164,6 +181,17 @@ int main(int argc, char** argv) {
     context_bytes = grid.context->stats();
     weight_bytes = grid.weight->stats();
     loss = l.loss;
+    if (engine_b) {
+      world->barrier();
+      const auto t1 = std::chrono::steady_clock::now();
+      const train::StepResult lb = train::train_step(*engine_b, *adam_b, {row}, so);
+      world->barrier();
+      times_b.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
+      if (rank == 0)
+        std::printf("  step %ld: 2D %.3f s (loss %.4f), isp T = %d %.3f s (loss %.4f), ratio %.3f\n",
+                    s + 1, times.back(), l.loss, T, times_b.back(), lb.loss,
+                    times.back() / times_b.back());
+    }
   }
   const double peak = peak_rss_mib();
 
