@@ -11,7 +11,11 @@
 //   the rank;
 // - the step time (median of the timed steps; the first step is a warm-up).
 // Options (argv): tokens=N checkpoint=0|1 overlap=0|1 steps=K layers=L hidden=H cp=C
-// balance=0|1|2 (defaults 32768, 0, 0, 2, 4, 128, 1, 1). cp=C > 1 turns on 2D-Attention
+// balance=0|1|2 ring=0|1 window_size=w compare=0|1 (defaults 32768, 0, 0, 2, 4, 128, 1, 1, 1, 1,
+// 0). compare=1 also steps a plain isp engine on the same ranks after each step (one run, two
+// step times and their ratio). cp=C > 1
+// turns on 2D-Attention (ring=1: ring attention, window_size its inner rings; ring=0: the K/V
+// all-gather form)
 // (parallel.sequence_2D, head_size T / C, head_first; balance 0 contiguous, 1 zigzag, 2 document):
 // its all-to-alls run on the HEAD group, the K/V all-gathers and dK/dV reduce-scatters on the
 // CONTEXT group, each counted on its own. Threads per rank: hardware threads ÷ ranks (docs/cluster.md), at least 1.
@@ -25,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -62,12 +67,13 @@ double peak_rss_mib() {
 std::map<std::string, long> parse_args(int argc, char** argv) {
   std::map<std::string, long> a{{"tokens", 32768}, {"checkpoint", 0}, {"overlap", 0},
                                 {"steps", 2},      {"layers", 4},     {"hidden", 128},
-                                {"cp", 1},         {"balance", 1}};
+                                {"cp", 1},         {"balance", 1},   {"ring", 1},
+                                {"window_size", 1}, {"compare", 0}};
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];
     const auto eq = s.find('=');
     if (eq == std::string::npos || !a.count(s.substr(0, eq))) {
-      std::fprintf(stderr, "unknown option %s (tokens= checkpoint= overlap= steps= layers= hidden= cp= balance=)\n",
+      std::fprintf(stderr, "unknown option %s (tokens= checkpoint= overlap= steps= layers= hidden= cp= balance= ring= window_size= compare=)\n",
                    argv[i]);
       std::exit(2);
     }
@@ -132,11 +138,27 @@ int main(int argc, char** argv) {
     layout.seq2d_context = C;
     layout.seq2d_head = T / C;
     layout.seq2d_balance = kBalance[std::clamp<long>(a.at("balance"), 0, 2)];
+    layout.seq2d_ring = a.at("ring") != 0;
+    layout.seq2d_window = int(a.at("window_size"));
   }
   parallel::Grid grid = parallel::make_grid(world, layout);
   parallel::ParallelEngine engine(c, grid, 42, P);
   train::OptimizerConfig oc;
   train::AdamW adam(engine.local_layout(), oc, grid.zero1);
+  // compare=1 (with cp > 1): a second engine in plain isp over the same T ranks, stepped after
+  // each step of the first on the same row, so the two step times come from one run under the
+  // same load (memory figures then include both engines).
+  std::unique_ptr<comm::ProcessGrid> grid_b;
+  std::unique_ptr<parallel::ParallelEngine> engine_b;
+  std::unique_ptr<train::AdamW> adam_b;
+  if (a.at("compare") != 0 && C > 1) {
+    parallel::Layout plain = layout;
+    plain.seq2d = false;
+    grid_b = std::make_unique<comm::ProcessGrid>(comm::make_process_grid(world, plain));
+    engine_b = std::make_unique<parallel::ParallelEngine>(c, *grid_b, 42, P);
+    adam_b = std::make_unique<train::AdamW>(engine_b->local_layout(), oc, grid_b->zero1);
+  }
+  std::vector<double> times_b;
   world->barrier();
   const double baseline = rss_mib();
 
@@ -159,6 +181,17 @@ int main(int argc, char** argv) {
     context_bytes = grid.context->stats();
     weight_bytes = grid.weight->stats();
     loss = l.loss;
+    if (engine_b) {
+      world->barrier();
+      const auto t1 = std::chrono::steady_clock::now();
+      const train::StepResult lb = train::train_step(*engine_b, *adam_b, {row}, so);
+      world->barrier();
+      times_b.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
+      if (rank == 0)
+        std::printf("  step %ld: 2D %.3f s (loss %.4f), isp T = %d %.3f s (loss %.4f), ratio %.3f\n",
+                    s + 1, times.back(), l.loss, T, times_b.back(), lb.loss,
+                    times.back() / times_b.back());
+    }
   }
   const double peak = peak_rss_mib();
 
@@ -197,6 +230,13 @@ int main(int argc, char** argv) {
                 (unsigned long long)context_bytes.calls[k(comm::Kind::kAllGather)],
                 context_bytes.bytes[k(comm::Kind::kReduceScatter)] / 1048576.0,
                 (unsigned long long)context_bytes.calls[k(comm::Kind::kReduceScatter)]);
+    std::printf("  bytes/step/rank: context ring sends %.2f MiB (%llu messages), skipped as "
+                "invisible %.2f MiB; per layer %.2f MiB sent, %.2f MiB skipped\n",
+                context_bytes.bytes[k(comm::Kind::kSend)] / 1048576.0,
+                (unsigned long long)context_bytes.calls[k(comm::Kind::kSend)],
+                context_bytes.skipped[k(comm::Kind::kSend)] / 1048576.0,
+                context_bytes.bytes[k(comm::Kind::kSend)] / 1048576.0 / double(c.num_layers),
+                context_bytes.skipped[k(comm::Kind::kSend)] / 1048576.0 / double(c.num_layers));
     std::printf("  bytes/step/rank: weight all_gather %.2f MiB sent (%llu calls, x%d gathered), "
                 "reduce_scatter %.2f MiB (%llu calls)\n",
                 weight_bytes.bytes[k(comm::Kind::kAllGather)] / 1048576.0,

@@ -17,6 +17,7 @@ const char* kind_name(Kind kind) {
     case Kind::kAllToAll: return "all_to_all";
     case Kind::kBroadcast: return "broadcast";
     case Kind::kBarrier: return "barrier";
+    case Kind::kSend: return "send";
   }
   return "unknown";
 }
@@ -51,6 +52,7 @@ void CommStats::add(const CommStats& other) {
   for (int i = 0; i < kNumKinds; ++i) {
     calls[i] += other.calls[i];
     bytes[i] += other.bytes[i];
+    skipped[i] += other.skipped[i];
   }
 }
 
@@ -107,7 +109,8 @@ static uint64_t payload_bytes(const Communicator::Op& op, int size,
       return uint64_t((counts ? (*counts)[rank] : op.count) * elem);
     case Kind::kReduceScatter:
     case Kind::kAllToAll: return uint64_t(op.count * size * elem);
-    case Kind::kBarrier: return 0;
+    case Kind::kBarrier:
+    case Kind::kSend: return 0;
   }
   return 0;
 }
@@ -132,6 +135,33 @@ Work Communicator::issue(const Op& op, const void* send, void* recv,
   global_stats().calls[k] += 1;
   global_stats().bytes[k] += bytes;
   return do_issue(op, send, recv, counts);
+}
+
+Work Communicator::point_to_point(bool send, void* data, int64_t count, DType dtype, int peer,
+                                  int tag) {
+  check(count >= 0, "communicator: negative count {} for a point-to-point {}", count,
+        send ? "send" : "receive");
+  check(peer >= 0 && peer < size() && size() > 1,
+        "communicator: point-to-point peer {} outside a group of {} ranks", peer, size());
+  check(tag >= 0, "communicator: point-to-point tag must be >= 0, got {}", tag);
+  if (send) {
+    const int k = int(Kind::kSend);
+    const uint64_t bytes = uint64_t(count * dtype_size(dtype));
+    stats_.calls[k] += 1;
+    stats_.bytes[k] += bytes;
+    global_stats().calls[k] += 1;
+    global_stats().bytes[k] += bytes;
+  }
+  return do_point_to_point(send, data, count, dtype, peer, tag);
+}
+
+Work Communicator::do_point_to_point(bool, void*, int64_t, DType, int, int) {
+  fail("communicator: this group has no point-to-point messages");
+}
+
+void Communicator::count_skipped(Kind kind, uint64_t bytes) {
+  stats_.skipped[int(kind)] += bytes;
+  global_stats().skipped[int(kind)] += bytes;
 }
 
 void Communicator::check_order(const Op& op) {

@@ -12,8 +12,10 @@
 // - Buffers of an async call must stay alive and untouched until wait() returns.
 // - Payload bytes (stats()) are the bytes of the buffer this rank hands to the collective: count ×
 //   element size for all_reduce/broadcast, the send chunk for all_gather, the whole send buffer
-//   (size × chunk) for reduce_scatter and all_to_all. Groups of one rank send nothing and count 0
-//   bytes (their calls are still counted).
+//   (size × chunk) for reduce_scatter and all_to_all, the message for a point-to-point send (a
+//   receive counts nothing). Groups of one rank send nothing and count 0 bytes (their calls are
+//   still counted). Skipped bytes (count_skipped) are what a caller chose not to send because no
+//   receiver could use them (ring attention's invisible K/V rows), counted per kind beside them.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -31,15 +33,16 @@ enum class ReduceOp { kSum, kMax };
 enum class DType { kFloat32, kFloat64, kInt64, kInt32 };
 
 /// Collective kinds, for the byte counters and the order check.
-enum class Kind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kBarrier };
-inline constexpr int kNumKinds = 6;
+enum class Kind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kBarrier, kSend };
+inline constexpr int kNumKinds = 7;
 /// "all_reduce", "all_gather", ... (stable names for benchmark output).
 const char* kind_name(Kind kind);
 
-/// Calls and payload bytes per collective kind (indexed by int(Kind)).
+/// Calls, payload bytes and skipped bytes per collective kind (indexed by int(Kind)).
 struct CommStats {
   std::array<uint64_t, kNumKinds> calls{};
   std::array<uint64_t, kNumKinds> bytes{};
+  std::array<uint64_t, kNumKinds> skipped{};
   uint64_t total_bytes() const;
   void add(const CommStats& other);
 };
@@ -158,6 +161,23 @@ class Communicator {
                  nullptr);
   }
 
+  /// Point-to-point, nonblocking (MPI_Isend / MPI_Irecv): data[count] to / from group rank
+  /// `peer` with message tag `tag` (>= 0). Not collective and not order-checked: the caller
+  /// pairs every send with the peer's receive of the same count and tag (messages between two
+  /// ranks with one tag arrive in order). A send counts as Kind::kSend; a receive counts nothing.
+  /// A one-rank group has no peer: Error.
+  template <typename T>
+  [[nodiscard]] Work send_async(const T* data, int64_t count, int peer, int tag) {
+    return point_to_point(true, const_cast<T*>(data), count, dtype_of<T>(), peer, tag);
+  }
+  template <typename T>
+  [[nodiscard]] Work recv_async(T* data, int64_t count, int peer, int tag) {
+    return point_to_point(false, data, count, dtype_of<T>(), peer, tag);
+  }
+  /// Records `bytes` of kind `kind` that this rank did not send because no receiver could use
+  /// them (stats().skipped and global_stats().skipped).
+  void count_skipped(Kind kind, uint64_t bytes);
+
   /// Calls and payload bytes of this group since creation (or the last reset_stats()).
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }
@@ -182,11 +202,16 @@ class Communicator {
   /// (all_reduce and broadcast pass the same in-place buffer twice); `counts` only for all_gather_v.
   virtual Work do_issue(const Op& op, const void* send, void* recv,
                         const std::vector<int64_t>* counts) = 0;
+  /// Starts MPI_Isend (send) or MPI_Irecv of data[count] with group rank `peer`. The default
+  /// (groups that never talk point to point) throws Error.
+  virtual Work do_point_to_point(bool send, void* data, int64_t count, DType dtype, int peer,
+                                 int tag);
   /// Gathers `words` from every rank (blocking, NOT counted): used by the order check.
   virtual std::vector<int64_t> gather_check_words(const std::vector<int64_t>& words) = 0;
 
  private:
   Work issue(const Op& op, const void* send, void* recv, const std::vector<int64_t>* counts);
+  Work point_to_point(bool send, void* data, int64_t count, DType dtype, int peer, int tag);
   void check_order(const Op& op);
   CommStats stats_;
   uint64_t sequence_ = 0;

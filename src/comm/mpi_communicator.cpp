@@ -98,7 +98,19 @@ class MpiCommunicator final : public Communicator {
       case Kind::kAllToAll: MPI_Ialltoall(send, n, type, recv, n, type, comm_, req); break;
       case Kind::kBroadcast: MPI_Ibcast(recv, n, type, op.root, comm_, req); break;
       case Kind::kBarrier: MPI_Ibarrier(comm_, req); break;
+      case Kind::kSend: fail("communicator: a send is not a collective");
     }
+    return Work(std::move(work));
+  }
+
+  Work do_point_to_point(bool send, void* data, int64_t count, DType dtype, int peer,
+                         int tag) override {
+    auto work = std::make_unique<MpiWork>();
+    const int n = mpi_count(count, Kind::kSend);
+    if (send)
+      MPI_Isend(data, n, mpi_type(dtype), peer, tag, comm_, &work->request);
+    else
+      MPI_Irecv(data, n, mpi_type(dtype), peer, tag, comm_, &work->request);
     return Work(std::move(work));
   }
 

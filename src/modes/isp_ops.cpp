@@ -89,7 +89,9 @@ model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const Grid& 
     block.gate_up = std::make_unique<model::SeparateGateUp<float>>(linear(b.w1, -1), linear(b.w3, -1));
     block.w2 = linear(b.w2, -1);
     block.attention = std::make_unique<UlyssesAttention>(
-        c, head, scratch, grid.context, balance, c.window_of(&b - full.layers.data()));
+        c, head, scratch, grid.context, balance, c.window_of(&b - full.layers.data()),
+        ContextOptions{grid.layout.seq2d_ring ? ContextForm::kRing : ContextForm::kAllGather,
+                       grid.layout.seq2d_window, grid.layout.seq2d_interleaved});
     ops.blocks.push_back(std::move(block));
   }
   ops.norm = model::make_dense_norm<float>(full, full.norm);

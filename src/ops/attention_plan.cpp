@@ -39,6 +39,7 @@ void validate_attention_shape(const AttentionShape& s) {
   if (s.cu_seqlens_k == nullptr) return;
   validate_offsets(s.cu_seqlens_k, s.num_segments, s.num_kv_tokens, "cu_seqlens_k",
                    "key tokens (num_kv_tokens)");
+  if (s.key_offsets != nullptr) return;  // any offset: queries may see no key at all
   for (int64_t i = 0; i < s.num_segments; ++i) {
     const int64_t lq = s.cu_seqlens[i + 1] - s.cu_seqlens[i];
     const int64_t lk = s.cu_seqlens_k[i + 1] - s.cu_seqlens_k[i];
@@ -56,8 +57,10 @@ AttnPlan plan_attention(const AttentionShape& s, bool backward, int64_t key_bloc
   p.key_block = key_block;
   const int32_t* cu_k = s.cu_seqlens_k != nullptr ? s.cu_seqlens_k : s.cu_seqlens;
   for (int64_t i = 0; i < s.num_segments; ++i) {
-    AttnSegment g{s.cu_seqlens[i], s.cu_seqlens[i + 1] - s.cu_seqlens[i], cu_k[i],
-                  cu_k[i + 1] - cu_k[i], p.q_blocks, p.k_blocks, key_block};
+    const int64_t lq = s.cu_seqlens[i + 1] - s.cu_seqlens[i], lk = cu_k[i + 1] - cu_k[i];
+    const int64_t off =
+        s.key_offsets != nullptr && s.cu_seqlens_k != nullptr ? s.key_offsets[i] : lk - lq;
+    AttnSegment g{s.cu_seqlens[i], lq, cu_k[i], lk, p.q_blocks, p.k_blocks, key_block, off};
     p.q_blocks += g.q_blocks();
     p.k_blocks += g.k_blocks();
     p.segments.push_back(g);
@@ -73,8 +76,9 @@ AttnPlan plan_attention(const AttentionShape& s, bool backward, int64_t key_bloc
         if (lo < hi) first = lo / kAttnBlock, last = (hi + kAttnBlock - 1) / kAttnBlock;
       } else {  // key blocks seen by any query of [r0, r1)
         const int64_t r0 = b * kAttnBlock, r1 = std::min(g.q_len, r0 + kAttnBlock);
-        first = p.key_lo(g, r0) / key_block;
-        last = (p.key_hi(g, r1 - 1) + key_block - 1) / key_block;
+        const int64_t lo = std::clamp<int64_t>(p.key_lo(g, r0), 0, g.k_len);
+        const int64_t hi = std::clamp<int64_t>(p.key_hi(g, r1 - 1), 0, g.k_len);
+        if (lo < hi) first = lo / key_block, last = (hi + key_block - 1) / key_block;
       }
       for (int64_t h = 0; h < s.num_kv_heads; ++h) items.push_back({i, b, h, first, last});
     }

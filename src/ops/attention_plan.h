@@ -23,8 +23,10 @@ struct AttnSegment {
   int64_t q_begin, q_len, k_begin, k_len;
   int64_t q_block0, k_block0;  // global index of the segment's first query / key block
   int64_t key_block;           // key block size of the plan
-  /// Bottom-right alignment: query r sits at key position r + offset.
-  int64_t offset() const { return k_len - q_len; }
+  int64_t key_offset;          // query r sits at key position r + key_offset
+  /// Query r sits at key position r + offset (bottom-right alignment, Lk − Lq, unless the shape
+  /// gives key_offsets).
+  int64_t offset() const { return key_offset; }
   int64_t q_blocks() const { return (q_len + kAttnBlock - 1) / kAttnBlock; }
   int64_t k_blocks() const { return (k_len + key_block - 1) / key_block; }
 };

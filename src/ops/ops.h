@@ -139,6 +139,14 @@ struct AttentionShape {
   /// c <= r + Lk − Lq. Segments with Lq = 0 are allowed (their keys get zero gradients).
   const int32_t* cu_seqlens_k = nullptr;
   int64_t num_kv_tokens = 0;
+  /// Per segment (only with cu_seqlens_k), the key index at which the segment's first query sits:
+  /// query r of segment i sees key c when c <= r + key_offsets[i] (and, with a window,
+  /// c > r + key_offsets[i] − window). nullptr = bottom-right alignment, Lk − Lq. With offsets a
+  /// segment may have more queries than keys, and a query that sees no key gets out = 0 and
+  /// lse = −inf (and no gradient): ring attention's partial blocks, where a rank's query run
+  /// sees the whole of an earlier key block (offset >= Lk − 1) or the part of it inside a window
+  /// (offset = query start − key start in row positions).
+  const int32_t* key_offsets = nullptr;
   /// Sliding window (Mistral): a query sees only the last `window` keys of its own document, key c
   /// visible to the query at position p (p = r + Lk − Lq, above) when p − window < c <= p
   /// (Hugging Face's rule). 0 = no window; negative is an error. Tiles entirely outside the

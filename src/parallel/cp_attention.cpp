@@ -9,9 +9,14 @@
 namespace longtron::parallel {
 
 ContextAttention::ContextAttention(comm::CommPtr context, data::ContextBalance balance,
-                                   std::shared_ptr<ContextScratch> scratch)
+                                   std::shared_ptr<ContextScratch> scratch, ContextOptions options)
     : comm_(std::move(context)), balance_(balance),
-      scratch_(scratch ? std::move(scratch) : std::make_shared<ContextScratch>()) {}
+      scratch_(scratch ? std::move(scratch) : std::make_shared<ContextScratch>()) {
+  if (options.form == ContextForm::kRing && comm_->size() > 1)
+    ring_ = std::make_unique<RingAttention>(
+        comm_, balance_, RingSchedule(comm_->size(), options.window_size, options.interleaved),
+        scratch_->ring);
+}
 
 const ContextPlan& ContextAttention::plan(const ops::AttentionShape& s) const {
   const int64_t C = comm_->size(), M = s.num_tokens;
@@ -70,6 +75,7 @@ ops::AttentionShape ContextAttention::kernel_shape(const ops::AttentionShape& s)
 void ContextAttention::forward(float* out, float* lse, const float* q, const float* k,
                                const float* v, const ops::AttentionShape& s) const {
   check(s.cu_seqlens_k == nullptr, "context parallel: the local shape must not have key segments");
+  if (ring_) return ring_->forward(out, lse, q, k, v, s);
   plan(s);
   gather_keys(k, v, s);
   const ops::AttentionShape ks = kernel_shape(s);
@@ -80,6 +86,7 @@ void ContextAttention::forward(float* out, float* lse, const float* q, const flo
 void ContextAttention::backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                                 const float* k, const float* v, const float* out,
                                 const float* lse, const ops::AttentionShape& s) const {
+  if (ring_) return ring_->backward(dq, dk, dv, dout, q, k, v, out, lse, s);
   plan(s);
   gather_keys(k, v, s);  // re-gathered: nothing row-sized lives between the passes
   const ops::AttentionShape ks = kernel_shape(s);

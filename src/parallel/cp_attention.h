@@ -7,7 +7,9 @@
 // segments (bottom-right aligned causal: a query sees exactly the keys it sees in the whole row).
 // Backward re-gathers K/V (nothing row-sized is kept between passes), computes dQ and the key
 // buffer's dK/dV, adds those into the row and reduce-scatters them home (SUM over the group).
-// Ring attention (K/V blocks circulating) is not implemented.
+// The ring form (cp_ring.h) is the default: it keeps O(P/C) K/V per rank where this form holds
+// the whole row's; the all-gather form stays as an option (one kernel call, no merge) and as the
+// reference the ring is tested against.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -16,6 +18,7 @@
 #include "comm/communicator.h"
 #include "data/context_split.h"
 #include "ops/ops.h"
+#include "parallel/cp_ring.h"
 
 namespace longtron::parallel {
 
@@ -33,6 +36,18 @@ struct ContextPlan {
 struct ContextScratch {
   ContextPlan plan;
   std::vector<float> kv_local, kv_row, keys, dkeys;
+  std::shared_ptr<RingScratch> ring = std::make_shared<RingScratch>();
+};
+
+/// How the context ranks exchange K/V: ring attention (default) or an all-gather of the row.
+enum class ContextForm { kRing, kAllGather };
+
+/// The form, and the ring's layout: inner rings of window_size context ranks (InternEvo's
+/// sequence_2D.window_size; 1 = one ring), interleaved placement (cp_ring_plan.h).
+struct ContextOptions {
+  ContextForm form = ContextForm::kRing;
+  int window_size = 1;
+  bool interleaved = false;
 };
 
 /// Attention of this rank's M = P/C queries [M, hq, d] against the causal keys of the whole row.
@@ -42,8 +57,10 @@ struct ContextScratch {
 class ContextAttention {
  public:
   ContextAttention(comm::CommPtr context, data::ContextBalance balance,
-                   std::shared_ptr<ContextScratch> scratch = nullptr);
+                   std::shared_ptr<ContextScratch> scratch = nullptr, ContextOptions options = {});
   int size() const { return comm_->size(); }
+  /// Point-to-point bytes of the ring (nullptr under the all-gather form).
+  const RingBytes* ring_bytes() const { return ring_ ? &ring_->bytes() : nullptr; }
   /// out [M, hq, d] dense, lse [hq, M].
   void forward(float* out, float* lse, const float* q, const float* k, const float* v,
                const ops::AttentionShape& local) const;
@@ -63,6 +80,7 @@ class ContextAttention {
   comm::CommPtr comm_;
   data::ContextBalance balance_;
   std::shared_ptr<ContextScratch> scratch_;
+  std::unique_ptr<RingAttention> ring_;  // nullptr under the all-gather form
 };
 
 }  // namespace longtron::parallel

@@ -28,7 +28,8 @@ UlyssesHeads ulysses_heads(int64_t hq, int64_t hkv, int64_t T) {
 
 UlyssesAttention::UlyssesAttention(const model::ModelConfig& c, comm::CommPtr tensor,
                                    std::shared_ptr<Scratch> scratch, comm::CommPtr context,
-                                   data::ContextBalance balance, int64_t window)
+                                   data::ContextBalance balance, int64_t window,
+                                   ContextOptions options)
     : comm_(std::move(tensor)), T_(comm_->size()),
       h_(ulysses_heads(c.num_attention_heads, c.num_kv_attention_heads, comm_->size())),
       d_(c.head_dim()), q_(c.qkv_size()), local_(h_.hq_local + 2 * h_.hkv_local),
@@ -36,7 +37,8 @@ UlyssesAttention::UlyssesAttention(const model::ModelConfig& c, comm::CommPtr te
       scratch_(scratch ? std::move(scratch) : std::make_shared<Scratch>()) {
   if (context && context->size() > 1) {
     C_ = context->size();
-    context_ = std::make_unique<ContextAttention>(std::move(context), balance, scratch_->context);
+    context_ = std::make_unique<ContextAttention>(std::move(context), balance, scratch_->context,
+                                                  options);
   }
 }
 

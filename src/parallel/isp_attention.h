@@ -48,11 +48,14 @@ class UlyssesAttention final : public model::AttentionOp<float> {
   };
   /// `scratch` nullptr = buffers of its own. `tensor` is the HEAD group under 2D-Attention;
   /// `context` (nullptr = none) its CONTEXT group, whose ranks hold the shares of `balance`;
-  /// `window`: the block's sliding window (0 = none).
+  /// `window`: the block's sliding window (0 = none); `options`: ring or all-gather context
+  /// parallelism and the ring's layout (cp_attention.h).
   UlyssesAttention(const model::ModelConfig& config, comm::CommPtr tensor,
                    std::shared_ptr<Scratch> scratch = nullptr, comm::CommPtr context = nullptr,
                    data::ContextBalance balance = data::ContextBalance::kZigzag,
-                   int64_t window = 0);
+                   int64_t window = 0, ContextOptions options = {});
+  /// The context-parallel attention (nullptr without a context group of more than one rank).
+  const ContextAttention* context() const { return context_.get(); }
   int64_t qkv_features() const override { return q_; }
   int64_t out_features() const override { return h_.hq * d_; }
   int64_t saved_qkv_size(int64_t N) const override { return N * (T_ * local_ + h_.hq) * d_; }

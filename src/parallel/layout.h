@@ -38,6 +38,9 @@ struct Layout {
   int seq2d_head = 1, seq2d_context = 1, seq2d_window = 1;
   bool seq2d_head_first = true, seq2d_interleaved = false;
   std::string seq2d_balance = "zigzag";  ///< "contiguous" | "zigzag" | "document"
+  /// Context parallelism as ring attention (default) or, false, as an all-gather of the row's
+  /// K/V (parallel/cp_attention.h). Not a config key: benchmarks and tests compare the forms.
+  bool seq2d_ring = true;
   bool is_2d() const { return tensor_2d_x > 0 || tensor_2d_y > 0; }
   /// Size of one TENSOR group: T, or x·y under 2D.
   int tp() const { return is_2d() ? tensor_2d_x * tensor_2d_y : tensor_size; }

@@ -125,13 +125,13 @@ const std::vector<ConfigKey> kConfigKeys = {
      "a time."},
     {"parallel.sequence_2D.enable", "boolean", "false", "",
      "ISP 2D-Attention (InternEvo, LoongTrain): Ulysses over head groups × context parallel "
-     "attention over context groups (all-gather form, docs/isp.md)."},
+     "attention over context groups (ring attention, docs/isp.md)."},
     {"parallel.sequence_2D.head_size", "integer", "1", "",
      "2D-Attention head-parallel size; head_size × context_size = parallel.tensor.size."},
     {"parallel.sequence_2D.context_size", "integer", "1", "",
      "2D-Attention context-parallel size C (free of the head count)."},
     {"parallel.sequence_2D.window_size", "integer", "1", "",
-     "InternEvo's double-ring window; must divide context_size (no effect in the all-gather form)."},
+     "LoongTrain's double ring: inner rings of window_size context ranks, an outer ring between them; must divide context_size."},
     {"parallel.sequence_2D.balance", "string", "\"zigzag\"", "",
      "Token-to-context-rank assignment: \"contiguous\", \"zigzag\" or \"document\" "
      "(per-document zigzag + greedy, docs/isp.md)."},
@@ -139,7 +139,7 @@ const std::vector<ConfigKey> kConfigKeys = {
      "Head groups of consecutive ranks (else context groups consecutive)."},
     {"parallel.sequence_2D.device_placement_strategy.interleaved", "boolean", "false", "",
      "InternEvo's interleaved context ranks for window_size > 1; needs head_first = false when "
-     "head_size > 1 (no effect in the all-gather form)."},
+     "head_size > 1."},
 
     // [train]: the job (docs/training.md).
     {"train.total_steps", "integer", "", kRequired, "Optimizer steps of the run."},

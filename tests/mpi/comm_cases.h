@@ -230,6 +230,39 @@ TEST(Comm, PayloadBytesPerKind) {
   EXPECT_EQ(c->stats().total_bytes(), 0u);
 }
 
+// A ring of nonblocking point-to-point messages (ring attention's K/V hop): rank r sends r-filled
+// data of r + 1 floats to r + 1 and receives rank r − 1's, with two tags in flight at once; sends
+// count their bytes under "send", receives nothing, skipped bytes are kept beside them.
+TEST(Comm, PointToPointRingAndSkippedBytes) {
+  CommPtr c = world()->split(0, world()->rank());
+  const int T = c->size(), r = c->rank();
+  if (T == 1) {
+    float x = 0;
+    EXPECT_THROW((void)c->send_async(&x, 1, 0, 0), Error);
+    return;
+  }
+  const int next = (r + 1) % T, prev = (r + T - 1) % T;
+  std::vector<float> out(size_t(r + 1), float(r)), in(size_t(prev + 1), -1.f);
+  std::vector<int32_t> out2{r, 7}, in2(2, -1);
+  Work a = c->recv_async(in.data(), prev + 1, prev, 1);
+  Work b = c->recv_async(in2.data(), 2, prev, 2);
+  Work s2 = c->send_async(out2.data(), 2, next, 2);
+  Work s1 = c->send_async(out.data(), r + 1, next, 1);
+  a.wait();
+  b.wait();
+  s1.wait();
+  s2.wait();
+  for (float v : in) EXPECT_EQ(v, float(prev));
+  EXPECT_EQ(in2, (std::vector<int32_t>{prev, 7}));
+  c->count_skipped(Kind::kSend, 100);
+  EXPECT_EQ(c->stats().calls[int(Kind::kSend)], 2u);
+  EXPECT_EQ(c->stats().bytes[int(Kind::kSend)], uint64_t(4 * (r + 1) + 8));
+  EXPECT_EQ(c->stats().skipped[int(Kind::kSend)], 100u);
+  EXPECT_EQ(c->sequence(), 0u);  // not collectives: no order-check sequence number
+  float x = 0;
+  EXPECT_THROW((void)c->send_async(&x, 1, T, 0), Error);
+}
+
 TEST(Comm, OrderCheckNamesTheMismatch) {
   Communicator& w = *world();
   CommPtr c = w.split(0, w.rank());

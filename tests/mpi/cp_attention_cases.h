@@ -20,16 +20,37 @@ inline std::vector<std::vector<int32_t>> cp_rows(int32_t P) {
           ones};                                   // many short ones
 }
 
-inline void check_context_attention(int head_size, int kv_heads, data::ContextBalance balance) {
-  const int T = world()->size(), t = world()->rank();
+/// One case: head_size x (world / head_size) context ranks, the form and ring layout, the
+/// attention window (0 = none) and the row length per rank (16: one kernel tile; 160: documents
+/// across several 64-token tiles and kernel blocks).
+struct CpOpCase {
+  int head_size, kv_heads;
+  data::ContextBalance balance;
+  parallel::ContextOptions options = {};
+  int64_t window = 0, tokens_per_rank = 16;
+};
+
+inline std::string describe(const CpOpCase& k, int C) {
+  return "hp" + std::to_string(k.head_size) + "xcp" + std::to_string(C) + " " +
+         data::context_balance_name(k.balance) + " kv=" + std::to_string(k.kv_heads) +
+         (k.options.form == parallel::ContextForm::kRing ? " ring" : " all-gather") +
+         (k.options.window_size > 1 ? " ws" + std::to_string(k.options.window_size) : "") +
+         (k.options.interleaved ? " interleaved" : "") +
+         (k.window > 0 ? " window " + std::to_string(k.window) : "") + " P/rank " +
+         std::to_string(k.tokens_per_rank);
+}
+
+inline void check_context_attention(const CpOpCase& k) {
+  const int T = world()->size(), t = world()->rank(), head_size = k.head_size;
   const int C = T / head_size, h = t % head_size, c = t / head_size;
   comm::CommPtr head = world()->split(c, h), context = world()->split(h, c);
-  const model::ModelConfig cfg = op_model(kv_heads);
+  model::ModelConfig cfg = op_model(k.kv_heads);
+  cfg.sliding_window = k.window;
   model::ParamLayout full(cfg);
   auto dense = model::make_dense_ops<float>(full);
   model::AttentionOp<float>& ref = *dense.blocks[0].attention;
-  parallel::UlyssesAttention cp(cfg, head, nullptr, context, balance);
-  const int64_t P = 16 * T, n = P / T, Q = cfg.qkv_size(), A = cfg.hidden_size;
+  parallel::UlyssesAttention cp(cfg, head, nullptr, context, k.balance, k.window, k.options);
+  const int64_t P = k.tokens_per_rank * T, n = P / T, Q = cfg.qkv_size(), A = cfg.hidden_size;
   for (const std::vector<int32_t>& cu : cp_rows(int32_t(P))) {
     std::vector<int32_t> idx;
     for (size_t s = 1; s < cu.size(); ++s)
@@ -41,7 +62,7 @@ inline void check_context_attention(int head_size, int kv_heads, data::ContextBa
     ref.forward(out.data(), saved.data(), lse.data(), qkv.data(), gb);
     ref.backward(dqkv.data(), scratch.data(), dout.data(), saved.data(), out.data(), lse.data(), gb);
 
-    const auto share = data::context_assignment(cu, C, balance)[size_t(c)];
+    const auto share = data::context_assignment(cu, C, k.balance)[size_t(c)];
     const std::vector<int32_t> mine(share.begin() + h * n, share.begin() + (h + 1) * n);
     Vec q, dy, want_out, want_dq;
     std::vector<int32_t> lidx;
@@ -57,18 +78,55 @@ inline void check_context_attention(int head_size, int kv_heads, data::ContextBa
     Vec dq(size_t(n * Q)), sc2(size_t(cp.saved_qkv_size(n)));
     cp.forward(o.data(), s2.data(), l2.data(), q.data(), lb);
     cp.backward(dq.data(), sc2.data(), dy.data(), s2.data(), o.data(), l2.data(), lb);
-    const std::string tag = "hp" + std::to_string(head_size) + "xcp" + std::to_string(C) + " " +
-                            data::context_balance_name(balance) + " kv=" +
-                            std::to_string(kv_heads) + " segs=" + std::to_string(cu.size() - 1);
+    const std::string tag = describe(k, C) + " segs=" + std::to_string(cu.size() - 1);
     report(tag + " out", world_max(rel_err(o.data(), want_out.data(), n * A)), 1e-5);
     report(tag + " dqkv", world_max(rel_err(dq.data(), want_dq.data(), n * Q)), 1e-5);
   }
+  if (const parallel::RingBytes* b = cp.context() ? cp.context()->ring_bytes() : nullptr) {
+    // Every block makes C − 1 hops (forward, and again in backward) and its dK/dV C − 1 hops
+    // home: what is not sent is counted as skipped, so each pair adds up to the whole ring.
+    const uint64_t rows = cp_rows(int32_t(P)).size(), M = uint64_t(P / C);
+    const uint64_t row = uint64_t(2 * parallel::ulysses_heads(4, k.kv_heads, head_size).hkv_local *
+                                  (cfg.hidden_size / 4) * 4);
+    EXPECT_EQ(b->calls, rows);
+    EXPECT_EQ(b->kv_sent + b->kv_skipped, 2 * rows * (C - 1) * M * row);
+    EXPECT_EQ(b->dkv_sent + b->dkv_skipped, rows * (C - 1) * M * row);
+    EXPECT_GT(b->kv_skipped, 0u) << "many short documents: some K/V rows are invisible";
+  }
 }
 
+inline void check_context_attention(int head_size, int kv_heads, data::ContextBalance balance) {
+  check_context_attention(CpOpCase{head_size, kv_heads, balance});
+}
+
+inline constexpr data::ContextBalance kAllBalances[] = {
+    data::ContextBalance::kContiguous, data::ContextBalance::kZigzag,
+    data::ContextBalance::kDocument};
+
 inline void check_context_attention_all(int head_size, int kv_heads) {
-  for (data::ContextBalance b : {data::ContextBalance::kContiguous, data::ContextBalance::kZigzag,
-                                 data::ContextBalance::kDocument})
-    check_context_attention(head_size, kv_heads, b);
+  for (data::ContextBalance b : kAllBalances) check_context_attention(head_size, kv_heads, b);
+}
+
+/// Every balance, ring and all-gather forms, with the ring's `window_size` / interleaved layout,
+/// without and with sliding windows (3: shorter than a tile; 70: across tiles), on short rows and
+/// rows of several tiles per rank.
+inline void check_context_attention_forms(int head_size, int kv_heads, int window_size = 1,
+                                          bool interleaved = false) {
+  for (data::ContextBalance b : kAllBalances)
+    for (int64_t tokens : {16, 160})
+      for (int64_t window : {0, 3, 70}) {
+        if (tokens == 16 && window == 70) continue;
+        CpOpCase k{head_size, kv_heads, b};
+        k.options.window_size = window_size;
+        k.options.interleaved = interleaved;
+        k.window = window;
+        k.tokens_per_rank = tokens;
+        check_context_attention(k);
+        if (window_size == 1 && window == 0 && tokens == 160) {
+          k.options.form = parallel::ContextForm::kAllGather;
+          check_context_attention(k);
+        }
+      }
 }
 
 }  // namespace longtron::testing

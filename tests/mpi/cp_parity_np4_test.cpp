@@ -1,6 +1,7 @@
 // 2D-Attention through the engine on 4 ranks against one process (see cp_parity.h): hp1 x cp4
 // with 1 kv head, hp2 x cp2 (W = 4 with overlap, both placements; recomputation with 1 kv head
-// repeated), cp4 with window_size 2 interleaved, dp2 x (hp1 x cp2) with ZeRO-1, every balance,
+// repeated), cp4 with window_size 2 (the double ring) in both placements for every balance, the
+// all-gather form, dp2 x (hp1 x cp2) with ZeRO-1, every balance,
 // edge rows and unpacked rows whose shards are all padding; a Mistral model with a window (3)
 // shorter than its documents under hp2 x cp2 and cp4 for every balance.
 #include "cp_parity.h"
@@ -31,11 +32,32 @@ TEST(CpParityNp4, RecomputationRepeatedKvAndWindow) {
   r.model = tiny_model(1);  // head_size 2 > 1 kv head: repeated inside the head group
   r.model.checkpoint = true;
   check_isp_parity(r);
-  // window_size 2 with interleaved context ranks (context first): accepted, no effect on results.
-  IspCase w{"cp4 window 2 interleaved", seq2d(4, 4, 1, "zigzag", /*head_first=*/false)};
-  w.layout.seq2d_window = 2;
-  w.layout.seq2d_interleaved = true;
-  check_isp_parity(w);
+}
+
+TEST(CpParityNp4, DoubleRingWindowSize2EveryBalanceBothPlacements) {
+  // window_size 2: two inner rings of 2 context ranks and an outer ring between them; interleaved
+  // (context first) takes context ranks {0, 2} and {1, 3} as the inner rings.
+  for (const char* b : kBalances)
+    for (bool interleaved : {false, true}) {
+      IspCase w{std::string("cp4 window_size 2 ") + b + (interleaved ? " interleaved" : ""),
+                seq2d(4, 4, 1, b, /*head_first=*/!interleaved)};
+      w.layout.seq2d_window = 2;
+      w.layout.seq2d_interleaved = interleaved;
+      w.row = edge_rows(w.model.vocab_size);
+      check_isp_parity(w);
+    }
+  IspCase m{"cp4 window_size 2 Mistral window 3", seq2d(4, 4, 1, "document")};
+  m.layout.seq2d_window = 2;
+  m.model = windowed_model();
+  check_isp_parity(m);
+}
+
+TEST(CpParityNp4, AllGatherForm) {
+  for (const char* b : kBalances) {
+    IspCase c{std::string("cp4 all-gather form ") + b, seq2d(4, 4, 1, b)};
+    c.layout.seq2d_ring = false;
+    check_isp_parity(c);
+  }
 }
 
 TEST(CpParityNp4, Dp2Cp2Zero1) {

@@ -31,6 +31,7 @@ struct Case {
   bool packed;  // strided views: see q_stride / kv_stride
   std::vector<int32_t> cu_seqlens_k = {};  // empty: keys are the query segments
   int64_t window = 0;
+  std::vector<int32_t> key_offsets = {};  // empty: bottom-right (Lk − Lq); needs cu_seqlens_k
   bool separate_keys() const { return !cu_seqlens_k.empty(); }
   const std::vector<int32_t>& cu_k() const { return separate_keys() ? cu_seqlens_k : cu_seqlens; }
   int64_t tokens() const { return cu_seqlens.back(); }
@@ -55,6 +56,7 @@ struct Case {
     if (separate_keys()) {
       s.cu_seqlens_k = cu_seqlens_k.data();
       s.num_kv_tokens = kv_tokens();
+      if (!key_offsets.empty()) s.key_offsets = key_offsets.data();
     }
     s.window = window;
     return s;
@@ -88,7 +90,8 @@ Inputs<double> make_inputs(const Case& c, uint32_t seed) {
 
 // Explicit masked softmax, one (token, head) at a time: the definition the kernel must meet.
 // Query r of a segment with Lq queries and Lk keys sits at key position p = r + Lk − Lq and sees
-// keys c with p − window < c <= p (every c <= p without a window).
+// keys c with p − window < c <= p (every c <= p without a window); with key_offsets,
+// p = r + key_offsets[segment], and a query that sees no key gives out 0 and lse −inf.
 void naive_attention(Vec& out, Vec& lse, const Inputs<double>& in, const Case& c) {
   const ops::AttentionShape s = c.shape();
   const int64_t N = c.tokens(), G = c.heads / c.kv_heads, d = c.d;
@@ -98,12 +101,16 @@ void naive_attention(Vec& out, Vec& lse, const Inputs<double>& in, const Case& c
     const int64_t q_begin = c.cu_seqlens[seg], k_begin = c.cu_k()[seg];
     const int64_t lq = c.cu_seqlens[seg + 1] - q_begin, lk = c.cu_k()[seg + 1] - k_begin;
     for (int64_t r = 0; r < lq; ++r) {
-      const int64_t n = q_begin + r, pos = r + lk - lq;
+      const int64_t n = q_begin + r;
+      const int64_t pos = r + (c.key_offsets.empty() ? lk - lq : c.key_offsets[seg]);
       const int64_t first = c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
+      const int64_t last = std::min(pos, lk - 1);
       for (int64_t h = 0; h < c.heads; ++h) {
         const double* qr = in.qp() + n * s.q_stride + h * d;
         std::vector<double> score;
-        for (int64_t m = first; m <= pos; ++m) {
+        if (first > last) lse[h * N + n] = -std::numeric_limits<double>::infinity();
+        if (first > last) continue;
+        for (int64_t m = first; m <= last; ++m) {
           const double* kr = in.kp(c) + (k_begin + m) * s.kv_stride + (h / G) * d;
           double dotp = 0;
           for (int64_t x = 0; x < d; ++x) dotp += qr[x] * kr[x];
@@ -137,7 +144,10 @@ void expect_matches_naive(const Case& c, double tol) {
   forward(out, lse, in, c);
   naive_attention(ref_out, ref_lse, in, c);
   for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref_out[i], tol) << "out " << i;
-  for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], ref_lse[i], tol) << "lse " << i;
+  for (size_t i = 0; i < lse.size(); ++i) {
+    if (std::isinf(ref_lse[i])) ASSERT_EQ(lse[i], ref_lse[i]) << "lse " << i;
+    else ASSERT_NEAR(lse[i], ref_lse[i], tol) << "lse " << i;
+  }
 }
 
 // Pad columns of a padded layout are no gradient: the kernel must leave them alone (they keep
@@ -340,6 +350,38 @@ TEST_F(Attention, BackwardFdSeparateKeysAndWindow) {
   Case c{{0, 3, 73}, 2, 1, 4, false, {0, 3, 163}};
   c.window = 30;
   expect_backward_matches_fd(c, 3);
+}
+
+// Explicit key offsets (ring attention's partial blocks): a query run that sees a whole earlier
+// block (offset >= Lk − 1), part of it through a window, more queries than keys, queries that
+// see no key (offset < 0, or before the window), random shapes against the naive definition.
+TEST_F(Attention, ForwardMatchesNaiveKeyOffsetsRandomShapes) {
+  std::mt19937 rng(12);
+  for (int trial = 0; trial < 16; ++trial) {
+    Case c = random_case(rng, true);
+    for (size_t i = 0; i + 1 < c.cu_seqlens_k.size(); ++i) {
+      const int32_t lk = c.cu_seqlens_k[i + 1] - c.cu_seqlens_k[i];
+      c.key_offsets.push_back(std::uniform_int_distribution<int32_t>(-3, lk + 80)(rng));
+    }
+    if (trial % 3 == 0) c.cu_seqlens.back() += 40;  // more queries than keys in the last segment
+    SCOPED_TRACE(describe(c) + " offsets " + std::to_string(c.key_offsets[0]));
+    expect_matches_naive(c, 1e-10);
+  }
+}
+TEST_F(Attention, BackwardFdKeyOffsets) {
+  // A whole earlier block (offset 200 >= Lk), a block seen from 70 positions later through a
+  // window of 90 (keys before it get no gradient), and 4 queries with offset −2 (two see nothing).
+  Case c{{0, 70, 150, 154}, 4, 2, 3, true, {0, 130, 230, 240}};
+  c.key_offsets = {200, 70, -2};
+  expect_backward_matches_fd(c, 3);
+  c.window = 90;
+  expect_backward_matches_fd(c, 3);
+}
+TEST_F(Attention, FloatAgreesWithDoubleKeyOffsets) {
+  Case c{{0, 70, 150, 154}, 4, 2, 8, false, {0, 130, 230, 240}};
+  c.key_offsets = {130, 70, 5};  // every query sees a key (the comparison is of finite lse)
+  c.window = 80;
+  expect_float_matches_double(c);
 }
 
 // A window at least as long as every segment's keys changes nothing: exactly the same tiles and
