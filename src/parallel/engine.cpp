@@ -27,13 +27,6 @@ const comm::ProcessGrid& validated(const comm::ProcessGrid& grid, const model::M
   shape.hidden_size = c.hidden_size;
   shape.packed_length = packed_length;
   comm::validate_model_layout(grid.layout, grid.world_size, shape);
-  // The tensor modes split the embedding on hidden and the head on vocab: one tied tensor would
-  // need both shardings at once, so they refuse it (data parallel and ZeRO-1 need no split).
-  const std::string mode = mode_name(grid.layout);
-  check(!c.tie_word_embeddings || mode == "dense",
-        "tie_word_embeddings = true is not supported under tensor parallel mode \"{}\" (tensor "
-        "size {}): the tied embedding/head can be trained on one process, data parallel and ZeRO-1 "
-        "only", mode, grid.layout.tp());
   if (grid.layout.is_2d()) parse_overlap_2d(grid.layout.tensor_2d_overlap);  // the mode's own option
   return grid;
 }

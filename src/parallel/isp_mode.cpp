@@ -1,6 +1,6 @@
 // The "isp" mode of the engine registry (engine.h): plan, ops and the local sequence shard.
 // Plan (isp_ops.h): linears and head split on dim 0 over WEIGHT (shard_range), the embedding on
-// dim 1 over WEIGHT; norm weights and biases replicated, their partial gradients summed over
+// dim 1 over WEIGHT (a table tied to the head on dim 0, as the head); norm weights and biases replicated, their partial gradients summed over
 // WEIGHT then WEIGHT_DATA (every rank saw other tokens).
 #include "core/error.h"
 #include "data/context_split.h"
@@ -14,9 +14,10 @@ void register_isp_mode() {
   ModeFactory f;
   f.plan = [](ShardPlan& plan) {
     const model::ParamLayout& full = plan.full_layout();
+    const bool tied = full.config().tie_word_embeddings;  // one table, split as the head
     for (int v = 0; v < static_cast<int>(full.views().size()); ++v) {
       const model::ParamView& view = full.view(v);
-      if (view.is_embedding)
+      if (view.is_embedding && !tied)
         plan.split(v, 1, comm::Group::kWeight);
       else if (view.is_matrix)
         plan.split(v, 0, comm::Group::kWeight);

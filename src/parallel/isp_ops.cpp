@@ -18,7 +18,8 @@ int64_t IspShard::numel(const model::ParamLayout& full) const {
 
 std::vector<IspShard> isp_shard_plan(const model::ParamLayout& full, int W, int weight_rank) {
   const int64_t H = full.config().hidden_size;
-  check(W >= 1 && H % W == 0,
+  const bool tied = full.config().tie_word_embeddings;  // the table is split as the head
+  check(W >= 1 && (tied || H % W == 0),
         "isp: model.hidden_size = {} is not divisible by parallel.weight.size = {} (the "
         "embedding is split on its hidden dim)",
         H, W);
@@ -27,7 +28,7 @@ std::vector<IspShard> isp_shard_plan(const model::ParamLayout& full, int W, int 
     const model::ParamView& v = full.view(i);
     IspShard s;
     s.view = i;
-    if (v.is_embedding) {
+    if (v.is_embedding && !tied) {
       s.dim = 1;
       s.start = weight_rank * (H / W);
       s.count = H / W;
@@ -75,11 +76,13 @@ model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const comm::
   const int64_t H = c.hidden_size;
   model::ModelOps<float> ops;
   const model::ParamView& emb = full.view(full.tok_embeddings);
-  check(H % store->weight_size() == 0,
+  const bool tied = c.tie_word_embeddings;  // one table split on vocabulary rows, as the head
+  check(tied || H % store->weight_size() == 0,
         "isp: model.hidden_size = {} is not divisible by parallel.weight.size = {} (the "
         "embedding is split on its hidden dim)",
         H, store->weight_size());
-  ops.embedding = std::make_unique<IspEmbedding>(store, full.tok_embeddings, emb.shape[0], H);
+  ops.embedding =
+      std::make_unique<IspEmbedding>(store, full.tok_embeddings, emb.shape[0], H, tied ? 0 : 1);
   auto linear = [&](int w, int b) {
     const model::ParamView& v = full.view(w);
     return std::make_unique<IspLinear>(store, w, b, v.shape[0], v.shape[1]);
@@ -92,8 +95,9 @@ model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const comm::
     block.ffn_norm = model::make_dense_norm<float>(full, b.ffn_norm);
     block.wqkv = linear(b.wqkv, b.wqkv_bias);
     block.wo = linear(b.wo, b.wo_bias);
-    block.gate_up = std::make_unique<model::SeparateGateUp<float>>(linear(b.w1, -1), linear(b.w3, -1));
-    block.w2 = linear(b.w2, -1);
+    block.gate_up = std::make_unique<model::SeparateGateUp<float>>(linear(b.w1, b.w1_bias),
+                                                                   linear(b.w3, b.w3_bias));
+    block.w2 = linear(b.w2, b.w2_bias);
     block.attention = std::make_unique<UlyssesAttention>(
         c, head, scratch, grid.context, balance, c.window_of(&b - full.layers.data()));
     ops.blocks.push_back(std::move(block));

@@ -4,7 +4,8 @@
 // Data: rank r of a TENSOR group (size T) holds tokens [rP/T, (r+1)P/T) of input_ids, indexes and
 // labels; cu_seqlens stays global (data/sequence_split.h). Parameters:
 // - every linear weight (wqkv, wo, w1, w3, w2) and the head: rows sharded over WEIGHT (size W);
-// - the embedding: hidden columns sharded over WEIGHT;
+// - the embedding: hidden columns sharded over WEIGHT (a table tied to the head,
+//   tie_word_embeddings: one tensor, rows sharded as the head's);
 // - norm weights and linear biases: replicated.
 // Gradient reductions (exact SUM semantics, not InternEvo's AVG):
 // - sharded tensors: the ops reduce-scatter over WEIGHT; the engine then SUMS over WEIGHT_DATA
@@ -36,8 +37,9 @@ struct IspShard {
 };
 
 /// The ISP plan of every view of `full` for weight rank `weight_rank` of W (shard_range rows for
-/// the linears and head, uneven allowed; H / W columns for the embedding). Throws Error (naming
-/// parallel.weight.size) if W does not divide hidden_size.
+/// the linears and head, uneven allowed; H / W columns for the embedding, rows when it is tied to
+/// the head). Throws Error (naming parallel.weight.size) if W does not divide hidden_size and the
+/// embedding is not tied.
 std::vector<IspShard> isp_shard_plan(const model::ParamLayout& full, int W, int weight_rank);
 
 /// Copies this rank's part of every full tensor into `local` (same view indices; `local`'s view v
@@ -49,7 +51,7 @@ void isp_scatter_params(model::Params<float>& local, const model::Params<float>&
 /// must hold at view v this rank's part per isp_shard_plan (replicated views whole). Ops registered
 /// in call order: embedding first (it marks the start of each pass for the prefetcher).
 /// `store_out`, if given, receives the weight store (prefetch counters for tests/benchmarks).
-/// Throws Error for heads that cannot be divided by T (ulysses_heads) or hidden by W.
+/// Throws Error for heads that cannot be divided by T (ulysses_heads) or hidden by W (untied).
 model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const comm::ProcessGrid& grid,
                                     bool overlap,
                                     std::shared_ptr<IspWeightStore>* store_out = nullptr);
