@@ -148,13 +148,13 @@ int main(int argc, char** argv) {
   // compare=1 (with cp > 1): a second engine in plain isp over the same T ranks, stepped after
   // each step of the first on the same row, so the two step times come from one run under the
   // same load (memory figures then include both engines).
-  std::unique_ptr<comm::ProcessGrid> grid_b;
+  std::unique_ptr<parallel::Grid> grid_b;
   std::unique_ptr<parallel::ParallelEngine> engine_b;
   std::unique_ptr<train::AdamW> adam_b;
   if (a.at("compare") != 0 && C > 1) {
     parallel::Layout plain = layout;
     plain.seq2d = false;
-    grid_b = std::make_unique<comm::ProcessGrid>(comm::make_process_grid(world, plain));
+    grid_b = std::make_unique<parallel::Grid>(parallel::make_grid(world, plain));
     engine_b = std::make_unique<parallel::ParallelEngine>(c, *grid_b, 42, P);
     adam_b = std::make_unique<train::AdamW>(engine_b->local_layout(), oc, grid_b->zero1);
   }

@@ -1,11 +1,16 @@
 // `longtron generate`: text from a checkpoint and a prompt (README, "Commands"). Greedy by default;
 // with --temperature > 0, nucleus (top-p) sampling (Holtzman et al. 2020) from a seeded generator.
+// --prompt-ids takes and prints token ids instead of text, for models whose tokenizer longtron
+// cannot read (Hugging Face's tokenizer.json of Qwen2 and Llama 3).
 #include <fmt/core.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cmath>
+#include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <string>
@@ -23,6 +28,7 @@ namespace {
 
 struct GenerateOptions {
   std::string checkpoint, prompt;
+  std::string prompt_ids;      // "1,2,3": token ids in, token ids out (no tokenizer)
   int64_t max_new_tokens = 64;
   double temperature = 0.0;
   double top_p = 1.0;
@@ -55,6 +61,62 @@ int32_t pick(const std::vector<float>& logits, const GenerateOptions& o, std::mt
   return ids[keep - 1];
 }
 
+/// The ids of "--prompt-ids 1,2,3" (commas, optional spaces), each in [0, vocab).
+std::vector<int32_t> parse_prompt_ids(const std::string& text, int64_t vocab) {
+  std::vector<int32_t> ids;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t end = std::min(text.find(',', at), text.size());
+    std::string item = text.substr(at, end - at);
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    check(!item.empty() && used == item.size(),
+          "generate: --prompt-ids \"{}\": \"{}\" is not a token id (expected e.g. 1,2,3)", text, item);
+    check(id >= 0 && id < vocab, "generate: --prompt-ids: token id {} is outside the vocabulary [0, {})",
+          id, vocab);
+    ids.push_back(static_cast<int32_t>(id));
+    at = end + 1;
+  }
+  return ids;
+}
+
+/// config.json's eos_token_id (an id or a list of ids, kept in ModelConfig::hf_extra), or none.
+std::vector<int32_t> config_eos_ids(const model::ModelConfig& c) {
+  if (c.hf_extra.empty()) return {};
+  const auto extra = nlohmann::json::parse(c.hf_extra);
+  if (!extra.contains("eos_token_id")) return {};
+  std::vector<int32_t> out;
+  const auto& e = extra["eos_token_id"];
+  for (const auto& v : e.is_array() ? e : nlohmann::json::array({e}))
+    if (v.is_number_integer()) out.push_back(v.get<int32_t>());
+  return out;
+}
+
+/// --prompt-ids: greedy or sampled ids until config.json's eos_token_id; prints the prompt's and
+/// the new ids, comma-separated (as --prompt-ids takes them).
+int generate_ids(const GenerateOptions& o, parallel::ParallelEngine& engine) {
+  std::vector<int32_t> ids = parse_prompt_ids(o.prompt_ids, engine.full_layout().config().vocab_size);
+  const std::vector<int32_t> stop = config_eos_ids(engine.full_layout().config());
+  const size_t prompt_len = ids.size();
+  std::mt19937_64 rng(o.seed);
+  for (int64_t i = 0; i < o.max_new_tokens; ++i) {
+    const int32_t next = pick(engine.model().logits_last(ids), o, rng);
+    if (std::find(stop.begin(), stop.end(), next) != stop.end()) break;
+    ids.push_back(next);
+  }
+  fmt::print("{}\n", fmt::join(ids, ","));
+  std::fflush(stdout);
+  fmt::print(stderr, "generate: {} prompt tokens, {} new\n", prompt_len, ids.size() - prompt_len);
+  return 0;
+}
+
 int run_generate(const GenerateOptions& o) {
   check(o.max_new_tokens >= 0, "generate: --max-new-tokens must be >= 0, got {}", o.max_new_tokens);
   check(o.top_p > 0 && o.top_p <= 1, "generate: --top-p must be in (0, 1], got {}", o.top_p);
@@ -64,8 +126,14 @@ int run_generate(const GenerateOptions& o) {
   // One process: the engine's dense mode (the one way into the model).
   const auto engine = train::load_into_engine(
       m, parallel::make_grid(comm::make_local_communicator(), parallel::Layout{}));
-  check(!m.tokenizer.empty(), "generate: no tokenizer.model in {} or next to its training data",
-        m.dir.string());
+  check(o.prompt_ids.empty() || !o.chat, "generate: --chat takes --prompt, not --prompt-ids");
+  if (!o.prompt_ids.empty()) return generate_ids(o, *engine);
+  check(!m.tokenizer.empty(),
+        "generate: no tokenizer.model in {} or next to its training data{} (--prompt-ids takes and "
+        "prints token ids without one)", m.dir.string(),
+        std::filesystem::exists(m.dir / "tokenizer.json")
+            ? "; its tokenizer.json (a Hugging Face fast tokenizer) is not readable by longtron"
+            : "");
   const data::Tokenizer tok = data::Tokenizer::load(m.tokenizer);
   std::vector<int32_t> ids;
   int32_t stop = tok.eos_id();
@@ -102,7 +170,12 @@ Subcommand generate_command(45, [](CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   auto* sub = app.add_subcommand("generate", "Generate text from a checkpoint");
   sub->add_option("--checkpoint", o->checkpoint, "Checkpoint root, step folder or HF folder")->required();
-  sub->add_option("--prompt", o->prompt, "Prompt text")->required();
+  auto* prompt = sub->add_option("--prompt", o->prompt, "Prompt text");
+  auto* ids = sub->add_option("--prompt-ids", o->prompt_ids,
+                              "Prompt token ids, e.g. 1,2,3 (no tokenizer needed; prints the ids "
+                              "of the prompt and of the new tokens; stops at config.json's "
+                              "eos_token_id)");
+  prompt->excludes(ids);
   sub->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate (default 64)");
   sub->add_option("--temperature", o->temperature, "0 = greedy (default); > 0 samples");
   sub->add_option("--top-p", o->top_p, "Nucleus sampling mass (default 1)");
@@ -116,7 +189,10 @@ Subcommand generate_command(45, [](CLI::App& app) {
   sub->add_option("--chat-template", o->chat_template,
                   "internlm2 | chatml | llama2 | mistral | a template file (with --chat)");
   sub->add_option("--system", o->system, "System message (with --chat)");
-  return [o] { return run_generate(*o); };
+  return [o, prompt, ids] {
+    check(prompt->count() + ids->count() > 0, "generate: --prompt or --prompt-ids is required");
+    return run_generate(*o);
+  };
 });
 
 }  // namespace

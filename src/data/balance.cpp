@@ -30,6 +30,11 @@ int64_t piece_pairs(int64_t len, int64_t seq_len) {
   return (len / seq_len) * causal_pairs(seq_len) + causal_pairs(len % seq_len);
 }
 
+double piece_pairs(int64_t len, int64_t seq_len, const RowCost& cost) {
+  if (seq_len <= 0 || len <= seq_len) return cost.pairs(len);
+  return static_cast<double>(len / seq_len) * cost.pairs(seq_len) + cost.pairs(len % seq_len);
+}
+
 double RowCost::pairs(int64_t l) const {
   const double full = static_cast<double>(causal_pairs(l));
   if (window <= 0 || l <= window) return full;
@@ -95,11 +100,11 @@ struct Longer {
 };
 
 // Longest piece whose pairs stay within `share` (at least 1 token).
-int64_t longest_within(int64_t share, int64_t cap, int64_t seq_len) {
+int64_t longest_within(double share, int64_t cap, int64_t seq_len, const RowCost& cost) {
   int64_t lo = 1, hi = std::max<int64_t>(cap, 1);
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo + 1) / 2;
-    if (piece_pairs(mid, seq_len) <= share) lo = mid; else hi = mid - 1;
+    if (piece_pairs(mid, seq_len, cost) <= share) lo = mid; else hi = mid - 1;
   }
   return lo;
 }
@@ -109,12 +114,12 @@ int64_t longest_within(int64_t share, int64_t cap, int64_t seq_len) {
 // (cutting lowers it) a few times. Without this, one long document makes its row the slowest
 // whatever the rest of the packing does.
 std::vector<Piece> cut_to_fair_share(const std::vector<Piece>& pieces, int64_t rows, int64_t cap,
-                                     int64_t seq_len) {
+                                     int64_t seq_len, const RowCost& cost) {
   std::vector<Piece> out = pieces;
   for (int round = 0; round < 4; ++round) {
-    int64_t pairs = 0;
-    for (const Piece& p : out) pairs += piece_pairs(p.count, seq_len);
-    const int64_t limit = longest_within((pairs + rows - 1) / rows, cap, seq_len);
+    double pairs = 0;  // whole numbers without a window: exact in double below 2^53
+    for (const Piece& p : out) pairs += piece_pairs(p.count, seq_len, cost);
+    const int64_t limit = longest_within(std::ceil(pairs / double(rows)), cap, seq_len, cost);
     bool cut = false;
     std::vector<Piece> next;
     for (const Piece& p : pieces) {
@@ -137,7 +142,8 @@ std::vector<Piece> cut_to_fair_share(const std::vector<Piece>& pieces, int64_t r
 
 std::vector<std::vector<Piece>> pack_window(const std::vector<Piece>& pieces,
                                             const std::vector<int64_t>& capacities,
-                                            int64_t seq_len, int64_t row_length) {
+                                            int64_t seq_len, int64_t row_length,
+                                            const RowCost& cost) {
   int64_t total = 0, room_total = 0;
   for (const Piece& p : pieces) {
     check(p.count > 0, "pack_window: empty piece of document {}", p.doc);
@@ -147,39 +153,35 @@ std::vector<std::vector<Piece>> pack_window(const std::vector<Piece>& pieces,
   const int64_t cap = capacities.empty() ? 0 : *std::max_element(capacities.begin(), capacities.end());
   std::set<Piece, Longer> todo;
   if (n > 0)
-    for (const Piece& p : cut_to_fair_share(pieces, n, cap, seq_len)) todo.insert(p);
+    for (const Piece& p : cut_to_fair_share(pieces, n, cap, seq_len, cost)) todo.insert(p);
   // Each row's share of the window's pairs, in proportion to its capacity.
   double window_pairs = 0;
-  for (const Piece& p : todo) window_pairs += static_cast<double>(piece_pairs(p.count, seq_len));
+  for (const Piece& p : todo) window_pairs += piece_pairs(p.count, seq_len, cost);
   std::vector<double> share(n);
   for (int64_t r = 0; r < n; ++r)
     share[r] = total > 0 ? window_pairs * static_cast<double>(capacities[r]) / static_cast<double>(total) : 0;
-  std::vector<int64_t> room(capacities), pairs(n, 0);
+  std::vector<int64_t> room(capacities);
+  std::vector<double> pairs(n, 0.0);
   for (int64_t r = 0; r < n; ++r)  // a row shorter than row_length ends in one pad segment
-    if (capacities[r] < row_length) pairs[r] = causal_pairs(row_length - capacities[r]);
-  // Rows that still have room, by (pairs, row) and by (-room, row).
-  std::set<std::pair<int64_t, int64_t>> by_pairs, by_room;
+    if (capacities[r] < row_length) pairs[r] = cost.pairs(row_length - capacities[r]);
+  // Rows that still have room, by (-room, row).
+  std::set<std::pair<int64_t, int64_t>> by_room;
   for (int64_t r = 0; r < n; ++r) {
     check(room[r] >= 0, "pack_window: negative capacity {}", room[r]);
     room_total += room[r];
     if (room[r] == 0) continue;
-    by_pairs.insert({pairs[r], r});
     by_room.insert({-room[r], r});
   }
   check(total == room_total, "pack_window: {} tokens for rows of {} tokens", total, room_total);
   std::vector<std::vector<Piece>> rows(n);
   std::set<std::pair<int64_t, int64_t>> holds;  // (doc, row): a row already holds a piece of doc
   auto place = [&](int64_t r, const Piece& p) {
-    by_pairs.erase({pairs[r], r});
     by_room.erase({-room[r], r});
     rows[r].push_back(p);
     holds.insert({p.doc, r});
-    pairs[r] += piece_pairs(p.count, seq_len);
+    pairs[r] += piece_pairs(p.count, seq_len, cost);
     room[r] -= p.count;
-    if (room[r] > 0) {
-      by_pairs.insert({pairs[r], r});
-      by_room.insert({-room[r], r});
-    }
+    if (room[r] > 0) by_room.insert({-room[r], r});
   };
   while (!todo.empty()) {
     const Piece p = *todo.begin();
@@ -191,7 +193,7 @@ std::vector<std::vector<Piece>> pack_window(const std::vector<Piece>& pieces,
     double best = 0;
     for (int64_t r = 0; r < n; ++r) {
       if (room[r] < p.count || holds.count({p.doc, r})) continue;
-      const double need = (share[r] - static_cast<double>(pairs[r])) / static_cast<double>(room[r]);
+      const double need = (share[r] - pairs[r]) / static_cast<double>(room[r]);
       if (target < 0 || need > best) {
         target = r;
         best = need;

@@ -48,6 +48,9 @@ struct RowCost {
   void validate(const std::string& key = "data.balance_cost") const;
 };
 
+/// piece_pairs with each segment counted by cost.pairs (only the pairs a window leaves visible).
+double piece_pairs(int64_t len, int64_t seq_len, const RowCost& cost);
+
 /// `data.balance*` settings. window: steps' worth of rows per "documents" window (>= 1).
 struct BalanceConfig {
   BalanceMode mode = BalanceMode::kNone;
@@ -74,7 +77,9 @@ struct Piece {
 };
 
 /// Packs the pieces of one window (stream order, Σ count == Σ capacities) into rows of the given
-/// capacities so that the rows' causal pairs (segments cut at seq_len) are near-equal. A piece whose
+/// capacities so that the rows' attention pairs (segments cut at seq_len, each counted by
+/// pairs.pairs(l): the causal pairs, or with a sliding window only the visible ones, as the
+/// kernel computes and RowCost::of counts) are near-equal. A piece whose
 /// pairs alone exceed a row's fair share (the window's pairs ÷ rows) is first cut into near-equal
 /// chunks within it. Then pieces by length descending (ties: stream order) each go whole to the
 /// row that most needs pairs per remaining token to reach its share (ties: lower row), never to a
@@ -85,7 +90,8 @@ struct Piece {
 /// exactly to its capacity. Throws Error if the totals differ.
 std::vector<std::vector<Piece>> pack_window(const std::vector<Piece>& pieces,
                                             const std::vector<int64_t>& capacities,
-                                            int64_t seq_len, int64_t row_length = 0);
+                                            int64_t seq_len, int64_t row_length = 0,
+                                            const RowCost& pairs = RowCost{});
 
 /// max over ranks ÷ mean of `rank_costs` (1.0 = perfect; 1.0 for an empty or all-zero list).
 double imbalance_of(const std::vector<double>& rank_costs);

@@ -46,7 +46,7 @@ BalancedRows::BalancedRows(const DocumentSource& source, std::vector<int64_t> or
         done = 0;
       }
     }
-    for (auto& row : pack_window(pieces, capacities, config_.seq_len, P_)) {
+    for (auto& row : pack_window(pieces, capacities, config_.seq_len, P_, config_.balance_pairs)) {
       pieces_.insert(pieces_.end(), row.begin(), row.end());
       row_begin_.push_back(static_cast<int64_t>(pieces_.size()));
     }

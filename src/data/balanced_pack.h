@@ -2,7 +2,8 @@
 // instead of by order alone. The file's document stream (the plain packer's, with the same number
 // of rows and the same tail rule) is cut into windows of `balance_window_rows` rows; inside a window
 // its document pieces are re-packed by pack_window (balance.h) so that every row holds exactly P
-// tokens and near-equal causal pairs. Document order changes only inside a window, every token
+// tokens and near-equal attention pairs (config.balance_pairs: causal pairs, or under a sliding
+// window the visible ones). Document order changes only inside a window, every token
 // of the stream appears exactly once, and the rows depend only on the window size, never on a rank.
 #pragma once
 #include <cstdint>

@@ -18,6 +18,7 @@ BatchLoader::BatchLoader(Dataset dataset, const DataConfig& config, int64_t dp_s
        __builtin_mul_overflow(window_rows, dp_size, &window_rows)))
     window_rows = std::numeric_limits<int64_t>::max();
   config_.pack.balance_window_rows = window_rows;
+  config_.pack.balance_pairs = config_.balance.cost;  // the packer counts pairs as the cost does
   rows_ = std::make_unique<DatasetRows>(dataset_, config_.pack, config_.min_length,
                                         config_.shuffle, config_.seed);
   sampler_ = std::make_unique<StaticBatchSampler>(rows_->num_rows(), config_.micro_num, dp_size,

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "data/balance.h"
 #include "data/batch.h"
 #include "data/dataset.h"
 
@@ -35,6 +36,9 @@ struct PackConfig {
   /// `data.balance = "documents"`: rows per balancing window (data.balance_window × micro_num ×
   /// dp size; balanced_pack.h). 0: plain packing.
   int64_t balance_window_rows = 0;
+  /// How "documents" counts a segment's attention pairs (RowCost::pairs: with the model's sliding
+  /// window only the visible ones; the loader passes data.balance's cost).
+  RowCost balance_pairs;
   /// Throws Error ("data.seq_len must be > 0, got 0") for seq_len or micro_bsz <= 0 or P > 2^31-1,
   /// and, with balance_window_rows > 0, for unpacked rows, pack_sample_into_one or
   /// split_documents = false (naming the keys).

@@ -24,6 +24,8 @@ struct ModelConfig {
   double rope_base = 10000.0;
   bool qkv_bias = false;
   bool o_bias = false;
+  /// Llama's mlp_bias: biases on the FFN's gate, up ([F]) and down ([H]) projections (w1, w3, w2).
+  bool mlp_bias = false;
   /// Hugging Face's tie_word_embeddings: the output head is the token embedding [V,H] itself (one
   /// tensor, one gradient = embedding's + head's); model.tie_word_embeddings or config.json.
   bool tie_word_embeddings = false;

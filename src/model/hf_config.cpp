@@ -101,8 +101,6 @@ void check_supported(const json& hf, const std::string& type, const std::string&
     check(hf["hidden_act"] == "silu", "{}: hidden_act {} is not supported (only \"silu\")", source,
           hf["hidden_act"].dump());
   }
-  check(type != "llama" || !get_bool(hf, "mlp_bias", source, false),
-        "{}: mlp_bias = true is not supported", source);
 }
 
 }  // namespace
@@ -128,6 +126,9 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
                             "use_sliding_window", "max_window_layers", "sliding_window"})
       j.erase(key);
   }
+  check(type == "llama" || !c.mlp_bias,
+        "cannot write a{} {} config.json: only Llama's config.json has mlp_bias, and this model has "
+        "biases on its gate, up and down projections", type == "internlm2" ? "n" : "", type);
   check(type != "llama" || c.qkv_bias == c.o_bias,
         "cannot write the {} config.json: its attention_bias covers q, k, v and o together, but this "
         "model has qkv_bias = {} and o_bias = {}", type, c.qkv_bias, c.o_bias);
@@ -171,6 +172,7 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
     }
   }
   if (type == "llama" && (c.qkv_bias || j.contains("attention_bias"))) j["attention_bias"] = c.qkv_bias;
+  if (type == "llama" && (c.mlp_bias || j.contains("mlp_bias"))) j["mlp_bias"] = c.mlp_bias;
   // Absent means 4096 to Hugging Face's MistralConfig, so "none" must be written as null.
   if (type == "mistral" && !j.contains("sliding_window") &&
       !(c.sliding_window_implicit && c.sliding_window == 4096))
@@ -248,6 +250,7 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
     c.o_bias = false;
   } else if (c.type == "llama") {
     c.qkv_bias = c.o_bias = get_bool(hf, "attention_bias", source, false);
+    c.mlp_bias = get_bool(hf, "mlp_bias", source, false);  // LlamaMLP: gate/up/down bias
   }  // Mistral: no biases (MistralAttention's projections have bias=False)
   if (c.type == "mistral") {
     // MistralConfig: sliding_window defaults to 4096; an explicit null means full attention.
@@ -325,6 +328,7 @@ ModelConfig merge_model_config(const ModelConfig& f, const ModelConfig& toml,
   same_real("rope_base", "rope_theta", toml.rope_base, f.rope_base);
   same_bool("qkv_bias", toml.qkv_bias, f.qkv_bias);
   same_bool("o_bias", toml.o_bias, f.o_bias);
+  same_bool("mlp_bias", toml.mlp_bias, f.mlp_bias);
   same_bool("tie_word_embeddings", toml.tie_word_embeddings, f.tie_word_embeddings);
   if (given.count("mlp_ratio") || given.count("multiple_of")) {
     ModelConfig probe = toml;

@@ -24,21 +24,22 @@ void check_model_type(const std::string& type, const std::string& what);
 /// longtron models: architectures, model_type, hidden_size, intermediate_size (= ffn_size()),
 /// num_hidden_layers, num_attention_heads, num_key_value_heads, rms_norm_eps, rope_theta,
 /// vocab_size, tie_word_embeddings (always written) and the family's bias keys (InternLM2: bias, and qkv_bias/o_bias when they differ or
-/// were read; Llama: attention_bias when true or read; Qwen2: none, its q/k/v always carry a bias;
+/// were read; Llama: attention_bias and mlp_bias, each when true or read; Qwen2: none, its q/k/v always carry a bias;
 /// Mistral: none, it has no biases). Adds hidden_act "silu",
 /// torch_dtype "float32" and max_position_embeddings (when > 0) only
 /// where the source config lacked them. Writing as another family drops the source's `auto_map`
 /// (remote code) and family keys (bias, qkv_bias, o_bias, attention_bias, mlp_bias,
 /// use_sliding_window, max_window_layers, sliding_window), then writes the target's. Throws Error when `format` cannot express the model (biases Llama cannot write,
-/// a Qwen2 without q/k/v bias, a sliding window outside Mistral).
+/// a Qwen2 without q/k/v bias, a sliding window outside Mistral, mlp_bias outside Llama).
 nlohmann::json to_hf_config(const ModelConfig& config, int64_t max_position_embeddings = 0,
                             const std::string& format = "");
 
 /// Reads a config.json (`source` names the file in messages). The family comes from `model_type`
 /// and `architectures` (both, when present, must name the same one; neither: internlm2); an
 /// unknown one is an Error naming the value. Throws Error naming the key when one is missing or of the wrong type, or asks
-/// for what longtron does not train: hidden_act other than silu, rope_scaling, a head_dim other
-/// than hidden_size / num_attention_heads, Llama's mlp_bias. tie_word_embeddings (default false)
+/// for what longtron does not train: hidden_act other than silu, a rope_scaling type other than
+/// linear, llama3 and dynamic, an odd head_dim. Llama's mlp_bias (default false) sets
+/// ModelConfig::mlp_bias. tie_word_embeddings (default false)
 /// sets ModelConfig::tie_word_embeddings (ParamLayout then has no separate head tensor). Missing optional keys take Hugging Face's defaults (rms_norm_eps 1e-6,
 /// rope_theta 10000, num_key_value_heads = num_attention_heads; Mistral: 8 and sliding_window
 /// 4096, while "sliding_window": null means none). Keys not modelled are kept in hf_extra.

@@ -46,6 +46,11 @@ std::vector<HfTensor> llama_tensors(const ParamLayout& layout) {
     out.push_back(whole(layout, b.w1, p + "mlp.gate_proj.weight"));
     out.push_back(whole(layout, b.w3, p + "mlp.up_proj.weight"));
     out.push_back(whole(layout, b.w2, p + "mlp.down_proj.weight"));
+    if (b.w1_bias >= 0) {  // Llama's mlp_bias
+      out.push_back(whole(layout, b.w1_bias, p + "mlp.gate_proj.bias"));
+      out.push_back(whole(layout, b.w3_bias, p + "mlp.up_proj.bias"));
+      out.push_back(whole(layout, b.w2_bias, p + "mlp.down_proj.bias"));
+    }
     out.push_back(whole(layout, b.attention_norm, p + "input_layernorm.weight"));
     out.push_back(whole(layout, b.ffn_norm, p + "post_attention_layernorm.weight"));
   }

@@ -223,9 +223,9 @@ ModelOps<T> make_dense_ops(const ParamLayout& layout) {
     block.wqkv = std::make_unique<DenseLinear<T>>(layout, b.wqkv, b.wqkv_bias);
     block.wo = std::make_unique<DenseLinear<T>>(layout, b.wo, b.wo_bias);
     block.gate_up = std::make_unique<SeparateGateUp<T>>(
-        std::make_unique<DenseLinear<T>>(layout, b.w1, -1),
-        std::make_unique<DenseLinear<T>>(layout, b.w3, -1));
-    block.w2 = std::make_unique<DenseLinear<T>>(layout, b.w2, -1);
+        std::make_unique<DenseLinear<T>>(layout, b.w1, b.w1_bias),
+        std::make_unique<DenseLinear<T>>(layout, b.w3, b.w3_bias));
+    block.w2 = std::make_unique<DenseLinear<T>>(layout, b.w2, b.w2_bias);
     const int64_t layer = &b - layout.layers.data();
     block.attention = std::make_unique<DenseAttention<T>>(layout.config(), layout.config().window_of(layer));
     ops.blocks.push_back(std::move(block));

@@ -62,7 +62,7 @@ void check_model_limits(const ModelConfig& c) {
         c.mlp_ratio, raw_ffn, c.hidden_size);
   const double V = double(c.vocab_size), H = double(c.hidden_size), F = double(c.ffn_size());
   const double per_layer =
-      double(c.qkv_size()) * H + double(c.attention_size()) * H + 3 * F * H + 4 * H;
+      double(c.qkv_size()) * H + double(c.attention_size()) * H + 3 * F * H + 2 * F + 5 * H;
   const double params = 2 * V * H + double(c.num_layers) * per_layer + H;
   check(params <= kMaxParams, "model.hidden_size: the model would have {:.3g} parameters (at most "
         "2^50): check model.vocab_size, hidden_size, num_layers and mlp_ratio", params);
@@ -84,8 +84,11 @@ ParamLayout::ParamLayout(const ModelConfig& config) : config_(config) {
     if (config.o_bias) b.wo_bias = add(p + "attention.wo.bias", {H}, i, 0.0, false, true, false);
     b.ffn_norm = add(p + "ffn_norm.weight", {H}, i, 0.0, true, false, false);
     b.w1 = add(p + "feed_forward.w1.weight", {F, H}, i, 0.02, false, false, false);
+    if (config.mlp_bias) b.w1_bias = add(p + "feed_forward.w1.bias", {F}, i, 0.0, false, true, false);
     b.w3 = add(p + "feed_forward.w3.weight", {F, H}, i, 0.02, false, false, false);
+    if (config.mlp_bias) b.w3_bias = add(p + "feed_forward.w3.bias", {F}, i, 0.0, false, true, false);
     b.w2 = add(p + "feed_forward.w2.weight", {H, F}, i, out_std, false, false, false);
+    if (config.mlp_bias) b.w2_bias = add(p + "feed_forward.w2.bias", {H}, i, 0.0, false, true, false);
     layers.push_back(b);
   }
   norm = add("model.norm.weight", {H}, -1, 0.0, true, false, false);

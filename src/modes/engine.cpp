@@ -24,14 +24,8 @@ const Grid& validated(const Grid& grid, const model::ModelConfig& c, int64_t pac
   shape.num_kv_heads = c.num_kv_attention_heads;
   shape.hidden_size = c.hidden_size;
   shape.packed_length = packed_length;
+  shape.tied_embeddings = c.tie_word_embeddings;
   validate_model_layout(grid.layout, grid.world_size, shape);
-  // The tensor modes split the embedding on hidden and the head on vocab: one tied tensor would
-  // need both shardings at once, so they refuse it (data parallel and ZeRO-1 need no split).
-  const std::string mode = mode_name(grid.layout);
-  check(!c.tie_word_embeddings || mode == "dense",
-        "tie_word_embeddings = true is not supported under tensor parallel mode \"{}\" (tensor "
-        "size {}): the tied embedding/head can be trained on one process, data parallel and ZeRO-1 "
-        "only", mode, grid.layout.tp());
   return grid;
 }
 

@@ -1,6 +1,6 @@
 // The "isp" mode of the engine registry (engine.h): plan, ops and the local sequence shard.
 // Plan (isp_ops.h): linears and head split on dim 0 over WEIGHT (shard_range), the embedding on
-// dim 1 over WEIGHT; norm weights and biases replicated, their partial gradients summed over
+// dim 1 over WEIGHT (a table tied to the head on dim 0, as the head); norm weights and biases replicated, their partial gradients summed over
 // WEIGHT then WEIGHT_DATA (every rank saw other tokens).
 #include "core/error.h"
 #include "data/context_split.h"
@@ -27,7 +27,9 @@ void validate_isp_sizes(const Layout& l, const ModelShape& s) {
           "(ISP repeats kv heads when T > kv heads)",
           s.num_kv_heads, T);
   }
-  need_divisible(s.hidden_size, l.weight_size, "hidden_size", "parallel.weight.size");
+  // The embedding is split on its hidden dim, unless it is the head's table (rows, uneven allowed).
+  if (!s.tied_embeddings)
+    need_divisible(s.hidden_size, l.weight_size, "hidden_size", "parallel.weight.size");
   need_divisible(s.packed_length, T, "packed row length P", "parallel.tensor.size");
 }
 
@@ -36,8 +38,9 @@ void register_isp_mode() {
   f.validate = validate_isp_sizes;
   f.plan = [](ShardPlan& plan) {
     const model::ParamLayout& full = plan.full_layout();
+    const bool tied = full.config().tie_word_embeddings;  // one table, split as the head
     for (int v = 0; v < static_cast<int>(full.views().size()); ++v) {
-      const int dim = isp_split_dim(full.view(v));
+      const int dim = isp_split_dim(full.view(v), tied);
       if (dim >= 0)
         plan.split(v, dim, comm::Group::kWeight);
       else  // replicated: each rank of the weight group contributed a partial sum

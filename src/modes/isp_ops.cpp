@@ -16,19 +16,20 @@ int64_t IspShard::numel(const model::ParamLayout& full) const {
   return count * other;
 }
 
-int isp_split_dim(const model::ParamView& v) {
-  if (v.is_embedding) return 1;  // hidden columns
+int isp_split_dim(const model::ParamView& v, bool tied) {
+  if (v.is_embedding) return tied ? 0 : 1;  // hidden columns, or vocabulary rows as the head
   if (v.is_matrix) return 0;     // linears and head: rows
   return -1;                     // norms and biases: replicated
 }
 
 std::vector<IspShard> isp_shard_plan(const model::ParamLayout& full, int W, int weight_rank) {
+
   std::vector<IspShard> plan;
   for (int i = 0; i < static_cast<int>(full.views().size()); ++i) {
     const model::ParamView& v = full.view(i);
     IspShard s;
     s.view = i;
-    s.dim = isp_split_dim(v);
+    s.dim = isp_split_dim(v, full.config().tie_word_embeddings);
     if (s.dim < 0) {
       s.count = v.shape[0];
     } else {
@@ -65,7 +66,7 @@ model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const Grid& 
                                     bool overlap, std::shared_ptr<IspWeightStore>* store_out) {
   const model::ModelConfig& c = full.config();
   validate_isp_sizes(grid.layout, ModelShape{c.num_attention_heads, c.num_kv_attention_heads,
-                                             c.hidden_size, 0});
+                                             c.hidden_size, 0, c.tie_word_embeddings});
   // Ulysses over the HEAD group (= TENSOR unless 2D-Attention splits it with a CONTEXT group).
   const comm::CommPtr& head = grid.head ? grid.head : grid.tensor;
   const data::ContextBalance balance = data::parse_context_balance(grid.layout.seq2d_balance);
@@ -73,7 +74,9 @@ model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const Grid& 
   const int64_t H = c.hidden_size;
   model::ModelOps<float> ops;
   const model::ParamView& emb = full.view(full.tok_embeddings);
-  ops.embedding = std::make_unique<IspEmbedding>(store, full.tok_embeddings, emb.shape[0], H);
+  const bool tied = c.tie_word_embeddings;  // one table split on vocabulary rows, as the head
+  ops.embedding =
+      std::make_unique<IspEmbedding>(store, full.tok_embeddings, emb.shape[0], H, tied ? 0 : 1);
   auto linear = [&](int w, int b) {
     const model::ParamView& v = full.view(w);
     return std::make_unique<IspLinear>(store, w, b, v.shape[0], v.shape[1]);
@@ -86,8 +89,9 @@ model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const Grid& 
     block.ffn_norm = model::make_dense_norm<float>(full, b.ffn_norm);
     block.wqkv = linear(b.wqkv, b.wqkv_bias);
     block.wo = linear(b.wo, b.wo_bias);
-    block.gate_up = std::make_unique<model::SeparateGateUp<float>>(linear(b.w1, -1), linear(b.w3, -1));
-    block.w2 = linear(b.w2, -1);
+    block.gate_up = std::make_unique<model::SeparateGateUp<float>>(linear(b.w1, b.w1_bias),
+                                                                   linear(b.w3, b.w3_bias));
+    block.w2 = linear(b.w2, b.w2_bias);
     block.attention = std::make_unique<UlyssesAttention>(
         c, head, scratch, grid.context, balance, c.window_of(&b - full.layers.data()),
         ContextOptions{grid.layout.seq2d_ring ? ContextForm::kRing : ContextForm::kAllGather,

@@ -4,7 +4,8 @@
 // Data: rank r of a TENSOR group (size T) holds tokens [rP/T, (r+1)P/T) of input_ids, indexes and
 // labels; cu_seqlens stays global (data/sequence_split.h). Parameters:
 // - every linear weight (wqkv, wo, w1, w3, w2) and the head: rows sharded over WEIGHT (size W);
-// - the embedding: hidden columns sharded over WEIGHT;
+// - the embedding: hidden columns sharded over WEIGHT (a table tied to the head,
+//   tie_word_embeddings: one tensor, rows sharded as the head's);
 // - norm weights and linear biases: replicated.
 // Gradient reductions (exact SUM semantics, not InternEvo's AVG):
 // - sharded tensors: the ops reduce-scatter over WEIGHT; the engine then SUMS over WEIGHT_DATA
@@ -41,14 +42,14 @@ struct IspShard {
 /// (ModeFactory::validate) before any allocation; make_isp_ops runs them too.
 void validate_isp_sizes(const Layout& layout, const ModelShape& shape);
 
-/// The dim ISP splits a tensor on over WEIGHT (shard_range): 1 for the embedding (hidden columns),
-/// 0 for the linears and the head (rows), -1 for norms and biases (replicated). The engine's "isp"
-/// plan (isp_mode.cpp) and isp_shard_plan both follow it.
-int isp_split_dim(const model::ParamView& view);
+/// The dim ISP splits a tensor on over WEIGHT (shard_range): 1 for the embedding (hidden columns;
+/// 0, vocabulary rows as the head, when `tied`), 0 for the linears and the head (rows), -1 for norms
+/// and biases (replicated). The engine's "isp" plan (isp_mode.cpp) and isp_shard_plan both follow it.
+int isp_split_dim(const model::ParamView& view, bool tied);
 
 /// The ISP plan of every view of `full` for weight rank `weight_rank` of W (shard_range rows for
-/// the linears and head, uneven allowed; H / W columns for the embedding). W must divide
-/// hidden_size (validate_isp_sizes).
+/// the linears and head, uneven allowed; H / W columns for the embedding, rows when it is tied to
+/// the head). W must divide hidden_size unless the embedding is tied (validate_isp_sizes).
 std::vector<IspShard> isp_shard_plan(const model::ParamLayout& full, int W, int weight_rank);
 
 /// Copies this rank's part of every full tensor into `local` (same view indices; `local`'s view v

@@ -173,22 +173,23 @@ void IspLinear::backward(float* dx, const float* dy, const float* x, int64_t N,
 // ---- IspEmbedding --------------------------------------------------------------------------------
 
 IspEmbedding::IspEmbedding(std::shared_ptr<IspWeightStore> store, int table_view, int64_t V,
-                           int64_t H)
-    : store_(std::move(store)), view_(table_view), V_(V), H_(H) {
-  id_ = store_->add(table_view, V, H, 1);
-  Hl_ = H / store_->weight_size();
+                           int64_t H, int dim)
+    : store_(std::move(store)), view_(table_view), dim_(dim), V_(V), H_(H) {
+  id_ = store_->add(table_view, V, H, dim);
+  Hl_ = dim == 1 ? H / store_->weight_size() : H;
 }
 
 void IspEmbedding::forward(float* x, const int32_t* ids, int64_t N,
                            const model::Params<float>& p) {
   ops::check_token_ids(ids, N, V_);
   store_->begin_pass();  // the embedding is the first op of every pass
-  const float* chunks = store_->acquire(id_, WeightUse::kForward, p);  // [W][V][H/W]
+  const float* table = store_->acquire(id_, WeightUse::kForward, p);  // dim 1: [W][V][H/W]
+  if (dim_ == 0) return ops::embedding_forward(x, ids, table, N, H_);  // [V, H]
   const int W = store_->weight_size();
 #pragma omp parallel for schedule(static) if (N * H_ > 65536)
   for (int64_t n = 0; n < N; ++n)
     for (int j = 0; j < W; ++j) {
-      const float* src = chunks + (j * V_ + ids[n]) * Hl_;
+      const float* src = table + (j * V_ + ids[n]) * Hl_;
       std::copy(src, src + Hl_, x + n * H_ + j * Hl_);
     }
 }
@@ -197,14 +198,18 @@ void IspEmbedding::backward(const float* dx, const int32_t* ids, int64_t N,
                             model::Params<float>* g) {
   if (!g) return;
   const int W = store_->weight_size();
-  float* G = store_->grad_scratch(V_ * H_);  // [W][V][H/W], this rank's tokens only
+  float* G = store_->grad_scratch(V_ * H_);  // the gathered form, this rank's tokens only
   std::fill(G, G + V_ * H_, 0.f);
-  for (int64_t n = 0; n < N; ++n)
-    for (int j = 0; j < W; ++j) {
-      float* dst = G + (j * V_ + ids[n]) * Hl_;
-      const float* src = dx + n * H_ + j * Hl_;
-      for (int64_t c = 0; c < Hl_; ++c) dst[c] += src[c];
-    }
+  if (dim_ == 0) {
+    ops::embedding_backward(G, dx, ids, N, H_);
+  } else {
+    for (int64_t n = 0; n < N; ++n)
+      for (int j = 0; j < W; ++j) {
+        float* dst = G + (j * V_ + ids[n]) * Hl_;
+        const float* src = dx + n * H_ + j * Hl_;
+        for (int64_t c = 0; c < Hl_; ++c) dst[c] += src[c];
+      }
+  }
   store_->reduce_grad(g->ptr(view_), G, id_);
 }
 

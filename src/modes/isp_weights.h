@@ -121,18 +121,21 @@ class IspLinear final : public model::LinearOp<float> {
   int64_t out_, in_;
 };
 
-/// Token embedding with the table [V, H] sharded on H over WEIGHT (InternEvo's [vocab, hidden/wp]),
-/// gathered before forward; backward reduce-scatters the full-table gradient of this rank's tokens.
+/// Token embedding with the table [V, H] sharded on H over WEIGHT (dim 1: InternEvo's [vocab,
+/// hidden/wp]) or, for a table tied to the head (tie_word_embeddings), on vocabulary rows as the
+/// head (dim 0: one shard for both uses); gathered before forward; backward reduce-scatters the
+/// full-table gradient of this rank's tokens (into the shard the head's gradient also adds into).
 class IspEmbedding final : public model::EmbeddingOp<float> {
  public:
-  IspEmbedding(std::shared_ptr<IspWeightStore> store, int table_view, int64_t V, int64_t H);
+  IspEmbedding(std::shared_ptr<IspWeightStore> store, int table_view, int64_t V, int64_t H,
+               int dim = 1);
   void forward(float* x, const int32_t* ids, int64_t N, const model::Params<float>& params) override;
   void backward(const float* dx, const int32_t* ids, int64_t N,
                 model::Params<float>* grads) override;
 
  private:
   std::shared_ptr<IspWeightStore> store_;
-  int id_, view_;
+  int id_, view_, dim_;
   int64_t V_, H_, Hl_;
 };
 

@@ -5,8 +5,10 @@
 // q heads (the grouped layout of docs/model.md makes that contiguous), w1/w3 rows and w2 columns = the
 // same FFN range (shard_range), wo columns = this rank's q heads, output rows = vocabulary
 // shard_range(V, T, r) (uneven allowed), embedding columns = shard_range(H, T, r) (InternEvo's
-// hidden-split Embedding1D). Under MSP/FSP the norm weights and the wo bias see only this rank's
-// N/T tokens: their gradients are SUMMED over TENSOR (Megatron's sequence_parallel attribute).
+// hidden-split Embedding1D) — or, for a tied embedding/head, the head's vocabulary rows
+// (Megatron's VocabParallelEmbedding); w1/w3 biases (mlp_bias) = w1's FFN range. Under MSP/FSP the
+// norm weights and the wo and w2 biases see only this rank's N/T tokens: their gradients are
+// SUMMED over TENSOR (Megatron's sequence_parallel attribute).
 //
 // Sequence parallel (MSP/FSP): every op receives N = the row's tokens; the residual stream holds
 // this rank's rows [r·N/T, (r+1)·N/T) at the front of the model's buffers. Column linears gather
@@ -106,6 +108,48 @@ class SplitEmbedding final : public model::EmbeddingOp<float> {
   Buffer full_;
 };
 
+/// Megatron's VocabParallelEmbedding, the embedding of a tied model (tie_word_embeddings): the
+/// table's rows split over TENSOR as the head's (one shard [V_r, H] for both uses), partial lookup,
+/// then all-reduce (MTP: the reduce_from_group mapping) or reduce-scatter into this rank's rows
+/// (MSP/FSP); backward all-gathers the row gradients under sequence parallel and adds the rows of
+/// this rank's ids into the shard.
+class VocabParallelEmbedding final : public model::EmbeddingOp<float> {
+ public:
+  VocabParallelEmbedding(const ParamLayout& full, const ParamLayout& local, int table,
+                         SequenceParallel sp, CommPtr comm)
+      : table_(table), V_(full.view(table).shape[0]), Vr_(local.view(table).shape[0]),
+        H_(full.view(table).shape[1]),
+        start_(shard_range(V_, comm->size(), comm->rank()).start), sp_(sp),
+        comm_(std::move(comm)) {}
+  void forward(float* x, const int32_t* ids, int64_t N, const Params<float>& p) override {
+    ops::check_token_ids(ids, N, V_);
+    if (sp_ == SequenceParallel::kNone) {
+      vocab_parallel_embedding_forward(x, ids, p.ptr(table_), N, H_, start_, Vr_);
+      reduce_from_group_forward(x, N * H_, *comm_);
+      return;
+    }
+    float* partial = ensure(full_, N * H_);
+    vocab_parallel_embedding_forward(partial, ids, p.ptr(table_), N, H_, start_, Vr_);
+    reduce_scatter_first_dim_forward(x, partial, N, H_, *comm_);
+  }
+  void backward(const float* dx, const int32_t* ids, int64_t N, Params<float>* g) override {
+    if (g == nullptr) return;
+    const float* d = dx;
+    if (sp_ != SequenceParallel::kNone) {
+      d = ensure(full_, N * H_);
+      reduce_scatter_first_dim_backward(full_.data(), dx, N, H_, *comm_);
+    }
+    vocab_parallel_embedding_backward(g->ptr(table_), d, ids, N, H_, start_, Vr_);
+  }
+
+ private:
+  int table_;
+  int64_t V_, Vr_, H_, start_;
+  SequenceParallel sp_;
+  CommPtr comm_;
+  Buffer full_;
+};
+
 /// Vocab-parallel output head + cross-entropy: logits [rows, V_r] per chunk of rows, never [N, V].
 class VocabParallelHead final : public model::HeadLossOp<float> {
  public:
@@ -165,16 +209,20 @@ SequenceParallel sequence_parallel_of(const Layout& layout) {
 void megatron_plan(ShardPlan& plan) {
   const ParamLayout& full = plan.full_layout();
   const bool sp = sequence_parallel_of(plan.grid().layout) != SequenceParallel::kNone;
-  plan.split(full.tok_embeddings, 1, Group::kTensor);
+  // Tied: the one table is split on vocabulary rows, as the head (split below).
+  if (!full.config().tie_word_embeddings) plan.split(full.tok_embeddings, 1, Group::kTensor);
   for (const model::BlockParamIds& b : full.layers) {
     plan.split_attention_heads(b, Group::kTensor);
     plan.split(b.w1, 0, Group::kTensor);
+    plan.split(b.w1_bias, 0, Group::kTensor);  // the same FFN range as w1 (shard_range of F)
     plan.split(b.w3, 0, Group::kTensor);
+    plan.split(b.w3_bias, 0, Group::kTensor);
     plan.split(b.w2, 1, Group::kTensor);
     if (sp) {
       plan.sum_gradient(b.attention_norm, Group::kTensor);
       plan.sum_gradient(b.ffn_norm, Group::kTensor);
       plan.sum_gradient(b.wo_bias, Group::kTensor);
+      plan.sum_gradient(b.w2_bias, Group::kTensor);
     }
   }
   if (sp) plan.sum_gradient(full.norm, Group::kTensor);
@@ -196,7 +244,10 @@ ModelOps<float> megatron_ops(const ModeContext& ctx) {
   ModelOps<float> dense = model::make_dense_ops<float>(attention_layout);
 
   ModelOps<float> ops;
-  ops.embedding = std::make_unique<SplitEmbedding>(ctx.full, L.tok_embeddings, sp, tp);
+  if (ctx.full.config().tie_word_embeddings)
+    ops.embedding = std::make_unique<VocabParallelEmbedding>(ctx.full, L, L.tok_embeddings, sp, tp);
+  else
+    ops.embedding = std::make_unique<SplitEmbedding>(ctx.full, L.tok_embeddings, sp, tp);
   // Column linears gather over TENSOR (FSP: one gathered copy for the whole model); row linears
   // reduce over TENSOR, scattering the rows under sequence parallel.
   const TpLinearSpec column{tp, sp, nullptr};
@@ -214,8 +265,9 @@ ModelOps<float> megatron_ops(const ModeContext& ctx) {
     block.ffn_norm = std::make_unique<ShardNorm>(L, b.ffn_norm, sp, tp);
     block.wqkv = std::make_unique<TensorParallelLinearOp>(L, b.wqkv, b.wqkv_bias, column, shared());
     block.wo = std::make_unique<TensorParallelLinearOp>(L, b.wo, b.wo_bias, row);
-    block.gate_up = std::make_unique<TensorParallelGateUp>(L, b.w1, b.w3, column, shared());
-    block.w2 = std::make_unique<TensorParallelLinearOp>(L, b.w2, -1, row);
+    block.gate_up =
+        std::make_unique<TensorParallelGateUp>(L, b.w1, b.w3, b.w1_bias, b.w3_bias, column, shared());
+    block.w2 = std::make_unique<TensorParallelLinearOp>(L, b.w2, b.w2_bias, row);
     block.attention = std::move(dense.blocks[i].attention);
     ops.blocks.push_back(std::move(block));
   }

@@ -156,6 +156,42 @@ class Embedding2D final : public model::EmbeddingOp<float> {
   Buffer full_, blocks_;
 };
 
+/// The embedding of a tied model (tie_word_embeddings): the table's vocabulary rows split over the
+/// tensor group as the head's (Megatron's VocabParallelEmbedding), partial lookup of [N, H], then a
+/// reduce-scatter over the tensor group straight into the blocks; backward gathers the blocks.
+class VocabEmbedding2D final : public model::EmbeddingOp<float> {
+ public:
+  VocabEmbedding2D(const ParamLayout& full, const ParamLayout& local, int table, const Pos& g)
+      : table_(table), V_(full.view(table).shape[0]), Vr_(local.view(table).shape[0]),
+        H_(full.view(table).shape[1]),
+        start_(shard_range(V_, g.tensor->size(), g.tensor->rank()).start), g_(g) {}
+  void forward(float* x, const int32_t* ids, int64_t N, const Params<float>& p) override {
+    ops::check_token_ids(ids, N, V_);
+    const int64_t count = g_.rows_x(N) * (H_ / g_.y);
+    float* partial = ensure(full_, N * H_);
+    vocab_parallel_embedding_forward(partial, ids, p.ptr(table_), N, H_, start_, Vr_);
+    const float* send = partial;
+    if (g_.y > 1) {
+      float* blocks = ensure(blocks_, N * H_);
+      tp2d_full_to_blocks(blocks, partial, N, H_, g_.x, g_.y);
+      send = blocks;
+    }
+    g_.tensor->reduce_scatter(x, send, count);
+  }
+  void backward(const float* dx, const int32_t* ids, int64_t N, Params<float>* grads) override {
+    if (grads == nullptr) return;
+    float* full = ensure(full_, N * H_);
+    gather_blocks(full, blocks_, dx, N, H_, g_);
+    vocab_parallel_embedding_backward(grads->ptr(table_), full, ids, N, H_, start_, Vr_);
+  }
+
+ private:
+  int table_;
+  int64_t V_, Vr_, H_, start_;
+  Pos g_;
+  Buffer full_, blocks_;
+};
+
 /// Gather the final-norm blocks to [N, H], vocab-parallel head + cross-entropy over the tensor
 /// group in row chunks (logits never [N, V]), reduce-scatter dX back into the blocks.
 class Head2D final : public model::HeadLossOp<float> {
@@ -219,7 +255,10 @@ model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
 
   model::ModelOps<float> ops;
   ops.residual_split = g.x;  // the residual stream holds N/x rows (of H/y features)
-  ops.embedding = std::make_unique<Embedding2D>(ctx.full, L.tok_embeddings, g);
+  if (ctx.full.config().tie_word_embeddings)
+    ops.embedding = std::make_unique<VocabEmbedding2D>(ctx.full, L, L.tok_embeddings, g);
+  else
+    ops.embedding = std::make_unique<Embedding2D>(ctx.full, L.tok_embeddings, g);
   for (size_t i = 0; i < L.layers.size(); ++i) {
     const model::BlockParamIds& b = L.layers[i];
     model::BlockOps<float> block;
@@ -230,8 +269,8 @@ model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
     const TpLinearSpec yx{g.Y, SequenceParallel::kKeepGathered, g.X, true, overlap};
     block.wqkv = std::make_unique<TensorParallelLinearOp>(L, b.wqkv, b.wqkv_bias, xy);
     block.wo = std::make_unique<TensorParallelLinearOp>(L, b.wo, b.wo_bias, yx);
-    block.gate_up = std::make_unique<TensorParallelGateUp>(L, b.w1, b.w3, xy);
-    block.w2 = std::make_unique<TensorParallelLinearOp>(L, b.w2, -1, yx);
+    block.gate_up = std::make_unique<TensorParallelGateUp>(L, b.w1, b.w3, b.w1_bias, b.w3_bias, xy);
+    block.w2 = std::make_unique<TensorParallelLinearOp>(L, b.w2, b.w2_bias, yx);
     block.attention = std::make_unique<Attention2D>(heads, std::move(dense.blocks[i].attention), g,
                                                     heads.window_of(i));
     ops.blocks.push_back(std::move(block));
@@ -244,7 +283,8 @@ model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
 void tp2d_plan(ShardPlan& plan) {
   using comm::Group;
   const ParamLayout& full = plan.full_layout();
-  plan.split(full.tok_embeddings, 1, Group::kTensor);
+  // Tied: the one table is split on vocabulary rows, as the head (split below).
+  if (!full.config().tie_word_embeddings) plan.split(full.tok_embeddings, 1, Group::kTensor);
   for (const model::BlockParamIds& b : full.layers) {
     plan.split_attention_heads(b, Group::kX);  // wqkv rows, wo columns: whole kv groups over X
     plan.split(b.wqkv, 1, Group::kY);
@@ -256,8 +296,14 @@ void tp2d_plan(ShardPlan& plan) {
       plan.split(w, 0, Group::kX);
       plan.split(w, 1, Group::kY);
     }
+    for (int bias : {b.w1_bias, b.w3_bias}) {  // mlp_bias: as the wqkv bias
+      plan.split(bias, 0, Group::kX);
+      plan.sum_gradient(bias, Group::kY);
+    }
     plan.split(b.w2, 0, Group::kY);
     plan.split(b.w2, 1, Group::kX);
+    plan.split(b.w2_bias, 0, Group::kY);  // as the wo bias
+    plan.sum_gradient(b.w2_bias, Group::kX);
     for (int norm : {b.attention_norm, b.ffn_norm}) {
       plan.split(norm, 0, Group::kY);
       plan.sum_gradient(norm, Group::kX);

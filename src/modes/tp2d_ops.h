@@ -13,15 +13,17 @@
 //   wo, w2 (linear A=Y, R=X)         [N/y, in/x] → [N/x, H/y]
 //   embedding                        InternEvo's hidden-split table [V, H/tp] over the whole
 //                                    tensor group (as MSP), lookup, all-gather along hidden,
-//                                    keep block (xr, yr); backward all-gathers the blocks
+//                                    keep block (xr, yr); backward all-gathers the blocks.
+//                                    Tied to the head (tie_word_embeddings): the head's vocab
+//                                    rows [V/tp], partial lookup reduce-scattered into the blocks
 //   final norm → head                all-gather the blocks over the tensor group to [N, H];
 //                                    vocab-parallel head + cross-entropy over the tensor group;
 //                                    backward reduce-scatters dX over the tensor group straight
 //                                    into the blocks (MindSpeed all-reduces, then splits)
 // Parameters (plan): wqkv [Q/x (whole kv groups of xr), H/y]; wo [H/y, (Hq/x)·d]; w1/w3 [F/x,
 // H/y]; w2 [H/y, F/x] (F split unevenly by shard_range); norms [H/y], gradient SUMMED over X;
-// wqkv bias [Q/x] summed over Y; wo bias [H/y] summed over X; output rows [V/tp] (uneven);
-// embedding columns [H/tp] (uneven).
+// wqkv, w1 and w3 biases [Q/x], [F/x] summed over Y; wo and w2 biases [H/y] summed over X; output rows [V/tp] (uneven);
+// embedding columns [H/tp] (uneven), or the output's rows when tied (one tensor).
 // Generation (logits_row) is not supported under 2D (Error); training and evaluation are.
 #pragma once
 #include "model/layers.h"

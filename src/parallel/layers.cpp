@@ -1,7 +1,8 @@
-// Tensor-parallel layers (see layers.h): vocab-parallel cross-entropy and the hidden-split
-// embedding.
+// Tensor-parallel layers (see layers.h): vocab-parallel cross-entropy, the hidden-split and the
+// vocab-parallel embedding.
 #include "parallel/layers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -112,6 +113,36 @@ void split_hidden_embedding_backward(float* dtable, const float* dout, const int
     std::memcpy(local.data() + n * mine.count, dout + n * H + mine.start,
                 size_t(mine.count) * sizeof(float));
   ops::embedding_backward(dtable, local.data(), ids, N, mine.count);
+}
+
+// ---- Vocab-parallel embedding ------------------------------------------------------------------
+
+void vocab_parallel_embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N,
+                                      int64_t H, int64_t vocab_start, int64_t V_local) {
+#pragma omp parallel for schedule(static) if (N * H > 65536)
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t local = int64_t(ids[n]) - vocab_start;
+    float* row = out + n * H;
+    if (local >= 0 && local < V_local) std::memcpy(row, table + local * H, size_t(H) * sizeof(float));
+    else std::fill(row, row + H, 0.0f);
+  }
+}
+
+void vocab_parallel_embedding_backward(float* dtable, const float* dout, const int32_t* ids,
+                                       int64_t N, int64_t H, int64_t vocab_start, int64_t V_local) {
+  // Repeated ids add into one row: threads split the hidden dim (ops::embedding_backward's rule).
+  const int64_t blocks = (H + 63) / 64;
+#pragma omp parallel for schedule(static) if (N * H > 65536)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t begin = b * 64, end = std::min(begin + 64, H);
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t local = int64_t(ids[n]) - vocab_start;
+      if (local < 0 || local >= V_local) continue;
+      float* row = dtable + local * H;
+      const float* g = dout + n * H;
+      for (int64_t i = begin; i < end; ++i) row[i] += g[i];
+    }
+  }
 }
 
 }  // namespace longtron::parallel

@@ -1,5 +1,6 @@
-// Tensor-parallel layers built from the mappings: vocab-parallel cross-entropy and InternEvo's
-// hidden-split embedding (Megatron-LM megatron/core/tensor_parallel; InternEvo's ISP embedding).
+// Tensor-parallel layers built from the mappings: vocab-parallel cross-entropy, InternEvo's
+// hidden-split embedding and Megatron's vocab-parallel embedding (Megatron-LM
+// megatron/core/tensor_parallel; InternEvo's ISP embedding).
 // The column/row-parallel linears are one op, parallel/tp_linear.h.
 //
 // Conventions: arguments are (outputs, saved state, inputs, weights, sizes, mode, comm); weights are
@@ -57,5 +58,20 @@ void split_hidden_embedding_forward(float* out, const int32_t* ids, const float*
 /// dtable[V, H_local] += own hidden columns of dout[N, H] (dout is replicated: no communication).
 void split_hidden_embedding_backward(float* dtable, const float* dout, const int32_t* ids,
                                      int64_t N, int64_t H, Communicator& comm);
+
+// ---- Vocab-parallel embedding (Megatron VocabParallelEmbedding) ---------------------------------
+// The layout of a tied embedding/head (tie_word_embeddings) under tensor parallel: the table's
+// rows are split over the group exactly as the vocab-parallel head's, so one shard [V_local, H]
+// serves both uses and both gradients add into it (Megatron-LM's shared embedding weights).
+/// out[N, H] = this rank's PARTIAL lookup (overwritten): row ids[n] − vocab_start of `table`
+/// [V_local, H] for ids in [vocab_start, vocab_start + V_local), 0 for the others. The sum of the
+/// partial outputs over the group (all-reduce, or reduce-scatter under sequence parallel) is the
+/// full lookup, exactly: one rank holds each id. No communication.
+void vocab_parallel_embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N,
+                                      int64_t H, int64_t vocab_start, int64_t V_local);
+/// dtable[V_local, H] += dout[n, :] for each token whose id this rank holds; dout[N, H] is the
+/// gradient of the FULL lookup (replicated over the group). No communication.
+void vocab_parallel_embedding_backward(float* dtable, const float* dout, const int32_t* ids,
+                                       int64_t N, int64_t H, int64_t vocab_start, int64_t V_local);
 
 }  // namespace longtron::parallel

@@ -59,6 +59,7 @@ struct ModelShape {
   int64_t num_kv_heads = 0;
   int64_t hidden_size = 0;
   int64_t packed_length = 0;  ///< P: tokens of one packed row (micro_bsz × seq_len); 0 = unknown
+  bool tied_embeddings = false;  ///< the embedding is the head's table (split as the head, on rows)
 };
 
 /// Throws Error naming both sizes unless b > 0 divides a ("{what_a} ({a}) is not divisible by

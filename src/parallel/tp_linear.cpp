@@ -197,15 +197,16 @@ void TensorParallelLinearOp::backward(float* dx, const float* dy, const float* x
 }
 
 TensorParallelGateUp::TensorParallelGateUp(const model::ParamLayout& local, int w1, int w3,
-                                           const TpLinearSpec& spec, LinearShared shared)
-    : w1_(w1), w3_(w3),
+                                           int b1, int b3, const TpLinearSpec& spec,
+                                           LinearShared shared)
+    : w1_(w1), w3_(w3), b1_(b1), b3_(b3),
       gate_(local.view(w1).shape[1], local.view(w1).shape[0], spec, shared, PairRole::kFirst),
       up_(local.view(w3).shape[1], local.view(w3).shape[0], spec, shared, PairRole::kSecond) {}
 
 void TensorParallelGateUp::forward(float* a, float* b, const float* x, int64_t N,
                                    const model::Params<float>& p) {
-  gate_.forward(a, x, p.ptr(w1_), nullptr, N);
-  up_.forward(b, x, p.ptr(w3_), nullptr, N);  // reuses the gate's gathered input
+  gate_.forward(a, x, p.ptr(w1_), p.ptr(b1_), N);
+  up_.forward(b, x, p.ptr(w3_), p.ptr(b3_), N);  // reuses the gate's gathered input
 }
 
 void TensorParallelGateUp::backward(float* dx, const float* da, const float* db, const float* x,
@@ -213,8 +214,10 @@ void TensorParallelGateUp::backward(float* dx, const float* da, const float* db,
                                     model::Params<float>* g) {
   // The gate leaves its partial dX in the shared buffer; the up projection adds its own and
   // reduces the sum once into dx.
-  gate_.backward(dx, g != nullptr ? g->ptr(w1_) : nullptr, nullptr, da, x, p.ptr(w1_), N, false);
-  up_.backward(dx, g != nullptr ? g->ptr(w3_) : nullptr, nullptr, db, x, p.ptr(w3_), N, false);
+  gate_.backward(dx, g != nullptr ? g->ptr(w1_) : nullptr, g != nullptr ? g->ptr(b1_) : nullptr,
+                 da, x, p.ptr(w1_), N, false);
+  up_.backward(dx, g != nullptr ? g->ptr(w3_) : nullptr, g != nullptr ? g->ptr(b3_) : nullptr, db,
+               x, p.ptr(w3_), N, false);
 }
 
 }  // namespace longtron::parallel

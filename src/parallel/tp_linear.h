@@ -130,9 +130,10 @@ class TensorParallelLinearOp final : public model::LinearOp<float> {
 /// input gather and one reduction of the summed input gradient (Megatron-LM's fused linear_fc1).
 class TensorParallelGateUp final : public model::GateUpOp<float> {
  public:
-  /// w1, w3: view indices in `local` (same shard shape [F_local, in]).
-  TensorParallelGateUp(const model::ParamLayout& local, int w1, int w3, const TpLinearSpec& spec,
-                       LinearShared shared = {});
+  /// w1, w3: view indices in `local` (same shard shape [F_local, in]); b1, b3: their biases
+  /// [F_local] (Llama's mlp_bias) or -1.
+  TensorParallelGateUp(const model::ParamLayout& local, int w1, int w3, int b1, int b3,
+                       const TpLinearSpec& spec, LinearShared shared = {});
   int64_t out() const override { return gate_.out(); }
   void forward(float* a, float* b, const float* x, int64_t N,
                const model::Params<float>& p) override;
@@ -140,7 +141,7 @@ class TensorParallelGateUp final : public model::GateUpOp<float> {
                 const model::Params<float>& p, model::Params<float>* g) override;
 
  private:
-  int w1_, w3_;
+  int w1_, w3_, b1_, b3_;
   TensorParallelLinear gate_, up_;
 };
 

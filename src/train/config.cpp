@@ -300,6 +300,7 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
       {"mlp_ratio", double_key(m.mlp_ratio, true)}, {"multiple_of", int_key(m.multiple_of)},
       {"norm_eps", double_key(m.norm_eps)}, {"rope_base", double_key(m.rope_base)},
       {"qkv_bias", bool_key(m.qkv_bias)}, {"o_bias", bool_key(m.o_bias)},
+      {"mlp_bias", bool_key(m.mlp_bias)},
       {"tie_word_embeddings", bool_key(m.tie_word_embeddings)},
       {"checkpoint", bool_key(m.checkpoint)}, {"dtype", dtype_key(m.dtype)}};
   const Schema data = {
@@ -549,7 +550,7 @@ nlohmann::json to_json(const TrainConfig& c) {
                 {"head_dim", m.explicit_head_dim}, {"sliding_window", m.sliding_window},
                 {"num_kv_attention_heads", m.num_kv_attention_heads}, {"mlp_ratio", m.mlp_ratio},
                 {"multiple_of", m.multiple_of}, {"norm_eps", m.norm_eps}, {"rope_base", m.rope_base},
-                {"qkv_bias", m.qkv_bias}, {"o_bias", m.o_bias},
+                {"qkv_bias", m.qkv_bias}, {"o_bias", m.o_bias}, {"mlp_bias", m.mlp_bias},
                 {"tie_word_embeddings", m.tie_word_embeddings}, {"checkpoint", m.checkpoint},
                 {"dtype", m.dtype}};
   j["data"] = {{"train_folder", d.train_folder}, {"valid_folder", d.valid_folder},

@@ -40,9 +40,13 @@ const std::vector<ConfigKey> kConfigKeys = {
     {"model.rope_base", "float", "10000.0", "", "RoPE base: inv_freq = rope_base^(−2i/head_dim)."},
     {"model.qkv_bias", "boolean", "false", "", "Bias on the wqkv projection."},
     {"model.o_bias", "boolean", "false", "", "Bias on the wo projection."},
+    {"model.mlp_bias", "boolean", "false", "",
+     "Biases on the FFN's w1, w3 and w2 (Llama's mlp_bias: gate/up/down_proj); model.type = "
+     "\"llama\" only."},
     {"model.tie_word_embeddings", "boolean", "false", "",
      "The output head is the token embedding (one tensor; Hugging Face's tie_word_embeddings). "
-     "One process, data parallel and ZeRO-1 only: the tensor modes refuse it."},
+     "Every layout: under tensor parallel the one table is split on vocabulary rows as the head "
+     "(Megatron's vocab-parallel embedding)."},
     {"model.checkpoint", "boolean", "false", "",
      "Activation recomputation: each block's forward runs again in backward (less memory)."},
     {"model.dtype", "string", "\"float32\"", "",

@@ -291,6 +291,7 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   shape.num_kv_heads = c.model.num_kv_attention_heads;
   shape.hidden_size = c.model.hidden_size;
   shape.packed_length = c.data.micro_bsz * c.data.seq_len;
+  shape.tied_embeddings = c.model.tie_word_embeddings;
   parallel::validate_model_layout(layout, in.world_size, shape);
   const parallel::Grid grid = shape_grid(layout, in.world_size);
   const std::string mode = parallel::mode_name(layout);

@@ -1,17 +1,22 @@
 // Hugging Face families through the CLI (docs/model.md): an InternLM2 checkpoint exported as a
 // Llama folder, trained further with --init-from on it ([model] left out of the TOML), names and
-// config.json keys kept, tokenizer files carried, and the round trip export → --init-from exact.
+// config.json keys kept, tokenizer files carried, and the round trip export → --init-from exact;
+// `generate --prompt-ids` on a folder whose only tokenizer is a tokenizer.json.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli_fixture.h"
+#include "comm/communicator.h"
 #include "core/safetensors.h"
+#include "parallel/layout.h"
+#include "train/model_io.h"
 
 namespace fs = std::filesystem;
 using longtron::testing::contains;
 using longtron::testing::Prepared;
+using longtron::testing::TempDir;
 using longtron::testing::read_file;
 using longtron::testing::run_longtron;
 using longtron::testing::write_file;
@@ -170,6 +175,75 @@ TEST(HfCli, TinyConfigOfEachFamilyTrainsAndSavesItsNames) {
                               "/configs/tiny_qwen2.toml --set model.qkv_bias=false --dry-run");
   EXPECT_NE(r.status, 0);
   EXPECT_TRUE(contains(r.output, "model.type") && contains(r.output, "qkv_bias = false")) << r.output;
+}
+
+// A Llama folder with only a tokenizer.json (as Llama 3 and Qwen2 ship): --prompt is refused naming
+// --prompt-ids; --prompt-ids prints the prompt's ids then the greedy continuation, which equals the
+// argmax of the model's logits token by token, and stops before config.json's eos_token_id.
+TEST(HfCli, GeneratePromptIdsWithoutTokenizer) {
+  TempDir dir;
+  const fs::path folder = dir / "llama";
+  fs::create_directories(folder);
+  const fs::path fixture = fs::path(LONGTRON_SOURCE_DIR) / "tests/fixtures/llama_golden";
+  fs::copy_file(fixture / "model.safetensors", folder / "model.safetensors");
+  json cfg = json::parse(read_file(fixture / "config.json"));
+  cfg.erase("eos_token_id");
+  write_file(folder / "config.json", cfg.dump(2));
+  write_file(folder / "tokenizer.json", "{}");
+
+  auto r = run_longtron("generate --checkpoint " + folder.string() + " --prompt hello");
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "tokenizer.json") && contains(r.output, "--prompt-ids")) << r.output;
+
+  // The expected greedy continuation, from the model's logits in this process.
+  const std::vector<int32_t> prompt = {3, 5, 7};
+  std::vector<int32_t> want = prompt;
+  {
+    longtron::train::LoadedModel m = longtron::train::load_model_dir(folder);
+    const auto engine = longtron::train::load_into_engine(
+        m, longtron::parallel::make_grid(longtron::comm::make_local_communicator(),
+                                         longtron::parallel::Layout{}));
+    for (int i = 0; i < 6; ++i) {
+      const auto logits = engine->model().logits_last(want);
+      want.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+    }
+  }
+  const auto ids_of = [](const std::string& out) {  // the line of comma-separated ids
+    std::vector<int32_t> ids;
+    std::istringstream lines(out);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.empty() || line.find_first_not_of("0123456789,") != std::string::npos) continue;
+      std::istringstream in(line);
+      for (std::string item; std::getline(in, item, ',');) ids.push_back(std::stoi(item));
+    }
+    return ids;
+  };
+  const std::string gen =
+      "generate --checkpoint " + folder.string() + " --prompt-ids 3,5,7 --max-new-tokens 6";
+  r = run_longtron(gen);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(ids_of(r.output), want) << r.output;
+  EXPECT_TRUE(contains(r.output, "generate: 3 prompt tokens, 6 new")) << r.output;
+
+  // eos_token_id = the third new token: the output ends before its first occurrence.
+  cfg["eos_token_id"] = json::array({1000, want[5]});
+  write_file(folder / "config.json", cfg.dump(2));
+  r = run_longtron(gen);
+  ASSERT_EQ(r.status, 0) << r.output;
+  size_t stop = prompt.size();
+  while (want[stop] != want[5]) ++stop;
+  EXPECT_EQ(ids_of(r.output), std::vector<int32_t>(want.begin(), want.begin() + long(stop)))
+      << r.output;
+
+  r = run_longtron("generate --checkpoint " + folder.string() + " --prompt-ids 3,x,7");
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "\"x\" is not a token id")) << r.output;
+  r = run_longtron("generate --checkpoint " + folder.string() + " --prompt-ids 3,32");
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "token id 32 is outside the vocabulary [0, 32)")) << r.output;
+  r = run_longtron("generate --checkpoint " + folder.string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "--prompt or --prompt-ids is required")) << r.output;
 }
 
 }  // namespace

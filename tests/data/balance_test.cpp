@@ -241,6 +241,46 @@ TEST(Balance, DocumentsRowsCarryNearEqualAttentionWork) {
   EXPECT_LT(after, 0.1);   // ... balanced ones by a few percent (measured 0.03)
 }
 
+// With a sliding window the kernel computes only the visible pairs of a segment (≤ W per query), so
+// a long document costs far less than its causal pairs: "documents" balances what the window leaves
+// (balance_pairs = the cost with the window), and packing by causal pairs instead would not.
+TEST(Balance, DocumentsRowsBalanceVisiblePairsUnderAWindow) {
+  const MemorySource src = exponential_docs(3, 2000, 300);
+  PackConfig c;
+  c.seq_len = 2048;
+  c.micro_bsz = 1;
+  c.pack_tail = PackTail::kDrop;
+  c.balance_window_rows = 64;
+  const RowCost windowed{0, 1, /*window=*/256, /*windowed=*/1.0};
+  const auto order = document_order(src, 0, false, 0);
+  PackConfig causal_config = c;  // balance_pairs: every causal pair
+  c.balance_pairs = windowed;
+  BalancedRows causal(src, order, causal_config), visible(src, order, c);
+  // (max − min) ÷ mean of the windowed attention work of the rows of the first window.
+  auto spread = [&](const RowSource& r) {
+    std::vector<double> cost;
+    std::vector<int32_t> cu;
+    for (int64_t k = 0; k < c.balance_window_rows; ++k) {
+      r.segments_into(k, cu);
+      cost.push_back(windowed.of(cu));
+    }
+    const auto [lo, hi] = std::minmax_element(cost.begin(), cost.end());
+    return (*hi - *lo) / (std::accumulate(cost.begin(), cost.end(), 0.0) / cost.size());
+  };
+  const double by_causal = spread(causal), by_visible = spread(visible);
+  std::printf("[balance] window 256: visible-pair spread of 64 rows packed by causal pairs %.3f, "
+              "by visible pairs %.3f\n", by_causal, by_visible);
+  EXPECT_LT(by_visible, 0.1);             // measured 0.064
+  EXPECT_GT(by_causal, 2 * by_visible);    // measured 0.316
+  // A window longer than every segment changes nothing: the same rows as the causal count.
+  PackConfig wide = c;
+  wide.balance_pairs.window = 4096;
+  BalancedRows same(src, order, wide);
+  ASSERT_EQ(same.num_rows(), causal.num_rows());
+  for (int64_t k = 0; k < same.num_rows(); ++k)
+    ASSERT_TRUE(std::ranges::equal(same.row_pieces(k), causal.row_pieces(k))) << "row " << k;
+}
+
 /// A two-file dataset of random documents (packs never cross a file).
 Dataset two_files(uint32_t seed) {
   std::mt19937 g(seed);

@@ -92,6 +92,7 @@ TEST(ModelGrad, FiniteDifferencesWithBiasesAndOneKvHead) {
   ModelConfig c = testing::tiny_config();
   c.qkv_bias = true;
   c.o_bias = true;
+  c.mlp_bias = true;  // Llama's gate/up/down biases
   c.num_kv_attention_heads = 1;  // GQA with a single group
   check_gradients(c, false);
 }

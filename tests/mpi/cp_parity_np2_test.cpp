@@ -11,6 +11,14 @@ TEST(CpParityNp2, Cp2EveryBalance) {
   for (const char* b : kBalances) check_isp_parity({std::string("cp2 ") + b, seq2d(2, 2, 1, b)});
 }
 
+TEST(CpParityNp2, Cp2TiedEveryBalance) {
+  for (const char* b : kBalances) {
+    IspCase c{std::string("cp2 tied ") + b, seq2d(2, 2, 1, b)};
+    c.model = tied_model();
+    check_isp_parity(c);
+  }
+}
+
 TEST(CpParityNp2, Cp2EdgeRows) {
   for (const char* b : kBalances) {
     IspCase c{std::string("cp2 edge rows ") + b, seq2d(2, 2, 1, b)};

@@ -60,6 +60,12 @@ TEST(CpParityNp4, AllGatherForm) {
   }
 }
 
+TEST(CpParityNp4, Hp2Cp2Tied) {
+  IspCase c{"hp2xcp2 W4 tied zigzag", seq2d(4, 4, 2, "zigzag")};
+  c.model = tied_model();
+  check_isp_parity(c);
+}
+
 TEST(CpParityNp4, Dp2Cp2Zero1) {
   IspCase c{"dp2 x cp2 zero1", seq2d(2, 2, 1, "document")};
   c.layout.zero1_size = -1;

@@ -1,5 +1,5 @@
 // The distributed engine on 2 ranks against one process on the same global batch (docs/parallel.md):
-// dp2 (ZeRO-1 off and on), tp2 in each Megatron mode, a checkpoint saved under one layout and
+// dp2 (ZeRO-1 off and on), tp2 in each Megatron mode (also with a tied embedding/head), a checkpoint saved under one layout and
 // resumed under another, and layout errors raised before any work.
 #include "engine_parity.h"
 
@@ -17,6 +17,24 @@ TEST(EngineNp2, Dp2Zero1) { check_parity({"dp2 zero1", layout(1, TensorMode::kMt
 TEST(EngineNp2, Tp2Mtp) { check_parity({"tp2 mtp", layout(2, TensorMode::kMtp)}); }
 TEST(EngineNp2, Tp2Msp) { check_parity({"tp2 msp", layout(2, TensorMode::kMsp)}); }
 TEST(EngineNp2, Tp2Fsp) { check_parity({"tp2 fsp", layout(2, TensorMode::kFsp)}); }
+
+// A tied embedding/head (one table split on vocabulary rows for both uses) in each Megatron mode.
+TEST(EngineNp2, Tp2TiedEveryMegatronMode) {
+  const std::pair<const char*, TensorMode> modes[] = {
+      {"tp2 mtp tied", TensorMode::kMtp}, {"tp2 msp tied", TensorMode::kMsp},
+      {"tp2 fsp tied", TensorMode::kFsp}};
+  for (const auto& [name, mode] : modes) {
+    ParityCase c{name, layout(2, mode)};
+    c.model = tied_model();
+    check_parity(c);
+  }
+}
+
+TEST(EngineNp2, SaveTp2FspTiedResumeDp2Zero1) {
+  ParityCase c{"tp2 fsp tied -> dp2 zero1", {}};
+  c.model = tied_model();
+  check_resume(c, layout(2, TensorMode::kFsp), layout(1, TensorMode::kMtp, -1), 2);
+}
 
 TEST(EngineNp2, Tp2MspCheckpointedBlocks) {
   ParityCase c{"tp2 msp checkpoint", layout(2, TensorMode::kMsp)};

@@ -23,6 +23,18 @@ TEST(EngineNp4, Tp4Msp) {
   check_parity(c);
 }
 
+TEST(EngineNp4, Tp4MtpTied) {  // 101 vocabulary rows over 4 ranks: 26, 25, 25, 25
+  ParityCase c{"tp4 mtp tied", layout(4, TensorMode::kMtp)};
+  c.model = tied_model(4);
+  check_parity(c);
+}
+
+TEST(EngineNp4, Dp2Tp2MspTiedZero1) {
+  ParityCase c{"dp2 tp2 msp tied zero1", layout(2, TensorMode::kMsp, -1)};
+  c.model = tied_model();
+  check_parity(c);
+}
+
 TEST(EngineNp4, Dp4Zero1Of2) { check_parity({"dp4 zero1=2", layout(1, TensorMode::kMtp, 2)}); }
 
 TEST(EngineNp4, SaveDp2Tp2FspResumeTp4Mtp) {

@@ -17,7 +17,8 @@
 namespace longtron::testing {
 
 /// A tiny InternLM2: vocab 101 (divisible by neither 2 nor 4: uneven vocabulary shards), FFN 85
-/// (uneven FFN shards), biases on, 2 layers. kv_heads 2 (GQA) or 4 (tp4).
+/// (uneven FFN shards), biases on (q/k/v, o and Llama's gate/up/down), 2 layers. kv_heads 2 (GQA)
+/// or 4 (tp4).
 inline model::ModelConfig tiny_model(int kv_heads = 2) {
   model::ModelConfig c;
   c.vocab_size = 101;
@@ -28,6 +29,15 @@ inline model::ModelConfig tiny_model(int kv_heads = 2) {
   c.multiple_of = 1;  // ffn = int(32 · 8/3) = 85
   c.qkv_bias = true;
   c.o_bias = true;
+  c.mlp_bias = true;
+  return c;
+}
+
+/// tiny_model with tie_word_embeddings: one [101, 32] table for the embedding and the head (101
+/// rows: uneven vocabulary shards of the tied table too).
+inline model::ModelConfig tied_model(int kv_heads = 2) {
+  model::ModelConfig c = tiny_model(kv_heads);
+  c.tie_word_embeddings = true;
   return c;
 }
 

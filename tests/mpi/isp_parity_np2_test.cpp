@@ -10,6 +10,20 @@ namespace {
 
 TEST(IspParityNp2, T2) { check_isp_parity({"isp2", isp(2, 2)}); }
 
+// A tied embedding/head: one table split on vocabulary rows over WEIGHT (101: uneven), gathered
+// for the lookup and for the head.
+TEST(IspParityNp2, T2Tied) {
+  IspCase c{"isp2 tied", isp(2, 2)};
+  c.model = tied_model();
+  check_isp_parity(c);
+  IspCase o{"isp2 tied overlap", isp(2, 2, /*overlap=*/true)};
+  o.model = tied_model();
+  check_isp_parity(o);
+  IspCase w{"isp1 W=2 dp2 tied", isp(1, 2)};
+  w.model = tied_model();
+  check_isp_parity(w);
+}
+
 TEST(IspParityNp2, T2WeightOne) { check_isp_parity({"isp2 W=1 (W != T)", isp(2, 1)}); }
 
 TEST(IspParityNp2, T1Weight2) { check_isp_parity({"isp1 W=2 dp2 (W != T)", isp(1, 2)}); }

@@ -19,6 +19,12 @@ TEST(IspParityNp4, T4KvRepeated) {
 
 TEST(IspParityNp4, T4Weight2) { check_isp_parity(with_kv({"isp4 W=2 (W < T)", isp(4, 2)}, 4)); }
 
+TEST(IspParityNp4, T4Weight2Tied) {
+  IspCase c = with_kv({"isp4 W=2 tied", isp(4, 2)}, 4);
+  c.model.tie_word_embeddings = true;
+  check_isp_parity(c);
+}
+
 TEST(IspParityNp4, T2Weight4) { check_isp_parity({"dp2 isp2 W=4 (W > T)", isp(2, 4)}); }
 
 TEST(IspParityNp4, Dp2Isp2Zero1) {

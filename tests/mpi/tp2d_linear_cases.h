@@ -89,7 +89,7 @@ inline void check_linear_2d(const comm::CommPtr& ag, const comm::CommPtr& rs, in
   const parallel::TpLinearSpec spec{ag, parallel::SequenceParallel::kKeepGathered, rs, true,
                                     overlap};
   parallel::TensorParallelLinearOp l1(local, w, with_bias ? wb : -1, spec);
-  parallel::TensorParallelGateUp l12(local, w, w2, spec);
+  parallel::TensorParallelGateUp l12(local, w, w2, -1, -1, spec);
   const auto xl = sub(x, in, a * nA, nA, r * il, il);
   std::vector<float> yl(nR * ol), y2l(nR * ol), dxl(nA * il, 0.f);
   if (pair) l12.forward(yl.data(), y2l.data(), xl.data(), N, p);

@@ -3,6 +3,8 @@
 #include "tp2d_cases.h"
 #include "tp2d_linear_cases.h"
 
+#include <tuple>
+
 #include "core/error.h"
 
 namespace longtron::testing {
@@ -16,6 +18,14 @@ TEST(Tp2dNp2, Linear2DMatchesDense) {
 TEST(Tp2dNp2, X2Y1) { check_parity({"2d x2 y1", layout_2d(2, 1)}); }
 TEST(Tp2dNp2, X2Y1AgWithMatmul) { check_parity({"2d x2 y1 ag_with_matmul", layout_2d(2, 1, "ag_with_matmul")}); }
 TEST(Tp2dNp2, X2Y1MatmulWithRs) { check_parity({"2d x2 y1 matmul_with_rs", layout_2d(2, 1, "matmul_with_rs")}); }
+// A tied embedding/head: one table split on vocabulary rows over the tensor group (101: uneven).
+TEST(Tp2dNp2, TiedX2Y1AndX1Y2) {
+  for (const auto& [name, x, y] : {std::tuple{"2d x2 y1 tied", 2, 1}, std::tuple{"2d x1 y2 tied", 1, 2}}) {
+    ParityCase c{name, layout_2d(x, y)};
+    c.model = tied_model();
+    check_parity(c);
+  }
+}
 TEST(Tp2dNp2, X1Y2) { check_parity({"2d x1 y2", layout_2d(1, 2)}); }
 TEST(Tp2dNp2, X1Y2AgWithMatmul) { check_parity({"2d x1 y2 ag_with_matmul", layout_2d(1, 2, "ag_with_matmul")}); }
 TEST(Tp2dNp2, X1Y2MatmulWithRs) { check_parity({"2d x1 y2 matmul_with_rs", layout_2d(1, 2, "matmul_with_rs")}); }

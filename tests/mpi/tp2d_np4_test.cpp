@@ -11,6 +11,11 @@ TEST(Tp2dNp4, Linear2DMatchesDense) { check_linear_2d_grid(2, 2); }
 TEST(Tp2dNp4, X2Y2) { check_parity({"2d x2 y2", layout_2d(2, 2)}); }
 TEST(Tp2dNp4, X2Y2AgWithMatmul) { check_parity({"2d x2 y2 ag_with_matmul", layout_2d(2, 2, "ag_with_matmul")}); }
 TEST(Tp2dNp4, X2Y2MatmulWithRs) { check_parity({"2d x2 y2 matmul_with_rs", layout_2d(2, 2, "matmul_with_rs")}); }
+TEST(Tp2dNp4, X2Y2Tied) {
+  ParityCase c{"2d x2 y2 tied", layout_2d(2, 2)};
+  c.model = tied_model();
+  check_parity(c);
+}
 TEST(Tp2dNp4, X1Y4) { check_parity({"2d x1 y4", layout_2d(1, 4)}); }
 TEST(Tp2dNp4, Dp2X2Y1) { check_parity({"dp2 x 2d x2 y1", layout_2d(2, 1)}); }
 TEST(Tp2dNp4, Dp2X2Y1Zero1) { check_parity({"dp2 x 2d x2 y1 zero1", layout_2d(2, 1, "none", -1)}); }

@@ -8,13 +8,15 @@ transformers' modeling_rope_utils.py (_compute_linear_scaling_rope_parameters,
 _compute_llama3_parameters), and tests/fixtures/llama_head_dim/ (its own weights) with a head_dim
 that is not hidden_size / num_attention_heads; then qwen2_golden (q/k/v bias), qwen2_tied (tie_word_embeddings: no lm_head.weight, the head is
 the embedding, whose gradient is the sum of both uses), llama_attention_bias
-(q/k/v and o bias) and mistral_golden (sliding_window null), each with its own weights; and
+(q/k/v and o bias) and mistral_golden (sliding_window null), each with its own weights;
 mistral_window / qwen2_window (config.json and golden only: the weights of mistral_golden /
-qwen2_golden) with windows shorter than the documents.
+qwen2_golden) with windows shorter than the documents; and llama_mlp_bias (mlp_bias: biases on
+gate/up/down_proj, LlamaMLP's nn.Linear(..., bias=config.mlp_bias)) with its own weights.
 
 The reference below is written from transformers' modeling_llama.py (LlamaRMSNorm, LlamaRotary-
 Embedding with the default rope type, rotate_half/apply_rotary_pos_emb, repeat_kv, eager attention
-with scaling head_dim**-0.5, LlamaMLP down(act(gate(x)) * up(x)) with act silu, lm_head, and
+with scaling head_dim**-0.5, LlamaMLP down(act(gate(x)) * up(x)) with act silu (each projection
+with a bias under mlp_bias), lm_head, and
 LlamaForCausalLM's cross entropy averaged over labels != -100), in float64. A packed row is read as
 transformers reads one with position_ids restarting at 0 per document (its flash-attention varlen
 path): causal attention inside each document, never across. It does not use longtron's fused wqkv
@@ -59,7 +61,7 @@ L, HQ, HKV = CONFIG["num_hidden_layers"], CONFIG["num_attention_heads"], CONFIG[
 HD = H // HQ  # head_dim; main() sets it to config.json's head_dim for that variant
 
 
-def weights(qkv_bias=False, o_bias=False):
+def weights(qkv_bias=False, o_bias=False, mlp_bias=False):
     """Random weights far from init scale (so every nonlinearity matters), rounded to float32."""
     w = {}
     def vec(name, n):
@@ -84,6 +86,10 @@ def weights(qkv_bias=False, o_bias=False):
         mat(p + "mlp.gate_proj.weight", F, H)
         mat(p + "mlp.up_proj.weight", F, H)
         mat(p + "mlp.down_proj.weight", H, F)
+        if mlp_bias:  # LlamaMLP with config.mlp_bias: nn.Linear(..., bias=True) on all three
+            vec(p + "mlp.gate_proj.bias", F)
+            vec(p + "mlp.up_proj.bias", F)
+            vec(p + "mlp.down_proj.bias", H)
         norm(p + "input_layernorm.weight")
         norm(p + "post_attention_layernorm.weight")
     norm("model.norm.weight")
@@ -181,8 +187,11 @@ def forward(w, ids, labels, pos, cu, config):
         if p + "self_attn.o_proj.bias" in w:
             x = x + w[p + "self_attn.o_proj.bias"]
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
-        gate = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T)
-        x = x + (gate * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        def mlp(name, y):
+            y = y @ w[p + f"mlp.{name}.weight"].T
+            return y + w[p + f"mlp.{name}.bias"] if p + f"mlp.{name}.bias" in w else y
+        gate = torch.nn.functional.silu(mlp("gate_proj", h))
+        x = x + mlp("down_proj", gate * mlp("up_proj", h))
     x = rms_norm(x, w["model.norm.weight"], eps)
     # tie_word_embeddings (PreTrainedModel.tie_weights): lm_head.weight IS embed_tokens.weight, so
     # autograd sums the embedding's and the head's gradients into one tensor.
@@ -317,6 +326,18 @@ def main(root):
         write_config(out, config)
         write_safetensors(os.path.join(out, "golden.safetensors"), golden)
         print(f"{name}: loss {loss:.17g} (weights of {base_name})")
+    # Llama with mlp_bias (gate/up/down_proj biases), its own weights.
+    torch.manual_seed(2468)
+    config = dict(CONFIG, mlp_bias=True)
+    w = weights(mlp_bias=True)
+    loss, golden = run(w, config)
+    for k, t in w.items():
+        golden["grad." + k] = f32(t.grad)
+    out = os.path.join(root, "llama_mlp_bias")
+    write_config(out, config)
+    write_safetensors(os.path.join(out, "model.safetensors"), {k: f32(t.detach()) for k, t in w.items()})
+    write_safetensors(os.path.join(out, "golden.safetensors"), golden)
+    print(f"llama_mlp_bias: loss {loss:.17g}, {len(w)} tensors")
 
 
 if __name__ == "__main__":

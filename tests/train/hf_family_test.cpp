@@ -10,7 +10,7 @@
 // inv_freq = 1 / theta^(2i/d); RMSNorm w · x / sqrt(mean(x²) + eps); MLP down(silu(gate) · up).
 // configuration_llama.py — keys vocab_size, hidden_size, intermediate_size, num_hidden_layers,
 // num_attention_heads, num_key_value_heads (None → num_attention_heads), hidden_act, rms_norm_eps,
-// rope_theta, rope_scaling, attention_bias, mlp_bias, head_dim, tie_word_embeddings. Qwen2:
+// rope_theta, rope_scaling, attention_bias, mlp_bias (llama_mlp_bias), head_dim, tie_word_embeddings. Qwen2:
 // q/k/v_proj bias=True, o_proj bias=False. Mistral: sliding_window default 4096.
 // The reference lives in tests/tools/make_llama_golden.py; its output is committed in
 // tests/fixtures/llama_golden (the suite needs no PyTorch).
@@ -122,6 +122,7 @@ TEST(HfFamily, LlamaRopeLinearGolden) { expect_golden("llama_rope_linear"); }
 TEST(HfFamily, LlamaRopeLlama3Golden) { expect_golden("llama_rope_llama3"); }
 TEST(HfFamily, LlamaHeadDimGolden) { expect_golden("llama_head_dim"); }
 TEST(HfFamily, LlamaAttentionBiasGolden) { expect_golden("llama_attention_bias"); }
+TEST(HfFamily, LlamaMlpBiasGolden) { expect_golden("llama_mlp_bias"); }
 TEST(HfFamily, Qwen2Golden) { expect_golden("qwen2_golden", "qwen2"); }
 TEST(HfFamily, MistralGolden) { expect_golden("mistral_golden", "mistral"); }
 // tie_word_embeddings: one tensor serves as embedding and head; its gradient is the sum of both.
@@ -202,7 +203,7 @@ TEST(HfFamily, EachFamilyRoundTripsItsNamesAndConfig) {
   TempDir dir;
   for (const std::string variant :
        {"llama_golden", "llama_head_dim", "llama_attention_bias", "qwen2_golden", "mistral_golden",
-        "qwen2_tied"}) {
+        "qwen2_tied", "llama_mlp_bias"}) {
     const fs::path src = kFixture.parent_path() / variant;
     const train::LoadedModel a = train::load_model_dir(src);
     const fs::path out = dir / variant;
@@ -296,6 +297,32 @@ TEST(HfFamily, RoundTripIsBitIdentical) {
   const json j = read_json(dir / "internlm2" / "config.json");
   EXPECT_EQ(j["architectures"][0], "InternLM2ForCausalLM");
   EXPECT_EQ(j["bos_token_id"], 1);
+}
+
+// Llama's mlp_bias (LlamaMLP: nn.Linear(..., bias=config.mlp_bias) on gate/up/down_proj): read,
+// named, written back; a family whose config.json has no mlp_bias refuses to write it.
+TEST(HfFamily, LlamaMlpBiasNamesAndConfig) {
+  json cfg = read_json(kFixture / "config.json");
+  cfg["mlp_bias"] = true;
+  const model::ModelConfig c = model::from_hf_config(cfg, "c.json");
+  EXPECT_TRUE(c.mlp_bias);
+  const model::ParamLayout layout(c);
+  const model::ModelConfig plain_config = model::read_hf_config(kFixture);
+  const model::ParamLayout plain(plain_config);
+  const int64_t F = c.ffn_size(), H = c.hidden_size;
+  EXPECT_EQ(layout.numel() - plain.numel(), c.num_layers * (2 * F + H));
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& t : model::hf_tensors(layout)) shapes[t.name] = t.shape;
+  for (int i = 0; i < 2; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".mlp.";
+    EXPECT_EQ(shapes[p + "gate_proj.bias"], std::vector<int64_t>{F});
+    EXPECT_EQ(shapes[p + "up_proj.bias"], std::vector<int64_t>{F});
+    EXPECT_EQ(shapes[p + "down_proj.bias"], std::vector<int64_t>{H});
+  }
+  EXPECT_EQ(shapes.size(), model::hf_tensors(plain).size() + 6);
+  EXPECT_EQ(model::to_hf_config(c, 0), cfg);
+  for (const char* format : {"qwen2", "mistral", "internlm2"})
+    expect_error([&] { model::to_hf_config(c, 0, format); }, {format, "mlp_bias"});
 }
 
 TEST(HfFamily, BadConfigsNameTheKey) {
