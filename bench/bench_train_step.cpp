@@ -5,7 +5,8 @@
 // the GEMM FLOP/s of the dtype, measured by the trainer at start-up) and peak RSS, in float32 and in
 // bfloat16 (model.dtype) with their ratio; then the peak RSS of one step at P = 2048, 4096 and 8192
 // (seq_len 512 × micro_bsz 4, 8, 16) in each dtype, each in a fresh process, so the per-token
-// growth shows whether anything grows with P².
+// growth shows whether anything grows with P², with the memory plan's peak (train --dry-run) for
+// each and the bfloat16 / float32 ratio of the peak at P = 8192.
 //
 // Usage: bench_train_step [--steps N] [--config FILE]   (threads: train.num_threads, 0 = all)
 //        bench_train_step --child MICRO_BSZ STEPS CONFIG DTYPE   (one run; prints one line)
@@ -61,7 +62,7 @@ double median(std::vector<double> v) {
 }
 
 /// One run of `steps` steps in `dtype`; prints "P rss_mib median_step_s median_tgs median_mfu
-/// gemm_gflops" (the GEMM rate of the dtype).
+/// gemm_gflops plan_mib" (the GEMM rate of the dtype, the memory plan's peak).
 int child(int64_t micro_bsz, int64_t steps, const std::string& config_path, const std::string& dtype) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("longtron_bench_{}", getpid());
   train::TrainConfig c = train::load_config(config_path, {}, {.model_shape = true, .data = false});
@@ -86,8 +87,10 @@ int child(int64_t micro_bsz, int64_t steps, const std::string& config_path, cons
     tgs.push_back(s.rows[i].tgs);
     mfu.push_back(s.rows[i].mfu);
   }
-  fmt::print("{} {:.1f} {:.4f} {:.1f} {:.4f} {:.1f}\n", P, peak_rss_mib(), median(t), median(tgs),
-             median(mfu), (s.dtype == "bfloat16" ? s.bf16_gemm_flops : s.sgemm_flops) * 1e-9);
+  fmt::print("{} {:.1f} {:.4f} {:.1f} {:.4f} {:.1f} {:.1f}\n", P, peak_rss_mib(), median(t),
+             median(tgs), median(mfu),
+             (s.dtype == "bfloat16" ? s.bf16_gemm_flops : s.sgemm_flops) * 1e-9,
+             s.planned_peak_bytes / 1048576.0);
   return 0;
 }
 
@@ -96,13 +99,13 @@ std::vector<double> run_child(const std::string& self, int64_t micro_bsz, int64_
   const std::string cmd =
       fmt::format("'{}' --child {} {} '{}' {}", self, micro_bsz, steps, config, dtype);
   std::FILE* pipe = popen(cmd.c_str(), "r");
-  std::vector<double> v(6, 0.0);
+  std::vector<double> v(7, 0.0);
   if (pipe == nullptr) return v;
   char line[512] = {};
   while (std::fgets(line, sizeof line, pipe) != nullptr) {
-    std::vector<double> parsed(6, 0.0);
-    if (std::sscanf(line, "%lf %lf %lf %lf %lf %lf", &parsed[0], &parsed[1], &parsed[2], &parsed[3],
-                    &parsed[4], &parsed[5]) == 6)
+    std::vector<double> parsed(7, 0.0);
+    if (std::sscanf(line, "%lf %lf %lf %lf %lf %lf %lf", &parsed[0], &parsed[1], &parsed[2],
+                    &parsed[3], &parsed[4], &parsed[5], &parsed[6]) == 7)
       v = parsed;
   }
   pclose(pipe);
@@ -138,8 +141,9 @@ int main(int argc, char** argv) {
     std::vector<std::vector<double>> mem;
     for (int64_t b : {4, 8, 16}) mem.push_back(run_child(self, b, 1, config, dtypes[k]));
     for (const auto& m : mem)
-      fmt::print("  {} P = {:5.0f}: peak RSS {:8.1f} MiB (1 step, {:.2f} s)\n", dtypes[k], m[0],
-                 m[1], m[2]);
+      fmt::print("  {} P = {:5.0f}: peak RSS {:8.1f} MiB (1 step, {:.2f} s); memory plan {:.1f} "
+                 "MiB, plan / measured {:.2f}\n",
+                 dtypes[k], m[0], m[1], m[2], m[6], m[1] > 0 ? m[6] / m[1] : 0.0);
     for (size_t i = 1; i < mem.size(); ++i)
       fmt::print("  {} RSS growth P {:.0f} -> {:.0f}: {:.1f} KiB per added token\n", dtypes[k],
                  mem[i - 1][0], mem[i][0], (mem[i][1] - mem[i - 1][1]) * 1024.0 / (mem[i][0] - mem[i - 1][0]));

@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "ops/precision.h"
 
 namespace longtron::model {
 namespace {
@@ -68,8 +70,13 @@ void InternLM2<T>::set_checkpoint(bool on) {
 }
 
 template <typename T>
-void InternLM2<T>::reserve(int64_t N, bool want_all) {
-  if (N <= capacity_ && want_all == saved_all_) return;
+bool InternLM2<T>::bf16_mode() {
+  return std::is_same_v<T, float> && ops::compute_type() == ops::ComputeType::kBFloat16;
+}
+
+template <typename T>
+void InternLM2<T>::reserve(int64_t N, bool want_all, bool bf16) {
+  if (N <= capacity_ && want_all == saved_all_ && bf16 == bf16_) return;
   // Grow geometrically so generation (one token longer per call) reallocates O(log n) times.
   if (N > capacity_ && capacity_ > 0) N = std::max(N, capacity_ + capacity_ / 2);
   N = std::max(N, capacity_);
@@ -80,45 +87,79 @@ void InternLM2<T>::reserve(int64_t N, bool want_all) {
   const int64_t R = (N + ops_.residual_split - 1) / ops_.residual_split;
   const int64_t nacts = want_all ? L : 1;
   const auto pad = [](int64_t n) { return (n + 15) / 16 * 16; };
-  const auto total = static_cast<int64_t>(workspace_elements(
-      {double(L), double(N), double(R), double(H_), double(Q_), double(F_), double(A_), double(sq),
-       double(sl), want_all}));
+  const WorkspaceShape shape{double(L), double(N),  double(R),  double(H_), double(Q_), double(F_),
+                             double(A_), double(sq), double(sl), want_all,  bf16};
+  const auto total = static_cast<int64_t>(workspace_elements(shape));
+  const auto total16 = static_cast<int64_t>(workspace_bf16_elements(shape));
   arena_.assign(0, T(0));
   arena_.shrink_to_fit();
+  arena16_.assign(0, 0);
+  arena16_.shrink_to_fit();
   arena_.assign(static_cast<size_t>(total), T(0));
+  arena16_.assign(static_cast<size_t>(total16), 0);
   T* p = arena_.data();
+  uint16_t* p16 = arena16_.data();
   const auto take = [&](int64_t n) { T* r = p; p += pad(n); return r; };
+  const auto take16 = [&](int64_t n) { uint16_t* r = p16; p16 += (n + 31) / 32 * 32; return r; };
   xs_.assign(static_cast<size_t>(L + 1), nullptr);
   for (auto& x : xs_) x = take(R * H_);
   acts_.assign(static_cast<size_t>(nacts), BlockActs{});
   for (auto& a : acts_) {
-    a.qkv_s = take(sq);
-    a.attn = take(N * A_);
+    if (bf16) {
+      a.qkv16 = take16(sq);
+      a.attn16 = take16(N * A_);
+      a.a16 = take16(N * F_);
+      a.b16 = take16(N * F_);
+    } else {
+      a.qkv_s = take(sq);
+      a.attn = take(N * A_);
+      a.a = take(N * F_);
+      a.b = take(N * F_);
+    }
     a.lse = take(sl);
     a.h = take(R * H_);
     a.rstd1 = take(R);
     a.rstd2 = take(R);
-    a.a = take(N * F_);
-    a.b = take(N * F_);
   }
   xn_ = take(R * H_), qkv_ = take(N * Q_), tmp_ = take(R * H_), g_ = take(N * F_);
   xf_ = take(R * H_), rstdf_ = take(R), rstd_scratch_ = take(R);
   dres_ = take(R * H_), dtmp_ = take(R * H_), dxn_ = take(R * H_);
-  dg_ = take(N * F_), da_ = take(N * F_), db_ = take(N * F_);
+  dg_ = take(N * F_);
+  // bf16 mode: the FFN's fp32 a, b (forward) and da, db (backward) live in g and dg, and the
+  // widened attn and qkv_s of backward in g and dg too when they fit (they are free by then).
+  da_ = bf16 ? nullptr : take(N * F_);
+  db_ = bf16 ? nullptr : take(N * F_);
   dattn_ = take(N * A_), dqkv_s_ = take(sq);
-  check(p <= arena_.data() + arena_.size(), "internal: model workspace overflow");
+  attn_wide_ = !bf16 ? nullptr : A_ <= F_ ? g_ : take(N * A_);
+  qkv_wide_ = !bf16 ? nullptr : sq <= N * F_ ? dg_ : take(sq);
+  check(p <= arena_.data() + arena_.size() && p16 <= arena16_.data() + arena16_.size(),
+        "internal: model workspace overflow");
   capacity_ = N;
   saved_all_ = want_all;
+  bf16_ = bf16;
 }
 
 double workspace_elements(const WorkspaceShape& s) {
   const double N = s.N, R = s.R, H = s.H, F = s.F, A = s.A, sq = s.saved_qkv;
-  const double per_acts = sq + N * A + s.saved_lse + R * H + 2 * R + 2 * N * F;
+  // Saved per block in float: lse, h, two rstd; and (not in bf16 mode) qkv_s, attn, a, b.
+  const double per_acts =
+      s.saved_lse + R * H + 2 * R + (s.bf16 ? 0 : sq + N * A + 2 * N * F);
   const double nacts = s.per_layer ? s.L : 1;
   // Each buffer is padded to 16 elements (64-byte boundaries for float).
   const auto pad = [](double n) { return std::ceil(n / 16) * 16; };
+  // Backward temporaries of the FFN: dg, da, db (bf16 mode: dg only, plus the widened attn and
+  // qkv_s where g and dg cannot hold them).
+  double ffn = pad(N * F) * 3;
+  if (s.bf16) ffn = pad(N * F) + (A > F ? pad(N * A) : 0) + (sq > N * F ? pad(sq) : 0);
   return (s.L + 1) * pad(R * H) + nacts * (per_acts + 8 * 16) + pad(R * H) * 3 + pad(N * s.Q) +
-         pad(N * F) + pad(R) * 2 + pad(R * H) * 3 + pad(N * F) * 3 + pad(N * A) + pad(sq) + 16 * 16;
+         pad(N * F) + pad(R) * 2 + pad(R * H) * 3 + ffn + pad(N * A) + pad(sq) + 16 * 16;
+}
+
+double workspace_bf16_elements(const WorkspaceShape& s) {
+  if (!s.bf16) return 0;
+  const double nacts = s.per_layer ? s.L : 1;
+  // qkv_s, attn, a, b, each padded to 32 elements (64 bytes).
+  return nacts * (s.saved_qkv + s.N * s.A + 2 * s.N * s.F + 4 * 32);
 }
 
 template <typename T>
@@ -140,13 +181,31 @@ void InternLM2<T>::block_forward(int layer, BlockActs& A, T* y, const T* x,
   const int64_t N = ab.num_tokens;
   o.attention_norm->forward(xn_, A.rstd1, x, N, params_);
   o.wqkv->forward(qkv_, xn_, N, params_);
-  o.attention->forward(A.attn, A.qkv_s, A.lse, qkv_, ab);
-  o.wo->forward(tmp_, A.attn, N, params_);
+  // bf16 mode: attention writes fp32 into the backward temporaries, then qkv_s and attn are kept
+  // as bf16 (wo's GEMM rounds attn to the same bf16 values).
+  T* qkv_s = bf16_ ? dqkv_s_ : A.qkv_s;
+  T* attn = bf16_ ? dattn_ : A.attn;
+  o.attention->forward(attn, qkv_s, A.lse, qkv_, ab);
+  if constexpr (std::is_same_v<T, float>)
+    if (bf16_) {
+      ops::round_to_bf16(qkv_s, o.attention->saved_qkv_size(N), A.qkv16);
+      ops::round_to_bf16(attn, N * A_, A.attn16);
+    }
+  o.wo->forward(tmp_, attn, N, params_);
   const int64_t R = N / ops_.residual_split;  // residual-stream rows
   add_into(A.h, x, tmp_, R * H_);
   o.ffn_norm->forward(xn_, A.rstd2, A.h, N, params_);
-  o.gate_up->forward(A.a, A.b, xn_, N, params_);
-  ops::swiglu_forward(g_, A.a, A.b, N * F_);
+  if constexpr (std::is_same_v<T, float>)
+    if (bf16_) {  // a, b in fp32 in g and dg, kept as bf16; g from the bf16 a, b
+      o.gate_up->forward(g_, dg_, xn_, N, params_);
+      ops::round_to_bf16(g_, N * F_, A.a16);
+      ops::round_to_bf16(dg_, N * F_, A.b16);
+      ops::swiglu_forward_bf16(g_, A.a16, A.b16, N * F_);
+    }
+  if (!bf16_) {
+    o.gate_up->forward(A.a, A.b, xn_, N, params_);
+    ops::swiglu_forward(g_, A.a, A.b, N * F_);
+  }
   o.w2->forward(tmp_, g_, N, params_);
   add_into(y, A.h, tmp_, R * H_);
 }
@@ -158,17 +217,34 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const T* x, const Att
   const int64_t N = ab.num_tokens;
   // FFN branch: y = h + w2(silu(a) ⊙ b), a = w1 z, b = w3 z, z = RMSNorm(h). g and z are cheap
   // elementwise recomputations rather than saved tensors.
-  ops::swiglu_forward(g_, A.a, A.b, N * F_);
-  o.w2->backward(dg_, dres_, g_, N, params_, &grads, false);
-  ops::swiglu_backward(da_, db_, dg_, A.a, A.b, N * F_);
+  T *da = da_, *db = db_;
+  if constexpr (std::is_same_v<T, float>)
+    if (bf16_) {  // da and db overwrite g and dg (read first, elementwise)
+      ops::swiglu_forward_bf16(g_, A.a16, A.b16, N * F_);
+      o.w2->backward(dg_, dres_, g_, N, params_, &grads, false);
+      ops::swiglu_backward_bf16(g_, dg_, dg_, A.a16, A.b16, N * F_);
+      da = g_, db = dg_;
+    }
+  if (!bf16_) {
+    ops::swiglu_forward(g_, A.a, A.b, N * F_);
+    o.w2->backward(dg_, dres_, g_, N, params_, &grads, false);
+    ops::swiglu_backward(da_, db_, dg_, A.a, A.b, N * F_);
+  }
   o.ffn_norm->forward(xn_, rstd_scratch_, A.h, N, params_);
-  o.gate_up->backward(dxn_, da_, db_, xn_, N, params_, &grads);
+  o.gate_up->backward(dxn_, da, db, xn_, N, params_, &grads);
   o.ffn_norm->backward(dtmp_, dxn_, A.h, A.rstd2, N, params_, &grads);
   const int64_t R = N / ops_.residual_split;  // residual-stream rows
   accumulate(dres_, dtmp_, R * H_);  // dres = dL/dh
   // Attention branch: h = x + wo(Attn(qkv)), qkv = wqkv(RMSNorm(x)).
-  o.wo->backward(dattn_, dres_, A.attn, N, params_, &grads, false);
-  o.attention->backward(qkv_, dqkv_s_, dattn_, A.qkv_s, A.attn, A.lse, ab);
+  const T *attn = A.attn, *qkv_s = A.qkv_s;
+  if constexpr (std::is_same_v<T, float>)
+    if (bf16_) {  // widened into g and dg (free now) or their own buffers
+      ops::widen_bf16(A.attn16, N * A_, attn_wide_);
+      ops::widen_bf16(A.qkv16, o.attention->saved_qkv_size(N), qkv_wide_);
+      attn = attn_wide_, qkv_s = qkv_wide_;
+    }
+  o.wo->backward(dattn_, dres_, attn, N, params_, &grads, false);
+  o.attention->backward(qkv_, dqkv_s_, dattn_, qkv_s, attn, A.lse, ab);
   o.attention_norm->forward(xn_, rstd_scratch_, x, N, params_);
   o.wqkv->backward(dxn_, qkv_, xn_, N, params_, &grads, false);
   o.attention_norm->backward(dtmp_, dxn_, x, A.rstd1, N, params_, &grads);
@@ -180,8 +256,9 @@ void InternLM2<T>::forward_blocks(const data::MicroBatch& batch, bool save) {
   const int64_t N = static_cast<int64_t>(batch.input_ids.size());
   // Training keeps every block's acts unless checkpointing; a forward-only call keeps whatever
   // layout exists, or the compact one.
-  if (save) reserve(N, !checkpoint_);
-  else if (N > capacity_) reserve(N, capacity_ > 0 && saved_all_);
+  const bool bf16 = bf16_mode();
+  if (save) reserve(N, !checkpoint_, bf16);
+  else if (N > capacity_ || bf16 != bf16_) reserve(N, capacity_ > 0 && saved_all_, bf16);
   const AttentionBatch ab = attention_batch(batch);
   ops_.embedding->forward(xs_[0], batch.input_ids.data(), N, params_);
   for (int i = 0; i < static_cast<int>(ops_.blocks.size()); ++i)

@@ -20,20 +20,31 @@ namespace longtron::model {
 /// saved qkv / lse elements for N tokens. `per_layer` = one set of saved block state per layer
 /// (training without recomputation), else one shared set.
 /// Counted in double so a plan of an absurd length cannot overflow.
+/// `bf16` = mixed precision (a bfloat16 compute type, ops/precision.h): the saved inputs of the
+/// GEMMs and of attention (split qkv, attention output, the FFN's a and b) live in a second arena
+/// of bf16 values.
 struct WorkspaceShape {
   double L = 0, N = 0, R = 0, H = 0, Q = 0, F = 0, A = 0, saved_qkv = 0, saved_lse = 0;
   bool per_layer = false;
+  bool bf16 = false;
 };
 
-/// Elements of the workspace arena InternLM2 allocates for `s` (the memory plan,
+/// Elements of the float workspace arena InternLM2 allocates for `s` (the memory plan,
 /// train/memory_plan.h, uses the same count so it cannot drift from the model).
 double workspace_elements(const WorkspaceShape& s);
+/// Elements of the bf16 arena (2 bytes each) for `s`; 0 unless s.bf16.
+double workspace_bf16_elements(const WorkspaceShape& s);
 
 /// One InternLM2 model over a parameter buffer it does not own (the optimizer updates it in
 /// place between calls). Activations live in workspace buffers allocated on the first call and
 /// grown only when a longer micro-batch arrives; per block they are O(N·(H + Q + F)) — nothing
 /// O(N²). With config.checkpoint only each block's input is kept and the block is recomputed in
 /// backward (InternEvo's activation checkpointing); gradients are identical.
+/// Under a bfloat16 compute type (float model, ops/precision.h) the tensors saved for backward
+/// that feed a GEMM or attention — the split qkv after RoPE, the attention output, the FFN's
+/// a = w1 z and b = w3 z — are kept as bf16 (torch.autocast saves its bf16 linears' outputs so;
+/// the GEMMs and the bf16 attention kernel round these inputs to bf16 anyway) and widened to fp32
+/// one block at a time in backward; the residual stream, norm statistics and lse stay fp32.
 template <typename T>
 class InternLM2 {
  public:
@@ -57,7 +68,9 @@ class InternLM2 {
   std::vector<T> logits_last(std::span<const int32_t> ids);
 
   /// Bytes of activation workspace currently allocated (head chunk buffers excluded).
-  int64_t workspace_bytes() const { return static_cast<int64_t>(arena_.size() * sizeof(T)); }
+  int64_t workspace_bytes() const {
+    return static_cast<int64_t>(arena_.size() * sizeof(T) + arena16_.size() * sizeof(uint16_t));
+  }
 
   /// Activation recomputation (starts as config.checkpoint); switching re-lays the workspace on
   /// the next forward_backward.
@@ -66,12 +79,17 @@ class InternLM2 {
 
  private:
   /// Saved state of one block: the split qkv after RoPE, attention output and lse, the residual
-  /// after attention, both norms' rstd, and the FFN's a = w1 z and b = w3 z.
+  /// after attention, both norms' rstd, and the FFN's a = w1 z and b = w3 z. In bf16 mode qkv_s,
+  /// attn, a, b are nullptr and their bf16 copies qkv16, attn16, a16, b16 are kept instead.
   struct BlockActs {
     T *qkv_s, *attn, *lse, *h, *rstd1, *rstd2, *a, *b;
+    uint16_t *qkv16, *attn16, *a16, *b16;
   };
-  /// Workspace for N tokens; want_all = one set of block acts per layer (else one shared set).
-  void reserve(int64_t N, bool want_all);
+  /// Workspace for N tokens; want_all = one set of block acts per layer (else one shared set);
+  /// bf16 = the saved GEMM and attention inputs in bf16 (see the class comment).
+  void reserve(int64_t N, bool want_all, bool bf16);
+  /// Whether this call keeps its saved inputs in bf16: a float model under kBFloat16.
+  static bool bf16_mode();
   AttentionBatch attention_batch(const data::MicroBatch& batch) const;
   /// Embedding and every block; xs_[L] holds the last block's output. save = keep per-block acts.
   void forward_blocks(const data::MicroBatch& batch, bool save);
@@ -89,11 +107,14 @@ class InternLM2 {
 
   int64_t capacity_ = 0;   // tokens the workspace holds
   bool saved_all_ = false;  // workspace laid out with per-block acts (checkpoint off)
+  bool bf16_ = false;       // workspace laid out for bf16 saved inputs
   std::vector<T> arena_;
+  std::vector<uint16_t> arena16_;   // bf16 saved inputs (bf16 mode only)
   std::vector<T*> xs_;              // residual stream: block inputs [L+1][N,H]
   std::vector<BlockActs> acts_;     // L entries (checkpoint off) or 1 (shared)
   T *xn_, *qkv_, *tmp_, *g_, *xf_, *rstdf_, *rstd_scratch_;       // forward temporaries
   T *dres_, *dtmp_, *dxn_, *dg_, *da_, *db_, *dattn_, *dqkv_s_;   // backward temporaries
+  T *attn_wide_, *qkv_wide_;  // bf16 mode: the widened attn and qkv_s of the block in backward
 };
 
 /// Model FLOPs of one step (docs/model.md): 6 × matmul parameters (all linears, head included; not the

@@ -64,16 +64,45 @@ void round_pair(const float* x, int64_t nx, uint16_t* ox, const float* y, int64_
   }
 }
 
+// The weights of the live Bf16WeightScope and their bf16 copy (valid: made since the last
+// invalidation).
+struct WeightCopy {
+  const float* base = nullptr;
+  int64_t n = 0;
+  bool valid = false;
+  std::vector<uint16_t> bits;
+};
+WeightCopy& weight_copy() {
+  static WeightCopy w;
+  return w;
+}
+
+// The bf16 copy of x[0..n) when it lies inside the scope's weights (made on first use), else
+// nullptr.
+const uint16_t* cached_weights(const float* x, int64_t n) {
+  WeightCopy& w = weight_copy();
+  if (w.base == nullptr || x < w.base || x + n > w.base + w.n) return nullptr;
+  if (!w.valid) {
+    w.bits.resize(static_cast<size_t>(w.n));
+    round_pair(w.base, w.n, w.bits.data(), nullptr, 0, nullptr);
+    w.valid = true;
+  }
+  return w.bits.data() + (x - w.base);
+}
+
 // Mixed precision (torch.autocast's rule for matmuls): both operands rounded to bf16, the product
-// accumulated in fp32. The rounded copies live in per-thread buffers reused from call to call.
+// accumulated in fp32. Weights come from the step's bf16 copy (Bf16WeightScope); other operands
+// are rounded into per-thread buffers reused from call to call.
 void bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                const float* B, float beta, float* C) {
   thread_local std::vector<uint16_t> a16, b16;
-  a16.resize(static_cast<size_t>(M * K));
-  b16.resize(static_cast<size_t>(K * N));
-  round_pair(A, M * K, a16.data(), B, K * N, b16.data());
-  detail::onednn_matmul(detail::MatmulInput::kBF16, ta, tb, M, N, K, alpha, a16.data(),
-                        b16.data(), beta, C);
+  const uint16_t* a = cached_weights(A, M * K);
+  const uint16_t* b = cached_weights(B, K * N);
+  if (a == nullptr) a16.resize(static_cast<size_t>(M * K));
+  if (b == nullptr) b16.resize(static_cast<size_t>(K * N));
+  round_pair(A, a ? 0 : M * K, a16.data(), B, b ? 0 : K * N, b16.data());
+  detail::onednn_matmul(detail::MatmulInput::kBF16, ta, tb, M, N, K, alpha, a ? a : a16.data(),
+                        b ? b : b16.data(), beta, C);
 }
 
 void backend_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
@@ -93,6 +122,30 @@ void backend_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alph
 
 void round_to_bf16(const float* x, int64_t n, uint16_t* out) {
   round_pair(x, n, out, nullptr, 0, nullptr);
+}
+
+Bf16WeightScope::Bf16WeightScope(const float* weights, int64_t n) {
+  WeightCopy& w = weight_copy();
+  if (compute_type() != ComputeType::kBFloat16 || w.base != nullptr || n <= 0) return;
+  w.base = weights, w.n = n, w.valid = false;
+  active_ = true;
+}
+
+Bf16WeightScope::~Bf16WeightScope() {
+  if (!active_) return;
+  WeightCopy& w = weight_copy();
+  w.base = nullptr, w.n = 0, w.valid = false;
+}
+
+void invalidate_bf16_weights() { weight_copy().valid = false; }
+
+int64_t bf16_weight_copy_bytes() {
+  return static_cast<int64_t>(weight_copy().bits.size() * sizeof(uint16_t));
+}
+
+void widen_bf16(const uint16_t* x, int64_t n, float* out) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t{x[i]} << 16);
 }
 
 template <typename T>

@@ -35,6 +35,34 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 /// quiet, subnormals flushed to signed zero; i < n. AVX512-BF16 where the CPU has it; OpenMP threads.
 void round_to_bf16(const float* x, int64_t n, uint16_t* out);
 
+/// The bf16 copy of a float weight buffer, made once and read by every GEMM of a step: while a
+/// scope is alive, gemm<float> under kBFloat16 takes an operand that lies inside [weights,
+/// weights + n) from the copy instead of rounding it again (mixed precision as Megatron-LM's
+/// bf16 weight copies: fp32 master weights, one bf16 copy a step). The copy is made on the first
+/// GEMM that reads it and dropped by invalidate_bf16_weights() (call it after anything changes the
+/// weights: the optimizer step) and when the scope ends; the buffer is kept for the next scope.
+/// Results are bitwise those of rounding per call. A no-op unless the calling thread's compute
+/// type is kBFloat16 when it is made. One scope at a time; GEMMs are called from one thread.
+class Bf16WeightScope {
+ public:
+  Bf16WeightScope(const float* weights, int64_t n);
+  ~Bf16WeightScope();
+  Bf16WeightScope(const Bf16WeightScope&) = delete;
+  Bf16WeightScope& operator=(const Bf16WeightScope&) = delete;
+
+ private:
+  bool active_ = false;
+};
+/// Marks the bf16 weight copy of the live Bf16WeightScope stale (the next GEMM that reads a weight
+/// remakes it). No-op without a scope.
+void invalidate_bf16_weights();
+/// Bytes the bf16 weight copy holds (0 before the first scope made one): the memory plan's item.
+int64_t bf16_weight_copy_bytes();
+
+/// out[i] = the float value of the bf16 bits x[i] (exact: bf16 is the top half of an fp32);
+/// i < n. OpenMP threads. The inverse of round_to_bf16 on its outputs.
+void widen_bf16(const uint16_t* x, int64_t n, float* out);
+
 /// The GEMM library and the instruction set its kernels dispatch to on this CPU.
 struct GemmBackend {
   std::string library;       ///< e.g. "oneDNN 2.6.3"
@@ -110,6 +138,14 @@ void swiglu_forward(T* out, const T* a, const T* b, int64_t count);
 /// da, db (overwritten) from dout.
 template <typename T>
 void swiglu_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_t count);
+
+/// The same two kernels over a and b saved as bf16 bits (mixed precision keeps the gate and up
+/// projections for backward in bf16, as torch.autocast saves the bf16 outputs of its linears);
+/// the arithmetic is fp32 and the outputs are float. swiglu_backward_bf16 reads dout[i] before
+/// it writes da[i] and db[i], so either may alias dout.
+void swiglu_forward_bf16(float* out, const uint16_t* a, const uint16_t* b, int64_t count);
+void swiglu_backward_bf16(float* da, float* db, const float* dout, const uint16_t* a,
+                          const uint16_t* b, int64_t count);
 
 // ---- Varlen causal attention (document-masked, flash-style) -----------------------------------
 /// Shapes of one attention call. Query tokens are the rows of a packed sequence of N tokens,

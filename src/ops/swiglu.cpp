@@ -1,5 +1,7 @@
 // SwiGLU gate (Shazeer 2020): out = silu(a) ⊙ b, the InternLM2 FFN w2(silu(w1 z) ⊙ w3 z).
+#include <bit>
 #include <cmath>
+#include <cstdint>
 
 #include "ops/fast_math.h"
 #include "ops/ops.h"
@@ -23,6 +25,30 @@ void swiglu_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
     const T s = T(1) / (T(1) + detail::fast_exp(-a[i]));
     if (da != nullptr) da[i] = dout[i] * b[i] * (s + a[i] * s * (T(1) - s));
     if (db != nullptr) db[i] = dout[i] * a[i] * s;
+  }
+}
+
+namespace {
+inline float widen(uint16_t bits) { return std::bit_cast<float>(uint32_t{bits} << 16); }
+}  // namespace
+
+void swiglu_forward_bf16(float* out, const uint16_t* a, const uint16_t* b, int64_t count) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    const float x = widen(a[i]), y = widen(b[i]);
+    const float s = 1.0f / (1.0f + detail::fast_exp(-x));
+    out[i] = x * s * y;
+  }
+}
+
+void swiglu_backward_bf16(float* da, float* db, const float* dout, const uint16_t* a,
+                          const uint16_t* b, int64_t count) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    const float x = widen(a[i]), y = widen(b[i]), g = dout[i];
+    const float s = 1.0f / (1.0f + detail::fast_exp(-x));
+    da[i] = g * y * (s + x * s * (1.0f - s));
+    db[i] = g * x * s;
   }
 }
 

@@ -235,6 +235,24 @@ double head_elements(const StepShape& s) {
   return 2 * chunk * s.head_vocab + chunk;
 }
 
+/// The model's float and bf16 activation arenas (model::workspace_elements and
+/// workspace_bf16_elements), bytes.
+double activation_bytes(const model::WorkspaceShape& ws) {
+  return model::workspace_elements(ws) * kFloat + model::workspace_bf16_elements(ws) * 2;
+}
+
+/// The bf16 copies of float GEMM operands that ops::gemm rounds under a bf16 compute type
+/// (ops/gemm.cpp: one buffer for A, one for B, kept at the largest size seen): A is at most a
+/// token-rows activation or gradient (N × the widest of H, Q, A, F) or a head chunk's logit
+/// gradient; B at most an activation (N × the widest of H, A, F) or the head's weight. Bytes.
+double bf16_operand_bytes(const StepShape& s) {
+  const model::WorkspaceShape& w = s.ws;
+  const double widest = std::max({w.H, w.Q, w.A, w.F});
+  const double a = std::max(w.N * widest, head_chunk_rows(s) * s.head_vocab);
+  const double b = std::max(w.N * std::max({w.H, w.A, w.F}), s.head_vocab * w.H);
+  return 2 * (a + b);
+}
+
 std::string tensor_key(const std::string& mode) {
   return mode == "dense" ? "parallel.tensor"
          : mode == "2d"  ? "parallel.tensor_2d"
@@ -328,8 +346,9 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
        adam, "model.*, parallel.zero1"},
   };
 
-  const StepShape s = step_shape(c, grid, full, local, mode);
-  const double acts = model::workspace_elements(s.ws) * kFloat;
+  StepShape s = step_shape(c, grid, full, local, mode);
+  s.ws.bf16 = in.bf16;
+  const double acts = activation_bytes(s.ws);
   const double segments = static_cast<double>(c.data.micro_bsz);
   const double attn =
       attention_workspace_elements(s, static_cast<double>(c.model.head_dim()), segments) * kFloat;
@@ -339,14 +358,25 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   const std::string act_key = c.model.checkpoint
                                   ? "data.seq_len, data.micro_bsz"
                                   : "data.seq_len, data.micro_bsz (or model.checkpoint = true)";
+  const char* acts_name =
+      c.model.checkpoint
+          ? (in.bf16 ? "activations (one block saved, model.checkpoint recomputes; GEMM inputs bf16)"
+                     : "activations (one block saved, model.checkpoint recomputes)")
+          : (in.bf16 ? "activations saved for backward (every layer; GEMM inputs bf16)"
+                     : "activations saved for backward (every layer)");
   p.step = {
-      {c.model.checkpoint ? "activations (one block saved, model.checkpoint recomputes)"
-                          : "activations saved for backward (every layer)",
-       acts, act_key},
+      {acts_name, acts, act_key},
       {"attention workspace (packed tiles)", attn, "data.seq_len, data.micro_bsz"},
       {"head logits (chunked)", head, "model.vocab_size"},
       {"micro-batches", batches, "data.micro_num, data.seq_len, data.micro_bsz"},
   };
+  // ISP's GEMMs read gathered weights, never the local shards: no copy is made there.
+  if (in.bf16 && mode != "isp")
+    p.step.push_back({"bf16 weight copy (one a step)", 0.5 * local_bytes, "model.*"});
+  if (in.bf16)
+    p.step.push_back({"bf16 GEMM operands (rounded activations)",
+                      bf16_operand_bytes(s),
+                      "data.seq_len, data.micro_bsz"});
   if (s.layout_scratch > 0)
     p.step.push_back({"layout buffers (gathers, all-to-all)", s.layout_scratch * kFloat,
                       "data.seq_len, " + tensor_key(mode)});

@@ -10,7 +10,9 @@
 //                and the AdamW moments m and v (ZeRO-1 shards them over parallel.zero1);
 //   step:        the model's activation workspace (model::workspace_elements: the saved block
 //                state of every layer, or of one block with model.checkpoint = true — the
-//                recomputation of InternEvo's activation checkpointing), the attention kernel's
+//                recomputation of InternEvo's activation checkpointing; in bfloat16 the saved
+//                GEMM and attention inputs take 2 bytes, and the GEMMs' rounded operands are
+//                added), the attention kernel's
 //                packed key/query tiles, the chunked head's logits, the layout's gather and
 //                reduce buffers (Megatron sequence parallel, ISP weight gathers and Ulysses
 //                all-to-all, 2D), and the micro-batches;
@@ -67,6 +69,7 @@ struct MemoryPlanInputs {
   double runtime_bytes = 0;   ///< resident size of the process now (resident_bytes())
   int64_t sgemm_size = 2048;  ///< n of the start-up sgemm timing (TrainOptions::sgemm_size)
   bool resume = false;        ///< --resume: the checkpoint's full tensors are loaded at start-up
+  bool bf16 = false;          ///< the run computes in bfloat16 (model.dtype as resolved)
 };
 
 /// Plans `config` on `inputs.world_size` ranks. Throws Error (naming the parallel.* key) when the

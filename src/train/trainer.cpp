@@ -250,6 +250,8 @@ struct Run {
     // The GEMMs of forward and backward in the run's dtype (the reductions and AdamW have no GEMM:
     // they stay fp32 whatever the scope).
     const ops::ComputeTypeScope precision(compute);
+    // bf16: one bf16 copy of this rank's weights for the step's GEMMs (dropped by the update).
+    const ops::Bf16WeightScope weights(engine.params().data(), engine.params().numel());
     const StepResult r = train_step(engine, optimizer, batches, so);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -339,6 +341,11 @@ TrainSummary dry_run(const TrainConfig& config, const TrainOptions& options, con
   in.runtime_bytes = resident_bytes();
   in.sgemm_size = options.sgemm_size;
   in.resume = !options.resume.empty();
+  // The dtype the run would compute in: "auto" as this CPU resolves it, an explicit name as given
+  // (a dry run may plan a bfloat16 run for another machine).
+  const std::string dtype = ops::canonical_dtype(config.model.dtype);
+  in.bf16 = dtype == "bfloat16" ||
+            (dtype == "auto" && ops::resolve_dtype(dtype, "model.dtype") == ops::ComputeType::kBFloat16);
   const MemoryPlan plan = plan_memory(config, in);
   TrainSummary summary;
   summary.planned_peak_bytes = plan.peak_bytes;
@@ -378,6 +385,7 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
   plan_in.runtime_bytes = resident_bytes();
   plan_in.sgemm_size = options.sgemm_size;
   plan_in.resume = !options.resume.empty();
+  plan_in.bf16 = compute == ops::ComputeType::kBFloat16;
   const MemoryPlan plan = plan_memory(config, plan_in);
   check_memory(plan, options.memory_available >= 0 ? options.memory_available
                                                    : available_memory_bytes(plan_in.ranks_on_node));

@@ -149,6 +149,59 @@ TEST(Gemm, FloatUnderBf16ScopeIsTheBf16GemmOfRoundedInputs) {
   }
 }
 
+// Bf16WeightScope: a GEMM whose B lies inside the scope's weights gives bit for bit the result of
+// rounding per call, and reads the copy made at its first use: a weight changed without
+// invalidate_bf16_weights() is not seen (the proof that the copy is used), one changed with it is.
+// Outside a bf16 compute type the scope does nothing.
+TEST(Gemm, Bf16WeightScopeRoundsTheWeightsOnceUntilInvalidated) {
+  const int64_t M = 48, N = 40, K = 64, offset = 100;
+  const auto A = floats(M * K, 11);
+  std::vector<float> W = floats(offset + N * K + 50, 12);  // B = W[offset..], as a layer's view
+  const float* B = W.data() + offset;
+  const auto gemm = [&] {
+    std::vector<float> C(M * N, 0.f);
+    ops::gemm<float>(false, true, M, N, K, 1.0f, A.data(), B, 0.0f, C.data());
+    return C;
+  };
+  ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
+  const auto per_call = gemm();
+  std::vector<float> cached, stale, fresh;
+  {
+    const ops::Bf16WeightScope weights(W.data(), static_cast<int64_t>(W.size()));
+    cached = gemm();
+    EXPECT_EQ(ops::bf16_weight_copy_bytes(), static_cast<int64_t>(2 * W.size()));
+    for (int64_t i = 0; i < N * K; ++i) W[offset + i] *= 2.0f;  // an "optimizer step"
+    stale = gemm();
+    ops::invalidate_bf16_weights();
+    fresh = gemm();
+  }
+  EXPECT_EQ(cached, per_call);
+  EXPECT_EQ(stale, cached) << "the GEMM did not read the step's bf16 copy";
+  const auto after = gemm();  // the scope is gone: rounded per call again
+  EXPECT_EQ(fresh, after);
+  EXPECT_NE(fresh, cached);
+  {
+    ops::ComputeTypeScope fp32(ops::ComputeType::kFloat32);
+    std::vector<float> C(M * N, 0.f), plain(M * N, 0.f);
+    ops::gemm<float>(false, true, M, N, K, 1.0f, A.data(), B, 0.0f, plain.data());
+    const ops::Bf16WeightScope weights(W.data(), static_cast<int64_t>(W.size()));
+    ops::gemm<float>(false, true, M, N, K, 1.0f, A.data(), B, 0.0f, C.data());
+    EXPECT_EQ(C, plain) << "the scope changed a float32 GEMM";
+  }
+}
+
+// widen_bf16 is exact: it inverts round_to_bf16 on its outputs.
+TEST(Gemm, WidenBf16InvertsRounding) {
+  const auto x = floats(100003, 13);
+  std::vector<uint16_t> bits(x.size()), again(x.size());
+  std::vector<float> wide(x.size());
+  ops::round_to_bf16(x.data(), static_cast<int64_t>(x.size()), bits.data());
+  ops::widen_bf16(bits.data(), static_cast<int64_t>(x.size()), wide.data());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(wide[i], bf16_to_float(bits[i])) << "at " << i;
+  ops::round_to_bf16(wide.data(), static_cast<int64_t>(x.size()), again.data());
+  EXPECT_EQ(again, bits);
+}
+
 // round_to_bf16 (the scope's conversion) rounds as VCVTNEPS2BF16: as the safetensors writer's
 // conversion on ordinary values, ties, overflow to infinity, infinities and NaN, and subnormals to
 // signed zero. The special values sit both in the 32-wide vector body and in the scalar tail.

@@ -148,6 +148,31 @@ TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
   for (int64_t i = 0; i < count; ++i) EXPECT_NEAR(of[i], o[i], 1e-5 * std::max(1.0, std::abs(o[i])));
 }
 
+// The bf16-input SwiGLU (a, b saved as bf16 under mixed precision) is the float kernel on the
+// widened a, b — to the last bits of the vectorised exp — also when da and db overwrite dout.
+TEST(SwiGlu, Bf16InputsAreTheFloatKernelOnWidenedValues) {
+  const int64_t count = 1000;
+  const Vec a = random_vector(count, 4, 4.0), b = random_vector(count, 5), dout = random_vector(count, 6);
+  std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end());
+  std::vector<uint16_t> a16(count), b16(count);
+  ops::round_to_bf16(af.data(), count, a16.data());
+  ops::round_to_bf16(bf.data(), count, b16.data());
+  ops::widen_bf16(a16.data(), count, af.data());
+  ops::widen_bf16(b16.data(), count, bf.data());
+  std::vector<float> df(dout.begin(), dout.end());
+  std::vector<float> o(count), o16(count), da(count), db(count), da16(count), db16 = df;
+  ops::swiglu_forward<float>(o.data(), af.data(), bf.data(), count);
+  ops::swiglu_forward_bf16(o16.data(), a16.data(), b16.data(), count);
+  ops::swiglu_backward<float>(da.data(), db.data(), df.data(), af.data(), bf.data(), count);
+  ops::swiglu_backward_bf16(da16.data(), db16.data(), db16.data(), a16.data(), b16.data(), count);
+  const auto near = [](float x, float y) { return std::abs(x - y) <= 1e-6f * std::max(1.0f, std::abs(y)); };
+  for (int64_t i = 0; i < count; ++i) {
+    ASSERT_TRUE(near(o16[i], o[i])) << i << ": " << o16[i] << " vs " << o[i];
+    ASSERT_TRUE(near(da16[i], da[i])) << i << ": " << da16[i] << " vs " << da[i];
+    ASSERT_TRUE(near(db16[i], db[i])) << i << ": " << db16[i] << " vs " << db[i];
+  }
+}
+
 TEST(CrossEntropy, IgnoresMinus100AndBackwardMatchesFiniteDifferences) {
   const int64_t N = 4, V = 6;
   Vec logits = random_vector(N * V, 1, 2.0);

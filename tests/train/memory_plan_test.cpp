@@ -11,6 +11,7 @@
 #include "core/phase.h"
 #include "model/internlm2.h"
 #include "model/params.h"
+#include "ops/precision.h"
 #include "train/config.h"
 
 using namespace longtron;
@@ -34,30 +35,43 @@ double item(const std::vector<train::MemoryItem>& items, const std::string& pref
 }
 
 // The plan's activation line is exactly the arena the model allocates for a packed row of
-// micro_bsz × seq_len tokens, with and without recomputation.
+// micro_bsz × seq_len tokens, with and without recomputation, in float32 and (where the CPU has
+// native bf16) in bfloat16, whose saved GEMM and attention inputs take half the bytes.
 TEST(MemoryPlan, ActivationsAreTheModelsWorkspace) {
-  for (const bool recompute : {false, true}) {
-    const train::TrainConfig c =
-        tiny({std::string("model.checkpoint=") + (recompute ? "true" : "false")});
-    const train::MemoryPlan plan = train::plan_memory(c, {});
-    const model::ParamLayout layout(c.model);
-    model::Params<float> params(layout), grads(layout);
-    model::init_params(params, 1);
-    model::InternLM2<float> m(layout, params);
-    data::MicroBatch b;
-    const int32_t P = 120;
-    for (int32_t i = 0; i < P; ++i) {
-      b.input_ids.push_back(1 + i % 90);
-      b.labels.push_back(1 + (i + 1) % 90);
-      b.indexes.push_back(i % 50);
+  double fp32_bytes = 0;
+  for (const bool bf16 : {false, true}) {
+    for (const bool recompute : {false, true}) {
+      if (bf16 && !ops::cpu_has_avx512_bf16()) GTEST_SKIP() << "this CPU has no native bf16";
+      const train::TrainConfig c =
+          tiny({std::string("model.checkpoint=") + (recompute ? "true" : "false")});
+      train::MemoryPlanInputs in;
+      in.bf16 = bf16;
+      const train::MemoryPlan plan = train::plan_memory(c, in);
+      const model::ParamLayout layout(c.model);
+      model::Params<float> params(layout), grads(layout);
+      model::init_params(params, 1);
+      model::InternLM2<float> m(layout, params);
+      const ops::ComputeTypeScope precision(bf16 ? ops::ComputeType::kBFloat16
+                                                 : ops::ComputeType::kFloat32);
+      data::MicroBatch b;
+      const int32_t P = 120;
+      for (int32_t i = 0; i < P; ++i) {
+        b.input_ids.push_back(1 + i % 90);
+        b.labels.push_back(1 + (i + 1) % 90);
+        b.indexes.push_back(i % 50);
     }
     b.cu_seqlens = {0, 50, 100, P};
     b.max_seqlen = 50;
     m.forward_backward(b, grads, 1.0);
     EXPECT_EQ(item(plan.step, "activations"), static_cast<double>(m.workspace_bytes()))
-        << "checkpoint " << recompute;
+        << "checkpoint " << recompute << " bf16 " << bf16;
+    if (!recompute && !bf16) fp32_bytes = item(plan.step, "activations");
+    if (!recompute && bf16) {
+      EXPECT_LT(item(plan.step, "activations"), 0.8 * fp32_bytes);
+    }
     EXPECT_EQ(plan.params_local, layout.numel());
     EXPECT_EQ(item(plan.resident, "parameters"), 4.0 * static_cast<double>(layout.numel()));
+    }
   }
 }
 
