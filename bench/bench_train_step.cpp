@@ -8,7 +8,8 @@
 // growth shows whether anything grows with P².
 //
 // Usage: bench_train_step [--steps N] [--config FILE]   (threads: train.num_threads, 0 = all)
-//        bench_train_step --child MICRO_BSZ STEPS CONFIG DTYPE   (one run; prints one line)
+//        bench_train_step --child MICRO_BSZ STEPS CONFIG DTYPE [MEAN_DOC_LEN]   (one run; prints
+//        one line; documents of mean length 300 unless MEAN_DOC_LEN)
 #include <fmt/core.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -32,12 +33,14 @@ using namespace longtron;
 
 namespace {
 
-/// Random documents (ids 3…vocab-1, exponential lengths of mean 300) until `tokens` are written.
-void write_random_dataset(const fs::path& dir, int64_t vocab, int64_t tokens, uint64_t seed) {
+/// Random documents (ids 3…vocab-1, exponential lengths of mean `mean`, at least 2) until
+/// `tokens` are written.
+void write_random_dataset(const fs::path& dir, int64_t vocab, int64_t tokens, uint64_t seed,
+                          double mean) {
   fs::create_directories(dir);
   data::MegatronWriter w(dir / "random", data::MegatronDtype::kUint16);
   std::mt19937_64 rng(seed);
-  std::exponential_distribution<double> length(1.0 / 300.0);
+  std::exponential_distribution<double> length(1.0 / mean);
   std::uniform_int_distribution<int32_t> id(3, static_cast<int32_t>(vocab - 1));
   std::vector<int32_t> doc;
   for (int64_t written = 0; written < tokens;) {
@@ -61,8 +64,9 @@ double median(std::vector<double> v) {
 }
 
 /// One run of `steps` steps in `dtype`; prints "P rss_mib median_step_s median_tgs median_mfu
-/// gemm_gflops" (the GEMM rate of the dtype).
-int child(int64_t micro_bsz, int64_t steps, const std::string& config_path, const std::string& dtype) {
+/// gemm_gflops" (the GEMM rate of the dtype). Documents have mean length `mean`.
+int child(int64_t micro_bsz, int64_t steps, const std::string& config_path, const std::string& dtype,
+          double mean) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("longtron_bench_{}", getpid());
   train::TrainConfig c = train::load_config(config_path, {}, {.model_shape = true, .data = false});
   c.data.train_folder = (dir / "train").string();
@@ -73,7 +77,8 @@ int child(int64_t micro_bsz, int64_t steps, const std::string& config_path, cons
   c.train.metrics_file.clear();
   c.model.dtype = dtype;
   const int64_t P = c.data.seq_len * micro_bsz;
-  write_random_dataset(dir / "train", c.model.vocab_size, P * c.data.micro_num * (steps + 2), 2024);
+  write_random_dataset(dir / "train", c.model.vocab_size, P * c.data.micro_num * (steps + 2), 2024,
+                       mean);
   train::TrainOptions o;
   o.console = false;
   o.progress = false;
@@ -114,8 +119,9 @@ std::vector<double> run_child(const std::string& self, int64_t micro_bsz, int64_
 int main(int argc, char** argv) {
   longtron::ensure_passive_omp_wait(argv);  // see core/threads.h: spinning OpenMP workers starve the BLAS
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.size() == 5 && args[0] == "--child")
-    return child(std::atoll(args[1].c_str()), std::atoll(args[2].c_str()), args[3], args[4]);
+  if ((args.size() == 5 || args.size() == 6) && args[0] == "--child")
+    return child(std::atoll(args[1].c_str()), std::atoll(args[2].c_str()), args[3], args[4],
+                 args.size() == 6 ? std::atof(args[5].c_str()) : 300.0);
   int64_t steps = 6;
   std::string config = "configs/small.toml";
   for (size_t i = 0; i + 1 < args.size(); i += 2) {
