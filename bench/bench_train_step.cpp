@@ -10,6 +10,8 @@
 // Usage: bench_train_step [--steps N] [--config FILE]   (threads: train.num_threads, 0 = all)
 //        bench_train_step --child MICRO_BSZ STEPS CONFIG DTYPE [MEAN_DOC_LEN]   (one run; prints
 //        one line; documents of mean length 300 unless MEAN_DOC_LEN)
+//        bench_train_step --write-dataset DIR VOCAB TOKENS MEAN_DOC_LEN   (the same random
+//        documents as a Megatron dataset DIR/random.{bin,idx}, for bench/bench_balance_time.sh)
 #include <fmt/core.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -119,6 +121,11 @@ std::vector<double> run_child(const std::string& self, int64_t micro_bsz, int64_
 int main(int argc, char** argv) {
   longtron::ensure_passive_omp_wait(argv);  // see core/threads.h: spinning OpenMP workers starve the BLAS
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() == 5 && args[0] == "--write-dataset") {
+    write_random_dataset(args[1], std::atoll(args[2].c_str()), std::atoll(args[3].c_str()), 2024,
+                         std::atof(args[4].c_str()));
+    return 0;
+  }
   if ((args.size() == 5 || args.size() == 6) && args[0] == "--child")
     return child(std::atoll(args[1].c_str()), std::atoll(args[2].c_str()), args[3], args[4],
                  args.size() == 6 ? std::atof(args[5].c_str()) : 300.0);
