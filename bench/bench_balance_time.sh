@@ -9,7 +9,8 @@
 #     (configs/demo.toml, 100 steps) with data.balance = "documents" and "none" for each seed in
 #     SEEDS (train.seed = data.seed): the held-out loss after the same number of tokens.
 # Usage: bench/bench_balance_time.sh [BUILD_DIR] [STEPS] [ROUNDS]
-#        (defaults: build, 3 steps, 1 round; SEEDS="1 2", DEMO_THREADS=2, SKIP_TIME=1 or
+#        (defaults: build, 3 steps, 1 round; SEEDS="1 2", DEMO_THREADS=1 (per run; the two runs
+#        of a seed go side by side), SKIP_TIME=1 or
 #        SKIP_DEMO=1 to run one part only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,14 +63,17 @@ fi
 
 if [ "${SKIP_DEMO:-0}" != 1 ] && [ -f "$DEMO_DATA/dataset.json" ]; then
   for seed in $SEEDS; do
-    for mode in none documents; do
+    for mode in none documents; do  # the two runs side by side: only their losses are compared
       "$BUILD/longtron" train --config configs/demo.toml --overwrite \
         --set "data.train_folder=\"$DEMO_DATA/train\"" --set "data.valid_folder=\"$DEMO_DATA/valid\"" \
         --set "data.balance=\"$mode\"" --set train.seed="$seed" --set data.seed="$seed" \
-        --set train.num_threads="${DEMO_THREADS:-2}" \
-        --set "train.checkpoint_dir=\"$TMP/demo_ckpt\"" \
-        --set "train.metrics_file=\"$TMP/demo_$mode.jsonl\"" > "$TMP/demo_$mode.log" 2>&1 \
-        || { cat "$TMP/demo_$mode.log" >&2; exit 1; }
+        --set train.num_threads="${DEMO_THREADS:-1}" \
+        --set "train.checkpoint_dir=\"$TMP/demo_ckpt_$mode\"" \
+        --set "train.metrics_file=\"$TMP/demo_$mode.jsonl\"" > "$TMP/demo_$mode.log" 2>&1 &
+    done
+    wait || true
+    for mode in none documents; do
+      [ -s "$TMP/demo_$mode.jsonl" ] || { cat "$TMP/demo_$mode.log" >&2; exit 1; }
       read -r _ imb loss steps <<< "$(summary "$TMP/demo_$mode.jsonl")"
       echo "demo seed $seed, data.balance = $mode: held-out loss $loss after $steps steps (mean modelled imbalance $imb)"
     done
