@@ -10,7 +10,7 @@
 # PyTorch runs with OMP_WAIT_POLICY=passive, the policy longtron sets for itself (core/threads.h):
 # with libgomp's default spinning, PyTorch's many small parallel ops ran 5-10x slower on a loaded
 # machine. Needs Debian's python3-torch (apt-get install python3-torch); a benchmark, never a test.
-# Usage: bench/bench_vs_torch.sh [BUILD_DIR] [STEPS] [THREADS] [small|long]
+# Usage: [ROUNDS=N] bench/bench_vs_torch.sh [BUILD_DIR] [STEPS] [THREADS] [small|long]
 #        (THREADS: default all cores; the long row needs ~10 GB for PyTorch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,24 +30,28 @@ CONFIG="$(mktemp --suffix=.toml)"
 trap 'rm -f "$CONFIG"' EXIT
 # The config with train.num_threads = THREADS ([train] is its last table).
 sed "/^\[train\]/a num_threads = $THREADS" "$BASE" > "$CONFIG"
-declare -A tps
-for dtype in "${DTYPES[@]}"; do
-  # "P rss_mib median_step_s median_tgs median_mfu gemm_gflops"
-  line="$("$BUILD/bench_train_step" --child 4 "$STEPS" "$CONFIG" "$dtype" "$MEAN" 2>/dev/null | tail -1)"
-  read -r P rss step tgs mfu gemm <<< "$line"
-  tps[longtron_$dtype]="$tgs"
-  echo "longtron $dtype ($THREADS threads): P = $P, median step $step s, $tgs tokens/s, MFU $mfu (GEMM $gemm GFLOP/s), peak RSS $rss MiB"
+# ROUNDS > 1 repeats the whole comparison (longtron then PyTorch) and prints each round's ratios:
+# on a shared machine the two engines run at different moments, so one round's ratio is noisy.
+for round in $(seq "${ROUNDS:-1}"); do
+  declare -A tps=()
+  for dtype in "${DTYPES[@]}"; do
+    # "P rss_mib median_step_s median_tgs median_mfu gemm_gflops"
+    line="$("$BUILD/bench_train_step" --child 4 "$STEPS" "$CONFIG" "$dtype" "$MEAN" 2>/dev/null | tail -1)"
+    read -r P rss step tgs mfu gemm <<< "$line"
+    tps[longtron_$dtype]="$tgs"
+    echo "longtron $dtype ($THREADS threads): P = $P, median step $step s, $tgs tokens/s, MFU $mfu (GEMM $gemm GFLOP/s), peak RSS $rss MiB"
+  done
+  while read -r line; do
+    echo "$line"
+    if [[ "$line" =~ ^torch\ (float32|bfloat16):.*\ ([0-9]+)\ tokens/s ]]; then
+      tps[torch_${BASH_REMATCH[1]}]="${BASH_REMATCH[2]}"
+    fi
+  done < <(OMP_WAIT_POLICY=passive /usr/bin/python3 bench/torch_step.py --threads "$THREADS" \
+             --steps "$STEPS" "${TORCH_ARGS[@]}")
+  awk -v lf="${tps[longtron_float32]:-0}" -v lb="${tps[longtron_bfloat16]:-0}" \
+      -v tf="${tps[torch_float32]:-0}" -v tb="${tps[torch_bfloat16]:-0}" -v mode="$MODE" -v round="$round" 'BEGIN {
+    if (lf > 0) printf "%s round %d: longtron bf16 / longtron fp32: %.2f\n", mode, round, lb / lf
+    if (tb > 0) printf "%s round %d: longtron bf16 / torch bf16 autocast: %.2f\n", mode, round, lb / tb
+    if (tf > 0 && lf > 0) printf "%s round %d: longtron fp32 / torch fp32: %.2f\n", mode, round, lf / tf
+  }'
 done
-while read -r line; do
-  echo "$line"
-  if [[ "$line" =~ ^torch\ (float32|bfloat16):.*\ ([0-9]+)\ tokens/s ]]; then
-    tps[torch_${BASH_REMATCH[1]}]="${BASH_REMATCH[2]}"
-  fi
-done < <(OMP_WAIT_POLICY=passive /usr/bin/python3 bench/torch_step.py --threads "$THREADS" \
-           --steps "$STEPS" "${TORCH_ARGS[@]}")
-awk -v lf="${tps[longtron_float32]:-0}" -v lb="${tps[longtron_bfloat16]:-0}" \
-    -v tf="${tps[torch_float32]:-0}" -v tb="${tps[torch_bfloat16]:-0}" -v mode="$MODE" 'BEGIN {
-  if (lf > 0) printf "%s: longtron bf16 / longtron fp32: %.2f\n", mode, lb / lf
-  if (tb > 0) printf "%s: longtron bf16 / torch bf16 autocast: %.2f\n", mode, lb / tb
-  if (tf > 0 && lf > 0) printf "%s: longtron fp32 / torch fp32: %.2f\n", mode, lf / tf
-}'
