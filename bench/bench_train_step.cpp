@@ -14,6 +14,7 @@
 //        documents as a Megatron dataset DIR/random.{bin,idx}, for bench/bench_balance_time.sh)
 #include <fmt/core.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -54,6 +55,13 @@ void write_random_dataset(const fs::path& dir, int64_t vocab, int64_t tokens, ui
   w.finish();
 }
 
+/// CPU seconds of all threads of this process (on a shared machine a fairer clock than the wall).
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
 double peak_rss_mib() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -66,7 +74,8 @@ double median(std::vector<double> v) {
 }
 
 /// One run of `steps` steps in `dtype`; prints "P rss_mib median_step_s median_tgs median_mfu
-/// gemm_gflops" (the GEMM rate of the dtype). Documents have mean length `mean`.
+/// gemm_gflops cpu_s_per_step" (the GEMM rate of the dtype; CPU seconds of the whole run_training,
+/// start-up and first step included, ÷ steps: an upper bound on a step's). Documents have mean length `mean`.
 int child(int64_t micro_bsz, int64_t steps, const std::string& config_path, const std::string& dtype,
           double mean) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("longtron_bench_{}", getpid());
@@ -84,7 +93,9 @@ int child(int64_t micro_bsz, int64_t steps, const std::string& config_path, cons
   train::TrainOptions o;
   o.console = false;
   o.progress = false;
+  const double cpu0 = process_cpu_seconds();
   const train::TrainSummary s = train::run_training(c, o, comm::make_local_communicator());
+  const double cpu_per_step = (process_cpu_seconds() - cpu0) / double(std::max<int64_t>(1, steps));
   fs::remove_all(dir);
   std::vector<double> t, tgs, mfu;
   // The first step pays for allocating the workspace: leave it out when there are others.
@@ -93,8 +104,9 @@ int child(int64_t micro_bsz, int64_t steps, const std::string& config_path, cons
     tgs.push_back(s.rows[i].tgs);
     mfu.push_back(s.rows[i].mfu);
   }
-  fmt::print("{} {:.1f} {:.4f} {:.1f} {:.4f} {:.1f}\n", P, peak_rss_mib(), median(t), median(tgs),
-             median(mfu), (s.dtype == "bfloat16" ? s.bf16_gemm_flops : s.sgemm_flops) * 1e-9);
+  fmt::print("{} {:.1f} {:.4f} {:.1f} {:.4f} {:.1f} {:.4f}\n", P, peak_rss_mib(), median(t),
+             median(tgs), median(mfu),
+             (s.dtype == "bfloat16" ? s.bf16_gemm_flops : s.sgemm_flops) * 1e-9, cpu_per_step);
   return 0;
 }
 

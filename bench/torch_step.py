@@ -158,9 +158,9 @@ def main():
     for dtype in args.dtypes.split(","):
         model = Model()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.01)
-        times, losses = [], []
+        times, cpu, losses = [], [], []
         for ids, labels, positions, bounds in rows:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=(dtype == "bfloat16")):
                 logits = model(ids, positions, bounds)
                 loss = F.cross_entropy(logits.float(), labels, ignore_index=-100)
@@ -169,10 +169,14 @@ def main():
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
             losses.append(loss.item())
         steady = sorted(times[1:] if len(times) > 1 else times)
         median = steady[len(steady) // 2]
-        print(f"torch {dtype}: median step {median:.3f} s, {args.P / median:.0f} tokens/s "
+        steady_cpu = sorted(cpu[1:] if len(cpu) > 1 else cpu)
+        median_cpu = steady_cpu[len(steady_cpu) // 2]
+        print(f"torch {dtype}: median step {median:.3f} s, {args.P / median:.0f} tokens/s, "
+              f"{median_cpu:.3f} CPU-s, {args.P / median_cpu:.0f} tokens per CPU-second "
               f"(first step {times[0]:.3f} s left out; loss {losses[0]:.4f} -> {losses[-1]:.4f})")
 
 
