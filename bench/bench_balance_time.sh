@@ -9,7 +9,8 @@
 #     (configs/demo.toml, 100 steps) with data.balance = "documents" and "none" for each seed in
 #     SEEDS (train.seed = data.seed): the held-out loss after the same number of tokens.
 # Usage: bench/bench_balance_time.sh [BUILD_DIR] [STEPS] [ROUNDS]
-#        (defaults: build, 3 steps, 1 round; SEEDS="1 2", DEMO_THREADS=1 (per run; the two runs
+#        (defaults: build, 3 steps, 1 round; LAYERS=L overrides the long-row model's 4 layers for a
+#        quicker proxy on a busy machine; SEEDS="1 2", DEMO_THREADS=1 (per run; the two runs
 #        of a seed go side by side), SKIP_TIME=1 or
 #        SKIP_DEMO=1 to run one part only)
 set -euo pipefail
@@ -46,7 +47,7 @@ if [ "${SKIP_TIME:-0}" != 1 ]; then
         "$BUILD/longtron" train --config bench/long_row.toml --overwrite \
         --set "data.train_folder=\"$TMP/data\"" --set data.micro_num=4 \
         --set "data.balance=\"$mode\"" --set train.total_steps="$STEPS" \
-        --set train.num_threads=1 --set model.dtype='"bfloat16"' \
+        --set train.num_threads=1 --set model.dtype='"bfloat16"' ${LAYERS:+--set model.num_layers=$LAYERS} \
         --set "train.checkpoint_dir=\"$TMP/ckpt\"" \
         --set "train.metrics_file=\"$TMP/$mode.jsonl\"" > "$TMP/$mode.log" 2>&1 \
         || { cat "$TMP/$mode.log" >&2; exit 1; }
