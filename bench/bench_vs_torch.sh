@@ -63,7 +63,7 @@ for round in $(seq "${ROUNDS:-1}"); do
       -v ctf="${tpc[torch_float32]:-0}" -v ctb="${tpc[torch_bfloat16]:-0}" \
       -v mode="$MODE" -v round="$round" 'BEGIN {
     if (lf > 0) printf "%s round %d: longtron bf16 / longtron fp32: %.2f\n", mode, round, lb / lf
-    if (tb > 0) printf "%s round %d: longtron bf16 / torch bf16 autocast: %.2f wall, %.2f per CPU-second\n", mode, round, lb / tb, ctb > 0 ? clb / ctb : 0
-    if (tf > 0 && lf > 0) printf "%s round %d: longtron fp32 / torch fp32: %.2f wall, %.2f per CPU-second\n", mode, round, lf / tf, ctf > 0 ? clf / ctf : 0
+    if (tb > 0) printf "%s round %d: longtron bf16 / torch bf16 autocast: %.2f wall, %.2f per CPU-second\n", mode, round, lb / tb, (ctb > 0 ? clb / ctb : 0)
+    if (tf > 0 && lf > 0) printf "%s round %d: longtron fp32 / torch fp32: %.2f wall, %.2f per CPU-second\n", mode, round, lf / tf, (ctf > 0 ? clf / ctf : 0)
   }'
 done
