@@ -9,9 +9,13 @@
 // each and the bfloat16 / float32 ratio of the peak at P = 8192.
 //
 // Usage: bench_train_step [--steps N] [--config FILE]   (threads: train.num_threads, 0 = all)
-//        bench_train_step --child MICRO_BSZ STEPS CONFIG DTYPE   (one run; prints one line)
+//        bench_train_step --child MICRO_BSZ STEPS CONFIG DTYPE [MEAN_DOC_LEN]   (one run; prints
+//        one line; documents of mean length 300 unless MEAN_DOC_LEN)
+//        bench_train_step --write-dataset DIR VOCAB TOKENS MEAN_DOC_LEN   (the same random
+//        documents as a Megatron dataset DIR/random.{bin,idx}, for bench/bench_balance_time.sh)
 #include <fmt/core.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,12 +37,14 @@ using namespace longtron;
 
 namespace {
 
-/// Random documents (ids 3…vocab-1, exponential lengths of mean 300) until `tokens` are written.
-void write_random_dataset(const fs::path& dir, int64_t vocab, int64_t tokens, uint64_t seed) {
+/// Random documents (ids 3…vocab-1, exponential lengths of mean `mean`, at least 2) until
+/// `tokens` are written.
+void write_random_dataset(const fs::path& dir, int64_t vocab, int64_t tokens, uint64_t seed,
+                          double mean) {
   fs::create_directories(dir);
   data::MegatronWriter w(dir / "random", data::MegatronDtype::kUint16);
   std::mt19937_64 rng(seed);
-  std::exponential_distribution<double> length(1.0 / 300.0);
+  std::exponential_distribution<double> length(1.0 / mean);
   std::uniform_int_distribution<int32_t> id(3, static_cast<int32_t>(vocab - 1));
   std::vector<int32_t> doc;
   for (int64_t written = 0; written < tokens;) {
@@ -48,6 +54,13 @@ void write_random_dataset(const fs::path& dir, int64_t vocab, int64_t tokens, ui
     written += static_cast<int64_t>(doc.size());
   }
   w.finish();
+}
+
+/// CPU seconds of all threads of this process (on a shared machine a fairer clock than the wall).
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
 }
 
 double peak_rss_mib() {
@@ -62,8 +75,11 @@ double median(std::vector<double> v) {
 }
 
 /// One run of `steps` steps in `dtype`; prints "P rss_mib median_step_s median_tgs median_mfu
-/// gemm_gflops plan_mib" (the GEMM rate of the dtype, the memory plan's peak).
-int child(int64_t micro_bsz, int64_t steps, const std::string& config_path, const std::string& dtype) {
+/// gemm_gflops plan_mib cpu_s_per_step" (the GEMM rate of the dtype, the memory plan's peak; CPU
+/// seconds of the whole run_training, start-up and first step included, ÷ steps: an upper bound on a
+/// step's). Documents have mean length `mean`.
+int child(int64_t micro_bsz, int64_t steps, const std::string& config_path, const std::string& dtype,
+          double mean) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("longtron_bench_{}", getpid());
   train::TrainConfig c = train::load_config(config_path, {}, {.model_shape = true, .data = false});
   c.data.train_folder = (dir / "train").string();
@@ -74,11 +90,14 @@ int child(int64_t micro_bsz, int64_t steps, const std::string& config_path, cons
   c.train.metrics_file.clear();
   c.model.dtype = dtype;
   const int64_t P = c.data.seq_len * micro_bsz;
-  write_random_dataset(dir / "train", c.model.vocab_size, P * c.data.micro_num * (steps + 2), 2024);
+  write_random_dataset(dir / "train", c.model.vocab_size, P * c.data.micro_num * (steps + 2), 2024,
+                       mean);
   train::TrainOptions o;
   o.console = false;
   o.progress = false;
+  const double cpu0 = process_cpu_seconds();
   const train::TrainSummary s = train::run_training(c, o, comm::make_local_communicator());
+  const double cpu_per_step = (process_cpu_seconds() - cpu0) / double(std::max<int64_t>(1, steps));
   fs::remove_all(dir);
   std::vector<double> t, tgs, mfu;
   // The first step pays for allocating the workspace: leave it out when there are others.
@@ -87,10 +106,10 @@ int child(int64_t micro_bsz, int64_t steps, const std::string& config_path, cons
     tgs.push_back(s.rows[i].tgs);
     mfu.push_back(s.rows[i].mfu);
   }
-  fmt::print("{} {:.1f} {:.4f} {:.1f} {:.4f} {:.1f} {:.1f}\n", P, peak_rss_mib(), median(t),
+  fmt::print("{} {:.1f} {:.4f} {:.1f} {:.4f} {:.1f} {:.1f} {:.4f}\n", P, peak_rss_mib(), median(t),
              median(tgs), median(mfu),
              (s.dtype == "bfloat16" ? s.bf16_gemm_flops : s.sgemm_flops) * 1e-9,
-             s.planned_peak_bytes / 1048576.0);
+             s.planned_peak_bytes / 1048576.0, cpu_per_step);
   return 0;
 }
 
@@ -99,13 +118,13 @@ std::vector<double> run_child(const std::string& self, int64_t micro_bsz, int64_
   const std::string cmd =
       fmt::format("'{}' --child {} {} '{}' {}", self, micro_bsz, steps, config, dtype);
   std::FILE* pipe = popen(cmd.c_str(), "r");
-  std::vector<double> v(7, 0.0);
+  std::vector<double> v(8, 0.0);
   if (pipe == nullptr) return v;
   char line[512] = {};
   while (std::fgets(line, sizeof line, pipe) != nullptr) {
-    std::vector<double> parsed(7, 0.0);
-    if (std::sscanf(line, "%lf %lf %lf %lf %lf %lf %lf", &parsed[0], &parsed[1], &parsed[2],
-                    &parsed[3], &parsed[4], &parsed[5], &parsed[6]) == 7)
+    std::vector<double> parsed(8, 0.0);
+    if (std::sscanf(line, "%lf %lf %lf %lf %lf %lf %lf %lf", &parsed[0], &parsed[1], &parsed[2],
+                    &parsed[3], &parsed[4], &parsed[5], &parsed[6], &parsed[7]) == 8)
       v = parsed;
   }
   pclose(pipe);
@@ -117,8 +136,14 @@ std::vector<double> run_child(const std::string& self, int64_t micro_bsz, int64_
 int main(int argc, char** argv) {
   longtron::ensure_passive_omp_wait(argv);  // see ops/threads.h: spinning OpenMP workers starve the BLAS
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.size() == 5 && args[0] == "--child")
-    return child(std::atoll(args[1].c_str()), std::atoll(args[2].c_str()), args[3], args[4]);
+  if (args.size() == 5 && args[0] == "--write-dataset") {
+    write_random_dataset(args[1], std::atoll(args[2].c_str()), std::atoll(args[3].c_str()), 2024,
+                         std::atof(args[4].c_str()));
+    return 0;
+  }
+  if ((args.size() == 5 || args.size() == 6) && args[0] == "--child")
+    return child(std::atoll(args[1].c_str()), std::atoll(args[2].c_str()), args[3], args[4],
+                 args.size() == 6 ? std::atof(args[5].c_str()) : 300.0);
   int64_t steps = 6;
   std::string config = "configs/small.toml";
   for (size_t i = 0; i + 1 < args.size(); i += 2) {

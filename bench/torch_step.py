@@ -6,7 +6,10 @@ gradient clipping. Attention is causal inside each document of the row (a loop o
 a varlen-unaware PyTorch model has to do it). Prints tokens/s per dtype.
 
 Needs Debian's python3-torch (1.13); a benchmark only, never a test dependency.
-Usage: /usr/bin/python3 bench/torch_step.py [--threads N] [--steps S] [--P 2048] [--dtypes float32,bfloat16]
+Usage: /usr/bin/python3 bench/torch_step.py [--threads N] [--steps S] [--P 2048] [--mean 300]
+       [--dtypes float32,bfloat16] [--vocab V --hidden H --layers L --heads A --kv-heads K]
+The model defaults to configs/small.toml's; the long-row benchmark (bench/long_row.toml) passes
+--P 16384 --mean 2048 --hidden 512 --layers 4 --heads 4 --kv-heads 2.
 """
 import argparse
 import math
@@ -17,9 +20,17 @@ import torch
 import torch.nn.functional as F
 
 # configs/small.toml: vocab 8192, hidden 384, 6 layers, 6 heads (head_dim 64), 2 kv heads,
-# FFN = 256 · ceil(int(384 · 8/3) / 256) = 1024.
+# FFN = 256 · ceil(int(384 · 8/3) / 256) = 1024 (set_shape changes them from the command line).
 VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, FFN = 8192, 384, 6, 6, 2, 1024
 HEAD_DIM = HIDDEN // HEADS
+
+
+def set_shape(vocab, hidden, layers, heads, kv_heads):
+    """The model shape; FFN as longtron's mlp_ratio = "8/3" (a multiple of 256)."""
+    global VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, FFN, HEAD_DIM
+    VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS = vocab, hidden, layers, heads, kv_heads
+    FFN = 256 * math.ceil(int(hidden * 8 / 3) / 256)
+    HEAD_DIM = hidden // heads
 
 
 def row_lengths(P, mean, seed):
@@ -105,35 +116,51 @@ class Model(torch.nn.Module):
         return self.output(self.norm(x))
 
 
+def make_row(P, mean, seed):
+    """Random ids, labels (next token, -100 at each document's end), positions and document
+    bounds of one packed P-token row."""
+    bounds, positions, start = [], [], 0
+    for n in row_lengths(P, mean, seed):
+        bounds.append((start, start + n))
+        positions.extend(range(n))
+        start += n
+    ids = torch.randint(3, VOCAB, (P,))
+    labels = torch.roll(ids, -1)
+    for a, b in bounds:
+        labels[b - 1] = -100
+    return ids, labels, torch.tensor(positions), bounds
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--P", type=int, default=2048)
+    ap.add_argument("--mean", type=float, default=300.0, help="mean document length")
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--vocab", type=int, default=VOCAB)
+    ap.add_argument("--hidden", type=int, default=HIDDEN)
+    ap.add_argument("--layers", type=int, default=LAYERS)
+    ap.add_argument("--heads", type=int, default=HEADS)
+    ap.add_argument("--kv-heads", type=int, default=KV_HEADS)
     args = ap.parse_args()
+    set_shape(args.vocab, args.hidden, args.layers, args.heads, args.kv_heads)
     torch.set_num_threads(args.threads)  # PyTorch defaults to 1 thread here
     torch.manual_seed(0)
-    lengths = row_lengths(args.P, 300.0, 2024)
-    bounds, positions, start = [], [], 0
-    for n in lengths:
-        bounds.append((start, start + n))
-        positions.extend(range(n))
-        start += n
-    ids = torch.randint(3, VOCAB, (args.P,))
-    labels = torch.roll(ids, -1)
-    for a, b in bounds:
-        labels[b - 1] = -100
-    positions = torch.tensor(positions)
-    sum_l2 = sum(n * n for n in lengths)
+    # One row per step, drawn from the same law each time (as longtron's trainer sees a new row
+    # each step), the same rows for every dtype.
+    rows = [make_row(args.P, args.mean, 2024 + step) for step in range(args.steps)]
+    sums = [sum((b - a) ** 2 for a, b in row[3]) for row in rows]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, P = {args.P}, "
-          f"{len(lengths)} documents (sum l^2 = {sum_l2})")
+          f"{sum(len(row[3]) for row in rows) / len(rows):.1f} documents per row (mean sum l^2 = "
+          f"{sum(sums) / len(sums):.3g}), hidden {HIDDEN}, {LAYERS} layers, "
+          f"{HEADS} heads of {HEAD_DIM}, {KV_HEADS} kv heads, FFN {FFN}")
     for dtype in args.dtypes.split(","):
         model = Model()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.01)
-        times, losses = [], []
-        for _ in range(args.steps):
-            t0 = time.perf_counter()
+        times, cpu, losses = [], [], []
+        for ids, labels, positions, bounds in rows:
+            t0, c0 = time.perf_counter(), time.process_time()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=(dtype == "bfloat16")):
                 logits = model(ids, positions, bounds)
                 loss = F.cross_entropy(logits.float(), labels, ignore_index=-100)
@@ -142,10 +169,14 @@ def main():
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
             losses.append(loss.item())
         steady = sorted(times[1:] if len(times) > 1 else times)
         median = steady[len(steady) // 2]
-        print(f"torch {dtype}: median step {median:.3f} s, {args.P / median:.0f} tokens/s "
+        steady_cpu = sorted(cpu[1:] if len(cpu) > 1 else cpu)
+        median_cpu = steady_cpu[len(steady_cpu) // 2]
+        print(f"torch {dtype}: median step {median:.3f} s, {args.P / median:.0f} tokens/s, "
+              f"{median_cpu:.3f} CPU-s, {args.P / median_cpu:.0f} tokens per CPU-second "
               f"(first step {times[0]:.3f} s left out; loss {losses[0]:.4f} -> {losses[-1]:.4f})")
 
 

@@ -145,17 +145,86 @@ struct BackwardScratch {
         dv_t(m.d * B) {}
 };
 
-// dst[x·ldd + i] = src[i·lds + x] for i < M, x < d; a zero column i = M when M is odd.
-void transpose_rows(bf16_t* dst, int64_t ldd, const bf16_t* src, int64_t lds, int64_t M,
-                    int64_t d) {
-  constexpr int64_t kStrip = 16;  // rows per strip: 16 source rows stay in L1 while x runs
-  for (int64_t i0 = 0; i0 < M; i0 += kStrip) {
-    const int64_t i1 = std::min(M, i0 + kStrip);
-    for (int64_t x = 0; x < d; ++x)
-      for (int64_t i = i0; i < i1; ++i) dst[x * ldd + i] = src[i * lds + x];
+// Word j of a 16×16 block of 32-bit values (rows r < n_rows, columns c < n_cols) stored
+// transposed: dst[c·ldd + r] = block[r][c]; a column of the block is gathered from L1 in one
+// instruction instead of 16 scalar copies.
+LONGTRON_BF16_TARGET void store_block_transposed(uint32_t* dst, int64_t ldd,
+                                                 const uint32_t (&block)[16][16], int64_t n_rows,
+                                                 int64_t n_cols) {
+  const __mmask16 rows = static_cast<__mmask16>((1u << n_rows) - 1);
+  const __m512i down = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5,
+                                                           4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(16));
+  for (int64_t c = 0; c < n_cols; ++c) {
+    const __m512i col = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows,
+                                                    _mm512_add_epi32(down, _mm512_set1_epi32(int(c))),
+                                                    &block[0][0], 4);
+    _mm512_mask_storeu_epi32(dst + c * ldd, rows, col);
   }
-  if (M % 2 == 1)
-    for (int64_t x = 0; x < d; ++x) dst[x * ldd + M] = 0;
+}
+
+// dst = srcᵀ for bf16 rows src [M, lds], x < d: dst[x·ldd + i] = src[i·lds + x] (ldd even), a zero
+// column i = M when M is odd. Built as 32-bit words (rows i, i + 1 interleaved by one permute),
+// transposed 16 × 16 words at a time.
+LONGTRON_BF16_TARGET void transpose_rows(bf16_t* dst, int64_t ldd, const bf16_t* src,
+                                         int64_t lds, int64_t M, int64_t d) {
+  // Word j takes element j of row i (first operand) and element j of row i + 1 (second).
+  const __m512i interleave =
+      _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                       6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  alignas(64) uint32_t block[16][16];
+  uint32_t* words = reinterpret_cast<uint32_t*>(dst);  // written only by vector stores
+  const int64_t M2 = (M + 1) / 2, ldw = ldd / 2;
+  for (int64_t i0 = 0; i0 < M2; i0 += 16) {
+    const int64_t n2 = std::min<int64_t>(16, M2 - i0);
+    for (int64_t x0 = 0; x0 < d; x0 += 16) {
+      const int64_t nx = std::min<int64_t>(16, d - x0);
+      const __mmask16 mx = static_cast<__mmask16>((1u << nx) - 1);
+      for (int64_t r = 0; r < n2; ++r) {
+        const int64_t i = 2 * (i0 + r);
+        const bf16_t* a = src + i * lds + x0;
+        const __m512i lo = _mm512_maskz_loadu_epi16(mx, a);
+        const __m512i hi = i + 1 < M ? _mm512_maskz_loadu_epi16(mx, a + lds) : _mm512_setzero_si512();
+        _mm512_store_si512(block[r], _mm512_permutex2var_epi16(lo, interleave, hi));
+      }
+      store_block_transposed(words + x0 * ldw + i0, ldw, block, n2, nx);
+    }
+  }
+}
+
+// dst[c·ldd + x] = src[x·lds + c] for x < rows, c < cols (fp32), 16 × 16 at a time.
+LONGTRON_BF16_TARGET void transpose_floats(float* dst, int64_t ldd, const float* src, int64_t lds,
+                                           int64_t rows, int64_t cols) {
+  alignas(64) uint32_t block[16][16];
+  for (int64_t x0 = 0; x0 < rows; x0 += 16) {
+    const int64_t nx = std::min<int64_t>(16, rows - x0);
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const int64_t nc = std::min<int64_t>(16, cols - c0);
+      const __mmask16 mc = static_cast<__mmask16>((1u << nc) - 1);
+      for (int64_t r = 0; r < nx; ++r)
+        _mm512_store_si512(block[r], _mm512_maskz_loadu_epi32(mc, src + (x0 + r) * lds + c0));
+      store_block_transposed(reinterpret_cast<uint32_t*>(dst + c0 * ldd + x0), ldd, block, nx, nc);
+    }
+  }
+}
+
+// Σ o[x] · g[x] over x < n, g in bf16 (widened exactly: bf16 is the top half of an fp32).
+LONGTRON_BF16_TARGET float dot_bf16(const bf16_t* g, const float* o, int64_t n) {
+  // 16-bit lane 2j + 1 takes g[j]; the even lanes (low halves) are zeroed by the mask.
+  const __m512i widen = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7,
+                                         0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t x = 0; x < n; x += 16) {
+    const __mmask16 m = n - x >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - x)) - 1);
+    const __m512i w = _mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, widen,
+                                                     _mm512_maskz_loadu_epi16(m, g + x));
+    acc = _mm512_fmadd_ps(_mm512_castsi512_ps(w), _mm512_maskz_loadu_ps(m, o + x), acc);
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, acc);
+  float sum = 0;
+  for (float v : lanes) sum += v;
+  return sum;
 }
 
 void move_query_block(PackedQueries& pq, float* dq, const float* q, const float* dout,
@@ -178,15 +247,8 @@ void move_query_block(PackedQueries& pq, float* dq, const float* q, const float*
       row_to_bf16(&pq.q[row * m.dp], q + n * s.q_stride + head * d, d, m.dp);
       row_to_bf16(go, dout + (n * s.num_heads + head) * d, d, m.dp);
       std::memset(&pq.dq[row * d], 0, sizeof(float) * d);
-      const float* o = out + (n * s.num_heads + head) * d;
-      float delta = 0;  // D = rowsum(dO ∘ O) with the rounded dO the products use
-      for (int64_t x = 0; x < d; ++x) {
-        const uint32_t bits = uint32_t(go[x]) << 16;
-        float gx;
-        std::memcpy(&gx, &bits, 4);
-        delta += o[x] * gx;
-      }
-      pq.delta[row] = delta;
+      // D = rowsum(dO ∘ O) with the rounded dO the products use.
+      pq.delta[row] = dot_bf16(go, out + (n * s.num_heads + head) * d, d);
       pq.lse[row] = lse[head * s.num_tokens + n];
     }
   }
@@ -245,11 +307,8 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
     bf16_gemm(M, d, bjp / 2, w.ds.data(), bjp, w.kp.data(), m.d16, &pq.dq[base * d], d, true, rows);
     order.pass(tile, it.block);
   }
-  for (int64_t c = 0; c < bj; ++c) {
-    float* dkr = dk + (k0 + c) * s.kv_stride + g * d;
-    float* dvr = dv + (k0 + c) * s.kv_stride + g * d;
-    for (int64_t x = 0; x < d; ++x) dkr[x] = w.dk_t[x * B + c], dvr[x] = w.dv_t[x * B + c];
-  }
+  transpose_floats(dk + offset, s.kv_stride, w.dk_t.data(), B, d, bj);
+  transpose_floats(dv + offset, s.kv_stride, w.dv_t.data(), B, d, bj);
 }
 
 }  // namespace
