@@ -3,8 +3,8 @@
 // balance) and a Mistral model whose sliding window is shorter than its documents; contract (docs/parallel.md): step-1 loss within
 // 1e-3 relative and gradient norm within 1e-2. Every GEMM rounds its inputs to bf16 elementwise, so
 // sharding changes only fp32 summation orders; a changed order can move an activation across a
-// bf16 rounding boundary, hence the looser bounds than fp32's. The layout must also be closer to
-// the bf16 reference than the bf16 reference is to fp32, or its GEMMs were not bf16.
+// bf16 rounding boundary, hence the looser bounds than fp32's. The layout must also be as far from
+// the fp32 run as the bf16 reference is (its GEMMs were bf16).
 #include "cp_parity.h"
 
 #include "ops/precision.h"
@@ -34,7 +34,16 @@ void check_bf16_parity(const ParityCase& c) {
                 vs32.grads);
   EXPECT_LT(e.loss1, 1e-3) << c.name;
   EXPECT_LT(e.norm1, 1e-2) << c.name;
-  EXPECT_LT(e.grads, 0.5 * vs32.grads) << c.name << " worst tensor " << e.worst;
+  // Its GEMMs were bf16: the layout is as far from the fp32 run as the bf16 reference is.
+  const ParityErrors got_vs32 = parity_errors(engine.full_layout(), got, fp32);
+  EXPECT_GT(got_vs32.grads, 0.5 * vs32.grads) << c.name << " looks like a float32 run";
+  // Sharding alone changes only fp32 summation orders, so those layouts stay much closer to the
+  // bf16 reference than bf16 is to fp32. Ring attention (context parallel) also rounds each key
+  // block's probabilities to bf16 against that block's own row maximum, a different rounding path
+  // of the same size as bf16's own error: there the contract bounds above are the test.
+  if (!c.layout.seq2d) {
+    EXPECT_LT(e.grads, 0.5 * vs32.grads) << c.name << " worst tensor " << e.worst;
+  }
 }
 
 TEST(Bf16ParityNp2, Dp2) { check_bf16_parity({"dp2", layout(1, TensorMode::kMtp, 1)}); }
