@@ -179,7 +179,7 @@ struct ModelOps {
   /// Ranks a row's tokens are split over (docs/data.md, "Sequence split"): the batch holds P / T
   /// tokens while cu_seqlens stays global (its last entry is P). 1 in a single process.
   int64_t sequence_parallel_size = 1;
-  /// Megatron sequence parallel (MSP/FSP, parallel/megatron_ops.cpp): the ops see the whole row
+  /// Megatron sequence parallel (MSP/FSP, modes/megatron_ops.cpp): the ops see the whole row
   /// (N tokens) but the residual stream between the linears — embedding output, norms, row-linear
   /// outputs, head input — holds only this rank's N / residual_split rows, so the model sizes and
   /// updates those buffers for N / residual_split rows. 1 otherwise.

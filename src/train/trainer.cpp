@@ -106,7 +106,7 @@ void copy_file_atomically(const fs::path& from, const fs::path& to) {
   fs::rename(tmp, to);
 }
 
-/// Everything one run holds. The model lives in a ParallelEngine (parallel/engine.h): this rank's
+/// Everything one run holds. The model lives in a ParallelEngine (modes/engine.h): this rank's
 /// shards of the parameters and gradients, the layout's ops and reductions; params/grads/model
 /// are references into it. Checkpoints hold full HF-named tensors whatever the layout.
 struct Run {

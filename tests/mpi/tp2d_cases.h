@@ -1,4 +1,4 @@
-// 2D tensor parallel (parallel/tp2d_ops.h) parity cases shared by tp2d_np2_test.cpp and
+// 2D tensor parallel (modes/tp2d_ops.h) parity cases shared by tp2d_np2_test.cpp and
 // tp2d_np4_test.cpp: the engine_parity.h contract against one process, plus comparisons of the overlap
 // options with "none" and of x2×y1 with MSP (bit-identical).
 #pragma once
