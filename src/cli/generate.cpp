@@ -29,6 +29,7 @@ namespace {
 struct GenerateOptions {
   std::string checkpoint, prompt;
   std::string prompt_ids;      // "1,2,3": token ids in, token ids out (no tokenizer)
+  bool use_prompt_ids = false;  // --prompt-ids was given (even as "", which is then an error)
   int64_t max_new_tokens = 64;
   double temperature = 0.0;
   double top_p = 1.0;
@@ -126,8 +127,8 @@ int run_generate(const GenerateOptions& o) {
   // One process: the engine's dense mode (the one way into the model).
   const auto engine = train::load_into_engine(
       m, parallel::make_grid(comm::make_local_communicator(), parallel::Layout{}));
-  check(o.prompt_ids.empty() || !o.chat, "generate: --chat takes --prompt, not --prompt-ids");
-  if (!o.prompt_ids.empty()) return generate_ids(o, *engine);
+  check(!o.use_prompt_ids || !o.chat, "generate: --chat takes --prompt, not --prompt-ids");
+  if (o.use_prompt_ids) return generate_ids(o, *engine);
   check(!m.tokenizer.empty(),
         "generate: no tokenizer.model in {} or next to its training data{} (--prompt-ids takes and "
         "prints token ids without one)", m.dir.string(),
@@ -191,6 +192,7 @@ Subcommand generate_command(45, [](CLI::App& app) {
   sub->add_option("--system", o->system, "System message (with --chat)");
   return [o, prompt, ids] {
     check(prompt->count() + ids->count() > 0, "generate: --prompt or --prompt-ids is required");
+    o->use_prompt_ids = ids->count() > 0;
     return run_generate(*o);
   };
 });

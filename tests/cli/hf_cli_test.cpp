@@ -244,6 +244,10 @@ TEST(HfCli, GeneratePromptIdsWithoutTokenizer) {
   r = run_longtron("generate --checkpoint " + folder.string());
   EXPECT_NE(r.status, 0);
   EXPECT_TRUE(contains(r.output, "--prompt or --prompt-ids is required")) << r.output;
+  // An empty list is an error of its own, not a fall-back to an empty text prompt.
+  r = run_longtron("generate --checkpoint " + folder.string() + " --prompt-ids ''");
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "--prompt-ids \"\": \"\" is not a token id")) << r.output;
 }
 
 }  // namespace
