@@ -508,17 +508,30 @@ void check_config(const TrainConfig& c, const ConfigNeeds& needs) {
   positive("parallel.sequence_2D.context_size", q.context_size);
   positive("parallel.sequence_2D.window_size", q.window_size);
   check_in(at("parallel.sequence_2D.balance"), q.balance, {"contiguous", "zigzag", "document"});
+  // A rule between several keys blames the first of them given by --set, else the section in
+  // the file (a --set error never names a file the keys are not in).
+  auto at_set = [&](std::initializer_list<const char*> keys, const char* section) {
+    for (const char* key : keys)
+      if (set_argument(c.set_by, key)) return at(key);
+    return at(section);
+  };
   if (q.enable) {  // InternEvo's rules, before any work (the layout checks them again)
     check(p.tensor.mode == "isp", "{}: 2D-Attention needs parallel.tensor.mode = \"isp\", got \"{}\"",
           at("parallel.sequence_2D.enable"), p.tensor.mode);
     check(q.head_size * q.context_size == p.tensor.size,
           "{}: head_size ({}) x context_size ({}) must equal parallel.tensor.size ({})",
-          at("parallel.sequence_2D"), q.head_size, q.context_size, p.tensor.size);
+          at_set({"parallel.sequence_2D.context_size", "parallel.sequence_2D.head_size",
+                  "parallel.tensor.size"}, "parallel.sequence_2D"),
+          q.head_size, q.context_size, p.tensor.size);
     check(q.context_size % q.window_size == 0, "{}: window_size ({}) must divide context_size ({})",
           at("parallel.sequence_2D.window_size"), q.window_size, q.context_size);
     check(!(q.head_first && q.head_size > 1 && q.interleaved),
           "{}: interleaved = true needs head_first = false when head_size ({}) > 1",
-          at("parallel.sequence_2D.device_placement_strategy"), q.head_size);
+          at_set({"parallel.sequence_2D.device_placement_strategy.interleaved",
+                  "parallel.sequence_2D.device_placement_strategy.head_first",
+                  "parallel.sequence_2D.head_size"},
+                 "parallel.sequence_2D.device_placement_strategy"),
+          q.head_size);
   }
   check(!(p.tensor.size > 1 && p.tensor_2d.given), "{}: cannot be combined with "
         "parallel.tensor.size = {} (use one form of tensor parallelism)", at("parallel.tensor_2d"),

@@ -177,7 +177,29 @@ TEST(Config, SetErrorsBlameTheSetArgument) {
       EXPECT_EQ(message.find("job.toml"), std::string::npos) << message;
     }
   }
+  // A rule between keys blames the one given by --set, not the file the section is not in.
+  for (const auto& [sets, part] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"parallel.tensor.size=2", "parallel.tensor.mode=isp", "parallel.sequence_2D.enable=true",
+             "parallel.sequence_2D.context_size=4"},
+            "must equal parallel.tensor.size"},
+           {{"parallel.tensor.size=4", "parallel.tensor.mode=isp", "parallel.sequence_2D.enable=true",
+             "parallel.sequence_2D.head_size=2", "parallel.sequence_2D.context_size=2",
+             "parallel.sequence_2D.device_placement_strategy.interleaved=true"},
+            "needs head_first = false"}}) {
+    try {
+      parse(sets);
+      ADD_FAILURE() << "no error for --set " << sets.back();
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_EQ(message.rfind("--set " + sets.back() + ": ", 0), 0u) << message;
+      EXPECT_NE(message.find(part), std::string::npos) << message;
+      EXPECT_EQ(message.find("job.toml"), std::string::npos) << message;
+    }
+  }
   // The same mistakes in the file name the file.
+  expect_error({}, {"job.toml: parallel.sequence_2D", "must equal parallel.tensor.size"},
+               kBase + "[parallel]\ntensor = { size = 2, mode = \"isp\" }\n"
+                       "sequence_2D = { enable = true, context_size = 4 }\n");
   expect_error({}, {"job.toml: parallel.tensor.mode", "is not one of"},
                kBase + "[parallel]\ntensor = { size = 1, mode = \"xyz\" }\n");
 }
