@@ -211,6 +211,18 @@ MemorySource exponential_docs(uint32_t seed, int64_t n, double mean) {
   return MemorySource(std::move(docs));
 }
 
+// (max − min) ÷ mean of `cost` over the first `rows` rows of `source`.
+double cost_spread(const RowSource& source, int64_t rows, const RowCost& cost) {
+  std::vector<double> costs;
+  std::vector<int32_t> cu;
+  for (int64_t k = 0; k < rows; ++k) {
+    source.segments_into(k, cu);
+    costs.push_back(cost.of(cu));
+  }
+  const auto [lo, hi] = std::minmax_element(costs.begin(), costs.end());
+  return (*hi - *lo) / (std::accumulate(costs.begin(), costs.end(), 0.0) / costs.size());
+}
+
 TEST(Balance, DocumentsRowsCarryNearEqualAttentionWork) {
   const MemorySource src = exponential_docs(3, 2000, 300);
   PackConfig c;
@@ -224,18 +236,9 @@ TEST(Balance, DocumentsRowsCarryNearEqualAttentionWork) {
   const auto plain = build_pack(src, order, plain_config);
   BalancedRows rows(src, order, c);
   const RowCost attention{0, 1};
-  // (max − min) ÷ mean of the attention work of the rows of the first window.
-  auto spread = [&](const RowSource& r) {
-    std::vector<double> cost;
-    std::vector<int32_t> cu;
-    for (int64_t k = 0; k < c.balance_window_rows; ++k) {
-      r.segments_into(k, cu);
-      cost.push_back(attention.of(cu));
-    }
-    const auto [lo, hi] = std::minmax_element(cost.begin(), cost.end());
-    return (*hi - *lo) / (std::accumulate(cost.begin(), cost.end(), 0.0) / cost.size());
-  };
-  const double before = spread(*plain), after = spread(rows);
+  // Spread of the attention work of the rows of the first window.
+  const double before = cost_spread(*plain, c.balance_window_rows, attention),
+               after = cost_spread(rows, c.balance_window_rows, attention);
   std::printf("[balance] attention spread of 64 rows: plain %.3f, documents %.3f\n", before, after);
   EXPECT_GT(before, 1.0);  // plain rows differ a lot (measured 3.3) ...
   EXPECT_LT(after, 0.1);   // ... balanced ones by a few percent (measured 0.03)
@@ -256,18 +259,9 @@ TEST(Balance, DocumentsRowsBalanceVisiblePairsUnderAWindow) {
   PackConfig causal_config = c;  // balance_pairs: every causal pair
   c.balance_pairs = windowed;
   BalancedRows causal(src, order, causal_config), visible(src, order, c);
-  // (max − min) ÷ mean of the windowed attention work of the rows of the first window.
-  auto spread = [&](const RowSource& r) {
-    std::vector<double> cost;
-    std::vector<int32_t> cu;
-    for (int64_t k = 0; k < c.balance_window_rows; ++k) {
-      r.segments_into(k, cu);
-      cost.push_back(windowed.of(cu));
-    }
-    const auto [lo, hi] = std::minmax_element(cost.begin(), cost.end());
-    return (*hi - *lo) / (std::accumulate(cost.begin(), cost.end(), 0.0) / cost.size());
-  };
-  const double by_causal = spread(causal), by_visible = spread(visible);
+  // Spread of the windowed attention work of the rows of the first window.
+  const double by_causal = cost_spread(causal, c.balance_window_rows, windowed),
+               by_visible = cost_spread(visible, c.balance_window_rows, windowed);
   std::printf("[balance] window 256: visible-pair spread of 64 rows packed by causal pairs %.3f, "
               "by visible pairs %.3f\n", by_causal, by_visible);
   EXPECT_LT(by_visible, 0.1);             // measured 0.064
