@@ -244,15 +244,23 @@ def write_config(out, config):
         f.write("\n")
 
 
+def write_fixture(root, name, w, config, with_model=True, grad=f32):
+    """Runs `w` under `config` and writes root/name: config.json, golden.safetensors (loss,
+    logits and every gradient, as `grad` stores it) and, with_model, model.safetensors."""
+    loss, golden = run(w, config)
+    for k, t in w.items():
+        golden["grad." + k] = grad(t.grad)
+    out = os.path.join(root, name)
+    write_config(out, config)
+    if with_model:
+        write_safetensors(os.path.join(out, "model.safetensors"), {k: f32(t.detach()) for k, t in w.items()})
+    write_safetensors(os.path.join(out, "golden.safetensors"), golden)
+    return loss
+
+
 def main(root):
     w = weights()
-    out = os.path.join(root, "llama_golden")
-    loss, golden = run(w, CONFIG)
-    write_config(out, CONFIG)
-    write_safetensors(os.path.join(out, "model.safetensors"), {k: f32(t.detach()) for k, t in w.items()})
-    for k, t in w.items():
-        golden["grad." + k] = f64(t.grad)
-    write_safetensors(os.path.join(out, "golden.safetensors"), golden)
+    loss = write_fixture(root, "llama_golden", w, CONFIG, grad=f64)
     print(f"llama_golden: loss {loss:.17g}, {len(w)} tensors")
     variants = {
         "llama_rope_linear": {"rope_type": "linear", "factor": 2.0},
@@ -261,12 +269,7 @@ def main(root):
     }
     for name, scaling in variants.items():
         config = dict(CONFIG, rope_scaling=scaling)
-        loss, golden = run(w, config)
-        for k, t in w.items():
-            golden["grad." + k] = f32(t.grad)
-        out = os.path.join(root, name)
-        write_config(out, config)
-        write_safetensors(os.path.join(out, "golden.safetensors"), golden)
+        loss = write_fixture(root, name, w, config, with_model=False)
         print(f"{name}: loss {loss:.17g}, inv_freq {inv_freq_of(config).tolist()}")
     # head_dim 8 with hidden 24 and 4 heads: q/k/v have 32/16/16 features, o_proj is [24, 32].
     global HD
@@ -274,13 +277,7 @@ def main(root):
     torch.manual_seed(4321)
     config = dict(CONFIG, head_dim=HD)
     w = weights()
-    loss, golden = run(w, config)
-    for k, t in w.items():
-        golden["grad." + k] = f32(t.grad)
-    out = os.path.join(root, "llama_head_dim")
-    write_config(out, config)
-    write_safetensors(os.path.join(out, "model.safetensors"), {k: f32(t.detach()) for k, t in w.items()})
-    write_safetensors(os.path.join(out, "golden.safetensors"), golden)
+    loss = write_fixture(root, "llama_head_dim", w, config)
     print(f"llama_head_dim: loss {loss:.17g}")
     HD = H // HQ
     # Qwen2 (q/k/v bias, none on o) and Llama with attention_bias (q/k/v and o).
@@ -301,13 +298,7 @@ def main(root):
         w = weights(qkv_bias, o_bias)
         if config.get("tie_word_embeddings"):
             del w["lm_head.weight"]  # absent from the files: the head is the embedding
-        loss, golden = run(w, config)
-        for k, t in w.items():
-            golden["grad." + k] = f32(t.grad)
-        out = os.path.join(root, name)
-        write_config(out, config)
-        write_safetensors(os.path.join(out, "model.safetensors"), {k: f32(t.detach()) for k, t in w.items()})
-        write_safetensors(os.path.join(out, "golden.safetensors"), golden)
+        loss = write_fixture(root, name, w, config)
         print(f"{name}: loss {loss:.17g}, {len(w)} tensors")
         weights_of[name] = w
     # Windows shorter than the documents (9, 6 and 8 tokens): Mistral with W = 4 on the Mistral
@@ -319,24 +310,13 @@ def main(root):
     }
     for name, (base_name, config) in windows.items():
         w = weights_of[base_name]
-        loss, golden = run(w, config)
-        for k, t in w.items():
-            golden["grad." + k] = f32(t.grad)
-        out = os.path.join(root, name)
-        write_config(out, config)
-        write_safetensors(os.path.join(out, "golden.safetensors"), golden)
+        loss = write_fixture(root, name, w, config, with_model=False)
         print(f"{name}: loss {loss:.17g} (weights of {base_name})")
     # Llama with mlp_bias (gate/up/down_proj biases), its own weights.
     torch.manual_seed(2468)
     config = dict(CONFIG, mlp_bias=True)
     w = weights(mlp_bias=True)
-    loss, golden = run(w, config)
-    for k, t in w.items():
-        golden["grad." + k] = f32(t.grad)
-    out = os.path.join(root, "llama_mlp_bias")
-    write_config(out, config)
-    write_safetensors(os.path.join(out, "model.safetensors"), {k: f32(t.detach()) for k, t in w.items()})
-    write_safetensors(os.path.join(out, "golden.safetensors"), golden)
+    loss = write_fixture(root, "llama_mlp_bias", w, config)
     print(f"llama_mlp_bias: loss {loss:.17g}, {len(w)} tensors")
 
 
