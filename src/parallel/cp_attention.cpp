@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "parallel/kv_rows.h"
 
 namespace longtron::parallel {
 
@@ -45,11 +46,7 @@ void ContextAttention::gather_keys(const float* k, const float* v,
                                    const ops::AttentionShape& s) const {
   const int64_t M = s.num_tokens, kv = s.num_kv_heads * s.head_dim, C = comm_->size();
   ContextScratch& b = *scratch_;
-  b.kv_local.resize(static_cast<size_t>(M * 2 * kv));
-  for (int64_t i = 0; i < M; ++i) {
-    std::copy(k + i * s.kv_stride, k + i * s.kv_stride + kv, b.kv_local.data() + i * 2 * kv);
-    std::copy(v + i * s.kv_stride, v + i * s.kv_stride + kv, b.kv_local.data() + i * 2 * kv + kv);
-  }
+  interleave_kv(b.kv_local, k, v, M, kv, s.kv_stride);
   b.kv_row.resize(static_cast<size_t>(C * M * 2 * kv));
   comm_->all_gather(b.kv_row.data(), b.kv_local.data(), M * 2 * kv);
   const std::vector<int32_t>& rows = b.plan.key_rows;
@@ -98,18 +95,9 @@ void ContextAttention::backward(float* dq, float* dk, float* dv, const float* do
                                  keys + kv, out, lse, ks);
   // Σ of the key buffer's gradients into the row (a key can sit in several runs), then home.
   std::fill(b.kv_row.begin(), b.kv_row.end(), 0.f);
-  const std::vector<int32_t>& rows = b.plan.key_rows;
-  for (size_t j = 0; j < rows.size(); ++j) {
-    const float* g = b.dkeys.data() + j * 2 * kv;
-    float* dst = b.kv_row.data() + int64_t(rows[j]) * 2 * kv;
-    for (int64_t e = 0; e < 2 * kv; ++e) dst[e] += g[e];
-  }
+  add_rows(b.kv_row.data(), b.dkeys.data(), b.plan.key_rows, 2 * kv);
   comm_->reduce_scatter(b.kv_local.data(), b.kv_row.data(), M * 2 * kv);
-  for (int64_t i = 0; i < M; ++i) {
-    const float* g = b.kv_local.data() + i * 2 * kv;
-    std::copy(g, g + kv, dk + i * s.kv_stride);
-    std::copy(g + kv, g + 2 * kv, dv + i * s.kv_stride);
-  }
+  split_kv(dk, dv, b.kv_local.data(), M, kv, s.kv_stride);
 }
 
 }  // namespace longtron::parallel

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "parallel/kv_rows.h"
 
 namespace longtron::parallel {
 
@@ -83,13 +84,7 @@ const RingPlan& RingAttention::plan(const ops::AttentionShape& s) {
 }
 
 void RingAttention::pack_local(const float* k, const float* v, const ops::AttentionShape& s) {
-  const int64_t M = s.num_tokens, kv = s.num_kv_heads * s.head_dim;
-  std::vector<float>& b = scratch_->kv_local;
-  b.resize(size_t(M * 2 * kv));
-  for (int64_t i = 0; i < M; ++i) {
-    std::copy(k + i * s.kv_stride, k + i * s.kv_stride + kv, b.data() + i * 2 * kv);
-    std::copy(v + i * s.kv_stride, v + i * s.kv_stride + kv, b.data() + i * 2 * kv + kv);
-  }
+  interleave_kv(scratch_->kv_local, k, v, s.num_tokens, s.num_kv_heads * s.head_dim, s.kv_stride);
 }
 
 const float* RingAttention::kv_step(int k, int64_t row) {
@@ -218,12 +213,7 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
           for (int64_t n = 0; n < M; ++n)
             for (int64_t x = 0; x < H * d; ++x) dq[n * s.q_stride + x] += dqp[n * s.q_stride + x];
         first = false;
-        std::vector<float>& a = sum_of(source);
-        for (size_t j = 0; j < pass.key_rows.size(); ++j) {
-          const float* g = b.dkeys.data() + j * row;
-          float* dst = a.data() + int64_t(pass.key_rows[j]) * row;
-          for (int64_t e = 0; e < row; ++e) dst[e] += g[e];
-        }
+        add_rows(sum_of(source).data(), b.dkeys.data(), pass.key_rows, row);
       }
       finish_kv_step(step);
     }
@@ -255,12 +245,7 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
     }
   }
   for (comm::Work& w : outgoing_work) w.wait();
-  const std::vector<float>& mine = sum_of(me);
-  for (int64_t i = 0; i < M; ++i) {
-    const float* g = mine.data() + i * row;
-    std::copy(g, g + kv, dk + i * s.kv_stride);
-    std::copy(g + kv, g + row, dv + i * s.kv_stride);
-  }
+  split_kv(dk, dv, sum_of(me).data(), M, kv, s.kv_stride);
   bytes_.kv_sent += uint64_t(p.kv_rows_sent * row * 4);
   bytes_.kv_skipped += uint64_t(p.kv_rows_skipped * row * 4);
   b.release();
