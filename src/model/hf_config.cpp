@@ -96,7 +96,7 @@ std::string detect_type(const json& hf, const std::string& source) {
 }
 
 /// Refuses what longtron does not train, naming the key.
-void check_supported(const json& hf, const std::string& type, const std::string& source) {
+void check_supported(const json& hf, const std::string& source) {
   if (hf.contains("hidden_act")) {
     check(hf["hidden_act"] == "silu", "{}: hidden_act {} is not supported (only \"silu\")", source,
           hf["hidden_act"].dump());
@@ -189,7 +189,7 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
   check(hf.is_object(), "{}: not a JSON object", source);
   ModelConfig c;
   c.type = detect_type(hf, source);
-  check_supported(hf, c.type, source);
+  check_supported(hf, source);
   c.hidden_size = get_int(hf, "hidden_size", source);
   c.num_layers = get_int(hf, "num_hidden_layers", source);
   c.num_attention_heads = get_int(hf, "num_attention_heads", source);
