@@ -2,7 +2,7 @@
 # data.balance in time (docs/balance.md, docs/benchmarks.md), in one run:
 #  1. dp2 under mpirun (2 ranks × 1 thread), the long-row model (bench/long_row.toml: P = 16384,
 #     hidden 512, 4 heads of 128, 2 kv heads, 4 layers) with micro_num 4, on random documents of
-#     exponential lengths (mean 2048): the step time of data.balance = none, rows and documents over
+#     exponential lengths (mean 2048, or MEAN): the step time of data.balance = none, rows and documents over
 #     the same steps of the same data, the modes interleaved round by round; prints each mode's
 #     median step time (first step left out), the modelled imbalance, and the ratios to "none".
 #  2. If the demo corpus is prepared (demo/data, scripts/demo.sh; or DEMO_DATA=DIR), the demo
@@ -10,7 +10,8 @@
 #     SEEDS (train.seed = data.seed): the held-out loss after the same number of tokens.
 # Usage: bench/bench_balance_time.sh [BUILD_DIR] [STEPS] [ROUNDS]
 #        (defaults: build, 3 steps, 1 round; LAYERS=L overrides the long-row model's 4 layers for a
-#        quicker proxy on a busy machine; SEEDS="1 2", DEMO_THREADS=1 (per run; the two runs
+#        quicker proxy on a busy machine; MEAN=M the documents' mean length (longer documents
+#        leave the ranks' attention sums further apart); SEEDS="1 2", DEMO_THREADS=1 (per run; the two runs
 #        of a seed go side by side), SKIP_TIME=1 or
 #        SKIP_DEMO=1 to run one part only)
 set -euo pipefail
@@ -39,7 +40,7 @@ PY
 
 if [ "${SKIP_TIME:-0}" != 1 ]; then
   # Enough documents for every step of the largest balance window (8 steps × 8 rows × 16384).
-  "$BUILD/bench_train_step" --write-dataset "$TMP/data" 8192 $(( (STEPS + 8) * 8 * 16384 )) 2048
+  "$BUILD/bench_train_step" --write-dataset "$TMP/data" 8192 $(( (STEPS + 8) * 8 * 16384 )) "${MEAN:-2048}"
   declare -A times last
   for round in $(seq "$ROUNDS"); do
     for mode in none rows documents; do

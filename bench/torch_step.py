@@ -8,6 +8,10 @@ a varlen-unaware PyTorch model has to do it). Prints tokens/s per dtype.
 Needs Debian's python3-torch (1.13); a benchmark only, never a test dependency.
 Usage: /usr/bin/python3 bench/torch_step.py [--threads N] [--steps S] [--P 2048] [--mean 300]
        [--dtypes float32,bfloat16] [--vocab V --hidden H --layers L --heads A --kv-heads K]
+       [--profile]
+--profile runs the last step under torch.profiler and prints the share of its CPU time spent in
+GEMMs (aten::mm / addmm / bmm: oneDNN's kernels under autocast) — the part of PyTorch's step that
+another engine calling the same GEMM library cannot make faster.
 The model defaults to configs/small.toml's; the long-row benchmark (bench/long_row.toml) passes
 --P 16384 --mean 2048 --hidden 512 --layers 4 --heads 4 --kv-heads 2.
 """
@@ -143,6 +147,7 @@ def main():
     ap.add_argument("--layers", type=int, default=LAYERS)
     ap.add_argument("--heads", type=int, default=HEADS)
     ap.add_argument("--kv-heads", type=int, default=KV_HEADS)
+    ap.add_argument("--profile", action="store_true", help="GEMM share of the last step")
     args = ap.parse_args()
     set_shape(args.vocab, args.hidden, args.layers, args.heads, args.kv_heads)
     torch.set_num_threads(args.threads)  # PyTorch defaults to 1 thread here
@@ -159,8 +164,7 @@ def main():
         model = Model()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.01)
         times, cpu, losses = [], [], []
-        for ids, labels, positions, bounds in rows:
-            t0, c0 = time.perf_counter(), time.process_time()
+        def step(ids, labels, positions, bounds):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=(dtype == "bfloat16")):
                 logits = model(ids, positions, bounds)
                 loss = F.cross_entropy(logits.float(), labels, ignore_index=-100)
@@ -168,9 +172,13 @@ def main():
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
+            return loss.item()
+
+        for ids, labels, positions, bounds in rows:
+            t0, c0 = time.perf_counter(), time.process_time()
+            losses.append(step(ids, labels, positions, bounds))
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
-            losses.append(loss.item())
         steady = sorted(times[1:] if len(times) > 1 else times)
         median = steady[len(steady) // 2]
         steady_cpu = sorted(cpu[1:] if len(cpu) > 1 else cpu)
@@ -178,6 +186,22 @@ def main():
         print(f"torch {dtype}: median step {median:.3f} s, {args.P / median:.0f} tokens/s, "
               f"{median_cpu:.3f} CPU-s, {args.P / median_cpu:.0f} tokens per CPU-second "
               f"(first step {times[0]:.3f} s left out; loss {losses[0]:.4f} -> {losses[-1]:.4f})")
+        if args.profile:
+            print_gemm_share(dtype, lambda: step(*rows[-1]))
+
+
+def print_gemm_share(dtype, run_step):
+    """Runs one step under the profiler; prints the self CPU time of the GEMM ops over the total."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run_step()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    gemm_ops = ("aten::mm", "aten::addmm", "aten::bmm")
+    gemm = sum(e.self_cpu_time_total for e in events if e.key in gemm_ops)
+    print(f"torch {dtype} profile: GEMMs (aten::mm/addmm/bmm self time) {gemm / 1e6:.3f} s of "
+          f"{total / 1e6:.3f} s self CPU time in all ops ({gemm / total:.2f}); a step that only "
+          f"ran these GEMMs would be {total / gemm:.2f}x faster")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,14 @@ int64_t config_int(const nlohmann::json& config, const char* key) {
   return 0;
 }
 
+// data.KEY of the run's saved config when it is a boolean, else `fallback` (a hand-edited or
+// foreign state file must not abort with a JSON type error).
+bool config_bool(const nlohmann::json& config, const char* key, bool fallback) {
+  if (config.contains("data") && config["data"].contains(key) && config["data"][key].is_boolean())
+    return config["data"][key].get<bool>();
+  return fallback;
+}
+
 int eval_on(const EvalOptions& o, const comm::CommPtr& world) {
   set_num_threads(o.threads, world->size() > 1 ? comm::ranks_on_node() : 1);
   train::LoadedModel m = train::load_model_dir(o.checkpoint);
@@ -51,12 +59,10 @@ int eval_on(const EvalOptions& o, const comm::CommPtr& world) {
   check(pack.seq_len > 0 && pack.micro_bsz > 0,
         "eval: {} holds no data.seq_len/micro_bsz (an HF folder?): pass --seq-len and --micro-bsz",
         o.checkpoint);
-  if (m.train_config.contains("data")) {
-    const auto& d = m.train_config["data"];
-    if (d.contains("use_packed_dataset")) pack.use_packed_dataset = d["use_packed_dataset"].get<bool>();
-    if (d.contains("pack_sample_into_one")) pack.pack_sample_into_one = d["pack_sample_into_one"].get<bool>();
-    if (d.contains("split_documents")) pack.split_documents = d["split_documents"].get<bool>();
-  }
+  pack.use_packed_dataset = config_bool(m.train_config, "use_packed_dataset", pack.use_packed_dataset);
+  pack.pack_sample_into_one =
+      config_bool(m.train_config, "pack_sample_into_one", pack.pack_sample_into_one);
+  pack.split_documents = config_bool(m.train_config, "split_documents", pack.split_documents);
   // The memory plan of the forward pass, before the rows are packed or the workspace allocated.
   const train::MemoryPlan plan =
       train::plan_forward_memory(m.layout->config(), pack.seq_len, pack.micro_bsz, o.data,

@@ -129,7 +129,8 @@ const std::vector<ConfigKey> kConfigKeys = {
      "a time."},
     {"parallel.sequence_2D.enable", "boolean", "false", "",
      "ISP 2D-Attention (InternEvo, LoongTrain): Ulysses over head groups × context parallel "
-     "attention over context groups (ring attention, docs/isp.md)."},
+     "attention over context groups (ring attention, docs/isp.md). While false the other "
+     "sequence_2D keys are read and checked but have no effect (as in InternEvo's configs)."},
     {"parallel.sequence_2D.head_size", "integer", "1", "",
      "2D-Attention head-parallel size; head_size × context_size = parallel.tensor.size."},
     {"parallel.sequence_2D.context_size", "integer", "1", "",

@@ -79,6 +79,19 @@ TEST(TrainCli, ExportEvalInitFromAndGenerate) {
   // The training run's final valid_loss is the same number (same packing of the same set).
   EXPECT_NEAR(a["loss"].get<double>(), trained.back(), 1e-6);
 
+  // A hand-edited state.json whose packing flags are not booleans: eval falls back to the
+  // defaults (the same packing here) instead of aborting on a JSON type error.
+  fs::copy(p.dir / "ckpt", p.dir / "ckpt_edited", fs::copy_options::recursive);
+  const fs::path state = p.dir / "ckpt_edited" / "step_6" / "state.json";
+  auto edited = nlohmann::json::parse(read_file(state));
+  ASSERT_TRUE(edited["config"].contains("data")) << edited.dump();
+  edited["config"]["data"]["pack_sample_into_one"] = "no";
+  edited["config"]["data"]["split_documents"] = 1;
+  write_file(state, edited.dump());
+  r = run_longtron("eval --checkpoint " + (p.dir / "ckpt_edited").string() + data);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.output)["loss"].get<double>(), a["loss"].get<double>());
+
   // Data whose every target is masked (negative ids) has no loss: an error, not "loss 0".
   write_file(p.dir / "masked.bin", "{\"tokens\": [-5, -6, -7]}\n{\"tokens\": [9]}\n");
   r = run_longtron("eval --checkpoint " + (p.dir / "ckpt").string() + " --data " +
