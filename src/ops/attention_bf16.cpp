@@ -50,6 +50,15 @@ void key_rows(bf16_t* dst, const float* x, int64_t stride, int64_t bj, const Dim
   for (int64_t c = 0; c < bj; ++c) row_to_bf16(dst + c * m.dp, x + c * stride, m.d, m.dp);
 }
 
+// pack_words_transposed (bf16_tile_gemm.h) by 16 × 16 word transposes: B = Yᵀ for bf16 rows Y
+// [N, 2·K2] (ldy even), dst[k2·ldb + j] = word k2 of row j, zero columns in [N, ldb).
+LONGTRON_BF16_TARGET void pack_words_transposed_fast(uint32_t* dst, int64_t ldb, const bf16_t* Y,
+                                                     int64_t ldy, int64_t N, int64_t K2) {
+  transpose_words_avx512(dst, ldb, reinterpret_cast<const uint32_t*>(Y), ldy / 2, N, K2);
+  if (N < ldb)
+    for (int64_t k2 = 0; k2 < K2; ++k2) std::fill(dst + k2 * ldb + N, dst + k2 * ldb + ldb, 0u);
+}
+
 // ---- Forward ---------------------------------------------------------------------------------
 
 // Per-thread tiles of one item, kept in the thread's workspace between calls.
@@ -72,7 +81,7 @@ void pack_forward_keys(uint32_t* kw_all, uint32_t* vp_all, const float* k, const
   const int64_t index = (g.k_block0 + it.block) * s.num_kv_heads + it.kv_head;
   const int64_t offset = (g.k_begin + c0) * s.kv_stride + it.kv_head * m.d;
   key_rows(rows, k + offset, s.kv_stride, bj, m);
-  pack_words_transposed(kw_all + index * m.words_t(), B, rows, m.dp, bj, m.d2);
+  pack_words_transposed_fast(kw_all + index * m.words_t(), B, rows, m.dp, bj, m.d2);
   key_rows(rows, v + offset, s.kv_stride, bj, m);
   pack_pairs_of_rows(vp_all + index * m.words_rows(), m.d16, rows, m.dp, bj, m.d);
 }
@@ -246,10 +255,10 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
   const float scale = static_cast<float>(s.scale);
   const int64_t offset = k0 * s.kv_stride + g * d;
   key_rows(w.rows.data(), k + offset, s.kv_stride, bj, m);
-  pack_words_transposed(w.kw.data(), B, w.rows.data(), m.dp, bj, m.d2);
+  pack_words_transposed_fast(w.kw.data(), B, w.rows.data(), m.dp, bj, m.d2);
   pack_pairs_of_rows(w.kp.data(), m.d16, w.rows.data(), m.dp, bj, d);
   key_rows(w.rows.data(), v + offset, s.kv_stride, bj, m);
-  pack_words_transposed(w.vw.data(), B, w.rows.data(), m.dp, bj, m.d2);
+  pack_words_transposed_fast(w.vw.data(), B, w.rows.data(), m.dp, bj, m.d2);
   if (it.first == it.last) {  // keys no query sees
     std::fill(w.dk_t.begin(), w.dk_t.end(), 0.0f);
     std::fill(w.dv_t.begin(), w.dv_t.end(), 0.0f);

@@ -27,11 +27,11 @@ LONGTRON_AVX512_TARGET inline void store_block_transposed(uint32_t* dst, int64_t
   }
 }
 
-/// dst[c·ldd + x] = src[x·lds + c] for x < rows, c < cols (fp32), 16 × 16 at a time. Needs
-/// AVX-512F at run time.
-LONGTRON_AVX512_TARGET inline void transpose_floats_avx512(float* dst, int64_t ldd,
-                                                           const float* src, int64_t lds,
-                                                           int64_t rows, int64_t cols) {
+/// dst[c·ldd + x] = src[x·lds + c] for x < rows, c < cols (32-bit words), 16 × 16 at a time.
+/// Needs AVX-512F at run time.
+LONGTRON_AVX512_TARGET inline void transpose_words_avx512(uint32_t* dst, int64_t ldd,
+                                                          const uint32_t* src, int64_t lds,
+                                                          int64_t rows, int64_t cols) {
   alignas(64) uint32_t block[16][16];
   for (int64_t x0 = 0; x0 < rows; x0 += 16) {
     const int64_t nx = std::min<int64_t>(16, rows - x0);
@@ -40,9 +40,17 @@ LONGTRON_AVX512_TARGET inline void transpose_floats_avx512(float* dst, int64_t l
       const __mmask16 mc = static_cast<__mmask16>((1u << nc) - 1);
       for (int64_t r = 0; r < nx; ++r)
         _mm512_store_si512(block[r], _mm512_maskz_loadu_epi32(mc, src + (x0 + r) * lds + c0));
-      store_block_transposed(reinterpret_cast<uint32_t*>(dst + c0 * ldd + x0), ldd, block, nx, nc);
+      store_block_transposed(dst + c0 * ldd + x0, ldd, block, nx, nc);
     }
   }
+}
+
+/// transpose_words_avx512 on fp32 values.
+LONGTRON_AVX512_TARGET inline void transpose_floats_avx512(float* dst, int64_t ldd,
+                                                           const float* src, int64_t lds,
+                                                           int64_t rows, int64_t cols) {
+  transpose_words_avx512(reinterpret_cast<uint32_t*>(dst), ldd,
+                         reinterpret_cast<const uint32_t*>(src), lds, rows, cols);
 }
 
 /// dst[c·ldd + x] = src[x·lds + c] for x < rows, c < cols: 16 × 16 blocks for float in builds
