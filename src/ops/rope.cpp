@@ -24,9 +24,10 @@ struct RopeTable {
   std::vector<T> cos, sin;
 };
 
-// Positions past this many table values (per cos or sin) are computed per token instead, so a
-// very long context does not keep a table of hundreds of MB.
-constexpr int64_t kMaxTableValues = int64_t{1} << 22;
+// Calls with positions past this many table values (per cos or sin table: 4 MiB in float, so
+// 16 Ki positions at head_dim 128) compute the angles per token instead, so a long context does
+// not keep large tables per thread; there attention's quadratic cost dwarfs the angles anyway.
+constexpr int64_t kMaxTableValues = int64_t{1} << 20;
 
 // The calling thread's table for (inv_freq[half], sign) covering positions [0, rows) (grown and
 // filled as needed), or nullptr when `rows` would exceed kMaxTableValues.

@@ -127,7 +127,7 @@ TEST(Rope, RotatesPairsAndBackwardIsTheAdjoint) {
 }
 
 // RoPE keeps a table of cos/sin per position and reads it instead of computing the angles per
-// token; a call whose largest position is past the table's limit (2^22 values per table, so 2^20
+// token; a call whose largest position is past the table's limit (2^20 values per table, so 2^18
 // positions at d = 8) computes them per token as before. A token must come out bitwise the same
 // either way, and whatever earlier calls grew the table to, forward and backward alike.
 TEST(Rope, TableLookupMatchesPerTokenAngles) {
