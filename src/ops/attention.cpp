@@ -25,11 +25,15 @@ namespace {
 
 using detail::kAttnBlock;
 
+// Per-thread tiles of one item, kept in the thread's workspace between calls.
 template <typename T>
 struct ForwardScratch {
-  std::vector<T> q, s, o, m, l;
-  ForwardScratch(int64_t rows, int64_t d)
-      : q(rows * d), s(rows * kAttnBlock), o(rows * d), m(rows), l(rows) {}
+  detail::ScratchTile<T> q, s, o, m, l;
+  ForwardScratch(int64_t rows, int64_t d) {
+    const auto t = detail::scratch_tiles<T, 5>(detail::kScratchSlot,
+                                               {rows * d, rows * kAttnBlock, rows * d, rows, rows});
+    q = t[0], s = t[1], o = t[2], m = t[3], l = t[4];
+  }
 };
 
 // Kᵀ tiles [d, bj] and V tiles [bj, d] of every (key block, kv head), packed once per call so

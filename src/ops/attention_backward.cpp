@@ -19,6 +19,7 @@
 #include "ops/attention_dq_order.h"
 #include "ops/attention_plan.h"
 #include "ops/attention_rows.h"
+#include "ops/attention_transpose.h"
 #include "ops/fast_math.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
@@ -39,17 +40,23 @@ template <typename T>
 struct PackedQueries {
   int64_t tile_rows;  // G · 64
   T *q, *dout, *dq, *lse, *delta;
+  // Per tile: whether a key block has written its dq yet. The first add writes instead of adding
+  // (no zero fill of dq); read and set only on the tile's turn (DqOrder), so never concurrently.
+  uint8_t* dq_written;
   int64_t row(int64_t block_id, int64_t num_kv_heads, int64_t g) const {
     return (block_id * num_kv_heads + g) * tile_rows;
   }
 };
 
+// Per-thread tiles of one item, kept in the thread's workspace between calls.
 template <typename T>
 struct BackwardScratch {
-  std::vector<T> kt, vt, kc, s, dp, dk, dv;
-  BackwardScratch(int64_t rows, int64_t d)
-      : kt(d * kKeyBlock), vt(d * kKeyBlock), kc(kKeyBlock * d), s(rows * kKeyBlock),
-        dp(rows * kKeyBlock), dk(kKeyBlock * d), dv(kKeyBlock * d) {}
+  detail::ScratchTile<T> kt, vt, kc, s, dp, dk, dv;
+  BackwardScratch(int64_t rows, int64_t d) {
+    const int64_t kd = d * kKeyBlock, rk = rows * kKeyBlock;
+    const auto t = detail::scratch_tiles<T, 7>(detail::kScratchSlot, {kd, kd, kd, rk, rk, kd, kd});
+    kt = t[0], vt = t[1], kc = t[2], s = t[3], dp = t[4], dk = t[5], dv = t[6];
+  }
 };
 
 // Copies (pack = true) the query block of `it` into PackedQueries with its lse and D, or scatters
@@ -62,7 +69,10 @@ void move_query_block(PackedQueries<T>& pq, T* dq, const T* q, const T* dout, co
   const int64_t d = s.head_dim, G = s.num_heads / s.num_kv_heads, g = it.kv_head;
   const int64_t q0 = sg.q_begin + it.block * kAttnBlock;
   const int64_t bi = std::min(kAttnBlock, sg.q_len - it.block * kAttnBlock);
+  const int64_t tile = (sg.q_block0 + it.block) * s.num_kv_heads + g;
   const int64_t base = pq.row(sg.q_block0 + it.block, s.num_kv_heads, g);
+  // A tile no key block added into (queries that see no key; not possible for valid shapes).
+  if (!pack && !pq.dq_written[tile]) std::fill_n(&pq.dq[base * d], G * bi * d, T(0));
   for (int64_t h = 0; h < G; ++h) {
     const int64_t head = g * G + h;
     for (int64_t r = 0; r < bi; ++r) {
@@ -74,7 +84,6 @@ void move_query_block(PackedQueries<T>& pq, T* dq, const T* q, const T* dout, co
       const T* o = out + (n * s.num_heads + head) * d;
       const T* g_o = dout + (n * s.num_heads + head) * d;
       std::memcpy(&pq.q[row * d], q + n * s.q_stride + head * d, sizeof(T) * d);
-      std::memset(&pq.dq[row * d], 0, sizeof(T) * d);
       std::memcpy(&pq.dout[row * d], g_o, sizeof(T) * d);
       T delta = 0;  // D = rowsum(dO ∘ O)
 #pragma omp simd reduction(+ : delta)
@@ -112,16 +121,14 @@ void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
   const T scale = static_cast<T>(s.scale);
   const T* kb = k + k0 * s.kv_stride + g * d;
   const T* vb = v + k0 * s.kv_stride + g * d;
-  for (int64_t c = 0; c < bj; ++c) {  // Kᵀ and Vᵀ tiles [d, bj] so score GEMMs read rows
-    for (int64_t x = 0; x < d; ++x) {
-      w.kt[x * bj + c] = kb[c * s.kv_stride + x];
-      w.kc[c * d + x] = kb[c * s.kv_stride + x];  // contiguous K for dQ (see attention.cpp's V)
-      w.vt[x * bj + c] = vb[c * s.kv_stride + x];
-    }
-  }
+  // Kᵀ and Vᵀ tiles [d, bj] so the score GEMMs read rows, and K contiguous for dQ (see
+  // attention.cpp's V).
+  detail::transpose(w.kt.data(), bj, kb, s.kv_stride, bj, d);
+  detail::transpose(w.vt.data(), bj, vb, s.kv_stride, bj, d);
+  for (int64_t c = 0; c < bj; ++c) std::memcpy(&w.kc[c * d], kb + c * s.kv_stride, sizeof(T) * d);
   // Keys no query sees (before a window, or of a segment without queries) keep zero gradients.
-  std::fill(w.dk.begin(), w.dk.begin() + bj * d, T(0));
-  std::fill(w.dv.begin(), w.dv.begin() + bj * d, T(0));
+  std::fill_n(w.dk.data(), bj * d, T(0));
+  std::fill_n(w.dv.data(), bj * d, T(0));
   for (int64_t i = it.first; i < it.last; ++i) {
     const int64_t r0 = i * kAttnBlock;
     const int64_t bi = std::min(kAttnBlock, sg.q_len - r0), M = G * bi;
@@ -150,7 +157,8 @@ void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
     // dQ += dS K, straight into the shared tile on this block's turn.
     const T* kc = w.kc.data() + klo * d;
     order.wait(tile, it.block);
-    detail::tile_gemm<T>(M, d, nb, dsk, bj, 1, kc, d, &pq.dq[base * d], d, true);
+    detail::tile_gemm<T>(M, d, nb, dsk, bj, 1, kc, d, &pq.dq[base * d], d, pq.dq_written[tile]);
+    pq.dq_written[tile] = 1;
     order.pass(tile, it.block);
   }
   for (int64_t c = 0; c < bj; ++c) {
@@ -177,9 +185,13 @@ void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
   const int64_t rows = p.q_blocks * s.num_kv_heads * tile_rows;  // ≤ (N + 64·segments)·Hq
   const size_t values = static_cast<size_t>(rows * s.head_dim);
   T* buffer = detail::workspace<T>(1, 3 * values + 2 * static_cast<size_t>(rows));
-  PackedQueries<T> pq{tile_rows,       buffer,
-                      buffer + values, buffer + 2 * values,
-                      buffer + 3 * values, buffer + 3 * values + rows};
+  const int64_t tiles = p.q_blocks * s.num_kv_heads;
+  uint8_t* written = detail::workspace<uint8_t>(0, static_cast<size_t>(tiles));
+  std::fill_n(written, tiles, uint8_t(0));
+  PackedQueries<T> pq{tile_rows,           buffer,
+                      buffer + values,     buffer + 2 * values,
+                      buffer + 3 * values, buffer + 3 * values + rows,
+                      written};
   detail::DqOrder order(p, s.num_kv_heads);
   detail::ItemCounter items;  // in order, largest first (a dynamic schedule that DqOrder needs)
 #pragma omp parallel

@@ -20,6 +20,7 @@
 #include "ops/attention_dq_order.h"
 #include "ops/attention_plan.h"
 #include "ops/attention_rows.h"
+#include "ops/attention_transpose.h"
 #include "ops/bf16_tile_gemm.h"
 #include "ops/precision.h"
 
@@ -49,13 +50,26 @@ void key_rows(bf16_t* dst, const float* x, int64_t stride, int64_t bj, const Dim
   for (int64_t c = 0; c < bj; ++c) row_to_bf16(dst + c * m.dp, x + c * stride, m.d, m.dp);
 }
 
+// pack_words_transposed (bf16_tile_gemm.h) by 16 × 16 word transposes: B = Yᵀ for bf16 rows Y
+// [N, 2·K2] (ldy even), dst[k2·ldb + j] = word k2 of row j, zero columns in [N, ldb).
+LONGTRON_BF16_TARGET void pack_words_transposed_fast(uint32_t* dst, int64_t ldb, const bf16_t* Y,
+                                                     int64_t ldy, int64_t N, int64_t K2) {
+  transpose_words_avx512(dst, ldb, reinterpret_cast<const uint32_t*>(Y), ldy / 2, N, K2);
+  if (N < ldb)
+    for (int64_t k2 = 0; k2 < K2; ++k2) std::fill(dst + k2 * ldb + N, dst + k2 * ldb + ldb, 0u);
+}
+
 // ---- Forward ---------------------------------------------------------------------------------
 
+// Per-thread tiles of one item, kept in the thread's workspace between calls.
 struct ForwardScratch {
-  std::vector<bf16_t> q, p;
-  std::vector<float> s, o, m, l;
-  ForwardScratch(int64_t rows, const Dims& dm)
-      : q(rows * dm.dp), p(rows * B), s(rows * B), o(rows * dm.d), m(rows), l(rows) {}
+  ScratchTile<bf16_t> q, p;
+  ScratchTile<float> s, o, m, l;
+  ForwardScratch(int64_t rows, const Dims& dm) {
+    const auto h = scratch_tiles<bf16_t, 2>(kScratchSlot, {rows * dm.dp, rows * B});
+    const auto f = scratch_tiles<float, 4>(kScratchSlot, {rows * B, rows * dm.d, rows, rows});
+    q = h[0], p = h[1], s = f[0], o = f[1], m = f[2], l = f[3];
+  }
 };
 
 // Kᵀ words and V pairs of rows of every (key block, kv head), once per call.
@@ -67,7 +81,7 @@ void pack_forward_keys(uint32_t* kw_all, uint32_t* vp_all, const float* k, const
   const int64_t index = (g.k_block0 + it.block) * s.num_kv_heads + it.kv_head;
   const int64_t offset = (g.k_begin + c0) * s.kv_stride + it.kv_head * m.d;
   key_rows(rows, k + offset, s.kv_stride, bj, m);
-  pack_words_transposed(kw_all + index * m.words_t(), B, rows, m.dp, bj, m.d2);
+  pack_words_transposed_fast(kw_all + index * m.words_t(), B, rows, m.dp, bj, m.d2);
   key_rows(rows, v + offset, s.kv_stride, bj, m);
   pack_pairs_of_rows(vp_all + index * m.words_rows(), m.d16, rows, m.dp, bj, m.d);
 }
@@ -134,34 +148,23 @@ struct PackedQueries {
   float *lse, *delta, *dq;  // [tile_rows], [tile_rows], [tile_rows, d] per tile
 };
 
+// Per-thread tiles of one item, kept in the thread's workspace between calls.
 struct BackwardScratch {
-  std::vector<bf16_t> rows, ds;
-  std::vector<uint32_t> kw, vw, kp, p_pairs, ds_pairs;
-  std::vector<float> s, dp, dk_t, dv_t;
-  BackwardScratch(int64_t tile_rows, const Dims& m)
-      : rows(B * m.dp), ds(tile_rows * B), kw(m.words_t()), vw(m.words_t()),
-        kp(m.words_rows()), p_pairs(tile_rows / 2 * B), ds_pairs(tile_rows / 2 * B),
-        s(tile_rows * B), dp(tile_rows * B), dk_t(m.d * B),
-        dv_t(m.d * B) {}
-};
-
-// Word j of a 16×16 block of 32-bit values (rows r < n_rows, columns c < n_cols) stored
-// transposed: dst[c·ldd + r] = block[r][c]; a column of the block is gathered from L1 in one
-// instruction instead of 16 scalar copies.
-LONGTRON_BF16_TARGET void store_block_transposed(uint32_t* dst, int64_t ldd,
-                                                 const uint32_t (&block)[16][16], int64_t n_rows,
-                                                 int64_t n_cols) {
-  const __mmask16 rows = static_cast<__mmask16>((1u << n_rows) - 1);
-  const __m512i down = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5,
-                                                           4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32(16));
-  for (int64_t c = 0; c < n_cols; ++c) {
-    const __m512i col = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows,
-                                                    _mm512_add_epi32(down, _mm512_set1_epi32(int(c))),
-                                                    &block[0][0], 4);
-    _mm512_mask_storeu_epi32(dst + c * ldd, rows, col);
+  ScratchTile<bf16_t> rows, ds;
+  ScratchTile<uint32_t> kw, vw, kp, p_pairs, ds_pairs;
+  ScratchTile<float> s, dp, dk_t, dv_t;
+  BackwardScratch(int64_t tile_rows, const Dims& m) {
+    const auto h = scratch_tiles<bf16_t, 2>(kScratchSlot, {B * m.dp, tile_rows * B});
+    const auto u = scratch_tiles<uint32_t, 5>(
+        kScratchSlot,
+        {m.words_t(), m.words_t(), m.words_rows(), tile_rows / 2 * B, tile_rows / 2 * B});
+    const auto f = scratch_tiles<float, 4>(kScratchSlot,
+                                           {tile_rows * B, tile_rows * B, m.d * B, m.d * B});
+    rows = h[0], ds = h[1];
+    kw = u[0], vw = u[1], kp = u[2], p_pairs = u[3], ds_pairs = u[4];
+    s = f[0], dp = f[1], dk_t = f[2], dv_t = f[3];
   }
-}
+};
 
 // dst = srcᵀ for bf16 rows src [M, lds], x < d: dst[x·ldd + i] = src[i·lds + x] (ldd even), a zero
 // column i = M when M is odd. Built as 32-bit words (rows i, i + 1 interleaved by one permute),
@@ -188,22 +191,6 @@ LONGTRON_BF16_TARGET void transpose_rows(bf16_t* dst, int64_t ldd, const bf16_t*
         _mm512_store_si512(block[r], _mm512_permutex2var_epi16(lo, interleave, hi));
       }
       store_block_transposed(words + x0 * ldw + i0, ldw, block, n2, nx);
-    }
-  }
-}
-
-// dst[c·ldd + x] = src[x·lds + c] for x < rows, c < cols (fp32), 16 × 16 at a time.
-LONGTRON_BF16_TARGET void transpose_floats(float* dst, int64_t ldd, const float* src, int64_t lds,
-                                           int64_t rows, int64_t cols) {
-  alignas(64) uint32_t block[16][16];
-  for (int64_t x0 = 0; x0 < rows; x0 += 16) {
-    const int64_t nx = std::min<int64_t>(16, rows - x0);
-    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
-      const int64_t nc = std::min<int64_t>(16, cols - c0);
-      const __mmask16 mc = static_cast<__mmask16>((1u << nc) - 1);
-      for (int64_t r = 0; r < nx; ++r)
-        _mm512_store_si512(block[r], _mm512_maskz_loadu_epi32(mc, src + (x0 + r) * lds + c0));
-      store_block_transposed(reinterpret_cast<uint32_t*>(dst + c0 * ldd + x0), ldd, block, nx, nc);
     }
   }
 }
@@ -268,10 +255,10 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
   const float scale = static_cast<float>(s.scale);
   const int64_t offset = k0 * s.kv_stride + g * d;
   key_rows(w.rows.data(), k + offset, s.kv_stride, bj, m);
-  pack_words_transposed(w.kw.data(), B, w.rows.data(), m.dp, bj, m.d2);
+  pack_words_transposed_fast(w.kw.data(), B, w.rows.data(), m.dp, bj, m.d2);
   pack_pairs_of_rows(w.kp.data(), m.d16, w.rows.data(), m.dp, bj, d);
   key_rows(w.rows.data(), v + offset, s.kv_stride, bj, m);
-  pack_words_transposed(w.vw.data(), B, w.rows.data(), m.dp, bj, m.d2);
+  pack_words_transposed_fast(w.vw.data(), B, w.rows.data(), m.dp, bj, m.d2);
   if (it.first == it.last) {  // keys no query sees
     std::fill(w.dk_t.begin(), w.dk_t.end(), 0.0f);
     std::fill(w.dv_t.begin(), w.dv_t.end(), 0.0f);
@@ -307,8 +294,8 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
     bf16_gemm(M, d, bjp / 2, w.ds.data(), bjp, w.kp.data(), m.d16, &pq.dq[base * d], d, true, rows);
     order.pass(tile, it.block);
   }
-  transpose_floats(dk + offset, s.kv_stride, w.dk_t.data(), B, d, bj);
-  transpose_floats(dv + offset, s.kv_stride, w.dv_t.data(), B, d, bj);
+  transpose_floats_avx512(dk + offset, s.kv_stride, w.dk_t.data(), B, d, bj);
+  transpose_floats_avx512(dv + offset, s.kv_stride, w.dv_t.data(), B, d, bj);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // so a dynamic OpenMP schedule keeps threads busy when one long document dominates.
 #pragma once
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -70,6 +71,40 @@ T* workspace(int slot, size_t n) {
   std::vector<T>& b = buffers[slot];
   if (b.size() < n) b.resize(n);
   return b.data();
+}
+
+/// The workspace slot of the attention kernels' per-thread tiles (slots 0–2 hold a call's packed
+/// operands on the calling thread).
+constexpr int kScratchSlot = 3;
+
+/// A tile of n elements inside a workspace (see scratch_tiles); indexes like a vector.
+template <typename T>
+struct ScratchTile {
+  T* ptr = nullptr;
+  size_t n = 0;
+  T* data() const { return ptr; }
+  T* begin() const { return ptr; }
+  T* end() const { return ptr + n; }
+  T& operator[](size_t i) const { return ptr[i]; }
+  T& operator[](int64_t i) const { return ptr[i]; }
+};
+
+/// K tiles of the given sizes, one after another (each rounded up to 64 bytes) in the calling
+/// thread's workspace<T>(slot): the per-thread tiles of a kernel, allocated once per thread and
+/// reused by every later call (as std::vectors they cost each call page faults and a zero fill,
+/// several % of the kernel). Contents are unspecified.
+template <typename T, size_t K>
+std::array<ScratchTile<T>, K> scratch_tiles(int slot, const std::array<int64_t, K>& sizes) {
+  constexpr int64_t align = 64 / sizeof(T) > 0 ? 64 / sizeof(T) : 1;
+  int64_t total = 0;
+  for (int64_t n : sizes) total += (n + align - 1) / align * align;
+  T* p = workspace<T>(slot, static_cast<size_t>(total));
+  std::array<ScratchTile<T>, K> tiles;
+  for (size_t i = 0; i < K; ++i) {
+    tiles[i] = {p, static_cast<size_t>(sizes[i])};
+    p += (sizes[i] + align - 1) / align * align;
+  }
+  return tiles;
 }
 
 /// Throws longtron::Error unless cu_seqlens (and cu_seqlens_k when given) start at 0, are

@@ -1,6 +1,7 @@
 // Rotary position embedding (Su et al. 2021) in the Hugging Face `rotate_half` form: the pairs are
 // (i, i + d/2), angle(n, i) = indexes[n] · base^(−2i/d). Positions come from the packed `indexes`,
 // so every document restarts at 0.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -10,21 +11,86 @@
 namespace longtron::ops {
 namespace {
 
+// cos and sign·sin of angle(p, i) = p · inv_freq[i] for positions p < rows, row-major [rows, d/2]:
+// the same values for every layer and for the forward and backward of a step, so they are
+// computed once per thread and position and looked up afterwards instead of calling sin/cos per
+// token and call (~1% of a training step). Each entry is computed exactly as before (double
+// angle, double cos/sin, one rounding to T), so the rotation is bitwise unchanged.
+template <typename T>
+struct RopeTable {
+  std::vector<double> inv_freq;
+  double sign = 0;
+  int64_t rows = 0;
+  std::vector<T> cos, sin;
+};
+
+// Calls with positions past this many table values (per cos or sin table: 4 MiB in float, so
+// 16 Ki positions at head_dim 128) compute the angles per token instead, so a long context does
+// not keep large tables per thread; there attention's quadratic cost dwarfs the angles anyway.
+constexpr int64_t kMaxTableValues = int64_t{1} << 20;
+
+// The calling thread's table for (inv_freq[half], sign) covering positions [0, rows) (grown and
+// filled as needed), or nullptr when `rows` would exceed kMaxTableValues.
+template <typename T>
+const RopeTable<T>* rope_table(const double* inv_freq, int64_t half, double sign, int64_t rows) {
+  if (rows * half > kMaxTableValues) return nullptr;
+  thread_local RopeTable<T> tables[2];  // forward (sign +1), backward (−1)
+  RopeTable<T>& t = tables[sign < 0 ? 1 : 0];
+  if (t.sign != sign || t.inv_freq.size() != static_cast<size_t>(half) ||
+      !std::equal(inv_freq, inv_freq + half, t.inv_freq.begin())) {
+    t.inv_freq.assign(inv_freq, inv_freq + half);
+    t.sign = sign;
+    t.rows = 0;
+  }
+  if (t.rows >= rows) return &t;
+  // Grow at least 2× so a slowly rising maximum position does not refill the table each call.
+  const int64_t old_rows = t.rows;
+  const int64_t new_rows = std::min(std::max(rows, 2 * old_rows), kMaxTableValues / half);
+  t.cos.resize(static_cast<size_t>(new_rows * half));
+  t.sin.resize(static_cast<size_t>(new_rows * half));
+#pragma omp parallel for schedule(static)
+  for (int64_t p = old_rows; p < new_rows; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(p) * inv_freq[i];
+      t.cos[p * half + i] = static_cast<T>(std::cos(angle));
+      t.sin[p * half + i] = static_cast<T>(sign * std::sin(angle));
+    }
+  }
+  t.rows = new_rows;
+  return &t;
+}
+
 // sign = +1 rotates by +angle (forward), −1 by −angle (the adjoint, since rotations are orthogonal).
 template <typename T>
 void rope_rotate(T* x, const int32_t* indexes, int64_t N, int64_t heads, int64_t d,
                  int64_t row_stride, const double* inv_freq, double sign) {
   check(d % 2 == 0, "rope: head_dim must be even, got {}", d);
   const int64_t half = d / 2;
+  int32_t lo_pos = 0, hi_pos = -1;
+  if (N > 0) {
+    const auto [lo_it, hi_it] = std::minmax_element(indexes, indexes + N);
+    lo_pos = *lo_it, hi_pos = *hi_it;
+  }
+  const RopeTable<T>* table =
+      lo_pos >= 0 ? rope_table<T>(inv_freq, half, sign, int64_t{hi_pos} + 1) : nullptr;
 #pragma omp parallel
   {
-    std::vector<T> cos_t(half), sin_t(half);
+    std::vector<T> cos_own, sin_own;
+    if (table == nullptr) cos_own.resize(static_cast<size_t>(half)), sin_own.resize(static_cast<size_t>(half));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-      for (int64_t i = 0; i < half; ++i) {
-        const double angle = static_cast<double>(indexes[n]) * inv_freq[i];
-        cos_t[i] = static_cast<T>(std::cos(angle));
-        sin_t[i] = static_cast<T>(sign * std::sin(angle));
+      const T* cos_t;
+      const T* sin_t;
+      if (table != nullptr) {
+        cos_t = &table->cos[static_cast<size_t>(indexes[n] * half)];
+        sin_t = &table->sin[static_cast<size_t>(indexes[n] * half)];
+      } else {
+        for (int64_t i = 0; i < half; ++i) {
+          const double angle = static_cast<double>(indexes[n]) * inv_freq[i];
+          cos_own[i] = static_cast<T>(std::cos(angle));
+          sin_own[i] = static_cast<T>(sign * std::sin(angle));
+        }
+        cos_t = cos_own.data(), sin_t = sin_own.data();
       }
       for (int64_t h = 0; h < heads; ++h) {
         T* lo = x + n * row_stride + h * d;

@@ -126,6 +126,35 @@ TEST(Rope, RotatesPairsAndBackwardIsTheAdjoint) {
                longtron::Error);
 }
 
+// RoPE keeps a table of cos/sin per position and reads it instead of computing the angles per
+// token; a call whose largest position is past the table's limit (2^20 values per table, so 2^18
+// positions at d = 8) computes them per token as before. A token must come out bitwise the same
+// either way, and whatever earlier calls grew the table to, forward and backward alike.
+TEST(Rope, TableLookupMatchesPerTokenAngles) {
+  const int64_t heads = 3, d = 8, width = heads * d;
+  const std::vector<float> row = [&] {
+    const Vec r = random_vector(width, 7);
+    return std::vector<float>(r.begin(), r.end());
+  }();
+  for (bool backward : {false, true}) {
+    // Row 0 (position 37) of a call on `positions` rotated in float.
+    auto first_row = [&](const std::vector<int32_t>& positions) {
+      const int64_t N = static_cast<int64_t>(positions.size());
+      std::vector<float> x(static_cast<size_t>(N * width), 0.5f);
+      std::copy(row.begin(), row.end(), x.begin());
+      if (backward)
+        ops::rope_backward<float>(x.data(), positions.data(), N, heads, d, width, 10000.0);
+      else
+        ops::rope_forward<float>(x.data(), positions.data(), N, heads, d, width, 10000.0);
+      return std::vector<float>(x.begin(), x.begin() + width);
+    };
+    const std::vector<float> small = first_row({37});
+    EXPECT_NE(small, row);
+    EXPECT_EQ(first_row({37, 5, 900, 4000}), small) << "after the table grew";
+    EXPECT_EQ(first_row({37, 1 << 21}), small) << "angles computed per token";
+  }
+}
+
 TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
   const int64_t count = 40;
   Vec a = random_vector(count, 1, 3.0), b = random_vector(count, 2);
