@@ -92,17 +92,24 @@ const uint16_t* cached_weights(const float* x, int64_t n) {
 
 // Mixed precision (torch.autocast's rule for matmuls): both operands rounded to bf16, the product
 // accumulated in fp32. Weights come from the step's bf16 copy (Bf16WeightScope); other operands
-// are rounded into per-thread buffers reused from call to call.
+// are rounded into one per-thread buffer (A's copy, then B's), reused from call to call and
+// reallocated without copying when a call needs more, so it holds the largest pair of operands
+// one call rounds (a weight gradient's dy and x), not the largest A plus the largest B.
 void bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                const float* B, float beta, float* C) {
-  thread_local std::vector<uint16_t> a16, b16;
+  thread_local std::vector<uint16_t> buffer;
   const uint16_t* a = cached_weights(A, M * K);
   const uint16_t* b = cached_weights(B, K * N);
-  if (a == nullptr) a16.resize(static_cast<size_t>(M * K));
-  if (b == nullptr) b16.resize(static_cast<size_t>(K * N));
-  round_pair(A, a ? 0 : M * K, a16.data(), B, b ? 0 : K * N, b16.data());
-  detail::onednn_matmul(detail::MatmulInput::kBF16, ta, tb, M, N, K, alpha, a ? a : a16.data(),
-                        b ? b : b16.data(), beta, C);
+  const int64_t na = a ? 0 : M * K, nb = b ? 0 : K * N;
+  if (static_cast<int64_t>(buffer.size()) < na + nb) {
+    buffer = std::vector<uint16_t>();  // free first: the old contents are not needed
+    buffer.resize(static_cast<size_t>(na + nb));
+  }
+  uint16_t* const a16 = buffer.data();
+  uint16_t* const b16 = buffer.data() + na;
+  round_pair(A, na, a16, B, nb, b16);
+  detail::onednn_matmul(detail::MatmulInput::kBF16, ta, tb, M, N, K, alpha, a ? a : a16,
+                        b ? b : b16, beta, C);
 }
 
 void backend_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
