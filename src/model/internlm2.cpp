@@ -52,8 +52,9 @@ struct PoolSizes {
   I rh, nq, sq, na, nf;
   /// The FFN backward's g, dg (later da, db), also holding the widened h.
   I u() const { return std::max(2 * nf, rh); }
-  /// dres | xn | res | qkv, qs, att or ga, gb. The head phase (dres | xf | res | dxf) fits.
-  I forward() const { return 3 * rh + std::max(nq + sq + na, 2 * nf); }
+  /// dres | xn | res | the norm's widened input, then qkv, qs, att or ga, gb. The head phase
+  /// (dres | xf | res | dxf) fits.
+  I forward() const { return 3 * rh + std::max({nq + sq + na, 2 * nf, rh}); }
   /// dres | g, dg | s1 | s2.
   I ffn_backward() const { return 3 * rh + u(); }
   /// dres | dqkv | datt, attn_w, qkv_w, dqs (then xw, xn2, dxn2 in their place).
@@ -150,7 +151,7 @@ void InternLM2<T>::reserve(int64_t N, bool want_all, bool bf16) {
     T* const after = base + z.rh;  // every phase's area after dres
     q.xn = after, q.res = after + z.rh;
     T* const zf = after + 2 * z.rh;
-    q.qkv = zf, q.qs = zf + z.nq, q.att = zf + z.nq + z.sq;
+    q.wide = zf, q.qkv = zf, q.qs = zf + z.nq, q.att = zf + z.nq + z.sq;
     q.ga = zf, q.gb = zf + z.nf;
     q.xf = q.xn, q.dxf = zf;
     q.g = after, q.dg = after + z.nf, q.hw = after;
@@ -267,15 +268,21 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const T* x, const Att
 }
 
 template <typename T>
-void InternLM2<T>::block_forward_bf16(int layer, BlockActs& A, const AttentionBatch& ab) {
+void InternLM2<T>::block_forward_bf16(int layer, BlockActs& A, const AttentionBatch& ab,
+                                      uint16_t* x16) {
   if constexpr (std::is_same_v<T, float>) {
     BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
     const Bf16Pool& q = pool_;
     const int64_t N = ab.num_tokens;
     const int64_t R = N / ops_.residual_split;  // residual-stream rows
-    // The residual sum runs in q.res (fp32, the float32 path's values); the norms' rstd are
-    // recomputed in backward from the saved bf16 inputs.
-    o.attention_norm->forward(q.xn, rstd_scratch_, q.res, N, params_);
+    // The residual sum runs in q.res (fp32, the float32 path's values). The norms read it as
+    // saved, rounded to bf16 (x16, A.h16) and widened into q.wide, so that backward recomputes
+    // exactly the forward's normalised inputs and rstd from the saved values (and a layout that
+    // keeps its forward input for the weight gradient, Megatron's MSP, agrees with one that
+    // recomputes it).
+    ops::round_to_bf16(q.res, R * H_, x16);
+    ops::widen_bf16(x16, R * H_, q.wide);
+    o.attention_norm->forward(q.xn, rstd_scratch_, q.wide, N, params_);
     o.wqkv->forward(q.qkv, q.xn, N, params_);
     o.attention->forward(q.att, q.qs, A.lse, q.qkv, ab);
     ops::round_to_bf16(q.qs, o.attention->saved_qkv_size(N), A.qkv16);
@@ -283,7 +290,8 @@ void InternLM2<T>::block_forward_bf16(int layer, BlockActs& A, const AttentionBa
     o.wo->forward(q.xn, q.att, N, params_);
     accumulate(q.res, q.xn, R * H_);  // h = x + wo(attn)
     ops::round_to_bf16(q.res, R * H_, A.h16);
-    o.ffn_norm->forward(q.xn, rstd_scratch_, q.res, N, params_);
+    ops::widen_bf16(A.h16, R * H_, q.wide);
+    o.ffn_norm->forward(q.xn, rstd_scratch_, q.wide, N, params_);
     o.gate_up->forward(q.ga, q.gb, q.xn, N, params_);
     ops::round_to_bf16(q.ga, N * F_, A.a16);
     ops::round_to_bf16(q.gb, N * F_, A.b16);
@@ -291,7 +299,7 @@ void InternLM2<T>::block_forward_bf16(int layer, BlockActs& A, const AttentionBa
     o.w2->forward(q.xn, q.ga, N, params_);
     accumulate(q.res, q.xn, R * H_);  // y = h + w2(g)
   } else {
-    (void)layer, (void)A, (void)ab;
+    (void)layer, (void)A, (void)ab, (void)x16;
     check(false, "internal: bf16 workspace in a double model");
   }
 }
@@ -320,15 +328,13 @@ void InternLM2<T>::block_backward_bf16(int layer, BlockActs& A, const AttentionB
     ops::widen_bf16(A.qkv16, o.attention->saved_qkv_size(N), q.qkv_w);
     o.wo->backward(q.datt, q.dres, q.attn_w, N, params_, &grads, false);
     o.attention->backward(q.dqkv, q.dqs, q.datt, q.qkv_w, q.attn_w, A.lse, ab);
-    // x as saved in bf16; with checkpoint its fp32 copy rounded the same way here (through
-    // xn2's slot), so both give the same gradients.
-    const uint16_t* x16 = nullptr;
-    if (xs16_.empty()) {
+    // x as the forward's norm read it: saved in bf16, or (checkpoint) its fp32 copy rounded
+    // again here, through xn2's slot.
+    const uint16_t* x16 = xs16_.empty() ? nullptr : xs16_[static_cast<size_t>(layer)];
+    if (x16 == nullptr) {
       uint16_t* const rounded = reinterpret_cast<uint16_t*>(q.xn2);
       ops::round_to_bf16(xs_[static_cast<size_t>(layer)], R * H_, rounded);
       x16 = rounded;
-    } else {
-      x16 = xs16_[static_cast<size_t>(layer)];
     }
     ops::widen_bf16(x16, R * H_, q.xw);
     o.attention_norm->forward(q.xn2, rstd_scratch_, q.xw, N, params_);
@@ -356,11 +362,8 @@ void InternLM2<T>::forward_blocks(const data::MicroBatch& batch, bool save) {
     const int64_t RH = N / ops_.residual_split * H_;
     for (int i = 0; i < L; ++i) {
       const size_t l = static_cast<size_t>(i);
-      if (xs16_.empty())
-        std::copy(pool_.res, pool_.res + RH, xs_[l]);
-      else if constexpr (std::is_same_v<T, float>)
-        ops::round_to_bf16(pool_.res, RH, xs16_[l]);
-      block_forward_bf16(i, acts(i, save), ab);
+      if (xs16_.empty()) std::copy(pool_.res, pool_.res + RH, xs_[l]);
+      block_forward_bf16(i, acts(i, save), ab, block_input16(i));
     }
     return;
   }
@@ -394,7 +397,7 @@ LossSum InternLM2<T>::forward_backward(const data::MicroBatch& batch, Params<T>&
       if (checkpoint_ && i != L - 1) {
         const T* x = xs_[static_cast<size_t>(i)];
         std::copy(x, x + RH, pool_.res);
-        block_forward_bf16(i, acts_.front(), ab);
+        block_forward_bf16(i, acts_.front(), ab, block_input16(i));
       }
       block_backward_bf16(i, acts(i, true), ab, grads);
       continue;

@@ -47,9 +47,10 @@ double workspace_bf16_elements(const WorkspaceShape& s);
 /// so; the GEMMs and the bf16 attention kernel round these inputs to bf16 anyway). Backward
 /// widens them to fp32 one block at a time; norms, RoPE, softmax and every gradient stay fp32.
 /// The forward's residual sum itself runs in one fp32 buffer (the values the float32 path
-/// computes), rounded only when saved; with checkpoint the block inputs stay fp32, so the
-/// recomputed block matches its forward, and are rounded for the norm's backward as the saved
-/// ones are: gradients are identical with and without checkpoint here too. The fp32 temporaries of one block share one pool laid
+/// computes); each norm reads its input as saved (rounded to bf16, widened), so backward
+/// recomputes exactly the forward's normalised values. With checkpoint the block inputs are kept
+/// in fp32 and rounded the same way where read: gradients are identical with and without
+/// checkpoint here too. The fp32 temporaries of one block share one pool laid
 /// out per phase (forward, head, FFN backward, attention backward): see workspace_elements.
 template <typename T>
 class InternLM2 {
@@ -97,8 +98,9 @@ class InternLM2 {
   struct Bf16Pool {
     T* dres;
     // forward: xn (also the linears' output tmp), res (the fp32 residual stream; at the end the
-    // last block's output), then qkv, qs (split qkv), att (attention output) or ga, gb (a, b).
-    T *xn, *res, *qkv, *qs, *att, *ga, *gb;
+    // last block's output), then wide (a norm's input as saved, widened), qkv, qs (split qkv),
+    // att (attention output) or ga, gb (a, b).
+    T *xn, *res, *wide, *qkv, *qs, *att, *ga, *gb;
     // head: xf in xn's slot, the head's input gradient dxf at the start of the phase area.
     T *xf, *dxf;
     // FFN backward: g / da, dg / db, then s1, s2 (R×H each); hw (the widened h, second read).
@@ -122,8 +124,15 @@ class InternLM2 {
   /// On entry dres_ = dL/dy of the block; on exit dL/dx.
   void block_backward(int layer, BlockActs& A, const T* x, const AttentionBatch& ab,
                       Params<T>& grads);
-  /// bf16 mode: the block on pool_.res in place (x on entry, y on exit); saves A.
-  void block_forward_bf16(int layer, BlockActs& A, const AttentionBatch& ab);
+  /// bf16 mode: the block on pool_.res in place (x on entry, y on exit); saves A, and x rounded
+  /// to bf16 into x16.
+  void block_forward_bf16(int layer, BlockActs& A, const AttentionBatch& ab, uint16_t* x16);
+  /// Where block `layer`'s input goes in bf16: its saved copy, or (checkpoint, whose inputs are
+  /// kept in fp32) a staging area in the pool's xn slot, free when the block starts.
+  uint16_t* block_input16(int layer) {
+    return xs16_.empty() ? reinterpret_cast<uint16_t*>(pool_.xn)
+                         : xs16_[static_cast<size_t>(layer)];
+  }
   /// bf16 mode: pool_.dres = dL/dy on entry, dL/dx on exit.
   void block_backward_bf16(int layer, BlockActs& A, const AttentionBatch& ab, Params<T>& grads);
   BlockActs& acts(int layer, bool save);
