@@ -50,8 +50,8 @@ double workspace_bf16_elements(const WorkspaceShape& s);
 /// computes); each norm reads its input as saved (rounded to bf16, widened), so backward
 /// recomputes exactly the forward's normalised values. With checkpoint the block inputs are kept
 /// in fp32 and rounded the same way where read: gradients are identical with and without
-/// checkpoint here too. The fp32 temporaries of one block share one pool laid
-/// out per phase (forward, head, FFN backward, attention backward): see workspace_elements.
+/// checkpoint here too. The fp32 temporaries of one block share one pool laid out per phase
+/// (forward, head, FFN backward, attention backward): see workspace_elements.
 template <typename T>
 class InternLM2 {
  public:
