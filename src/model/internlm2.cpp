@@ -44,6 +44,32 @@ void check_batch(const data::MicroBatch& b, int64_t sp) {
     check(b.indexes[n] >= 0, "indexes[{}] = {} is negative", n, b.indexes[n]);
 }
 
+/// The bf16 mode's pool of fp32 temporaries (InternLM2::Bf16Pool), in elements, each buffer
+/// padded to 16: rh = R×H (residual-stream rows), nq = N×Q, sq = saved qkv, na = N×A, nf = N×F.
+/// Every phase starts with dres's slot; the pool is as long as the longest phase.
+template <typename I>
+struct PoolSizes {
+  I rh, nq, sq, na, nf;
+  /// The FFN backward's g, dg (later da, db), also holding the widened h.
+  I u() const { return std::max(2 * nf, rh); }
+  /// dres | xn | res | the norm's widened input, then qkv, qs, att or ga, gb. The head phase
+  /// (dres | xf | res | dxf) fits.
+  I forward() const { return 3 * rh + std::max({nq + sq + na, 2 * nf, rh}); }
+  /// dres | g, dg | s1 | s2.
+  I ffn_backward() const { return 3 * rh + u(); }
+  /// dres | dqkv | datt, attn_w, qkv_w, dqs (then xw, xn2, dxn2 in their place).
+  I attention_backward() const { return rh + nq + std::max(2 * na + 2 * sq, 3 * rh); }
+  I total() const {
+    return std::max({forward(), 4 * rh, ffn_backward(), attention_backward()});
+  }
+};
+
+template <typename I>
+PoolSizes<I> pool_sizes(I R, I N, I H, I Q, I F, I A, I sq) {
+  const auto pad = [](I n) { return static_cast<I>(std::ceil(static_cast<double>(n) / 16) * 16); };
+  return PoolSizes<I>{pad(R * H), pad(N * Q), pad(sq), pad(N * A), pad(N * F)};
+}
+
 }  // namespace
 
 template <typename T>
@@ -101,37 +127,59 @@ void InternLM2<T>::reserve(int64_t N, bool want_all, bool bf16) {
   uint16_t* p16 = arena16_.data();
   const auto take = [&](int64_t n) { T* r = p; p += pad(n); return r; };
   const auto take16 = [&](int64_t n) { uint16_t* r = p16; p16 += (n + 31) / 32 * 32; return r; };
-  xs_.assign(static_cast<size_t>(L + 1), nullptr);
-  for (auto& x : xs_) x = take(R * H_);
   acts_.assign(static_cast<size_t>(nacts), BlockActs{});
-  for (auto& a : acts_) {
-    if (bf16) {
+  if (bf16) {
+    // Block inputs in bf16 with per-block acts; in fp32 when recomputing (checkpoint), so the
+    // recomputed block sees the forward's x. The last block's output stays in the pool.
+    xs_.assign(want_all ? 0 : static_cast<size_t>(L), nullptr);
+    xs16_.assign(want_all ? static_cast<size_t>(L) : 0, nullptr);
+    for (auto& x : xs_) x = take(R * H_);
+    for (auto& x : xs16_) x = take16(R * H_);
+    for (auto& a : acts_) {
+      a.lse = take(sl);
+      a.h16 = take16(R * H_);
       a.qkv16 = take16(sq);
       a.attn16 = take16(N * A_);
       a.a16 = take16(N * F_);
       a.b16 = take16(N * F_);
-    } else {
+    }
+    rstdf_ = take(R), rstd_scratch_ = take(R);
+    const PoolSizes<int64_t> z = pool_sizes<int64_t>(R, N, H_, Q_, F_, A_, sq);
+    T* const base = take(z.total());
+    Bf16Pool& q = pool_;
+    q.dres = base;
+    T* const after = base + z.rh;  // every phase's area after dres
+    q.xn = after, q.res = after + z.rh;
+    T* const zf = after + 2 * z.rh;
+    q.wide = zf, q.qkv = zf, q.qs = zf + z.nq, q.att = zf + z.nq + z.sq;
+    q.ga = zf, q.gb = zf + z.nf;
+    q.xf = q.xn, q.dxf = zf;
+    q.g = after, q.dg = after + z.nf, q.hw = after;
+    q.s1 = after + z.u(), q.s2 = after + z.u() + z.rh;
+    q.dqkv = after;
+    T* const za = after + z.nq;
+    q.datt = za, q.attn_w = za + z.na, q.qkv_w = za + 2 * z.na, q.dqs = za + 2 * z.na + z.sq;
+    q.xw = za, q.xn2 = za + z.rh, q.dxn2 = za + 2 * z.rh;
+  } else {
+    xs16_.clear();
+    xs_.assign(static_cast<size_t>(L + 1), nullptr);
+    for (auto& x : xs_) x = take(R * H_);
+    for (auto& a : acts_) {
       a.qkv_s = take(sq);
       a.attn = take(N * A_);
       a.a = take(N * F_);
       a.b = take(N * F_);
+      a.lse = take(sl);
+      a.h = take(R * H_);
+      a.rstd1 = take(R);
+      a.rstd2 = take(R);
     }
-    a.lse = take(sl);
-    a.h = take(R * H_);
-    a.rstd1 = take(R);
-    a.rstd2 = take(R);
+    xn_ = take(R * H_), qkv_ = take(N * Q_), tmp_ = take(R * H_), g_ = take(N * F_);
+    xf_ = take(R * H_), rstdf_ = take(R), rstd_scratch_ = take(R);
+    dres_ = take(R * H_), dtmp_ = take(R * H_), dxn_ = take(R * H_);
+    dg_ = take(N * F_), da_ = take(N * F_), db_ = take(N * F_);
+    dattn_ = take(N * A_), dqkv_s_ = take(sq);
   }
-  xn_ = take(R * H_), qkv_ = take(N * Q_), tmp_ = take(R * H_), g_ = take(N * F_);
-  xf_ = take(R * H_), rstdf_ = take(R), rstd_scratch_ = take(R);
-  dres_ = take(R * H_), dtmp_ = take(R * H_), dxn_ = take(R * H_);
-  dg_ = take(N * F_);
-  // bf16 mode: the FFN's fp32 a, b (forward) and da, db (backward) live in g and dg, and the
-  // widened attn and qkv_s of backward in g and dg too when they fit (they are free by then).
-  da_ = bf16 ? nullptr : take(N * F_);
-  db_ = bf16 ? nullptr : take(N * F_);
-  dattn_ = take(N * A_), dqkv_s_ = take(sq);
-  attn_wide_ = !bf16 ? nullptr : A_ <= F_ ? g_ : take(N * A_);
-  qkv_wide_ = !bf16 ? nullptr : sq <= N * F_ ? dg_ : take(sq);
   check(p <= arena_.data() + arena_.size() && p16 <= arena16_.data() + arena16_.size(),
         "internal: model workspace overflow");
   capacity_ = N;
@@ -141,16 +189,17 @@ void InternLM2<T>::reserve(int64_t N, bool want_all, bool bf16) {
 
 double workspace_elements(const WorkspaceShape& s) {
   const double N = s.N, R = s.R, H = s.H, F = s.F, A = s.A, sq = s.saved_qkv;
-  // Saved per block in float: lse, h, two rstd; and (not in bf16 mode) qkv_s, attn, a, b.
-  const double per_acts =
-      s.saved_lse + R * H + 2 * R + (s.bf16 ? 0 : sq + N * A + 2 * N * F);
   const double nacts = s.per_layer ? s.L : 1;
   // Each buffer is padded to 16 elements (64-byte boundaries for float).
   const auto pad = [](double n) { return std::ceil(n / 16) * 16; };
-  // Backward temporaries of the FFN: dg, da, db (bf16 mode: dg only, plus the widened attn and
-  // qkv_s where g and dg cannot hold them).
-  double ffn = pad(N * F) * 3;
-  if (s.bf16) ffn = pad(N * F) + (A > F ? pad(N * A) : 0) + (sq > N * F ? pad(sq) : 0);
+  if (s.bf16) {  // fp32 block inputs (checkpoint only), lse, two rstd, the pool
+    return (s.per_layer ? 0 : s.L * pad(R * H)) + nacts * pad(s.saved_lse) + 2 * pad(R) +
+           pool_sizes<double>(R, N, H, s.Q, F, A, sq).total();
+  }
+  // Saved per block: qkv_s, attn, a, b, lse, h, two rstd.
+  const double per_acts = sq + N * A + 2 * N * F + s.saved_lse + R * H + 2 * R;
+  // Backward temporaries of the FFN: dg, da, db.
+  const double ffn = pad(N * F) * 3;
   return (s.L + 1) * pad(R * H) + nacts * (per_acts + 8 * 16) + pad(R * H) * 3 + pad(N * s.Q) +
          pad(N * F) + pad(R) * 2 + pad(R * H) * 3 + ffn + pad(N * A) + pad(sq) + 16 * 16;
 }
@@ -158,8 +207,10 @@ double workspace_elements(const WorkspaceShape& s) {
 double workspace_bf16_elements(const WorkspaceShape& s) {
   if (!s.bf16) return 0;
   const double nacts = s.per_layer ? s.L : 1;
-  // qkv_s, attn, a, b, each padded to 32 elements (64 bytes).
-  return nacts * (s.saved_qkv + s.N * s.A + 2 * s.N * s.F + 4 * 32);
+  const auto pad = [](double n) { return std::ceil(n / 32) * 32; };  // 64 bytes
+  // Block inputs (per layer, unless checkpoint keeps them fp32); per acts h, qkv_s, attn, a, b.
+  return (s.per_layer ? s.L * pad(s.R * s.H) : 0) +
+         nacts * (pad(s.R * s.H) + pad(s.saved_qkv) + pad(s.N * s.A) + 2 * pad(s.N * s.F));
 }
 
 template <typename T>
@@ -181,31 +232,13 @@ void InternLM2<T>::block_forward(int layer, BlockActs& A, T* y, const T* x,
   const int64_t N = ab.num_tokens;
   o.attention_norm->forward(xn_, A.rstd1, x, N, params_);
   o.wqkv->forward(qkv_, xn_, N, params_);
-  // bf16 mode: attention writes fp32 into the backward temporaries, then qkv_s and attn are kept
-  // as bf16 (wo's GEMM rounds attn to the same bf16 values).
-  T* qkv_s = bf16_ ? dqkv_s_ : A.qkv_s;
-  T* attn = bf16_ ? dattn_ : A.attn;
-  o.attention->forward(attn, qkv_s, A.lse, qkv_, ab);
-  if constexpr (std::is_same_v<T, float>)
-    if (bf16_) {
-      ops::round_to_bf16(qkv_s, o.attention->saved_qkv_size(N), A.qkv16);
-      ops::round_to_bf16(attn, N * A_, A.attn16);
-    }
-  o.wo->forward(tmp_, attn, N, params_);
+  o.attention->forward(A.attn, A.qkv_s, A.lse, qkv_, ab);
+  o.wo->forward(tmp_, A.attn, N, params_);
   const int64_t R = N / ops_.residual_split;  // residual-stream rows
   add_into(A.h, x, tmp_, R * H_);
   o.ffn_norm->forward(xn_, A.rstd2, A.h, N, params_);
-  if constexpr (std::is_same_v<T, float>)
-    if (bf16_) {  // a, b in fp32 in g and dg, kept as bf16; g from the bf16 a, b
-      o.gate_up->forward(g_, dg_, xn_, N, params_);
-      ops::round_to_bf16(g_, N * F_, A.a16);
-      ops::round_to_bf16(dg_, N * F_, A.b16);
-      ops::swiglu_forward_bf16(g_, A.a16, A.b16, N * F_);
-    }
-  if (!bf16_) {
-    o.gate_up->forward(A.a, A.b, xn_, N, params_);
-    ops::swiglu_forward(g_, A.a, A.b, N * F_);
-  }
+  o.gate_up->forward(A.a, A.b, xn_, N, params_);
+  ops::swiglu_forward(g_, A.a, A.b, N * F_);
   o.w2->forward(tmp_, g_, N, params_);
   add_into(y, A.h, tmp_, R * H_);
 }
@@ -217,38 +250,101 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const T* x, const Att
   const int64_t N = ab.num_tokens;
   // FFN branch: y = h + w2(silu(a) ⊙ b), a = w1 z, b = w3 z, z = RMSNorm(h). g and z are cheap
   // elementwise recomputations rather than saved tensors.
-  T *da = da_, *db = db_;
-  if constexpr (std::is_same_v<T, float>)
-    if (bf16_) {  // da and db overwrite g and dg (read first, elementwise)
-      ops::swiglu_forward_bf16(g_, A.a16, A.b16, N * F_);
-      o.w2->backward(dg_, dres_, g_, N, params_, &grads, false);
-      ops::swiglu_backward_bf16(g_, dg_, dg_, A.a16, A.b16, N * F_);
-      da = g_, db = dg_;
-    }
-  if (!bf16_) {
-    ops::swiglu_forward(g_, A.a, A.b, N * F_);
-    o.w2->backward(dg_, dres_, g_, N, params_, &grads, false);
-    ops::swiglu_backward(da_, db_, dg_, A.a, A.b, N * F_);
-  }
+  ops::swiglu_forward(g_, A.a, A.b, N * F_);
+  o.w2->backward(dg_, dres_, g_, N, params_, &grads, false);
+  ops::swiglu_backward(da_, db_, dg_, A.a, A.b, N * F_);
   o.ffn_norm->forward(xn_, rstd_scratch_, A.h, N, params_);
-  o.gate_up->backward(dxn_, da, db, xn_, N, params_, &grads);
+  o.gate_up->backward(dxn_, da_, db_, xn_, N, params_, &grads);
   o.ffn_norm->backward(dtmp_, dxn_, A.h, A.rstd2, N, params_, &grads);
   const int64_t R = N / ops_.residual_split;  // residual-stream rows
   accumulate(dres_, dtmp_, R * H_);  // dres = dL/dh
   // Attention branch: h = x + wo(Attn(qkv)), qkv = wqkv(RMSNorm(x)).
-  const T *attn = A.attn, *qkv_s = A.qkv_s;
-  if constexpr (std::is_same_v<T, float>)
-    if (bf16_) {  // widened into g and dg (free now) or their own buffers
-      ops::widen_bf16(A.attn16, N * A_, attn_wide_);
-      ops::widen_bf16(A.qkv16, o.attention->saved_qkv_size(N), qkv_wide_);
-      attn = attn_wide_, qkv_s = qkv_wide_;
-    }
-  o.wo->backward(dattn_, dres_, attn, N, params_, &grads, false);
-  o.attention->backward(qkv_, dqkv_s_, dattn_, qkv_s, attn, A.lse, ab);
+  o.wo->backward(dattn_, dres_, A.attn, N, params_, &grads, false);
+  o.attention->backward(qkv_, dqkv_s_, dattn_, A.qkv_s, A.attn, A.lse, ab);
   o.attention_norm->forward(xn_, rstd_scratch_, x, N, params_);
   o.wqkv->backward(dxn_, qkv_, xn_, N, params_, &grads, false);
   o.attention_norm->backward(dtmp_, dxn_, x, A.rstd1, N, params_, &grads);
   accumulate(dres_, dtmp_, R * H_);  // dres = dL/dx
+}
+
+template <typename T>
+void InternLM2<T>::block_forward_bf16(int layer, BlockActs& A, const AttentionBatch& ab,
+                                      uint16_t* x16) {
+  if constexpr (std::is_same_v<T, float>) {
+    BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
+    const Bf16Pool& q = pool_;
+    const int64_t N = ab.num_tokens;
+    const int64_t R = N / ops_.residual_split;  // residual-stream rows
+    // The residual sum runs in q.res (fp32, the float32 path's values). The norms read it as
+    // saved, rounded to bf16 (x16, A.h16) and widened into q.wide, so that backward recomputes
+    // exactly the forward's normalised inputs and rstd from the saved values (and a layout that
+    // keeps its forward input for the weight gradient, Megatron's MSP, agrees with one that
+    // recomputes it).
+    ops::round_to_bf16(q.res, R * H_, x16);
+    ops::widen_bf16(x16, R * H_, q.wide);
+    o.attention_norm->forward(q.xn, rstd_scratch_, q.wide, N, params_);
+    o.wqkv->forward(q.qkv, q.xn, N, params_);
+    o.attention->forward(q.att, q.qs, A.lse, q.qkv, ab);
+    ops::round_to_bf16(q.qs, o.attention->saved_qkv_size(N), A.qkv16);
+    ops::round_to_bf16(q.att, N * A_, A.attn16);  // wo's GEMM rounds attn to the same values
+    o.wo->forward(q.xn, q.att, N, params_);
+    accumulate(q.res, q.xn, R * H_);  // h = x + wo(attn)
+    ops::round_to_bf16(q.res, R * H_, A.h16);
+    ops::widen_bf16(A.h16, R * H_, q.wide);
+    o.ffn_norm->forward(q.xn, rstd_scratch_, q.wide, N, params_);
+    o.gate_up->forward(q.ga, q.gb, q.xn, N, params_);
+    ops::round_to_bf16(q.ga, N * F_, A.a16);
+    ops::round_to_bf16(q.gb, N * F_, A.b16);
+    ops::swiglu_forward_bf16(q.ga, A.a16, A.b16, N * F_);  // g from the bf16 a, b
+    o.w2->forward(q.xn, q.ga, N, params_);
+    accumulate(q.res, q.xn, R * H_);  // y = h + w2(g)
+  } else {
+    (void)layer, (void)A, (void)ab, (void)x16;
+    check(false, "internal: bf16 workspace in a double model");
+  }
+}
+
+template <typename T>
+void InternLM2<T>::block_backward_bf16(int layer, BlockActs& A, const AttentionBatch& ab,
+                                       Params<T>& grads) {
+  if constexpr (std::is_same_v<T, float>) {
+    BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
+    const Bf16Pool& q = pool_;
+    const int64_t N = ab.num_tokens;
+    const int64_t R = N / ops_.residual_split;  // residual-stream rows
+    // FFN branch, as block_backward: g from the bf16 a, b; da and db overwrite g and dg.
+    ops::swiglu_forward_bf16(q.g, A.a16, A.b16, N * F_);
+    o.w2->backward(q.dg, q.dres, q.g, N, params_, &grads, false);
+    ops::swiglu_backward_bf16(q.g, q.dg, q.dg, A.a16, A.b16, N * F_);
+    // z = RMSNorm(h) from the widened h, whose rstd serves the norm's backward too.
+    ops::widen_bf16(A.h16, R * H_, q.s1);
+    o.ffn_norm->forward(q.s2, rstd_scratch_, q.s1, N, params_);
+    o.gate_up->backward(q.s1, q.g, q.dg, q.s2, N, params_, &grads);
+    ops::widen_bf16(A.h16, R * H_, q.hw);  // h again, where da and db were
+    o.ffn_norm->backward(q.s2, q.s1, q.hw, rstd_scratch_, N, params_, &grads);
+    accumulate(q.dres, q.s2, R * H_);  // dres = dL/dh
+    // Attention branch.
+    ops::widen_bf16(A.attn16, N * A_, q.attn_w);
+    ops::widen_bf16(A.qkv16, o.attention->saved_qkv_size(N), q.qkv_w);
+    o.wo->backward(q.datt, q.dres, q.attn_w, N, params_, &grads, false);
+    o.attention->backward(q.dqkv, q.dqs, q.datt, q.qkv_w, q.attn_w, A.lse, ab);
+    // x as the forward's norm read it: saved in bf16, or (checkpoint) its fp32 copy rounded
+    // again here, through xn2's slot.
+    const uint16_t* x16 = xs16_.empty() ? nullptr : xs16_[static_cast<size_t>(layer)];
+    if (x16 == nullptr) {
+      uint16_t* const rounded = reinterpret_cast<uint16_t*>(q.xn2);
+      ops::round_to_bf16(xs_[static_cast<size_t>(layer)], R * H_, rounded);
+      x16 = rounded;
+    }
+    ops::widen_bf16(x16, R * H_, q.xw);
+    o.attention_norm->forward(q.xn2, rstd_scratch_, q.xw, N, params_);
+    o.wqkv->backward(q.dxn2, q.dqkv, q.xn2, N, params_, &grads, false);
+    o.attention_norm->backward(q.xn2, q.dxn2, q.xw, rstd_scratch_, N, params_, &grads);
+    accumulate(q.dres, q.xn2, R * H_);  // dres = dL/dx
+  } else {
+    (void)layer, (void)A, (void)ab, (void)grads;
+    check(false, "internal: bf16 workspace in a double model");
+  }
 }
 
 template <typename T>
@@ -260,8 +356,19 @@ void InternLM2<T>::forward_blocks(const data::MicroBatch& batch, bool save) {
   if (save) reserve(N, !checkpoint_, bf16);
   else if (N > capacity_ || bf16 != bf16_) reserve(N, capacity_ > 0 && saved_all_, bf16);
   const AttentionBatch ab = attention_batch(batch);
+  const int L = static_cast<int>(ops_.blocks.size());
+  if (bf16_) {
+    ops_.embedding->forward(pool_.res, batch.input_ids.data(), N, params_);
+    const int64_t RH = N / ops_.residual_split * H_;
+    for (int i = 0; i < L; ++i) {
+      const size_t l = static_cast<size_t>(i);
+      if (xs16_.empty()) std::copy(pool_.res, pool_.res + RH, xs_[l]);
+      block_forward_bf16(i, acts(i, save), ab, block_input16(i));
+    }
+    return;
+  }
   ops_.embedding->forward(xs_[0], batch.input_ids.data(), N, params_);
-  for (int i = 0; i < static_cast<int>(ops_.blocks.size()); ++i)
+  for (int i = 0; i < L; ++i)
     block_forward(i, acts(i, save), xs_[static_cast<size_t>(i) + 1], xs_[static_cast<size_t>(i)],
                   ab);
 }
@@ -276,17 +383,31 @@ LossSum InternLM2<T>::forward_backward(const data::MicroBatch& batch, Params<T>&
   const int L = static_cast<int>(ops_.blocks.size());
   forward_blocks(batch, true);
   const AttentionBatch ab = attention_batch(batch);
-  ops_.norm->forward(xf_, rstdf_, xs_.back(), N, params_);
-  const LossSum loss = ops_.head->forward_backward(dxn_, xf_, batch.labels.data(), N, params_,
+  T* const xf = bf16_ ? pool_.xf : xf_;
+  T* const dxf = bf16_ ? pool_.dxf : dxn_;
+  T* const dres = bf16_ ? pool_.dres : dres_;
+  ops_.norm->forward(xf, rstdf_, final_residual(), N, params_);
+  const LossSum loss = ops_.head->forward_backward(dxf, xf, batch.labels.data(), N, params_,
                                                    &grads, loss_scale, nullptr);
-  ops_.norm->backward(dres_, dxn_, xs_.back(), rstdf_, N, params_, &grads);
+  ops_.norm->backward(dres, dxf, final_residual(), rstdf_, N, params_, &grads);
+  const int64_t RH = N / ops_.residual_split * H_;
   for (int i = L - 1; i >= 0; --i) {
+    if (bf16_) {
+      // Recompute the block from its fp32 input; dres keeps the pool's first slot.
+      if (checkpoint_ && i != L - 1) {
+        const T* x = xs_[static_cast<size_t>(i)];
+        std::copy(x, x + RH, pool_.res);
+        block_forward_bf16(i, acts_.front(), ab, block_input16(i));
+      }
+      block_backward_bf16(i, acts(i, true), ab, grads);
+      continue;
+    }
     const T* x = xs_[static_cast<size_t>(i)];
     // Recompute the block (y discarded); the shared acts still hold the last block's state.
     if (checkpoint_ && i != L - 1) block_forward(i, acts_.front(), dtmp_, x, ab);
     block_backward(i, acts(i, true), x, ab, grads);
   }
-  ops_.embedding->backward(dres_, batch.input_ids.data(), N, &grads);
+  ops_.embedding->backward(dres, batch.input_ids.data(), N, &grads);
   return loss;
 }
 
@@ -296,9 +417,10 @@ LossSum InternLM2<T>::forward_loss(const data::MicroBatch& batch,
   check_batch(batch, ops_.sequence_parallel_size);
   const int64_t N = static_cast<int64_t>(batch.input_ids.size());
   forward_blocks(batch, false);
-  ops_.norm->forward(xf_, rstdf_, xs_.back(), N, params_);
+  T* const xf = bf16_ ? pool_.xf : xf_;
+  ops_.norm->forward(xf, rstdf_, final_residual(), N, params_);
   if (token_losses) token_losses->assign(static_cast<size_t>(N), 0.0);
-  return ops_.head->forward_backward(nullptr, xf_, batch.labels.data(), N, params_, nullptr, 0.0,
+  return ops_.head->forward_backward(nullptr, xf, batch.labels.data(), N, params_, nullptr, 0.0,
                                      token_losses ? token_losses->data() : nullptr);
 }
 
@@ -314,9 +436,10 @@ std::vector<T> InternLM2<T>::logits_last(std::span<const int32_t> ids) {
   b.cu_seqlens = {0, n};
   b.max_seqlen = n;
   forward_blocks(b, false);
-  ops_.norm->forward(xf_, rstdf_, xs_.back() + (n - 1) * H_, 1, params_);
+  T* const xf = bf16_ ? pool_.xf : xf_;
+  ops_.norm->forward(xf, rstdf_, final_residual() + (n - 1) * H_, 1, params_);
   std::vector<T> logits(static_cast<size_t>(layout_.config().vocab_size));
-  ops_.head->logits_row(logits.data(), xf_, params_);
+  ops_.head->logits_row(logits.data(), xf, params_);
   return logits;
 }
 

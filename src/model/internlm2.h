@@ -20,9 +20,9 @@ namespace longtron::model {
 /// saved qkv / lse elements for N tokens. `per_layer` = one set of saved block state per layer
 /// (training without recomputation), else one shared set.
 /// Counted in double so a plan of an absurd length cannot overflow.
-/// `bf16` = mixed precision (a bfloat16 compute type, ops/precision.h): the saved inputs of the
-/// GEMMs and of attention (split qkv, attention output, the FFN's a and b) live in a second arena
-/// of bf16 values.
+/// `bf16` = mixed precision (a bfloat16 compute type, ops/precision.h): every tensor saved for
+/// backward but lse lives in a second arena of bf16 values (see InternLM2), and one block's fp32
+/// temporaries share one pool laid out per phase of the step.
 struct WorkspaceShape {
   double L = 0, N = 0, R = 0, H = 0, Q = 0, F = 0, A = 0, saved_qkv = 0, saved_lse = 0;
   bool per_layer = false;
@@ -40,11 +40,18 @@ double workspace_bf16_elements(const WorkspaceShape& s);
 /// grown only when a longer micro-batch arrives; per block they are O(N·(H + Q + F)) — nothing
 /// O(N²). With config.checkpoint only each block's input is kept and the block is recomputed in
 /// backward (InternEvo's activation checkpointing); gradients are identical.
-/// Under a bfloat16 compute type (float model, ops/precision.h) the tensors saved for backward
-/// that feed a GEMM or attention — the split qkv after RoPE, the attention output, the FFN's
-/// a = w1 z and b = w3 z — are kept as bf16 (torch.autocast saves its bf16 linears' outputs so;
-/// the GEMMs and the bf16 attention kernel round these inputs to bf16 anyway) and widened to fp32
-/// one block at a time in backward; the residual stream, norm statistics and lse stay fp32.
+/// Under a bfloat16 compute type (float model, ops/precision.h) every tensor saved for backward
+/// but the attention lse is kept as bf16: the block inputs and post-attention residuals (read by
+/// the RMSNorm backward and its recomputed forward), the split qkv after RoPE, the attention
+/// output and the FFN's a = w1 z and b = w3 z (torch.autocast saves its bf16 linears' outputs
+/// so; the GEMMs and the bf16 attention kernel round these inputs to bf16 anyway). Backward
+/// widens them to fp32 one block at a time; norms, RoPE, softmax and every gradient stay fp32.
+/// The forward's residual sum itself runs in one fp32 buffer (the values the float32 path
+/// computes); each norm reads its input as saved (rounded to bf16, widened), so backward
+/// recomputes exactly the forward's normalised values. With checkpoint the block inputs are kept
+/// in fp32 and rounded the same way where read: gradients are identical with and without
+/// checkpoint here too. The fp32 temporaries of one block share one pool laid out per phase
+/// (forward, head, FFN backward, attention backward): see workspace_elements.
 template <typename T>
 class InternLM2 {
  public:
@@ -79,24 +86,55 @@ class InternLM2 {
 
  private:
   /// Saved state of one block: the split qkv after RoPE, attention output and lse, the residual
-  /// after attention, both norms' rstd, and the FFN's a = w1 z and b = w3 z. In bf16 mode qkv_s,
-  /// attn, a, b are nullptr and their bf16 copies qkv16, attn16, a16, b16 are kept instead.
+  /// after attention, both norms' rstd, and the FFN's a = w1 z and b = w3 z. In bf16 mode only
+  /// lse is float, and qkv16, attn16, a16, b16, h16 are kept instead of the rest.
   struct BlockActs {
     T *qkv_s, *attn, *lse, *h, *rstd1, *rstd2, *a, *b;
-    uint16_t *qkv16, *attn16, *a16, *b16;
+    uint16_t *qkv16, *attn16, *a16, *b16, *h16;
+  };
+  /// bf16 mode: the fp32 temporaries, views into one pool laid out per phase (R×H buffers are
+  /// residual-stream rows, the rest token rows). dres (dL/d residual) has the pool's first slot
+  /// in every phase, so a recomputed forward (checkpoint) leaves it intact.
+  struct Bf16Pool {
+    T* dres;
+    // forward: xn (also the linears' output tmp), res (the fp32 residual stream; at the end the
+    // last block's output), then wide (a norm's input as saved, widened), qkv, qs (split qkv),
+    // att (attention output) or ga, gb (a, b).
+    T *xn, *res, *wide, *qkv, *qs, *att, *ga, *gb;
+    // head: xf in xn's slot, the head's input gradient dxf at the start of the phase area.
+    T *xf, *dxf;
+    // FFN backward: g / da, dg / db, then s1, s2 (R×H each); hw (the widened h, second read).
+    T *g, *dg, *s1, *s2, *hw;
+    // attention backward: dqkv, datt, the widened attn and qkv_s, attention's scratch; then
+    // the widened x, its norm xn2 (later dL/dx of the norm), the norm's input gradient dxn2.
+    T *dqkv, *datt, *attn_w, *qkv_w, *dqs, *xw, *xn2, *dxn2;
   };
   /// Workspace for N tokens; want_all = one set of block acts per layer (else one shared set);
-  /// bf16 = the saved GEMM and attention inputs in bf16 (see the class comment).
+  /// bf16 = the bf16 layout (see the class comment).
   void reserve(int64_t N, bool want_all, bool bf16);
   /// Whether this call keeps its saved inputs in bf16: a float model under kBFloat16.
   static bool bf16_mode();
   AttentionBatch attention_batch(const data::MicroBatch& batch) const;
-  /// Embedding and every block; xs_[L] holds the last block's output. save = keep per-block acts.
+  /// Embedding and every block; final_residual() holds the last block's output. save = keep
+  /// per-block acts.
   void forward_blocks(const data::MicroBatch& batch, bool save);
+  /// The last block's output [R, H] after forward_blocks.
+  T* final_residual() { return bf16_ ? pool_.res : xs_.back(); }
   void block_forward(int layer, BlockActs& A, T* y, const T* x, const AttentionBatch& ab);
   /// On entry dres_ = dL/dy of the block; on exit dL/dx.
   void block_backward(int layer, BlockActs& A, const T* x, const AttentionBatch& ab,
                       Params<T>& grads);
+  /// bf16 mode: the block on pool_.res in place (x on entry, y on exit); saves A, and x rounded
+  /// to bf16 into x16.
+  void block_forward_bf16(int layer, BlockActs& A, const AttentionBatch& ab, uint16_t* x16);
+  /// Where block `layer`'s input goes in bf16: its saved copy, or (checkpoint, whose inputs are
+  /// kept in fp32) a staging area in the pool's xn slot, free when the block starts.
+  uint16_t* block_input16(int layer) {
+    return xs16_.empty() ? reinterpret_cast<uint16_t*>(pool_.xn)
+                         : xs16_[static_cast<size_t>(layer)];
+  }
+  /// bf16 mode: pool_.dres = dL/dy on entry, dL/dx on exit.
+  void block_backward_bf16(int layer, BlockActs& A, const AttentionBatch& ab, Params<T>& grads);
   BlockActs& acts(int layer, bool save);
 
   const ParamLayout& layout_;
@@ -109,12 +147,15 @@ class InternLM2 {
   bool saved_all_ = false;  // workspace laid out with per-block acts (checkpoint off)
   bool bf16_ = false;       // workspace laid out for bf16 saved inputs
   std::vector<T> arena_;
-  std::vector<uint16_t> arena16_;   // bf16 saved inputs (bf16 mode only)
-  std::vector<T*> xs_;              // residual stream: block inputs [L+1][N,H]
+  std::vector<uint16_t> arena16_;   // bf16 saved tensors (bf16 mode only)
+  // Residual stream: block inputs [L+1][R,H] (fp32 mode); bf16 mode: the L block inputs, in
+  // xs16_ with per-block acts, else in xs_ (fp32, so recomputation starts from the forward's x).
+  std::vector<T*> xs_;
+  std::vector<uint16_t*> xs16_;
   std::vector<BlockActs> acts_;     // L entries (checkpoint off) or 1 (shared)
   T *xn_, *qkv_, *tmp_, *g_, *xf_, *rstdf_, *rstd_scratch_;       // forward temporaries
   T *dres_, *dtmp_, *dxn_, *dg_, *da_, *db_, *dattn_, *dqkv_s_;   // backward temporaries
-  T *attn_wide_, *qkv_wide_;  // bf16 mode: the widened attn and qkv_s of the block in backward
+  Bf16Pool pool_{};  // bf16 mode only (the fp32 temporaries above are then unused)
 };
 
 /// Model FLOPs of one step (docs/model.md): 6 × matmul parameters (all linears, head included; not the

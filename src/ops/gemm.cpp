@@ -98,6 +98,7 @@ class RoundingBuffer {
  public:
   uint16_t* get(int64_t n) {
     if (static_cast<size_t>(n) > capacity_) {
+      data_.reset();  // free first: the old contents are not needed, and the peak stays one buffer
       data_ = std::make_unique_for_overwrite<uint16_t[]>(static_cast<size_t>(n));
       capacity_ = static_cast<size_t>(n);
     }
@@ -111,17 +112,20 @@ class RoundingBuffer {
 
 // Mixed precision (torch.autocast's rule for matmuls): both operands rounded to bf16, the product
 // accumulated in fp32. Weights come from the step's bf16 copy (Bf16WeightScope); other operands
-// are rounded into per-thread buffers reused from call to call.
+// are rounded into one per-thread buffer (A's copy, then B's), reused from call to call and
+// reallocated without copying when a call needs more, so it holds the largest pair of operands
+// one call rounds (a weight gradient's dy and x), not the largest A plus the largest B.
 void bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                const float* B, float beta, float* C) {
-  thread_local RoundingBuffer a16, b16;
+  thread_local RoundingBuffer buffer;
   const uint16_t* a = cached_weights(A, M * K);
   const uint16_t* b = cached_weights(B, K * N);
-  uint16_t* ra = a == nullptr ? a16.get(M * K) : nullptr;
-  uint16_t* rb = b == nullptr ? b16.get(K * N) : nullptr;
-  round_pair(A, a ? 0 : M * K, ra, B, b ? 0 : K * N, rb);
-  detail::onednn_matmul(detail::MatmulInput::kBF16, ta, tb, M, N, K, alpha, a ? a : ra,
-                        b ? b : rb, beta, C);
+  const int64_t na = a ? 0 : M * K, nb = b ? 0 : K * N;
+  uint16_t* const a16 = buffer.get(na + nb);
+  uint16_t* const b16 = a16 + na;
+  round_pair(A, na, a16, B, nb, b16);
+  detail::onednn_matmul(detail::MatmulInput::kBF16, ta, tb, M, N, K, alpha, a ? a : a16,
+                        b ? b : b16, beta, C);
 }
 
 void backend_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,

@@ -242,13 +242,19 @@ double activation_bytes(const model::WorkspaceShape& ws) {
 }
 
 /// The bf16 copies of float GEMM operands that ops::gemm rounds under a bf16 compute type
-/// (ops/gemm.cpp: one buffer for A, one for B, kept at the largest size seen): A is at most a
-/// token-rows activation or gradient (N × the widest of H, Q, A, F) or a head chunk's logit
-/// gradient; B at most an activation (N × the widest of H, A, F) or the head's weight. Bytes.
-double bf16_operand_bytes(const StepShape& s) {
+/// (ops/gemm.cpp: one buffer for a call's A and B, kept at the largest pair seen). Where the
+/// GEMMs read the step's bf16 weight copy (dense and Megatron layouts) the largest pair is a weight
+/// gradient's dy and x (N × (H + the widest of H, Q, A, F): every linear has the hidden size on
+/// one side) or the head's chunk of logit gradients and its rows; elsewhere a bound: A at most a
+/// token-rows activation or gradient or a head chunk's logit gradient, B at most an activation or
+/// the head's weight. Bytes.
+double bf16_operand_bytes(const StepShape& s, const std::string& mode) {
   const model::WorkspaceShape& w = s.ws;
   const double widest = std::max({w.H, w.Q, w.A, w.F});
-  const double a = std::max(w.N * widest, head_chunk_rows(s) * s.head_vocab);
+  const double chunk = head_chunk_rows(s);
+  if (mode == "dense" || mode == "mtp" || mode == "msp" || mode == "fsp")
+    return 2 * std::max(w.N * (w.H + widest), chunk * (s.head_vocab + w.H));
+  const double a = std::max(w.N * widest, chunk * s.head_vocab);
   const double b = std::max(w.N * std::max({w.H, w.A, w.F}), s.head_vocab * w.H);
   return 2 * (a + b);
 }
@@ -360,9 +366,9 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
                                   : "data.seq_len, data.micro_bsz (or model.checkpoint = true)";
   const char* acts_name =
       c.model.checkpoint
-          ? (in.bf16 ? "activations (one block saved, model.checkpoint recomputes; GEMM inputs bf16)"
+          ? (in.bf16 ? "activations (one block saved, model.checkpoint recomputes; saved tensors bf16)"
                      : "activations (one block saved, model.checkpoint recomputes)")
-          : (in.bf16 ? "activations saved for backward (every layer; GEMM inputs bf16)"
+          : (in.bf16 ? "activations saved for backward (every layer, in bf16)"
                      : "activations saved for backward (every layer)");
   p.step = {
       {acts_name, acts, act_key},
@@ -375,7 +381,7 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
     p.step.push_back({"bf16 weight copy (one a step)", 0.5 * local_bytes, "model.*"});
   if (in.bf16)
     p.step.push_back({"bf16 GEMM operands (rounded activations)",
-                      bf16_operand_bytes(s),
+                      bf16_operand_bytes(s, mode),
                       "data.seq_len, data.micro_bsz"});
   if (s.layout_scratch > 0)
     p.step.push_back({"layout buffers (gathers, all-to-all)", s.layout_scratch * kFloat,

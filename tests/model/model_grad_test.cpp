@@ -8,6 +8,8 @@
 
 #include "core/error.h"
 #include "model/internlm2.h"
+#include "ops/ops.h"
+#include "ops/precision.h"
 #include "model_testing.h"
 
 namespace longtron::model {
@@ -121,6 +123,35 @@ TEST(ModelGrad, CheckpointGivesIdenticalGradients) {
   EXPECT_EQ(a.count, b.count);
   for (int64_t i = 0; i < layout.numel(); ++i)
     ASSERT_EQ(plain.data()[i], recomputed.data()[i]) << "element " << i;
+}
+
+// Under bf16 mixed precision the block inputs are saved in bf16 without checkpoint and in fp32
+// with it (so the recomputed block matches its forward); both round x the same way for the
+// norm's backward, so the gradients agree bitwise, and forward_loss runs the same forward.
+TEST(ModelGrad, CheckpointGivesIdenticalGradientsInBf16) {
+  if (!ops::cpu_has_avx512_bf16() || !ops::gemm_backend().native_bf16)
+    GTEST_SKIP() << "this CPU has no native bf16";
+  ModelConfig c = testing::tiny_config();
+  const ParamLayout layout(c);
+  Params<double> wide(layout);
+  randomize(wide, 5);
+  Params<float> params(layout), plain(layout), recomputed(layout);
+  for (int64_t i = 0; i < layout.numel(); ++i) params.data()[i] = float(wide.data()[i]);
+  const data::MicroBatch batch = tiny_row(c.vocab_size);
+  const ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
+  InternLM2<float> model(layout, params);
+  const LossSum a = model.forward_backward(batch, plain, 1.0);
+  EXPECT_EQ(model.forward_loss(batch).sum, a.sum);
+  model.set_checkpoint(true);
+  const LossSum b = model.forward_backward(batch, recomputed, 1.0);
+  EXPECT_EQ(a.sum, b.sum);
+  EXPECT_EQ(a.count, b.count);
+  double norm = 0;
+  for (int64_t i = 0; i < layout.numel(); ++i) {
+    ASSERT_EQ(plain.data()[i], recomputed.data()[i]) << "element " << i;
+    norm += double(plain.data()[i]) * plain.data()[i];
+  }
+  EXPECT_GT(norm, 0);
 }
 
 TEST(ModelGrad, GradientsAccumulate) {

@@ -36,7 +36,7 @@ double item(const std::vector<train::MemoryItem>& items, const std::string& pref
 
 // The plan's activation line is exactly the arena the model allocates for a packed row of
 // micro_bsz × seq_len tokens, with and without recomputation, in float32 and (where the CPU has
-// native bf16) in bfloat16, whose saved GEMM and attention inputs take half the bytes.
+// native bf16) in bfloat16, whose saved tensors take half the bytes.
 TEST(MemoryPlan, ActivationsAreTheModelsWorkspace) {
   double fp32_bytes = 0;
   for (const bool bf16 : {false, true}) {
