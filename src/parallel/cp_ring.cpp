@@ -229,12 +229,6 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
           for (int64_t e = int64_t(r0) * row; e < int64_t(r1) * row; ++e) a[size_t(e)] += *g++;
         incoming.erase(it);
       }
-    // One step's sums in flight at a time (ring-flash-attn's order): the previous step's sends
-    // complete before this step's are packed, so their buffers do not pile up until the call
-    // ends (under "document" every block's sum travels: 3 blocks' rows held at C = 4).
-    for (comm::Work& w : outgoing_work) w.wait();
-    outgoing_work.clear();
-    outgoing.clear();
     for (const RingMessage& m : p.dkv_send[size_t(step)]) {
       outgoing.emplace_back();
       std::vector<float>& a = sum_of(m.block);
