@@ -15,8 +15,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "ops/attention_bf16.h"
 #include "ops/attention_add_dq.h"
+#include "ops/attention_bf16.h"
 #include "ops/attention_dq_order.h"
 #include "ops/attention_plan.h"
 #include "ops/attention_rows.h"
@@ -35,7 +35,8 @@ constexpr int64_t kKeyBlock = detail::kAttnBackwardKeyBlock;
 // starts at row (b·Hkv + g)·G·64 and holds row h·bi + r for query head g·G + h at token q0 + r.
 // Every key block of the segment reads the same tile, so packing once (instead of per key block)
 // removes the copies from the inner loop; dq is accumulated in the same layout and scattered into
-// the caller's (possibly strided) dq at the end, which also makes it overwrite rather than add.
+// the caller's (possibly strided) dq at the end, which also makes it overwrite rather than add
+// (varlen_attention_backward_add_dq adds it there instead).
 template <typename T>
 struct PackedQueries {
   int64_t tile_rows;  // G · 64
@@ -179,11 +180,12 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const 
       }
       // The bf16 kernel overwrites: its dq goes through a scratch of q's layout, then is added.
       static thread_local std::vector<float> scratch;
-      scratch.resize(static_cast<size_t>(s.num_tokens * s.q_stride));
+      scratch.assign(static_cast<size_t>(s.num_tokens * s.q_stride), 0.f);
       detail::varlen_attention_backward_bf16(scratch.data(), dk, dv, dout, q, k, v, out, lse, s);
       const int64_t w = s.num_heads * s.head_dim;
       for (int64_t n = 0; n < s.num_tokens; ++n)
-        for (int64_t x = 0; x < w; ++x) dq[n * s.q_stride + x] += scratch[size_t(n * s.q_stride + x)];
+        for (int64_t x = 0; x < w; ++x)
+          dq[n * s.q_stride + x] += scratch[static_cast<size_t>(n * s.q_stride + x)];
       return;
     }
   }
