@@ -150,15 +150,15 @@ template <typename T>
 class DenseHeadLoss final : public HeadLossOp<T> {
  public:
   DenseHeadLoss(const ParamLayout& layout, int weight)
-      : weight_(weight), V_(layout.view(weight).shape[0]), H_(layout.view(weight).shape[1]),
-        chunk_(HeadChunks<T>::rows_for(V_)) {}
+      : weight_(weight), V_(layout.view(weight).shape[0]), H_(layout.view(weight).shape[1]) {}
 
   LossSum forward_backward(T* dxf, const T* xf, const int32_t* labels, int64_t N,
                            const Params<T>& p, Params<T>* g, double loss_scale,
                            double* token_losses) override {
     ops::check_labels(labels, N, V_);
     return chunked_head_loss(chunks_, dxf, dxf && g ? g->ptr(weight_) : nullptr, xf,
-                             p.ptr(weight_), labels, N, V_, H_, chunk_, loss_scale, token_losses);
+                             p.ptr(weight_), labels, N, V_, H_, head_chunk_rows(V_, N),
+                             loss_scale, token_losses);
   }
 
   void logits_row(T* logits, const T* xf, const Params<T>& p) override {
@@ -167,7 +167,7 @@ class DenseHeadLoss final : public HeadLossOp<T> {
 
  private:
   int weight_;
-  int64_t V_, H_, chunk_;
+  int64_t V_, H_;
   HeadChunks<T> chunks_;
 };
 

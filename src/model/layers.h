@@ -141,16 +141,30 @@ class HeadLossOp {
   virtual void logits_row(T* logits, const T* xf, const Params<T>& params) = 0;
 };
 
-/// Scratch of a chunked head: logits, their gradient and lse for one chunk of rows.
+/// Rows per chunk of a chunked head over V vocabulary columns (the whole vocabulary, or the largest
+/// shard of a vocabulary-parallel head) and N rows on this rank: at most 2²² logits at once, and
+/// at most ⌈N / 32⌉ rows, so that the chunk's logits and their gradient (2·V floats a row) shrink
+/// with the rank's tokens like its other activations instead of staying fixed while context or
+/// sequence parallelism divides the rest (docs/isp.md); never fewer than 256 rows (below that the
+/// GEMMs get thin and dW is re-read once per chunk) unless 2²² / V is smaller, and never fewer than
+/// 64. Rows of up to 256 tokens, or of at least 32·2²²/V, keep one chunk size as before. Depends
+/// only on (V, N), so every rank of a group that holds the same rows chunks them alike.
+inline int64_t head_chunk_rows(int64_t V, int64_t N) {
+  const int64_t cap = (int64_t{1} << 22) / std::max<int64_t>(1, V);
+  const int64_t share = std::max<int64_t>(256, (N + 31) / 32);
+  return std::max<int64_t>(64, std::min(cap, share));
+}
+
+/// Scratch of a chunked head: logits, their gradient and lse for one chunk of rows (kept at the
+/// largest chunk seen).
 template <typename T>
 struct HeadChunks {
-  /// Rows per chunk for a vocabulary of V: about 4M logits at once, at least 64 rows.
-  static int64_t rows_for(int64_t V) { return std::max<int64_t>(64, (int64_t{1} << 22) / V); }
   std::vector<T> logits, dlogits, lse;
 };
 
-/// The output head W[V, H] + cross-entropy over xf[N, H] in chunks of `chunk` rows, so logits exist
-/// for one chunk at a time; the loop shared by the dense and the weight-parallel (ISP) heads.
+/// The output head W[V, H] + cross-entropy over xf[N, H] in chunks of `chunk` rows
+/// (head_chunk_rows(V, N)), so logits exist for one chunk at a time; the loop shared by the dense
+/// and the weight-parallel (ISP) heads.
 /// dxf[N, H] (nullptr: forward only) is overwritten with d(loss_scale · loss_sum)/dxf; dW[V, H]
 /// (nullptr: none; only with dxf) accumulates. token_losses as HeadLossOp. Labels must have been
 /// checked (ops::check_labels) by the caller.

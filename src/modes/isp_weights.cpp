@@ -217,8 +217,7 @@ void IspEmbedding::backward(const float* dx, const int32_t* ids, int64_t N,
 
 IspHeadLoss::IspHeadLoss(std::shared_ptr<IspWeightStore> store, int weight_view, int64_t V,
                          int64_t H, comm::CommPtr tensor)
-    : store_(std::move(store)), tensor_(std::move(tensor)), view_(weight_view), V_(V), H_(H),
-      chunk_(model::HeadChunks<float>::rows_for(V)) {
+    : store_(std::move(store)), tensor_(std::move(tensor)), view_(weight_view), V_(V), H_(H) {
   id_ = store_->add(weight_view, V, H, 0);
 }
 
@@ -233,8 +232,9 @@ model::LossSum IspHeadLoss::forward_backward(float* dxf, const float* xf, const 
     G = store_->grad_scratch(V_ * H_);
     std::fill(G, G + V_ * H_, 0.f);
   }
-  model::LossSum loss = model::chunked_head_loss(chunks_, dxf, G, xf, W, labels, N, V_, H_, chunk_,
-                                                 loss_scale, token_losses);
+  model::LossSum loss = model::chunked_head_loss(chunks_, dxf, G, xf, W, labels, N, V_, H_,
+                                                 model::head_chunk_rows(V_, N), loss_scale,
+                                                 token_losses);
   if (G) store_->reduce_grad(g->ptr(view_), G, id_);
   if (tensor_ && tensor_->size() > 1) {
     double sum = loss.sum;

@@ -158,7 +158,7 @@ class IspHeadLoss final : public model::HeadLossOp<float> {
   std::shared_ptr<IspWeightStore> store_;
   comm::CommPtr tensor_;
   int id_, view_;
-  int64_t V_, H_, chunk_;
+  int64_t V_, H_;
   model::HeadChunks<float> chunks_;
 };
 

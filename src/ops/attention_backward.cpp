@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ops/attention_add_dq.h"
 #include "ops/attention_bf16.h"
 #include "ops/attention_dq_order.h"
 #include "ops/attention_plan.h"
@@ -35,7 +36,8 @@ constexpr int64_t kKeyBlock = detail::kAttnBackwardKeyBlock;
 // starts at row (b·Hkv + g)·G·64 and holds row h·bi + r for query head g·G + h at token q0 + r.
 // Every key block of the segment reads the same tile, so packing once (instead of per key block)
 // removes the copies from the inner loop; dq is accumulated in the same layout and scattered into
-// the caller's (possibly strided) dq at the end, which also makes it overwrite rather than add.
+// the caller's (possibly strided) dq at the end, which also makes it overwrite rather than add
+// (varlen_attention_backward_add_dq adds it there instead).
 template <typename T>
 struct PackedQueries {
   int64_t tile_rows;  // G · 64
@@ -59,12 +61,14 @@ struct BackwardScratch {
   }
 };
 
-// Copies (pack = true) the query block of `it` into PackedQueries with its lse and D, or scatters
-// (pack = false) its accumulated dq back to the caller's layout.
+enum class Move { kPack, kStore, kAdd };
+
+// Copies (kPack) the query block of `it` into PackedQueries with its lse and D, or scatters its
+// accumulated dq back to the caller's layout, overwriting (kStore) or adding to (kAdd) it.
 template <typename T>
 void move_query_block(PackedQueries<T>& pq, T* dq, const T* q, const T* dout, const T* out,
                       const T* lse, const AttentionShape& s, const detail::AttnPlan& p,
-                      const detail::AttnItem& it, bool pack) {
+                      const detail::AttnItem& it, Move move) {
   const detail::AttnSegment& sg = p.segments[it.seg];
   const int64_t d = s.head_dim, G = s.num_heads / s.num_kv_heads, g = it.kv_head;
   const int64_t q0 = sg.q_begin + it.block * kAttnBlock;
@@ -77,8 +81,14 @@ void move_query_block(PackedQueries<T>& pq, T* dq, const T* q, const T* dout, co
     const int64_t head = g * G + h;
     for (int64_t r = 0; r < bi; ++r) {
       const int64_t row = base + h * bi + r, n = q0 + r;
-      if (!pack) {
+      if (move == Move::kStore) {
         std::memcpy(dq + n * s.q_stride + head * d, &pq.dq[row * d], sizeof(T) * d);
+        continue;
+      }
+      if (move == Move::kAdd) {
+        T* dst = dq + n * s.q_stride + head * d;
+        const T* src = &pq.dq[row * d];
+        for (int64_t x = 0; x < d; ++x) dst[x] += src[x];
         continue;
       }
       const T* o = out + (n * s.num_heads + head) * d;
@@ -167,14 +177,23 @@ void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
   }
 }
 
-}  // namespace
-
 template <typename T>
-void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
-                               const T* v, const T* out, const T* lse, const AttentionShape& s) {
+void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
+              const T* lse, const AttentionShape& s, bool add_dq) {
   if constexpr (std::is_same_v<T, float>) {
     if (compute_type() == ComputeType::kBFloat16 && attention_bf16_native()) {
-      detail::varlen_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s);
+      if (!add_dq) {
+        detail::varlen_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s);
+        return;
+      }
+      // The bf16 kernel overwrites: its dq goes through a scratch of q's layout, then is added.
+      static thread_local std::vector<float> scratch;
+      scratch.assign(static_cast<size_t>(s.num_tokens * s.q_stride), 0.f);
+      detail::varlen_attention_backward_bf16(scratch.data(), dk, dv, dout, q, k, v, out, lse, s);
+      const int64_t w = s.num_heads * s.head_dim;
+      for (int64_t n = 0; n < s.num_tokens; ++n)
+        for (int64_t x = 0; x < w; ++x)
+          dq[n * s.q_stride + x] += scratch[static_cast<size_t>(n * s.q_stride + x)];
       return;
     }
   }
@@ -198,17 +217,41 @@ void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
   {
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n_queries; ++i)
-      move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], true);
+      move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], Move::kPack);
     BackwardScratch<T> scratch(tile_rows, s.head_dim);
     for (int64_t i = items.claim(); i < n_items; i = items.claim())
       backward_item(dk, dv, k, v, pq, order, s, p, p.items[i], scratch);
 #pragma omp barrier
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n_queries; ++i)
-      move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], false);
+      move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i],
+                       add_dq ? Move::kAdd : Move::kStore);
   }
 }
 
+}  // namespace
+
+template <typename T>
+void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
+                               const T* v, const T* out, const T* lse, const AttentionShape& s) {
+  backward(dq, dk, dv, dout, q, k, v, out, lse, s, false);
+}
+
+template <typename T>
+void varlen_attention_backward_add_dq(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
+                                      const T* v, const T* out, const T* lse,
+                                      const AttentionShape& s) {
+  backward(dq, dk, dv, dout, q, k, v, out, lse, s, true);
+}
+
+template void varlen_attention_backward_add_dq<float>(float*, float*, float*, const float*,
+                                                      const float*, const float*, const float*,
+                                                      const float*, const float*,
+                                                      const AttentionShape&);
+template void varlen_attention_backward_add_dq<double>(double*, double*, double*, const double*,
+                                                       const double*, const double*,
+                                                       const double*, const double*,
+                                                       const double*, const AttentionShape&);
 template void varlen_attention_backward<float>(float*, float*, float*, const float*, const float*,
                                                const float*, const float*, const float*,
                                                const float*, const AttentionShape&);

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "ops/attention_add_dq.h"
 #include "parallel/kv_rows.h"
 
 namespace longtron::parallel {
@@ -55,7 +56,7 @@ constexpr int kKvTag = 0;  // tag of block s: kKvTag·C + s for K/V, C + s for d
 }  // namespace
 
 void RingScratch::release() {
-  for (std::vector<float>* b : {&kv_local, &keys, &dkeys, &out, &lse, &dq})
+  for (std::vector<float>* b : {&kv_local, &keys, &dkeys, &out, &lse})
     std::vector<float>().swap(*b);
 }
 
@@ -181,7 +182,7 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
   const RingPlan& p = plan(s);
   pack_local(k, v, s);
   const int C = comm_->size(), me = comm_->rank();
-  const int64_t M = s.num_tokens, H = s.num_heads, d = s.head_dim;
+  const int64_t M = s.num_tokens, d = s.head_dim;
   const int64_t kv = s.num_kv_heads * d, row = 2 * kv;
   RingScratch& b = *scratch_;
   std::map<int, std::vector<float>> acc;  // dK/dV sums [M, row] of blocks this rank handles
@@ -202,16 +203,13 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
         const ops::AttentionShape ks = pass_shape(pass, block, source, s);
         const float* keys = b.keys.data();
         b.dkeys.resize(b.keys.size());
-        float* dqp = dq;
-        if (!first) {
-          b.dq.resize(size_t(M * s.q_stride));
-          dqp = b.dq.data();
-        }
-        ops::varlen_attention_backward(dqp, b.dkeys.data(), b.dkeys.data() + kv, dout, q, keys,
-                                       keys + kv, out, lse, ks);
-        if (!first)
-          for (int64_t n = 0; n < M; ++n)
-            for (int64_t x = 0; x < H * d; ++x) dq[n * s.q_stride + x] += dqp[n * s.q_stride + x];
+        // The first pass writes dq, the others add to it in place (no q-sized scratch).
+        if (first)
+          ops::varlen_attention_backward(dq, b.dkeys.data(), b.dkeys.data() + kv, dout, q, keys,
+                                         keys + kv, out, lse, ks);
+        else
+          ops::varlen_attention_backward_add_dq(dq, b.dkeys.data(), b.dkeys.data() + kv, dout, q,
+                                                keys, keys + kv, out, lse, ks);
         first = false;
         add_rows(sum_of(source).data(), b.dkeys.data(), pass.key_rows, row);
       }

@@ -36,7 +36,7 @@ struct RingBytes {
 /// share-sized.
 struct RingScratch {
   RingPlan plan;
-  std::vector<float> kv_local, keys, dkeys, out, lse, dq;
+  std::vector<float> kv_local, keys, dkeys, out, lse;
   void release();
 };
 

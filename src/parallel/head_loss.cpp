@@ -12,18 +12,16 @@ namespace longtron::parallel {
 
 VocabParallelHeadLoss::VocabParallelHeadLoss(int64_t V, int64_t V_local, int64_t H,
                                              int64_t vocab_start, int group_size)
-    : V_local_(V_local), H_(H), vocab_start_(vocab_start) {
-  // About 4M logits per chunk on the largest shard, at least 64 rows.
-  const int64_t per_rank = (V + group_size - 1) / group_size;
-  chunk_ = std::max<int64_t>(64, (int64_t{1} << 22) / per_rank);
-}
+    : V_local_(V_local), H_(H), vocab_start_(vocab_start),
+      V_shard_((V + group_size - 1) / group_size) {}
 
 model::LossSum VocabParallelHeadLoss::forward_backward(float* dX, float* dW, const float* X,
                                                        const float* W, const int32_t* labels,
                                                        int64_t N, double loss_scale,
                                                        double* token_losses,
                                                        comm::Communicator& comm) {
-  const int64_t C = std::min(chunk_, N), Vr = V_local_, H = H_;
+  // Chunked by the largest shard and the rows, which every rank of the group shares.
+  const int64_t C = std::min(model::head_chunk_rows(V_shard_, N), N), Vr = V_local_, H = H_;
   float* logits = ensure(logits_, C * Vr + 1);
   float* lse = ensure(lse_, C);
   model::LossSum loss;

@@ -14,8 +14,9 @@ namespace longtron::parallel {
 /// The head's row loop over one tensor group: for each chunk of rows, logits = X·Wᵀ on this rank's
 /// vocabulary shard, vocab-parallel cross-entropy forward and (when dX is given) backward, then
 /// dX = dlogits·W and dW += dlogitsᵀ·X. Holds the per-chunk scratch (logits, dlogits, lse), so one
-/// object per head. The chunk size depends only on V and the group size: the same on every rank
-/// (each chunk issues collectives that must match).
+/// object per head. The chunk size (model::head_chunk_rows of the largest shard and N) depends only
+/// on V, the group size and N: the same on every rank (each chunk issues collectives that must
+/// match).
 class VocabParallelHeadLoss {
  public:
   /// V: whole vocabulary; this rank holds output rows [vocab_start, vocab_start + V_local) of the
@@ -38,7 +39,7 @@ class VocabParallelHeadLoss {
   void token_loss(double* out, const float* logits, const float* lse, const int32_t* labels,
                   int64_t rows, comm::Communicator& comm) const;
 
-  int64_t V_local_, H_, vocab_start_, chunk_;
+  int64_t V_local_, H_, vocab_start_, V_shard_;
   std::vector<float> logits_, dlogits_, lse_;
 };
 

@@ -225,10 +225,12 @@ double attention_workspace_elements(const StepShape& s, double head_dim, double 
   return forward + 3 * rows * head_dim + 2 * rows;
 }
 
-/// The chunked head's logits and their gradient (model/layers.cpp, parallel/head_loss.cpp):
-/// about 4M logits per chunk.
+/// The chunked head's logits and their gradient (model/layers.cpp, parallel/head_loss.cpp): the
+/// rows of model::head_chunk_rows (at most 2²² logits and ⌈rows / 32⌉ rows, at least 256 rows).
 double head_chunk_rows(const StepShape& s) {
-  return std::min(std::max(64.0, std::floor(4194304.0 / s.head_vocab)), s.head_rows);
+  const auto rows = static_cast<int64_t>(s.head_rows);
+  return static_cast<double>(
+      std::min(model::head_chunk_rows(static_cast<int64_t>(s.head_vocab), rows), rows));
 }
 double head_elements(const StepShape& s) {
   const double chunk = head_chunk_rows(s);

@@ -235,5 +235,55 @@ TEST(ModelGrad, LogitsLastMatchesTokenLoss) {
   EXPECT_EQ(losses[4], 0.0);  // last token: label -100
 }
 
+// The head's chunk: at most 2^22 logits and ceil(N / 32) rows, at least 256 rows (or 64 for a
+// vocabulary over 2^16), so a rank's chunk shrinks with its rows.
+TEST(ModelGrad, HeadChunkRowsShrinkWithTheRows) {
+  EXPECT_EQ(head_chunk_rows(4096, 32768), 1024);    // one process, the docs/isp.md row: the cap
+  EXPECT_EQ(head_chunk_rows(4096, 8192), 256);      // the same row on 4 context ranks
+  EXPECT_EQ(head_chunk_rows(4096, 16384), 512);
+  EXPECT_EQ(head_chunk_rows(4096, 1 << 20), 1024);  // never over 2^22 logits
+  EXPECT_EQ(head_chunk_rows(96, 200), 256);         // short rows: one chunk, as before
+  EXPECT_EQ(head_chunk_rows(32000, 8192), 131);     // 2^22 / V below 256 rows
+  EXPECT_EQ(head_chunk_rows(1 << 20, 8192), 64);    // never under 64 rows
+}
+
+// The chunked head + cross-entropy gives the same loss, token losses, dX and dW whatever the chunk
+// (one row, rows not dividing N, all rows at once), up to double rounding of the sums.
+TEST(ModelGrad, ChunkedHeadLossDoesNotDependOnTheChunk) {
+  const int64_t N = 37, V = 11, H = 5;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> x(size_t(N * H)), W(size_t(V * H));
+  for (double& e : x) e = normal(rng);
+  for (double& e : W) e = normal(rng);
+  std::vector<int32_t> labels(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) labels[size_t(n)] = n % 6 == 5 ? -100 : int32_t(n * 7 % V);
+  struct Result {
+    LossSum loss;
+    std::vector<double> dx, dW, token;
+  };
+  const auto run = [&](int64_t chunk) {
+    Result r;
+    r.dx.assign(size_t(N * H), 0.0);
+    r.dW.assign(size_t(V * H), 0.0);
+    r.token.assign(size_t(N), 0.0);
+    HeadChunks<double> scratch;
+    r.loss = chunked_head_loss(scratch, r.dx.data(), r.dW.data(), x.data(), W.data(),
+                               labels.data(), N, V, H, chunk, 0.5, r.token.data());
+    return r;
+  };
+  const Result whole = run(N);
+  EXPECT_EQ(whole.loss.count, N - N / 6);
+  for (const int64_t chunk : {int64_t(1), int64_t(8), int64_t(36), int64_t(64)}) {
+    const Result r = run(chunk);
+    EXPECT_EQ(r.loss.count, whole.loss.count) << chunk;
+    EXPECT_NEAR(r.loss.sum, whole.loss.sum, 1e-12 * std::abs(whole.loss.sum)) << chunk;
+    for (size_t i = 0; i < r.dx.size(); ++i) EXPECT_NEAR(r.dx[i], whole.dx[i], 1e-13) << chunk;
+    for (size_t i = 0; i < r.dW.size(); ++i) EXPECT_NEAR(r.dW[i], whole.dW[i], 1e-12) << chunk;
+    for (size_t i = 0; i < r.token.size(); ++i)
+      EXPECT_NEAR(r.token[i], whole.token[i], 1e-13) << chunk;
+  }
+}
+
 }  // namespace
 }  // namespace longtron::model

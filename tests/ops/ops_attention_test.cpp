@@ -14,6 +14,7 @@
 #include "core/safetensors.h"
 #include "ops/threads.h"
 #include "fd_check.h"
+#include "ops/attention_add_dq.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
 
@@ -462,6 +463,60 @@ TEST_F(Attention, BackwardIsBitwiseTheSameForAnyThreadCount) {
     expect_backward_independent_of_threads<double>(c, false);
     expect_backward_independent_of_threads<float>(c, false);
     if (ops::attention_bf16_native()) expect_backward_independent_of_threads<float>(c, true);
+  }
+}
+
+// varlen_attention_backward_add_dq (ring attention's later blocks) adds to dq exactly what the
+// overwriting backward writes, as dq + scratch would in T: bitwise the same head columns, the pad
+// columns and k/v's columns of a strided q untouched, dk and dv the same; float, double, bf16.
+template <typename T>
+void expect_add_dq_adds(const Case& c, bool bf16) {
+  const ops::ComputeTypeScope precision(bf16 ? ops::ComputeType::kBFloat16
+                                             : ops::ComputeType::kFloat32);
+  const Inputs<double> ind = make_inputs(c, 51);
+  const Inputs<T> in{{ind.q.begin(), ind.q.end()}, {ind.k.begin(), ind.k.end()},
+                     {ind.v.begin(), ind.v.end()}};
+  const Vec doutd = random_vector(c.tokens() * c.heads * c.d, 52);
+  const std::vector<T> dout(doutd.begin(), doutd.end());
+  std::vector<T> out, lse;
+  forward(out, lse, in, c);
+  const Vec initd = random_vector(c.q_size(), 53);
+  Inputs<T> over{std::vector<T>(c.q_size()), std::vector<T>(c.k_size()),
+                 std::vector<T>(c.v_size())};
+  Inputs<T> add{{initd.begin(), initd.end()}, std::vector<T>(c.k_size()),
+                std::vector<T>(c.v_size())};
+  ops::varlen_attention_backward<T>(over.qp(), over.kp(c), over.vp(c), dout.data(), in.qp(),
+                                    in.kp(c), in.vp(c), out.data(), lse.data(), c.shape());
+  ops::varlen_attention_backward_add_dq<T>(add.qp(), add.kp(c), add.vp(c), dout.data(), in.qp(),
+                                           in.kp(c), in.vp(c), out.data(), lse.data(), c.shape());
+  const int64_t w = c.heads * c.d;
+  for (int64_t n = 0; n < c.tokens(); ++n)
+    for (int64_t x = 0; x < c.q_stride(); ++x) {
+      const size_t i = static_cast<size_t>(n * c.q_stride() + x);
+      const T init = static_cast<T>(initd[i]);
+      if (x < w) {
+        ASSERT_EQ(add.q[i], static_cast<T>(init + over.q[i])) << n << " " << x;
+      } else if (c.k_size() != 0) {  // q's pad columns: nobody writes them
+        ASSERT_EQ(add.q[i], init) << n << " " << x;
+      }
+    }
+  if (c.k_size() != 0) {
+    for (size_t i = 0; i < over.k.size(); ++i) ASSERT_EQ(add.k[i], over.k[i]) << i;
+  }
+  if (c.v_size() != 0) {
+    for (size_t i = 0; i < over.v.size(); ++i) ASSERT_EQ(add.v[i], over.v[i]) << i;
+  }
+}
+
+TEST_F(Attention, BackwardAddDqAddsWhatBackwardWrites) {
+  Case offsets{{0, 70, 150, 154}, 4, 2, 8, true, {0, 130, 230, 240}};  // strided q with pad columns
+  offsets.key_offsets = {200, 70, -2};  // two queries see nothing: nothing is added to theirs
+  const Case docs{{0, 300, 301, 650}, 4, 2, 8, false};
+  for (const Case& c : {offsets, docs}) {
+    SCOPED_TRACE(describe(c));
+    expect_add_dq_adds<double>(c, false);
+    expect_add_dq_adds<float>(c, false);
+    if (ops::attention_bf16_native()) expect_add_dq_adds<float>(c, true);
   }
 }
 
