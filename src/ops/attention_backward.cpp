@@ -76,7 +76,7 @@ void move_query_block(PackedQueries<T>& pq, T* dq, const T* q, const T* dout, co
   const int64_t tile = (sg.q_block0 + it.block) * s.num_kv_heads + g;
   const int64_t base = pq.row(sg.q_block0 + it.block, s.num_kv_heads, g);
   // A tile no key block added into (queries that see no key; not possible for valid shapes).
-  if (!pack && !pq.dq_written[tile]) std::fill_n(&pq.dq[base * d], G * bi * d, T(0));
+  if (move != Move::kPack && !pq.dq_written[tile]) std::fill_n(&pq.dq[base * d], G * bi * d, T(0));
   for (int64_t h = 0; h < G; ++h) {
     const int64_t head = g * G + h;
     for (int64_t r = 0; r < bi; ++r) {
