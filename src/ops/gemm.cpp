@@ -143,6 +143,25 @@ int64_t bf16_weight_copy_bytes() {
   return static_cast<int64_t>(weight_copy().bits.size() * sizeof(uint16_t));
 }
 
+const uint16_t* bf16_weight_copy_of(const float* x, int64_t n) { return cached_weights(x, n); }
+
+void gemm_bf16_weight(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float* A, const uint16_t* B16, float beta, float* C) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // as gemm: C = beta·C
+    for (int64_t i = 0; i < M * N; ++i) C[i] = beta == 0.f ? 0.f : beta * C[i];
+    return;
+  }
+  thread_local std::vector<uint16_t> a16;
+  const uint16_t* a = cached_weights(A, M * K);
+  if (a == nullptr) {
+    a16.resize(static_cast<size_t>(M * K));
+    round_pair(A, M * K, a16.data(), nullptr, 0, nullptr);
+    a = a16.data();
+  }
+  detail::onednn_matmul(detail::MatmulInput::kBF16, ta, tb, M, N, K, alpha, a, B16, beta, C);
+}
+
 void widen_bf16(const uint16_t* x, int64_t n, float* out) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t{x[i]} << 16);
