@@ -90,12 +90,20 @@ const uint16_t* cached_weights(const float* x, int64_t n) {
   return w.bits.data() + (x - w.base);
 }
 
+// The per-thread buffers rounded GEMM operands live in, reused from call to call (one for A, one
+// for B, shared by bf16_gemm and gemm_bf16_weight: the memory plan counts one of each).
+std::vector<uint16_t>& operand_buffer(int which) {
+  thread_local std::vector<uint16_t> buffers[2];
+  return buffers[which];
+}
+
 // Mixed precision (torch.autocast's rule for matmuls): both operands rounded to bf16, the product
 // accumulated in fp32. Weights come from the step's bf16 copy (Bf16WeightScope); other operands
 // are rounded into per-thread buffers reused from call to call.
 void bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                const float* B, float beta, float* C) {
-  thread_local std::vector<uint16_t> a16, b16;
+  std::vector<uint16_t>& a16 = operand_buffer(0);
+  std::vector<uint16_t>& b16 = operand_buffer(1);
   const uint16_t* a = cached_weights(A, M * K);
   const uint16_t* b = cached_weights(B, K * N);
   if (a == nullptr) a16.resize(static_cast<size_t>(M * K));
@@ -152,7 +160,7 @@ void gemm_bf16_weight(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float a
     for (int64_t i = 0; i < M * N; ++i) C[i] = beta == 0.f ? 0.f : beta * C[i];
     return;
   }
-  thread_local std::vector<uint16_t> a16;
+  std::vector<uint16_t>& a16 = operand_buffer(0);
   const uint16_t* a = cached_weights(A, M * K);
   if (a == nullptr) {
     a16.resize(static_cast<size_t>(M * K));

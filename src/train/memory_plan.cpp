@@ -250,7 +250,9 @@ double activation_bytes(const model::WorkspaceShape& ws) {
 /// The bf16 copies of float GEMM operands that ops::gemm rounds under a bf16 compute type
 /// (ops/gemm.cpp: one buffer for A, one for B, kept at the largest size seen): A is at most a
 /// token-rows activation or gradient (N × the widest of H, Q, A, F) or a head chunk's logit
-/// gradient; B at most an activation (N × the widest of H, A, F) or the head's weight. Bytes.
+/// gradient; B at most an activation (N × the widest of H, A, F) or the head's weight — not when
+/// `weights_gathered_bf16` (ISP: the GEMMs read the gathered bf16 weights; B is then at most a
+/// head chunk's rows of the hidden states). Bytes.
 double bf16_operand_bytes(const StepShape& s, bool weights_gathered_bf16) {
   const model::WorkspaceShape& w = s.ws;
   const double widest = std::max({w.H, w.Q, w.A, w.F});
