@@ -11,9 +11,11 @@
 //   the rank;
 // - the step time (median of the timed steps; the first step is a warm-up).
 // Options (argv): tokens=N checkpoint=0|1 overlap=0|1 steps=K layers=L hidden=H cp=C
-// balance=0|1|2 ring=0|1 window_size=w compare=0|1 (defaults 32768, 0, 0, 2, 4, 128, 1, 1, 1, 1,
-// 0). compare=1 also steps a plain isp engine on the same ranks after each step (one run, two
-// step times and their ratio). cp=C > 1
+// balance=0|1|2 ring=0|1 window_size=w compare=0|1 bf16=0|1 (defaults 32768, 0, 0, 2, 4, 128, 1,
+// 1, 1, 1, 0, 0). bf16=1 trains in mixed precision as model.dtype = "bfloat16" does (the compute
+// type and the step's bf16 weight copy): the weight all-gathers of the linears and the head then
+// move bf16 (docs/isp.md). compare=1 also steps a plain isp engine on the same ranks after each
+// step (one run, two step times and their ratio). cp=C > 1
 // turns on 2D-Attention (ring=1: ring attention, window_size its inner rings; ring=0: the K/V
 // all-gather form)
 // (parallel.sequence_2D, head_size T / C, head_first; balance 0 contiguous, 1 zigzag, 2 document):
@@ -39,6 +41,8 @@
 #include "data/pack.h"
 #include "model/internlm2.h"
 #include "modes/engine.h"
+#include "ops/ops.h"
+#include "ops/precision.h"
 #include "ops/threads.h"
 #include "parallel/isp_attention.h"
 #include "parallel/layout.h"
@@ -68,12 +72,12 @@ std::map<std::string, long> parse_args(int argc, char** argv) {
   std::map<std::string, long> a{{"tokens", 32768}, {"checkpoint", 0}, {"overlap", 0},
                                 {"steps", 2},      {"layers", 4},     {"hidden", 128},
                                 {"cp", 1},         {"balance", 1},   {"ring", 1},
-                                {"window_size", 1}, {"compare", 0}};
+                                {"window_size", 1}, {"compare", 0}, {"bf16", 0}};
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];
     const auto eq = s.find('=');
     if (eq == std::string::npos || !a.count(s.substr(0, eq))) {
-      std::fprintf(stderr, "unknown option %s (tokens= checkpoint= overlap= steps= layers= hidden= cp= balance= ring= window_size= compare=)\n",
+      std::fprintf(stderr, "unknown option %s (tokens= checkpoint= overlap= steps= layers= hidden= cp= balance= ring= window_size= compare= bf16=)\n",
                    argv[i]);
       std::exit(2);
     }
@@ -162,6 +166,11 @@ int main(int argc, char** argv) {
   world->barrier();
   const double baseline = rss_mib();
 
+  // bf16=1: the trainer's mixed precision (train_step invalidates the copy after each update).
+  const bool bf16 = a.at("bf16") != 0;
+  const ops::ComputeTypeScope precision(bf16 ? ops::ComputeType::kBFloat16
+                                             : ops::ComputeType::kFloat32);
+  const ops::Bf16WeightScope weight_copy(engine.params().data(), engine.params().numel());
   std::vector<double> times;
   comm::CommStats tensor_bytes, weight_bytes, context_bytes;
   double loss = 0;
@@ -209,9 +218,9 @@ int main(int argc, char** argv) {
     // of every block but the last (the model still holds the last block's activations).
     const int64_t passes = c.checkpoint ? 3 * c.num_layers - 1 : 2 * c.num_layers;
     const auto k = [](comm::Kind kind) { return int(kind); };
-    std::printf("isp_long tokens %lld T %d (head %d x context %d, %s) W %d checkpoint %d overlap %d "
+    std::printf("isp_long %s tokens %lld T %d (head %d x context %d, %s) W %d checkpoint %d overlap %d "
                 "layers %lld hidden %lld threads/rank %d: loss %.4f step %.3f s (median of %zu)\n",
-                (long long)P, T, Th, C, C > 1 ? layout.seq2d_balance.c_str() : "-", T,
+                bf16 ? "bf16" : "fp32", (long long)P, T, Th, C, C > 1 ? layout.seq2d_balance.c_str() : "-", T,
                 int(c.checkpoint), int(layout.weight_overlap),
                 (long long)c.num_layers, (long long)c.hidden_size, num_threads(), loss,
                 timed[timed.size() / 2], timed.size());

@@ -28,6 +28,7 @@ static const char* dtype_name(DType dtype) {
     case DType::kFloat64: return "float64";
     case DType::kInt64: return "int64";
     case DType::kInt32: return "int32";
+    case DType::kUInt16: return "uint16";
   }
   return "unknown";
 }
@@ -38,6 +39,7 @@ int64_t dtype_size(DType dtype) {
     case DType::kFloat64: return 8;
     case DType::kInt64: return 8;
     case DType::kInt32: return 4;
+    case DType::kUInt16: return 2;
   }
   return 0;
 }
@@ -123,6 +125,9 @@ Work Communicator::issue(const Op& op, const void* send, void* recv,
     check(int64_t(counts->size()) == size(),
           "communicator: all_gather_v needs {} counts (one per rank), got {}", size(),
           counts->size());
+  check(op.dtype != DType::kUInt16 ||
+            (op.kind != Kind::kAllReduce && op.kind != Kind::kReduceScatter),
+        "communicator: {} of uint16 words (they are moved, never reduced)", kind_name(op.kind));
   if (op.kind == Kind::kBroadcast)
     check(op.root >= 0 && op.root < size(), "communicator: broadcast root {} outside [0, {})",
           op.root, size());

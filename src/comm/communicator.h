@@ -30,7 +30,9 @@ namespace longtron::comm {
 enum class ReduceOp { kSum, kMax };
 
 /// Element types the collectives accept (the template wrappers map C++ types onto these).
-enum class DType { kFloat32, kFloat64, kInt64, kInt32 };
+/// kUInt16: raw 16-bit words (uint16_t), e.g. bf16 bits; only moved (all_gather, all_to_all,
+/// broadcast, send), never reduced: all_reduce / reduce_scatter of kUInt16 is an Error.
+enum class DType { kFloat32, kFloat64, kInt64, kInt32, kUInt16 };
 
 /// Collective kinds, for the byte counters and the order check.
 enum class Kind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kBarrier, kSend };
@@ -79,10 +81,12 @@ template <> constexpr DType dtype_of<float>() { return DType::kFloat32; }
 template <> constexpr DType dtype_of<double>() { return DType::kFloat64; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::kInt64; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::kInt32; }
+template <> constexpr DType dtype_of<uint16_t>() { return DType::kUInt16; }
 /// Bytes of one element.
 int64_t dtype_size(DType dtype);
 
-/// A group of ranks. All typed methods accept T in {float, double, int64_t, int32_t}.
+/// A group of ranks. All typed methods accept T in {float, double, int64_t, int32_t}, and the ones
+/// that only move data also uint16_t (16-bit words such as bf16 bits).
 /// Counts are element counts (int64_t); every error (bad root, negative count, mismatched
 /// collective order under the check) is a longtron::Error.
 class Communicator {

@@ -21,6 +21,7 @@ MPI_Datatype mpi_type(DType dtype) {
     case DType::kFloat64: return MPI_DOUBLE;
     case DType::kInt64: return MPI_INT64_T;
     case DType::kInt32: return MPI_INT32_T;
+    case DType::kUInt16: return MPI_UINT16_T;
   }
   return MPI_DATATYPE_NULL;
 }

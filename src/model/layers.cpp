@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
@@ -176,7 +177,15 @@ class DenseHeadLoss final : public HeadLossOp<T> {
 template <typename T>
 LossSum chunked_head_loss(HeadChunks<T>& s, T* dxf, T* dW, const T* xf, const T* W,
                           const int32_t* labels, int64_t N, int64_t V, int64_t H, int64_t chunk,
-                          double loss_scale, double* token_losses) {
+                          double loss_scale, double* token_losses, const uint16_t* W16) {
+  // C = A·op(W): from the bf16 weight when given (float only), else gemm.
+  auto weight_gemm = [&](bool tb, int64_t M, int64_t Nc, int64_t K, const T* A, T* C) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (W16) return ops::gemm_bf16_weight(false, tb, M, Nc, K, 1.f, A, W16, 0.f, C);
+    }
+    check(W != nullptr, "chunked_head_loss: no head weight");
+    ops::gemm<T>(false, tb, M, Nc, K, T(1), A, W, T(0), C);
+  };
   const int64_t C = std::max<int64_t>(1, std::min(chunk, N));
   if (static_cast<int64_t>(s.logits.size()) < C * V) s.logits.resize(static_cast<size_t>(C * V));
   if (static_cast<int64_t>(s.lse.size()) < C) s.lse.resize(static_cast<size_t>(C));
@@ -185,7 +194,7 @@ LossSum chunked_head_loss(HeadChunks<T>& s, T* dxf, T* dW, const T* xf, const T*
   LossSum loss;
   for (int64_t n0 = 0; n0 < N; n0 += C) {
     const int64_t rows = std::min(C, N - n0);
-    ops::gemm<T>(false, true, rows, V, H, T(1), xf + n0 * H, W, T(0), s.logits.data());
+    weight_gemm(true, rows, V, H, xf + n0 * H, s.logits.data());
     int64_t count = 0;
     loss.sum += ops::cross_entropy_forward(s.lse.data(), &count, s.logits.data(), labels + n0,
                                            rows, V);
@@ -201,7 +210,7 @@ LossSum chunked_head_loss(HeadChunks<T>& s, T* dxf, T* dW, const T* xf, const T*
     if (!dxf) continue;
     ops::cross_entropy_backward(s.dlogits.data(), s.logits.data(), s.lse.data(), labels + n0,
                                 rows, V, static_cast<T>(loss_scale));
-    ops::gemm<T>(false, false, rows, H, V, T(1), s.dlogits.data(), W, T(0), dxf + n0 * H);
+    weight_gemm(false, rows, H, V, s.dlogits.data(), dxf + n0 * H);
     if (dW) ops::linear_weight_grad(dW, s.dlogits.data(), xf + n0 * H, rows, H, V);
   }
   return loss;
@@ -238,7 +247,7 @@ ModelOps<T> make_dense_ops(const ParamLayout& layout) {
 #define LONGTRON_INSTANTIATE(T)                                                               \
   template LossSum chunked_head_loss<T>(HeadChunks<T>&, T*, T*, const T*, const T*,             \
                                         const int32_t*, int64_t, int64_t, int64_t, int64_t,      \
-                                        double, double*);
+                                        double, double*, const uint16_t*);
 LONGTRON_INSTANTIATE(float)
 LONGTRON_INSTANTIATE(double)
 #undef LONGTRON_INSTANTIATE

@@ -167,11 +167,14 @@ struct HeadChunks {
 /// and the weight-parallel (ISP) heads.
 /// dxf[N, H] (nullptr: forward only) is overwritten with d(loss_scale · loss_sum)/dxf; dW[V, H]
 /// (nullptr: none; only with dxf) accumulates. token_losses as HeadLossOp. Labels must have been
-/// checked (ops::check_labels) by the caller.
+/// checked (ops::check_labels) by the caller. W16 (float only; nullptr: none) is W already
+/// rounded to bf16 (raw bits, e.g. ISP's bf16 all-gather): the GEMMs that read the weight then
+/// use it directly (ops::gemm_bf16_weight) and W may be nullptr.
 template <typename T>
 LossSum chunked_head_loss(HeadChunks<T>& s, T* dxf, T* dW, const T* xf, const T* W,
                           const int32_t* labels, int64_t N, int64_t V, int64_t H, int64_t chunk,
-                          double loss_scale, double* token_losses);
+                          double loss_scale, double* token_losses,
+                          const uint16_t* W16 = nullptr);
 
 /// The ops of one block, in the order the block calls them.
 template <typename T>

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "ops/precision.h"
 #include "ops/vocab_check.h"
 
 namespace longtron::parallel {
@@ -48,19 +49,41 @@ float* IspWeightStore::grad_scratch(int64_t n) {
   return grad_.data();
 }
 
-void IspWeightStore::start_gather(Slot& slot, int id, const model::Params<float>& params) {
+void IspWeightStore::start_gather(Slot& slot, int id, bool bf16,
+                                  const model::Params<float>& params) {
   const Entry& e = entries_[static_cast<size_t>(id)];
   slot.id = id;
-  slot.buf.resize(static_cast<size_t>(W_ * e.max_count));
+  slot.bf16 = bf16;
+  slot.buf.resize(static_cast<size_t>(W_ * e.max_count) * (bf16 ? sizeof(uint16_t) : sizeof(float)));
   const float* shard = params.ptr(e.view);
   const int64_t mine = e.counts[static_cast<size_t>(rank_)];
+  if (bf16) {
+    auto* recv = reinterpret_cast<uint16_t*>(slot.buf.data());
+    // The step's bf16 copy of this shard (rounded once a step). It stays unchanged while the
+    // gather is in flight: only the optimizer step invalidates it, between passes, and begin_pass
+    // waits for every gather first.
+    const uint16_t* step = ops::bf16_weight_copy_of(shard, mine);
+    if (step != nullptr && mine == e.max_count) {
+      slot.work = comm_->all_gather_async(recv, step, e.max_count);
+      return;
+    }
+    uint16_t* own = recv + rank_ * e.max_count;  // rounded here, or padded: sent in place
+    if (step != nullptr)
+      std::copy(step, step + mine, own);
+    else
+      ops::round_to_bf16(shard, mine, own);
+    std::fill(own + mine, own + e.max_count, uint16_t{0});
+    slot.work = comm_->all_gather_async(recv, own, e.max_count);
+    return;
+  }
+  auto* recv = reinterpret_cast<float*>(slot.buf.data());
   if (mine == e.max_count) {
-    slot.work = comm_->all_gather_async(slot.buf.data(), shard, e.max_count);
+    slot.work = comm_->all_gather_async(recv, shard, e.max_count);
   } else {  // uneven rows: a padded chunk, sent in place
-    float* own = slot.buf.data() + rank_ * e.max_count;
+    float* own = recv + rank_ * e.max_count;
     std::copy(shard, shard + mine, own);
     std::fill(own + mine, own + e.max_count, 0.f);
-    slot.work = comm_->all_gather_async(slot.buf.data(), own, e.max_count);
+    slot.work = comm_->all_gather_async(recv, own, e.max_count);
   }
 }
 
@@ -69,12 +92,14 @@ void IspWeightStore::finish_gather(Slot& slot) {
   slot.work.wait();
   const Entry& e = entries_[static_cast<size_t>(slot.id)];
   // Uneven rows: move chunk j from j·max_count down to its packed offset (never moves upward).
+  const size_t elem = slot.bf16 ? sizeof(uint16_t) : sizeof(float);
   int64_t offset = e.counts[0];
   for (int j = 1; j < W_; ++j) {
     const int64_t c = e.counts[static_cast<size_t>(j)];
     if (offset != j * e.max_count)
-      std::memmove(slot.buf.data() + offset, slot.buf.data() + j * e.max_count,
-                   static_cast<size_t>(c) * sizeof(float));
+      std::memmove(slot.buf.data() + static_cast<size_t>(offset) * elem,
+                   slot.buf.data() + static_cast<size_t>(j * e.max_count) * elem,
+                   static_cast<size_t>(c) * elem);
     offset += c;
   }
 }
@@ -88,8 +113,8 @@ void IspWeightStore::begin_pass() {
   pos_ = 0;
 }
 
-const float* IspWeightStore::acquire(int id, WeightUse use, const model::Params<float>& params) {
-  const Key key{id, use};
+IspWeightStore::Slot& IspWeightStore::acquire_slot(const Key& key,
+                                                   const model::Params<float>& params) {
   if (recording_) {
     trace_.push_back(key);
   } else if (pos_ < trace_.size() && trace_[pos_] == key) {
@@ -100,26 +125,41 @@ const float* IspWeightStore::acquire(int id, WeightUse use, const model::Params<
     recording_ = true;
   }
 
-  if (current_.id != id) {
-    if (next_.id == id) {
+  // A slot holds a weight in one precision: (id, bf16) is what a gather made.
+  auto holds = [](const Slot& s, int id, bool bf16) { return s.id == id && s.bf16 == bf16; };
+  if (!holds(current_, key.id, key.bf16)) {
+    if (holds(next_, key.id, key.bf16)) {
       std::swap(current_, next_);
       ++used_;
     } else {
       next_.work.wait();  // a wrong guess: finish it (every rank guessed the same) and drop it
       next_.id = -1;
-      start_gather(current_, id, params);
+      start_gather(current_, key.id, key.bf16, params);
     }
     next_.id = -1;
     finish_gather(current_);
   }
   if (overlap_ && !recording_ && pos_ < trace_.size()) {
-    const int predicted = trace_[pos_].id;
-    if (predicted != id && predicted != next_.id) {
-      start_gather(next_, predicted, params);
+    const Key& predicted = trace_[pos_];
+    if (!holds(current_, predicted.id, predicted.bf16) &&
+        !holds(next_, predicted.id, predicted.bf16)) {
+      next_.work.wait();  // never refill a buffer a gather still writes
+      start_gather(next_, predicted.id, predicted.bf16, params);
       ++started_;
     }
   }
-  return current_.buf.data();
+  return current_;
+}
+
+const float* IspWeightStore::acquire(int id, WeightUse use, const model::Params<float>& params) {
+  return reinterpret_cast<const float*>(acquire_slot({id, use, false}, params).buf.data());
+}
+
+const uint16_t* IspWeightStore::acquire_bf16(int id, WeightUse use,
+                                             const model::Params<float>& params) {
+  check(entries_.at(static_cast<size_t>(id)).dim == 0,
+        "ISP: only weights sharded on dim 0 are gathered in bf16 (tensor {})", id);
+  return reinterpret_cast<const uint16_t*>(acquire_slot({id, use, true}, params).buf.data());
 }
 
 void IspWeightStore::reduce_grad(float* grad_shard, float* full_grad, int id) {
@@ -152,7 +192,14 @@ IspLinear::IspLinear(std::shared_ptr<IspWeightStore> store, int weight_view, int
   id_ = store_->add(weight_view, out, in, 0);
 }
 
+// Under bf16 the linears and the head read their weight as gathered bf16 (isp_weights.h).
+static bool bf16_compute() { return ops::compute_type() == ops::ComputeType::kBFloat16; }
+
 void IspLinear::forward(float* y, const float* x, int64_t N, const model::Params<float>& p) {
+  if (bf16_compute()) {
+    const uint16_t* W16 = store_->acquire_bf16(id_, WeightUse::kForward, p);
+    return ops::linear_forward_bf16(y, x, W16, p.ptr(bias_view_), N, in_, out_);
+  }
   const float* W = store_->acquire(id_, WeightUse::kForward, p);
   ops::linear_forward(y, x, W, p.ptr(bias_view_), N, in_, out_);
 }
@@ -160,8 +207,13 @@ void IspLinear::forward(float* y, const float* x, int64_t N, const model::Params
 void IspLinear::backward(float* dx, const float* dy, const float* x, int64_t N,
                          const model::Params<float>& p, model::Params<float>* g,
                          bool accumulate_dx) {
-  const float* W = store_->acquire(id_, WeightUse::kBackward, p);
-  if (dx) ops::gemm<float>(false, false, N, in_, out_, 1.f, dy, W, accumulate_dx ? 1.f : 0.f, dx);
+  if (bf16_compute()) {
+    const uint16_t* W16 = store_->acquire_bf16(id_, WeightUse::kBackward, p);
+    if (dx) ops::gemm_bf16_weight(false, false, N, in_, out_, 1.f, dy, W16, accumulate_dx ? 1.f : 0.f, dx);
+  } else {
+    const float* W = store_->acquire(id_, WeightUse::kBackward, p);
+    if (dx) ops::gemm<float>(false, false, N, in_, out_, 1.f, dy, W, accumulate_dx ? 1.f : 0.f, dx);
+  }
   if (!g) return;
   float* G = store_->grad_scratch(out_ * in_);
   ops::linear_weight_grad(G, dy, x, N, in_, out_, 0.f);
@@ -226,7 +278,9 @@ model::LossSum IspHeadLoss::forward_backward(float* dxf, const float* xf, const 
                                              model::Params<float>* g, double loss_scale,
                                              double* token_losses) {
   ops::check_labels(labels, N, V_);
-  const float* W = store_->acquire(id_, WeightUse::kForward, p);
+  const bool bf16 = bf16_compute();
+  const float* W = bf16 ? nullptr : store_->acquire(id_, WeightUse::kForward, p);
+  const uint16_t* W16 = bf16 ? store_->acquire_bf16(id_, WeightUse::kForward, p) : nullptr;
   float* G = nullptr;
   if (dxf && g) {
     G = store_->grad_scratch(V_ * H_);
@@ -234,7 +288,7 @@ model::LossSum IspHeadLoss::forward_backward(float* dxf, const float* xf, const 
   }
   model::LossSum loss = model::chunked_head_loss(chunks_, dxf, G, xf, W, labels, N, V_, H_,
                                                  model::head_chunk_rows(V_, N), loss_scale,
-                                                 token_losses);
+                                                 token_losses, W16);
   if (G) store_->reduce_grad(g->ptr(view_), G, id_);
   if (tensor_ && tensor_->size() > 1) {
     double sum = loss.sum;
@@ -246,6 +300,10 @@ model::LossSum IspHeadLoss::forward_backward(float* dxf, const float* xf, const 
 }
 
 void IspHeadLoss::logits_row(float* logits, const float* xf, const model::Params<float>& p) {
+  if (bf16_compute()) {
+    const uint16_t* W16 = store_->acquire_bf16(id_, WeightUse::kForward, p);
+    return ops::gemm_bf16_weight(false, true, 1, V_, H_, 1.f, xf, W16, 0.f, logits);
+  }
   const float* W = store_->acquire(id_, WeightUse::kForward, p);
   ops::gemm<float>(false, true, 1, V_, H_, 1.f, xf, W, 0.f, logits);
 }

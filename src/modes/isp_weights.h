@@ -10,7 +10,16 @@
 // Work) before returning the current one, so the next gather runs while this layer computes
 // (InternEvo prefetches block i+1 from a pre-forward hook). The prediction is the recorded order of
 // the previous pass (see acquire); a wrong guess costs a wasted gather, never a wrong result.
+//
+// Mixed precision (model.dtype = "bfloat16"): a weight read only by GEMMs (the linears, the head)
+// is gathered as bf16. Each rank's shard comes from the step's bf16 copy (ops::Bf16WeightScope:
+// rounded once a step, round-to-nearest-even) or is rounded at the gather when no scope is alive;
+// the all-gather moves 2 bytes a weight instead of 4 and the GEMMs read the gathered bits directly
+// (ops::gemm_bf16_weight). Rounding commutes with gathering, so the products are bitwise those of
+// rounding the gathered fp32 weight. The embedding's lookup reads fp32 values, so its table is
+// gathered in fp32; gradients are reduce-scattered in fp32.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -49,6 +58,13 @@ class IspWeightStore {
   /// Collective over the WEIGHT group (every rank acquires in the same order).
   const float* acquire(int id, WeightUse use, const model::Params<float>& params);
 
+  /// acquire in bf16: the gathered weight `id` as raw bf16 bits (dim 0 only: [rows, cols]), the
+  /// round-to-nearest-even of the fp32 weight; the all-gather moves 2 bytes an element. Shards
+  /// come from the live ops::Bf16WeightScope's copy (rounded once a step) when the params lie in
+  /// it, else are rounded here. A weight gathered in both precisions is two keys of the
+  /// prefetch order. Collective as acquire; throws Error for a dim-1 tensor.
+  const uint16_t* acquire_bf16(int id, WeightUse use, const model::Params<float>& params);
+
   /// grad_shard (+=) = this rank's chunk of Σ over the WEIGHT group of full_grad, which is in the
   /// gathered form of `id` and is clobbered. Collective over the WEIGHT group.
   void reduce_grad(float* grad_shard, float* full_grad, int id);
@@ -74,19 +90,22 @@ class IspWeightStore {
     std::vector<int64_t> counts;  // elements of each rank's shard
     int64_t max_count;            // padded chunk of the collectives
   };
+  // A gathered weight: fp32 or bf16 elements in one byte buffer (implicitly creates either).
   struct Slot {
     int id = -1;
-    std::vector<float> buf;
+    bool bf16 = false;
+    std::vector<std::byte> buf;
     comm::Work work;
   };
   struct Key {
     int id;
     WeightUse use;
+    bool bf16;
     bool operator==(const Key&) const = default;
   };
-  void start_gather(Slot& slot, int id, const model::Params<float>& params);
+  Slot& acquire_slot(const Key& key, const model::Params<float>& params);
+  void start_gather(Slot& slot, int id, bool bf16, const model::Params<float>& params);
   void finish_gather(Slot& slot);
-  void predict_and_prefetch(const Key& key, const model::Params<float>& params);
 
   comm::CommPtr comm_;
   int W_, rank_;

@@ -110,6 +110,13 @@ class RoundingBuffer {
   size_t capacity_ = 0;
 };
 
+// The per-thread buffer rounded GEMM operands live in, reused from call to call (shared by
+// bf16_gemm and gemm_bf16_weight: the memory plan counts one).
+RoundingBuffer& operand_buffer() {
+  thread_local RoundingBuffer buffer;
+  return buffer;
+}
+
 // Mixed precision (torch.autocast's rule for matmuls): both operands rounded to bf16, the product
 // accumulated in fp32. Weights come from the step's bf16 copy (Bf16WeightScope); other operands
 // are rounded into one per-thread buffer (A's copy, then B's), reused from call to call and
@@ -117,7 +124,7 @@ class RoundingBuffer {
 // one call rounds (a weight gradient's dy and x), not the largest A plus the largest B.
 void bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                const float* B, float beta, float* C) {
-  thread_local RoundingBuffer buffer;
+  RoundingBuffer& buffer = operand_buffer();
   const uint16_t* a = cached_weights(A, M * K);
   const uint16_t* b = cached_weights(B, K * N);
   const int64_t na = a ? 0 : M * K, nb = b ? 0 : K * N;
@@ -164,6 +171,24 @@ void invalidate_bf16_weights() { weight_copy().valid = false; }
 
 int64_t bf16_weight_copy_bytes() {
   return static_cast<int64_t>(weight_copy().bits.size() * sizeof(uint16_t));
+}
+
+const uint16_t* bf16_weight_copy_of(const float* x, int64_t n) { return cached_weights(x, n); }
+
+void gemm_bf16_weight(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float* A, const uint16_t* B16, float beta, float* C) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // as gemm: C = beta·C
+    for (int64_t i = 0; i < M * N; ++i) C[i] = beta == 0.f ? 0.f : beta * C[i];
+    return;
+  }
+  const uint16_t* a = cached_weights(A, M * K);
+  if (a == nullptr) {
+    uint16_t* const a16 = operand_buffer().get(M * K);
+    round_pair(A, M * K, a16, nullptr, 0, nullptr);
+    a = a16;
+  }
+  detail::onednn_matmul(detail::MatmulInput::kBF16, ta, tb, M, N, K, alpha, a, B16, beta, C);
 }
 
 void widen_bf16(const uint16_t* x, int64_t n, float* out) {

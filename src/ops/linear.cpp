@@ -3,16 +3,30 @@
 
 namespace longtron::ops {
 
+namespace {
+// y[n, :] += bias for every row n (no-op without a bias).
 template <typename T>
-void linear_forward(T* y, const T* x, const T* W, const T* bias, int64_t N, int64_t in,
-                    int64_t out) {
-  gemm<T>(false, true, N, out, in, T(1), x, W, T(0), y);
+void add_bias(T* y, const T* bias, int64_t N, int64_t out) {
   if (bias == nullptr) return;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     T* row = y + n * out;
     for (int64_t o = 0; o < out; ++o) row[o] += bias[o];
   }
+}
+}  // namespace
+
+template <typename T>
+void linear_forward(T* y, const T* x, const T* W, const T* bias, int64_t N, int64_t in,
+                    int64_t out) {
+  gemm<T>(false, true, N, out, in, T(1), x, W, T(0), y);
+  add_bias(y, bias, N, out);
+}
+
+void linear_forward_bf16(float* y, const float* x, const uint16_t* W16, const float* bias,
+                         int64_t N, int64_t in, int64_t out) {
+  gemm_bf16_weight(false, true, N, out, in, 1.f, x, W16, 0.f, y);
+  add_bias(y, bias, N, out);
 }
 
 template <typename T>

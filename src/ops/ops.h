@@ -58,6 +58,19 @@ class Bf16WeightScope {
 void invalidate_bf16_weights();
 /// Bytes the bf16 weight copy holds (0 before the first scope made one): the memory plan's item.
 int64_t bf16_weight_copy_bytes();
+/// The bf16 bits of x[0..n) from the live Bf16WeightScope's copy (made now if stale), or nullptr
+/// when no scope is alive or x[0..n) is not inside its weights. Valid until the copy is
+/// invalidated or the scope ends. ISP rounds its weight shards this way once a step before
+/// all-gathering them as bf16 (modes/isp_weights.h).
+const uint16_t* bf16_weight_copy_of(const float* x, int64_t n);
+
+/// gemm<float> under kBFloat16 with B already in bf16 (raw bits: a weight rounded once, e.g. an
+/// all-gathered bf16 weight): A is rounded to bf16 (nearest even, or taken from the
+/// Bf16WeightScope's copy) and the product is gemm_bf16's, fp32 accumulation and fp32 C. Bitwise
+/// the result of gemm<float> under kBFloat16 on any float B whose rounding is B16. Needs no
+/// ComputeTypeScope; errors as gemm_bf16.
+void gemm_bf16_weight(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float* A, const uint16_t* B16, float beta, float* C);
 
 /// out[i] = the float value of the bf16 bits x[i] (exact: bf16 is the top half of an fp32);
 /// i < n. OpenMP threads. The inverse of round_to_bf16 on its outputs.
@@ -77,6 +90,11 @@ GemmBackend gemm_backend();
 template <typename T>
 void linear_forward(T* y, const T* x, const T* W, const T* bias, int64_t N, int64_t in,
                     int64_t out);
+/// linear_forward with the weight already in bf16 (W16[out,in] raw bits, gemm_bf16_weight): x
+/// rounded to bf16, fp32 accumulation, fp32 y and bias. Bitwise linear_forward<float> under
+/// kBFloat16 on a float W whose rounding is W16.
+void linear_forward_bf16(float* y, const float* x, const uint16_t* W16, const float* bias,
+                         int64_t N, int64_t in, int64_t out);
 /// dx[N,in] = dy·W (overwritten); dW[out,in] += dyᵀ·x; dbias[out] += Σ_n dy.
 template <typename T>
 void linear_backward(T* dx, T* dW, T* dbias, const T* dy, const T* x, const T* W, int64_t N,

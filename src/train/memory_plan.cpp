@@ -124,7 +124,7 @@ double linear_2d_elements(const model::ParamLayout& local, const model::BlockPar
 
 StepShape step_shape(const TrainConfig& c, const parallel::Grid& grid,
                      const model::ParamLayout& full, const model::ParamLayout& local,
-                     const std::string& mode) {
+                     const std::string& mode, bool bf16 = false) {
   const model::ModelConfig& m = c.model;
   const double P = static_cast<double>(c.data.micro_bsz) * static_cast<double>(c.data.seq_len);
   const double d = static_cast<double>(m.head_dim()),
@@ -181,11 +181,17 @@ StepShape step_shape(const TrainConfig& c, const parallel::Grid& grid,
     s.head_rows = N;
     // Gathered weights: the largest tensor (the head or the embedding) once, twice with prefetch,
     // its full gradient before the reduce-scatter, and the send/receive staging; plus Ulysses'
-    // split and packed token buffers.
-    double largest = 0;
-    for (const auto& v : full.views()) largest = std::max(largest, static_cast<double>(v.numel));
+    // split and packed token buffers. Under bf16 a gathered weight other than the embedding
+    // (gathered in fp32 for its fp32 lookup) holds 2 bytes an element: half a float.
+    double largest = 0, gathered = 0;
+    for (const auto& v : full.views()) {
+      const double numel = static_cast<double>(v.numel);
+      largest = std::max(largest, numel);
+      const bool fp32 = !bf16 || &v == &full.view(full.tok_embeddings);
+      gathered = std::max(gathered, fp32 ? numel : 0.5 * numel);
+    }
     const double slots = c.parallel.weight.overlap ? 2 : 1;
-    s.layout_scratch = (slots + 3) * largest + N * (w.Q + Th * local_heads * d) * 2;
+    s.layout_scratch = slots * gathered + 3 * largest + N * (w.Q + Th * local_heads * d) * 2;
     // Context parallel (cp_attention.h): this rank's K/V, the gathered row's, the key buffer and
     // its gradient (at most about twice the row: a rank's two zigzag pieces of a document both
     // copy its start).
@@ -249,7 +255,8 @@ double activation_bytes(const model::WorkspaceShape& ws) {
 /// gradient's dy and x (N × (H + the widest of H, Q, A, F): every linear has the hidden size on
 /// one side) or the head's chunk of logit gradients and its rows; elsewhere a bound: A at most a
 /// token-rows activation or gradient or a head chunk's logit gradient, B at most an activation or
-/// the head's weight. Bytes.
+/// the head's weight (under ISP the GEMMs read the gathered bf16 weights, so B is then at most a
+/// head chunk's rows of the hidden states). Bytes.
 double bf16_operand_bytes(const StepShape& s, const std::string& mode) {
   const model::WorkspaceShape& w = s.ws;
   const double widest = std::max({w.H, w.Q, w.A, w.F});
@@ -257,7 +264,8 @@ double bf16_operand_bytes(const StepShape& s, const std::string& mode) {
   if (mode == "dense" || mode == "mtp" || mode == "msp" || mode == "fsp")
     return 2 * std::max(w.N * (w.H + widest), chunk * (s.head_vocab + w.H));
   const double a = std::max(w.N * widest, chunk * s.head_vocab);
-  const double b = std::max(w.N * std::max({w.H, w.A, w.F}), s.head_vocab * w.H);
+  const double b = std::max(w.N * std::max({w.H, w.A, w.F}),
+                            mode == "isp" ? chunk * w.H : s.head_vocab * w.H);
   return 2 * (a + b);
 }
 
@@ -354,7 +362,7 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
        adam, "model.*, parallel.zero1"},
   };
 
-  StepShape s = step_shape(c, grid, full, local, mode);
+  StepShape s = step_shape(c, grid, full, local, mode, in.bf16);
   s.ws.bf16 = in.bf16;
   const double acts = activation_bytes(s.ws);
   const double segments = static_cast<double>(c.data.micro_bsz);
@@ -378,8 +386,8 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
       {"head logits (chunked)", head, "model.vocab_size"},
       {"micro-batches", batches, "data.micro_num, data.seq_len, data.micro_bsz"},
   };
-  // ISP's GEMMs read gathered weights, never the local shards: no copy is made there.
-  if (in.bf16 && mode != "isp")
+  // Under ISP the copy is of the local shards, which the weight all-gathers send as bf16.
+  if (in.bf16)
     p.step.push_back({"bf16 weight copy (one a step)", 0.5 * local_bytes, "model.*"});
   if (in.bf16)
     p.step.push_back({"bf16 GEMM operands (rounded activations)",

@@ -203,6 +203,24 @@ TEST(Comm, SplitEvenOddGroups) {
   EXPECT_THROW(w.split(-1, 0), Error);
 }
 
+// 16-bit words (bf16 bits, as ISP's bf16 weight gathers send): moved bit for bit, in place too,
+// counted at 2 bytes each; reducing them is an Error on every rank before anything is sent.
+TEST(Comm, AllGatherOf16BitWords) {
+  Communicator& c = *world();
+  const int T = c.size();
+  const int64_t n = 7;
+  auto word = [](int r, int64_t i) { return uint16_t(0xFF80u + 97u * unsigned(r) + unsigned(i)); };
+  std::vector<uint16_t> recv(static_cast<size_t>(T * n));
+  for (int64_t i = 0; i < n; ++i) recv[size_t(c.rank() * n + i)] = word(c.rank(), i);
+  const uint64_t before = c.stats().bytes[int(Kind::kAllGather)];
+  c.all_gather_async(recv.data(), recv.data() + c.rank() * n, n).wait();
+  for (int r = 0; r < T; ++r)
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(recv[size_t(r * n + i)], word(r, i));
+  EXPECT_EQ(c.stats().bytes[int(Kind::kAllGather)] - before, uint64_t(T > 1 ? 2 * n : 0));
+  EXPECT_THROW(c.all_reduce(recv.data(), n), Error);
+  EXPECT_THROW(c.reduce_scatter(recv.data(), recv.data(), 1), Error);
+}
+
 TEST(Comm, PayloadBytesPerKind) {
   Communicator& w = *world();
   CommPtr c = w.split(0, w.rank());

@@ -21,6 +21,7 @@
 #include "modes/isp_weights.h"
 #include "mpi_test_main.h"
 #include "ops/ops.h"
+#include "ops/precision.h"
 #include "parallel/isp_attention.h"
 #include "parallel/layout.h"
 #include "parallel/mappings.h"
@@ -246,6 +247,110 @@ inline void check_head(const Layout& layout) {
   report(tag + " dW shard", world_max(rel_err(grads.ptr(full.output),
                                               dgrads.ptr(full.output) + s.start * H, s.count * H)),
          1e-5);
+}
+
+/// max|a − b| over a[n] and b[n] (0: bitwise equal, for finite values).
+inline double max_abs_diff(const float* a, const float* b, int64_t n) {
+  double d = 0;
+  for (int64_t i = 0; i < n; ++i) d = std::max(d, double(std::abs(a[i] - b[i])));
+  return d;
+}
+
+/// Mixed precision: under kBFloat16 the linears and the head gather bf16. The all-gathers of a
+/// pass move exactly half the bytes of the float32 pass, the gradient reduce-scatters the same
+/// (fp32), and y, dx, the head's loss and dxf are bitwise those of the path that gathers fp32
+/// and rounds inside the GEMM (the dense ops on the full fp32 weight and this rank's rows), with
+/// the shards taken from the step's bf16 copy (ops::Bf16WeightScope) or rounded at the gather.
+inline void check_bf16_gathers(const Layout& layout, bool step_copy, bool overlap) {
+  if (!ops::cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16";
+  const int r = world()->rank();
+  parallel::Grid grid = parallel::make_grid(world(), layout);
+  model::ParamLayout full(op_model(2));
+  model::Params<float> params(full), local(full), grads(full);
+  model::init_params(params, 13);
+  const auto plan = parallel::isp_shard_plan(full, layout.weight_size, grid.weight->rank());
+  parallel::isp_scatter_params(local, params, plan);
+  const model::BlockParamIds& b = full.layers[0];
+  const int64_t H = full.config().hidden_size, V = full.config().vocab_size, n = 6;
+  const int64_t Q = full.view(b.wqkv).shape[0], F = full.view(b.w1).shape[0];  // F = 85: uneven
+  const Vec x = random_vec(n * H, 20 + r), dq = random_vec(n * Q, 30 + r), df = random_vec(n * F, 40 + r);
+  std::vector<int32_t> labels(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) labels[size_t(i)] = int32_t((7 * i + 3 * r) % V);
+  struct Out {
+    Vec q, f, dxq, dxf, dhead;
+    double loss = 0;
+    comm::CommStats stats;
+    int64_t used = 0;
+  };
+  auto run = [&](bool bf16) {
+    Out o;
+    o.q.resize(size_t(n * Q));
+    o.f.resize(size_t(n * F));
+    for (Vec* v : {&o.dxq, &o.dxf, &o.dhead}) v->resize(size_t(n * H));
+    const ops::ComputeTypeScope type(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
+    const ops::Bf16WeightScope copy(local.data(), step_copy ? local.numel() : 0);
+    auto store = std::make_shared<parallel::IspWeightStore>(grid.weight, overlap);
+    parallel::IspLinear wqkv(store, b.wqkv, -1, Q, H), w1(store, b.w1, -1, F, H);
+    parallel::IspHeadLoss head(store, full.output, V, H);
+    grid.weight->reset_stats();
+    for (int rep = 0; rep < 2; ++rep) {  // twice: the second pass may use prefetched weights
+      grads.zero();
+      store->begin_pass();
+      wqkv.forward(o.q.data(), x.data(), n, local);
+      w1.forward(o.f.data(), x.data(), n, local);
+      o.loss = head.forward_backward(o.dhead.data(), x.data(), labels.data(), n, local, &grads,
+                                     0.25, nullptr).sum;
+      w1.backward(o.dxf.data(), df.data(), x.data(), n, local, &grads, false);
+      wqkv.backward(o.dxq.data(), dq.data(), x.data(), n, local, &grads, false);
+    }
+    if (bf16 && step_copy) {
+      EXPECT_GT(ops::bf16_weight_copy_bytes(), 0) << "the shards came from the step's copy";
+    }
+    o.stats = grid.weight->stats();
+    o.used = store->prefetches_used();
+    return o;
+  };
+  const Out f32 = run(false), bf = run(true);
+  const int AG = int(comm::Kind::kAllGather), RS = int(comm::Kind::kReduceScatter);
+  const std::string tag = name_of(layout) + (step_copy ? " step copy" : " rounded at gather") +
+                          (overlap ? " overlap" : "");
+  if (grid.weight->size() > 1) {
+    EXPECT_GT(f32.stats.bytes[AG], 0u) << tag;
+    EXPECT_EQ(2 * bf.stats.bytes[AG], f32.stats.bytes[AG]) << tag;
+  }
+  EXPECT_EQ(bf.stats.bytes[RS], f32.stats.bytes[RS]) << tag << ": gradients stay fp32";
+  EXPECT_EQ(bf.stats.calls[AG], f32.stats.calls[AG]) << tag;
+  if (overlap) {
+    EXPECT_GT(bf.used, 0) << tag << ": prefetches of bf16 weights were used";
+  }
+
+  // The reference: fp32 weights rounded inside the GEMM, on this rank's rows.
+  const ops::ComputeTypeScope type(ops::ComputeType::kBFloat16);
+  Vec q(size_t(n * Q)), f(size_t(n * F)), dxq(size_t(n * H)), dxf(size_t(n * H)), dhead(size_t(n * H));
+  ops::linear_forward<float>(q.data(), x.data(), params.ptr(b.wqkv), nullptr, n, H, Q);
+  ops::linear_forward<float>(f.data(), x.data(), params.ptr(b.w1), nullptr, n, H, F);
+  ops::gemm<float>(false, false, n, H, Q, 1.f, dq.data(), params.ptr(b.wqkv), 0.f, dxq.data());
+  ops::gemm<float>(false, false, n, H, F, 1.f, df.data(), params.ptr(b.w1), 0.f, dxf.data());
+  model::HeadChunks<float> chunks;
+  const double loss =
+      model::chunked_head_loss(chunks, dhead.data(), static_cast<float*>(nullptr), x.data(),
+                               params.ptr(full.output), labels.data(), n, V, H,
+                               model::HeadChunks<float>::rows_for(V), 0.25, nullptr).sum;
+  double worst = std::abs(loss - bf.loss);
+  worst = std::max(worst, max_abs_diff(bf.q.data(), q.data(), n * Q));
+  worst = std::max(worst, max_abs_diff(bf.f.data(), f.data(), n * F));
+  worst = std::max(worst, max_abs_diff(bf.dxq.data(), dxq.data(), n * H));
+  worst = std::max(worst, max_abs_diff(bf.dxf.data(), dxf.data(), n * H));
+  worst = std::max(worst, max_abs_diff(bf.dhead.data(), dhead.data(), n * H));
+  worst = world_max(worst);
+  if (r == 0)
+    std::printf("[isp-op] %-46s bf16 gather bytes %llu vs fp32 %llu, max diff to rounding after "
+                "the gather %.1e\n",
+                (tag + " bf16").c_str(), (unsigned long long)bf.stats.bytes[AG],
+                (unsigned long long)f32.stats.bytes[AG], worst);
+  EXPECT_EQ(worst, 0.0) << tag << ": not bitwise the values of rounding after the gather";
+  // bf16 really ran: the float32 pass differs.
+  EXPECT_GT(world_max(max_abs_diff(f32.q.data(), q.data(), n * Q)), 0.0) << tag;
 }
 
 /// ulysses_scatter_heads / ulysses_gather_heads against a direct computation of the full tensor.

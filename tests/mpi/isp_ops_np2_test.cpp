@@ -15,6 +15,14 @@ TEST(IspOpsNp2, Linear) {
   check_linear(isp_layout(2, 2), full.layers[0].w1, true);
 }
 
+TEST(IspOpsNp2, Bf16GathersMoveHalfTheBytesAndRoundAsBefore) {
+  for (bool step_copy : {false, true}) {
+    check_bf16_gathers(isp_layout(2, 2), step_copy, false);
+    check_bf16_gathers(isp_layout(1, 2), step_copy, true);
+  }
+  check_bf16_gathers(isp_layout(2, 1), true, false);  // W = 1: nothing to gather
+}
+
 TEST(IspOpsNp2, Attention) {
   check_attention(isp_layout(2, 2), 2);
   check_attention(isp_layout(2, 2), 1);  // T > kv heads: the kv head is repeated

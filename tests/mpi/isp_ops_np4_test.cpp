@@ -14,6 +14,11 @@ TEST(IspOpsNp4, Linear) {
   }
 }
 
+TEST(IspOpsNp4, Bf16GathersMoveHalfTheBytesAndRoundAsBefore) {
+  check_bf16_gathers(isp_layout(4, 4), true, true);   // 37 and 85 rows over 4: padded chunks
+  check_bf16_gathers(isp_layout(2, 2), false, false);  // two weight groups
+}
+
 TEST(IspOpsNp4, Attention) {
   check_attention(isp_layout(4, 4), 4);
   check_attention(isp_layout(4, 4), 2);  // each kv head repeated twice

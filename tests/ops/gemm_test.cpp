@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -188,6 +189,32 @@ TEST(Gemm, Bf16WeightScopeRoundsTheWeightsOnceUntilInvalidated) {
     ops::gemm<float>(false, true, M, N, K, 1.0f, A.data(), B, 0.0f, C.data());
     EXPECT_EQ(C, plain) << "the scope changed a float32 GEMM";
   }
+}
+
+// gemm_bf16_weight on a weight rounded once (ISP's gathered bf16 weights) is bitwise gemm<float>
+// under kBFloat16 on the float weight, in both transposes and with beta; bf16_weight_copy_of hands
+// out the scope's copy of a range inside its weights and nothing outside it or without a scope.
+TEST(Gemm, Bf16WeightGemmIsTheFloatGemmOnTheRoundedWeight) {
+  const int64_t M = 24, N = 40, K = 56;
+  const auto A = floats(M * K, 21);
+  std::vector<float> W = floats(N * K + 8, 22);
+  std::vector<uint16_t> W16(static_cast<size_t>(N * K));
+  ops::round_to_bf16(W.data(), N * K, W16.data());
+  EXPECT_EQ(ops::bf16_weight_copy_of(W.data(), N * K), nullptr);
+  const ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
+  for (const bool tb : {true, false}) {
+    for (const float beta : {0.f, 1.f}) {
+      std::vector<float> want = floats(M * N, 23), got = want;
+      ops::gemm<float>(false, tb, M, N, K, 1.f, A.data(), W.data(), beta, want.data());
+      ops::gemm_bf16_weight(false, tb, M, N, K, 1.f, A.data(), W16.data(), beta, got.data());
+      EXPECT_EQ(got, want) << "trans_b " << tb << " beta " << beta;
+    }
+  }
+  const ops::Bf16WeightScope weights(W.data(), N * K);
+  const uint16_t* copy = ops::bf16_weight_copy_of(W.data() + 8, 16);
+  ASSERT_NE(copy, nullptr);
+  EXPECT_TRUE(std::equal(copy, copy + 16, W16.begin() + 8));
+  EXPECT_EQ(ops::bf16_weight_copy_of(W.data() + N * K - 4, 8), nullptr);  // runs past the scope
 }
 
 // widen_bf16 is exact: it inverts round_to_bf16 on its outputs.
