@@ -10,7 +10,9 @@
 # PyTorch runs with OMP_WAIT_POLICY=passive, the policy longtron sets for itself (ops/threads.h):
 # with libgomp's default spinning, PyTorch's many small parallel ops ran 5-10x slower on a loaded
 # machine. Needs Debian's python3-torch (apt-get install python3-torch); a benchmark, never a test.
-# Usage: [ROUNDS=N] [LAYERS=L] bench/bench_vs_torch.sh [BUILD_DIR] [STEPS] [THREADS] [small|long]
+# PROFILE=1 adds one profiled PyTorch step per dtype after the timed ones and prints the share of
+# it spent in GEMMs (the part an engine calling the same GEMM library cannot make faster).
+# Usage: [ROUNDS=N] [LAYERS=L] [PROFILE=1] bench/bench_vs_torch.sh [BUILD_DIR] [STEPS] [THREADS] [small|long]
 #        (THREADS: default all cores; the long row needs ~10 GB for PyTorch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,7 +56,7 @@ for round in $(seq "${ROUNDS:-1}"); do
       tpc[torch_${BASH_REMATCH[1]}]="${BASH_REMATCH[3]}"
     fi
   done < <(OMP_WAIT_POLICY=passive /usr/bin/python3 bench/torch_step.py --threads "$THREADS" \
-             --steps "$STEPS" "${TORCH_ARGS[@]}")
+             --steps "$STEPS" "${TORCH_ARGS[@]}" ${PROFILE:+--profile})
   # Ratios of wall-clock tokens/s and of tokens per CPU-second (the latter is what a shared machine
   # disturbs least; it credits PyTorch's idle threads, so it understates longtron's parallel gain).
   awk -v lf="${tps[longtron_float32]:-0}" -v lb="${tps[longtron_bfloat16]:-0}" \

@@ -187,8 +187,8 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const 
         return;
       }
       // The bf16 kernel overwrites: its dq goes through a scratch of q's layout, then is added.
-      static thread_local std::vector<float> scratch;
-      scratch.assign(static_cast<size_t>(s.num_tokens * s.q_stride), 0.f);
+      // Freed when the call ends (a q-sized buffer kept per thread would outlive the step).
+      std::vector<float> scratch(static_cast<size_t>(s.num_tokens * s.q_stride), 0.f);
       detail::varlen_attention_backward_bf16(scratch.data(), dk, dv, dout, q, k, v, out, lse, s);
       const int64_t w = s.num_heads * s.head_dim;
       for (int64_t n = 0; n < s.num_tokens; ++n)

@@ -99,6 +99,7 @@ class RoundingBuffer {
   uint16_t* get(int64_t n) {
     if (static_cast<size_t>(n) > capacity_) {
       data_.reset();  // free first: the old contents are not needed, and the peak stays one buffer
+      capacity_ = 0;  // (stays true if the allocation below throws)
       data_ = std::make_unique_for_overwrite<uint16_t[]>(static_cast<size_t>(n));
       capacity_ = static_cast<size_t>(n);
     }

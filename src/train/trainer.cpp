@@ -154,6 +154,9 @@ struct Run {
   /// The held-out loss through the engine (evaluate_rows: dp rank r scores rows r, r+D, …).
   double validate() {
     const ops::ComputeTypeScope precision(compute);
+    // bf16: the GEMMs read one bf16 copy of the weights, as in a step (the memory plan counts the
+    // copy, not a rounded head weight per call).
+    const ops::Bf16WeightScope weights(engine.params().data(), engine.params().numel());
     const model::LossSum ls = evaluate_rows(engine, *valid_rows);
     return ls.count > 0 ? ls.sum / static_cast<double>(ls.count) : 0.0;
   }
