@@ -335,7 +335,7 @@ inline void check_bf16_gathers(const Layout& layout, bool step_copy, bool overla
   const double loss =
       model::chunked_head_loss(chunks, dhead.data(), static_cast<float*>(nullptr), x.data(),
                                params.ptr(full.output), labels.data(), n, V, H,
-                               model::HeadChunks<float>::rows_for(V), 0.25, nullptr).sum;
+                               model::head_chunk_rows(V, n), 0.25, nullptr).sum;
   double worst = std::abs(loss - bf.loss);
   worst = std::max(worst, max_abs_diff(bf.q.data(), q.data(), n * Q));
   worst = std::max(worst, max_abs_diff(bf.f.data(), f.data(), n * F));
