@@ -362,7 +362,9 @@ void InternLM2<T>::forward_blocks(const data::MicroBatch& batch, bool save) {
     const int64_t RH = N / ops_.residual_split * H_;
     for (int i = 0; i < L; ++i) {
       const size_t l = static_cast<size_t>(i);
-      if (xs16_.empty()) std::copy(pool_.res, pool_.res + RH, xs_[l]);
+      // Checkpoint: the fp32 input the backward's recomputation starts from (a forward-only
+      // call never recomputes, so it keeps none).
+      if (save && xs16_.empty()) std::copy(pool_.res, pool_.res + RH, xs_[l]);
       block_forward_bf16(i, acts(i, save), ab, block_input16(i));
     }
     return;

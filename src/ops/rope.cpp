@@ -11,6 +11,18 @@
 namespace longtron::ops {
 namespace {
 
+// cos[i] and sin[i] = cos and sign·sin of angle(p, i) = p · inv_freq[i], i < half: double angle,
+// double cos/sin, one rounding to T (the table and the per-token path share it, so they agree
+// bitwise).
+template <typename T>
+void angles_at(T* cos, T* sin, double p, const double* inv_freq, int64_t half, double sign) {
+  for (int64_t i = 0; i < half; ++i) {
+    const double angle = p * inv_freq[i];
+    cos[i] = static_cast<T>(std::cos(angle));
+    sin[i] = static_cast<T>(sign * std::sin(angle));
+  }
+}
+
 // cos and sign·sin of angle(p, i) = p · inv_freq[i] for positions p < rows, row-major [rows, d/2]:
 // the same values for every layer and for the forward and backward of a step, so they are
 // computed once per thread and position and looked up afterwards instead of calling sin/cos per
@@ -49,13 +61,8 @@ const RopeTable<T>* rope_table(const double* inv_freq, int64_t half, double sign
   t.cos.resize(static_cast<size_t>(new_rows * half));
   t.sin.resize(static_cast<size_t>(new_rows * half));
 #pragma omp parallel for schedule(static)
-  for (int64_t p = old_rows; p < new_rows; ++p) {
-    for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(p) * inv_freq[i];
-      t.cos[p * half + i] = static_cast<T>(std::cos(angle));
-      t.sin[p * half + i] = static_cast<T>(sign * std::sin(angle));
-    }
-  }
+  for (int64_t p = old_rows; p < new_rows; ++p)
+    angles_at(&t.cos[p * half], &t.sin[p * half], static_cast<double>(p), inv_freq, half, sign);
   t.rows = new_rows;
   return &t;
 }
@@ -85,11 +92,8 @@ void rope_rotate(T* x, const int32_t* indexes, int64_t N, int64_t heads, int64_t
         cos_t = &table->cos[static_cast<size_t>(indexes[n] * half)];
         sin_t = &table->sin[static_cast<size_t>(indexes[n] * half)];
       } else {
-        for (int64_t i = 0; i < half; ++i) {
-          const double angle = static_cast<double>(indexes[n]) * inv_freq[i];
-          cos_own[i] = static_cast<T>(std::cos(angle));
-          sin_own[i] = static_cast<T>(sign * std::sin(angle));
-        }
+        angles_at(cos_own.data(), sin_own.data(), static_cast<double>(indexes[n]), inv_freq, half,
+                  sign);
         cos_t = cos_own.data(), sin_t = sin_own.data();
       }
       for (int64_t h = 0; h < heads; ++h) {
