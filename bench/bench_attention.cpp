@@ -9,7 +9,8 @@
 // cross-document blocks are wasted work), so its GFLOP/s is comparable.
 //
 // Also: backward alone against forward alone (target: backward rate >= 0.8 × forward), the bf16
-// kernel where the CPU has AVX512-BF16, and a sliding window on one long document.
+// kernel where the CPU has AVX512-BF16 against the bf16 GEMM rate (oneDNN bf16 × bf16 → fp32 on
+// operands already in bf16) measured in the same run, and a sliding window on one long document.
 //
 // Threads: OMP_NUM_THREADS if set (OpenMP and OpenBLAS alike), else all hardware threads.
 #include <benchmark/benchmark.h>
@@ -25,6 +26,7 @@
 #include <random>
 #include <vector>
 
+#include "core/safetensors.h"
 #include "ops/threads.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
@@ -97,6 +99,21 @@ void BM_Sgemm(benchmark::State& state) {
   });
 }
 
+// The bf16 GEMM rate the bf16 attention is compared with: 2048³ on operands rounded beforehand.
+void BM_GemmBf16(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const auto A = random_floats(n * n, 1), B = random_floats(n * n, 2);
+  std::vector<uint16_t> Ab(A.size()), Bb(B.size());
+  for (size_t i = 0; i < A.size(); ++i)
+    Ab[i] = longtron::safetensors::float_to_bf16(A[i]),
+    Bb[i] = longtron::safetensors::float_to_bf16(B[i]);
+  std::vector<float> C(n * n);
+  timed(state, "bf16gemm", 2.0 * n * n * n, [&] {
+    ops::gemm_bf16(false, false, n, n, n, 1.0f, Ab.data(), Bb.data(), 0.0f, C.data());
+    benchmark::DoNotOptimize(C.data());
+  });
+}
+
 // Packed qkv row as the model lays it out: [N, (Hq + 2·Hkv)·d], q then k then v.
 struct AttentionData {
   int64_t d;
@@ -162,6 +179,16 @@ void BM_VarlenAttentionBf16Backward(benchmark::State& state) {
   AttentionData a(state.range(0));
   a.forward();
   timed(state, "bf16bwd" + std::to_string(a.d), 2 * a.forward_flops(), [&] { a.backward(); });
+}
+
+void BM_VarlenAttentionBf16ForwardBackward(benchmark::State& state) {
+  if (!ops::attention_bf16_native()) return state.SkipWithError("no AVX512-BF16 on this CPU");
+  ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
+  AttentionData a(state.range(0));
+  timed(state, "bf16fwdbwd" + std::to_string(a.d), 3 * a.forward_flops(), [&] {
+    a.forward();
+    a.backward();
+  });
 }
 
 // Sliding window (Mistral): fwd+bwd over ONE 4096-token document, head_dim 128, window
@@ -242,8 +269,10 @@ BENCHMARK(BM_Sgemm)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_VarlenAttentionForward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_VarlenAttentionBackward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_VarlenAttentionForwardBackward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GemmBf16)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_VarlenAttentionBf16Forward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_VarlenAttentionBf16Backward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_VarlenAttentionBf16ForwardBackward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_VarlenAttentionWindow)->Arg(0)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
 BENCHMARK(BM_DenseCausalAttentionForwardBackward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
@@ -256,6 +285,8 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       const std::string& f = r.run_name.function_name;
       const std::string arg = r.run_name.args.substr(0, r.run_name.args.find('/'));
       const std::string key = f == "BM_Sgemm"                            ? "sgemm"
+                              : f == "BM_GemmBf16"                       ? "bf16gemm"
+                              : f == "BM_VarlenAttentionBf16ForwardBackward" ? "bf16fwdbwd" + arg
                               : f == "BM_VarlenAttentionForward"         ? "fwd" + arg
                               : f == "BM_VarlenAttentionBackward"        ? "bwd" + arg
                               : f == "BM_VarlenAttentionBf16Forward"     ? "bf16fwd" + arg
@@ -284,6 +315,9 @@ int main(int argc, char** argv) {
               threads, long(kTokens), cu.size() - 1, sum_squares(cu), double(kTokens) * kTokens);
   const double sgemm = g_gflops["sgemm"], sgemm_cpu = g_cpu_gflops["sgemm"];
   std::printf("sgemm 2048^3: %.1f GFLOP/s wall, %.1f GFLOP per CPU-second\n", sgemm, sgemm_cpu);
+  if (g_gflops["bf16gemm"] > 0)
+    std::printf("bf16 GEMM 2048^3: %.1f GFLOP/s wall, %.1f GFLOP per CPU-second\n",
+                g_gflops["bf16gemm"], g_cpu_gflops["bf16gemm"]);
   for (int d : {64, 128}) {
     const std::string ds = std::to_string(d);
     const double fb = g_gflops["fwdbwd" + ds], fb_cpu = g_cpu_gflops["fwdbwd" + ds];
@@ -301,6 +335,15 @@ int main(int argc, char** argv) {
         "CPU-second = %.2f; target >= 0.8)\n",
         d, b, f > 0 ? b / f : 0.0, b_cpu, f_cpu, f_cpu > 0 ? b_cpu / f_cpu : 0.0);
     const double hf = g_gflops["bf16fwd" + ds], hb = g_gflops["bf16bwd" + ds];
+    const double hfb = g_gflops["bf16fwdbwd" + ds], hgemm = g_gflops["bf16gemm"];
+    if (hfb > 0 && hgemm > 0) {
+      std::printf(
+          "head_dim %3d: bf16 fwd+bwd %.1f GFLOP/s = %.2f x bf16 GEMM (%.1f) wall (%.2f per "
+          "CPU-second; target >= 0.5)\n",
+          d, hfb, hfb / hgemm, hgemm,
+          g_cpu_gflops["bf16gemm"] > 0 ? g_cpu_gflops["bf16fwdbwd" + ds] / g_cpu_gflops["bf16gemm"]
+                                       : 0.0);
+    }
     if (hf > 0 && hb > 0) {
       std::printf(
           "head_dim %3d: bf16 forward %.1f GFLOP/s (%.2f x fp32), backward %.1f (%.2f x fp32), "

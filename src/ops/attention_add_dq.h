@@ -9,8 +9,8 @@ namespace longtron::ops {
 /// varlen_attention_backward's contract, except that dq (layout of q, only its head columns) is
 /// ADDED to: dq += this call's dQ, for the queries of the call's segments (others are left as they
 /// are). dk, dv are overwritten as there. The sum per element is the one the caller would form
-/// with a scratch (dq + scratch, in float), so results are the same bit for bit. Under a bf16
-/// compute type the bf16 kernel's dq goes through a scratch of q's layout for the call.
+/// with a scratch (dq + scratch, in float), so results are the same bit for bit, in the fp32 and
+/// the bf16 kernels alike.
 template <typename T>
 void varlen_attention_backward_add_dq(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
                                       const T* v, const T* out, const T* lse,

@@ -182,18 +182,7 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const 
               const T* lse, const AttentionShape& s, bool add_dq) {
   if constexpr (std::is_same_v<T, float>) {
     if (compute_type() == ComputeType::kBFloat16 && attention_bf16_native()) {
-      if (!add_dq) {
-        detail::varlen_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s);
-        return;
-      }
-      // The bf16 kernel overwrites: its dq goes through a scratch of q's layout, then is added.
-      // Freed when the call ends (a q-sized buffer kept per thread would outlive the step).
-      std::vector<float> scratch(static_cast<size_t>(s.num_tokens * s.q_stride), 0.f);
-      detail::varlen_attention_backward_bf16(scratch.data(), dk, dv, dout, q, k, v, out, lse, s);
-      const int64_t w = s.num_heads * s.head_dim;
-      for (int64_t n = 0; n < s.num_tokens; ++n)
-        for (int64_t x = 0; x < w; ++x)
-          dq[n * s.q_stride + x] += scratch[static_cast<size_t>(n * s.q_stride + x)];
+      detail::varlen_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s, add_dq);
       return;
     }
   }

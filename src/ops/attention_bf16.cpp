@@ -19,8 +19,9 @@
 
 #include "ops/attention_dq_order.h"
 #include "ops/attention_plan.h"
-#include "ops/attention_rows.h"
+#include "ops/attention_rows_bf16.h"
 #include "ops/attention_transpose.h"
+#include "ops/bf16_tile_blocks.h"
 #include "ops/bf16_tile_gemm.h"
 #include "ops/precision.h"
 
@@ -28,6 +29,11 @@ namespace longtron::ops::detail {
 namespace {
 
 constexpr int64_t B = kAttnBlock;
+// Key block of the backward: each query tile (q, dO, their transposes and the shared dq, all from
+// beyond L2) then serves 128 keys, and dQ = dS K reduces over 128, halving that traffic per FLOP.
+constexpr int64_t KB = kAttnBackwardKeyBlock;
+static_assert(B == 64 && KB == 2 * B,
+              "the row steps (attention_rows_bf16.h) hold 64 keys of a row in four vectors");
 
 // Sizes of the packed layouts for one call.
 struct Dims {
@@ -42,7 +48,7 @@ struct Dims {
 // One row of n floats to bf16, zero-padded to `padded` elements.
 void row_to_bf16(bf16_t* dst, const float* src, int64_t n, int64_t padded) {
   to_bf16(dst, src, n);
-  std::fill(dst + n, dst + padded, bf16_t(0));
+  if (padded > n) std::fill(dst + n, dst + padded, bf16_t(0));
 }
 
 // Rows of a key block [bj, d] (token stride kv_stride) to bf16 rows [bj, dp].
@@ -61,14 +67,69 @@ LONGTRON_BF16_TARGET void pack_words_transposed_fast(uint32_t* dst, int64_t ldb,
 
 // ---- Forward ---------------------------------------------------------------------------------
 
-// Per-thread tiles of one item, kept in the thread's workspace between calls.
+// Per-thread tiles of one item, kept in the thread's workspace between calls (s: where AMX
+// products spill, bf16_gemm_to; the S and PV products take turns in it).
 struct ForwardScratch {
   ScratchTile<bf16_t> q, p;
-  ScratchTile<float> s, o, m, l;
+  ScratchTile<float> s, o, m, l, alpha;
   ForwardScratch(int64_t rows, const Dims& dm) {
     const auto h = scratch_tiles<bf16_t, 2>(kScratchSlot, {rows * dm.dp, rows * B});
-    const auto f = scratch_tiles<float, 4>(kScratchSlot, {rows * B, rows * dm.d, rows, rows});
-    q = h[0], p = h[1], s = f[0], o = f[1], m = f[2], l = f[3];
+    const auto f =
+        scratch_tiles<float, 5>(kScratchSlot,
+                                {rows * std::max(B, dm.d16), rows * dm.d, rows, rows, rows});
+    q = h[0], p = h[1], s = f[0], o = f[1], m = f[2], l = f[3], alpha = f[4];
+  }
+};
+
+// The visible keys [lo, hi) of query r (segment position) among the keys [c0, c0 + 64) of a
+// tile with bj of them, as lanes.
+inline VisibleLanes visible_lanes(const AttnPlan& p, const AttnSegment& g, int64_t r, int64_t c0,
+                                  int64_t bj) {
+  return VisibleLanes(std::clamp<int64_t>(p.key_lo(g, r) - c0, 0, bj),
+                      std::clamp<int64_t>(p.key_hi(g, r) - c0, 0, bj));
+}
+
+// The online softmax (FlashAttention-2, Algorithm 1) on register blocks of S = QKᵀ for one key
+// block: per row, P in bf16 into p (stride 64), m and l updated, and the factor by which the row's
+// output accumulator must be scaled into alpha (applied by RescaleAdd).
+struct OnlineSoftmax {
+  const AttnPlan& plan;
+  const AttnSegment& g;
+  int64_t r0, bi, c0, bj;  // the item's first query, rows per head; the block's first key, keys
+  float scale;
+  float *m, *l, *alpha;
+  bf16_t* p;
+  template <int R, int NV>
+  LONGTRON_BF16_TARGET void block(int64_t i, int64_t, const __m512 (&acc)[R][NV]) {
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = i + r;
+      __m512 x[4];
+      for (int v = 0; v < 4; ++v) x[v] = v < NV ? acc[r][v] : _mm512_setzero_ps();
+      const VisibleLanes vis = visible_lanes(plan, g, r0 + row % bi, c0, bj);
+      alpha[row] = softmax_row_bf16(x, vis, scale, m[row], l[row], p + row * B);
+    }
+  }
+};
+
+// O = diag(alpha) · O + P V: the rescale of the output accumulator (FlashAttention-2, Algorithm 1
+// line 10) folded into the store of the PV product's register blocks. o [rows, n] fp32.
+struct RescaleAdd {
+  float* o;
+  int64_t n;
+  const float* alpha;
+  template <int R, int NV>
+  LONGTRON_BF16_TARGET void block(int64_t i, int64_t j, const __m512 (&acc)[R][NV]) {
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m512 a = _mm512_set1_ps(alpha[i + r]);
+      for (int v = 0; v < NV; ++v) {
+        const int64_t cols = std::clamp<int64_t>(n - j - 16 * v, 0, 16);
+        const __mmask16 k = static_cast<__mmask16>((1u << cols) - 1);
+        float* c = o + (i + r) * n + j + 16 * v;
+        _mm512_mask_storeu_ps(c, k, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, c), a, acc[r][v]));
+      }
+    }
   }
 };
 
@@ -101,26 +162,16 @@ void forward_item(float* out, float* lse, const float* q, const uint32_t* kw_all
   std::fill(w.o.begin(), w.o.begin() + M * d, 0.0f);
   std::fill(w.m.begin(), w.m.end(), -std::numeric_limits<float>::infinity());
   std::fill(w.l.begin(), w.l.end(), 0.0f);
+  RescaleAdd rescale{w.o.data(), d, w.alpha.data()};
   for (int64_t j = it.first; j < it.last; ++j) {
     const int64_t c0 = j * B, bj = std::min(B, g.k_len - c0), bjp = round_up(bj, 2);
     const int64_t index = (g.k_block0 + j) * s.num_kv_heads + it.kv_head;
-    bf16_gemm(M, bj, m.d2, w.q.data(), m.dp, kw_all + index * m.words_t(), B, w.s.data(), bj,
-              false, m.G * B);
-    for (int64_t row = 0; row < M; ++row) {
-      const int64_t r = r0 + row % bi;
-      const int64_t lo = std::clamp<int64_t>(p.key_lo(g, r) - c0, 0, bj);
-      const int64_t hi = std::clamp<int64_t>(p.key_hi(g, r) - c0, 0, bj);
-      float* srow = &w.s[row * bj];
-      const float alpha = softmax_row_update(srow, bj, lo, hi, scale, w.m[row], w.l[row]);
-      if (alpha != 1.0f) {
-        float* orow = &w.o[row * d];
-#pragma omp simd
-        for (int64_t x = 0; x < d; ++x) orow[x] *= alpha;
-      }
-      row_to_bf16(&w.p[row * bjp], srow, bj, bjp);
-    }
-    bf16_gemm(M, d, bjp / 2, w.p.data(), bjp, vp_all + index * m.words_rows(), m.d16,
-              w.o.data(), d, true, m.G * B);
+    OnlineSoftmax softmax{p,   g,     r0,         bi,         c0,           bj,
+                          scale, w.m.data(), w.l.data(), w.alpha.data(), w.p.data()};
+    bf16_gemm_to(M, bj, m.d2, w.q.data(), m.dp, kw_all + index * m.words_t(), B, softmax,
+                 m.G * B, w.s.data(), B);
+    bf16_gemm_to(M, d, bjp / 2, w.p.data(), B, vp_all + index * m.words_rows(), m.d16, rescale,
+                 m.G * B, w.s.data(), m.d16);
   }
   for (int64_t h = 0; h < G; ++h) {
     const int64_t head = it.kv_head * G + h;
@@ -146,20 +197,57 @@ struct PackedQueries {
   bf16_t *q, *dout;      // [tile_rows, dp] per tile
   bf16_t *q_t, *dout_t;  // [d, tile_rows] per tile, zero column after an odd row count
   float *lse, *delta, *dq;  // [tile_rows], [tile_rows], [tile_rows, d] per tile
+  uint8_t* dq_written;      // per tile: whether a key block has written its dq yet
 };
 
-// Per-thread tiles of one item, kept in the thread's workspace between calls.
+enum class Move { kPack, kStore, kAdd };
+
+// P and dS (FlashAttention-2, Algorithm 2) on register blocks of S = QKᵀ for one key block and
+// query tile, two rows at a time: dS rows in bf16 into ds (A of dQ = dS K) and words of row pairs
+// of P and dS into p_pairs, ds_pairs (B of dVᵀ = dOᵀ P and dKᵀ = Qᵀ dS); all with KB columns.
+struct Dscores {
+  const AttnPlan& plan;
+  const AttnSegment& g;
+  int64_t r0, bi, c0, bj;  // the tile's first query, rows per head; the block's first key, keys
+  float scale;
+  const float *dp, *lse, *delta;  // dP [rows, KB]; lse and D of the tile's rows
+  bf16_t* ds;
+  uint32_t *p_pairs, *ds_pairs;
+  ScoreRow row(int64_t rr, int64_t j) const {
+    return ScoreRow{dp + rr * KB + j, visible_lanes(plan, g, r0 + rr % bi, c0 + j, bj - j),
+                    lse[rr], delta[rr]};
+  }
+  template <int R, int NV>
+  LONGTRON_BF16_TARGET void block(int64_t i, int64_t j, const __m512 (&acc)[R][NV]) {
+#pragma GCC unroll 3
+    for (int rr = 0; rr < R; rr += 2) {
+      __m512 xa[4], xb[4];
+      for (int v = 0; v < 4; ++v) {
+        xa[v] = v < NV ? acc[rr][v] : _mm512_setzero_ps();
+        xb[v] = v < NV && rr + 1 < R ? acc[rr + 1 < R ? rr + 1 : rr][v] : _mm512_setzero_ps();
+      }
+      const int64_t ia = i + rr;
+      const ScoreRow a = row(ia, j), b = rr + 1 < R ? row(ia + 1, j) : a;
+      dscores_rows_bf16(xa, a, rr + 1 < R ? xb : nullptr, rr + 1 < R ? &b : nullptr, scale,
+                        ds + ia * KB + j, ds + (ia + 1) * KB + j, p_pairs + ia / 2 * KB + j,
+                        ds_pairs + ia / 2 * KB + j);
+    }
+  }
+};
+
+// Per-thread tiles of one item (a key block of KB keys), kept in the thread's workspace between
+// calls. Score-shaped tiles have KB columns (s: where AMX products spill, bf16_gemm_to).
 struct BackwardScratch {
   ScratchTile<bf16_t> rows, ds;
   ScratchTile<uint32_t> kw, vw, kp, p_pairs, ds_pairs;
   ScratchTile<float> s, dp, dk_t, dv_t;
   BackwardScratch(int64_t tile_rows, const Dims& m) {
-    const auto h = scratch_tiles<bf16_t, 2>(kScratchSlot, {B * m.dp, tile_rows * B});
+    const auto h = scratch_tiles<bf16_t, 2>(kScratchSlot, {KB * m.dp, tile_rows * KB});
     const auto u = scratch_tiles<uint32_t, 5>(
         kScratchSlot,
-        {m.words_t(), m.words_t(), m.words_rows(), tile_rows / 2 * B, tile_rows / 2 * B});
+        {m.d2 * KB, m.d2 * KB, KB / 2 * m.d16, tile_rows / 2 * KB, tile_rows / 2 * KB});
     const auto f = scratch_tiles<float, 4>(kScratchSlot,
-                                           {tile_rows * B, tile_rows * B, m.d * B, m.d * B});
+                                           {tile_rows * KB, tile_rows * KB, m.d * KB, m.d * KB});
     rows = h[0], ds = h[1];
     kw = u[0], vw = u[1], kp = u[2], p_pairs = u[3], ds_pairs = u[4];
     s = f[0], dp = f[1], dk_t = f[2], dv_t = f[3];
@@ -214,32 +302,43 @@ LONGTRON_BF16_TARGET float dot_bf16(const bf16_t* g, const float* o, int64_t n) 
   return sum;
 }
 
+// Packs (kPack) the query block of `it` into PackedQueries with its lse and D, or moves its fp32
+// dq into the caller's layout, overwriting (kStore) or adding to (kAdd) it.
 void move_query_block(PackedQueries& pq, float* dq, const float* q, const float* dout,
                       const float* out, const float* lse, const AttentionShape& s,
-                      const AttnPlan& p, const AttnItem& it, const Dims& m, bool pack) {
+                      const AttnPlan& p, const AttnItem& it, const Dims& m, Move move) {
   const AttnSegment& sg = p.segments[it.seg];
   const int64_t d = m.d, G = m.G, g = it.kv_head;
   const int64_t q0 = sg.q_begin + it.block * B, bi = std::min(B, sg.q_len - it.block * B);
   const int64_t tile = (sg.q_block0 + it.block) * s.num_kv_heads + g;
   const int64_t base = tile * pq.tile_rows;
+  // A tile no key block added into (queries that see no key; not possible for valid shapes).
+  if (move != Move::kPack && !pq.dq_written[tile])
+    std::fill_n(&pq.dq[base * d], G * bi * d, 0.0f);
   for (int64_t h = 0; h < G; ++h) {
     const int64_t head = g * G + h;
     for (int64_t r = 0; r < bi; ++r) {
       const int64_t row = base + h * bi + r, n = q0 + r;
-      if (!pack) {
-        std::memcpy(dq + n * s.q_stride + head * d, &pq.dq[row * d], sizeof(float) * d);
+      float* dst = dq + n * s.q_stride + head * d;
+      if (move == Move::kStore) {
+        std::memcpy(dst, &pq.dq[row * d], sizeof(float) * d);
+        continue;
+      }
+      if (move == Move::kAdd) {
+        const float* src = &pq.dq[row * d];
+#pragma omp simd
+        for (int64_t x = 0; x < d; ++x) dst[x] += src[x];
         continue;
       }
       bf16_t* go = &pq.dout[row * m.dp];
       row_to_bf16(&pq.q[row * m.dp], q + n * s.q_stride + head * d, d, m.dp);
       row_to_bf16(go, dout + (n * s.num_heads + head) * d, d, m.dp);
-      std::memset(&pq.dq[row * d], 0, sizeof(float) * d);
       // D = rowsum(dO ∘ O) with the rounded dO the products use.
       pq.delta[row] = dot_bf16(go, out + (n * s.num_heads + head) * d, d);
       pq.lse[row] = lse[head * s.num_tokens + n];
     }
   }
-  if (!pack) return;
+  if (move != Move::kPack) return;
   const int64_t M = G * bi, size = d * pq.tile_rows;
   transpose_rows(pq.q_t + tile * size, pq.tile_rows, &pq.q[base * m.dp], m.dp, M, d);
   transpose_rows(pq.dout_t + tile * size, pq.tile_rows, &pq.dout[base * m.dp], m.dp, M, d);
@@ -250,15 +349,15 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
                    const AttnItem& it, const Dims& m, BackwardScratch& w) {
   const AttnSegment& sg = p.segments[it.seg];
   const int64_t d = m.d, G = m.G, g = it.kv_head;
-  const int64_t c0 = it.block * B, k0 = sg.k_begin + c0;
-  const int64_t bj = std::min(B, sg.k_len - c0), bjp = round_up(bj, 2);
+  const int64_t c0 = it.block * KB, k0 = sg.k_begin + c0;
+  const int64_t bj = std::min(KB, sg.k_len - c0), bjp = round_up(bj, 2);
   const float scale = static_cast<float>(s.scale);
   const int64_t offset = k0 * s.kv_stride + g * d;
   key_rows(w.rows.data(), k + offset, s.kv_stride, bj, m);
-  pack_words_transposed_fast(w.kw.data(), B, w.rows.data(), m.dp, bj, m.d2);
+  pack_words_transposed_fast(w.kw.data(), KB, w.rows.data(), m.dp, bj, m.d2);
   pack_pairs_of_rows(w.kp.data(), m.d16, w.rows.data(), m.dp, bj, d);
   key_rows(w.rows.data(), v + offset, s.kv_stride, bj, m);
-  pack_words_transposed_fast(w.vw.data(), B, w.rows.data(), m.dp, bj, m.d2);
+  pack_words_transposed_fast(w.vw.data(), KB, w.rows.data(), m.dp, bj, m.d2);
   if (it.first == it.last) {  // keys no query sees
     std::fill(w.dk_t.begin(), w.dk_t.end(), 0.0f);
     std::fill(w.dv_t.begin(), w.dv_t.end(), 0.0f);
@@ -271,31 +370,28 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
     const int64_t base = tile * pq.tile_rows;
     const bool first = i == it.first;
     const int64_t rows = pq.tile_rows;
-    bf16_gemm(M, bj, m.d2, &pq.q[base * m.dp], m.dp, w.kw.data(), B, w.s.data(), bj, false, rows);
-    bf16_gemm(M, bj, m.d2, &pq.dout[base * m.dp], m.dp, w.vw.data(), B, w.dp.data(), bj, false,
+    bf16_gemm(M, bj, m.d2, &pq.dout[base * m.dp], m.dp, w.vw.data(), KB, w.dp.data(), KB, false,
               rows);
-    for (int64_t rr = 0; rr < M; ++rr) {
-      const int64_t r = r0 + rr % bi;
-      const int64_t lo = std::clamp<int64_t>(p.key_lo(sg, r) - c0, 0, bj);
-      const int64_t hi = std::clamp<int64_t>(p.key_hi(sg, r) - c0, 0, bj);
-      dscores_row(&w.s[rr * bj], &w.dp[rr * bj], bj, lo, hi, pq.lse[base + rr],
-                  pq.delta[base + rr], scale);
-      row_to_bf16(&w.ds[rr * bjp], &w.dp[rr * bj], bj, bjp);
-    }
-    // dVᵀ += dOᵀ P and dKᵀ += Qᵀ dS (pairs along the query rows).
-    pack_pairs_of_float_rows(w.p_pairs.data(), B, w.s.data(), bj, M, bj);
-    pack_pairs_of_float_rows(w.ds_pairs.data(), B, w.dp.data(), bj, M, bj);
-    bf16_gemm(d, bj, Mp / 2, pq.dout_t + tile * size, pq.tile_rows, w.p_pairs.data(), B,
-              w.dv_t.data(), B, !first, d);
-    bf16_gemm(d, bj, Mp / 2, pq.q_t + tile * size, pq.tile_rows, w.ds_pairs.data(), B,
-              w.dk_t.data(), B, !first, d);
+    Dscores dscores{p,           sg,          r0,          bi,         c0,
+                    bj,          scale,       w.dp.data(), &pq.lse[base], &pq.delta[base],
+                    w.ds.data(), w.p_pairs.data(), w.ds_pairs.data()};
+    bf16_gemm_to(M, bj, m.d2, &pq.q[base * m.dp], m.dp, w.kw.data(), KB, dscores, rows,
+                 w.s.data(), KB);
+    bf16_gemm(d, bj, Mp / 2, pq.dout_t + tile * size, pq.tile_rows, w.p_pairs.data(), KB,
+              w.dv_t.data(), KB, !first, d);
+    bf16_gemm(d, bj, Mp / 2, pq.q_t + tile * size, pq.tile_rows, w.ds_pairs.data(), KB,
+              w.dk_t.data(), KB, !first, d);
     // dQ += dS K, straight into the shared tile on this block's turn (attention_dq_order.h).
+    // The tile's first add writes (no zero fill of dq); dq_written is read and set only on the
+    // tile's turn, so never concurrently.
     order.wait(tile, it.block);
-    bf16_gemm(M, d, bjp / 2, w.ds.data(), bjp, w.kp.data(), m.d16, &pq.dq[base * d], d, true, rows);
+    bf16_gemm(M, d, bjp / 2, w.ds.data(), KB, w.kp.data(), m.d16, &pq.dq[base * d], d,
+              pq.dq_written[tile] != 0, rows);
+    pq.dq_written[tile] = 1;
     order.pass(tile, it.block);
   }
-  transpose_floats_avx512(dk + offset, s.kv_stride, w.dk_t.data(), B, d, bj);
-  transpose_floats_avx512(dv + offset, s.kv_stride, w.dv_t.data(), B, d, bj);
+  transpose_floats_avx512(dk + offset, s.kv_stride, w.dk_t.data(), KB, d, bj);
+  transpose_floats_avx512(dv + offset, s.kv_stride, w.dv_t.data(), KB, d, bj);
 }
 
 }  // namespace
@@ -324,8 +420,9 @@ void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const
 
 void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
                                     const float* q, const float* k, const float* v,
-                                    const float* out, const float* lse, const AttentionShape& s) {
-  const AttnPlan p = plan_attention(s, true);
+                                    const float* out, const float* lse, const AttentionShape& s,
+                                    bool add_dq) {
+  const AttnPlan p = plan_attention(s, true, KB);
   const Dims m(s);
   const int64_t tile_rows = m.G * B, tiles = p.q_blocks * s.num_kv_heads;
   const size_t rows = static_cast<size_t>(tiles * tile_rows);
@@ -338,7 +435,9 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
                    halves + 2 * rows * m.dp + rows * m.d,
                    floats,
                    floats + rows,
-                   floats + 2 * rows};
+                   floats + 2 * rows,
+                   workspace<uint8_t>(0, static_cast<size_t>(tiles))};
+  std::fill_n(pq.dq_written, tiles, uint8_t(0));
   DqOrder order(p, s.num_kv_heads);
   ItemCounter items;  // in order, largest first (a dynamic schedule that DqOrder needs)
   const int64_t n_items = static_cast<int64_t>(p.items.size());
@@ -347,14 +446,15 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
   {
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n_queries; ++i)
-      move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], m, true);
+      move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], m, Move::kPack);
     BackwardScratch scratch(tile_rows, m);
     for (int64_t i = items.claim(); i < n_items; i = items.claim())
       backward_item(dk, dv, k, v, pq, order, s, p, p.items[i], m, scratch);
 #pragma omp barrier
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n_queries; ++i)
-      move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], m, false);
+      move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], m,
+                       add_dq ? Move::kAdd : Move::kStore);
   }
 }
 

@@ -12,9 +12,11 @@ void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const
                                    const float* v, const AttentionShape& s);
 /// varlen_attention_backward<float>'s contract with q, k, v and dout rounded to bf16 and the five
 /// tile products in bf16 × bf16 → fp32 (P and dS rounded to bf16); D, lse, dS and every
-/// accumulation (dq, dk, dv) in fp32.
+/// accumulation (dq, dk, dv) in fp32. With `add_dq`, dq is added to (dq += this call's dQ, in
+/// fp32) as varlen_attention_backward_add_dq does; dk, dv are always overwritten.
 void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
                                     const float* q, const float* k, const float* v,
-                                    const float* out, const float* lse, const AttentionShape& s);
+                                    const float* out, const float* lse, const AttentionShape& s,
+                                    bool add_dq = false);
 
 }  // namespace longtron::ops::detail

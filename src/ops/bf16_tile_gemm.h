@@ -42,12 +42,13 @@ LONGTRON_BF16_TARGET inline void to_bf16(bf16_t* dst, const float* src, int64_t 
   }
 }
 
+/// The register block of the micro-GEMM: acc[r][v] = Σ over the K2 pairs of A row r times B
+/// columns [16v, 16v + 16), for R rows and NV vectors of 16 columns (R·NV ≤ 24 accumulators).
 // Vector casts, not memcpy: copies through memory made GCC keep the accumulators on the stack.
 template <int R, int NV>
-LONGTRON_BF16_TARGET inline void bf16_block(int64_t K2, const bf16_t* A, int64_t lda,
-                                            const uint32_t* B, int64_t ldb, float* C, int64_t ldc,
-                                            bool accumulate, __mmask16 last) {
-  __m512 acc[R][NV];
+LONGTRON_BF16_TARGET __attribute__((always_inline)) inline void bf16_block_products(
+    int64_t K2, const bf16_t* A, int64_t lda, const uint32_t* B, int64_t ldb,
+    __m512 (&acc)[R][NV]) {
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
@@ -65,6 +66,14 @@ LONGTRON_BF16_TARGET inline void bf16_block(int64_t K2, const bf16_t* A, int64_t
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
     }
   }
+}
+
+template <int R, int NV>
+LONGTRON_BF16_TARGET inline void bf16_block(int64_t K2, const bf16_t* A, int64_t lda,
+                                            const uint32_t* B, int64_t ldb, float* C, int64_t ldc,
+                                            bool accumulate, __mmask16 last) {
+  __m512 acc[R][NV];
+  bf16_block_products<R, NV>(K2, A, lda, B, ldb, acc);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
