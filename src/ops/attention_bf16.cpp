@@ -350,7 +350,7 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
   const AttnSegment& sg = p.segments[it.seg];
   const int64_t d = m.d, G = m.G, g = it.kv_head;
   const int64_t c0 = it.block * KB, k0 = sg.k_begin + c0;
-  const int64_t bj = std::min(KB, sg.k_len - c0), bjp = round_up(bj, 2);
+  const int64_t bj = std::min(KB, sg.k_len - c0);
   const float scale = static_cast<float>(s.scale);
   const int64_t offset = k0 * s.kv_stride + g * d;
   key_rows(w.rows.data(), k + offset, s.kv_stride, bj, m);
@@ -370,22 +370,30 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
     const int64_t base = tile * pq.tile_rows;
     const bool first = i == it.first;
     const int64_t rows = pq.tile_rows;
-    bf16_gemm(M, bj, m.d2, &pq.dout[base * m.dp], m.dp, w.vw.data(), KB, w.dp.data(), KB, false,
+    // Keys [0, n) of the block are all this tile sees (the causal edge); its products stop there,
+    // which saves half of them where a 64-query tile meets the diagonal of a 128-key block.
+    const int64_t n = std::clamp<int64_t>(p.key_hi(sg, r0 + bi - 1) - c0, 0, bj);
+    bf16_gemm(M, n, m.d2, &pq.dout[base * m.dp], m.dp, w.vw.data(), KB, w.dp.data(), KB, false,
               rows);
     Dscores dscores{p,           sg,          r0,          bi,         c0,
                     bj,          scale,       w.dp.data(), &pq.lse[base], &pq.delta[base],
                     w.ds.data(), w.p_pairs.data(), w.ds_pairs.data()};
-    bf16_gemm_to(M, bj, m.d2, &pq.q[base * m.dp], m.dp, w.kw.data(), KB, dscores, rows,
+    bf16_gemm_to(M, n, m.d2, &pq.q[base * m.dp], m.dp, w.kw.data(), KB, dscores, rows,
                  w.s.data(), KB);
-    bf16_gemm(d, bj, Mp / 2, pq.dout_t + tile * size, pq.tile_rows, w.p_pairs.data(), KB,
+    bf16_gemm(d, n, Mp / 2, pq.dout_t + tile * size, pq.tile_rows, w.p_pairs.data(), KB,
               w.dv_t.data(), KB, !first, d);
-    bf16_gemm(d, bj, Mp / 2, pq.q_t + tile * size, pq.tile_rows, w.ds_pairs.data(), KB,
+    bf16_gemm(d, n, Mp / 2, pq.q_t + tile * size, pq.tile_rows, w.ds_pairs.data(), KB,
               w.dk_t.data(), KB, !first, d);
+    if (first && n < bj)  // the block's later tiles add into the columns this one did not write
+      for (int64_t x = 0; x < d; ++x) {
+        std::fill(&w.dv_t[x * KB + n], &w.dv_t[x * KB + bj], 0.0f);
+        std::fill(&w.dk_t[x * KB + n], &w.dk_t[x * KB + bj], 0.0f);
+      }
     // dQ += dS K, straight into the shared tile on this block's turn (attention_dq_order.h).
     // The tile's first add writes (no zero fill of dq); dq_written is read and set only on the
     // tile's turn, so never concurrently.
     order.wait(tile, it.block);
-    bf16_gemm(M, d, bjp / 2, w.ds.data(), KB, w.kp.data(), m.d16, &pq.dq[base * d], d,
+    bf16_gemm(M, d, round_up(n, 2) / 2, w.ds.data(), KB, w.kp.data(), m.d16, &pq.dq[base * d], d,
               pq.dq_written[tile] != 0, rows);
     pq.dq_written[tile] = 1;
     order.pass(tile, it.block);
