@@ -71,13 +71,12 @@ LONGTRON_BF16_TARGET void pack_words_transposed_fast(uint32_t* dst, int64_t ldb,
 // products spill, bf16_gemm_to; the S and PV products take turns in it).
 struct ForwardScratch {
   ScratchTile<bf16_t> q, p;
-  ScratchTile<float> s, o, m, l, alpha;
+  ScratchTile<float> s, o, m, l, alpha, sum;
   ForwardScratch(int64_t rows, const Dims& dm) {
     const auto h = scratch_tiles<bf16_t, 2>(kScratchSlot, {rows * dm.dp, rows * B});
-    const auto f =
-        scratch_tiles<float, 5>(kScratchSlot,
-                                {rows * std::max(B, dm.d16), rows * dm.d, rows, rows, rows});
-    q = h[0], p = h[1], s = f[0], o = f[1], m = f[2], l = f[3], alpha = f[4];
+    const auto f = scratch_tiles<float, 6>(
+        kScratchSlot, {rows * std::max(B, dm.d16), rows * dm.d, rows, rows, rows, rows});
+    q = h[0], p = h[1], s = f[0], o = f[1], m = f[2], l = f[3], alpha = f[4], sum = f[5];
   }
 };
 
@@ -90,14 +89,15 @@ inline VisibleLanes visible_lanes(const AttnPlan& p, const AttnSegment& g, int64
 }
 
 // The online softmax (FlashAttention-2, Algorithm 1) on register blocks of S = QKᵀ for one key
-// block: per row, P in bf16 into p (stride 64), m and l updated, and the factor by which the row's
-// output accumulator must be scaled into alpha (applied by RescaleAdd).
+// block, in base 2 (scale2 = scale · log2 e, maxima of scale2 · S): per row, P in bf16 into p
+// (stride 64), the new max into m, the previous one into m_old and P's row sum into sum (finish_online_softmax then turns m_old into the output accumulator's
+// factor, applied by RescaleAdd, and updates l).
 struct OnlineSoftmax {
   const AttnPlan& plan;
   const AttnSegment& g;
   int64_t r0, bi, c0, bj;  // the item's first query, rows per head; the block's first key, keys
-  float scale;
-  float *m, *l, *alpha;
+  float scale2;
+  float *m, *m_old, *sum;
   bf16_t* p;
   template <int R, int NV>
   LONGTRON_BF16_TARGET void block(int64_t i, int64_t, const __m512 (&acc)[R][NV]) {
@@ -107,7 +107,7 @@ struct OnlineSoftmax {
       __m512 x[4];
       for (int v = 0; v < 4; ++v) x[v] = v < NV ? acc[r][v] : _mm512_setzero_ps();
       const VisibleLanes vis = visible_lanes(plan, g, r0 + row % bi, c0, bj);
-      alpha[row] = softmax_row_bf16(x, vis, scale, m[row], l[row], p + row * B);
+      softmax_row_bf16(x, vis, scale2, m[row], m_old[row], sum[row], p + row * B);
     }
   }
 };
@@ -154,7 +154,7 @@ void forward_item(float* out, float* lse, const float* q, const uint32_t* kw_all
   const int64_t d = m.d, G = m.G, N = s.num_tokens;
   const int64_t r0 = it.block * B, q0 = g.q_begin + r0;
   const int64_t bi = std::min(B, g.q_len - r0), M = G * bi;
-  const float scale = static_cast<float>(s.scale);
+  const float scale2 = static_cast<float>(s.scale) * kLog2e;
   for (int64_t h = 0; h < G; ++h)
     for (int64_t r = 0; r < bi; ++r)
       row_to_bf16(&w.q[(h * bi + r) * m.dp],
@@ -166,10 +166,11 @@ void forward_item(float* out, float* lse, const float* q, const uint32_t* kw_all
   for (int64_t j = it.first; j < it.last; ++j) {
     const int64_t c0 = j * B, bj = std::min(B, g.k_len - c0), bjp = round_up(bj, 2);
     const int64_t index = (g.k_block0 + j) * s.num_kv_heads + it.kv_head;
-    OnlineSoftmax softmax{p,   g,     r0,         bi,         c0,           bj,
-                          scale, w.m.data(), w.l.data(), w.alpha.data(), w.p.data()};
+    OnlineSoftmax softmax{p,      g,          r0,         bi,           c0,        bj,
+                          scale2, w.m.data(), w.alpha.data(), w.sum.data(), w.p.data()};
     bf16_gemm_to(M, bj, m.d2, w.q.data(), m.dp, kw_all + index * m.words_t(), B, softmax,
                  m.G * B, w.s.data(), B);
+    finish_online_softmax(M, w.m.data(), w.alpha.data(), w.sum.data(), w.l.data());
     bf16_gemm_to(M, d, bjp / 2, w.p.data(), B, vp_all + index * m.words_rows(), m.d16, rescale,
                  m.G * B, w.s.data(), m.d16);
   }
@@ -180,7 +181,7 @@ void forward_item(float* out, float* lse, const float* q, const uint32_t* kw_all
       const float inv = w.l[row] > 0.0f ? 1.0f / w.l[row] : 0.0f;
       float* orow = out + (q0 + r) * s.num_heads * d + head * d;
       for (int64_t x = 0; x < d; ++x) orow[x] = w.o[row * d + x] * inv;
-      lse[head * N + q0 + r] = w.l[row] > 0.0f ? w.m[row] + std::log(w.l[row])
+      lse[head * N + q0 + r] = w.l[row] > 0.0f ? w.m[row] * kLn2 + std::log(w.l[row])
                                                : -std::numeric_limits<float>::infinity();
     }
   }
@@ -196,7 +197,7 @@ struct PackedQueries {
   int64_t tile_rows;
   bf16_t *q, *dout;      // [tile_rows, dp] per tile
   bf16_t *q_t, *dout_t;  // [d, tile_rows] per tile, zero column after an odd row count
-  float *lse, *delta, *dq;  // [tile_rows], [tile_rows], [tile_rows, d] per tile
+  float *lse2, *delta, *dq;  // [tile_rows], [tile_rows], [tile_rows, d] per tile (lse · log2 e)
   uint8_t* dq_written;      // per tile: whether a key block has written its dq yet
 };
 
@@ -210,12 +211,12 @@ struct Dscores {
   const AttnSegment& g;
   int64_t r0, bi, c0, bj;  // the tile's first query, rows per head; the block's first key, keys
   float scale;
-  const float *dp, *lse, *delta;  // dP [rows, KB]; lse and D of the tile's rows
+  const float *dp, *lse2, *delta;  // dP [rows, KB]; lse · log2 e and D of the tile's rows
   bf16_t* ds;
   uint32_t *p_pairs, *ds_pairs;
   ScoreRow row(int64_t rr, int64_t j) const {
     return ScoreRow{dp + rr * KB + j, visible_lanes(plan, g, r0 + rr % bi, c0 + j, bj - j),
-                    lse[rr], delta[rr]};
+                    lse2[rr], delta[rr]};
   }
   template <int R, int NV>
   LONGTRON_BF16_TARGET void block(int64_t i, int64_t j, const __m512 (&acc)[R][NV]) {
@@ -335,7 +336,7 @@ void move_query_block(PackedQueries& pq, float* dq, const float* q, const float*
       row_to_bf16(go, dout + (n * s.num_heads + head) * d, d, m.dp);
       // D = rowsum(dO ∘ O) with the rounded dO the products use.
       pq.delta[row] = dot_bf16(go, out + (n * s.num_heads + head) * d, d);
-      pq.lse[row] = lse[head * s.num_tokens + n];
+      pq.lse2[row] = lse[head * s.num_tokens + n] * kLog2e;
     }
   }
   if (move != Move::kPack) return;
@@ -376,7 +377,7 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
     bf16_gemm(M, n, m.d2, &pq.dout[base * m.dp], m.dp, w.vw.data(), KB, w.dp.data(), KB, false,
               rows);
     Dscores dscores{p,           sg,          r0,          bi,         c0,
-                    bj,          scale,       w.dp.data(), &pq.lse[base], &pq.delta[base],
+                    bj,          scale,       w.dp.data(), &pq.lse2[base], &pq.delta[base],
                     w.ds.data(), w.p_pairs.data(), w.ds_pairs.data()};
     bf16_gemm_to(M, n, m.d2, &pq.q[base * m.dp], m.dp, w.kw.data(), KB, dscores, rows,
                  w.s.data(), KB);

@@ -22,8 +22,10 @@ LONGTRON_BF16_TARGET __attribute__((always_inline)) inline void bf16_block_to(
   epi.template block<R, NV>(i, j, acc);
 }
 
+// Not inlined: inside the attention kernels' large functions GCC ran out of registers and kept
+// accumulators on the stack.
 template <int NV, typename Epilogue>
-LONGTRON_BF16_TARGET inline void bf16_rows_to(int64_t M, int64_t K2, const bf16_t* A,
+LONGTRON_BF16_TARGET __attribute__((noinline)) void bf16_rows_to(int64_t M, int64_t K2, const bf16_t* A,
                                               int64_t lda, const uint32_t* B, int64_t ldb,
                                               int64_t j, Epilogue& epi) {
   int64_t i = 0;

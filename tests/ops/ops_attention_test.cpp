@@ -635,8 +635,13 @@ TEST_F(Attention, Bf16KernelMatchesDoubleOnRoundedInputs) {
   double out_err = 0, grad_err = 0;
   expect_bf16_matches_double({{0, 200, 330}, 8, 2, 64, true}, &out_err, &grad_err);
   expect_bf16_matches_double({{0, 150}, 4, 2, 128, false}, &out_err, &grad_err);
+  // 128-key backward blocks: a query block meeting the causal edge in either half, a window
+  // ending inside a block, keys beyond the queries (ring attention's later blocks).
+  expect_bf16_matches_double({{0, 130, 390}, 4, 1, 64, false, {0, 200, 460}, 70}, &out_err,
+                             &grad_err);
+  expect_bf16_matches_double({{0, 257}, 6, 3, 64, true, {}, 100}, &out_err, &grad_err);
   std::mt19937 rng(10);
-  for (int trial = 0; trial < 8; ++trial) {
+  for (int trial = 0; trial < 24; ++trial) {
     const Case c = random_case(rng, trial % 2 == 0);
     SCOPED_TRACE(describe(c));
     expect_bf16_matches_double(c, &out_err, &grad_err);
