@@ -80,34 +80,47 @@ struct ForwardScratch {
   }
 };
 
-// The visible keys [lo, hi) of query r (segment position) among the keys [c0, c0 + 64) of a
-// tile with bj of them, as lanes.
-inline VisibleLanes visible_lanes(const AttnPlan& p, const AttnSegment& g, int64_t r, int64_t c0,
-                                  int64_t bj) {
-  return VisibleLanes(std::clamp<int64_t>(p.key_lo(g, r) - c0, 0, bj),
-                      std::clamp<int64_t>(p.key_hi(g, r) - c0, 0, bj));
-}
+// Which of the keys [c0, c0 + n) (n ≤ 64) the queries [r0, r0 + bi) of a segment see, as lanes.
+// Where every query sees all of them (most tiles off the diagonal), one set of lanes serves all
+// rows and the per-row bounds are skipped.
+struct TileVisibility {
+  const AttnPlan* plan;
+  const AttnSegment* g;
+  int64_t c0, n;
+  bool full;          // key_lo is non-decreasing and key_hi increasing in the query position
+  VisibleLanes all;
+  TileVisibility(const AttnPlan& p, const AttnSegment& seg, int64_t r0, int64_t bi, int64_t c0_,
+                 int64_t n_)
+      : plan(&p), g(&seg), c0(c0_), n(n_),
+        full(p.key_lo(seg, r0 + bi - 1) <= c0_ && p.key_hi(seg, r0) >= c0_ + n_), all(0, n_) {}
+  /// Lanes of query r (segment position).
+  VisibleLanes row(int64_t r) const {
+    if (full) return all;
+    return VisibleLanes(std::clamp<int64_t>(plan->key_lo(*g, r) - c0, 0, n),
+                        std::clamp<int64_t>(plan->key_hi(*g, r) - c0, 0, n));
+  }
+};
 
 // The online softmax (FlashAttention-2, Algorithm 1) on register blocks of S = QKᵀ for one key
 // block, in base 2 (scale2 = scale · log2 e, maxima of scale2 · S): per row, P in bf16 into p
 // (stride 64), the new max into m, the previous one into m_old and P's row sum into sum (finish_online_softmax then turns m_old into the output accumulator's
 // factor, applied by RescaleAdd, and updates l).
 struct OnlineSoftmax {
-  const AttnPlan& plan;
-  const AttnSegment& g;
-  int64_t r0, bi, c0, bj;  // the item's first query, rows per head; the block's first key, keys
+  TileVisibility vis;
+  int64_t r0, bi;  // the item's first query, rows per head (row h·bi + r is query r0 + r)
   float scale2;
   float *m, *m_old, *sum;
   bf16_t* p;
   template <int R, int NV>
   LONGTRON_BF16_TARGET void block(int64_t i, int64_t, const __m512 (&acc)[R][NV]) {
+    int64_t r = i % bi;
 #pragma GCC unroll 6
-    for (int r = 0; r < R; ++r) {
-      const int64_t row = i + r;
+    for (int k = 0; k < R; ++k) {
+      const int64_t row = i + k;
       __m512 x[4];
-      for (int v = 0; v < 4; ++v) x[v] = v < NV ? acc[r][v] : _mm512_setzero_ps();
-      const VisibleLanes vis = visible_lanes(plan, g, r0 + row % bi, c0, bj);
-      softmax_row_bf16(x, vis, scale2, m[row], m_old[row], sum[row], p + row * B);
+      for (int v = 0; v < 4; ++v) x[v] = v < NV ? acc[k][v] : _mm512_setzero_ps();
+      softmax_row_bf16(x, vis.row(r0 + r), scale2, m[row], m_old[row], sum[row], p + row * B);
+      if (++r == bi) r = 0;
     }
   }
 };
@@ -166,8 +179,14 @@ void forward_item(float* out, float* lse, const float* q, const uint32_t* kw_all
   for (int64_t j = it.first; j < it.last; ++j) {
     const int64_t c0 = j * B, bj = std::min(B, g.k_len - c0), bjp = round_up(bj, 2);
     const int64_t index = (g.k_block0 + j) * s.num_kv_heads + it.kv_head;
-    OnlineSoftmax softmax{p,      g,          r0,         bi,           c0,        bj,
-                          scale2, w.m.data(), w.alpha.data(), w.sum.data(), w.p.data()};
+    OnlineSoftmax softmax{TileVisibility(p, g, r0, bi, c0, bj),
+                          r0,
+                          bi,
+                          scale2,
+                          w.m.data(),
+                          w.alpha.data(),
+                          w.sum.data(),
+                          w.p.data()};
     bf16_gemm_to(M, bj, m.d2, w.q.data(), m.dp, kw_all + index * m.words_t(), B, softmax,
                  m.G * B, w.s.data(), B);
     finish_online_softmax(M, w.m.data(), w.alpha.data(), w.sum.data(), w.l.data());
@@ -207,19 +226,19 @@ enum class Move { kPack, kStore, kAdd };
 // query tile, two rows at a time: dS rows in bf16 into ds (A of dQ = dS K) and words of row pairs
 // of P and dS into p_pairs, ds_pairs (B of dVᵀ = dOᵀ P and dKᵀ = Qᵀ dS); all with KB columns.
 struct Dscores {
-  const AttnPlan& plan;
-  const AttnSegment& g;
-  int64_t r0, bi, c0, bj;  // the tile's first query, rows per head; the block's first key, keys
+  TileVisibility vis[KB / B];  // per 64-key panel of the block
+  int64_t r0, bi;              // the tile's first query, rows per head (row h·bi + r: query r0 + r)
   float scale;
   const float *dp, *lse2, *delta;  // dP [rows, KB]; lse · log2 e and D of the tile's rows
   bf16_t* ds;
   uint32_t *p_pairs, *ds_pairs;
-  ScoreRow row(int64_t rr, int64_t j) const {
-    return ScoreRow{dp + rr * KB + j, visible_lanes(plan, g, r0 + rr % bi, c0 + j, bj - j),
-                    lse2[rr], delta[rr]};
+  ScoreRow row(int64_t rr, int64_t r, int64_t j) const {
+    return ScoreRow{dp + rr * KB + j, vis[j / B].row(r0 + r), lse2[rr], delta[rr]};
   }
   template <int R, int NV>
   LONGTRON_BF16_TARGET void block(int64_t i, int64_t j, const __m512 (&acc)[R][NV]) {
+    int64_t r = i % bi;  // query of row i (then of each next row, wrapping to the next head)
+    const auto next = [&] { return r = r + 1 == bi ? 0 : r + 1; };
 #pragma GCC unroll 3
     for (int rr = 0; rr < R; rr += 2) {
       __m512 xa[4], xb[4];
@@ -228,7 +247,9 @@ struct Dscores {
         xb[v] = v < NV && rr + 1 < R ? acc[rr + 1 < R ? rr + 1 : rr][v] : _mm512_setzero_ps();
       }
       const int64_t ia = i + rr;
-      const ScoreRow a = row(ia, j), b = rr + 1 < R ? row(ia + 1, j) : a;
+      const ScoreRow a = row(ia, r, j);
+      const ScoreRow b = rr + 1 < R ? row(ia + 1, next(), j) : a;
+      next();
       dscores_rows_bf16(xa, a, rr + 1 < R ? xb : nullptr, rr + 1 < R ? &b : nullptr, scale,
                         ds + ia * KB + j, ds + (ia + 1) * KB + j, p_pairs + ia / 2 * KB + j,
                         ds_pairs + ia / 2 * KB + j);
@@ -376,9 +397,17 @@ void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQ
     const int64_t n = std::clamp<int64_t>(p.key_hi(sg, r0 + bi - 1) - c0, 0, bj);
     bf16_gemm(M, n, m.d2, &pq.dout[base * m.dp], m.dp, w.vw.data(), KB, w.dp.data(), KB, false,
               rows);
-    Dscores dscores{p,           sg,          r0,          bi,         c0,
-                    bj,          scale,       w.dp.data(), &pq.lse2[base], &pq.delta[base],
-                    w.ds.data(), w.p_pairs.data(), w.ds_pairs.data()};
+    Dscores dscores{{TileVisibility(p, sg, r0, bi, c0, std::min(n, B)),
+                     TileVisibility(p, sg, r0, bi, c0 + B, std::max<int64_t>(n - B, 0))},
+                    r0,
+                    bi,
+                    scale,
+                    w.dp.data(),
+                    &pq.lse2[base],
+                    &pq.delta[base],
+                    w.ds.data(),
+                    w.p_pairs.data(),
+                    w.ds_pairs.data()};
     bf16_gemm_to(M, n, m.d2, &pq.q[base * m.dp], m.dp, w.kw.data(), KB, dscores, rows,
                  w.s.data(), KB);
     bf16_gemm(d, n, Mp / 2, pq.dout_t + tile * size, pq.tile_rows, w.p_pairs.data(), KB,
