@@ -29,7 +29,10 @@ LONGTRON_BF16_TARGET __attribute__((noinline)) void bf16_rows_to(int64_t M, int6
                                               int64_t lda, const uint32_t* B, int64_t ldb,
                                               int64_t j, Epilogue& epi) {
   int64_t i = 0;
-  for (; i + 6 <= M; i += 6) bf16_block_to<6, NV>(K2, A, lda, B, ldb, i, j, epi);
+  for (; i + 6 <= M; i += 6) {
+    prefetch_rows(A, lda, i + 6, std::min<int64_t>(6, M - i - 6), 4 * K2);
+    bf16_block_to<6, NV>(K2, A, lda, B, ldb, i, j, epi);
+  }
   switch (M - i) {
     case 5: bf16_block_to<5, NV>(K2, A, lda, B, ldb, i, j, epi); break;
     case 4: bf16_block_to<4, NV>(K2, A, lda, B, ldb, i, j, epi); break;

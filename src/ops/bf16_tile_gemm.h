@@ -87,13 +87,26 @@ LONGTRON_BF16_TARGET inline void bf16_block(int64_t K2, const bf16_t* A, int64_t
   }
 }
 
+/// Asks for rows [i, i + n) of X (row stride ld elements, `bytes` bytes from each row start) in
+/// L1 ahead of use: the attention tiles' A rows and accumulated C rows come from L2 or beyond,
+/// and the next register block's loads otherwise wait on them.
+template <typename T>
+inline void prefetch_rows(const T* X, int64_t ld, int64_t i, int64_t n, int64_t bytes) {
+  for (int64_t r = i; r < i + n; ++r)
+    for (int64_t b = 0; b < bytes; b += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(X + r * ld) + b, _MM_HINT_T0);
+}
+
 template <int NV>
 LONGTRON_BF16_TARGET inline void bf16_rows(int64_t M, int64_t K2, const bf16_t* A, int64_t lda,
                                            const uint32_t* B, int64_t ldb, float* C, int64_t ldc,
                                            bool accumulate, __mmask16 last) {
   int64_t i = 0;
-  for (; i + 6 <= M; i += 6)
+  for (; i + 6 <= M; i += 6) {
+    prefetch_rows(A, lda, i + 6, std::min<int64_t>(6, M - i - 6), 4 * K2);
+    if (accumulate) prefetch_rows(C, ldc, i, 6, 64 * NV);
     bf16_block<6, NV>(K2, A + i * lda, lda, B, ldb, C + i * ldc, ldc, accumulate, last);
+  }
   const bf16_t* a = A + i * lda;
   float* c = C + i * ldc;
   switch (M - i) {
