@@ -56,8 +56,8 @@ void key_rows(bf16_t* dst, const float* x, int64_t stride, int64_t bj, const Dim
   for (int64_t c = 0; c < bj; ++c) row_to_bf16(dst + c * m.dp, x + c * stride, m.d, m.dp);
 }
 
-// pack_words_transposed (bf16_tile_gemm.h) by 16 × 16 word transposes: B = Yᵀ for bf16 rows Y
-// [N, 2·K2] (ldy even), dst[k2·ldb + j] = word k2 of row j, zero columns in [N, ldb).
+// B = Yᵀ in the words layout of bf16_tile_gemm.h for bf16 rows Y [N, 2·K2] (ldy even), by 16 × 16
+// word transposes: dst[k2·ldb + j] = word k2 of row j, zero columns in [N, ldb).
 LONGTRON_BF16_TARGET void pack_words_transposed_fast(uint32_t* dst, int64_t ldb, const bf16_t* Y,
                                                      int64_t ldy, int64_t N, int64_t K2) {
   transpose_words_avx512(dst, ldb, reinterpret_cast<const uint32_t*>(Y), ldy / 2, N, K2);
@@ -103,8 +103,9 @@ struct TileVisibility {
 
 // The online softmax (FlashAttention-2, Algorithm 1) on register blocks of S = QKᵀ for one key
 // block, in base 2 (scale2 = scale · log2 e, maxima of scale2 · S): per row, P in bf16 into p
-// (stride 64), the new max into m, the previous one into m_old and P's row sum into sum (finish_online_softmax then turns m_old into the output accumulator's
-// factor, applied by RescaleAdd, and updates l).
+// (stride 64), the new max into m, the previous one into m_old and P's row sum into sum.
+// finish_online_softmax then turns m_old into the output accumulator's factor (applied by
+// RescaleAdd) and updates l.
 struct OnlineSoftmax {
   TileVisibility vis;
   int64_t r0, bi;  // the item's first query, rows per head (row h·bi + r is query r0 + r)
@@ -237,20 +238,23 @@ struct Dscores {
   }
   template <int R, int NV>
   LONGTRON_BF16_TARGET void block(int64_t i, int64_t j, const __m512 (&acc)[R][NV]) {
-    int64_t r = i % bi;  // query of row i (then of each next row, wrapping to the next head)
-    const auto next = [&] { return r = r + 1 == bi ? 0 : r + 1; };
+    // Rows h·bi + r: the query of a row, then of each next one (wrapping to the next head).
+    const int64_t ra = i % bi, rb = ra + 1 == bi ? 0 : ra + 1;
+    int64_t r[2] = {ra, rb};
 #pragma GCC unroll 3
     for (int rr = 0; rr < R; rr += 2) {
+      const bool pair = rr + 1 < R;  // an odd last row pairs with zeros
+      const int second = pair ? rr + 1 : rr;
       __m512 xa[4], xb[4];
       for (int v = 0; v < 4; ++v) {
         xa[v] = v < NV ? acc[rr][v] : _mm512_setzero_ps();
-        xb[v] = v < NV && rr + 1 < R ? acc[rr + 1 < R ? rr + 1 : rr][v] : _mm512_setzero_ps();
+        xb[v] = v < NV && pair ? acc[second][v] : _mm512_setzero_ps();
       }
       const int64_t ia = i + rr;
-      const ScoreRow a = row(ia, r, j);
-      const ScoreRow b = rr + 1 < R ? row(ia + 1, next(), j) : a;
-      next();
-      dscores_rows_bf16(xa, a, rr + 1 < R ? xb : nullptr, rr + 1 < R ? &b : nullptr, scale,
+      const ScoreRow a = row(ia, r[0], j), b = row(pair ? ia + 1 : ia, pair ? r[1] : r[0], j);
+      for (int64_t& x : r)
+        for (x += 2; x >= bi;) x -= bi;
+      dscores_rows_bf16(xa, a, pair ? xb : nullptr, pair ? &b : nullptr, scale,
                         ds + ia * KB + j, ds + (ia + 1) * KB + j, p_pairs + ia / 2 * KB + j,
                         ds_pairs + ia / 2 * KB + j);
     }

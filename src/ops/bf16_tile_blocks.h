@@ -43,41 +43,48 @@ LONGTRON_BF16_TARGET __attribute__((noinline)) void bf16_rows_to(int64_t M, int6
   }
 }
 
+/// The register blocks of a product already in memory: product [M, ldc] fp32 (ldc ≥ N rounded up
+/// to 16) handed to `epi` in blocks of up to two rows and 64 columns, as bf16_gemm_to would hand
+/// over its own blocks (columns at or beyond N zero). The path of AMX tiles, whose products land
+/// in tile registers that only a store can read.
+template <typename Epilogue>
+LONGTRON_BF16_TARGET inline void bf16_blocks_from(int64_t M, int64_t N, const float* product,
+                                                  int64_t ldc, Epilogue& epi) {
+  for (int64_t j = 0; j < N; j += 64)
+    for (int64_t i = 0; i < M; i += 2) {
+      __m512 acc[2][4];
+      for (int r = 0; r < 2; ++r)
+        for (int v = 0; v < 4; ++v) {
+          const int64_t cols = i + r < M ? std::clamp<int64_t>(N - j - 16 * v, 0, 16) : 0;
+          const __mmask16 k = static_cast<__mmask16>((1u << cols) - 1);
+          acc[r][v] = _mm512_maskz_loadu_ps(k, product + (i + r) * ldc + j + 16 * v);
+        }
+      if (i + 1 < M) {
+        epi.template block<2, 4>(i, j, acc);
+      } else {
+        const __m512 one[1][4] = {{acc[0][0], acc[0][1], acc[0][2], acc[0][3]}};
+        epi.template block<1, 4>(i, j, one);
+      }
+    }
+}
+
 /// A · B as bf16_gemm computes it (same layouts, K = 2·K2), each register block handed to
 /// `epi.template block<R, NV>(i, j, acc)`: rows [i, i + R) (R ≤ 6, i even), columns
 /// [j, j + 16·NV) (j a multiple of 64); columns at or beyond N hold zero products (B's padding).
 /// Where AMX tiles run (amx_available, K2 % 16 == 0, A readable to a_rows), the product goes
-/// through `spill` ([M, ldc] fp32, ldc ≥ N rounded up to 16, zero columns beyond N) and the
-/// blocks are loaded from there.
+/// through `spill` ([M, ldc] fp32, ldc ≥ N rounded up to 16) and bf16_blocks_from.
 template <typename Epilogue>
 LONGTRON_BF16_TARGET inline void bf16_gemm_to(int64_t M, int64_t N, int64_t K2, const bf16_t* A,
                                               int64_t lda, const uint32_t* B, int64_t ldb,
                                               Epilogue& epi, int64_t a_rows, float* spill,
                                               int64_t ldc) {
-  const bool amx = K2 % 16 == 0 && (M + 15) / 16 * 16 <= a_rows && amx_available();
-  if (amx) {
+  if (K2 % 16 == 0 && (M + 15) / 16 * 16 <= a_rows && amx_available()) {
     amx_gemm(M, N, K2, A, lda, B, ldb, spill, ldc, false);
-    for (int64_t i = 0; i < M; ++i) std::fill(spill + i * ldc + N, spill + (i + 1) * ldc, 0.0f);
+    bf16_blocks_from(M, N, spill, ldc, epi);
+    return;
   }
   for (int64_t j = 0; j < N; j += 64) {
-    const int64_t nv = std::min<int64_t>(4, (N - j + 15) / 16);
-    if (amx) {  // blocks of two rows from the spilled product
-      for (int64_t i = 0; i < M; i += 2) {
-        __m512 acc[2][4];
-        for (int r = 0; r < 2; ++r)
-          for (int v = 0; v < 4; ++v)
-            acc[r][v] = i + r < M && v < nv ? _mm512_loadu_ps(spill + (i + r) * ldc + j + 16 * v)
-                                            : _mm512_setzero_ps();
-        if (i + 1 < M) {
-          epi.template block<2, 4>(i, j, acc);
-        } else {
-          __m512 one[1][4] = {{acc[0][0], acc[0][1], acc[0][2], acc[0][3]}};
-          epi.template block<1, 4>(i, j, one);
-        }
-      }
-      continue;
-    }
-    switch (nv) {
+    switch (std::min<int64_t>(4, (N - j + 15) / 16)) {
       case 4: bf16_rows_to<4>(M, K2, A, lda, B + j, ldb, j, epi); break;
       case 3: bf16_rows_to<3>(M, K2, A, lda, B + j, ldb, j, epi); break;
       case 2: bf16_rows_to<2>(M, K2, A, lda, B + j, ldb, j, epi); break;

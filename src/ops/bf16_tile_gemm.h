@@ -227,47 +227,6 @@ inline void pack_pairs_of_rows(uint32_t* dst, int64_t ldb, const bf16_t* Y, int6
   }
 }
 
-/// pack_pairs_of_rows from fp32 rows (X(k, j) = X[k·ldx + j]), rounding on the way: two rows are
-/// converted by one vcvtne2ps2bf16 and interleaved by one permute, 16 words at a time.
-LONGTRON_BF16_TARGET inline void pack_pairs_of_float_rows(uint32_t* dst, int64_t ldb,
-                                                          const float* X, int64_t ldx, int64_t K,
-                                                          int64_t N) {
-  // Word j of the result takes bf16 element j (row 2k2) and 16 + j (row 2k2 + 1).
-  const __m512i interleave =
-      _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
-                       6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  for (int64_t k2 = 0; 2 * k2 < K; ++k2) {
-    const float* a = X + 2 * k2 * ldx;
-    const bool pair = 2 * k2 + 1 < K;
-    uint32_t* d = dst + k2 * ldb;
-    for (int64_t j = 0; j < ldb; j += 16) {
-      const int64_t n = std::clamp<int64_t>(N - j, 0, 16);
-      const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
-      const __m512 lo = _mm512_maskz_loadu_ps(m, a + j);
-      const __m512 hi = pair ? _mm512_maskz_loadu_ps(m, a + ldx + j) : _mm512_setzero_ps();
-      const __m512bh both = _mm512_cvtne2ps_pbh(hi, lo);
-      __m512i words;
-      std::memcpy(&words, &both, 64);
-      _mm512_storeu_si512(d + j, _mm512_permutexvar_epi16(interleave, words));
-    }
-  }
-}
-
-/// Packs B = Yᵀ where Y is bf16 rows [N, K] (row j at Y + j·ldy, K even, pairs adjacent):
-/// dst[k2·ldb + j] = word k2 of row j; zero columns in [N, ldb).
-inline void pack_words_transposed(uint32_t* dst, int64_t ldb, const bf16_t* Y, int64_t ldy,
-                                  int64_t N, int64_t K2) {
-  for (int64_t j = 0; j < N; ++j) {
-    const bf16_t* y = Y + j * ldy;
-    for (int64_t k2 = 0; k2 < K2; ++k2) {
-      uint32_t w;
-      std::memcpy(&w, y + 2 * k2, 4);
-      dst[k2 * ldb + j] = w;
-    }
-  }
-  for (int64_t k2 = 0; k2 < K2; ++k2) std::fill(dst + k2 * ldb + N, dst + k2 * ldb + ldb, 0u);
-}
-
 /// Rounds up to a multiple of m.
 constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
