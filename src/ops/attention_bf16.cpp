@@ -1,9 +1,11 @@
 // bf16 varlen attention on AVX512-BF16 (and AMX tiles where available): the loop structure of
-// attention.cpp (forward, FA2 Algorithm 1) and attention_backward.cpp (backward, Algorithm 2) with
-// every tile product in bf16 × bf16 → fp32 (bf16_tile_gemm.h). Inputs are rounded to bf16 once, while they are packed
-// into the layouts vdpbf16ps reads (pairs along the reduction dimension); the softmax, lse, D and
-// all accumulators stay fp32, and P and dS are rounded to bf16 only as GEMM inputs, as in
-// FlashAttention-2's bf16 kernels (Dao 2023).
+// attention.cpp (forward, FA2 Algorithm 1) and attention_backward.cpp (backward, Algorithm 2, with
+// 128-key blocks) with every tile product in bf16 × bf16 → fp32 (bf16_tile_gemm.h). Inputs are
+// rounded to bf16 once, while they are packed into the layouts vdpbf16ps reads (pairs along the
+// reduction dimension); the softmax, lse, D and all accumulators stay fp32, and P and dS are
+// rounded to bf16 only as GEMM inputs, as in FlashAttention-2's bf16 kernels (Dao 2023). The
+// scores never reach memory: each register block of S = QKᵀ goes straight into the online softmax
+// or into P and dS (bf16_tile_blocks.h, attention_rows_bf16.h).
 #include "ops/attention_bf16.h"
 
 #include <cpuid.h>
