@@ -101,6 +101,7 @@ void BM_Sgemm(benchmark::State& state) {
 
 // The bf16 GEMM rate the bf16 attention is compared with: 2048³ on operands rounded beforehand.
 void BM_GemmBf16(benchmark::State& state) {
+  if (!ops::attention_bf16_native()) return state.SkipWithError("no AVX512-BF16 on this CPU");
   const int64_t n = state.range(0);
   const auto A = random_floats(n * n, 1), B = random_floats(n * n, 2);
   std::vector<uint16_t> Ab(A.size()), Bb(B.size());

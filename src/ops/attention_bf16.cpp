@@ -340,7 +340,7 @@ void move_query_block(PackedQueries& pq, float* dq, const float* q, const float*
   const int64_t q0 = sg.q_begin + it.block * B, bi = std::min(B, sg.q_len - it.block * B);
   const int64_t tile = (sg.q_block0 + it.block) * s.num_kv_heads + g;
   const int64_t base = tile * pq.tile_rows;
-  // A tile no key block added into (queries that see no key; not possible for valid shapes).
+  // A tile no key block added into: its queries see no key (possible with key_offsets).
   if (move != Move::kPack && !pq.dq_written[tile])
     std::fill_n(&pq.dq[base * d], G * bi * d, 0.0f);
   for (int64_t h = 0; h < G; ++h) {

@@ -15,8 +15,8 @@ namespace longtron::ops::detail {
 
 /// Query block size (FlashAttention-2 Br), and the key block size Bc of the forward.
 constexpr int64_t kAttnBlock = 64;
-/// Key block size of the fp32/double backward: each query tile (q, dO and the shared dq, three
-/// G·64×d tiles that come from beyond L2) then serves 128 keys, halving that traffic per FLOP.
+/// Key block size of the backwards (fp32/double and bf16): each query tile (q, dO and the shared
+/// dq, G·64×d tiles that come from beyond L2) then serves 128 keys, halving that traffic per FLOP.
 constexpr int64_t kAttnBackwardKeyBlock = 128;
 
 /// One segment: queries [q_begin, q_begin + q_len) of q, keys [k_begin, k_begin + k_len) of k/v.

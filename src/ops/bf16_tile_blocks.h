@@ -44,8 +44,8 @@ LONGTRON_BF16_TARGET __attribute__((noinline)) void bf16_rows_to(int64_t M, int6
 }
 
 /// The register blocks of a product already in memory: product [M, ldc] fp32 (ldc ≥ N rounded up
-/// to 16) handed to `epi` in blocks of up to two rows and 64 columns, as bf16_gemm_to would hand
-/// over its own blocks (columns at or beyond N zero). The path of AMX tiles, whose products land
+/// to 16) handed to `epi` in blocks of up to two rows (i even) and 64 columns, as bf16_gemm_to
+/// would hand over its own blocks (lanes of columns at or beyond N zero). The path of AMX tiles, whose products land
 /// in tile registers that only a store can read.
 template <typename Epilogue>
 LONGTRON_BF16_TARGET inline void bf16_blocks_from(int64_t M, int64_t N, const float* product,
@@ -70,8 +70,9 @@ LONGTRON_BF16_TARGET inline void bf16_blocks_from(int64_t M, int64_t N, const fl
 
 /// A · B as bf16_gemm computes it (same layouts, K = 2·K2), each register block handed to
 /// `epi.template block<R, NV>(i, j, acc)`: rows [i, i + R) (R ≤ 6, i even), columns
-/// [j, j + 16·NV) (j a multiple of 64); columns at or beyond N hold zero products (B's padding).
-/// Where AMX tiles run (amx_available, K2 % 16 == 0, A readable to a_rows), the product goes
+/// [j, j + 16·NV) (j a multiple of 64); lanes of columns at or beyond N are unspecified (B's
+/// columns there: zero where B is zero-padded, real keys where a caller stops N short of them),
+/// so the epilogue must mask them. Where AMX tiles run (amx_available, K2 % 16 == 0, A readable to a_rows), the product goes
 /// through `spill` ([M, ldc] fp32, ldc ≥ N rounded up to 16) and bf16_blocks_from.
 template <typename Epilogue>
 LONGTRON_BF16_TARGET inline void bf16_gemm_to(int64_t M, int64_t N, int64_t K2, const bf16_t* A,
