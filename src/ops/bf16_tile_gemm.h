@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ops/prefetch.h"
+
 #define LONGTRON_BF16_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define LONGTRON_AMX_TARGET \
@@ -85,16 +87,6 @@ LONGTRON_BF16_TARGET inline void bf16_block(int64_t K2, const bf16_t* A, int64_t
       _mm512_mask_storeu_ps(c, m, x);
     }
   }
-}
-
-/// Asks for rows [i, i + n) of X (row stride ld elements, `bytes` bytes from each row start) in
-/// L1 ahead of use: the attention tiles' A rows and accumulated C rows come from L2 or beyond,
-/// and the next register block's loads otherwise wait on them.
-template <typename T>
-inline void prefetch_rows(const T* X, int64_t ld, int64_t i, int64_t n, int64_t bytes) {
-  for (int64_t r = i; r < i + n; ++r)
-    for (int64_t b = 0; b < bytes; b += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(X + r * ld) + b, _MM_HINT_T0);
 }
 
 template <int NV>

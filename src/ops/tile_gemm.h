@@ -12,6 +12,8 @@
 #include <immintrin.h>
 #endif
 
+#include "ops/prefetch.h"
+
 namespace longtron::ops::detail {
 
 #if defined(__AVX512F__)
@@ -108,8 +110,12 @@ template <typename T, int NV>
 inline void tile_rows(int64_t M, int64_t K, const T* A, int64_t ars, int64_t acs, const T* B,
                       int64_t ldb, T* C, int64_t ldc, bool accumulate) {
   int64_t i = 0;
-  for (; i + 6 <= M; i += 6) tile_block<T, 6, NV>(K, A + i * ars, ars, acs, B, ldb, C + i * ldc, ldc,
-                                                           accumulate);
+  for (; i + 6 <= M; i += 6) {
+    // A's next rows where they are rows (acs = 1), and the C rows this block adds into.
+    if (acs == 1) prefetch_rows(A, ars, i + 6, std::min<int64_t>(6, M - i - 6), K * sizeof(T));
+    if (accumulate) prefetch_rows(C, ldc, i, 6, NV * kVecBytes);
+    tile_block<T, 6, NV>(K, A + i * ars, ars, acs, B, ldb, C + i * ldc, ldc, accumulate);
+  }
   const T* a = A + i * ars;
   T* c = C + i * ldc;
   switch (M - i) {
