@@ -23,6 +23,14 @@ using longtron::testing::write_file;
 
 namespace {
 
+// Whether this build runs under AddressSanitizer (GCC defines __SANITIZE_ADDRESS__; the tests are
+// compiled with the same flags as the binary they run).
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
 std::string toml(const fs::path& dir, const std::string& data_folder) {
   return tiny_model_toml(32) + "[data]\ntrain_folder = \"" + data_folder +
          "\"\nseq_len = 64\nmicro_bsz = 2\n[train]\ntotal_steps = 2\nnum_threads = 1\n"
@@ -98,7 +106,12 @@ TEST(MemoryPlanCli, PeakIsWithinAQuarterOfThePlan) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(planned [0-9.]+ \w+, ([-+][0-9]+)%\))")))
       << r.output;
-  EXPECT_LE(std::abs(std::stoi(m[1].str())), 25) << r.output;
+  // Under AddressSanitizer (scripts/sanitize.sh) the resident size also holds ASan's shadow
+  // memory, the redzones around every allocation and the quarantine of freed blocks, which the
+  // plan does not model: the bound holds for the normal build only.
+  if (!kAddressSanitizer) {
+    EXPECT_LE(std::abs(std::stoi(m[1].str())), 25) << r.output;
+  }
   std::cout << "memory: " << m[0].str() << "\n";
 
   const auto e = run_longtron("eval --checkpoint " + (dir / "ckpt").string() + " --data " +
@@ -107,6 +120,9 @@ TEST(MemoryPlanCli, PeakIsWithinAQuarterOfThePlan) {
   EXPECT_TRUE(contains(e.output, "memory plan: this run needs about")) << e.output;
   EXPECT_TRUE(contains(e.output, "change --seq-len, --micro-bsz")) << e.output;
 
+  // ASan reserves terabytes of address space for its shadow at start: under `ulimit -v` the
+  // process aborts before main.
+  if (kAddressSanitizer) GTEST_SKIP() << "ulimit -v is not checked under AddressSanitizer";
   // An allocation that fails anyway (here: a 1.2 GB address-space limit the plan cannot see)
   // is reported as out of memory with its phase, not as an internal error.
   const auto o = run_command("ulimit -v 1200000; " LONGTRON_BINARY " train --config " +
