@@ -146,7 +146,9 @@ TEST(Gemm, FloatUnderBf16ScopeIsTheBf16GemmOfRoundedInputs) {
     const double u = std::ldexp(1.0, -24);
     for (int64_t i = 0; i < c.M * c.N; ++i)
       ASSERT_LE(std::fabs(C[i] - exact[i]), (c.K + 2) * u * mag[i]) << "at " << i;
-    if (c.K >= 53) EXPECT_NE(C, C32) << "the bf16 scope did not change the result";
+    if (c.K >= 53) {
+      EXPECT_NE(C, C32) << "the bf16 scope did not change the result";
+    }
   }
 }
 
