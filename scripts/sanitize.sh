@@ -10,7 +10,7 @@ ROOT="$(pwd)"
 LAUNCHER=()
 command -v ccache > /dev/null && LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 scripts/setup.sh build-asan -DLONGTRON_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "${LAUNCHER[@]}"
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" -DLONGTRON_MPI_TEST_TIMEOUT=1800 "${LAUNCHER[@]}"
 
 # Every test runs these processes as children (gtest binaries, `longtron` from the CLI tests,
 # mpirun's ranks on this machine), and all of them inherit this environment. Only third-party
