@@ -96,15 +96,30 @@ inline void data_sum(float* g, int64_t n, const parallel::Grid& grid) {
   if (grid.weight_data->size() > 1) grid.weight_data->all_reduce(g, n);
 }
 
+/// Where every weight-parallel case starts: the grid of `layout`, the op model's full layout, its
+/// full parameters (seeded), this rank's shards of them (local), a gradient of the local layout
+/// and the shard plan. Used through a structured binding; never copied (Params keep the layout).
+struct IspCase {
+  parallel::Grid grid;
+  model::ParamLayout full;
+  model::Params<float> params, local, grads;
+  std::vector<parallel::IspShard> plan;
+  IspCase(const Layout& layout, uint64_t seed)
+      : grid(parallel::make_grid(world(), layout)), full(op_model(2)), params(full), local(full),
+        grads(full) {
+    model::init_params(params, seed);
+    plan = parallel::isp_shard_plan(full, layout.weight_size, grid.weight->rank());
+    parallel::isp_scatter_params(local, params, plan);
+  }
+  IspCase(const IspCase&) = delete;
+  IspCase& operator=(const IspCase&) = delete;
+};
+
 /// A weight-parallel linear (view `view` of the full layout used as [out, in]) against dense.
 inline void check_linear(const Layout& layout, int view, bool overlap) {
   const int R = world()->size(), r = world()->rank();
-  parallel::Grid grid = parallel::make_grid(world(), layout);
-  model::ParamLayout full(op_model(2));
-  model::Params<float> params(full), local(full), grads(full);
-  model::init_params(params, 5);
-  const auto plan = parallel::isp_shard_plan(full, layout.weight_size, grid.weight->rank());
-  parallel::isp_scatter_params(local, params, plan);
+  IspCase setup(layout, 5);
+  auto& [grid, full, params, local, grads, plan] = setup;
   const auto& v = full.view(view);
   const int64_t out = v.shape[0], in = v.shape[1], n = 6;
   auto store = std::make_shared<parallel::IspWeightStore>(grid.weight, overlap);
@@ -173,12 +188,8 @@ inline void check_attention(const Layout& layout, int kv_heads) {
 /// Hidden-split embedding against the dense embedding.
 inline void check_embedding(const Layout& layout) {
   const int R = world()->size(), r = world()->rank();
-  parallel::Grid grid = parallel::make_grid(world(), layout);
-  model::ParamLayout full(op_model(2));
-  model::Params<float> params(full), local(full), grads(full);
-  model::init_params(params, 6);
-  const auto plan = parallel::isp_shard_plan(full, layout.weight_size, grid.weight->rank());
-  parallel::isp_scatter_params(local, params, plan);
+  IspCase setup(layout, 6);
+  auto& [grid, full, params, local, grads, plan] = setup;
   const int64_t V = full.config().vocab_size, H = full.config().hidden_size, n = 7;
   auto store = std::make_shared<parallel::IspWeightStore>(grid.weight, false);
   parallel::IspEmbedding emb(store, full.tok_embeddings, V, H);
@@ -208,12 +219,9 @@ inline void check_embedding(const Layout& layout) {
 /// tokens have no valid label (its shard is all padding): it must return (0, 0), not NaN.
 inline void check_head(const Layout& layout) {
   const int R = world()->size(), r = world()->rank();
-  parallel::Grid grid = parallel::make_grid(world(), layout);
-  model::ParamLayout full(op_model(2));
-  model::Params<float> params(full), local(full), grads(full), dgrads(full);
-  model::init_params(params, 7);
-  const auto plan = parallel::isp_shard_plan(full, layout.weight_size, grid.weight->rank());
-  parallel::isp_scatter_params(local, params, plan);
+  IspCase setup(layout, 7);
+  auto& [grid, full, params, local, grads, plan] = setup;
+  model::Params<float> dgrads(full);
   const int64_t V = full.config().vocab_size, H = full.config().hidden_size, n = 9;
   auto store = std::make_shared<parallel::IspWeightStore>(grid.weight, false);
   parallel::IspHeadLoss head(store, full.output, V, H);
@@ -264,12 +272,8 @@ inline double max_abs_diff(const float* a, const float* b, int64_t n) {
 inline void check_bf16_gathers(const Layout& layout, bool step_copy, bool overlap) {
   if (!ops::cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16";
   const int r = world()->rank();
-  parallel::Grid grid = parallel::make_grid(world(), layout);
-  model::ParamLayout full(op_model(2));
-  model::Params<float> params(full), local(full), grads(full);
-  model::init_params(params, 13);
-  const auto plan = parallel::isp_shard_plan(full, layout.weight_size, grid.weight->rank());
-  parallel::isp_scatter_params(local, params, plan);
+  IspCase setup(layout, 13);
+  auto& [grid, full, params, local, grads, plan] = setup;
   const model::BlockParamIds& b = full.layers[0];
   const int64_t H = full.config().hidden_size, V = full.config().vocab_size, n = 6;
   const int64_t Q = full.view(b.wqkv).shape[0], F = full.view(b.w1).shape[0];  // F = 85: uneven
