@@ -1,17 +1,21 @@
-// The register-block GEMMs of the bf16 attention kernel (bf16_tile_blocks.h): every block handed
-// to an epilogue, directly from the products' registers or from a product in memory (the AMX
-// path), covers the product exactly once and agrees with bf16_gemm's stored product bit for bit.
+// The bf16 tile GEMMs of the attention kernel (bf16_tile_blocks.h): bf16_gemm's stored product
+// agrees with the product summed in double, and every block handed to an epilogue, directly from
+// the products' registers or from a product in memory (the AMX path), covers the product exactly
+// once and agrees with the stored product bit for bit.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <vector>
 
+#include "core/safetensors.h"
 #include "ops/bf16_tile_blocks.h"
 #include "ops/ops.h"
 
 namespace {
 
 using longtron::ops::detail::bf16_t;
+using longtron::safetensors::bf16_to_float;
 
 // Stores each block into c [M, ldc], counting how often each element was handed over.
 struct StoreBlocks {
@@ -53,6 +57,19 @@ void expect_blocks_match(int64_t M, int64_t N, int64_t K2, std::mt19937& rng) {
   std::vector<float> want(M * ldc), spill(M * ldc);
   longtron::ops::detail::bf16_gemm(M, N, K2, A.data(), lda, B.data(), ldb, want.data(), ldc,
                                    false, a_rows);
+  // The stored product against the sum in double: at most two roundings per pair of products.
+  const double u = std::ldexp(1.0, -24);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double exact = 0, mag = 0;
+      for (int64_t k = 0; k < 2 * K2; ++k) {
+        const uint32_t w = B[(k / 2) * ldb + j];
+        const double p = double(bf16_to_float(A[i * lda + k])) *
+                         bf16_to_float(static_cast<uint16_t>(k % 2 == 0 ? w & 0xFFFF : w >> 16));
+        exact += p, mag += std::fabs(p);
+      }
+      ASSERT_LE(std::fabs(want[i * ldc + j] - exact), (2 * K2 + 2) * u * mag) << i << ", " << j;
+    }
   for (int path = 0; path < 2; ++path) {
     SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K2 " << K2 << " path "
                                     << path);
