@@ -7,7 +7,8 @@ BUILD_DIR="${1:-build}"; shift || true
 
 PACKAGES=(cmake g++ make pkg-config libopenmpi-dev openmpi-bin libopenblas-dev
   libsentencepiece-dev sentencepiece libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
-  libfmt-dev libgtest-dev libbenchmark-dev zlib1g-dev libdnnl-dev ocl-icd-opencl-dev)
+  libfmt-dev libgtest-dev libbenchmark-dev zlib1g-dev libdnnl-dev ocl-icd-opencl-dev
+  libpcre2-dev libicu-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,1153 @@
+#include "data/hf_tokenizer.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cctype>
+#include <optional>
+#include <fstream>
+#include <queue>
+#include <sstream>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "data/unicode_text.h"
+
+namespace longtron::data {
+
+namespace {
+
+using nlohmann::json;
+using unicode::Regex;
+
+constexpr int64_t kMaxId = 2147483646;  // ids are int32 and id + 1 must fit too
+
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+using Vocab = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
+
+// A piece of text on its way through normalizer and pre-tokenizers. `origin`: it starts at byte 0
+// of the original text (Metaspace's prepend_scheme "first" looks at that).
+struct Piece {
+  std::string text;
+  bool origin = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+// JSON access with errors that name the file and the component.
+
+struct Reader {
+  std::string name;  // the file
+
+  [[noreturn]] void bad(const std::string& where, const std::string& what) const {
+    fail("{}: {}: {}", name, where, what);
+  }
+  const json& field(const json& j, const char* key, const std::string& where) const {
+    if (!j.is_object() || !j.contains(key)) bad(where, fmt::format("missing \"{}\"", key));
+    return j[key];
+  }
+  std::string string(const json& j, const char* key, const std::string& where) const {
+    const json& v = field(j, key, where);
+    if (!v.is_string()) bad(where, fmt::format("\"{}\" is not a string", key));
+    return v.get<std::string>();
+  }
+  bool boolean(const json& j, const char* key, bool fallback, const std::string& where) const {
+    if (!j.contains(key) || j[key].is_null()) return fallback;
+    if (!j[key].is_boolean()) bad(where, fmt::format("\"{}\" is not true or false", key));
+    return j[key].get<bool>();
+  }
+  int64_t integer(const json& v, const std::string& where) const {
+    if (!v.is_number_integer()) bad(where, fmt::format("{} is not an integer id", v.dump()));
+    const int64_t id = v.get<int64_t>();
+    if (id < 0 || id > kMaxId)
+      bad(where, fmt::format("id {} is out of range [0, {}]", v.dump(), kMaxId));
+    return id;
+  }
+  std::string type(const json& j, const std::string& where) const {
+    return string(j, "type", where);
+  }
+  // {"Regex": "..."} or {"String": "..."} as a compiled pattern.
+  Regex pattern(const json& j, const std::string& where) const {
+    const json& p = field(j, "pattern", where);
+    if (p.is_object() && p.contains("Regex") && p["Regex"].is_string())
+      return Regex(p["Regex"].get<std::string>(), fmt::format("{}: {}", name, where));
+    if (p.is_object() && p.contains("String") && p["String"].is_string())
+      return Regex::literal(p["String"].get<std::string>(), fmt::format("{}: {}", name, where));
+    bad(where, "\"pattern\" is not {\"Regex\": ...} or {\"String\": ...}");
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Split behaviours (tokenizers/src/tokenizer/normalizer.rs, NormalizedString::split).
+
+enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+
+struct Span {
+  size_t begin, end;
+  bool flag;  // a match; after the behaviour: to be removed
+};
+
+// Matches of `regex` as spans covering all of `text` (Pattern::find_matches, then Invert).
+std::vector<Span> cover(const Regex& regex, std::string_view text, bool invert) {
+  std::vector<Span> spans;
+  if (text.empty()) return {{0, 0, invert}};
+  size_t prev = 0;
+  for (const auto& [b, e] : regex.find_all(text)) {
+    if (prev != b) spans.push_back({prev, b, invert});
+    spans.push_back({b, e, !invert});
+    prev = e;
+  }
+  if (prev != text.size()) spans.push_back({prev, text.size(), invert});
+  return spans;
+}
+
+std::vector<Span> apply_behavior(const std::vector<Span>& matches, Behavior behavior) {
+  std::vector<Span> out;
+  bool previous = false;
+  switch (behavior) {
+    case Behavior::kIsolated:
+      for (const auto& m : matches) out.push_back({m.begin, m.end, false});
+      return out;
+    case Behavior::kRemoved:
+      return matches;
+    case Behavior::kContiguous:
+      for (const auto& m : matches) {
+        if (m.flag == previous && !out.empty()) out.back().end = m.end;
+        else out.push_back({m.begin, m.end, false});
+        previous = m.flag;
+      }
+      return out;
+    case Behavior::kMergedWithPrevious:
+      for (const auto& m : matches) {
+        if (m.flag && !previous && !out.empty()) out.back().end = m.end;
+        else out.push_back({m.begin, m.end, false});
+        previous = m.flag;
+      }
+      return out;
+    case Behavior::kMergedWithNext:
+      for (auto it = matches.rbegin(); it != matches.rend(); ++it) {
+        if (it->flag && !previous && !out.empty()) out.back().begin = it->begin;
+        else out.push_back({it->begin, it->end, false});
+        previous = it->flag;
+      }
+      std::reverse(out.begin(), out.end());
+      return out;
+  }
+  return out;
+}
+
+// Splits every piece by `regex` with `behavior`, dropping empty pieces (PreTokenizedString::split).
+void split_pieces(std::vector<Piece>& pieces, const Regex& regex, Behavior behavior, bool invert) {
+  std::vector<Piece> out;
+  out.reserve(pieces.size());
+  for (auto& piece : pieces) {
+    for (const auto& s : apply_behavior(cover(regex, piece.text, invert), behavior)) {
+      if (s.flag || s.end == s.begin) continue;
+      out.push_back({piece.text.substr(s.begin, s.end - s.begin), piece.origin && s.begin == 0});
+    }
+  }
+  pieces = std::move(out);
+}
+
+Behavior parse_behavior(const Reader& r, const std::string& s, const std::string& where) {
+  if (s == "Removed") return Behavior::kRemoved;
+  if (s == "Isolated") return Behavior::kIsolated;
+  if (s == "MergedWithPrevious") return Behavior::kMergedWithPrevious;
+  if (s == "MergedWithNext") return Behavior::kMergedWithNext;
+  if (s == "Contiguous") return Behavior::kContiguous;
+  r.bad(where, fmt::format("unknown split behavior \"{}\"", s));
+}
+
+void replace_all(std::string& text, const Regex& regex, const std::string& content) {
+  const auto matches = regex.find_all(text);
+  if (matches.empty()) return;
+  std::string out;
+  size_t prev = 0;
+  for (const auto& [b, e] : matches) {
+    out.append(text, prev, b - prev);
+    out += content;
+    prev = e;
+  }
+  out.append(text, prev, std::string::npos);
+  text = std::move(out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Normalizers (tokenizers/src/normalizers).
+
+struct Normalizer {
+  virtual ~Normalizer() = default;
+  virtual void apply(std::string& text) const = 0;
+};
+
+struct NfcNormalizer : Normalizer {
+  void apply(std::string& text) const override { text = unicode::nfc(text); }
+};
+
+struct PrependNormalizer : Normalizer {
+  std::string prepend;
+  void apply(std::string& text) const override {
+    if (!text.empty()) text.insert(0, prepend);
+  }
+};
+
+struct ReplaceNormalizer : Normalizer {
+  Regex regex;
+  std::string content;
+  ReplaceNormalizer(Regex r, std::string c) : regex(std::move(r)), content(std::move(c)) {}
+  void apply(std::string& text) const override { replace_all(text, regex, content); }
+};
+
+struct SequenceNormalizer : Normalizer {
+  std::vector<std::unique_ptr<Normalizer>> steps;
+  void apply(std::string& text) const override {
+    for (const auto& s : steps) s->apply(text);
+  }
+};
+
+std::unique_ptr<Normalizer> parse_normalizer(const Reader& r, const json& j) {
+  const std::string type = r.type(j, "normalizer");
+  const std::string where = "normalizer " + type;
+  if (type == "NFC") return std::make_unique<NfcNormalizer>();
+  if (type == "Prepend") {
+    auto n = std::make_unique<PrependNormalizer>();
+    n->prepend = r.string(j, "prepend", where);
+    return n;
+  }
+  if (type == "Replace")
+    return std::make_unique<ReplaceNormalizer>(r.pattern(j, where), r.string(j, "content", where));
+  if (type == "Sequence") {
+    auto n = std::make_unique<SequenceNormalizer>();
+    const json& list = r.field(j, "normalizers", where);
+    if (!list.is_array()) r.bad(where, "\"normalizers\" is not a list");
+    for (const auto& item : list) n->steps.push_back(parse_normalizer(r, item));
+    return n;
+  }
+  r.bad("normalizer", fmt::format("\"{}\" is not supported (longtron reads NFC, Prepend, Replace "
+                                  "and Sequence)", type));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pre-tokenizers (tokenizers/src/pre_tokenizers).
+
+// GPT-2's byte-to-unicode table (tokenizers/src/pre_tokenizers/byte_level.rs, bytes_char).
+struct ByteTable {
+  std::array<std::string, 256> to_char;
+  std::unordered_map<char32_t, uint8_t> to_byte;
+  ByteTable() {
+    int n = 0;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
+      const char32_t c = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + n++);
+      unicode::append_utf8(to_char[b], c);
+      to_byte[c] = static_cast<uint8_t>(b);
+    }
+  }
+};
+
+const ByteTable& byte_table() {
+  static const ByteTable table;
+  return table;
+}
+
+struct PreTokenizer {
+  virtual ~PreTokenizer() = default;
+  virtual void apply(std::vector<Piece>& pieces) const = 0;
+};
+
+struct SplitPreTokenizer : PreTokenizer {
+  Regex regex;
+  Behavior behavior;
+  bool invert;
+  SplitPreTokenizer(Regex r, Behavior b, bool i) : regex(std::move(r)), behavior(b), invert(i) {}
+  void apply(std::vector<Piece>& pieces) const override {
+    split_pieces(pieces, regex, behavior, invert);
+  }
+};
+
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+struct ByteLevelPreTokenizer : PreTokenizer {
+  bool add_prefix_space = true;
+  std::optional<Regex> regex;  // GPT-2's split, when use_regex
+  void apply(std::vector<Piece>& pieces) const override {
+    if (add_prefix_space)
+      for (auto& p : pieces)
+        if (p.text.empty() || p.text[0] != ' ') p.text = ' ' + p.text;
+    if (regex) split_pieces(pieces, *regex, Behavior::kIsolated, false);
+    const auto& table = byte_table().to_char;
+    for (auto& p : pieces) {
+      std::string mapped;
+      mapped.reserve(p.text.size() * 2);
+      for (const char c : p.text) mapped += table[static_cast<unsigned char>(c)];
+      p.text = std::move(mapped);
+    }
+  }
+};
+
+enum class Prepend { kAlways, kNever, kFirst };
+
+Prepend parse_prepend_scheme(const Reader& r, const json& j, const std::string& where) {
+  if (j.contains("prepend_scheme") && !j["prepend_scheme"].is_null()) {
+    const std::string s = r.string(j, "prepend_scheme", where);
+    if (s == "always") return Prepend::kAlways;
+    if (s == "never") return Prepend::kNever;
+    if (s == "first") return Prepend::kFirst;
+    r.bad(where, fmt::format("unknown prepend_scheme \"{}\"", s));
+  }
+  return r.boolean(j, "add_prefix_space", true, where) ? Prepend::kAlways : Prepend::kNever;
+}
+
+std::string parse_replacement(const Reader& r, const json& j, const std::string& where) {
+  const std::string s = r.string(j, "replacement", where);
+  size_t length = 0;
+  if (s.empty() || unicode::invalid_utf8_at(s) != std::string::npos ||
+      (unicode::decode_at(s, 0, &length), length != s.size()))
+    r.bad(where, "\"replacement\" is not one character");
+  return s;
+}
+
+struct MetaspacePreTokenizer : PreTokenizer {
+  std::string replacement;
+  Prepend prepend = Prepend::kAlways;
+  bool split = true;
+  std::optional<Regex> space, rep;
+  void apply(std::vector<Piece>& pieces) const override {
+    for (auto& p : pieces) {
+      replace_all(p.text, *space, replacement);
+      const bool starts = p.text.compare(0, replacement.size(), replacement) == 0;
+      if (!starts && (prepend == Prepend::kAlways || (prepend == Prepend::kFirst && p.origin)))
+        p.text.insert(0, replacement);
+    }
+    if (split) split_pieces(pieces, *rep, Behavior::kMergedWithNext, false);
+  }
+};
+
+struct DigitsPreTokenizer : PreTokenizer {
+  bool individual = false;
+  Regex digit{"\\p{N}", "Digits"};
+  void apply(std::vector<Piece>& pieces) const override {
+    split_pieces(pieces, digit, individual ? Behavior::kIsolated : Behavior::kContiguous, false);
+  }
+};
+
+struct SequencePreTokenizer : PreTokenizer {
+  std::vector<std::unique_ptr<PreTokenizer>> steps;
+  void apply(std::vector<Piece>& pieces) const override {
+    for (const auto& s : steps) s->apply(pieces);
+  }
+};
+
+std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const Reader& r, const json& j) {
+  const std::string type = r.type(j, "pre_tokenizer");
+  const std::string where = "pre_tokenizer " + type;
+  if (type == "Split") {
+    return std::make_unique<SplitPreTokenizer>(
+        r.pattern(j, where), parse_behavior(r, r.string(j, "behavior", where), where),
+        r.boolean(j, "invert", false, where));
+  }
+  if (type == "ByteLevel") {
+    auto p = std::make_unique<ByteLevelPreTokenizer>();
+    p->add_prefix_space = r.boolean(j, "add_prefix_space", true, where);
+    if (r.boolean(j, "use_regex", true, where)) p->regex.emplace(kGpt2Pattern, r.name + ": " + where);
+    return p;
+  }
+  if (type == "Metaspace") {
+    auto p = std::make_unique<MetaspacePreTokenizer>();
+    p->replacement = parse_replacement(r, j, where);
+    p->prepend = parse_prepend_scheme(r, j, where);
+    p->split = r.boolean(j, "split", true, where);
+    p->space.emplace(Regex::literal(" ", where));
+    p->rep.emplace(Regex::literal(p->replacement, where));
+    return p;
+  }
+  if (type == "Digits") {
+    auto p = std::make_unique<DigitsPreTokenizer>();
+    p->individual = r.boolean(j, "individual_digits", false, where);
+    return p;
+  }
+  if (type == "Sequence") {
+    auto p = std::make_unique<SequencePreTokenizer>();
+    const json& list = r.field(j, "pretokenizers", where);
+    if (!list.is_array()) r.bad(where, "\"pretokenizers\" is not a list");
+    for (const auto& item : list) p->steps.push_back(parse_pre_tokenizer(r, item));
+    return p;
+  }
+  r.bad("pre_tokenizer", fmt::format("\"{}\" is not supported (longtron reads Split, ByteLevel, "
+                                     "Metaspace, Digits and Sequence)", type));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoders (tokenizers/src/decoders): a list of token strings in, a list out, joined at the end.
+
+using Tokens = std::vector<std::string>;
+
+struct Decoder {
+  virtual ~Decoder() = default;
+  virtual void apply(Tokens& tokens) const = 0;
+};
+
+struct ByteLevelDecoder : Decoder {
+  void apply(Tokens& tokens) const override {
+    const auto& to_byte = byte_table().to_byte;
+    std::string bytes;
+    for (const auto& t : tokens) {
+      std::string mapped;
+      bool all = true;
+      for (size_t i = 0; i < t.size() && all;) {
+        size_t n = 0;
+        const auto it = to_byte.find(unicode::decode_at(t, i, &n));
+        if (it == to_byte.end()) all = false;
+        else mapped += static_cast<char>(it->second);
+        i += n;
+      }
+      bytes += all ? mapped : t;
+    }
+    tokens = {unicode::utf8_lossy(bytes)};
+  }
+};
+
+struct MetaspaceDecoder : Decoder {
+  std::string replacement;
+  Prepend prepend = Prepend::kAlways;
+  void apply(Tokens& tokens) const override {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      std::string out;
+      const std::string& t = tokens[i];
+      for (size_t at = 0; at < t.size();) {
+        if (t.compare(at, replacement.size(), replacement) == 0) {
+          if (!(i == 0 && prepend != Prepend::kNever)) out += ' ';
+          at += replacement.size();
+        } else {
+          size_t n = 0;
+          unicode::decode_at(t, at, &n);
+          out.append(t, at, n);
+          at += n;
+        }
+      }
+      tokens[i] = std::move(out);
+    }
+  }
+};
+
+int byte_token(const std::string& t) {  // "<0x0A>" -> 10, else -1
+  if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>') return -1;
+  int value = 0;
+  for (int k = 3; k < 5; ++k) {
+    const char c = t[k];
+    int d = std::isdigit(static_cast<unsigned char>(c)) ? c - '0'
+            : (c >= 'a' && c <= 'f')                    ? c - 'a' + 10
+            : (c >= 'A' && c <= 'F')                    ? c - 'A' + 10
+                                                        : -1;
+    if (d < 0) return -1;
+    value = value * 16 + d;
+  }
+  return value;
+}
+
+struct ByteFallbackDecoder : Decoder {
+  void apply(Tokens& tokens) const override {
+    Tokens out;
+    std::string bytes;
+    auto flush = [&] {
+      if (bytes.empty()) return;
+      if (unicode::invalid_utf8_at(bytes) == std::string::npos) out.push_back(bytes);
+      else
+        for (size_t k = 0; k < bytes.size(); ++k) out.emplace_back("\xEF\xBF\xBD");
+      bytes.clear();
+    };
+    for (auto& t : tokens) {
+      const int b = byte_token(t);
+      if (b >= 0) {
+        bytes += static_cast<char>(b);
+      } else {
+        flush();
+        out.push_back(std::move(t));
+      }
+    }
+    flush();
+    tokens = std::move(out);
+  }
+};
+
+struct FuseDecoder : Decoder {
+  void apply(Tokens& tokens) const override {
+    std::string all;
+    for (const auto& t : tokens) all += t;
+    tokens = {all};
+  }
+};
+
+struct StripDecoder : Decoder {
+  char32_t content = ' ';
+  size_t start = 0, stop = 0;
+  void apply(Tokens& tokens) const override {
+    for (auto& t : tokens) {
+      std::vector<std::pair<size_t, size_t>> chars;  // (offset, length)
+      std::vector<char32_t> cps;
+      for (size_t at = 0; at < t.size();) {
+        size_t n = 0;
+        cps.push_back(unicode::decode_at(t, at, &n));
+        chars.emplace_back(at, n);
+        at += n;
+      }
+      size_t start_cut = 0;
+      for (size_t i = 0; i < std::min(start, cps.size()); ++i) {
+        if (cps[i] != content) break;
+        start_cut = i + 1;
+      }
+      size_t stop_cut = cps.size();
+      for (size_t i = 0; i < stop && i < cps.size(); ++i) {
+        const size_t index = cps.size() - i - 1;
+        if (cps[index] != content) break;
+        stop_cut = index;
+      }
+      if (start_cut >= stop_cut) {
+        t.clear();
+        continue;
+      }
+      const size_t b = chars[start_cut].first;
+      const size_t e = stop_cut == cps.size() ? t.size() : chars[stop_cut].first;
+      t = t.substr(b, e - b);
+    }
+  }
+};
+
+struct ReplaceDecoder : Decoder {
+  Regex regex;
+  std::string content;
+  ReplaceDecoder(Regex r, std::string c) : regex(std::move(r)), content(std::move(c)) {}
+  void apply(Tokens& tokens) const override {
+    for (auto& t : tokens) replace_all(t, regex, content);
+  }
+};
+
+struct SequenceDecoder : Decoder {
+  std::vector<std::unique_ptr<Decoder>> steps;
+  void apply(Tokens& tokens) const override {
+    for (const auto& s : steps) s->apply(tokens);
+  }
+};
+
+std::unique_ptr<Decoder> parse_decoder(const Reader& r, const json& j) {
+  const std::string type = r.type(j, "decoder");
+  const std::string where = "decoder " + type;
+  if (type == "ByteLevel") return std::make_unique<ByteLevelDecoder>();
+  if (type == "Metaspace") {
+    auto d = std::make_unique<MetaspaceDecoder>();
+    d->replacement = parse_replacement(r, j, where);
+    d->prepend = parse_prepend_scheme(r, j, where);
+    return d;
+  }
+  if (type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();
+  if (type == "Fuse") return std::make_unique<FuseDecoder>();
+  if (type == "Strip") {
+    auto d = std::make_unique<StripDecoder>();
+    const std::string c = r.string(j, "content", where);
+    size_t n = 0;
+    if (c.empty() || (d->content = unicode::decode_at(c, 0, &n), n != c.size()))
+      r.bad(where, "\"content\" is not one character");
+    const json& start = r.field(j, "start", where);
+    const json& stop = r.field(j, "stop", where);
+    if (!start.is_number_unsigned() || !stop.is_number_unsigned())
+      r.bad(where, "\"start\" and \"stop\" must be counts");
+    d->start = start.get<size_t>();
+    d->stop = stop.get<size_t>();
+    return d;
+  }
+  if (type == "Replace")
+    return std::make_unique<ReplaceDecoder>(r.pattern(j, where), r.string(j, "content", where));
+  if (type == "Sequence") {
+    auto d = std::make_unique<SequenceDecoder>();
+    const json& list = r.field(j, "decoders", where);
+    if (!list.is_array()) r.bad(where, "\"decoders\" is not a list");
+    for (const auto& item : list) d->steps.push_back(parse_decoder(r, item));
+    return d;
+  }
+  r.bad("decoder", fmt::format("\"{}\" is not supported (longtron reads ByteLevel, Metaspace, "
+                               "ByteFallback, Fuse, Strip, Replace and Sequence)", type));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Added tokens (tokenizers/src/tokenizer/added_vocabulary.rs).
+
+struct AddedToken {
+  int32_t id;
+  std::string content;
+  bool single_word, lstrip, rstrip, normalized, special;
+};
+
+// Leftmost-longest matching of a set of strings (what aho-corasick's MatchKind::LeftmostLongest
+// finds): candidates bucketed by first byte, longest first.
+class TokenMatcher {
+ public:
+  void add(std::string pattern, size_t token) {
+    if (pattern.empty()) return;
+    auto& bucket = buckets_[static_cast<unsigned char>(pattern[0])];
+    bucket.push_back({std::move(pattern), token});
+    std::stable_sort(bucket.begin(), bucket.end(),
+                     [](const Entry& a, const Entry& b) { return a.text.size() > b.text.size(); });
+    any_ = true;
+  }
+  // First match at or after `from`: (begin, token index); begin = npos when none.
+  std::pair<size_t, size_t> find(std::string_view text, size_t from, size_t* length) const {
+    if (!any_) return {std::string_view::npos, 0};
+    for (size_t i = from; i < text.size(); ++i) {
+      const auto& bucket = buckets_[static_cast<unsigned char>(text[i])];
+      for (const auto& e : bucket)
+        if (text.compare(i, e.text.size(), e.text) == 0) {
+          *length = e.text.size();
+          return {i, e.token};
+        }
+    }
+    return {std::string_view::npos, 0};
+  }
+  bool empty() const { return !any_; }
+
+ private:
+  struct Entry {
+    std::string text;
+    size_t token;
+  };
+  std::array<std::vector<Entry>, 256> buckets_;
+  bool any_ = false;
+};
+
+// A split of the text: an added token's id, or text (id -1) with its origin flag.
+struct Split {
+  int32_t id;
+  std::string text;
+  bool origin;
+};
+
+bool ends_with_word(std::string_view s) {
+  if (s.empty()) return false;
+  size_t i = s.size() - 1;
+  while (i > 0 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
+  size_t n = 0;
+  return unicode::is_alphanumeric(unicode::decode_at(s, i, &n));
+}
+
+bool starts_with_word(std::string_view s) {
+  size_t n = 0;
+  return !s.empty() && unicode::is_alphanumeric(unicode::decode_at(s, 0, &n));
+}
+
+// Start of the run of whitespace that ends `s` (s.size() if none): space_leftmost_at_end.
+size_t space_leftmost_at_end(std::string_view s) {
+  size_t at = s.size();
+  while (at > 0) {
+    size_t i = at - 1;
+    while (i > 0 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
+    size_t n = 0;
+    if (!unicode::is_whitespace(unicode::decode_at(s, i, &n))) break;
+    at = i;
+  }
+  return at;
+}
+
+// space_rightmost_at_start: the byte offset of the last leading whitespace character + 1 (as
+// Hugging Face computes it), 0 if none.
+size_t space_rightmost_at_start(std::string_view s) {
+  size_t last = std::string_view::npos;
+  for (size_t at = 0; at < s.size();) {
+    size_t n = 0;
+    if (!unicode::is_whitespace(unicode::decode_at(s, at, &n))) break;
+    last = at;
+    at += n;
+  }
+  return last == std::string_view::npos ? 0 : last + 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// BPE (tokenizers/src/models/bpe).
+
+struct Symbol {
+  int32_t id, prev, next, len;
+};
+
+struct MergeCandidate {
+  int32_t rank, pos, new_id;
+  bool operator<(const MergeCandidate& o) const {  // priority_queue pops the lowest rank, then pos
+    return rank != o.rank ? rank > o.rank : pos > o.pos;
+  }
+};
+
+std::atomic<uint64_t> next_instance{1};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+struct HfTokenizer::Impl {
+  std::string name, json_text;
+  uint64_t instance = next_instance++;
+  // model
+  Vocab vocab;
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (a, b) -> (rank, new id)
+  std::optional<std::string> unk_token, continuing_subword_prefix, end_of_word_suffix;
+  int32_t unk_id = -1;
+  bool fuse_unk = false, byte_fallback = false, ignore_merges = false;
+  std::array<int32_t, 256> byte_ids{};  // <0xXX> ids for byte_fallback (-1 when absent)
+  // pipeline
+  std::vector<AddedToken> added;
+  TokenMatcher raw_matcher, normalized_matcher;
+  std::unique_ptr<Normalizer> normalizer;
+  std::unique_ptr<PreTokenizer> pre_tokenizer;
+  std::unique_ptr<Decoder> decoder;
+  std::vector<int32_t> prefix, suffix;
+  // id -> token
+  std::vector<std::string> id_to_token;
+  std::vector<char> special;
+  Vocab added_ids;
+
+  std::vector<Split> split_added(const std::string& text, bool origin, const TokenMatcher& m) const;
+  void tokenize_word(const std::string& word, std::vector<int32_t>& out) const;
+  void merge_word(const std::string& word, std::vector<int32_t>& out) const;
+};
+
+namespace {
+
+// A thread's word cache for one tokenizer instance (cleared when another instance uses it).
+struct WordCache {
+  uint64_t instance = 0;
+  std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> words;
+};
+
+constexpr size_t kCacheWords = 1 << 18;
+constexpr size_t kCacheWordBytes = 256;
+
+}  // namespace
+
+std::vector<Split> HfTokenizer::Impl::split_added(const std::string& text, bool origin,
+                                                  const TokenMatcher& m) const {
+  std::vector<Split> out;
+  if (m.empty()) {
+    out.push_back({-1, text, origin});
+    return out;
+  }
+  size_t start_offset = 0, search = 0;
+  while (true) {
+    size_t length = 0;
+    const auto [found, index] = m.find(text, search, &length);
+    if (found == std::string_view::npos) break;
+    search = found + length;
+    const AddedToken& token = added[index];
+    size_t start = found, stop = found + length;
+    const std::string_view sv(text);
+    if (token.single_word) {
+      const bool start_space = start == 0 || !ends_with_word(sv.substr(0, start));
+      const bool stop_space = stop == text.size() || !starts_with_word(sv.substr(stop));
+      if (!start_space || !stop_space) continue;
+    }
+    if (token.lstrip) start = std::max(space_leftmost_at_end(sv.substr(0, start)), start_offset);
+    if (token.rstrip) stop += space_rightmost_at_start(sv.substr(stop));
+    if (start > start_offset)
+      out.push_back({-1, text.substr(start_offset, start - start_offset), origin && start_offset == 0});
+    out.push_back({token.id, {}, false});
+    start_offset = stop;
+  }
+  if (start_offset < text.size())
+    out.push_back({-1, text.substr(start_offset), origin && start_offset == 0});
+  return out;
+}
+
+void HfTokenizer::Impl::merge_word(const std::string& w, std::vector<int32_t>& out) const {
+  std::vector<Symbol> symbols;
+  symbols.reserve(w.size());
+  auto add = [&](int32_t id, int32_t len) {
+    const auto n = static_cast<int32_t>(symbols.size());
+    if (n > 0) symbols.back().next = n;
+    symbols.push_back({id, n - 1, -1, len});
+  };
+  int32_t unk = -1, unk_len = 0;  // a pending <unk> (fuse_unk joins consecutive ones)
+  std::string s;
+  for (size_t i = 0; i < w.size();) {
+    size_t n = 0;
+    unicode::decode_at(w, i, &n);
+    const bool first = i == 0, last = i + n == w.size();
+    s.assign(w, i, n);
+    if (!first && continuing_subword_prefix) s.insert(0, *continuing_subword_prefix);
+    if (last && end_of_word_suffix) s += *end_of_word_suffix;
+    const auto byte_len = static_cast<int32_t>(n);
+    i += n;
+    if (const auto it = vocab.find(s); it != vocab.end()) {
+      if (unk >= 0) add(unk, unk_len);
+      unk = -1;
+      add(it->second, byte_len);
+      continue;
+    }
+    if (byte_fallback) {  // as Hugging Face: a pending <unk> is not flushed first
+      bool all = true;
+      for (const char c : s) all = all && byte_ids[static_cast<unsigned char>(c)] >= 0;
+      if (all) {
+        for (const char c : s) add(byte_ids[static_cast<unsigned char>(c)], 1);
+        continue;
+      }
+    }
+    if (unk_token) {
+      if (unk >= 0 && fuse_unk) {
+        unk_len += byte_len;
+      } else {
+        if (unk >= 0) add(unk, unk_len);
+        unk = unk_id;
+        unk_len = byte_len;
+      }
+    }
+  }
+  if (unk >= 0) add(unk, unk_len);
+
+  std::priority_queue<MergeCandidate> queue;
+  auto rank_of = [&](int32_t a, int32_t b) -> const std::pair<int32_t, int32_t>* {
+    const auto it = merges.find((static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) |
+                                static_cast<uint32_t>(b));
+    return it == merges.end() ? nullptr : &it->second;
+  };
+  for (size_t i = 0; i + 1 < symbols.size(); ++i)
+    if (const auto* m = rank_of(symbols[i].id, symbols[i + 1].id))
+      queue.push({m->first, static_cast<int32_t>(i), m->second});
+  const auto count = static_cast<int32_t>(symbols.size());
+  while (!queue.empty()) {
+    const MergeCandidate top = queue.top();
+    queue.pop();
+    Symbol& cur = symbols[top.pos];
+    if (cur.len == 0 || cur.next == -1) continue;
+    const int32_t next_pos = cur.next;
+    const Symbol right = symbols[next_pos];
+    const auto* m = rank_of(cur.id, right.id);
+    if (m == nullptr || m->second != top.new_id) continue;
+    cur.id = top.new_id;
+    cur.len += right.len;
+    cur.next = right.next;
+    symbols[next_pos].len = 0;
+    if (right.next > -1 && right.next < count) symbols[right.next].prev = top.pos;
+    if (cur.prev >= 0)
+      if (const auto* p = rank_of(symbols[cur.prev].id, cur.id))
+        queue.push({p->first, cur.prev, p->second});
+    if (cur.next >= 0 && cur.next < count)
+      if (const auto* p = rank_of(cur.id, symbols[cur.next].id))
+        queue.push({p->first, top.pos, p->second});
+  }
+  for (const auto& sym : symbols)
+    if (sym.len != 0) out.push_back(sym.id);
+}
+
+void HfTokenizer::Impl::tokenize_word(const std::string& word, std::vector<int32_t>& out) const {
+  if (word.empty()) return;
+  if (ignore_merges)
+    if (const auto it = vocab.find(word); it != vocab.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  thread_local WordCache cache;
+  if (cache.instance != instance) {
+    cache.words.clear();
+    cache.instance = instance;
+  }
+  if (const auto it = cache.words.find(word); it != cache.words.end()) {
+    out.insert(out.end(), it->second.begin(), it->second.end());
+    return;
+  }
+  const size_t before = out.size();
+  merge_word(word, out);
+  if (word.size() < kCacheWordBytes) {
+    if (cache.words.size() >= kCacheWords) cache.words.clear();
+    cache.words.emplace(word, std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(before), out.end()));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+HfTokenizer::HfTokenizer() : impl_(std::make_unique<Impl>()) {}
+HfTokenizer::~HfTokenizer() = default;
+HfTokenizer::HfTokenizer(HfTokenizer&&) noexcept = default;
+HfTokenizer& HfTokenizer::operator=(HfTokenizer&&) noexcept = default;
+
+HfTokenizer HfTokenizer::load(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  check(in.good(), "{}: cannot open tokenizer.json for reading", path.string());
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return from_json(bytes.str(), path.string());
+}
+
+namespace {
+
+void parse_model(const Reader& r, const json& model, HfTokenizer::Impl& t);
+
+void parse_post_processor(const Reader& r, const json& j, HfTokenizer::Impl& t) {
+  if (j.is_null()) return;
+  const std::string type = r.type(j, "post_processor");
+  const std::string where = "post_processor " + type;
+  if (type == "ByteLevel") return;
+  if (type == "Sequence") {
+    const json& list = r.field(j, "processors", where);
+    if (!list.is_array()) r.bad(where, "\"processors\" is not a list");
+    for (const auto& p : list) parse_post_processor(r, p, t);
+    return;
+  }
+  if (type == "TemplateProcessing") {
+    const json& single = r.field(j, "single", where);
+    const json& specials = r.field(j, "special_tokens", where);
+    if (!single.is_array()) r.bad(where, "\"single\" is not a list");
+    t.prefix.clear();
+    t.suffix.clear();
+    bool seen_sequence = false;
+    for (const auto& piece : single) {
+      if (piece.contains("Sequence")) {
+        seen_sequence = true;
+        continue;
+      }
+      if (!piece.contains("SpecialToken")) r.bad(where, "a piece of \"single\" is not Sequence or SpecialToken");
+      const std::string name = r.string(piece["SpecialToken"], "id", where);
+      if (!specials.contains(name)) r.bad(where, fmt::format("special token \"{}\" is not in special_tokens", name));
+      const json& ids = r.field(specials[name], "ids", where);
+      if (!ids.is_array()) r.bad(where, fmt::format("special token \"{}\": \"ids\" is not a list", name));
+      for (const auto& id : ids) {
+        const auto value = static_cast<int32_t>(r.integer(id, where));
+        (seen_sequence ? t.suffix : t.prefix).push_back(value);
+      }
+    }
+    return;
+  }
+  if (type == "RobertaProcessing" || type == "BertProcessing") {
+    const json& cls = r.field(j, "cls", where);
+    const json& sep = r.field(j, "sep", where);
+    if (!cls.is_array() || cls.size() != 2 || !sep.is_array() || sep.size() != 2)
+      r.bad(where, "\"cls\" and \"sep\" must be [token, id]");
+    t.prefix = {static_cast<int32_t>(r.integer(cls[1], where))};
+    t.suffix = {static_cast<int32_t>(r.integer(sep[1], where))};
+    return;
+  }
+  r.bad("post_processor", fmt::format("\"{}\" is not supported (longtron reads TemplateProcessing, "
+                                      "ByteLevel, BertProcessing, RobertaProcessing and Sequence)",
+                                      type));
+}
+
+void parse_model(const Reader& r, const json& model, HfTokenizer::Impl& t) {
+  if (!model.is_object()) r.bad("model", "is not an object");
+  const std::string type = model.contains("type") ? r.type(model, "model") : "BPE";
+  if (type != "BPE")
+    r.bad("model", fmt::format("type \"{}\" is not supported (longtron reads BPE)", type));
+  if (model.contains("dropout") && !model["dropout"].is_null() &&
+      !(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0))
+    r.bad("model", "BPE dropout is not supported (it makes encoding random)");
+  auto optional_string = [&](const char* key) -> std::optional<std::string> {
+    if (!model.contains(key) || model[key].is_null()) return std::nullopt;
+    return r.string(model, key, "model");
+  };
+  t.unk_token = optional_string("unk_token");
+  t.continuing_subword_prefix = optional_string("continuing_subword_prefix");
+  t.end_of_word_suffix = optional_string("end_of_word_suffix");
+  t.fuse_unk = r.boolean(model, "fuse_unk", false, "model");
+  t.byte_fallback = r.boolean(model, "byte_fallback", false, "model");
+  t.ignore_merges = r.boolean(model, "ignore_merges", false, "model");
+
+  const json& vocab = r.field(model, "vocab", "model");
+  if (!vocab.is_object()) r.bad("model", "\"vocab\" is not an object of token: id");
+  t.vocab.reserve(vocab.size());
+  std::unordered_map<int32_t, const std::string*> seen;
+  for (const auto& [token, id] : vocab.items()) {
+    const auto value = static_cast<int32_t>(r.integer(id, fmt::format("model vocab \"{}\"", token)));
+    const auto [it, inserted] = t.vocab.emplace(token, value);
+    (void)it;
+    (void)inserted;
+  }
+  for (const auto& [token, id] : t.vocab) {
+    const auto [it, inserted] = seen.emplace(id, &token);
+    if (!inserted)
+      r.bad("model vocab", fmt::format("id {} is given to both \"{}\" and \"{}\"", id, *it->second, token));
+  }
+  if (t.unk_token) {
+    const auto it = t.vocab.find(*t.unk_token);
+    if (it == t.vocab.end()) r.bad("model", fmt::format("unk_token \"{}\" is not in the vocabulary", *t.unk_token));
+    t.unk_id = it->second;
+  }
+  t.byte_ids.fill(-1);
+  for (int b = 0; b < 256; ++b)
+    if (const auto it = t.vocab.find(fmt::format("<0x{:02X}>", b)); it != t.vocab.end())
+      t.byte_ids[b] = it->second;
+
+  const json& merges = r.field(model, "merges", "model");
+  if (!merges.is_array()) r.bad("model", "\"merges\" is not a list");
+  t.merges.reserve(merges.size());
+  const size_t prefix_len = t.continuing_subword_prefix ? t.continuing_subword_prefix->size() : 0;
+  std::string a, b;
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    const json& m = merges[rank];
+    if (m.is_string()) {
+      const std::string& line = m.get_ref<const std::string&>();
+      const size_t space = line.find(' ');
+      if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos)
+        r.bad("model merges", fmt::format("merge {} \"{}\" is not two tokens separated by a space", rank, line));
+      a = line.substr(0, space);
+      b = line.substr(space + 1);
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      a = m[0].get<std::string>();
+      b = m[1].get<std::string>();
+    } else {
+      r.bad("model merges", fmt::format("merge {} {} is not \"a b\" or [\"a\", \"b\"]", rank, m.dump()));
+    }
+    const auto ia = t.vocab.find(a), ib = t.vocab.find(b);
+    if (ia == t.vocab.end() || ib == t.vocab.end())
+      r.bad("model merges", fmt::format("merge {} (\"{}\", \"{}\") names \"{}\", which is not in the "
+                                        "vocabulary", rank, a, b, ia == t.vocab.end() ? a : b));
+    const std::string merged = a + (prefix_len && b.compare(0, prefix_len, *t.continuing_subword_prefix) == 0
+                                        ? b.substr(prefix_len) : b);
+    const auto im = t.vocab.find(merged);
+    if (im == t.vocab.end())
+      r.bad("model merges", fmt::format("merge {} (\"{}\", \"{}\") makes \"{}\", which is not in the "
+                                        "vocabulary", rank, a, b, merged));
+    t.merges[(static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) |
+             static_cast<uint32_t>(ib->second)] = {static_cast<int32_t>(rank), im->second};
+  }
+}
+
+}  // namespace
+
+HfTokenizer HfTokenizer::from_json(const std::string& json_text, const std::string& name) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::exception& e) {
+    fail("{}: not a tokenizer.json: {}", name, e.what());
+  }
+  const Reader r{name};
+  if (!root.is_object()) r.bad("top level", "is not an object");
+  HfTokenizer tokenizer;
+  Impl& t = *tokenizer.impl_;
+  t.name = name;
+  t.json_text = json_text;
+  parse_model(r, r.field(root, "model", "top level"), t);
+  if (root.contains("normalizer") && !root["normalizer"].is_null())
+    t.normalizer = parse_normalizer(r, root["normalizer"]);
+  if (root.contains("pre_tokenizer") && !root["pre_tokenizer"].is_null())
+    t.pre_tokenizer = parse_pre_tokenizer(r, root["pre_tokenizer"]);
+  if (root.contains("decoder") && !root["decoder"].is_null()) t.decoder = parse_decoder(r, root["decoder"]);
+
+  int64_t size = 0;
+  for (const auto& [token, id] : t.vocab) size = std::max<int64_t>(size, id + 1);
+  if (root.contains("added_tokens") && !root["added_tokens"].is_null()) {
+    const json& list = root["added_tokens"];
+    if (!list.is_array()) r.bad("added_tokens", "is not a list");
+    for (const auto& a : list) {
+      const std::string where = "added_tokens";
+      AddedToken token;
+      token.id = static_cast<int32_t>(r.integer(r.field(a, "id", where), where));
+      token.content = r.string(a, "content", where);
+      const std::string w = fmt::format("added token \"{}\"", token.content);
+      token.single_word = r.boolean(a, "single_word", false, w);
+      token.lstrip = r.boolean(a, "lstrip", false, w);
+      token.rstrip = r.boolean(a, "rstrip", false, w);
+      token.special = r.boolean(a, "special", false, w);
+      token.normalized = r.boolean(a, "normalized", !token.special, w);
+      if (token.content.empty()) r.bad(w, "is empty");
+      if (unicode::invalid_utf8_at(token.content) != std::string::npos) r.bad(w, "is not UTF-8");
+      size = std::max<int64_t>(size, token.id + 1);
+      t.added_ids[token.content] = token.id;
+      t.added.push_back(std::move(token));
+    }
+  }
+  // Non-normalized tokens are matched in the raw text, the others in the normalized text with
+  // their own content normalized (AddedVocabulary::refresh_added_tokens).
+  for (size_t i = 0; i < t.added.size(); ++i) {
+    const AddedToken& a = t.added[i];
+    if (!a.normalized) {
+      t.raw_matcher.add(a.content, i);
+    } else {
+      std::string pattern = a.content;
+      if (t.normalizer) t.normalizer->apply(pattern);
+      t.normalized_matcher.add(pattern, i);
+    }
+  }
+  t.id_to_token.assign(static_cast<size_t>(size), {});
+  t.special.assign(static_cast<size_t>(size), 0);
+  for (const auto& [token, id] : t.vocab) t.id_to_token[id] = token;
+  for (const auto& a : t.added) {
+    t.id_to_token[a.id] = a.content;
+    t.special[a.id] = a.special;
+  }
+  if (root.contains("post_processor"))
+    parse_post_processor(r, root["post_processor"], t);
+  for (const int32_t id : t.prefix)
+    if (id >= size) r.bad("post_processor", fmt::format("id {} is out of range [0, {})", id, size));
+  for (const int32_t id : t.suffix)
+    if (id >= size) r.bad("post_processor", fmt::format("id {} is out of range [0, {})", id, size));
+  return tokenizer;
+}
+
+std::vector<int32_t> HfTokenizer::encode(std::string_view text) const {
+  const Impl& t = *impl_;
+  if (const size_t bad = unicode::invalid_utf8_at(text); bad != std::string_view::npos)
+    fail("{}: the text is not valid UTF-8 (byte {})", t.name, bad);
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 4);
+  std::vector<Piece> pieces;
+  for (auto& raw : t.split_added(std::string(text), true, t.raw_matcher)) {
+    if (raw.id >= 0) {
+      ids.push_back(raw.id);
+      continue;
+    }
+    if (t.normalizer) t.normalizer->apply(raw.text);
+    for (auto& split : t.split_added(raw.text, raw.origin, t.normalized_matcher)) {
+      if (split.id >= 0) {
+        ids.push_back(split.id);
+        continue;
+      }
+      if (split.text.empty()) continue;
+      pieces.clear();
+      pieces.push_back({std::move(split.text), split.origin});
+      if (t.pre_tokenizer) t.pre_tokenizer->apply(pieces);
+      for (const auto& p : pieces) t.tokenize_word(p.text, ids);
+    }
+  }
+  return ids;
+}
+
+std::string HfTokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  const Impl& t = *impl_;
+  Tokens tokens;
+  for (const int32_t id : ids) {
+    if (id < 0 || id >= static_cast<int32_t>(t.id_to_token.size()) || t.id_to_token[id].empty()) continue;
+    if (skip_special_tokens && t.special[id]) continue;
+    tokens.push_back(t.id_to_token[id]);
+  }
+  if (!t.decoder) {
+    std::string out;
+    for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
+    return out;
+  }
+  t.decoder->apply(tokens);
+  std::string out;
+  for (const auto& s : tokens) out += s;
+  return out;
+}
+
+int32_t HfTokenizer::token_id(std::string_view token) const {
+  if (const auto it = impl_->added_ids.find(token); it != impl_->added_ids.end()) return it->second;
+  if (const auto it = impl_->vocab.find(token); it != impl_->vocab.end()) return it->second;
+  return -1;
+}
+
+std::string HfTokenizer::token(int32_t id) const {
+  if (id < 0 || id >= static_cast<int32_t>(impl_->id_to_token.size())) return {};
+  return impl_->id_to_token[id];
+}
+
+bool HfTokenizer::is_special(int32_t id) const {
+  return id >= 0 && id < static_cast<int32_t>(impl_->special.size()) && impl_->special[id];
+}
+
+int64_t HfTokenizer::vocab_size() const { return static_cast<int64_t>(impl_->id_to_token.size()); }
+const std::vector<int32_t>& HfTokenizer::template_prefix() const { return impl_->prefix; }
+const std::vector<int32_t>& HfTokenizer::template_suffix() const { return impl_->suffix; }
+const std::string& HfTokenizer::json_text() const { return impl_->json_text; }
+const std::string& HfTokenizer::name() const { return impl_->name; }
+
+}  // namespace longtron::data
