@@ -11,6 +11,7 @@
 #include "cli/registry.h"
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "data/tokenizer.h"
 #include "model/hf_config.h"
 #include "ops/precision.h"
 #include "train/checkpoint.h"
@@ -61,10 +62,12 @@ int run_export(const ExportOptions& o) {
     for (const auto& t : named.tensors) tensors.push_back({t.name, t.shape, dtype, t.data, nullptr});
     safetensors::write_file(tmp / "model.safetensors", tensors, {{"format", "pt"}});
     copied = train::copy_tokenizer_files(m.dir, tmp);
-    if (!m.tokenizer.empty() && !fs::exists(tmp / "tokenizer.model")) {
-      fs::copy_file(m.tokenizer, tmp / "tokenizer.model");
-      copied.push_back("tokenizer.model");
-    }
+    if (!m.tokenizer.empty())
+      for (const fs::path& file : data::tokenizer_file_set(m.tokenizer))
+        if (!fs::exists(tmp / file.filename())) {
+          fs::copy_file(file, tmp / file.filename());
+          copied.push_back(file.filename().string());
+        }
     if (fs::exists(out)) fs::remove(out);
     fs::rename(tmp, out);
   } catch (const fs::filesystem_error& e) {

@@ -1,7 +1,7 @@
 // `longtron generate`: text from a checkpoint and a prompt (README, "Commands"). Greedy by default;
 // with --temperature > 0, nucleus (top-p) sampling (Holtzman et al. 2020) from a seeded generator.
-// --prompt-ids takes and prints token ids instead of text, for models whose tokenizer longtron
-// cannot read (Hugging Face's tokenizer.json of Qwen2 and Llama 3).
+// The tokenizer is the checkpoint's tokenizer.model or tokenizer.json (data/tokenizer.h);
+// --prompt-ids takes and prints token ids instead of text.
 #include <fmt/core.h>
 #include <fmt/format.h>
 
@@ -130,11 +130,8 @@ int run_generate(const GenerateOptions& o) {
   check(!o.use_prompt_ids || !o.chat, "generate: --chat takes --prompt, not --prompt-ids");
   if (o.use_prompt_ids) return generate_ids(o, *engine);
   check(!m.tokenizer.empty(),
-        "generate: no tokenizer.model in {} or next to its training data{} (--prompt-ids takes and "
-        "prints token ids without one)", m.dir.string(),
-        std::filesystem::exists(m.dir / "tokenizer.json")
-            ? "; its tokenizer.json (a Hugging Face fast tokenizer) is not readable by longtron"
-            : "");
+        "generate: no tokenizer.json or tokenizer.model in {} or next to its training data "
+        "(--prompt-ids takes and prints token ids without one)", m.dir.string());
   const data::Tokenizer tok = data::Tokenizer::load(m.tokenizer);
   std::vector<int32_t> ids;
   int32_t stop = tok.eos_id();
@@ -158,7 +155,7 @@ int run_generate(const GenerateOptions& o) {
     if (next == stop) break;
     ids.push_back(next);
   }
-  // Decoding the whole sequence keeps SentencePiece's word-boundary spaces right at the seam;
+  // Decoding the whole sequence keeps word-boundary spaces right at the seam;
   // a chat prints only the answer.
   fmt::print("{}\n", o.chat ? tok.decode({ids.begin() + static_cast<std::ptrdiff_t>(prompt_len), ids.end()})
                             : tok.decode(ids));

@@ -1,7 +1,8 @@
 // `longtron prepare`: raw text -> tokenized dataset (docs/data.md). Reads .jsonl/.json/.txt,
-// encodes with a SentencePiece model (given or trained here), optionally holds out a seeded
-// fraction of documents, and writes train/ [valid/] tokenizer.model dataset.json — all under a
-// temporary name renamed at the end, so a failure leaves nothing behind.
+// encodes with a SentencePiece model (given or trained here) or a Hugging Face tokenizer.json,
+// optionally holds out a seeded fraction of documents, and writes train/ [valid/], the tokenizer's
+// files (tokenizer.model, or tokenizer.json with its tokenizer_config.json) and dataset.json — all
+// under a temporary name renamed at the end, so a failure leaves nothing behind.
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
@@ -138,7 +139,7 @@ data::Tokenizer get_tokenizer(const PrepareOptions& options, const std::vector<s
 
 void check_options(const PrepareOptions& options) {
   check(options.train_tokenizer != !options.tokenizer.empty(),
-        "prepare: give exactly one of --tokenizer MODEL or --train-tokenizer --vocab-size N");
+        "prepare: give exactly one of --tokenizer PATH or --train-tokenizer --vocab-size N");
   // The trained BPE has byte fallback: 256 byte pieces + <unk>, <s>, </s> + one per character.
   check(!options.train_tokenizer || options.vocab_size >= 260,
         "prepare: --train-tokenizer needs --vocab-size N >= 260 (256 byte pieces, <unk>, <s>, </s> "
@@ -239,7 +240,8 @@ int run_prepare(const PrepareOptions& options) {
     const int64_t train_tokens = write_split(tmp / "train", encoded, train, options, vocab);
     info = {{"format", options.format}, {"documents", n}, {"vocab_size", vocab},
             {"bos_id", tokenizer->bos_id()}, {"eos_id", tokenizer->eos_id()},
-            {"bos_eos", !options.no_bos_eos && !options.chat}, {"tokenizer", "tokenizer.model"}};
+            {"bos_eos", !options.no_bos_eos && !options.chat},
+            {"tokenizer", tokenizer->files().front().first}};
     if (chat) info["chat_template"] = chat->name;
     int64_t tokens = train_tokens;
     if (!valid.empty()) {
@@ -251,8 +253,9 @@ int run_prepare(const PrepareOptions& options) {
       info["valid"] = {{"documents", valid.size()}, {"tokens", valid_tokens}};
     }
     info["tokens"] = tokens;
-    for (const auto& [name, text] : {std::pair{"tokenizer.model", tokenizer->serialized()},
-                                     std::pair{"dataset.json", info.dump(2) + "\n"}}) {
+    auto files = tokenizer->files();
+    files.emplace_back("dataset.json", info.dump(2) + "\n");
+    for (const auto& [name, text] : files) {
       std::ofstream out(tmp / name, std::ios::binary);
       out << text;
       out.close();
@@ -276,7 +279,9 @@ Subcommand prepare_command(10, [](CLI::App& app) {
   sub->add_option("--input", options->inputs, "Text files or folders (searched recursively)")
       ->required()->expected(1, -1);
   sub->add_option("--output", options->output, "Output folder")->required();
-  sub->add_option("--tokenizer", options->tokenizer, "SentencePiece .model to encode with");
+  sub->add_option("--tokenizer", options->tokenizer,
+                  "Tokenizer to encode with: a SentencePiece tokenizer.model, a Hugging Face "
+                  "tokenizer.json, or a model folder");
   sub->add_flag("--train-tokenizer", options->train_tokenizer, "Train a BPE tokenizer on the input");
   sub->add_option("--vocab-size", options->vocab_size, "Vocabulary size of the trained tokenizer");
   sub->add_flag("--chat", options->chat,

@@ -1,6 +1,7 @@
 #include "train/model_io.h"
 
 #include "core/error.h"
+#include "data/tokenizer.h"
 #include "model/hf_config.h"
 #include "train/checkpoint.h"
 #include "train/optimizer.h"
@@ -20,8 +21,8 @@ LoadedModel load_model_dir(const fs::path& path) {
   m.layout = std::make_unique<model::ParamLayout>(config);
   m.params = std::make_unique<model::Params<float>>(*m.layout);
   load_hf_model(m.dir, *m.params);
-  for (const fs::path& p : {m.dir / "tokenizer.model", m.dir.parent_path() / "tokenizer.model"})
-    if (fs::is_regular_file(p)) {
+  for (const fs::path& folder : {m.dir, m.dir.parent_path()})
+    if (const fs::path p = data::find_tokenizer_file(folder); !p.empty()) {
       m.tokenizer = p;
       break;
     }

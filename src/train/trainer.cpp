@@ -14,6 +14,7 @@
 #include "core/safetensors.h"
 #include "data/context_split.h"
 #include "data/open.h"
+#include "data/tokenizer.h"
 #include "data/validate.h"
 #include "model/hf_config.h"
 #include "modes/engine.h"
@@ -72,8 +73,8 @@ void resolve_model_config(TrainConfig& config, const TrainOptions& options) {
 
 fs::path find_tokenizer(const fs::path& data_folder) {
   if (data_folder.empty()) return {};
-  for (const fs::path& p : {data_folder / "tokenizer.model", data_folder.parent_path() / "tokenizer.model"})
-    if (fs::is_regular_file(p)) return p;
+  for (const fs::path& folder : {data_folder, data_folder.parent_path()})
+    if (const fs::path p = data::find_tokenizer_file(folder); !p.empty()) return p;
   return {};
 }
 
@@ -205,7 +206,9 @@ struct Run {
     d.state.extra = {{"dp_size", dp->size()}, {"tensor_size", grid.tp}, {"mode", engine.mode()}};
     const fs::path dir = save_checkpoint(config.train.checkpoint_dir, d);
     // The tokenizer travels with the checkpoint so generate/export need nothing else.
-    if (!tokenizer.empty()) copy_file_atomically(tokenizer, dir / "tokenizer.model");
+    if (!tokenizer.empty())
+      for (const fs::path& file : data::tokenizer_file_set(tokenizer))
+        copy_file_atomically(file, dir / file.filename());
     // So do the tokenizer files of the Hugging Face folder (or checkpoint) the run started from.
     copy_tokenizer_files(options.init_from.empty() ? options.resume : options.init_from, dir);
     return dir;

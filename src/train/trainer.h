@@ -72,8 +72,9 @@ void resolve_model_config(TrainConfig& config, const TrainOptions& options);
 /// refused with it (Error); with options.dry_run only the plan is made (summary.plan_text).
 TrainSummary run_training(const TrainConfig& config, const TrainOptions& options, comm::CommPtr world);
 
-/// Finds tokenizer.model for a data folder: in it, or in its parent (prepare writes
-/// DIR/tokenizer.model next to DIR/train and DIR/valid). Empty path when absent.
+/// Finds the tokenizer file of a data folder (data::find_tokenizer_file: tokenizer.json with its
+/// tokenizer_config.json, or tokenizer.model): in it, or in its parent (prepare writes them into
+/// DIR next to DIR/train and DIR/valid). Empty path when absent.
 std::filesystem::path find_tokenizer(const std::filesystem::path& data_folder);
 
 }  // namespace longtron::train
