@@ -9,7 +9,8 @@
 //       {"<file>": [{"ids": [...], "decoded": "..."}, ...]} in the order of texts.json.
 //   node scripts/hf_tokenizer_golden.js jsonl IN OUT.jsonl
 //       Writes the documents of IN (a folder of .json files with a "text" field, read in sorted
-//       name order, or a .json list of strings) as {"text": ...} lines, the input `prepare` reads.
+//       name order, or a .json list of strings) as {"text": ...} lines, the input `prepare` reads
+//       (blank documents, which prepare skips, left out).
 //   node scripts/hf_tokenizer_golden.js compare TOKENIZER.json DOCS.jsonl TOKENS.bin
 //       Encodes every document of DOCS.jsonl and compares with the ids in TOKENS.bin (an
 //       InternEvo .bin that `longtron prepare --format internevo --no-bos-eos` wrote from
@@ -57,6 +58,8 @@ function jsonl(input, output) {
   } else {
     texts = JSON.parse(fs.readFileSync(input, 'utf8'));
   }
+  // prepare skips blank documents (nothing but ASCII white space): leave them out here too.
+  texts = texts.filter((t) => !/^[ \t\n\v\f\r]*$/.test(t));
   fs.writeFileSync(output, texts.map((t) => JSON.stringify({ text: t })).join('\n') + '\n');
   console.log(`jsonl: ${texts.length} documents`);
 }
