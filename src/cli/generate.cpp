@@ -132,7 +132,13 @@ int run_generate(const GenerateOptions& o) {
   check(!m.tokenizer.empty(),
         "generate: no tokenizer.json or tokenizer.model in {} or next to its training data "
         "(--prompt-ids takes and prints token ids without one)", m.dir.string());
-  const data::Tokenizer tok = data::Tokenizer::load(m.tokenizer);
+  const data::Tokenizer tok = [&] {
+    try {
+      return data::Tokenizer::load(m.tokenizer);
+    } catch (const Error& e) {
+      fail("generate: {} (--prompt-ids takes and prints token ids without a tokenizer)", e.what());
+    }
+  }();
   std::vector<int32_t> ids;
   int32_t stop = tok.eos_id();
   if (o.chat) {  // the template's reply prompt; the answer ends at its end-of-turn token

@@ -177,8 +177,8 @@ TEST(HfCli, TinyConfigOfEachFamilyTrainsAndSavesItsNames) {
   EXPECT_TRUE(contains(r.output, "model.type") && contains(r.output, "qkv_bias = false")) << r.output;
 }
 
-// A Llama folder with only a tokenizer.json (as Llama 3 and Qwen2 ship): --prompt is refused naming
-// --prompt-ids; --prompt-ids prints the prompt's ids then the greedy continuation, which equals the
+// A Llama folder whose only tokenizer is a broken tokenizer.json: --prompt is refused naming the
+// file and --prompt-ids; --prompt-ids prints the prompt's ids then the greedy continuation, which equals the
 // argmax of the model's logits token by token, and stops before config.json's eos_token_id.
 TEST(HfCli, GeneratePromptIdsWithoutTokenizer) {
   TempDir dir;
@@ -193,7 +193,8 @@ TEST(HfCli, GeneratePromptIdsWithoutTokenizer) {
 
   auto r = run_longtron("generate --checkpoint " + folder.string() + " --prompt hello");
   EXPECT_NE(r.status, 0);
-  EXPECT_TRUE(contains(r.output, "tokenizer.json") && contains(r.output, "--prompt-ids")) << r.output;
+  EXPECT_TRUE(contains(r.output, "tokenizer.json: top level: missing \"model\"") &&
+              contains(r.output, "--prompt-ids")) << r.output;
 
   // The expected greedy continuation, from the model's logits in this process.
   const std::vector<int32_t> prompt = {3, 5, 7};
