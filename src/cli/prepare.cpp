@@ -139,7 +139,7 @@ data::Tokenizer get_tokenizer(const PrepareOptions& options, const std::vector<s
 
 void check_options(const PrepareOptions& options) {
   check(options.train_tokenizer != !options.tokenizer.empty(),
-        "prepare: give exactly one of --tokenizer PATH or --train-tokenizer --vocab-size N");
+        "prepare: give exactly one of --tokenizer MODEL or --train-tokenizer --vocab-size N");
   // The trained BPE has byte fallback: 256 byte pieces + <unk>, <s>, </s> + one per character.
   check(!options.train_tokenizer || options.vocab_size >= 260,
         "prepare: --train-tokenizer needs --vocab-size N >= 260 (256 byte pieces, <unk>, <s>, </s> "
