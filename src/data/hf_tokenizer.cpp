@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <cctype>
 #include <optional>
 #include <fstream>
@@ -672,6 +673,55 @@ struct Symbol {
   int32_t id, prev, next, len;
 };
 
+// The merge ranks: (left id, right id) -> (rank, merged id), in an open-addressing table (linear
+// probing, Fibonacci hashing) since BPE looks a pair up for every merge it considers.
+class MergeMap {
+ public:
+  using Value = std::pair<int32_t, int32_t>;
+  static uint64_t key(int32_t a, int32_t b) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+  }
+  void reserve(size_t n) {
+    size_t capacity = 16;
+    while (capacity < 2 * n) capacity *= 2;
+    keys_.assign(capacity, kEmpty);
+    values_.assign(capacity, {});
+    shift_ = 64 - static_cast<int>(std::countr_zero(capacity));
+  }
+  void insert_or_assign(uint64_t k, Value v) {
+    if (2 * (size_ + 1) > keys_.size()) grow();
+    size_t i = slot(k);
+    while (keys_[i] != kEmpty && keys_[i] != k) i = (i + 1) & (keys_.size() - 1);
+    if (keys_[i] == kEmpty) ++size_;
+    keys_[i] = k;
+    values_[i] = v;
+  }
+  const Value* find(int32_t a, int32_t b) const {
+    if (keys_.empty()) return nullptr;
+    const uint64_t k = key(a, b);
+    for (size_t i = slot(k);; i = (i + 1) & (keys_.size() - 1)) {
+      if (keys_[i] == k) return &values_[i];
+      if (keys_[i] == kEmpty) return nullptr;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t{0};  // ids are below 2^31: no real key is this
+  size_t slot(uint64_t k) const { return static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> shift_); }
+  void grow() {
+    std::vector<uint64_t> keys = std::move(keys_);
+    std::vector<Value> values = std::move(values_);
+    reserve(std::max<size_t>(16, keys.size()));
+    size_ = 0;
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] != kEmpty) insert_or_assign(keys[i], values[i]);
+  }
+  std::vector<uint64_t> keys_;
+  std::vector<Value> values_;
+  size_t size_ = 0;
+  int shift_ = 60;
+};
+
 struct MergeCandidate {
   int32_t rank, pos, new_id;
   bool operator<(const MergeCandidate& o) const {  // priority_queue pops the lowest rank, then pos
@@ -690,7 +740,7 @@ struct HfTokenizer::Impl {
   uint64_t instance = next_instance++;
   // model
   Vocab vocab;
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (a, b) -> (rank, new id)
+  MergeMap merges;  // (a, b) -> (rank, new id)
   std::optional<std::string> unk_token, continuing_subword_prefix, end_of_word_suffix;
   int32_t unk_id = -1;
   bool fuse_unk = false, byte_fallback = false, ignore_merges = false;
@@ -804,11 +854,7 @@ void HfTokenizer::Impl::merge_word(const std::string& w, std::vector<int32_t>& o
   if (unk >= 0) add(unk, unk_len);
 
   std::priority_queue<MergeCandidate> queue;
-  auto rank_of = [&](int32_t a, int32_t b) -> const std::pair<int32_t, int32_t>* {
-    const auto it = merges.find((static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) |
-                                static_cast<uint32_t>(b));
-    return it == merges.end() ? nullptr : &it->second;
-  };
+  auto rank_of = [&](int32_t a, int32_t b) { return merges.find(a, b); };
   for (size_t i = 0; i + 1 < symbols.size(); ++i)
     if (const auto* m = rank_of(symbols[i].id, symbols[i + 1].id))
       queue.push({m->first, static_cast<int32_t>(i), m->second});
@@ -1004,8 +1050,8 @@ void parse_model(const Reader& r, const json& model, HfTokenizer::Impl& t) {
     if (im == t.vocab.end())
       r.bad("model merges", fmt::format("merge {} (\"{}\", \"{}\") makes \"{}\", which is not in the "
                                         "vocabulary", rank, a, b, merged));
-    t.merges[(static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) |
-             static_cast<uint32_t>(ib->second)] = {static_cast<int32_t>(rank), im->second};
+    t.merges.insert_or_assign(MergeMap::key(ia->second, ib->second),
+                              {static_cast<int32_t>(rank), im->second});
   }
 }
 
