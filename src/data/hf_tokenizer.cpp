@@ -1044,8 +1044,11 @@ void parse_model(const Reader& r, const json& model, HfTokenizer::Impl& t) {
     if (ia == t.vocab.end() || ib == t.vocab.end())
       r.bad("model merges", fmt::format("merge {} (\"{}\", \"{}\") names \"{}\", which is not in the "
                                         "vocabulary", rank, a, b, ia == t.vocab.end() ? a : b));
-    const std::string merged = a + (prefix_len && b.compare(0, prefix_len, *t.continuing_subword_prefix) == 0
-                                        ? b.substr(prefix_len) : b);
+    // As Hugging Face: with a continuing_subword_prefix, the right token loses that many bytes.
+    if (b.size() < prefix_len)
+      r.bad("model merges", fmt::format("merge {} (\"{}\", \"{}\"): \"{}\" is shorter than the "
+                                        "continuing_subword_prefix", rank, a, b, b));
+    const std::string merged = a + b.substr(prefix_len);
     const auto im = t.vocab.find(merged);
     if (im == t.vocab.end())
       r.bad("model merges", fmt::format("merge {} (\"{}\", \"{}\") makes \"{}\", which is not in the "

@@ -178,6 +178,42 @@ def main():
                 None,
                 {"type": "Metaspace", "replacement": "▁", "prepend_scheme": scheme, "split": True}))
 
+    # 5. WordPiece-like subword marks: continuing_subword_prefix "##" and end_of_word_suffix
+    #    "</w>", words split at white space (Split, Removed), <unk> runs fused.
+    vocab = {"[UNK]": 0}
+    words = []
+    for w in re.findall(r"\S+", TRAIN):
+        symbols = [c if i == 0 else "##" + c for i, c in enumerate(w)]
+        symbols[-1] += "</w>"
+        words.append(symbols)
+        for sym in symbols:
+            vocab.setdefault(sym, len(vocab))
+    for c in sorted(set(TRAIN) - set(" \n")):  # every character alone, first and inside a word
+        for sym in (c, "##" + c, c + "</w>", "##" + c + "</w>"):
+            vocab.setdefault(sym, len(vocab))
+    merges = []
+    for _ in range(200):
+        counts = collections.Counter()
+        for w in words:
+            for x, y in zip(w, w[1:]):
+                counts[(x, y)] += 1
+        if not counts:
+            break
+        (x, y), _ = max(counts.items(), key=lambda kv: (kv[1], kv[0]))
+        merges.append((x, y))
+        vocab.setdefault(x + y[2:], len(vocab))
+        for w in words:
+            i = 0
+            while i < len(w) - 1:
+                if w[i] == x and w[i + 1] == y:
+                    w[i:i + 2] = [x + y[2:]]
+                i += 1
+    write("subword_marks", tokenizer(
+        bpe(vocab, merges, False, unk_token="[UNK]", fuse_unk=True, continuing_subword_prefix="##",
+            end_of_word_suffix="</w>"),
+        [added(0, "[UNK]", True)], None,
+        {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "Removed", "invert": False}))
+
     long_word = "a" * 5000
     texts = [
         "Hello world", "hello world and Hello world", "", " ", "   ",
