@@ -770,7 +770,7 @@ struct WordCache {
   std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> words;
 };
 
-constexpr size_t kCacheWords = 1 << 18;
+constexpr size_t kCacheWords = 1 << 15;  // about 4 MB a thread
 constexpr size_t kCacheWordBytes = 256;
 
 }  // namespace
