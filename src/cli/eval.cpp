@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli/options.h"
 #include "cli/registry.h"
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -27,8 +28,7 @@ struct EvalOptions {
   std::string checkpoint, data;
   bool json = false;
   int64_t seq_len = 0, micro_bsz = 0;
-  int threads = 0;
-  std::string dtype;  // empty: the run's model.dtype
+  ComputeOptions compute;
   int tensor_size = 1;          // parallel.tensor.size of the evaluation's layout
   std::string tensor_mode = "mtp";  // parallel.tensor.mode
   int context_size = 1;             // parallel.sequence_2D.context_size (> 1: 2D-Attention)
@@ -50,9 +50,9 @@ bool config_bool(const nlohmann::json& config, const char* key, bool fallback) {
 }
 
 int eval_on(const EvalOptions& o, const comm::CommPtr& world) {
-  set_num_threads(o.threads, world->size() > 1 ? comm::ranks_on_node() : 1);
+  set_num_threads(o.compute.threads, world->size() > 1 ? comm::ranks_on_node() : 1);
   train::LoadedModel m = train::load_model_dir(o.checkpoint);
-  const ops::ComputeTypeScope precision(train::loaded_compute_type(m, o.dtype));
+  const ops::ComputeTypeScope precision(train::loaded_compute_type(m, o.compute.dtype));
   data::PackConfig pack;
   pack.seq_len = o.seq_len > 0 ? o.seq_len : config_int(m.train_config, "seq_len");
   pack.micro_bsz = o.micro_bsz > 0 ? o.micro_bsz : config_int(m.train_config, "micro_bsz");
@@ -109,19 +109,13 @@ int eval_on(const EvalOptions& o, const comm::CommPtr& world) {
 }
 
 int run_eval(const EvalOptions& o) {
-  int argc = 0;
-  char** argv = nullptr;
-  comm::CommPtr world = comm::init(argc, argv);  // under mpirun: the MPI world; else one rank
-  const int status = comm::abort_on_error([&] { return eval_on(o, world); });
-  world.reset();
-  comm::finalize();
-  return status;
+  return comm::run_on_world([&](const comm::CommPtr& world) { return eval_on(o, world); });
 }
 
-Subcommand eval_command(40, [](CLI::App& app) {
+Subcommand eval_command(help_order::kEval, [](CLI::App& app) {
   auto o = std::make_shared<EvalOptions>();
   auto* sub = app.add_subcommand("eval", "Loss of a checkpoint on a dataset");
-  sub->add_option("--checkpoint", o->checkpoint, "Checkpoint root, step folder or HF folder")->required();
+  add_checkpoint_option(*sub, o->checkpoint);
   sub->add_option("--data", o->data, "Tokenized dataset (folder or file)")->required();
   sub->add_flag("--json", o->json,
                 "Print {documents: [{index, length, tokens, loss_sum, loss}], loss}: each document's "
@@ -130,10 +124,7 @@ Subcommand eval_command(40, [](CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   sub->add_option("--micro-bsz", o->micro_bsz, "Override the checkpoint's data.micro_bsz")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  sub->add_option("--threads", o->threads, "Compute threads (default: all cores)");
-  sub->add_option("--dtype", o->dtype,
-                  "GEMM precision: float32, bfloat16 or auto (default: the run's model.dtype; "
-                  "float32 for a Hugging Face folder)");
+  add_compute_options(*sub, o->compute);
   sub->add_option("--tensor-size", o->tensor_size,
                   "Tensor-parallel size T of the evaluation's layout (as parallel.tensor.size; run "
                   "under mpirun, the remaining factor of the ranks is data parallel)")
