@@ -6,21 +6,13 @@
 namespace longtron::parallel {
 
 TensorMode parse_tensor_mode(const std::string& name, const std::string& key) {
-  if (name == "mtp") return TensorMode::kMtp;
-  if (name == "msp") return TensorMode::kMsp;
-  if (name == "fsp") return TensorMode::kFsp;
-  if (name == "isp") return TensorMode::kIsp;
-  fail("{} = \"{}\": expected one of \"mtp\", \"msp\", \"fsp\", \"isp\"", key, name);
+  if (const auto mode = find_enum(kTensorModeNames, name)) return *mode;
+  fail("{} = \"{}\": expected one of {}", key, name, enum_names(kTensorModeNames, ", ", "\""));
 }
 
 const char* tensor_mode_name(TensorMode mode) {
-  switch (mode) {
-    case TensorMode::kMtp: return "mtp";
-    case TensorMode::kMsp: return "msp";
-    case TensorMode::kFsp: return "fsp";
-    case TensorMode::kIsp: return "isp";
-  }
-  return "unknown";
+  const char* name = enum_name(kTensorModeNames, mode);
+  return name[0] == '?' ? "unknown" : name;
 }
 
 namespace {

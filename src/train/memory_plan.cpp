@@ -293,31 +293,6 @@ std::string layout_text(const parallel::Grid& g, const std::string& mode) {
 
 }  // namespace
 
-parallel::Layout layout_of(const ParallelConfig& p) {
-  parallel::Layout l;
-  l.tensor_size = static_cast<int>(p.tensor.size);
-  l.tensor_mode = parallel::parse_tensor_mode(p.tensor.mode);
-  l.weight_size = static_cast<int>(p.weight.size);
-  l.weight_overlap = p.weight.overlap;
-  l.zero1_size = static_cast<int>(p.zero1.size);
-  if (p.tensor_2d.given) {
-    l.tensor_2d_x = static_cast<int>(p.tensor_2d.x);
-    l.tensor_2d_y = static_cast<int>(p.tensor_2d.y);
-    l.tensor_2d_overlap = p.tensor_2d.overlap;
-  }
-  if (p.sequence_2d.enable) {
-    const auto& q = p.sequence_2d;
-    l.seq2d = true;
-    l.seq2d_head = static_cast<int>(q.head_size);
-    l.seq2d_context = static_cast<int>(q.context_size);
-    l.seq2d_window = static_cast<int>(q.window_size);
-    l.seq2d_head_first = q.head_first;
-    l.seq2d_interleaved = q.interleaved;
-    l.seq2d_balance = q.balance;
-  }
-  return l;
-}
-
 MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   const parallel::Layout layout = layout_of(c.parallel);
   parallel::ModelShape shape;

@@ -58,10 +58,6 @@ struct MemoryPlan {
   std::string peak_phase;        ///< "start-up (…)", "training step" or "checkpoint save"
 };
 
-/// The parallel::Layout of the config's parallel.* keys (docs/parallel.md): what the trainer builds
-/// its process grid from and what the plan sizes each rank's shards by.
-parallel::Layout layout_of(const ParallelConfig& p);
-
 /// What the plan needs beyond the config.
 struct MemoryPlanInputs {
   int world_size = 1;         ///< ranks of the job

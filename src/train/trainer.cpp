@@ -41,13 +41,13 @@ data::DataConfig loader_config(const TrainConfig& config) {
   d.pack.micro_bsz = config.data.micro_bsz;
   d.pack.use_packed_dataset = config.data.use_packed_dataset;
   d.pack.pack_sample_into_one = config.data.pack_sample_into_one;
-  d.pack.pack_tail = data::parse_pack_tail(config.data.pack_tail);
+  d.pack.pack_tail = config.data.pack_tail;
   d.pack.split_documents = config.data.split_documents;
   d.micro_num = config.data.micro_num;
   d.shuffle = config.data.shuffle;
   d.seed = static_cast<uint32_t>(config.data.seed);
   d.min_length = config.data.min_length;
-  d.balance.mode = data::parse_balance_mode(config.data.balance);
+  d.balance.mode = config.data.balance;
   d.balance.window = config.data.balance_window;
   d.balance.cost = model::balance_cost(config.model);  // a given [a, b] keeps the model's window
   if (config.data.balance_cost.size() == 2) {
