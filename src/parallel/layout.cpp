@@ -41,11 +41,6 @@ void validate_sequence_2d(const Layout& l) {
         "parallel.sequence_2D.device_placement_strategy: interleaved = true needs head_first = "
         "false when head_size ({}) > 1",
         l.seq2d_head);
-  const std::string& b = l.seq2d_balance;
-  check(b == "contiguous" || b == "zigzag" || b == "document",
-        "parallel.sequence_2D.balance must be \"contiguous\", \"zigzag\" or \"document\", got "
-        "\"{}\"",
-        b);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "comm/process_grid.h"
 #include "core/enum_names.h"
+#include "data/context_split.h"
 
 namespace longtron::parallel {
 
@@ -42,7 +43,7 @@ struct Layout {
   bool seq2d = false;
   int seq2d_head = 1, seq2d_context = 1, seq2d_window = 1;
   bool seq2d_head_first = true, seq2d_interleaved = false;
-  std::string seq2d_balance = "zigzag";  ///< "contiguous" | "zigzag" | "document"
+  data::ContextBalance seq2d_balance = data::ContextBalance::kZigzag;  ///< parallel.sequence_2D.balance
   /// Context parallelism as ring attention (default) or, false, as an all-gather of the row's
   /// K/V (parallel/cp_attention.h). Not a config key: benchmarks and tests compare the forms.
   bool seq2d_ring = true;

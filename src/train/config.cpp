@@ -435,7 +435,7 @@ parallel::Layout layout_of(const ParallelConfig& p) {
     l.seq2d_window = static_cast<int>(q.window_size);
     l.seq2d_head_first = q.head_first;
     l.seq2d_interleaved = q.interleaved;
-    l.seq2d_balance = data::context_balance_name(q.balance);
+    l.seq2d_balance = q.balance;
   }
   return l;
 }

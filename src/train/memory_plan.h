@@ -20,6 +20,8 @@
 //                slice), the sgemm timing at start-up, loading a checkpoint (--resume: the full
 //                AdamW moments, then this rank's), and the checkpoint save (every rank
 //                assembles the full parameters and both AdamW moments).
+// The layout's own step terms (workspace shape, attention and head sizes, gather buffers) come
+// from its mode (ModeFactory::memory, src/modes/*_memory.cpp): the plan names no mode.
 // The peak is runtime + datasets + params + grads + the largest of (full draw, AdamW + sgemm,
 // AdamW + resume load, AdamW + step + save). docs/memory.md compares it with the measured peak
 // resident size.

@@ -231,7 +231,7 @@ struct Run {
     double parts[2] = {0, 0};
     for (const auto& b : batches) {
       const auto [max, mean] = data::context_work_max_mean(
-          b.cu_seqlens, l.seq2d_context, l.tensor_size, data::parse_context_balance(l.seq2d_balance));
+          b.cu_seqlens, l.seq2d_context, l.tensor_size, l.seq2d_balance);
       parts[0] += max;
       parts[1] += mean;
     }
