@@ -473,10 +473,10 @@ std::string comment(const std::string& text) {
     if (e == std::string::npos) e = text.size();
     const std::string word = text.substr(b, e - b);
     if (line.size() > 1 && line.size() + 1 + word.size() > 100) {
-      out += line + "\n";
-      line = "#";
+      out.append(line).append(1, '\n');
+      line.resize(1);  // "#" (GCC 12's -Wrestrict misfires on assigning or prefixing literals)
     }
-    line += " " + word;
+    line.append(1, ' ').append(word);
     b = e + 1;
   }
   return out + line + "\n";
