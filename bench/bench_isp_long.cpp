@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
     layout.seq2d = true;
     layout.seq2d_context = C;
     layout.seq2d_head = T / C;
-    layout.seq2d_balance = kBalance[std::clamp<long>(a.at("balance"), 0, 2)];
+    layout.seq2d_balance = data::parse_context_balance(kBalance[std::clamp<long>(a.at("balance"), 0, 2)]);
     layout.seq2d_ring = a.at("ring") != 0;
     layout.seq2d_window = int(a.at("window_size"));
   }
@@ -220,7 +220,7 @@ int main(int argc, char** argv) {
     const auto k = [](comm::Kind kind) { return int(kind); };
     std::printf("isp_long %s tokens %lld T %d (head %d x context %d, %s) W %d checkpoint %d overlap %d "
                 "layers %lld hidden %lld threads/rank %d: loss %.4f step %.3f s (median of %zu)\n",
-                bf16 ? "bf16" : "fp32", (long long)P, T, Th, C, C > 1 ? layout.seq2d_balance.c_str() : "-", T,
+                bf16 ? "bf16" : "fp32", (long long)P, T, Th, C, C > 1 ? data::context_balance_name(layout.seq2d_balance).c_str() : "-", T,
                 int(c.checkpoint), int(layout.weight_overlap),
                 (long long)c.num_layers, (long long)c.hidden_size, num_threads(), loss,
                 timed[timed.size() / 2], timed.size());

@@ -30,7 +30,7 @@ int64_t vocab_from_dataset_json(const fs::path& path) {
   return 0;
 }
 
-Subcommand check_data_command(15, [](CLI::App& app) {
+Subcommand check_data_command(help_order::kCheckData, [](CLI::App& app) {
   auto path = std::make_shared<std::string>();
   auto vocab_size = std::make_shared<int64_t>(0);
   auto* sub = app.add_subcommand("check-data", "Read every document of a tokenized dataset and check it");

@@ -1,7 +1,7 @@
 // `longtron comm-check` (hidden): a smoke test of the communicator under mpirun — an all-reduce, an
 // all-gather and a split checked against their direct results — and the failure path: with
 // --throw-rank R that rank throws while the others wait in a collective, and the job must end
-// within seconds with that rank's error (comm::abort_on_error); --exit-rank R makes a rank exit
+// within seconds with that rank's error (comm::run_on_world); --exit-rank R makes a rank exit
 // without finalising MPI instead. Used by tests/cli/comm_abort_test.cpp.
 #include <fmt/core.h>
 
@@ -43,20 +43,14 @@ int run_comm_check(comm::Communicator& world, const CommCheckOptions& opt) {
   return 0;
 }
 
-Subcommand comm_check_command(900, [](CLI::App& app) {
+Subcommand comm_check_command(help_order::kHidden, [](CLI::App& app) {
   auto opt = std::make_shared<CommCheckOptions>();
   CLI::App* sub = app.add_subcommand("comm-check", "Check the communicator (run under mpirun)");
   sub->group("");  // hidden: a diagnostic, not part of the user-facing interface
   sub->add_option("--throw-rank", opt->throw_rank, "Rank that throws an Error");
   sub->add_option("--exit-rank", opt->exit_rank, "Rank that exits without finalising MPI");
   return [opt] {
-    int argc = 0;
-    char** argv = nullptr;
-    comm::CommPtr world = comm::init(argc, argv);
-    int status = comm::abort_on_error([&] { return run_comm_check(*world, *opt); });
-    world.reset();
-    comm::finalize();
-    return status;
+    return comm::run_on_world([&](const comm::CommPtr& world) { return run_comm_check(*world, *opt); });
   };
 });
 

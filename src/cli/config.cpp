@@ -17,7 +17,7 @@ struct ConfigCliOptions {
   bool markdown = false;
 };
 
-Subcommand config_command(60, [](CLI::App& app) {
+Subcommand config_command(help_order::kConfig, [](CLI::App& app) {
   auto o = std::make_shared<ConfigCliOptions>();
   auto* sub = app.add_subcommand("config", "Print every config key: the default TOML or the docs page");
   auto* d = sub->add_flag("--defaults", o->defaults,

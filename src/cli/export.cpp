@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "cli/options.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "core/safetensors.h"
@@ -81,11 +82,10 @@ int run_export(const ExportOptions& o) {
   return 0;
 }
 
-Subcommand export_command(50, [](CLI::App& app) {
+Subcommand export_command(help_order::kExport, [](CLI::App& app) {
   auto o = std::make_shared<ExportOptions>();
   auto* sub = app.add_subcommand("export", "Write a checkpoint as a Hugging Face folder");
-  sub->add_option("--checkpoint", o->checkpoint, "Checkpoint root, step folder or Hugging Face folder")
-      ->required();
+  add_checkpoint_option(*sub, o->checkpoint, "Checkpoint root, step folder or Hugging Face folder");
   sub->add_option("--output", o->output, "Output folder (new or empty)")->required();
   sub->add_option("--format", o->format,
                   "Family to write: internlm2, llama, qwen2 or mistral (default: the model's own; "

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/options.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "data/chat_template.h"
@@ -34,8 +35,7 @@ struct GenerateOptions {
   double temperature = 0.0;
   double top_p = 1.0;
   uint64_t seed = 0;
-  int threads = 0;
-  std::string dtype;           // empty: the run's model.dtype
+  ComputeOptions compute;
   bool chat = false;           // the prompt is a user message of this chat template
   std::string chat_template, system;
 };
@@ -100,18 +100,24 @@ std::vector<int32_t> config_eos_ids(const model::ModelConfig& c) {
   return out;
 }
 
-/// --prompt-ids: greedy or sampled ids until config.json's eos_token_id; prints the prompt's and
-/// the new ids, comma-separated (as --prompt-ids takes them).
-int generate_ids(const GenerateOptions& o, parallel::ParallelEngine& engine) {
-  std::vector<int32_t> ids = parse_prompt_ids(o.prompt_ids, engine.full_layout().config().vocab_size);
-  const std::vector<int32_t> stop = config_eos_ids(engine.full_layout().config());
-  const size_t prompt_len = ids.size();
+/// The decode loop: appends up to --max-new-tokens picked tokens to `ids` (the prompt), ending
+/// before the first token in `stop` (which is not appended).
+void decode(const GenerateOptions& o, parallel::ParallelEngine& engine, std::vector<int32_t>& ids,
+            const std::vector<int32_t>& stop) {
   std::mt19937_64 rng(o.seed);
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
     const int32_t next = pick(engine.model().logits_last(ids), o, rng);
     if (std::find(stop.begin(), stop.end(), next) != stop.end()) break;
     ids.push_back(next);
   }
+}
+
+/// --prompt-ids: greedy or sampled ids until config.json's eos_token_id; prints the prompt's and
+/// the new ids, comma-separated (as --prompt-ids takes them).
+int generate_ids(const GenerateOptions& o, parallel::ParallelEngine& engine) {
+  std::vector<int32_t> ids = parse_prompt_ids(o.prompt_ids, engine.full_layout().config().vocab_size);
+  const size_t prompt_len = ids.size();
+  decode(o, engine, ids, config_eos_ids(engine.full_layout().config()));
   fmt::print("{}\n", fmt::join(ids, ","));
   std::fflush(stdout);
   fmt::print(stderr, "generate: {} prompt tokens, {} new\n", prompt_len, ids.size() - prompt_len);
@@ -121,9 +127,9 @@ int generate_ids(const GenerateOptions& o, parallel::ParallelEngine& engine) {
 int run_generate(const GenerateOptions& o) {
   check(o.max_new_tokens >= 0, "generate: --max-new-tokens must be >= 0, got {}", o.max_new_tokens);
   check(o.top_p > 0 && o.top_p <= 1, "generate: --top-p must be in (0, 1], got {}", o.top_p);
-  set_num_threads(o.threads);
+  set_num_threads(o.compute.threads);
   train::LoadedModel m = train::load_model_dir(o.checkpoint);
-  const ops::ComputeTypeScope precision(train::loaded_compute_type(m, o.dtype));
+  const ops::ComputeTypeScope precision(train::loaded_compute_type(m, o.compute.dtype));
   // One process: the engine's dense mode (the one way into the model).
   const auto engine = train::load_into_engine(
       m, parallel::make_grid(comm::make_local_communicator(), parallel::Layout{}));
@@ -155,12 +161,7 @@ int run_generate(const GenerateOptions& o) {
   }
   check(!ids.empty(), "generate: empty prompt and the tokenizer has no BOS");
   const size_t prompt_len = ids.size();
-  std::mt19937_64 rng(o.seed);
-  for (int64_t i = 0; i < o.max_new_tokens; ++i) {
-    const int32_t next = pick(engine->model().logits_last(ids), o, rng);
-    if (next == stop) break;
-    ids.push_back(next);
-  }
+  decode(o, *engine, ids, {stop});
   // Decoding the whole sequence keeps word-boundary spaces right at the seam;
   // a chat prints only the answer.
   fmt::print("{}\n", o.chat ? tok.decode({ids.begin() + static_cast<std::ptrdiff_t>(prompt_len), ids.end()})
@@ -170,10 +171,10 @@ int run_generate(const GenerateOptions& o) {
   return 0;
 }
 
-Subcommand generate_command(45, [](CLI::App& app) {
+Subcommand generate_command(help_order::kGenerate, [](CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   auto* sub = app.add_subcommand("generate", "Generate text from a checkpoint");
-  sub->add_option("--checkpoint", o->checkpoint, "Checkpoint root, step folder or HF folder")->required();
+  add_checkpoint_option(*sub, o->checkpoint);
   auto* prompt = sub->add_option("--prompt", o->prompt, "Prompt text");
   auto* ids = sub->add_option("--prompt-ids", o->prompt_ids,
                               "Prompt token ids, e.g. 1,2,3 (no tokenizer needed; prints the ids "
@@ -184,10 +185,7 @@ Subcommand generate_command(45, [](CLI::App& app) {
   sub->add_option("--temperature", o->temperature, "0 = greedy (default); > 0 samples");
   sub->add_option("--top-p", o->top_p, "Nucleus sampling mass (default 1)");
   sub->add_option("--seed", o->seed, "Sampling seed (default 0)");
-  sub->add_option("--threads", o->threads, "Compute threads (default: all cores)");
-  sub->add_option("--dtype", o->dtype,
-                  "GEMM precision: float32, bfloat16 or auto (default: the run's model.dtype; "
-                  "float32 for a Hugging Face folder)");
+  add_compute_options(*sub, o->compute);
   sub->add_flag("--chat", o->chat, "The prompt is a user message: apply --chat-template, stop at "
                 "its end-of-turn token, print the answer");
   sub->add_option("--chat-template", o->chat_template,

@@ -50,7 +50,7 @@ data::RowCost inspect_cost(const InspectArgs& a) {
   return cost;
 }
 
-Subcommand inspect_command(20, [](CLI::App& app) {
+Subcommand inspect_command(help_order::kInspect, [](CLI::App& app) {
   auto args = std::make_shared<InspectArgs>();
   auto* sub = app.add_subcommand("inspect", "Print the micro-batches a data config produces");
   sub->add_option("--data", args->data, "Dataset: folder, .idx/.bin (Megatron) or .bin (InternEvo)")

@@ -273,7 +273,7 @@ int run_prepare(const PrepareOptions& options) {
   return 0;
 }
 
-Subcommand prepare_command(10, [](CLI::App& app) {
+Subcommand prepare_command(help_order::kPrepare, [](CLI::App& app) {
   auto options = std::make_shared<PrepareOptions>();
   auto* sub = app.add_subcommand("prepare", "Tokenize raw text (.jsonl/.json/.txt) into a dataset");
   sub->add_option("--input", options->inputs, "Text files or folders (searched recursively)")

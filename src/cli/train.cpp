@@ -83,10 +83,7 @@ void check_dataset_vocab(const std::string& folder, const char* key, int64_t voc
 }
 
 int run_train(const TrainCliOptions& o) {
-  int argc = 0;
-  char** argv = nullptr;
-  comm::CommPtr world = comm::init(argc, argv);
-  const int status = comm::abort_on_error([&] {
+  return comm::run_on_world([&](const comm::CommPtr& world) {
     train::TrainOptions options;
     options.resume = o.resume;
     options.init_from = o.init_from;
@@ -122,12 +119,9 @@ int run_train(const TrainCliOptions& o) {
     }
     return 0;
   });
-  world.reset();
-  comm::finalize();
-  return status;
 }
 
-Subcommand train_command(30, [](CLI::App& app) {
+Subcommand train_command(help_order::kTrain, [](CLI::App& app) {
   auto o = std::make_shared<TrainCliOptions>();
   auto* sub = app.add_subcommand("train", "Train a model on packed rows (docs/training.md)");
   sub->add_option("--config", o->config, "TOML config (default configs/demo.toml)");

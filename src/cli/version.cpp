@@ -5,7 +5,7 @@
 
 namespace longtron::cli {
 namespace {
-Subcommand version_command(100, [](CLI::App& app) {
+Subcommand version_command(help_order::kVersion, [](CLI::App& app) {
   app.add_subcommand("version", "Print the version of longtron");
   return [] {
     fmt::print("longtron {}\n", kVersion);

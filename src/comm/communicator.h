@@ -245,11 +245,24 @@ bool mpi_active();
 /// set_num_threads(n, ranks_on_node) so several ranks never oversubscribe the cores (docs/cluster.md).
 int ranks_on_node();
 
-/// Runs body() and returns its exit status. If it throws, prints "rank R: error: <what>" to stderr
-/// and, under MPI with more than one rank, calls MPI_Abort so the whole job ends within seconds
-/// instead of leaving the other ranks blocked in a collective; without MPI it returns 1 (or 2 for
-/// a non-longtron exception). `label` prefixes the message (e.g. "longtron").
+/// Runs body() and returns its exit status. If it throws (Error: status 1, out of memory: 1, any
+/// other exception: 2), the error ends the job:
+///  - without MPI (or on one rank) it prints "<label>: error: <what>" to stderr and returns the
+///    status;
+///  - under MPI, when every rank fails within a few seconds of each other (an error each rank
+///    sees, e.g. a config check), the ranks agree: rank 0 prints "<label>: error: <what>" once (a
+///    rank failing differently adds its own line with its rank), and every rank returns the
+///    largest status, for the caller to finalise MPI and exit without MPI_Abort's noise;
+///  - under MPI when some rank does not fail (it computes on or waits in a collective), the rank
+///    prints "<label>: rank R: error: <what>" and calls MPI_Abort, so that the whole job ends
+///    within seconds instead of leaving the other ranks blocked.
 int abort_on_error(const std::function<int()>& body, const std::string& label = "longtron");
+
+/// The process-level wrapper of a command that may run under mpirun: init() (the MPI world under
+/// mpirun, else one rank), body(world) inside abort_on_error, then finalize(). Returns the exit
+/// status (body's, or abort_on_error's after an error every rank saw).
+int run_on_world(const std::function<int(const CommPtr& world)>& body,
+                 const std::string& label = "longtron");
 
 /// Ends the whole job now with `message` on stderr (MPI_Abort under MPI, exit otherwise).
 [[noreturn]] void abort_job(const std::string& message, int status = 1);

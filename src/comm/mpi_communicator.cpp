@@ -2,8 +2,11 @@
 // siblings in src/comm/ are the only ones that include <mpi.h> (DESIGN.md).
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
 #include <cstdio>
+#include <optional>
+#include <thread>
 #include <new>
 #include <cstdlib>
 #include <unistd.h>
@@ -150,6 +153,15 @@ class MpiCommunicator final : public Communicator {
 
 bool g_we_initialised = false;
 CommPtr g_world;
+// A duplicate of MPI_COMM_WORLD used only by the error agreement (agree_on_error), so that its
+// barrier can never match a collective of the job's own communicators.
+MPI_Comm g_error_comm = MPI_COMM_NULL;
+
+// How long a failing rank waits for the others to fail too before it aborts the job: ranks that
+// hit the same error (a config or checkpoint-folder check, done by every rank at the same point)
+// arrive within this; a rank failing alone while the others wait in a collective costs the job
+// this much more before MPI_Abort ends it.
+constexpr std::chrono::seconds kErrorAgreementWait{3};
 
 }  // namespace
 
@@ -170,15 +182,18 @@ CommPtr init(int& argc, char**& argv) {
     g_we_initialised = true;
     initialised = 1;
   }
-  if (initialised)
+  if (initialised) {
     g_world = std::make_shared<MpiCommunicator>(MPI_COMM_WORLD, false);
-  else
+    if (g_error_comm == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &g_error_comm);
+  } else
     g_world = make_local_communicator();
   return g_world;
 }
 
 void finalize() {
   g_world.reset();
+  if (g_error_comm != MPI_COMM_NULL && !mpi_finalized()) MPI_Comm_free(&g_error_comm);
+  g_error_comm = MPI_COMM_NULL;
   if (g_we_initialised && !mpi_finalized()) MPI_Finalize();
   g_we_initialised = false;
 }
@@ -223,6 +238,50 @@ void abort_job(const std::string& message, int status) {
   std::exit(status);
 }
 
+namespace {
+
+/// One write per line, so lines of ranks failing at once do not run into each other.
+void write_line(const std::string& text) {
+  const std::string line = text + "\n";
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (::write(STDERR_FILENO, line.data(), line.size()) < 0) std::fputs(line.c_str(), stderr);
+}
+
+/// Under MPI after this rank failed with `message`: waits up to kErrorAgreementWait for every rank
+/// of the world to fail too (a barrier on g_error_comm that only failing ranks enter). When they
+/// all do, rank 0 prints `label: message`, a rank whose message differs from rank 0's prints its
+/// own with its rank, and every rank returns the largest status, so that the caller finalises MPI
+/// and exits instead of aborting. nullopt when some rank did not arrive in time (it is still
+/// computing or waits in a collective): the caller aborts the job.
+std::optional<int> agree_on_error(const std::string& message, int status, const std::string& label) {
+  if (g_error_comm == MPI_COMM_NULL) return std::nullopt;
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Ibarrier(g_error_comm, &request);
+  const auto deadline = std::chrono::steady_clock::now() + kErrorAgreementWait;
+  for (int done = 0;;) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done) break;
+    if (std::chrono::steady_clock::now() > deadline) return std::nullopt;  // MPI_Abort follows
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  int rank = 0;
+  MPI_Comm_rank(g_error_comm, &rank);
+  int length = static_cast<int>(message.size());
+  MPI_Bcast(&length, 1, MPI_INT, 0, g_error_comm);
+  std::string first = rank == 0 ? message : std::string(size_t(length), '\0');
+  MPI_Bcast(first.data(), length, MPI_CHAR, 0, g_error_comm);
+  int worst = status;
+  MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_INT, MPI_MAX, g_error_comm);
+  if (rank == 0)
+    write_line(fmt::format("{}: {}", label, message));
+  else if (message != first)
+    write_line(fmt::format("{}: rank {}: {}", label, rank, message));
+  return worst;
+}
+
+}  // namespace
+
 int abort_on_error(const std::function<int()>& body, const std::string& label) {
   std::string message;
   int status = 1;
@@ -236,12 +295,21 @@ int abort_on_error(const std::function<int()>& body, const std::string& label) {
     message = fmt::format("internal error: {}", e.what());
     status = 2;
   }
-  int rank = world_rank();
-  std::string line = rank >= 0 && mpi_active()
-                         ? fmt::format("{}: rank {}: {}", label, rank, message)
-                         : fmt::format("{}: {}", label, message);
-  if (mpi_active()) abort_job(line, status);
-  std::fputs((line + "\n").c_str(), stderr);
+  if (mpi_active()) {
+    if (const std::optional<int> agreed = agree_on_error(message, status, label)) return *agreed;
+    abort_job(fmt::format("{}: rank {}: {}", label, world_rank(), message), status);
+  }
+  std::fputs(fmt::format("{}: {}\n", label, message).c_str(), stderr);
+  return status;
+}
+
+int run_on_world(const std::function<int(const CommPtr& world)>& body, const std::string& label) {
+  int argc = 0;
+  char** argv = nullptr;
+  CommPtr world = init(argc, argv);  // under mpirun: the MPI world; else one rank
+  const int status = abort_on_error([&] { return body(world); }, label);
+  world.reset();
+  finalize();
   return status;
 }
 

@@ -11,19 +11,11 @@
 namespace longtron::data {
 
 BalanceMode parse_balance_mode(const std::string& value, const std::string& key) {
-  if (value == "none") return BalanceMode::kNone;
-  if (value == "rows") return BalanceMode::kRows;
-  if (value == "documents") return BalanceMode::kDocuments;
+  if (const auto mode = find_enum(kBalanceModeNames, value)) return *mode;
   fail("{} must be \"none\", \"rows\" or \"documents\", got \"{}\"", key, value);
 }
 
-std::string balance_mode_name(BalanceMode mode) {
-  switch (mode) {
-    case BalanceMode::kRows: return "rows";
-    case BalanceMode::kDocuments: return "documents";
-    default: return "none";
-  }
-}
+std::string balance_mode_name(BalanceMode mode) { return enum_name(kBalanceModeNames, mode); }
 
 int64_t piece_pairs(int64_t len, int64_t seq_len) {
   if (seq_len <= 0 || len <= seq_len) return causal_pairs(len);

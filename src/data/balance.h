@@ -6,16 +6,22 @@
 // 1969); balanced packing as in WLB-LLM (arXiv:2503.17924) with fixed row length instead of its
 // variable lengths, and Hierarchical Balance Packing (arXiv:2503.07680).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
+
+#include "core/enum_names.h"
 
 namespace longtron::data {
 
 /// `data.balance`: "none" (InternEvo order), "rows" (re-assign a step's rows), "documents"
 /// (cost-balanced packing within a window, then "rows").
 enum class BalanceMode { kNone, kRows, kDocuments };
+/// The config spellings of BalanceMode.
+inline constexpr std::array<EnumName<BalanceMode>, 3> kBalanceModeNames{
+    {{BalanceMode::kNone, "none"}, {BalanceMode::kRows, "rows"}, {BalanceMode::kDocuments, "documents"}}};
 
 /// Parses "none" / "rows" / "documents"; anything else is an Error naming `key`.
 BalanceMode parse_balance_mode(const std::string& value, const std::string& key = "data.balance");

@@ -11,18 +11,12 @@
 namespace longtron::data {
 
 ContextBalance parse_context_balance(const std::string& value, const std::string& key) {
-  if (value == "contiguous") return ContextBalance::kContiguous;
-  if (value == "zigzag") return ContextBalance::kZigzag;
-  if (value == "document") return ContextBalance::kDocument;
+  if (const auto balance = find_enum(kContextBalanceNames, value)) return *balance;
   fail("{} must be \"contiguous\", \"zigzag\" or \"document\", got \"{}\"", key, value);
 }
 
 std::string context_balance_name(ContextBalance balance) {
-  switch (balance) {
-    case ContextBalance::kContiguous: return "contiguous";
-    case ContextBalance::kDocument: return "document";
-    default: return "zigzag";
-  }
+  return enum_name(kContextBalanceNames, balance);
 }
 
 namespace {

@@ -13,16 +13,23 @@
 //     fits no rank's room is cut to fill the rank with the most room.
 // Every function is pure: every rank of a context group computes the same assignment.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "core/enum_names.h"
 #include "data/batch.h"
 
 namespace longtron::data {
 
 enum class ContextBalance { kContiguous, kZigzag, kDocument };
+/// The config spellings of ContextBalance (parallel.sequence_2D.balance).
+inline constexpr std::array<EnumName<ContextBalance>, 3> kContextBalanceNames{
+    {{ContextBalance::kContiguous, "contiguous"},
+     {ContextBalance::kZigzag, "zigzag"},
+     {ContextBalance::kDocument, "document"}}};
 
 /// Parses "contiguous" / "zigzag" / "document"; anything else is an Error naming `key`.
 ContextBalance parse_context_balance(const std::string& value,

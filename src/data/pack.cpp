@@ -20,8 +20,7 @@ using detail::label_of;
 using detail::resize_row;
 
 PackTail parse_pack_tail(const std::string& value) {
-  if (value == "pad") return PackTail::kPad;
-  if (value == "drop") return PackTail::kDrop;
+  if (const auto tail = find_enum(kPackTailNames, value)) return *tail;
   fail("data.pack_tail must be \"pad\" or \"drop\", got \"{}\"", value);
 }
 

@@ -5,11 +5,13 @@
 // (internlm/data/tokenized/packed_dataset.py); the padded tail is what InternEvo's data-flow
 // walkthrough prints (docs/data.md).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/enum_names.h"
 #include "data/balance.h"
 #include "data/batch.h"
 #include "data/dataset.h"
@@ -18,6 +20,9 @@ namespace longtron::data {
 
 /// What happens to the last partial packed row: padded (default) or dropped (InternEvo).
 enum class PackTail { kPad, kDrop };
+/// The config spellings of PackTail.
+inline constexpr std::array<EnumName<PackTail>, 2> kPackTailNames{
+    {{PackTail::kPad, "pad"}, {PackTail::kDrop, "drop"}}};
 
 /// Parses "pad" / "drop" (config key `data.pack_tail`); anything else is an Error naming the key.
 PackTail parse_pack_tail(const std::string& value);

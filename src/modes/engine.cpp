@@ -1,9 +1,6 @@
 // The distributed engine (see engine.h): plan, ops, reductions and full-tensor import/export.
 #include "modes/engine.h"
 
-#include "data/context_split.h"
-#include "data/sequence_split.h"
-
 #include <cmath>
 #include <map>
 
@@ -55,6 +52,8 @@ void validate_model_layout(const Layout& l, int world, const ModelShape& s) {
 }
 
 void register_mode(const std::string& name, ModeFactory factory) {
+  check(!factory.local_batch == !factory.gather_token_losses,
+        "parallel mode '{}': local_batch and gather_token_losses (its inverse) come together", name);
   registry()[name] = std::move(factory);
 }
 
@@ -120,33 +119,8 @@ model::LossSum ParallelEngine::forward_loss(const data::MicroBatch& row,
                                             std::vector<double>* token_losses) {
   if (!factory_->local_batch) return model_->forward_loss(row, token_losses);
   const model::LossSum loss = model_->forward_loss(local_batch(row), token_losses);
-  if (token_losses != nullptr) {
-    // The local batch is this rank's contiguous 1/T of the (padded) row: the tensor group's
-    // pieces in rank order are the row; the pad added for the split is cut off again.
-    comm::Communicator& tp = *grid_.tensor;
-    const auto local = static_cast<int64_t>(token_losses->size());
-    std::vector<double> full(static_cast<size_t>(local * tp.size()));
-    tp.all_gather(full.data(), token_losses->data(), local);
-    if (grid_.context && grid_.context->size() > 1) {
-      // 2D-Attention: a rank holds its context share's positions (not contiguous under zigzag
-      // or document), so the positions travel with the losses and put each one back in place.
-      const int64_t hp = grid_.head->size(), C = grid_.context->size();
-      data::MicroBatch padded = row;
-      data::pad_for_sequence_parallel(padded, hp * C);
-      const auto shares = data::context_assignment(
-          padded.cu_seqlens, C, data::parse_context_balance(grid_.layout.seq2d_balance));
-      const auto& mine = shares[static_cast<size_t>(grid_.context->rank())];
-      std::vector<double> pos(static_cast<size_t>(local)), all(full.size());
-      for (int64_t k = 0; k < local; ++k)
-        pos[size_t(k)] = double(mine[size_t(grid_.head->rank() * local + k)]);
-      tp.all_gather(all.data(), pos.data(), local);
-      std::vector<double> placed(full.size());
-      for (size_t k = 0; k < full.size(); ++k) placed[size_t(all[k])] = full[k];
-      full = std::move(placed);
-    }
-    full.resize(row.input_ids.size());
-    *token_losses = std::move(full);
-  }
+  if (token_losses != nullptr)
+    *token_losses = factory_->gather_token_losses(*token_losses, row, context());
   return loss;
 }
 

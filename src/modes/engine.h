@@ -5,17 +5,22 @@
 // 1. ShardPlan (shard_plan.h): for each full HF tensor, the local view (splits over groups) and the
 //    groups its gradient is SUMMED over. The rank's params/grads are model::Params over
 //    plan.local_layout() (same names and view indices as the full layout, local shapes).
-// 2. A mode = ModeFactory {plan, make_ops, local_batch, validate}, registered under a name (the
-//    modes live in src/modes/, built from the primitives of src/parallel/):
+// 2. A mode = ModeFactory {plan, make_ops, local_batch + gather_token_losses, validate, memory,
+//    data_group}, registered under a name (the modes live in src/modes/, built from the
+//    primitives of src/parallel/):
 //      plan(ShardPlan&)                 adds the mode's splits and gradient sums;
 //      make_ops(const ModeContext&)     builds model::ModelOps<float> over the LOCAL layout (the
 //                                       ops hold their communicators, from ctx.grid);
 //      local_batch(row, ctx)            (optional) the part of a full packed row this rank feeds
 //                                       the model (ISP: the sequence shard, docs/data.md; default:
 //                                       the whole row, as MTP/MSP/FSP do).
+//      gather_token_losses(local, row, ctx) (with local_batch) its inverse: per-token values of
+//                                       the local batch back to the full row in row order.
 //      validate(layout, shape)          (optional) the mode's own rules on the model sizes and its
 //                                       options, run by validate_model_layout before anything is
 //                                       allocated.
+//      memory(in, terms)                (optional) what a rank holds in a step beyond its
+//                                       parameters (mode_memory.h), read by the memory plan.
 //    mode_name(layout) picks the factory: "dense" (tp 1, no isp/2d), "mtp", "msp", "fsp", "isp"
 //    (tensor.mode isp, any T/W), "2d" (parallel.tensor_2d). Registration: define
 //    `void register_<mode>_mode()` in your own .cpp (calling register_mode) and add ONE call to it
@@ -50,6 +55,7 @@
 #include "model/internlm2.h"
 #include "model/layers.h"
 #include "model/params.h"
+#include "modes/mode_memory.h"
 #include "parallel/layout.h"
 #include "parallel/shard_plan.h"
 
@@ -70,6 +76,17 @@ struct ModeFactory {
   /// nullptr = feed the whole row; otherwise this rank's contiguous 1/T of the row over the
   /// TENSOR group (padded to a multiple of T first), as forward_loss assumes.
   std::function<data::MicroBatch(const data::MicroBatch& row, const ModeContext& ctx)> local_batch;
+  /// The inverse of local_batch for per-token values (forward_loss's token losses): `local` holds
+  /// one value per token of local_batch(row) on this rank; returns the full row's values in row
+  /// order (row.input_ids.size() of them) on every rank of the TENSOR group. Collective over the
+  /// mode's groups. Required exactly when local_batch is given.
+  std::function<std::vector<double>(const std::vector<double>& local, const data::MicroBatch& row,
+                                    const ModeContext& ctx)>
+      gather_token_losses;
+  /// The mode's memory terms for the memory plan (train/memory_plan.h): adjusts the defaults of
+  /// one process over the whole row (ModeMemory::defaults) to what this mode's ranks hold
+  /// (workspace shape, attention and head sizes, gather buffers). nullptr: the defaults.
+  std::function<void(const ModeMemoryInputs& in, ModeMemory& memory)> memory;
   /// The group of finish_gradients' data-parallel SUM: the ranks holding the same shards that saw
   /// different rows. DATA for every mode but ISP, whose weight shards live in WEIGHT_DATA
   /// (docs/isp.md).

@@ -1,9 +1,11 @@
 // The list of built-in parallel modes (engine.h). To add a mode: define register_<mode>_mode() in
-// your own file and add one call below.
+// your own file (its ModeFactory: plan, ops, and where it needs them local_batch with
+// gather_token_losses, validate, memory) and add one call below.
 #include <mutex>
 
 #include "model/layers.h"
 #include "modes/engine.h"
+#include "modes/mode_memory.h"
 
 namespace longtron::parallel {
 
@@ -18,6 +20,7 @@ namespace {
 void register_dense_mode() {
   ModeFactory f;
   f.make_ops = [](const ModeContext& ctx) { return model::make_dense_ops<float>(ctx.local); };
+  f.memory = megatron_memory;  // Megatron's terms with T = 1
   register_mode("dense", std::move(f));
 }
 

@@ -2,11 +2,14 @@
 // Plan (isp_ops.h): linears and head split on dim 0 over WEIGHT (shard_range), the embedding on
 // dim 1 over WEIGHT (a table tied to the head on dim 0, as the head); norm weights and biases replicated, their partial gradients summed over
 // WEIGHT then WEIGHT_DATA (every rank saw other tokens).
+#include <vector>
+
 #include "core/error.h"
 #include "data/context_split.h"
 #include "data/sequence_split.h"
 #include "modes/engine.h"
 #include "modes/isp_ops.h"
+#include "modes/mode_memory.h"
 #include "parallel/layout.h"
 
 namespace longtron::parallel {
@@ -58,7 +61,7 @@ void register_isp_mode() {
     if (g.context && g.context->size() > 1)  // 2D-Attention: the context share, then the head slice
       return data::split_for_context_parallel(row, g.head->size(), g.head->rank(),
                                               g.context->size(), g.context->rank(),
-                                              data::parse_context_balance(g.layout.seq2d_balance));
+                                              g.layout.seq2d_balance);
     const int64_t T = ctx.grid.tensor->size();
     if (static_cast<int64_t>(row.input_ids.size()) % T == 0)
       return data::split_for_sequence_parallel(row, T, ctx.grid.tensor->rank());
@@ -66,6 +69,34 @@ void register_isp_mode() {
     data::pad_for_sequence_parallel(padded, T);
     return data::split_for_sequence_parallel(padded, T, ctx.grid.tensor->rank());
   };
+  f.gather_token_losses = [](const std::vector<double>& local, const data::MicroBatch& row,
+                              const ModeContext& ctx) {
+    // The local batch is this rank's contiguous 1/T of the (padded) row: the tensor group's
+    // pieces in rank order are the row; the pad added for the split is cut off again.
+    const Grid& g = ctx.grid;
+    comm::Communicator& tp = *g.tensor;
+    const auto n = static_cast<int64_t>(local.size());
+    std::vector<double> full(static_cast<size_t>(n * tp.size()));
+    tp.all_gather(full.data(), local.data(), n);
+    if (g.context && g.context->size() > 1) {
+      // 2D-Attention: a rank holds its context share's positions (not contiguous under zigzag
+      // or document), so the positions travel with the losses and put each one back in place.
+      const int64_t hp = g.head->size(), C = g.context->size();
+      data::MicroBatch padded = row;
+      data::pad_for_sequence_parallel(padded, hp * C);
+      const auto shares = data::context_assignment(padded.cu_seqlens, C, g.layout.seq2d_balance);
+      const auto& mine = shares[static_cast<size_t>(g.context->rank())];
+      std::vector<double> pos(static_cast<size_t>(n)), all(full.size());
+      for (int64_t k = 0; k < n; ++k) pos[size_t(k)] = double(mine[size_t(g.head->rank() * n + k)]);
+      tp.all_gather(all.data(), pos.data(), n);
+      std::vector<double> placed(full.size());
+      for (size_t k = 0; k < full.size(); ++k) placed[size_t(all[k])] = full[k];
+      full = std::move(placed);
+    }
+    full.resize(row.input_ids.size());
+    return full;
+  };
+  f.memory = isp_memory;
   register_mode("isp", std::move(f));
 }
 

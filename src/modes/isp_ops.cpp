@@ -69,7 +69,7 @@ model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const Grid& 
                                              c.hidden_size, 0, c.tie_word_embeddings});
   // Ulysses over the HEAD group (= TENSOR unless 2D-Attention splits it with a CONTEXT group).
   const comm::CommPtr& head = grid.head ? grid.head : grid.tensor;
-  const data::ContextBalance balance = data::parse_context_balance(grid.layout.seq2d_balance);
+  const data::ContextBalance balance = grid.layout.seq2d_balance;
   auto store = std::make_shared<IspWeightStore>(grid.weight, overlap);
   const int64_t H = c.hidden_size;
   model::ModelOps<float> ops;

@@ -23,6 +23,7 @@
 
 #include "core/error.h"
 #include "modes/engine.h"
+#include "modes/mode_memory.h"
 #include "ops/ops.h"
 #include "ops/vocab_check.h"
 #include "parallel/head_loss.h"
@@ -295,6 +296,7 @@ void register_megatron_modes() {
     f.plan = megatron_plan;
     f.make_ops = megatron_ops;
     f.validate = megatron_sizes;
+    f.memory = megatron_memory;
     register_mode(name, std::move(f));
   }
 }

@@ -1,6 +1,8 @@
 // The ops of the 2D tensor-parallel mode (see tp2d_ops.h).
 #include "modes/tp2d_ops.h"
 
+#include "modes/mode_memory.h"
+
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -339,6 +341,7 @@ void register_2d_mode() {
   f.plan = tp2d_plan;
   f.make_ops = make_tp2d_ops;
   f.validate = tp2d_sizes;
+  f.memory = tp2d_memory;
   register_mode("2d", std::move(f));
 }
 

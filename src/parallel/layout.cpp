@@ -6,21 +6,13 @@
 namespace longtron::parallel {
 
 TensorMode parse_tensor_mode(const std::string& name, const std::string& key) {
-  if (name == "mtp") return TensorMode::kMtp;
-  if (name == "msp") return TensorMode::kMsp;
-  if (name == "fsp") return TensorMode::kFsp;
-  if (name == "isp") return TensorMode::kIsp;
-  fail("{} = \"{}\": expected one of \"mtp\", \"msp\", \"fsp\", \"isp\"", key, name);
+  if (const auto mode = find_enum(kTensorModeNames, name)) return *mode;
+  fail("{} = \"{}\": expected one of {}", key, name, enum_names(kTensorModeNames, ", ", "\""));
 }
 
 const char* tensor_mode_name(TensorMode mode) {
-  switch (mode) {
-    case TensorMode::kMtp: return "mtp";
-    case TensorMode::kMsp: return "msp";
-    case TensorMode::kFsp: return "fsp";
-    case TensorMode::kIsp: return "isp";
-  }
-  return "unknown";
+  const char* name = enum_name(kTensorModeNames, mode);
+  return name[0] == '?' ? "unknown" : name;
 }
 
 namespace {
@@ -49,11 +41,6 @@ void validate_sequence_2d(const Layout& l) {
         "parallel.sequence_2D.device_placement_strategy: interleaved = true needs head_first = "
         "false when head_size ({}) > 1",
         l.seq2d_head);
-  const std::string& b = l.seq2d_balance;
-  check(b == "contiguous" || b == "zigzag" || b == "document",
-        "parallel.sequence_2D.balance must be \"contiguous\", \"zigzag\" or \"document\", got "
-        "\"{}\"",
-        b);
 }
 
 }  // namespace

@@ -3,18 +3,24 @@
 // (docs/parallel.md). Each mode checks its own model-size rules beside its code (ModeFactory::
 // validate, modes/engine.h); validate_model_layout there runs the common rules, then the mode's.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "comm/process_grid.h"
+#include "core/enum_names.h"
+#include "data/context_split.h"
 
 namespace longtron::parallel {
 
 /// Tensor-parallel mode (InternEvo's names): Megatron TP; + sequence parallel keeping the gathered
 /// input (msp) or re-gathering it in backward (fsp); Intern SP = Ulysses + weight parallel (isp).
 enum class TensorMode { kMtp, kMsp, kFsp, kIsp };
+/// The config spellings of TensorMode (parallel.tensor.mode).
+inline constexpr std::array<EnumName<TensorMode>, 4> kTensorModeNames{
+    {{TensorMode::kMtp, "mtp"}, {TensorMode::kMsp, "msp"}, {TensorMode::kFsp, "fsp"}, {TensorMode::kIsp, "isp"}}};
 
 /// "mtp" | "msp" | "fsp" | "isp" → TensorMode; throws Error naming `key` otherwise.
 TensorMode parse_tensor_mode(const std::string& name, const std::string& key = "parallel.tensor.mode");
@@ -37,7 +43,7 @@ struct Layout {
   bool seq2d = false;
   int seq2d_head = 1, seq2d_context = 1, seq2d_window = 1;
   bool seq2d_head_first = true, seq2d_interleaved = false;
-  std::string seq2d_balance = "zigzag";  ///< "contiguous" | "zigzag" | "document"
+  data::ContextBalance seq2d_balance = data::ContextBalance::kZigzag;  ///< parallel.sequence_2D.balance
   /// Context parallelism as ring attention (default) or, false, as an all-gather of the row's
   /// K/V (parallel/cp_attention.h). Not a config key: benchmarks and tests compare the forms.
   bool seq2d_ring = true;

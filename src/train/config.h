@@ -10,12 +10,19 @@
 #include <string>
 #include <vector>
 
+#include "data/balance.h"
+#include "data/context_split.h"
+#include "data/pack.h"
 #include "model/config.h"
+#include "parallel/layout.h"
+#include "parallel/tp2d_overlap.h"
+#include "train/loss_reduction.h"
 
 namespace longtron::train {
 
 /// `data` section (docs/data.md, docs/configuration.md). Paths are absolute after load_config
-/// (empty = not given).
+/// (empty = not given). Names of a set are the data library's enums (parsed once, at load);
+/// train::loader_config (trainer.h) turns the section into the loader's data::DataConfig.
 struct DataConfig {
   std::string train_folder;
   std::string valid_folder;  ///< empty: no validation
@@ -24,12 +31,12 @@ struct DataConfig {
   int64_t micro_num = 1;
   bool use_packed_dataset = true;
   bool pack_sample_into_one = false;
-  std::string pack_tail = "pad";  ///< "pad" | "drop"
+  data::PackTail pack_tail = data::PackTail::kPad;
   bool split_documents = true;    ///< false: a document not fitting a row's rest starts the next
   bool shuffle = true;
   int64_t seed = 1024;
   int64_t min_length = 0;
-  std::string balance = "none";      ///< "none" | "rows" | "documents" (docs/balance.md)
+  data::BalanceMode balance = data::BalanceMode::kNone;  ///< docs/balance.md
   int64_t balance_window = 8;        ///< steps' worth of rows per "documents" window
   std::vector<double> balance_cost;  ///< [per token, per causal pair]; empty: from the model's FLOPs
 };
@@ -53,7 +60,7 @@ struct LrSchedulerConfig {
 /// parallel.tensor: `tensor = 4` means {size = 4, mode = "mtp"}.
 struct TensorParallelConfig {
   int64_t size = 1;
-  std::string mode = "mtp";  ///< "mtp" | "msp" | "fsp" | "isp"
+  parallel::TensorMode mode = parallel::TensorMode::kMtp;
 };
 /// parallel.weight (ISP weight parallel).
 struct WeightParallelConfig {
@@ -68,7 +75,7 @@ struct Zero1Config {
 struct Tensor2dConfig {
   int64_t x = 1;
   int64_t y = 1;
-  std::string overlap = "none";  ///< one of parallel::overlap_2d_names()
+  parallel::Overlap2D overlap = parallel::Overlap2D::kNone;
   bool given = false;
 };
 
@@ -81,10 +88,12 @@ struct Sequence2DConfig {
   int64_t window_size = 1;
   bool head_first = true;    ///< device_placement_strategy.head_first
   bool interleaved = false;  ///< device_placement_strategy.interleaved
-  std::string balance = "zigzag";  ///< "contiguous" | "zigzag" | "document"
+  data::ContextBalance balance = data::ContextBalance::kZigzag;
   bool given = false;
 };
 
+/// The `parallel` section as written (every key kept, also those a disabled table ignores);
+/// layout_of gives the parallel library's Layout that the engine and the memory plan use.
 struct ParallelConfig {
   TensorParallelConfig tensor;
   WeightParallelConfig weight;
@@ -104,7 +113,7 @@ struct TrainSection {
   int64_t save_every = 0;   ///< 0 = only at the end
   std::string checkpoint_dir;  ///< empty: no checkpoints
   std::string metrics_file;    ///< empty: console only
-  std::string loss_reduction = "token";  ///< "token" | "micro_mean"
+  LossReduction loss_reduction = LossReduction::kToken;
   /// Consecutive steps whose update was skipped (non-finite loss or gradient norm) that end the
   /// run with an error; the last checkpoint saved before them stays the newest.
   int64_t max_skipped_steps = 5;
@@ -161,7 +170,18 @@ void check_model_config(const model::ModelConfig& model);
 /// table), else "FILE: key".
 std::string config_origin(const TrainConfig& config, const std::string& key);
 
-/// The config as JSON with the TOML section/key names (for state.json and logs).
+/// The config as JSON with the TOML section/key names (for state.json and logs): every key of the
+/// table (config_keys.h), parallel.tensor_2d only when given.
 nlohmann::json to_json(const TrainConfig& config);
+
+/// A config saved by to_json (a checkpoint's state.json "config"), read back through the same key
+/// table. Lenient, as a hand-edited or foreign state file must not stop a command that needs a
+/// few of its keys: a key that is absent, or whose value has another type or an unknown name,
+/// keeps its default; unknown keys are ignored and nothing is checked.
+TrainConfig saved_train_config(const nlohmann::json& saved);
+
+/// The parallel::Layout of the config's parallel.* keys (docs/parallel.md): what the trainer builds
+/// its process grid from and what the memory plan sizes each rank's shards by.
+parallel::Layout layout_of(const ParallelConfig& p);
 
 }  // namespace longtron::train

@@ -3,170 +3,461 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <sstream>
+
+#include "core/error.h"
+#include "ops/precision.h"
+#include "train/config_binding.h"
 
 namespace longtron::train {
 namespace {
 
+const char* toml_type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    default: return "a date/time";
+  }
+}
+
+std::string node_text(const toml::node& n) {
+  std::ostringstream s;
+  n.visit([&](const auto& v) { s << v; });
+  return s.str();
+}
+
+/// The member a key binds: a function from the config to it. Written AT(model.vocab_size).
+template <class T>
+using Access = T& (*)(TrainConfig&);
+#define AT(member) +[](TrainConfig& c) -> auto& { return c.member; }
+
+/// A member of type T: reads and writes go through `at_` (the const config of write() is only
+/// read).
+template <class T>
+class Member : public KeyMember {
+ public:
+  explicit Member(Access<T> at) : at_(at) {}
+
+ protected:
+  T& of(TrainConfig& c) const { return at_(c); }
+  const T& of(const TrainConfig& c) const { return at_(const_cast<TrainConfig&>(c)); }
+
+ private:
+  Access<T> at_;
+};
+
+class IntegerMember final : public Member<int64_t> {
+ public:
+  using Member::Member;
+  const char* type_name() const override { return "integer"; }
+  void read(TrainConfig& c, const toml::node& n, const KeyPlace& p) const override {
+    if (!n.is_integer()) wrong_type(p.at, "an integer", n);
+    of(c) = n.as_integer()->get();
+  }
+  nlohmann::json write(const TrainConfig& c) const override { return of(c); }
+  bool read_json(TrainConfig& c, const nlohmann::json& v) const override {
+    if (!v.is_number_integer()) return false;
+    of(c) = v.get<int64_t>();
+    return true;
+  }
+};
+
+/// A float; an integer is taken as its value. With `fraction`, also "a/b" written as a string
+/// (model.mlp_ratio = "8/3": TOML has no fractions).
+class RealMember final : public Member<double> {
+ public:
+  RealMember(Access<double> at, bool fraction) : Member(at), fraction_(fraction) {}
+  const char* type_name() const override { return fraction_ ? "number or fraction" : "float"; }
+  void read(TrainConfig& c, const toml::node& n, const KeyPlace& p) const override {
+    if (n.is_integer()) {
+      of(c) = double(n.as_integer()->get());
+    } else if (n.is_floating_point()) {
+      of(c) = n.as_floating_point()->get();
+    } else if (fraction_ && n.is_string()) {
+      const std::string s = n.as_string()->get();
+      double a = 0, b = 0;
+      char slash = 0, extra = 0;
+      std::istringstream in(s);
+      if (!(in >> a >> slash >> b) || slash != '/' || b == 0 || (in >> extra))
+        fail("{}: expected a number or a fraction like \"8/3\", got \"{}\"", p.at, s);
+      of(c) = a / b;
+    } else {
+      wrong_type(p.at, "a number", n);
+    }
+  }
+  nlohmann::json write(const TrainConfig& c) const override { return of(c); }
+  bool read_json(TrainConfig& c, const nlohmann::json& v) const override {
+    if (!v.is_number()) return false;
+    of(c) = v.get<double>();
+    return true;
+  }
+
+ private:
+  bool fraction_;
+};
+
+class BooleanMember final : public Member<bool> {
+ public:
+  using Member::Member;
+  const char* type_name() const override { return "boolean"; }
+  void read(TrainConfig& c, const toml::node& n, const KeyPlace& p) const override {
+    if (!n.is_boolean()) wrong_type(p.at, "true or false", n);
+    of(c) = n.as_boolean()->get();
+  }
+  nlohmann::json write(const TrainConfig& c) const override { return of(c); }
+  bool read_json(TrainConfig& c, const nlohmann::json& v) const override {
+    if (!v.is_boolean()) return false;
+    of(c) = v.get<bool>();
+    return true;
+  }
+};
+
+/// A string: kept as written ("string"), one of ops::canonical_dtype's spellings stored canonical
+/// ("dtype"), or a path made absolute from the working directory ("path", docs/configuration.md).
+class StringMember final : public Member<std::string> {
+ public:
+  enum class Form { kText, kDtype, kPath };
+  StringMember(Access<std::string> at, Form form) : Member(at), form_(form) {}
+  const char* type_name() const override { return form_ == Form::kPath ? "path" : "string"; }
+  void read(TrainConfig& c, const toml::node& n, const KeyPlace& p) const override {
+    if (!n.is_string()) wrong_type(p.at, form_ == Form::kPath ? "a path string" : "a string", n);
+    const std::string s = n.as_string()->get();
+    switch (form_) {
+      case Form::kText: of(c) = s; break;
+      case Form::kDtype:
+        of(c) = ops::canonical_dtype(s);
+        check(!of(c).empty(), "{}: \"{}\" is not one of float32 | bfloat16 | auto (or torch.float32 | "
+              "torch.bfloat16)", p.at, s);
+        break;
+      case Form::kPath:
+        of(c) = s.empty() ? s : std::filesystem::absolute(s).lexically_normal().string();
+        break;
+    }
+  }
+  nlohmann::json write(const TrainConfig& c) const override { return of(c); }
+  bool read_json(TrainConfig& c, const nlohmann::json& v) const override {
+    if (!v.is_string()) return false;
+    const std::string s = v.get<std::string>();
+    if (form_ == Form::kDtype && ops::canonical_dtype(s).empty()) return false;
+    of(c) = form_ == Form::kDtype ? ops::canonical_dtype(s) : s;
+    return true;
+  }
+
+ private:
+  Form form_;
+};
+
+/// An array of numbers (integers or floats), e.g. data.balance_cost = [1.0, 0.5].
+class NumbersMember final : public Member<std::vector<double>> {
+ public:
+  using Member::Member;
+  const char* type_name() const override { return "array of 2 numbers"; }
+  void read(TrainConfig& c, const toml::node& n, const KeyPlace& p) const override {
+    if (!n.is_array()) wrong_type(p.at, "an array of numbers", n);
+    std::vector<double>& out = of(c);
+    out.clear();
+    for (const toml::node& e : *n.as_array()) {
+      if (e.is_integer())
+        out.push_back(double(e.as_integer()->get()));
+      else if (e.is_floating_point())
+        out.push_back(e.as_floating_point()->get());
+      else
+        wrong_type(p.at, "an array of numbers", n);
+    }
+  }
+  nlohmann::json write(const TrainConfig& c) const override { return of(c); }
+  bool read_json(TrainConfig& c, const nlohmann::json& v) const override {
+    if (!v.is_array()) return false;
+    std::vector<double> out;
+    for (const auto& e : v) {
+      if (!e.is_number()) return false;
+      out.push_back(e.get<double>());
+    }
+    of(c) = std::move(out);
+    return true;
+  }
+};
+
+/// One name of an enum's name table, stored as the enum: the string becomes the value once, here.
+template <class E, size_t N>
+class ChoiceMember final : public Member<E> {
+ public:
+  ChoiceMember(Access<E> at, const std::array<EnumName<E>, N>& names) : Member<E>(at), names_(names) {}
+  const char* type_name() const override { return "string"; }
+  void read(TrainConfig& c, const toml::node& n, const KeyPlace& p) const override {
+    if (!n.is_string()) wrong_type(p.at, "a string", n);
+    const std::string s = n.as_string()->get();
+    const std::optional<E> value = find_enum(names_, s);
+    if (!value) fail("{}: \"{}\" is not one of {}", p.origin, s, enum_names(names_, " | "));
+    this->of(c) = *value;
+  }
+  nlohmann::json write(const TrainConfig& c) const override {
+    return enum_name(names_, this->of(c));
+  }
+  bool read_json(TrainConfig& c, const nlohmann::json& v) const override {
+    if (!v.is_string()) return false;
+    const std::optional<E> value = find_enum(names_, v.get<std::string>());
+    if (value) this->of(c) = *value;
+    return value.has_value();
+  }
+
+ private:
+  const std::array<EnumName<E>, N>& names_;
+};
+
+using MemberPtr = std::shared_ptr<const KeyMember>;
+MemberPtr integer(Access<int64_t> at) { return std::make_shared<IntegerMember>(at); }
+MemberPtr real(Access<double> at) { return std::make_shared<RealMember>(at, false); }
+MemberPtr fraction(Access<double> at) { return std::make_shared<RealMember>(at, true); }
+MemberPtr boolean(Access<bool> at) { return std::make_shared<BooleanMember>(at); }
+MemberPtr text(Access<std::string> at) {
+  return std::make_shared<StringMember>(at, StringMember::Form::kText);
+}
+MemberPtr dtype(Access<std::string> at) {
+  return std::make_shared<StringMember>(at, StringMember::Form::kDtype);
+}
+MemberPtr path(Access<std::string> at) {
+  return std::make_shared<StringMember>(at, StringMember::Form::kPath);
+}
+MemberPtr numbers(Access<std::vector<double>> at) { return std::make_shared<NumbersMember>(at); }
+template <class E, size_t N>
+MemberPtr choice(Access<E> at, const std::array<EnumName<E>, N>& names) {
+  return std::make_shared<ChoiceMember<E, N>>(at, names);
+}
+
+
 const char* kRequired = "required";
 const char* kRequiredShape = "required unless `--init-from` or `--resume` gives the shape";
 
-// section.key, type, default (TOML), meaning of an absent key when no default is written, meaning.
+// section.key, default (TOML), meaning of an absent key when no default is written, meaning, and
+// the member it sets (its type column follows from the member).
 const std::vector<ConfigKey> kConfigKeys = {
     // [model]: InternEvo's config.py `model` names (docs/model.md).
-    {"model.type", "string", "\"internlm2\"", "",
+    {"model.type", "\"internlm2\"", "",
      "Model family: internlm2, llama, qwen2 or mistral (docs/model.md). It chooses the tensor names "
      "and config.json keys of checkpoints, --dump-grads and export; with --init-from it comes from "
-     "config.json."},
-    {"model.vocab_size", "integer", "", kRequiredShape,
+     "config.json.",
+     text(AT(model.type))},
+    {"model.vocab_size", "", kRequiredShape,
      "Vocabulary size: rows of the token embedding and of the output head (more than the largest "
-     "token id of the data)."},
-    {"model.hidden_size", "integer", "", kRequiredShape, "Width H of the residual stream."},
-    {"model.num_layers", "integer", "", kRequiredShape, "Number of transformer blocks."},
-    {"model.num_attention_heads", "integer", "", kRequiredShape,
-     "Query heads; divides hidden_size (head dim = hidden_size / num_attention_heads)."},
-    {"model.num_kv_attention_heads", "integer", "", kRequiredShape,
-     "Key/value heads (grouped-query attention); divides num_attention_heads."},
-    {"model.head_dim", "integer", "0", "",
+     "token id of the data).",
+     integer(AT(model.vocab_size))},
+    {"model.hidden_size", "", kRequiredShape, "Width H of the residual stream.",
+     integer(AT(model.hidden_size))},
+    {"model.num_layers", "", kRequiredShape, "Number of transformer blocks.",
+     integer(AT(model.num_layers))},
+    {"model.num_attention_heads", "", kRequiredShape,
+     "Query heads; divides hidden_size (head dim = hidden_size / num_attention_heads).",
+     integer(AT(model.num_attention_heads))},
+    {"model.num_kv_attention_heads", "", kRequiredShape,
+     "Key/value heads (grouped-query attention); divides num_attention_heads.",
+     integer(AT(model.num_kv_attention_heads))},
+    {"model.head_dim", "0", "",
      "Features per attention head when not hidden_size / num_attention_heads (Hugging Face's "
-     "head_dim); 0: hidden_size / num_attention_heads."},
-    {"model.sliding_window", "integer", "0", "",
+     "head_dim); 0: hidden_size / num_attention_heads.",
+     integer(AT(model.explicit_head_dim))},
+    {"model.sliding_window", "0", "",
      "Sliding-window attention (mistral, qwen2): a query sees the last sliding_window keys of its "
-     "document; 0: none. With --init-from it comes from config.json."},
-    {"model.mlp_ratio", "number or fraction", "\"8/3\"", "",
+     "document; 0: none. With --init-from it comes from config.json.",
+     integer(AT(model.sliding_window))},
+    {"model.mlp_ratio", "\"8/3\"", "",
      "FFN width = multiple_of × ceil(int(hidden_size × mlp_ratio) / multiple_of); a fraction is "
-     "written as a string."},
-    {"model.multiple_of", "integer", "256", "", "The FFN width is rounded up to a multiple of this."},
-    {"model.norm_eps", "float", "1e-5", "", "RMSNorm epsilon (InternEvo's layer_norm_epsilon)."},
-    {"model.rope_base", "float", "10000.0", "", "RoPE base: inv_freq = rope_base^(−2i/head_dim)."},
-    {"model.qkv_bias", "boolean", "false", "", "Bias on the wqkv projection."},
-    {"model.o_bias", "boolean", "false", "", "Bias on the wo projection."},
-    {"model.mlp_bias", "boolean", "false", "",
+     "written as a string.",
+     fraction(AT(model.mlp_ratio))},
+    {"model.multiple_of", "256", "", "The FFN width is rounded up to a multiple of this.",
+     integer(AT(model.multiple_of))},
+    {"model.norm_eps", "1e-5", "", "RMSNorm epsilon (InternEvo's layer_norm_epsilon).",
+     real(AT(model.norm_eps))},
+    {"model.rope_base", "10000.0", "", "RoPE base: inv_freq = rope_base^(−2i/head_dim).",
+     real(AT(model.rope_base))},
+    {"model.qkv_bias", "false", "", "Bias on the wqkv projection.",
+     boolean(AT(model.qkv_bias))},
+    {"model.o_bias", "false", "", "Bias on the wo projection.",
+     boolean(AT(model.o_bias))},
+    {"model.mlp_bias", "false", "",
      "Biases on the FFN's w1, w3 and w2 (Llama's mlp_bias: gate/up/down_proj); model.type = "
-     "\"llama\" only."},
-    {"model.tie_word_embeddings", "boolean", "false", "",
+     "\"llama\" only.",
+     boolean(AT(model.mlp_bias))},
+    {"model.tie_word_embeddings", "false", "",
      "The output head is the token embedding (one tensor; Hugging Face's tie_word_embeddings). "
      "Every layout: under tensor parallel the one table is split on vocabulary rows as the head "
-     "(Megatron's vocab-parallel embedding)."},
-    {"model.checkpoint", "boolean", "false", "",
-     "Activation recomputation: each block's forward runs again in backward (less memory)."},
-    {"model.dtype", "string", "\"float32\"", "",
+     "(Megatron's vocab-parallel embedding).",
+     boolean(AT(model.tie_word_embeddings))},
+    {"model.checkpoint", "false", "",
+     "Activation recomputation: each block's forward runs again in backward (less memory).",
+     boolean(AT(model.checkpoint))},
+    {"model.dtype", "\"float32\"", "",
      "GEMM precision: \"float32\", \"bfloat16\" (mixed precision: bf16 GEMM inputs, fp32 "
      "accumulation, fp32 master weights, optimizer state and checkpoints; needs AVX512-BF16) or "
      "\"auto\" (bfloat16 where the CPU has AVX512-BF16, else float32); \"torch.float32\" and "
-     "\"torch.bfloat16\" are accepted (docs/training.md)."},
+     "\"torch.bfloat16\" are accepted (docs/training.md).",
+     dtype(AT(model.dtype))},
 
     // [data]: docs/data.md.
-    {"data.train_folder", "path", "", kRequired,
-     "Tokenized training data: one file or a folder of files in any format of docs/data.md."},
-    {"data.valid_folder", "path", "\"\"", "", "Held-out data for valid_loss; empty: no validation."},
-    {"data.seq_len", "integer", "", kRequired,
-     "Longest attention segment L; a packed row holds micro_bsz × seq_len tokens."},
-    {"data.micro_bsz", "integer", "", kRequired,
-     "Sequences per row: a row has P = micro_bsz × seq_len tokens."},
-    {"data.micro_num", "integer", "1", "",
-     "Rows (micro-batches) per step and data-parallel rank; gradients accumulate over them."},
-    {"data.use_packed_dataset", "boolean", "true", "",
+    {"data.train_folder", "", kRequired,
+     "Tokenized training data: one file or a folder of files in any format of docs/data.md.",
+     path(AT(data.train_folder))},
+    {"data.valid_folder", "\"\"", "", "Held-out data for valid_loss; empty: no validation.",
+     path(AT(data.valid_folder))},
+    {"data.seq_len", "", kRequired,
+     "Longest attention segment L; a packed row holds micro_bsz × seq_len tokens.",
+     integer(AT(data.seq_len))},
+    {"data.micro_bsz", "", kRequired,
+     "Sequences per row: a row has P = micro_bsz × seq_len tokens.",
+     integer(AT(data.micro_bsz))},
+    {"data.micro_num", "1", "",
+     "Rows (micro-batches) per step and data-parallel rank; gradients accumulate over them.",
+     integer(AT(data.micro_num))},
+    {"data.use_packed_dataset", "true", "",
      "true: documents concatenated and cut into P-token rows; false: micro_bsz documents per row, "
-     "each truncated to seq_len."},
-    {"data.pack_sample_into_one", "boolean", "false", "",
+     "each truncated to seq_len.",
+     boolean(AT(data.use_packed_dataset))},
+    {"data.pack_sample_into_one", "false", "",
      "Packed rows attend in fixed seq_len windows that ignore document boundaries (InternEvo's "
-     "option)."},
-    {"data.pack_tail", "string", "\"pad\"", "",
-     "The last partial packed row of a file: \"pad\" (one pad segment, no loss) or \"drop\"."},
-    {"data.shuffle", "boolean", "true", "",
-     "Shuffle the documents of each file and the rows (NumPy RandomState order, as InternEvo)."},
-    {"data.seed", "integer", "1024", "", "Seed of the document and row shuffles, in [0, 2^32)."},
-    {"data.min_length", "integer", "0", "",
-     "Documents shorter than this many tokens are dropped before packing."},
-    {"data.balance", "string", "\"none\"", "",
+     "option).",
+     boolean(AT(data.pack_sample_into_one))},
+    {"data.pack_tail", "\"pad\"", "",
+     "The last partial packed row of a file: \"pad\" (one pad segment, no loss) or \"drop\".",
+     choice(AT(data.pack_tail), data::kPackTailNames)},
+    {"data.shuffle", "true", "",
+     "Shuffle the documents of each file and the rows (NumPy RandomState order, as InternEvo).",
+     boolean(AT(data.shuffle))},
+    {"data.seed", "1024", "", "Seed of the document and row shuffles, in [0, 2^32).",
+     integer(AT(data.seed))},
+    {"data.min_length", "0", "",
+     "Documents shorter than this many tokens are dropped before packing.",
+     integer(AT(data.min_length))},
+    {"data.balance", "\"none\"", "",
      "Balance attention work over data-parallel ranks: \"none\" (rows in data order), \"rows\" "
      "(a step's rows re-assigned to ranks and micro-batches by cost) or \"documents\" (documents "
-     "packed into rows by cost within a window); docs/balance.md."},
-    {"data.balance_window", "integer", "8", "",
-     "data.balance = \"documents\": steps' worth of documents repacked together."},
-    {"data.balance_cost", "array of 2 numbers", "", "a and b from the model's FLOP count",
-     "Row cost model a × tokens + b × causal pairs over its segments (docs/balance.md)."},
-    {"data.split_documents", "boolean", "true", "",
+     "packed into rows by cost within a window); docs/balance.md.",
+     choice(AT(data.balance), data::kBalanceModeNames)},
+    {"data.balance_window", "8", "",
+     "data.balance = \"documents\": steps' worth of documents repacked together.",
+     integer(AT(data.balance_window))},
+    {"data.balance_cost", "", "a and b from the model's FLOP count",
+     "Row cost model a × tokens + b × causal pairs over its segments (docs/balance.md).",
+     numbers(AT(data.balance_cost))},
+    {"data.split_documents", "true", "",
      "false: a document that does not fit the rest of a row starts the next row (the rest is "
-     "padding); a document longer than a row is still cut."},
+     "padding); a document longer than a row is still cut.",
+     boolean(AT(data.split_documents))},
 
     // [optimizer]: AdamW (docs/training.md).
-    {"optimizer.lr", "float", "0.001", "", "Peak learning rate."},
-    {"optimizer.beta1", "float", "0.9", "", "AdamW β1, in [0, 1)."},
-    {"optimizer.beta2", "float", "0.95", "", "AdamW β2, in [0, 1)."},
-    {"optimizer.eps", "float", "1e-8", "", "AdamW ε."},
-    {"optimizer.weight_decay", "float", "0.01", "",
-     "Decoupled weight decay, on matrices only (not norms or biases)."},
-    {"optimizer.clip_grad_norm", "float", "1.0", "",
-     "Global gradient-norm clipping threshold; <= 0: no clipping."},
+    {"optimizer.lr", "0.001", "", "Peak learning rate.",
+     real(AT(optimizer.lr))},
+    {"optimizer.beta1", "0.9", "", "AdamW β1, in [0, 1).",
+     real(AT(optimizer.beta1))},
+    {"optimizer.beta2", "0.95", "", "AdamW β2, in [0, 1).",
+     real(AT(optimizer.beta2))},
+    {"optimizer.eps", "1e-8", "", "AdamW ε.",
+     real(AT(optimizer.eps))},
+    {"optimizer.weight_decay", "0.01", "",
+     "Decoupled weight decay, on matrices only (not norms or biases).",
+     real(AT(optimizer.weight_decay))},
+    {"optimizer.clip_grad_norm", "1.0", "",
+     "Global gradient-norm clipping threshold; <= 0: no clipping.",
+     real(AT(optimizer.clip_grad_norm))},
 
     // [lr_scheduler]: linear warmup, then cosine decay (docs/training.md).
-    {"lr_scheduler.warmup_steps", "integer", "0", "",
-     "Linear warmup: lr × s / warmup_steps at step s, then cosine decay."},
-    {"lr_scheduler.min_lr", "float", "", "0.1 × optimizer.lr",
-     "Learning rate at train.total_steps, the end of the cosine decay."},
+    {"lr_scheduler.warmup_steps", "0", "",
+     "Linear warmup: lr × s / warmup_steps at step s, then cosine decay.",
+     integer(AT(lr_scheduler.warmup_steps))},
+    {"lr_scheduler.min_lr", "", "0.1 × optimizer.lr",
+     "Learning rate at train.total_steps, the end of the cosine decay.",
+     real(AT(lr_scheduler.min_lr))},
 
     // [parallel]: InternEvo's names (docs/parallel.md, docs/isp.md, docs/tp2d.md).
-    {"parallel.tensor.size", "integer", "1", "",
+    {"parallel.tensor.size", "1", "",
      "Tensor-parallel group size T (consecutive ranks); `parallel.tensor = T` is short for "
-     "{size = T}."},
-    {"parallel.tensor.mode", "string", "\"mtp\"", "",
+     "{size = T}.",
+     integer(AT(parallel.tensor.size))},
+    {"parallel.tensor.mode", "\"mtp\"", "",
      "\"mtp\" (Megatron TP), \"msp\" (with sequence parallel), \"fsp\" (MSP gathering again in "
-     "backward) or \"isp\" (InternEvo's Ulysses + weight parallel)."},
-    {"parallel.weight.size", "integer", "1", "",
-     "ISP weight-parallel group size W: linear weights sharded over W consecutive ranks."},
-    {"parallel.weight.overlap", "boolean", "false", "",
-     "ISP: all-gather the next weight while the current one computes."},
-    {"parallel.zero1.size", "integer", "-1", "",
-     "ZeRO-1 optimizer-state sharding group: -1 the whole data-parallel group, 1 off."},
-    {"parallel.tensor_2d.x", "integer", "", "1 once the table is given; no table: 2D TP off",
-     "2D tensor parallel (MindSpeed): size of the x groups (consecutive ranks); tp = x × y."},
-    {"parallel.tensor_2d.y", "integer", "", "1 once the table is given",
-     "2D tensor parallel: size of the y groups (ranks x apart)."},
-    {"parallel.tensor_2d.overlap", "string", "", "\"none\" once the table is given",
+     "backward) or \"isp\" (InternEvo's Ulysses + weight parallel).",
+     choice(AT(parallel.tensor.mode), parallel::kTensorModeNames)},
+    {"parallel.weight.size", "1", "",
+     "ISP weight-parallel group size W: linear weights sharded over W consecutive ranks.",
+     integer(AT(parallel.weight.size))},
+    {"parallel.weight.overlap", "false", "",
+     "ISP: all-gather the next weight while the current one computes.",
+     boolean(AT(parallel.weight.overlap))},
+    {"parallel.zero1.size", "-1", "",
+     "ZeRO-1 optimizer-state sharding group: -1 the whole data-parallel group, 1 off.",
+     integer(AT(parallel.zero1.size))},
+    {"parallel.tensor_2d.x", "", "1 once the table is given; no table: 2D TP off",
+     "2D tensor parallel (MindSpeed): size of the x groups (consecutive ranks); tp = x × y.",
+     integer(AT(parallel.tensor_2d.x))},
+    {"parallel.tensor_2d.y", "", "1 once the table is given",
+     "2D tensor parallel: size of the y groups (ranks x apart).",
+     integer(AT(parallel.tensor_2d.y))},
+    {"parallel.tensor_2d.overlap", "", "\"none\" once the table is given",
      "2D tensor parallel forward overlap (MindSpeed's names): \"none\", \"ag_with_matmul\" "
      "(all-gather with the matmul) or \"matmul_with_rs\" (matmul with the reduce-scatter); one at "
-     "a time."},
-    {"parallel.sequence_2D.enable", "boolean", "false", "",
+     "a time.",
+     choice(AT(parallel.tensor_2d.overlap), parallel::kOverlap2DNames)},
+    {"parallel.sequence_2D.enable", "false", "",
      "ISP 2D-Attention (InternEvo, LoongTrain): Ulysses over head groups × context parallel "
      "attention over context groups (ring attention, docs/isp.md). While false the other "
-     "sequence_2D keys are read and checked but have no effect (as in InternEvo's configs)."},
-    {"parallel.sequence_2D.head_size", "integer", "1", "",
-     "2D-Attention head-parallel size; head_size × context_size = parallel.tensor.size."},
-    {"parallel.sequence_2D.context_size", "integer", "1", "",
-     "2D-Attention context-parallel size C (free of the head count)."},
-    {"parallel.sequence_2D.window_size", "integer", "1", "",
-     "LoongTrain's double ring: inner rings of window_size context ranks, an outer ring between them; must divide context_size."},
-    {"parallel.sequence_2D.balance", "string", "\"zigzag\"", "",
+     "sequence_2D keys are read and checked but have no effect (as in InternEvo's configs).",
+     boolean(AT(parallel.sequence_2d.enable))},
+    {"parallel.sequence_2D.head_size", "1", "",
+     "2D-Attention head-parallel size; head_size × context_size = parallel.tensor.size.",
+     integer(AT(parallel.sequence_2d.head_size))},
+    {"parallel.sequence_2D.context_size", "1", "",
+     "2D-Attention context-parallel size C (free of the head count).",
+     integer(AT(parallel.sequence_2d.context_size))},
+    {"parallel.sequence_2D.window_size", "1", "",
+     "LoongTrain's double ring: inner rings of window_size context ranks, an outer ring between them; must divide context_size.",
+     integer(AT(parallel.sequence_2d.window_size))},
+    {"parallel.sequence_2D.balance", "\"zigzag\"", "",
      "Token-to-context-rank assignment: \"contiguous\", \"zigzag\" or \"document\" "
-     "(per-document zigzag + greedy, docs/isp.md)."},
-    {"parallel.sequence_2D.device_placement_strategy.head_first", "boolean", "true", "",
-     "Head groups of consecutive ranks (else context groups consecutive)."},
-    {"parallel.sequence_2D.device_placement_strategy.interleaved", "boolean", "false", "",
+     "(per-document zigzag + greedy, docs/isp.md).",
+     choice(AT(parallel.sequence_2d.balance), data::kContextBalanceNames)},
+    {"parallel.sequence_2D.device_placement_strategy.head_first", "true", "",
+     "Head groups of consecutive ranks (else context groups consecutive).",
+     boolean(AT(parallel.sequence_2d.head_first))},
+    {"parallel.sequence_2D.device_placement_strategy.interleaved", "false", "",
      "InternEvo's interleaved context ranks for window_size > 1; needs head_first = false when "
-     "head_size > 1."},
+     "head_size > 1.",
+     boolean(AT(parallel.sequence_2d.interleaved))},
 
     // [train]: the job (docs/training.md).
-    {"train.total_steps", "integer", "", kRequired, "Optimizer steps of the run."},
-    {"train.seed", "integer", "0", "", "Seed of the parameter initialisation."},
-    {"train.num_threads", "integer", "0", "",
+    {"train.total_steps", "", kRequired, "Optimizer steps of the run.",
+     integer(AT(train.total_steps))},
+    {"train.seed", "0", "", "Seed of the parameter initialisation.",
+     integer(AT(train.seed))},
+    {"train.num_threads", "0", "",
      "Threads per rank (OpenMP and BLAS), at most 4096; 0: the cores ÷ the ranks on the node, at "
-     "least 1."},
-    {"train.log_every", "integer", "1", "",
-     "A console and metrics row every N steps (and at the last step)."},
-    {"train.valid_every", "integer", "0", "",
-     "Validation every N steps; 0: only at step 0 and at the end."},
-    {"train.save_every", "integer", "0", "", "A checkpoint every N steps; 0: only at the end."},
-    {"train.checkpoint_dir", "path", "\"\"", "",
-     "Checkpoint root (step_N/ folders and `latest`); empty: no checkpoints."},
-    {"train.metrics_file", "path", "\"\"", "",
-     "JSON-lines metrics (a loss picture <stem>.png is written next to it); empty: console only."},
-    {"train.loss_reduction", "string", "\"token\"", "",
+     "least 1.",
+     integer(AT(train.num_threads))},
+    {"train.log_every", "1", "",
+     "A console and metrics row every N steps (and at the last step).",
+     integer(AT(train.log_every))},
+    {"train.valid_every", "0", "",
+     "Validation every N steps; 0: only at step 0 and at the end.",
+     integer(AT(train.valid_every))},
+    {"train.save_every", "0", "", "A checkpoint every N steps; 0: only at the end.",
+     integer(AT(train.save_every))},
+    {"train.checkpoint_dir", "\"\"", "",
+     "Checkpoint root (step_N/ folders and `latest`); empty: no checkpoints.",
+     path(AT(train.checkpoint_dir))},
+    {"train.metrics_file", "\"\"", "",
+     "JSON-lines metrics (a loss picture <stem>.png is written next to it); empty: console only.",
+     path(AT(train.metrics_file))},
+    {"train.loss_reduction", "\"token\"", "",
      "\"token\": token-weighted mean over the step; \"micro_mean\": the mean of per-micro-batch "
-     "means (InternEvo's)."},
-    {"train.max_skipped_steps", "integer", "5", "",
+     "means (InternEvo's).",
+     choice(AT(train.loss_reduction), kLossReductionNames)},
+    {"train.max_skipped_steps", "5", "",
      "Consecutive steps with a non-finite loss or gradient norm (updates skipped) that end the run "
-     "with an error; the last good checkpoint stays."},
+     "with an error; the last good checkpoint stays.",
+     integer(AT(train.max_skipped_steps))},
 };
 
 std::string table_of(const std::string& key) { return key.substr(0, key.rfind('.')); }
@@ -182,10 +473,10 @@ std::string comment(const std::string& text) {
     if (e == std::string::npos) e = text.size();
     const std::string word = text.substr(b, e - b);
     if (line.size() > 1 && line.size() + 1 + word.size() > 100) {
-      out += line + "\n";
-      line = "#";
+      out.append(line).append(1, '\n');
+      line.resize(1);  // "#" (GCC 12's -Wrestrict misfires on assigning or prefixing literals)
     }
-    line += " " + word;
+    line.append(1, ' ').append(word);
     b = e + 1;
   }
   return out + line + "\n";
@@ -197,7 +488,48 @@ std::string cell(const std::string& s) {
   return out;
 }
 
+// The tables with a rule of their own (parse_config, to_json).
+const std::vector<ConfigTable> kConfigTables = {
+    {"parallel.tensor", "an integer size or a table",
+     +[](TrainConfig& c) -> bool& { return c.parallel.tensor_given; }, true, false},
+    {"parallel.weight", "an integer size or a table", nullptr, true, false},
+    {"parallel.zero1", "an integer size or a table", nullptr, true, false},
+    {"parallel.tensor_2d", "a table {x, y, overlap}",
+     +[](TrainConfig& c) -> bool& { return c.parallel.tensor_2d.given; }, false, true},
+    {"parallel.sequence_2D", "a table {enable, head_size, context_size, ...}",
+     +[](TrainConfig& c) -> bool& { return c.parallel.sequence_2d.given; }, false, false},
+    {"parallel.sequence_2D.device_placement_strategy", "a table {head_first, interleaved}", nullptr,
+     false, false},
+};
+
 }  // namespace
+
+ConfigKey::ConfigKey(std::string key_, std::string value_, std::string absent_,
+                     std::string meaning_, std::shared_ptr<const KeyMember> member_)
+    : key(std::move(key_)),
+      type(member_->type_name()),
+      value(std::move(value_)),
+      absent(std::move(absent_)),
+      meaning(std::move(meaning_)),
+      member(std::move(member_)) {}
+
+[[noreturn]] void wrong_type(const std::string& where, const char* want, const toml::node& n) {
+  fail("{}: expected {}, got {} ({})", where, want, toml_type_name(n), node_text(n));
+}
+
+const std::vector<ConfigTable>& config_tables() { return kConfigTables; }
+
+const ConfigKey* find_config_key(const std::string& key) {
+  const auto it = std::find_if(kConfigKeys.begin(), kConfigKeys.end(),
+                               [&](const ConfigKey& k) { return k.key == key; });
+  return it == kConfigKeys.end() ? nullptr : &*it;
+}
+
+const ConfigTable* find_config_table(const std::string& key) {
+  const auto it = std::find_if(kConfigTables.begin(), kConfigTables.end(),
+                               [&](const ConfigTable& t) { return key == t.key; });
+  return it == kConfigTables.end() ? nullptr : &*it;
+}
 
 const std::vector<ConfigKey>& config_keys() { return kConfigKeys; }
 

@@ -82,149 +82,20 @@ double files_bytes(const std::string& path) {
   return total;
 }
 
-/// Ulysses head split (parallel/isp_attention.h): local q heads and (repeated) kv heads.
-struct Heads {
-  double q, kv;
-};
-Heads ulysses(double hq, double hkv, double T) { return {hq / T, hkv >= T ? hkv / T : 1.0}; }
-
-/// What the layout's step holds beyond the parameters: activations and workspaces (elements).
-struct StepShape {
-  model::WorkspaceShape ws;                           // the model's arena
-  double attn_tokens = 0, attn_hq = 0, attn_hkv = 0;  // what the attention kernel sees
-  double head_vocab = 0;                              // vocabulary columns of one head chunk
-  double head_rows = 0;                               // rows the head sees
-  double layout_scratch = 0;  // the mode's gather / reduce / all-to-all buffers
-};
-
-/// Elements one layer's 2D linears keep between calls (parallel/tp_linear.cpp): for a linear
-/// gathering its input over a group of `ag` and reduce-scattering its output over `rs`, the
-/// gathered input N × in (kept for backward; shared by w1/w3), the partial input gradient N × in
-/// (shared by w1/w3), the reduce-scattered input gradient N/ag × in, and the partial output and
-/// gathered output gradient N × out each.
-double linear_2d_elements(const model::ParamLayout& local, const model::BlockParamIds& b, double N,
-                          double x, double y) {
-  struct Use {
-    int view;
-    double ag, rs;
-    int role;
-  };  // role: 0 alone, 1 first, 2 second of a pair
-  const Use uses[] = {
-      {b.wqkv, x, y, 0}, {b.wo, y, x, 0}, {b.w1, x, y, 1}, {b.w3, x, y, 2}, {b.w2, y, x, 0}};
-  double total = 0;
-  for (const Use& u : uses) {
-    const double out = static_cast<double>(local.view(u.view).shape[0]);
-    const double in = static_cast<double>(local.view(u.view).shape[1]);
-    if (u.role != 2) total += N * in * (u.ag > 1 ? 2 : 1);
-    if (u.ag > 1 && u.role != 1) total += N / u.ag * in;
-    if (u.rs > 1) total += 2 * N * out;
-  }
-  return total;
-}
-
-StepShape step_shape(const TrainConfig& c, const parallel::Grid& grid,
-                     const model::ParamLayout& full, const model::ParamLayout& local,
-                     const std::string& mode, bool bf16 = false) {
-  const model::ModelConfig& m = c.model;
-  const double P = static_cast<double>(c.data.micro_bsz) * static_cast<double>(c.data.seq_len);
-  const double d = static_cast<double>(m.head_dim()),
-               Hq = static_cast<double>(m.num_attention_heads),
-               Hkv = static_cast<double>(m.num_kv_attention_heads),
-               Hid = static_cast<double>(m.hidden_size), V = static_cast<double>(m.vocab_size);
-  const model::BlockParamIds& b = local.layers.front();
-  const auto& wqkv = local.view(b.wqkv).shape;
-  const auto& w1 = local.view(b.w1).shape;
-  const double T = grid.tp;
-  StepShape s;
-  model::WorkspaceShape& w = s.ws;
-  w.L = static_cast<double>(m.num_layers);
-  w.per_layer = !m.checkpoint;
-  w.N = P;
-  w.R = P;
-  w.H = static_cast<double>(wqkv[1]);
-  w.Q = static_cast<double>(wqkv[0]);
-  w.F = static_cast<double>(w1[0]);
-  s.attn_tokens = P;
-  s.head_rows = P;
-  s.head_vocab = V;
-  if (mode == "dense" || mode == "mtp" || mode == "msp" || mode == "fsp") {
-    w.A = Hq / T * d;
-    w.saved_qkv = P * w.Q;
-    w.saved_lse = P * Hq / T;
-    s.attn_hq = Hq / T;
-    s.attn_hkv = Hkv / T;
-    if (mode != "dense") s.head_vocab = std::ceil(V / T);
-    if (mode == "msp" || mode == "fsp") {
-      w.R = std::ceil(P / T);
-      // Gathered inputs of the column linears (MSP keeps one per pair per layer, FSP one for the
-      // model), the partial dx, the embedding and head full rows, the row-linear partial output.
-      const double gathered = mode == "msp" ? 2 * w.L : 1;
-      s.layout_scratch = (gathered + 5) * P * Hid;
-    }
-  } else if (mode == "isp") {
-    // 2D-Attention: Ulysses over the head group of Th = head_size ranks, the context share of
-    // M = P / C tokens after it (docs/isp.md); without it Th = T, C = 1.
-    const parallel::Layout& l = grid.layout;
-    const double C = l.seq2d ? l.seq2d_context : 1, Th = T / C;
-    const Heads h = ulysses(Hq, Hkv, Th);
-    const double N = std::ceil(P / T), local_heads = h.q + 2 * h.kv;
-    w.N = w.R = N;
-    w.H = Hid;
-    w.Q = static_cast<double>(m.qkv_size());
-    w.F = static_cast<double>(m.ffn_size());
-    w.A = Hq * d;
-    w.saved_qkv = N * (Th * local_heads + Hq) * d;
-    w.saved_lse = N * Hq;
-    s.attn_hq = h.q;
-    s.attn_hkv = h.kv;
-    s.attn_tokens = N * Th;
-    s.head_rows = N;
-    // Gathered weights: the largest tensor (the head or the embedding) once, twice with prefetch,
-    // its full gradient before the reduce-scatter, and the send/receive staging; plus Ulysses'
-    // split and packed token buffers. Under bf16 a gathered weight other than the embedding
-    // (gathered in fp32 for its fp32 lookup) holds 2 bytes an element: half a float.
-    double largest = 0, gathered = 0;
-    for (const auto& v : full.views()) {
-      const double numel = static_cast<double>(v.numel);
-      largest = std::max(largest, numel);
-      const bool fp32 = !bf16 || &v == &full.view(full.tok_embeddings);
-      gathered = std::max(gathered, fp32 ? numel : 0.5 * numel);
-    }
-    const double slots = c.parallel.weight.overlap ? 2 : 1;
-    s.layout_scratch = slots * gathered + 3 * largest + N * (w.Q + Th * local_heads * d) * 2;
-    // Context parallel (cp_attention.h): this rank's K/V, the gathered row's, the key buffer and
-    // its gradient (at most about twice the row: a rank's two zigzag pieces of a document both
-    // copy its start).
-    if (C > 1) s.layout_scratch += (N * Th + P + 2 * 2 * P) * 2 * h.kv * d;
-  } else {  // "2d"
-    const double x = grid.layout.tensor_2d_x, y = grid.layout.tensor_2d_y;
-    const double hqx = Hq / x, hkvx = Hkv / x;
-    w.R = std::ceil(P / x);
-    w.A = hqx * d;
-    if (y == 1) {
-      w.saved_qkv = P * (hqx + 2 * hkvx) * d;
-      w.saved_lse = P * hqx;
-      s.attn_hq = hqx;
-      s.attn_hkv = hkvx;
-    } else {
-      const Heads h = ulysses(hqx, hkvx, y);
-      const double chunk = std::ceil(P / y);
-      w.saved_qkv = chunk * (y * (h.q + 2 * h.kv) + hqx) * d;
-      w.saved_lse = chunk * hqx;
-      s.attn_hq = h.q;
-      s.attn_hkv = h.kv;
-    }
-    s.head_vocab = std::ceil(V / T);
-    // Every 2D linear of every layer keeps its own buffers (parallel/tp_linear.cpp); the
-    // embedding and the head hold full-row copies (N × H each: 2 and 3).
-    s.layout_scratch = w.L * linear_2d_elements(local, b, P, x, y) + 5 * P * Hid;
-  }
+/// The step terms of the layout's mode: one process's defaults, adjusted by the mode's own
+/// ModeFactory::memory (src/modes/*_memory.cpp).
+parallel::ModeMemory step_terms(const parallel::ModeFactory& factory, const model::ModelConfig& m,
+                                const parallel::Grid& grid, const model::ParamLayout& full,
+                                const model::ParamLayout& local, double packed_length, bool bf16) {
+  const parallel::ModeMemoryInputs in{m, full, local, grid, packed_length, bf16};
+  parallel::ModeMemory s = parallel::ModeMemory::defaults(in);
+  if (factory.memory) factory.memory(in, s);
   return s;
 }
 
 /// The attention kernel's per-call tiles (ops/attention*.cpp, kept between calls): packed keys
 /// (forward) and packed q, dout, dq, lse, delta (backward), in 64-token blocks per segment.
-double attention_workspace_elements(const StepShape& s, double head_dim, double segments) {
+double attention_workspace_elements(const parallel::ModeMemory& s, double head_dim, double segments) {
   const double blocks = std::ceil(s.attn_tokens / 64) + segments;
   const double forward = blocks * s.attn_hkv * head_dim * 64;
   const double rows = blocks * s.attn_hq * 64;
@@ -233,12 +104,12 @@ double attention_workspace_elements(const StepShape& s, double head_dim, double 
 
 /// The chunked head's logits and their gradient (model/layers.cpp, parallel/head_loss.cpp): the
 /// rows of model::head_chunk_rows (at most 2²² logits and ⌈rows / 32⌉ rows, at least 256 rows).
-double head_chunk_rows(const StepShape& s) {
+double head_chunk_rows(const parallel::ModeMemory& s) {
   const auto rows = static_cast<int64_t>(s.head_rows);
   return static_cast<double>(
       std::min(model::head_chunk_rows(static_cast<int64_t>(s.head_vocab), rows), rows));
 }
-double head_elements(const StepShape& s) {
+double head_elements(const parallel::ModeMemory& s) {
   const double chunk = head_chunk_rows(s);
   return 2 * chunk * s.head_vocab + chunk;
 }
@@ -257,66 +128,27 @@ double activation_bytes(const model::WorkspaceShape& ws) {
 /// token-rows activation or gradient or a head chunk's logit gradient, B at most an activation or
 /// the head's weight (under ISP the GEMMs read the gathered bf16 weights, so B is then at most a
 /// head chunk's rows of the hidden states). Bytes.
-double bf16_operand_bytes(const StepShape& s, const std::string& mode) {
+double bf16_operand_bytes(const parallel::ModeMemory& s) {
   const model::WorkspaceShape& w = s.ws;
   const double widest = std::max({w.H, w.Q, w.A, w.F});
   const double chunk = head_chunk_rows(s);
-  if (mode == "dense" || mode == "mtp" || mode == "msp" || mode == "fsp")
+  if (s.bf16_operands == parallel::Bf16Operands::kWeightCopy)
     return 2 * std::max(w.N * (w.H + widest), chunk * (s.head_vocab + w.H));
   const double a = std::max(w.N * widest, chunk * s.head_vocab);
   const double b = std::max(w.N * std::max({w.H, w.A, w.F}),
-                            mode == "isp" ? chunk * w.H : s.head_vocab * w.H);
+                            s.bf16_operands == parallel::Bf16Operands::kHeadRows
+                                ? chunk * w.H
+                                : s.head_vocab * w.H);
   return 2 * (a + b);
 }
 
-std::string tensor_key(const std::string& mode) {
-  return mode == "dense" ? "parallel.tensor"
-         : mode == "2d"  ? "parallel.tensor_2d"
-                         : "parallel.tensor.size";
-}
-
-std::string layout_text(const parallel::Grid& g, const std::string& mode) {
-  const parallel::Layout& l = g.layout;
-  std::string s =
-      fmt::format("{}: {} rank{}, data {}", mode, g.world_size, g.world_size == 1 ? "" : "s", g.dp);
-  if (mode == "2d")
-    s += fmt::format(", tensor_2d {}x{}", l.tensor_2d_x, l.tensor_2d_y);
-  else if (mode != "dense")
-    s += fmt::format(", tensor {}", l.tensor_size);
-  if (mode == "isp") s += fmt::format(", weight {}", l.weight_size);
-  if (mode == "isp" && l.seq2d)
-    s += fmt::format(", 2D-Attention head {} x context {} ({})", l.seq2d_head, l.seq2d_context,
-                     l.seq2d_balance);
-  s += fmt::format(", zero1 {}", g.zero1->size());
-  return s;
+std::string layout_text(const parallel::Grid& g, const std::string& mode,
+                        const parallel::ModeMemory& s) {
+  return fmt::format("{}: {} rank{}, data {}{}, zero1 {}", mode, g.world_size,
+                     g.world_size == 1 ? "" : "s", g.dp, s.sizes, g.zero1->size());
 }
 
 }  // namespace
-
-parallel::Layout layout_of(const ParallelConfig& p) {
-  parallel::Layout l;
-  l.tensor_size = static_cast<int>(p.tensor.size);
-  l.tensor_mode = parallel::parse_tensor_mode(p.tensor.mode);
-  l.weight_size = static_cast<int>(p.weight.size);
-  l.weight_overlap = p.weight.overlap;
-  l.zero1_size = static_cast<int>(p.zero1.size);
-  if (p.tensor_2d.given) {
-    l.tensor_2d_x = static_cast<int>(p.tensor_2d.x);
-    l.tensor_2d_y = static_cast<int>(p.tensor_2d.y);
-    l.tensor_2d_overlap = p.tensor_2d.overlap;
-  }
-  if (p.sequence_2d.enable) {
-    const auto& q = p.sequence_2d;
-    l.seq2d = true;
-    l.seq2d_head = static_cast<int>(q.head_size);
-    l.seq2d_context = static_cast<int>(q.context_size);
-    l.seq2d_window = static_cast<int>(q.window_size);
-    l.seq2d_head_first = q.head_first;
-    l.seq2d_interleaved = q.interleaved;
-    l.seq2d_balance = q.balance;
-  }
-  return l;
-}
 
 MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   const parallel::Layout layout = layout_of(c.parallel);
@@ -329,18 +161,20 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   parallel::validate_model_layout(layout, in.world_size, shape);
   const parallel::Grid grid = shape_grid(layout, in.world_size);
   const std::string mode = parallel::mode_name(layout);
+  const parallel::ModeFactory& factory = parallel::find_mode(mode);
   const model::ParamLayout full(c.model);
   parallel::ShardPlan shard(full, grid);
-  if (const auto& f = parallel::find_mode(mode); f.plan) f.plan(shard);
+  if (factory.plan) factory.plan(shard);
   const model::ParamLayout local = shard.local_layout();
+  const double P = static_cast<double>(c.data.micro_bsz) * static_cast<double>(c.data.seq_len);
+  parallel::ModeMemory s = step_terms(factory, c.model, grid, full, local, P, in.bf16);
 
   MemoryPlan p;
-  p.layout = layout_text(grid, mode);
+  p.layout = layout_text(grid, mode, s);
   p.world_size = in.world_size;
   p.ranks_on_node = in.ranks_on_node;
   p.params_full = full.numel();
   p.params_local = local.numel();
-  const double P = static_cast<double>(c.data.micro_bsz) * static_cast<double>(c.data.seq_len);
   p.tokens_per_step =
       c.data.micro_num * c.data.micro_bsz * c.data.seq_len * static_cast<int64_t>(grid.dp);
   p.flops_matmul = model::model_flops(c.model, p.tokens_per_step, 0);
@@ -362,7 +196,6 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
        adam, "model.*, parallel.zero1"},
   };
 
-  StepShape s = step_shape(c, grid, full, local, mode, in.bf16);
   s.ws.bf16 = in.bf16;
   const double acts = activation_bytes(s.ws);
   const double segments = static_cast<double>(c.data.micro_bsz);
@@ -391,12 +224,13 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
     p.step.push_back({"bf16 weight copy (one a step)", 0.5 * local_bytes, "model.*"});
   if (in.bf16)
     p.step.push_back({"bf16 GEMM operands (rounded activations)",
-                      bf16_operand_bytes(s, mode),
+                      bf16_operand_bytes(s),
                       "data.seq_len, data.micro_bsz"});
   if (s.layout_scratch > 0)
     p.step.push_back({"layout buffers (gathers, all-to-all)", s.layout_scratch * kFloat,
-                      "data.seq_len, " + tensor_key(mode)});
-  if (grid.dp > 1 || (mode == "isp" && grid.weight_data->size() > 1))
+                      "data.seq_len, " + s.scratch_key});
+  // The data-parallel gradient sum (finish_gradients) over DATA or the mode's own group.
+  if (grid.dp > 1 || grid.get(factory.data_group)->size() > 1)
     p.step.push_back({"data-parallel all-reduce buffer", local_bytes, ""});
 
   const double full_bytes = static_cast<double>(p.params_full) * kFloat;
@@ -428,13 +262,11 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
 MemoryPlan plan_forward_memory(const model::ModelConfig& model, int64_t seq_len, int64_t micro_bsz,
                                const std::string& dataset, double runtime_bytes,
                                const std::string& key) {
-  TrainConfig c;
-  c.model = model;
-  c.data.seq_len = seq_len;
-  c.data.micro_bsz = micro_bsz;
   const parallel::Grid grid = shape_grid(parallel::Layout{}, 1);
   const model::ParamLayout full(model);
-  StepShape s = step_shape(c, grid, full, full, "dense");
+  parallel::ModeMemory s =
+      step_terms(parallel::find_mode("dense"), model, grid, full, full,
+                 static_cast<double>(micro_bsz) * static_cast<double>(seq_len), false);
   s.ws.per_layer = false;  // forward only: one shared set of block state
   const double P = static_cast<double>(seq_len) * static_cast<double>(micro_bsz);
   const double d = static_cast<double>(model.head_dim());

@@ -20,6 +20,8 @@
 //                slice), the sgemm timing at start-up, loading a checkpoint (--resume: the full
 //                AdamW moments, then this rank's), and the checkpoint save (every rank
 //                assembles the full parameters and both AdamW moments).
+// The layout's own step terms (workspace shape, attention and head sizes, gather buffers) come
+// from its mode (ModeFactory::memory, src/modes/*_memory.cpp): the plan names no mode.
 // The peak is runtime + datasets + params + grads + the largest of (full draw, AdamW + sgemm,
 // AdamW + resume load, AdamW + step + save). docs/memory.md compares it with the measured peak
 // resident size.
@@ -57,10 +59,6 @@ struct MemoryPlan {
   double runtime_bytes = 0;      ///< of which already resident when the plan was made
   std::string peak_phase;        ///< "start-up (…)", "training step" or "checkpoint save"
 };
-
-/// The parallel::Layout of the config's parallel.* keys (docs/parallel.md): what the trainer builds
-/// its process grid from and what the plan sizes each rank's shards by.
-parallel::Layout layout_of(const ParallelConfig& p);
 
 /// What the plan needs beyond the config.
 struct MemoryPlanInputs {

@@ -8,24 +8,24 @@
 
 namespace longtron::train {
 
-double combine_step_loss(const std::vector<model::LossSum>& micro, const std::string& reduction) {
+double combine_step_loss(const std::vector<model::LossSum>& micro, LossReduction reduction) {
   double sum = 0;
   int64_t count = 0;
   for (const auto& m : micro) {
-    if (reduction == "micro_mean") {
+    if (reduction == LossReduction::kMicroMean) {
       if (m.count > 0) sum += m.sum / static_cast<double>(m.count);
     } else {
       sum += m.sum;
       count += m.count;
     }
   }
-  if (reduction == "micro_mean") return micro.empty() ? 0.0 : sum / static_cast<double>(micro.size());
+  if (reduction == LossReduction::kMicroMean) return micro.empty() ? 0.0 : sum / static_cast<double>(micro.size());
   return count > 0 ? sum / static_cast<double>(count) : 0.0;
 }
 
-double micro_loss_scale(const std::string& reduction, int64_t count, int64_t step_count,
+double micro_loss_scale(LossReduction reduction, int64_t count, int64_t step_count,
                         int64_t micro_num, int64_t dp_size) {
-  if (reduction == "micro_mean") {
+  if (reduction == LossReduction::kMicroMean) {
     const double d = static_cast<double>(micro_num) * static_cast<double>(dp_size) *
                      static_cast<double>(count);
     return d > 0 ? 1.0 / d : 0.0;
@@ -50,7 +50,7 @@ int64_t count_tokens(const data::MicroBatch& row) {
 StepResult step_gradients(parallel::ParallelEngine& engine, const std::vector<data::MicroBatch>& rows,
                           const StepOptions& options) {
   comm::Communicator& dp = *engine.grid().data;
-  const bool micro_mean = options.loss_reduction == "micro_mean";
+  const bool micro_mean = options.loss_reduction == LossReduction::kMicroMean;
   const int64_t micro_num = options.micro_num > 0 ? options.micro_num : int64_t(rows.size());
   // Count the step's labels BEFORE the forward so each loss scale gives gradients of the mean.
   int64_t counts[2] = {0, 0};  // labels, non-pad tokens

@@ -16,25 +16,26 @@
 #include "data/batch.h"
 #include "model/internlm2.h"
 #include "modes/engine.h"
+#include "train/loss_reduction.h"
 #include "train/optimizer.h"
 
 namespace longtron::train {
 
 /// How the step loss combines micro-batches (docs/training.md, train.loss_reduction):
-/// "token": Σ loss_sum / Σ count over the step (all dp ranks);
-/// "micro_mean": InternEvo's mean over micro-batches (and dp ranks) of each micro-batch's mean.
+/// kToken: Σ loss_sum / Σ count over the step (all dp ranks);
+/// kMicroMean: InternEvo's mean over micro-batches (and dp ranks) of each micro-batch's mean.
 /// `micro` lists every micro-batch of the step (over all ranks). Micro-batches with count 0 add 0.
-double combine_step_loss(const std::vector<model::LossSum>& micro, const std::string& reduction);
+double combine_step_loss(const std::vector<model::LossSum>& micro, LossReduction reduction);
 
 /// loss_scale passed to forward_backward for a micro-batch with `count` valid labels, so that the
-/// accumulated (and dp-summed) gradients are those of combine_step_loss: 1/step_count ("token"),
-/// or 1/(micro_num · dp_size · count) ("micro_mean"); 0 when the denominator is 0.
-double micro_loss_scale(const std::string& reduction, int64_t count, int64_t step_count,
+/// accumulated (and dp-summed) gradients are those of combine_step_loss: 1/step_count (kToken),
+/// or 1/(micro_num · dp_size · count) (kMicroMean); 0 when the denominator is 0.
+double micro_loss_scale(LossReduction reduction, int64_t count, int64_t step_count,
                         int64_t micro_num, int64_t dp_size);
 
 /// What a step does besides the data (train.loss_reduction, optimizer.*).
 struct StepOptions {
-  std::string loss_reduction = "token";  ///< "token" | "micro_mean" (combine_step_loss)
+  LossReduction loss_reduction = LossReduction::kToken;  ///< combine_step_loss
   int64_t micro_num = 0;                 ///< micro-batches per dp rank (micro_mean); 0: rows.size()
   double lr = 0;                         ///< learning rate of this update
   double clip_grad_norm = 0;             ///< max global norm (clip_grad_norm); ≤ 0: no clipping

@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <numeric>
 #include <optional>
@@ -41,13 +42,13 @@ data::DataConfig loader_config(const TrainConfig& config) {
   d.pack.micro_bsz = config.data.micro_bsz;
   d.pack.use_packed_dataset = config.data.use_packed_dataset;
   d.pack.pack_sample_into_one = config.data.pack_sample_into_one;
-  d.pack.pack_tail = data::parse_pack_tail(config.data.pack_tail);
+  d.pack.pack_tail = config.data.pack_tail;
   d.pack.split_documents = config.data.split_documents;
   d.micro_num = config.data.micro_num;
   d.shuffle = config.data.shuffle;
   d.seed = static_cast<uint32_t>(config.data.seed);
   d.min_length = config.data.min_length;
-  d.balance.mode = data::parse_balance_mode(config.data.balance);
+  d.balance.mode = config.data.balance;
   d.balance.window = config.data.balance_window;
   d.balance.cost = model::balance_cost(config.model);  // a given [a, b] keeps the model's window
   if (config.data.balance_cost.size() == 2) {
@@ -233,7 +234,7 @@ struct Run {
     double parts[2] = {0, 0};
     for (const auto& b : batches) {
       const auto [max, mean] = data::context_work_max_mean(
-          b.cu_seqlens, l.seq2d_context, l.tensor_size, data::parse_context_balance(l.seq2d_balance));
+          b.cu_seqlens, l.seq2d_context, l.tensor_size, l.seq2d_balance);
       parts[0] += max;
       parts[1] += mean;
     }
@@ -335,6 +336,33 @@ int fewest_ranks(const parallel::Layout& l) {
   return std::lcm(tp, l.weight_size);
 }
 
+/// Runs `body` on rank 0 of `world` only; an Error it throws is thrown on every rank with rank
+/// 0's message, so that the job ends as an error every rank sees. Collective over `world`.
+void everyone_fails_with_rank0(comm::Communicator& world, const std::function<void()>& body) {
+  std::string message;
+  bool failed = false;
+  if (world.rank() == 0) {
+    try {
+      body();
+    } catch (const Error& e) {
+      message = e.what();
+      failed = true;
+    }
+  }
+  if (world.size() > 1) {
+    int64_t length = failed ? static_cast<int64_t>(message.size()) : -1;
+    world.broadcast(&length, 1, 0);
+    failed = length >= 0;
+    if (failed) {
+      std::vector<int32_t> text(message.begin(), message.end());
+      text.resize(static_cast<size_t>(length));
+      world.broadcast(text.data(), length, 0);
+      message.assign(text.begin(), text.end());
+    }
+  }
+  if (failed) throw Error(message);
+}
+
 /// --dry-run: the plan of the layout on the ranks it runs on, or (as one process) on
 /// options.dry_run_ranks or the fewest the layout needs; nothing is allocated or written.
 TrainSummary dry_run(const TrainConfig& config, const TrainOptions& options, const comm::CommPtr& world) {
@@ -382,7 +410,9 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     if (fp32 && compute == ops::ComputeType::kBFloat16)
       compute = ops::ComputeType::kFloat32, dtype_note = "auto: another rank's CPU lacks AVX512-BF16";
   }
-  if (grid.world_rank == 0) prepare_checkpoint_dir(config, options);
+  // Rank 0 alone looks at (and with --overwrite empties) the checkpoint folder; its refusal is
+  // every rank's error, so the job ends with its one message (comm::run_on_world), not an abort.
+  everyone_fails_with_rank0(*grid.world, [&] { prepare_checkpoint_dir(config, options); });
   set_num_threads(static_cast<int>(config.train.num_threads), comm::ranks_on_node());
   // The memory plan, before anything large is allocated: refuse a run that cannot fit.
   MemoryPlanInputs plan_in;

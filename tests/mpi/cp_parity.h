@@ -13,7 +13,7 @@ inline parallel::Layout seq2d(int T, int W, int hp, const std::string& balance,
   l.seq2d = true;
   l.seq2d_head = hp;
   l.seq2d_context = T / hp;
-  l.seq2d_balance = balance;
+  l.seq2d_balance = data::parse_context_balance(balance);
   l.seq2d_head_first = head_first;
   return l;
 }

@@ -143,7 +143,7 @@ TEST(XtunerSpNp4, EndToEnd2D) {
   c.num_kv_attention_heads = 2, c.multiple_of = 8;
   parallel::Layout l;
   l.tensor_size = 4, l.tensor_mode = parallel::TensorMode::kIsp, l.weight_size = 4;
-  l.seq2d = true, l.seq2d_head = 2, l.seq2d_context = 2, l.seq2d_balance = "document";
+  l.seq2d = true, l.seq2d_head = 2, l.seq2d_context = 2, l.seq2d_balance = longtron::data::ContextBalance::kDocument;
   parallel::Grid grid = parallel::make_grid(world(), l);
   model::ParamLayout full(c);
   model::Params<float> params(full), local(full);

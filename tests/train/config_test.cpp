@@ -65,7 +65,7 @@ TEST(Config, DefaultsOfSpec41) {
   EXPECT_EQ(c.data.micro_num, 1);
   EXPECT_TRUE(c.data.use_packed_dataset);
   EXPECT_FALSE(c.data.pack_sample_into_one);
-  EXPECT_EQ(c.data.pack_tail, "pad");
+  EXPECT_EQ(c.data.pack_tail, longtron::data::PackTail::kPad);
   EXPECT_TRUE(c.data.shuffle);
   EXPECT_EQ(c.data.seed, 1024);
   EXPECT_EQ(c.data.min_length, 0);
@@ -79,7 +79,7 @@ TEST(Config, DefaultsOfSpec41) {
   EXPECT_EQ(c.lr_scheduler.warmup_steps, 0);
   EXPECT_DOUBLE_EQ(c.lr_scheduler.min_lr, 1e-4);
   EXPECT_EQ(c.parallel.tensor.size, 1);
-  EXPECT_EQ(c.parallel.tensor.mode, "mtp");
+  EXPECT_EQ(c.parallel.tensor.mode, longtron::parallel::TensorMode::kMtp);
   EXPECT_EQ(c.parallel.weight.size, 1);
   EXPECT_FALSE(c.parallel.weight.overlap);
   EXPECT_EQ(c.parallel.zero1.size, -1);
@@ -89,7 +89,7 @@ TEST(Config, DefaultsOfSpec41) {
   EXPECT_EQ(c.train.log_every, 1);
   EXPECT_EQ(c.train.valid_every, 0);
   EXPECT_EQ(c.train.save_every, 0);
-  EXPECT_EQ(c.train.loss_reduction, "token");
+  EXPECT_EQ(c.train.loss_reduction, longtron::train::LossReduction::kToken);
   EXPECT_EQ(c.model_keys_given.size(), 5u);
   // Relative paths resolve from the working directory.
   EXPECT_EQ(c.data.train_folder, (fs::current_path() / "corpus/train").lexically_normal().string());
@@ -108,8 +108,8 @@ TEST(Config, SetGrammar) {
   EXPECT_EQ(c.data.seq_len, 128);  // later wins
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
   EXPECT_FALSE(c.data.shuffle);
-  EXPECT_EQ(c.train.loss_reduction, "micro_mean");  // bare string
-  EXPECT_EQ(c.data.pack_tail, "drop");              // quoted string
+  EXPECT_EQ(c.train.loss_reduction, longtron::train::LossReduction::kMicroMean);  // bare string
+  EXPECT_EQ(c.data.pack_tail, longtron::data::PackTail::kDrop);  // quoted string
   EXPECT_EQ(c.train.metrics_file, (fs::current_path() / "out/m.jsonl").string());
   EXPECT_DOUBLE_EQ(c.model.mlp_ratio, 8.0 / 3.0);  // "8/3" is not TOML → string → fraction
   EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.0);  // an integer where a float is expected
@@ -118,15 +118,15 @@ TEST(Config, SetGrammar) {
 TEST(Config, SetParallelTables) {
   auto c = parse({"parallel.tensor={size=2, mode=\"isp\"}", "parallel.zero1.size=1"});
   EXPECT_EQ(c.parallel.tensor.size, 2);
-  EXPECT_EQ(c.parallel.tensor.mode, "isp");
+  EXPECT_EQ(c.parallel.tensor.mode, longtron::parallel::TensorMode::kIsp);
   EXPECT_EQ(c.parallel.zero1.size, 1);
   c = parse({" parallel.tensor = 4"});  // a bare integer means mtp; spaces are trimmed
   EXPECT_EQ(c.parallel.tensor.size, 4);
-  EXPECT_EQ(c.parallel.tensor.mode, "mtp");
+  EXPECT_EQ(c.parallel.tensor.mode, longtron::parallel::TensorMode::kMtp);
   // The file says tensor = 4; a dotted --set changes the mode and keeps the size.
   c = parse({"parallel.tensor.mode=fsp"}, kBase + "[parallel]\ntensor = 4\n");
   EXPECT_EQ(c.parallel.tensor.size, 4);
-  EXPECT_EQ(c.parallel.tensor.mode, "fsp");
+  EXPECT_EQ(c.parallel.tensor.mode, longtron::parallel::TensorMode::kFsp);
   c = parse({"parallel.tensor_2d.x=2", "parallel.tensor_2d.y=2", "parallel.weight.overlap=true"});
   EXPECT_TRUE(c.parallel.tensor_2d.given);
   EXPECT_EQ(c.parallel.tensor_2d.x * c.parallel.tensor_2d.y, 4);
@@ -313,12 +313,12 @@ TEST(Config, TinyConfigLoads) {
 
 TEST(Config, BalanceKeys) {
   const TrainConfig d = parse();
-  EXPECT_EQ(d.data.balance, "none");
+  EXPECT_EQ(d.data.balance, longtron::data::BalanceMode::kNone);
   EXPECT_EQ(d.data.balance_window, 8);
   EXPECT_TRUE(d.data.balance_cost.empty());  // from the model's FLOPs
   const TrainConfig c = parse({"data.balance=documents", "data.balance_window=3",
                                "data.balance_cost=[2, 0.5]"});
-  EXPECT_EQ(c.data.balance, "documents");
+  EXPECT_EQ(c.data.balance, longtron::data::BalanceMode::kDocuments);
   EXPECT_EQ(c.data.balance_window, 3);
   EXPECT_EQ(c.data.balance_cost, (std::vector<double>{2.0, 0.5}));
   EXPECT_EQ(longtron::train::to_json(c)["data"]["balance_cost"], nlohmann::json::array({2.0, 0.5}));
@@ -345,16 +345,18 @@ TEST(Config, Tensor2dOverlapNamesAreTheEngines) {
                                  "matmul_rs", "both", "yes", ""}) {
     bool config_ok = true, engine_ok = true;
     TrainConfig c;
+    longtron::parallel::Layout layout;
     try {
       c = parse({"parallel.tensor_2d.overlap=" + name}, with_2d);
+      layout = longtron::train::layout_of(c.parallel);
     } catch (const Error&) {
-      config_ok = false;
+      config_ok = false;  // the config holds no such value: hand the name to the engine directly
       c = parse({}, with_2d);
-      c.parallel.tensor_2d.overlap = name;
+      layout = longtron::train::layout_of(c.parallel);
+      layout.tensor_2d_overlap = name;
     }
     try {
-      const auto grid = longtron::parallel::make_grid(longtron::comm::make_local_communicator(),
-                                                          longtron::train::layout_of(c.parallel));
+      const auto grid = longtron::parallel::make_grid(longtron::comm::make_local_communicator(), layout);
       longtron::parallel::ParallelEngine engine(c.model, grid, 1, c.data.seq_len);
       EXPECT_EQ(engine.mode(), "2d");
     } catch (const Error&) {

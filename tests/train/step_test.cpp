@@ -70,9 +70,9 @@ TEST(TrainStep, LossIsTheTokenWeightedMeanOfTheRows) {
   train::StepOptions o;
   o.lr = 1e-3;
   const train::StepResult r = train::step_gradients(d.engine, rows, o);
-  EXPECT_NEAR(r.loss, train::combine_step_loss({a, b}, "token"), 1e-6);
-  o.loss_reduction = "micro_mean";
-  EXPECT_NEAR(train::step_gradients(d.engine, rows, o).loss, train::combine_step_loss({a, b}, "micro_mean"), 1e-6);
+  EXPECT_NEAR(r.loss, train::combine_step_loss({a, b}, train::LossReduction::kToken), 1e-6);
+  o.loss_reduction = train::LossReduction::kMicroMean;
+  EXPECT_NEAR(train::step_gradients(d.engine, rows, o).loss, train::combine_step_loss({a, b}, train::LossReduction::kMicroMean), 1e-6);
 }
 
 TEST(TrainStep, NonFiniteGradientsSkipTheUpdate) {

@@ -100,14 +100,14 @@ TEST(Trainer, ResumeGivesTheLossesOfAnUninterruptedRun) {
 TEST(Trainer, StepLossReductionsHandChecked) {
   // Two micro-batches: (sum 3, count 1) and (sum 3, count 3).
   const std::vector<model::LossSum> micro = {{3.0, 1}, {3.0, 3}};
-  EXPECT_DOUBLE_EQ(train::combine_step_loss(micro, "token"), 6.0 / 4.0);
-  EXPECT_DOUBLE_EQ(train::combine_step_loss(micro, "micro_mean"), (3.0 + 1.0) / 2.0);
+  EXPECT_DOUBLE_EQ(train::combine_step_loss(micro, train::LossReduction::kToken), 6.0 / 4.0);
+  EXPECT_DOUBLE_EQ(train::combine_step_loss(micro, train::LossReduction::kMicroMean), (3.0 + 1.0) / 2.0);
   // Gradient scales: token → 1/Σcount for every micro-batch; micro_mean → 1/(micro_num·dp·count).
-  EXPECT_DOUBLE_EQ(train::micro_loss_scale("token", 1, 4, 2, 1), 0.25);
-  EXPECT_DOUBLE_EQ(train::micro_loss_scale("micro_mean", 1, 4, 2, 1), 0.5);
-  EXPECT_DOUBLE_EQ(train::micro_loss_scale("micro_mean", 3, 4, 2, 1), 1.0 / 6.0);
-  EXPECT_DOUBLE_EQ(train::micro_loss_scale("micro_mean", 3, 4, 2, 2), 1.0 / 12.0);
-  EXPECT_DOUBLE_EQ(train::micro_loss_scale("token", 0, 0, 2, 1), 0.0);
+  EXPECT_DOUBLE_EQ(train::micro_loss_scale(train::LossReduction::kToken, 1, 4, 2, 1), 0.25);
+  EXPECT_DOUBLE_EQ(train::micro_loss_scale(train::LossReduction::kMicroMean, 1, 4, 2, 1), 0.5);
+  EXPECT_DOUBLE_EQ(train::micro_loss_scale(train::LossReduction::kMicroMean, 3, 4, 2, 1), 1.0 / 6.0);
+  EXPECT_DOUBLE_EQ(train::micro_loss_scale(train::LossReduction::kMicroMean, 3, 4, 2, 2), 1.0 / 12.0);
+  EXPECT_DOUBLE_EQ(train::micro_loss_scale(train::LossReduction::kToken, 0, 0, 2, 1), 0.0);
 }
 
 TEST(Trainer, MicroMeanStepLossIsTheMeanOfMicroBatchMeans) {
@@ -124,15 +124,15 @@ TEST(Trainer, MicroMeanStepLossIsTheMeanOfMicroBatchMeans) {
   for (const auto& b : loader.step(0, 0)) micro.push_back(m.forward_loss(b));
   ASSERT_EQ(micro.size(), 2u);
   EXPECT_NE(micro[0].count, micro[1].count);  // otherwise both reductions agree
-  EXPECT_NEAR(s.losses[0], train::combine_step_loss(micro, "micro_mean"), 1e-6);
-  EXPECT_GT(std::abs(s.losses[0] - train::combine_step_loss(micro, "token")), 1e-7);
+  EXPECT_NEAR(s.losses[0], train::combine_step_loss(micro, train::LossReduction::kMicroMean), 1e-6);
+  EXPECT_GT(std::abs(s.losses[0] - train::combine_step_loss(micro, train::LossReduction::kToken)), 1e-7);
 }
 
 /// The step loss of step 1 (token-weighted) at `params`.
 double step_loss(model::InternLM2<float>& m, const std::vector<data::MicroBatch>& batches) {
   std::vector<model::LossSum> micro;
   for (const auto& b : batches) micro.push_back(m.forward_loss(b));
-  return train::combine_step_loss(micro, "token");
+  return train::combine_step_loss(micro, train::LossReduction::kToken);
 }
 
 TEST(Trainer, DumpGradsMatchesFiniteDifferencesOfTheStepLoss) {

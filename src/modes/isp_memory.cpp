@@ -1,0 +1,65 @@
+// The memory terms of the "isp" mode (mode_memory.h): Ulysses sequence parallel with the weights
+// gathered per layer, and 2D-Attention's context parallel.
+#include <algorithm>
+#include <fmt/core.h>
+
+#include <cmath>
+#include <string>
+
+#include "data/context_split.h"
+#include "modes/engine.h"
+#include "modes/mode_memory.h"
+
+namespace longtron::parallel {
+
+void isp_memory(const ModeMemoryInputs& in, ModeMemory& s) {
+  const model::ModelConfig& m = in.model;
+  const model::ParamLayout& full = in.full;
+  const double P = in.packed_length, d = static_cast<double>(m.head_dim()),
+               Hq = static_cast<double>(m.num_attention_heads),
+               Hkv = static_cast<double>(m.num_kv_attention_heads),
+               Hid = static_cast<double>(m.hidden_size);
+  const double T = in.grid.tp;
+  model::WorkspaceShape& w = s.ws;
+  // 2D-Attention: Ulysses over the head group of Th = head_size ranks, the context share of
+  // M = P / C tokens after it (docs/isp.md); without it Th = T, C = 1.
+  const Layout& l = in.grid.layout;
+  const double C = l.seq2d ? l.seq2d_context : 1, Th = T / C;
+  const UlyssesShare h = ulysses_share(Hq, Hkv, Th);
+  const double N = std::ceil(P / T), local_heads = h.q + 2 * h.kv;
+  w.N = w.R = N;
+  w.H = Hid;
+  w.Q = static_cast<double>(m.qkv_size());
+  w.F = static_cast<double>(m.ffn_size());
+  w.A = Hq * d;
+  w.saved_qkv = N * (Th * local_heads + Hq) * d;
+  w.saved_lse = N * Hq;
+  s.attn_hq = h.q;
+  s.attn_hkv = h.kv;
+  s.attn_tokens = N * Th;
+  s.head_rows = N;
+  // Gathered weights: the largest tensor (the head or the embedding) once, twice with prefetch,
+  // its full gradient before the reduce-scatter, and the send/receive staging; plus Ulysses'
+  // split and packed token buffers. Under bf16 a gathered weight other than the embedding
+  // (gathered in fp32 for its fp32 lookup) holds 2 bytes an element: half a float.
+  double largest = 0, gathered = 0;
+  for (const auto& v : full.views()) {
+    const double numel = static_cast<double>(v.numel);
+    largest = std::max(largest, numel);
+    const bool fp32 = !in.bf16 || &v == &full.view(full.tok_embeddings);
+    gathered = std::max(gathered, fp32 ? numel : 0.5 * numel);
+  }
+  const double slots = l.weight_overlap ? 2 : 1;
+  s.layout_scratch = slots * gathered + 3 * largest + N * (w.Q + Th * local_heads * d) * 2;
+  // Context parallel (cp_attention.h): this rank's K/V, the gathered row's, the key buffer and
+  // its gradient (at most about twice the row: a rank's two zigzag pieces of a document both
+  // copy its start).
+  if (C > 1) s.layout_scratch += (N * Th + P + 2 * 2 * P) * 2 * h.kv * d;
+  s.bf16_operands = Bf16Operands::kHeadRows;
+  s.sizes = fmt::format(", tensor {}, weight {}", l.tensor_size, l.weight_size);
+  if (l.seq2d)
+    s.sizes += fmt::format(", 2D-Attention head {} x context {} ({})", l.seq2d_head,
+                           l.seq2d_context, data::context_balance_name(l.seq2d_balance));
+}
+
+}  // namespace longtron::parallel
