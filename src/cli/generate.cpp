@@ -137,15 +137,22 @@ int run_generate(const GenerateOptions& o) {
             : "");
   const data::Tokenizer tok = data::Tokenizer::load(m.tokenizer);
   std::vector<int32_t> ids;
-  int32_t stop = tok.eos_id();
+  std::vector<int32_t> stop = {tok.eos_id()};
   if (o.chat) {  // the template's reply prompt; the answer ends at its end-of-turn token
     check(!o.chat_template.empty(), "generate: --chat needs --chat-template NAME|FILE");
-    const data::ChatEncoder encoder(data::load_chat_template(o.chat_template), tok);
+    const auto chat = data::load_chat_template(o.chat_template);
+    const data::ChatEncoder encoder(chat, tok);
     data::Conversation c;
     if (!o.system.empty()) c.push_back({data::ChatMessage::Role::kSystem, o.system});
     c.push_back({data::ChatMessage::Role::kUser, o.prompt});
     ids = encoder.encode_prompt(c);
-    stop = encoder.end_of_turn_id();
+    stop = {encoder.end_of_turn_id()};
+    if (chat.jinja) {  // a model's own template: also its eos_token and config.json's eos_token_id
+      stop = encoder.stop_ids();
+      for (const int32_t id : config_eos_ids(engine->full_layout().config())) stop.push_back(id);
+      check(!stop.empty(), "generate: the chat template {} names no end-of-turn or eos_token in the "
+            "vocabulary and config.json has no eos_token_id: nothing would end the reply", chat.name);
+    }
   } else {
     ids = tok.encode(o.prompt, /*bos_eos=*/false);
     if (tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());
@@ -155,7 +162,7 @@ int run_generate(const GenerateOptions& o) {
   std::mt19937_64 rng(o.seed);
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
     const int32_t next = pick(engine->model().logits_last(ids), o, rng);
-    if (next == stop) break;
+    if (std::find(stop.begin(), stop.end(), next) != stop.end()) break;
     ids.push_back(next);
   }
   // Decoding the whole sequence keeps SentencePiece's word-boundary spaces right at the seam;
@@ -188,7 +195,8 @@ Subcommand generate_command(45, [](CLI::App& app) {
   sub->add_flag("--chat", o->chat, "The prompt is a user message: apply --chat-template, stop at "
                 "its end-of-turn token, print the answer");
   sub->add_option("--chat-template", o->chat_template,
-                  "internlm2 | chatml | llama2 | mistral | a template file (with --chat)");
+                  "internlm2 | chatml | llama2 | mistral | a model folder, tokenizer_config.json or "
+                  ".jinja file | a template file (with --chat)");
   sub->add_option("--system", o->system, "System message (with --chat)");
   return [o, prompt, ids] {
     check(prompt->count() + ids->count() > 0, "generate: --prompt or --prompt-ids is required");
