@@ -132,9 +132,12 @@ class Lexer {
   // Tokens of one `{% … %}` or `{{ … }}`; returns whether a line starts after it.
   bool lex_tag(bool block) {
     int depth = 0;  // open brackets: a `}` inside a dict literal does not close the tag
+    const int start_line = line_;
     while (true) {
       while (pos_ < src_.size() && std::isspace(static_cast<unsigned char>(src_[pos_]))) advance_to(pos_ + 1);
-      if (pos_ >= src_.size()) error(block ? "the block tag is not closed" : "the expression is not closed");
+      if (pos_ >= src_.size())
+        fail("{}: template line {}: the {} opened here is not closed", name_, start_line,
+             block ? "block tag" : "expression");
       const std::string_view rest(src_.data() + pos_, src_.size() - pos_);
       if (depth == 0) {
         const std::string close = block ? "%}" : "}}";
@@ -165,7 +168,10 @@ class Lexer {
         if (op.size() == 1 && std::string("+-*/%~<>=()[]{},.:|;").find(c) == std::string::npos)
           error(fmt::format("unexpected character '{}'", c));
         if (op == "(" || op == "[" || op == "{") ++depth;
-        if ((op == ")" || op == "]" || op == "}") && depth > 0) --depth;
+        if (op == ")" || op == "]" || op == "}") {
+          if (depth == 0) error(fmt::format("unexpected '{}'", op));
+          --depth;
+        }
         tokens_.push_back({Token::Kind::kOperator, op, line_});
         advance_to(pos_ + op.size());
       }
