@@ -9,6 +9,7 @@
 
 #include "cli/registry.h"
 #include "core/error.h"
+#include "data/chat_jinja.h"
 #include "data/chat_template.h"
 
 namespace longtron::cli {
@@ -27,8 +28,12 @@ int run_render_chat(const RenderChatOptions& o) {
   for (const auto& c : conversations) {
     std::string text;
     try {
-      for (const auto& segment : data::chat_segments(chat, c.messages, o.add_generation_prompt, c.where))
-        text += segment.text;
+      if (chat.jinja) {
+        text = data::render_jinja_chat(chat, c.messages, o.add_generation_prompt, c.where);
+      } else {
+        for (const auto& segment : data::chat_segments(chat, c.messages, o.add_generation_prompt, c.where))
+          text += segment.text;
+      }
     } catch (const Error& e) {
       fmt::print(stderr, "render-chat: {}\n", e.what());
       ++refused;

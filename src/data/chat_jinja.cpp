@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "data/jinja.h"
+#include "data/token_matcher.h"
 
 namespace longtron::data {
 
@@ -25,14 +26,16 @@ std::string read_file(const fs::path& file) {
   return bytes.str();
 }
 
-nlohmann::ordered_json read_json(const fs::path& file) {
-  auto j = nlohmann::ordered_json::parse(read_file(file), nullptr, false);
+// nlohmann::json (sorted keys), not ordered_json, whose insertion is linear in the object size:
+// a tokenizer.json vocabulary has 150 000 keys.
+nlohmann::json read_json(const fs::path& file) {
+  auto j = nlohmann::json::parse(read_file(file), nullptr, false);
   check(!j.is_discarded() && j.is_object(), "{}: not a JSON object", file.string());
   return j;
 }
 
 // A special token of tokenizer_config.json: a string, an AddedToken object {"content": …}, or null.
-std::string token_text(const nlohmann::ordered_json& v, const std::string& key, const fs::path& file) {
+std::string token_text(const nlohmann::json& v, const std::string& key, const fs::path& file) {
   if (v.is_null()) return "";
   if (v.is_string()) return v.get<std::string>();
   check(v.is_object() && v.contains("content") && v["content"].is_string(),
@@ -41,7 +44,7 @@ std::string token_text(const nlohmann::ordered_json& v, const std::string& key, 
 }
 
 // The chat_template value: a string, or a list of {"name", "template"} whose "default" is taken.
-std::string template_source(const nlohmann::ordered_json& value, const fs::path& file) {
+std::string template_source(const nlohmann::json& value, const fs::path& file) {
   if (value.is_string()) return value.get<std::string>();
   check(value.is_array(), "{}: \"chat_template\" must be a string or a list of {{\"name\", \"template\"}}",
         file.string());
@@ -67,7 +70,7 @@ void add_token(ChatTemplate& t, const std::string& token, bool special) {
 
 // Special tokens, template variables and added tokens of a tokenizer_config.json (and of the
 // tokenizer.json beside it, which lists the added tokens some configs leave out).
-void read_tokens(ChatTemplate& t, const nlohmann::ordered_json& config, const fs::path& file) {
+void read_tokens(ChatTemplate& t, const nlohmann::json& config, const fs::path& file) {
   for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                           "mask_token"}) {
     if (!config.contains(key)) continue;
@@ -79,7 +82,7 @@ void read_tokens(ChatTemplate& t, const nlohmann::ordered_json& config, const fs
   if (config.contains("additional_special_tokens") && config["additional_special_tokens"].is_array())
     for (const auto& v : config["additional_special_tokens"])
       add_token(t, token_text(v, "additional_special_tokens", file), true);
-  auto added = [&](const nlohmann::ordered_json& list, const fs::path& from) {
+  auto added = [&](const nlohmann::json& list, const fs::path& from) {
     for (const auto& item : list) {
       check(item.is_object() && item.contains("content") && item["content"].is_string(),
             "{}: every added token needs a \"content\" string", from.string());
@@ -87,13 +90,13 @@ void read_tokens(ChatTemplate& t, const nlohmann::ordered_json& config, const fs
     }
   };
   if (config.contains("added_tokens_decoder") && config["added_tokens_decoder"].is_object()) {
-    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    nlohmann::json list = nlohmann::json::array();
     for (const auto& [id, item] : config["added_tokens_decoder"].items()) list.push_back(item);
     added(list, file);
   }
   const fs::path tokenizer_json = file.parent_path() / "tokenizer.json";
   if (fs::is_regular_file(tokenizer_json)) {
-    const auto j = nlohmann::ordered_json::parse(read_file(tokenizer_json), nullptr, false);
+    const auto j = nlohmann::json::parse(read_file(tokenizer_json), nullptr, false);
     if (!j.is_discarded() && j.is_object() && j.contains("added_tokens") && j["added_tokens"].is_array())
       added(j["added_tokens"], tokenizer_json);
   }
@@ -101,17 +104,10 @@ void read_tokens(ChatTemplate& t, const nlohmann::ordered_json& config, const fs
 
 bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
-// The special token starting at `at` in `text`, or "".
-const std::string* token_at(const std::vector<std::string>& tokens, const std::string& text, size_t at) {
-  for (const auto& token : tokens)
-    if (text.compare(at, token.size(), token) == 0) return &token;
-  return nullptr;
-}
-
-bool ends_with_token(const std::vector<std::string>& tokens, const std::string& text, size_t at) {
-  for (const auto& token : tokens)
-    if (token.size() <= at && text.compare(at - token.size(), token.size(), token) == 0) return true;
-  return false;
+TokenMatcher<char> matcher_of(const std::vector<std::string>& tokens) {
+  TokenMatcher<char> m;
+  for (const auto& token : tokens) m.add(token, 0);
+  return m;
 }
 
 // The probe answer's end-of-turn token: the first special token after an answer.
@@ -122,9 +118,10 @@ void find_end_of_turn(ChatTemplate& t) {
     for (size_t i = 0; i + 1 < segments.size(); ++i)
       if (segments[i].loss && segments[i].text == "Hello") {
         const std::string& rest = segments[i + 1].text;
+        const auto ends = matcher_of(t.end_tokens);
         for (size_t at = 0; at < rest.size(); ++at)
-          if (const std::string* token = token_at(t.end_tokens, rest, at)) {
-            t.end_of_turn = *token;
+          if (const auto* token = ends.match(rest, at)) {
+            t.end_of_turn = token->first;
             return;
           }
       }
@@ -139,7 +136,7 @@ bool is_jinja_chat_template(const fs::path& path) {
   if (fs::is_directory(path)) return true;
   if (path.extension() == ".jinja") return true;
   if (path.extension() != ".json" || !fs::is_regular_file(path)) return false;
-  const auto j = nlohmann::ordered_json::parse(read_file(path), nullptr, false);
+  const auto j = nlohmann::json::parse(read_file(path), nullptr, false);
   return !j.is_discarded() && j.is_object() && j.contains("chat_template");
 }
 
@@ -163,7 +160,7 @@ ChatTemplate load_jinja_chat_template(const fs::path& path) {
   } else {
     config_file = path;
   }
-  nlohmann::ordered_json config = nlohmann::ordered_json::object();
+  nlohmann::json config = nlohmann::json::object();
   if (!config_file.empty()) config = read_json(config_file);
   if (!source_file.empty()) {
     source = read_file(source_file);
@@ -215,6 +212,8 @@ std::vector<ChatSegment> jinja_chat_segments(const ChatTemplate& chat, const Con
   auto add = [&](size_t begin, size_t end, bool loss) {
     if (end > begin) out.push_back({text.substr(begin, end - begin), loss});
   };
+  const auto specials = matcher_of(chat.special_tokens);
+  const auto ends = matcher_of(chat.end_tokens);
   size_t pos = 0;
   for (size_t m = 0; m < conversation.size(); ++m) {
     if (conversation[m].role != ChatMessage::Role::kAssistant) continue;
@@ -231,11 +230,11 @@ std::vector<ChatSegment> jinja_chat_segments(const ChatTemplate& chat, const Con
         const size_t end = at + form.size();
         size_t after = end;
         while (after < text.size() && is_space(text[after])) ++after;
-        const bool starts = at == pos || is_space(text[at - 1]) || ends_with_token(chat.special_tokens, text, at);
-        const bool ends = after == text.size() || token_at(chat.end_tokens, text, after) != nullptr;
+        const bool starts = at == pos || is_space(text[at - 1]) || specials.ends_at(text, at);
+        const bool ended = after == text.size() || ends.match(text, after) != nullptr;
         if (loose == std::string::npos || at < loose || (at == loose && form.size() > loose_len))
           loose = at, loose_len = form.size();
-        if (starts && ends) {
+        if (starts && ended) {
           if (best == std::string::npos || at < best || (at == best && form.size() > best_len))
             best = at, best_len = form.size();
           break;
@@ -251,9 +250,9 @@ std::vector<ChatSegment> jinja_chat_segments(const ChatTemplate& chat, const Con
     add(best, end, true);
     // Through the first special token after the answer (the end of turn): loss; what follows: none.
     for (size_t at = end; at < text.size(); ++at)
-      if (const std::string* token = token_at(chat.end_tokens, text, at)) {
-        add(end, at + token->size(), true);
-        end = at + token->size();
+      if (const auto* token = ends.match(text, at)) {
+        add(end, at + token->first.size(), true);
+        end = at + token->first.size();
         break;
       }
     pos = end;

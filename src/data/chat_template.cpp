@@ -165,11 +165,9 @@ ChatEncoder::ChatEncoder(const ChatTemplate& chat, const Tokenizer& tokenizer)
     check(id >= 0, "chat template {}: special token \"{}\" is not a single id of the tokenizer's "
           "vocabulary (use a tokenizer that has it, or prepare --train-tokenizer, which adds it)",
           chat_.name, token);
-    specials_.emplace_back(token, id);
+    specials_.add(token, id);
     if (token == chat_.end_of_turn) end_of_turn_id_ = id;
   }
-  std::sort(specials_.begin(), specials_.end(),
-            [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
 }
 
 // Literal text: split at special tokens (longest match first), plain chunks encoded whole.
@@ -184,10 +182,8 @@ void ChatEncoder::append_literal(const std::string& text, bool loss, EncodedConv
     }
   };
   while (at < text.size()) {
-    const auto special = std::find_if(specials_.begin(), specials_.end(), [&](const auto& s) {
-      return text.compare(at, s.first.size(), s.first) == 0;
-    });
-    if (special == specials_.end()) {
+    const auto* special = specials_.match(text, at);
+    if (!special) {
       ++at;
       continue;
     }

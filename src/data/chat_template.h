@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "data/token_matcher.h"
 #include "data/tokenizer.h"
 
 namespace longtron::data {
@@ -112,7 +113,7 @@ class ChatEncoder {
 
   ChatTemplate chat_;
   const Tokenizer& tokenizer_;
-  std::vector<std::pair<std::string, int32_t>> specials_;  // longest first
+  TokenMatcher<int32_t> specials_;  // special token -> id (longest match wins)
   int32_t end_of_turn_id_ = -1;
   std::vector<std::string> missing_;  // special tokens of a Jinja template the vocabulary lacks
 };
