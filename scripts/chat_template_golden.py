@@ -108,6 +108,50 @@ def render(template, variables):
         return {"error": str(e)}
 
 
+LLAMA31_LIKE = """{{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- set date_string = strftime_now("%d %b %Y") %}
+{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- if tools_in_user_message and not tools is none %}
+    {%- set first_user_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+{%- for message in messages %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"""
+
+MISTRAL_LIKE = """{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"""
+
 FEATURES = [
     # (name, template, variables)
     ("trim_lstrip", "  {% if true %}\n  yes\n  {% endif %}\nafter", {}),
@@ -168,6 +212,21 @@ FEATURES = [
     ("raise", "{% if x %}{{ raise_exception('bad ' ~ x) }}{% endif %}ok", {"x": "input"}),
     ("elif", "{% for x in [1, 2, 3] %}{% if x == 1 %}one{% elif x == 2 %}two{% else %}many{% endif %} {% endfor %}", {}),
     ("crlf_trailing", "a\r\n{% if true %}\r\nb\r\n{% endif %}\r\n", {}),
+    # Constructs of other published templates (Llama 3.1's tools and date, Mistral's alternation).
+    ("llama31_like", LLAMA31_LIKE, {"messages": [{"role": "system", "content": " Be brief. "},
+                                                  {"role": "user", "content": "Weather?"}],
+                                     "tools": [{"type": "function", "function": {"name": "get", "parameters":
+                                                {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+                                     "bos_token": "<|begin_of_text|>", "add_generation_prompt": True}),
+    ("mistral_like", MISTRAL_LIKE, {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                                                  {"role": "user", "content": "c"}],
+                                     "bos_token": "<s>", "eos_token": "</s>"}),
+    ("mistral_like_refuses", MISTRAL_LIKE, {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "c"}],
+                                             "bos_token": "<s>", "eos_token": "</s>"}),
+    ("nested_loops", "{% for a in [1, 2] %}{% for b in 'xy' %}{{ loop.index }}{{ b }}{% endfor %}:{{ loop.index }};{% endfor %}", {}),
+    ("conditional_filters", "{{ (xs | length > 1) and xs[1:] | join(',') or 'short' }}|{{ xs | map('string') | join }}|"
+     "{{ {'b': 1, 'a': 2} | dictsort }}|{{ ['b', 'a', 'b'] | unique | list }}|{{ -1 | abs }}|{{ 2.567 | round(2) }}",
+     {"xs": [1, 2, 3]}),
 ]
 
 
