@@ -214,23 +214,21 @@ std::vector<ChatSegment> jinja_chat_segments(const ChatTemplate& chat, const Con
   };
   const auto specials = matcher_of(chat.special_tokens);
   const auto ends = matcher_of(chat.end_tokens);
-  size_t pos = 0;
-  for (size_t m = 0; m < conversation.size(); ++m) {
-    if (conversation[m].role != ChatMessage::Role::kAssistant) continue;
-    const std::string& content = conversation[m].content;
-    std::vector<std::string> forms = {content, jinja::py_strip(content, nullptr, true, true)};
-    const std::string newlines = "\n";
-    forms.push_back(jinja::py_strip(content, &newlines, true, true));
+  const std::string newlines = "\n";
+  // Where `content` is in text[from:]: the earliest well-placed occurrence (after whitespace or a
+  // special token, followed by a special token) of any of its forms, longest first at one place;
+  // else (unless well_placed_only) the earliest occurrence. {npos, 0} if none.
+  auto locate = [&](const std::string& content, size_t from, bool well_placed_only) {
+    std::vector<std::string> forms = {content, jinja::py_strip(content, nullptr, true, true),
+                                      jinja::py_strip(content, &newlines, true, true)};
     if (const size_t think = content.rfind("</think>"); think != std::string::npos)
       forms.push_back(jinja::py_strip(content.substr(think + 8), &newlines, true, false));
-    // The earliest well-placed occurrence of any form (longest first at one place), else the earliest.
     size_t best = std::string::npos, best_len = 0, loose = std::string::npos, loose_len = 0;
     for (const auto& form : forms) {
-      for (size_t at = text.find(form, pos); at != std::string::npos; at = text.find(form, at + 1)) {
-        const size_t end = at + form.size();
-        size_t after = end;
+      for (size_t at = text.find(form, from); at != std::string::npos; at = text.find(form, at + 1)) {
+        size_t after = at + form.size();
         while (after < text.size() && is_space(text[after])) ++after;
-        const bool starts = at == pos || is_space(text[at - 1]) || specials.ends_at(text, at);
+        const bool starts = at == from || is_space(text[at - 1]) || specials.ends_at(text, at);
         const bool ended = after == text.size() || ends.match(text, after) != nullptr;
         if (loose == std::string::npos || at < loose || (at == loose && form.size() > loose_len))
           loose = at, loose_len = form.size();
@@ -241,11 +239,26 @@ std::vector<ChatSegment> jinja_chat_segments(const ChatTemplate& chat, const Con
         }
       }
     }
-    if (best == std::string::npos) best = loose, best_len = loose_len;
+    if (best == std::string::npos && !well_placed_only) best = loose, best_len = loose_len;
+    return std::pair{best, best_len};
+  };
+  size_t pos = 0;      // where the next search starts
+  size_t emitted = 0;  // the end of the segments so far
+  for (size_t m = 0; m < conversation.size(); ++m) {
+    const std::string& content = conversation[m].content;
+    if (conversation[m].role != ChatMessage::Role::kAssistant) {
+      // Step over a system or user message found well placed, so that an answer repeating it is
+      // not taken from it; one the template moved or rewrote is skipped.
+      if (content.empty()) continue;
+      const auto [at, len] = locate(content, pos, true);
+      if (at != std::string::npos) pos = at + len;
+      continue;
+    }
+    const auto [best, best_len] = locate(content, pos, false);
     check(best != std::string::npos,
           "{}: message {} (assistant) is not in the text the chat template rendered, neither verbatim "
           "nor stripped, so its loss cannot be placed", what, m);
-    add(pos, best, false);
+    add(emitted, best, false);
     size_t end = best + best_len;
     add(best, end, true);
     // Through the first special token after the answer (the end of turn): loss; what follows: none.
@@ -255,9 +268,9 @@ std::vector<ChatSegment> jinja_chat_segments(const ChatTemplate& chat, const Con
         end = at + token->first.size();
         break;
       }
-    pos = end;
+    pos = emitted = end;
   }
-  add(pos, text.size(), false);
+  add(emitted, text.size(), false);
   return out;
 }
 

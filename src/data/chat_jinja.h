@@ -34,7 +34,9 @@ std::string render_jinja_chat(const ChatTemplate& chat, const Conversation& conv
 /// the rendered text, in order: verbatim, or as the template transformed it (stripped of
 /// whitespace, as Llama 3's `| trim`; stripped of newlines; or the answer after a reasoning block's
 /// `</think>`, which Qwen3 drops from earlier turns), preferring an occurrence that starts after
-/// whitespace or a special token and is followed by a special token. Loss falls on the content and
+/// whitespace or a special token and is followed by a special token, and searching after the
+/// system and user messages found so placed (so an answer that repeats the question is not taken
+/// from the question). Loss falls on the content and
 /// on the text after it through the first special token (chat.end_tokens) that follows, not on
 /// what comes after that token. With add_generation_prompt the text is one no-loss segment.
 /// Throws Error naming `what` and the message for content that cannot be found.

@@ -111,6 +111,13 @@ TEST(ChatJinja, LossFallsOnTheAnswerAsTheTemplateWroteIt) {
   EXPECT_EQ(loss_runs(ds), (std::vector<std::string>{"Très bien, merci ! 👍<｜end▁of▁sentence｜>",
                                                      "Oui.\nDeux lignes.<｜end▁of▁sentence｜>"}));
   EXPECT_EQ(ds.front().text.rfind("<｜begin▁of▁sentence｜>", 0), 0u);
+  // An answer that repeats the user's words is found after them, not in them.
+  EXPECT_EQ(loss_runs(chat_segments(llama, {{R::kUser, "Yes"}, {R::kAssistant, "Yes"}}, false, "echo")),
+            (std::vector<std::string>{"Yes<|eot_id|>"}));
+  const auto echo = chat_segments(qwen, {{R::kUser, "Yes"}, {R::kAssistant, "Yes"}}, false, "echo");
+  ASSERT_GE(echo.size(), 2u);
+  EXPECT_EQ(echo[0].text, "<|im_start|>user\nYes<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  EXPECT_FALSE(echo[0].loss);
   // A generation prompt is one no-loss segment ending with the reply header.
   const auto prompt = chat_segments(llama, {{R::kUser, "Hi"}}, true, "prompt");
   ASSERT_EQ(prompt.size(), 1u);

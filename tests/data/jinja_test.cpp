@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "data/jinja.h"
@@ -133,6 +134,43 @@ TEST(Jinja, UndefinedFollowsJinja2) {
   EXPECT_EQ(render("{% if u %}y{% else %}n{% endif %}{% for x in u %}x{% endfor %}"), "n");
   EXPECT_EQ(render("{{ u | default('z') }}{{ u | length }}"), "z0");
   testing::expect_error([&] { render("{{ d.b.c }}"); }, {"has no attribute 'b'"});
+}
+
+// Mutated real templates (characters dropped, repeated or replaced by template syntax) parse and
+// render or fail with an Error; nothing crashes or hangs.
+TEST(Jinja, MutatedTemplatesFailCleanly) {
+  const auto conversations = read_jsonl("conversations.jsonl");
+  std::mt19937 gen(7);
+  const std::vector<std::string> pieces = {"{%", "%}", "{{", "}}", "{#", "-", "(", ")", "[", "]", "'", "\"",
+                                           "|", ".", ",", "if", "for", "endfor", "not", "\n", " "};
+  int parsed = 0, rendered = 0;
+  for (const char* model : {"llama3", "qwen3", "gemma3", "deepseek_v3"}) {
+    const std::string source = read_json(std::string(model) + ".json")["chat_template"];
+    for (int trial = 0; trial < 300; ++trial) {
+      std::string t = source;
+      const int edits = 1 + static_cast<int>(gen() % 3);
+      for (int e = 0; e < edits && !t.empty(); ++e) {
+        const size_t at = gen() % t.size();
+        switch (gen() % 3) {
+          case 0: t.erase(at, 1 + gen() % 4); break;
+          case 1: t.insert(at, t.substr(at, 1 + gen() % 8)); break;
+          default: t.insert(at, pieces[gen() % pieces.size()]);
+        }
+      }
+      try {
+        const Template parsed_template = Template::parse(t, "mutated");
+        ++parsed;
+        Dict variables;
+        variables.set("messages", from_json(conversations[gen() % conversations.size()]["messages"]));
+        variables.set("bos_token", Value::from("<s>"));
+        parsed_template.render(variables);
+        ++rendered;
+      } catch (const Error&) {
+      }
+    }
+  }
+  EXPECT_GT(parsed, 0);
+  EXPECT_GT(rendered, 0);
 }
 
 }  // namespace
