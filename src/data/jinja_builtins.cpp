@@ -15,7 +15,8 @@ namespace {
 
 [[noreturn]] void type_error(int line, const std::string& what) { fail("template line {}: {}", line, what); }
 
-const Value& arg(const CallArgs& a, size_t i, const char* key, const Value& fallback) {
+// By value: `fallback` is often a temporary.
+Value arg(const CallArgs& a, size_t i, const char* key, const Value& fallback) {
   for (const auto& [k, v] : a.kwargs)
     if (k == key) return v;
   return i < a.args.size() ? a.args[i] : fallback;
@@ -190,7 +191,7 @@ Value method(const Value& self, const std::string& name, const CallArgs& a, int 
       return Value::from(out);
     }
     if (name == "find" || name == "count") {
-      const std::string& t = need_string(arg(a, 0, "sub", none), line, "the argument");
+      const std::string t = need_string(arg(a, 0, "sub", none), line, "the argument");
       if (name == "find") {
         const size_t at = s.find(t);
         if (at == std::string::npos) return Value::from(int64_t{-1});
