@@ -170,6 +170,8 @@ ChatTemplate load_jinja_chat_template(const fs::path& path) {
     source = template_source(config["chat_template"], config_file);
   }
   if (!config_file.empty()) read_tokens(t, config, config_file);
+  t.special_matcher = std::make_shared<const TokenMatcher<char>>(matcher_of(t.special_tokens));
+  t.end_matcher = std::make_shared<const TokenMatcher<char>>(matcher_of(t.end_tokens));
   const std::string where = (source_file.empty() ? config_file : source_file).string();
   t.jinja = std::make_shared<const jinja::Template>(jinja::Template::parse(source, where));
   find_end_of_turn(t);
@@ -212,8 +214,13 @@ std::vector<ChatSegment> jinja_chat_segments(const ChatTemplate& chat, const Con
   auto add = [&](size_t begin, size_t end, bool loss) {
     if (end > begin) out.push_back({text.substr(begin, end - begin), loss});
   };
-  const auto specials = matcher_of(chat.special_tokens);
-  const auto ends = matcher_of(chat.end_tokens);
+  auto matcher = [](const std::shared_ptr<const TokenMatcher<char>>& built, const std::vector<std::string>& tokens) {
+    return built ? built : std::make_shared<const TokenMatcher<char>>(matcher_of(tokens));
+  };
+  const auto specials_ptr = matcher(chat.special_matcher, chat.special_tokens);
+  const auto ends_ptr = matcher(chat.end_matcher, chat.end_tokens);
+  const TokenMatcher<char>& specials = *specials_ptr;
+  const TokenMatcher<char>& ends = *ends_ptr;
   const std::string newlines = "\n";
   // Where `content` is in text[from:]: the earliest well-placed occurrence (after whitespace or a
   // special token, followed by a special token) of any of its forms, longest first at one place;

@@ -53,6 +53,9 @@ struct ChatTemplate {
   std::vector<std::pair<std::string, std::string>> jinja_variables;
   /// Of special_tokens, the special ones (a Jinja answer's loss runs through the first following).
   std::vector<std::string> end_tokens;
+  /// special_tokens and end_tokens as matchers, built once by load_jinja_chat_template (rebuilt
+  /// per conversation where null).
+  std::shared_ptr<const TokenMatcher<char>> special_matcher, end_matcher;
   /// Throws Error naming the template and the field for a malformed template.
   void validate() const;
 };
