@@ -65,7 +65,10 @@ std::string conversations_jsonl() {
     if (c % 2 == 0) messages.push_back({{"role", "system"}, {"content", "answer briefly"}});
     for (int t = 0; t < 2; ++t) {
       messages.push_back({{"role", "user"}, {"content", english_document(gen, 1)}});
-      messages.push_back({{"role", "assistant"}, {"content", " " + english_document(gen, 1) + " "}});
+      std::string answer = " ";  // spaces around each answer: Llama 3's template trims them
+      answer += english_document(gen, 1);
+      answer += ' ';
+      messages.push_back({{"role", "assistant"}, {"content", answer}});
     }
     out += nlohmann::json{{"messages", messages}}.dump() + "\n";
   }
