@@ -146,22 +146,29 @@ int run_generate(const GenerateOptions& o) {
     }
   }();
   std::vector<int32_t> ids;
-  int32_t stop = tok.eos_id();
+  std::vector<int32_t> stop = {tok.eos_id()};
   if (o.chat) {  // the template's reply prompt; the answer ends at its end-of-turn token
     check(!o.chat_template.empty(), "generate: --chat needs --chat-template NAME|FILE");
-    const data::ChatEncoder encoder(data::load_chat_template(o.chat_template), tok);
+    const auto chat = data::load_chat_template(o.chat_template);
+    const data::ChatEncoder encoder(chat, tok);
     data::Conversation c;
     if (!o.system.empty()) c.push_back({data::ChatMessage::Role::kSystem, o.system});
     c.push_back({data::ChatMessage::Role::kUser, o.prompt});
     ids = encoder.encode_prompt(c);
-    stop = encoder.end_of_turn_id();
+    stop = {encoder.end_of_turn_id()};
+    if (chat.jinja) {  // a model's own template: also its eos_token and config.json's eos_token_id
+      stop = encoder.stop_ids();
+      for (const int32_t id : config_eos_ids(engine->full_layout().config())) stop.push_back(id);
+      check(!stop.empty(), "generate: the chat template {} names no end-of-turn or eos_token in the "
+            "vocabulary and config.json has no eos_token_id: nothing would end the reply", chat.name);
+    }
   } else {
     ids = tok.encode(o.prompt, /*bos_eos=*/false);
     if (tok.bos_id() >= 0) ids.insert(ids.begin(), tok.bos_id());
   }
   check(!ids.empty(), "generate: empty prompt and the tokenizer has no BOS");
   const size_t prompt_len = ids.size();
-  decode(o, *engine, ids, {stop});
+  decode(o, *engine, ids, stop);
   // Decoding the whole sequence keeps word-boundary spaces right at the seam;
   // a chat prints only the answer.
   fmt::print("{}\n", o.chat ? tok.decode({ids.begin() + static_cast<std::ptrdiff_t>(prompt_len), ids.end()})
@@ -189,7 +196,8 @@ Subcommand generate_command(help_order::kGenerate, [](CLI::App& app) {
   sub->add_flag("--chat", o->chat, "The prompt is a user message: apply --chat-template, stop at "
                 "its end-of-turn token, print the answer");
   sub->add_option("--chat-template", o->chat_template,
-                  "internlm2 | chatml | llama2 | mistral | a template file (with --chat)");
+                  "internlm2 | chatml | llama2 | mistral | a model folder, tokenizer_config.json or "
+                  ".jinja file | a template file (with --chat)");
   sub->add_option("--system", o->system, "System message (with --chat)");
   return [o, prompt, ids] {
     check(prompt->count() + ids->count() > 0, "generate: --prompt or --prompt-ids is required");

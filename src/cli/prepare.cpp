@@ -127,9 +127,15 @@ data::Tokenizer get_tokenizer(const PrepareOptions& options, const std::vector<s
   training.vocab_size = options.vocab_size;
   training.threads = options.threads;
   if (chat) {  // the template's special tokens become single pieces; "\n" stays a newline
-    for (const auto& token : chat->special_tokens)
-      if (token != "<s>" && token != "</s>" && token != "<unk>")  // already control pieces
-        training.user_defined_symbols.push_back(token);
+    for (const auto& token : chat->special_tokens) {
+      if (token == "<s>" || token == "</s>" || token == "<unk>") continue;  // already control pieces
+      // A model's own template lists all its tokenizer's added tokens: keep those the text uses.
+      if (chat->jinja && std::none_of(documents.begin(), documents.end(), [&](const std::string& d) {
+            return d.find(token) != std::string::npos;
+          }))
+        continue;
+      training.user_defined_symbols.push_back(token);
+    }
     training.keep_whitespace = true;
   }
   auto tokenizer = data::train_bpe_tokenizer(documents, training);
@@ -288,7 +294,9 @@ Subcommand prepare_command(help_order::kPrepare, [](CLI::App& app) {
                 "Inputs are .jsonl conversations (messages or XTuner conversation); writes an "
                 "InternEvo .bin where only assistant answers carry loss");
   sub->add_option("--chat-template", options->chat_template,
-                  "With --chat: internlm2 | chatml | llama2 | mistral | a template file (JSON)");
+                  "With --chat: internlm2 | chatml | llama2 | mistral | a model folder, its "
+                  "tokenizer_config.json or a .jinja file (the model's own template) | a template "
+                  "file (JSON)");
   sub->add_option("--format", options->format, "megatron (default; internevo with --chat) or internevo")
       ->check(CLI::IsMember({"megatron", "internevo"}));
   sub->add_option("--text-field", options->text_field, "JSON field holding the text (default text)");

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "data/chat_jinja.h"
 
 namespace longtron::data {
 
@@ -112,6 +113,7 @@ ChatMessage::Role parse_role(const std::string& role, const std::string& where) 
 }
 
 void ChatTemplate::validate() const {
+  if (jinja) return;  // a model's own template: nothing to check beyond its syntax
   auto once = [&](const std::string& field, const std::string& value, bool optional) {
     if (optional && value.empty()) return;
     const size_t at = value.find(kContent);
@@ -137,9 +139,12 @@ ChatTemplate load_chat_template(const std::string& name_or_file) {
   ChatTemplate t;
   if (std::find(names.begin(), names.end(), name_or_file) != names.end()) {
     t = builtin(name_or_file);
+  } else if (std::filesystem::exists(name_or_file) && is_jinja_chat_template(name_or_file)) {
+    return load_jinja_chat_template(name_or_file);
   } else {
     check(std::filesystem::is_regular_file(name_or_file),
-          "--chat-template {}: neither a built-in template ({}) nor a template file", name_or_file,
+          "--chat-template {}: neither a built-in template ({}) nor a model folder, tokenizer_config.json, "
+          ".jinja or template file", name_or_file,
           fmt::format("{}", fmt::join(names, ", ")));
     t = template_from_file(name_or_file);
   }
@@ -152,14 +157,17 @@ ChatEncoder::ChatEncoder(const ChatTemplate& chat, const Tokenizer& tokenizer)
   chat_.validate();
   for (const auto& token : chat_.special_tokens) {
     const int32_t id = tokenizer_.piece_id(token);
+    if (chat_.jinja && id < 0) {  // a model's added token this vocabulary lacks: text, unless special
+      if (std::find(chat_.end_tokens.begin(), chat_.end_tokens.end(), token) != chat_.end_tokens.end())
+        missing_.push_back(token);
+      continue;
+    }
     check(id >= 0, "chat template {}: special token \"{}\" is not a single id of the tokenizer's "
           "vocabulary (use a tokenizer that has it, or prepare --train-tokenizer, which adds it)",
           chat_.name, token);
-    specials_.emplace_back(token, id);
+    specials_.add(token, id);
     if (token == chat_.end_of_turn) end_of_turn_id_ = id;
   }
-  std::sort(specials_.begin(), specials_.end(),
-            [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
 }
 
 // Literal text: split at special tokens (longest match first), plain chunks encoded whole.
@@ -174,10 +182,8 @@ void ChatEncoder::append_literal(const std::string& text, bool loss, EncodedConv
     }
   };
   while (at < text.size()) {
-    const auto special = std::find_if(specials_.begin(), specials_.end(), [&](const auto& s) {
-      return text.compare(at, s.first.size(), s.first) == 0;
-    });
-    if (special == specials_.end()) {
+    const auto* special = specials_.match(text, at);
+    if (!special) {
       ++at;
       continue;
     }
@@ -192,6 +198,7 @@ void ChatEncoder::append_literal(const std::string& text, bool loss, EncodedConv
 
 std::vector<ChatSegment> chat_segments(const ChatTemplate& chat, const Conversation& conversation,
                                        bool add_reply_prefix, const std::string& what) {
+  if (chat.jinja) return jinja_chat_segments(chat, conversation, add_reply_prefix, what);
   check(!conversation.empty(), "{}: the conversation has no messages", what);
   std::vector<ChatSegment> out;
   auto add = [&](std::string text, bool loss) {
@@ -239,25 +246,47 @@ std::vector<ChatSegment> chat_segments(const ChatTemplate& chat, const Conversat
 }
 
 std::string chat_text(const ChatTemplate& chat, const Conversation& conversation) {
+  if (chat.jinja) return render_jinja_chat(chat, conversation, false, "a conversation");
   std::string text;
   for (const auto& segment : chat_segments(chat, conversation, false, "a conversation"))
     text += segment.text;
   return text;
 }
 
+void ChatEncoder::check_specials(const std::vector<ChatSegment>& segments, const std::string& what) const {
+  for (const auto& token : missing_)
+    for (const auto& segment : segments)
+      check(segment.text.find(token) == std::string::npos,
+            "{}: the chat template {} writes the special token \"{}\", which is not a single id of the "
+            "tokenizer's vocabulary (use the model's own tokenizer)", what, chat_.name, token);
+}
+
 EncodedConversation ChatEncoder::encode(const Conversation& conversation,
                                         const std::string& what) const {
   EncodedConversation out;
-  for (const auto& segment : chat_segments(chat_, conversation, false, what))
-    append_literal(segment.text, segment.loss, out);
+  const auto segments = chat_segments(chat_, conversation, false, what);
+  check_specials(segments, what);
+  for (const auto& segment : segments) append_literal(segment.text, segment.loss, out);
   return out;
 }
 
 std::vector<int32_t> ChatEncoder::encode_prompt(const Conversation& conversation) const {
   EncodedConversation out;
-  for (const auto& segment : chat_segments(chat_, conversation, true, "the prompt"))
-    append_literal(segment.text, segment.loss, out);
+  const auto segments = chat_segments(chat_, conversation, true, "the prompt");
+  check_specials(segments, "the prompt");
+  for (const auto& segment : segments) append_literal(segment.text, segment.loss, out);
   return out.ids;
+}
+
+std::vector<int32_t> ChatEncoder::stop_ids() const {
+  std::vector<int32_t> ids;
+  if (end_of_turn_id_ >= 0) ids.push_back(end_of_turn_id_);
+  for (const auto& [key, value] : chat_.jinja_variables)
+    if (key == "eos_token") {
+      const int32_t id = tokenizer_.piece_id(value);
+      if (id >= 0 && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+    }
+  return ids;
 }
 
 std::vector<int32_t> to_stored_ids(const EncodedConversation& encoded, const std::string& what) {
