@@ -18,6 +18,7 @@
 
 #include "cli/registry.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "data/chat_template.h"
 #include "data/tokenizer.h"
 #include "ops/threads.h"
@@ -91,7 +92,7 @@ std::vector<int32_t> parse_prompt_ids(const std::string& text, int64_t vocab) {
 /// config.json's eos_token_id (an id or a list of ids, kept in ModelConfig::hf_extra), or none.
 std::vector<int32_t> config_eos_ids(const model::ModelConfig& c) {
   if (c.hf_extra.empty()) return {};
-  const auto extra = nlohmann::json::parse(c.hf_extra);
+  const auto extra = parse_json(c.hf_extra, "config.json's extra keys");
   if (!extra.contains("eos_token_id")) return {};
   std::vector<int32_t> out;
   const auto& e = extra["eos_token_id"];

@@ -9,6 +9,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/io_error.h"
 #include "core/safetensors.h"
 #include "model/hf_config.h"
@@ -50,13 +51,8 @@ void check_same_layout(const std::vector<NamedTensor>& params, const std::vector
 }
 
 json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  check(in.good(), "{}: cannot open", path.string());
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", path.string(), e.what());
-  }
+  check(std::ifstream(path).good(), "{}: cannot open", path.string());
+  return read_json_file(path);
 }
 
 void fill(const st::Reader& reader, const std::string& prefix, const std::vector<MutableTensor>& list) {
