@@ -3,6 +3,7 @@
 // tokenizer files found with the model. Written under a temporary name and renamed.
 #include <fmt/core.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -42,6 +43,14 @@ int run_export(const ExportOptions& o) {
   const bool bf16 = dtype == "bfloat16";
   hf["torch_dtype"] = dtype;
   const train::HfTensors named = train::hf_named_tensors(*m.params, "", format);
+  for (const auto& t : named.tensors) {  // an export, like a checkpoint, holds finite values only
+    int64_t n = 1;
+    for (int64_t s : t.shape) n *= s;
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(t.data[i]))
+        fail("export: {}: tensor {} holds the non-finite value {} at element {}; nothing was "
+             "written", m.dir.string(), t.name, t.data[i], i);
+  }
   const fs::path tmp = out.string() + ".tmp-export";
   std::error_code ec;
   fs::remove_all(tmp, ec);  // a leftover of an interrupted export; create_directories reports why not
