@@ -122,6 +122,10 @@ int generate_ids(const GenerateOptions& o, parallel::ParallelEngine& engine) {
 int run_generate(const GenerateOptions& o) {
   check(o.max_new_tokens >= 0, "generate: --max-new-tokens must be >= 0, got {}", o.max_new_tokens);
   check(o.top_p > 0 && o.top_p <= 1, "generate: --top-p must be in (0, 1], got {}", o.top_p);
+  // NaN would compare false everywhere and inf divides every logit to 0 or NaN; a negative value
+  // (once read as greedy) is refused too, so that a typo is not taken for a choice.
+  check(std::isfinite(o.temperature) && o.temperature >= 0,
+        "generate: --temperature must be a finite number >= 0 (0 = greedy), got {}", o.temperature);
   set_num_threads(o.threads);
   train::LoadedModel m = train::load_model_dir(o.checkpoint);
   const ops::ComputeTypeScope precision(train::loaded_compute_type(m, o.dtype));
@@ -179,7 +183,7 @@ Subcommand generate_command(45, [](CLI::App& app) {
                               "eos_token_id)");
   prompt->excludes(ids);
   sub->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate (default 64)");
-  sub->add_option("--temperature", o->temperature, "0 = greedy (default); > 0 samples");
+  sub->add_option("--temperature", o->temperature, "0 = greedy (default); > 0 samples; finite, >= 0");
   sub->add_option("--top-p", o->top_p, "Nucleus sampling mass (default 1)");
   sub->add_option("--seed", o->seed, "Sampling seed (default 0)");
   sub->add_option("--threads", o->threads, "Compute threads (default: all cores)");
