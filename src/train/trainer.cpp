@@ -382,6 +382,11 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     if (fp32 && compute == ops::ComputeType::kBFloat16)
       compute = ops::ComputeType::kFloat32, dtype_note = "auto: another rank's CPU lacks AVX512-BF16";
   }
+  if (dtype_note.empty())  // float32: say whether it was asked for or is the default
+    dtype_note = config.model_keys_given.count("dtype")
+                     ? "model.dtype = \"float32\""
+                     : "model.dtype not set: float32 is the default; \"auto\" uses bfloat16 "
+                       "where the CPU has AVX512-BF16";
   if (grid.world_rank == 0) prepare_checkpoint_dir(config, options);
   set_num_threads(static_cast<int>(config.train.num_threads), comm::ranks_on_node());
   // The memory plan, before anything large is allocated: refuse a run that cannot fit.
@@ -459,6 +464,11 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
                compute == ops::ComputeType::kBFloat16 ? "bf16" : "fp32");
     fmt::print(stderr, "train: memory plan {} per rank at peak ({}; longtron train --dry-run shows it)\n",
                format_bytes(plan.peak_bytes), plan.peak_phase);
+    const int64_t warmup = config.lr_scheduler.warmup_steps, total = config.train.total_steps;
+    if (warmup > total)
+      fmt::print(stderr, "train: note: lr_scheduler.warmup_steps {} exceeds train.total_steps {}: "
+                 "the run ends inside the warmup (lr rises to {:.4g} = lr x {}/{}; no decay)\n",
+                 warmup, total, config.optimizer.lr * double(total) / double(warmup), total, warmup);
   }
   auto valid = [&](int64_t step) {
     if (!run.valid_rows) return;
