@@ -24,17 +24,24 @@ namespace {
 
 struct ExportOptions {
   std::string checkpoint, output, format, dtype = "float32";
+  bool overwrite = false;  ///< replace a non-empty --output (after the new folder is complete)
 };
 
 int run_export(const ExportOptions& o) {
   const fs::path out = o.output;
-  check(!fs::exists(out) || fs::is_empty(out), "export: --output {} exists and is not empty", o.output);
+  check(o.overwrite || !fs::exists(out) || fs::is_empty(out),
+        "export: --output {} exists and is not empty (pass --overwrite to replace it)", o.output);
   // InternEvo's spellings (torch.float32, torch.bfloat16) as model.dtype and eval --dtype take them.
   const std::string dtype = ops::canonical_dtype(o.dtype);
   check(dtype == "float32" || dtype == "bfloat16",
         "export: --dtype must be float32 or bfloat16, got \"{}\"", o.dtype);
   // Loading checks every tensor's name and shape before anything is written.
   const train::LoadedModel m = train::load_model_dir(o.checkpoint);
+  {
+    std::error_code ec;
+    check(!fs::exists(out) || !fs::equivalent(out, m.dir, ec),
+          "export: --output {} is the checkpoint being exported", o.output);
+  }
   const model::ModelConfig& config = m.layout->config();
   const std::string format = o.format.empty() ? config.type : o.format;
   model::check_model_type(format, "export --format");
@@ -74,7 +81,7 @@ int run_export(const ExportOptions& o) {
       fs::copy_file(m.tokenizer, tmp / "tokenizer.model");
       copied.push_back("tokenizer.model");
     }
-    if (fs::exists(out)) fs::remove(out);
+    if (fs::exists(out)) fs::remove_all(out);  // empty, or --overwrite: the new folder is complete
     fs::rename(tmp, out);
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(tmp);
@@ -92,7 +99,9 @@ Subcommand export_command(50, [](CLI::App& app) {
   auto* sub = app.add_subcommand("export", "Write a checkpoint as a Hugging Face folder");
   sub->add_option("--checkpoint", o->checkpoint, "Checkpoint root, step folder or Hugging Face folder")
       ->required();
-  sub->add_option("--output", o->output, "Output folder (new or empty)")->required();
+  sub->add_option("--output", o->output, "Output folder (new or empty, or any with --overwrite)")->required();
+  sub->add_flag("--overwrite", o->overwrite,
+                "Replace --output if it holds files (once the new folder is complete)");
   sub->add_option("--format", o->format,
                   "Family to write: internlm2, llama, qwen2 or mistral (default: the model's own; "
                   "an InternLM2 model written as llama has its wqkv split into q/k/v_proj)");
