@@ -183,7 +183,7 @@ std::string comment(const std::string& text) {
     const std::string word = text.substr(b, e - b);
     if (line.size() > 1 && line.size() + 1 + word.size() > 100) {
       out += line + "\n";
-      line = "#";
+      line.assign(1, '#');  // not `line = "#"`: GCC 12's false -Wrestrict there (GCC bug 105329)
     }
     line += " " + word;
     b = e + 1;
