@@ -108,3 +108,25 @@ TEST(NonFinite, EvalOfHugeWeightsFailsAndExportRefusesNaN) {
   EXPECT_TRUE(contains(r.output, "element 7 is nan (not finite")) << r.output;
   EXPECT_FALSE(fs::exists(p.dir / "hf"));
 }
+
+// Under ZeRO-1 over two data-parallel ranks each rank checks only its slice of the flat buffer:
+// a first moment made huge in the head (the end of the buffer, rank 1's slice) makes only rank 1's
+// update non-finite. The verdict must be agreed: both ranks skip (no rank waits in an all-gather
+// the other never enters), and the run ends with the error.
+TEST(NonFinite, ZeroOneRanksAgreeOnASkippedUpdate) {
+  Prepared p;
+  CommandResult r = run_longtron("train" + p.config() + " --set train.total_steps=2");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const fs::path step = p.dir / "ckpt" / "step_2";
+  const std::string head = contains(read_file(step / "optimizer.safetensors"), "exp_avg.output.weight")
+                               ? "exp_avg.output.weight"
+                               : "exp_avg.lm_head.weight";
+  edit_floats(step / "optimizer.safetensors", head, [](float& v, size_t) { v = 3e38f; });
+  r = longtron::testing::mpirun_longtron(
+      2, "train" + p.config() + " --set train.total_steps=3 --set data.valid_folder= --resume " +
+             step.string());
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "step 3: the update would make weights non-finite")) << r.output;
+  EXPECT_TRUE(contains(r.output, "none of the 1 steps of this run applied an update")) << r.output;
+  EXPECT_FALSE(fs::exists(p.dir / "ckpt" / "step_3"));
+}
