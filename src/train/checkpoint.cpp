@@ -13,6 +13,7 @@
 #include "core/json_read.h"
 #include "core/io_error.h"
 #include "core/safetensors.h"
+#include "core/shorten.h"
 #include "model/hf_config.h"
 #include "model/hf_names.h"
 
@@ -219,7 +220,7 @@ void load_model(const fs::path& step_dir, const std::vector<MutableTensor>& para
   for (const auto& t : params) wanted.insert(t.name);
   for (const auto& name : reader.names())
     check(wanted.count(name), "{}: tensor {} is not a parameter of this model (different model "
-          "shape or architecture?)", step_dir.string(), name);
+          "shape or architecture?)", step_dir.string(), shorten(name));
 }
 
 HfTensors hf_named_tensors(const model::Params<float>& full, const std::string& prefix,
@@ -268,7 +269,7 @@ void load_hf_model(const fs::path& path, model::Params<float>& full) {
           "{}: tensor lm_head.weight is present but config.json has tie_word_embeddings = true (the "
           "head is model.embed_tokens.weight; remove one or the other)", path.string());
     check(wanted.count(name), "{}: tensor {} is not a parameter of this {} model (different model "
-          "shape or architecture?)", path.string(), name, full.layout().config().type);
+          "shape or architecture?)", path.string(), shorten(name), full.layout().config().type);
   }
 }
 
