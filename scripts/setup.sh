@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs longtron's build dependencies from Debian's packages (when missing) and builds it.
 # Usage: scripts/setup.sh [build-dir] [extra cmake args...]
+# SETUP_TARGETS="a b" builds only those targets (scripts/demo.sh: longtron); default: everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build}"; shift || true
@@ -23,4 +24,5 @@ if ((${#missing[@]})); then
 fi
 
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "$@" > /dev/null
-cmake --build "$BUILD_DIR" -j "$(nproc)"
+# shellcheck disable=SC2086  # the target list splits on spaces
+cmake --build "$BUILD_DIR" -j "$(nproc)" ${SETUP_TARGETS:+--target $SETUP_TARGETS}

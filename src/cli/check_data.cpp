@@ -7,6 +7,7 @@
 
 #include "cli/registry.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/plural.h"
 #include "data/open.h"
 #include "data/validate.h"
@@ -21,9 +22,8 @@ int64_t vocab_from_dataset_json(const fs::path& path) {
   for (const fs::path& folder : {path, path.parent_path()}) {
     const fs::path json_path = folder / "dataset.json";
     if (!fs::is_regular_file(json_path)) continue;
-    std::ifstream in(json_path);
-    const auto json = nlohmann::json::parse(in, nullptr, false);
-    check(!json.is_discarded() && json.contains("vocab_size") && json["vocab_size"].is_number_integer(),
+    const auto json = read_json_file(json_path);
+    check(json.is_object() && json.contains("vocab_size") && json["vocab_size"].is_number_integer(),
           "{}: expected a JSON object with an integer \"vocab_size\"", json_path.string());
     return json["vocab_size"].get<int64_t>();
   }

@@ -2,6 +2,7 @@
 // training.
 #include <fmt/core.h>
 
+#include <cmath>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -85,6 +86,14 @@ int eval_on(const EvalOptions& o, const comm::CommPtr& world) {
   check(r.count > 0, "{}: no token has a label ({}, every target masked: negative ids "
         "or labels -100, or one-token documents): there is no loss to evaluate", o.data,
         count_of(int64_t(r.documents.size()), "document"));
+  // A NaN or infinite loss is no measurement: the weights hold non-finite or overflowing values.
+  if (!std::isfinite(r.loss())) {
+    int64_t bad = 0;
+    for (const auto& d : r.documents) bad += d.tokens > 0 && !std::isfinite(d.loss());
+    fail("eval: the loss of {} on {} is {} ({} of {} with a non-finite loss): its weights hold "
+         "non-finite values or values too large for the forward pass", m.dir.string(), o.data,
+         r.loss(), bad, count_of(int64_t(r.documents.size()), "document"));
+  }
   if (world->rank() != 0) return 0;  // every rank holds the same result
   if (o.json) {
     nlohmann::json docs = nlohmann::json::array();

@@ -3,6 +3,7 @@
 // tokenizer files found with the model. Written under a temporary name and renamed.
 #include <fmt/core.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -25,17 +26,24 @@ namespace {
 
 struct ExportOptions {
   std::string checkpoint, output, format, dtype = "float32";
+  bool overwrite = false;  ///< replace a non-empty --output (after the new folder is complete)
 };
 
 int run_export(const ExportOptions& o) {
   const fs::path out = o.output;
-  check(!fs::exists(out) || fs::is_empty(out), "export: --output {} exists and is not empty", o.output);
+  check(o.overwrite || !fs::exists(out) || fs::is_empty(out),
+        "export: --output {} exists and is not empty (pass --overwrite to replace it)", o.output);
   // InternEvo's spellings (torch.float32, torch.bfloat16) as model.dtype and eval --dtype take them.
   const std::string dtype = ops::canonical_dtype(o.dtype);
   check(dtype == "float32" || dtype == "bfloat16",
         "export: --dtype must be float32 or bfloat16, got \"{}\"", o.dtype);
   // Loading checks every tensor's name and shape before anything is written.
   const train::LoadedModel m = train::load_model_dir(o.checkpoint);
+  {
+    std::error_code ec;
+    check(!fs::exists(out) || !fs::equivalent(out, m.dir, ec),
+          "export: --output {} is the checkpoint being exported", o.output);
+  }
   const model::ModelConfig& config = m.layout->config();
   const std::string format = o.format.empty() ? config.type : o.format;
   model::check_model_type(format, "export --format");
@@ -44,6 +52,14 @@ int run_export(const ExportOptions& o) {
   const bool bf16 = dtype == "bfloat16";
   hf["torch_dtype"] = dtype;
   const train::HfTensors named = train::hf_named_tensors(*m.params, "", format);
+  for (const auto& t : named.tensors) {  // an export, like a checkpoint, holds finite values only
+    int64_t n = 1;
+    for (int64_t s : t.shape) n *= s;
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(t.data[i]))
+        fail("export: {}: tensor {} holds the non-finite value {} at element {}; nothing was "
+             "written", m.dir.string(), t.name, t.data[i], i);
+  }
   const fs::path tmp = out.string() + ".tmp-export";
   std::error_code ec;
   fs::remove_all(tmp, ec);  // a leftover of an interrupted export; create_directories reports why not
@@ -69,7 +85,7 @@ int run_export(const ExportOptions& o) {
           fs::copy_file(file, tmp / file.filename());
           copied.push_back(file.filename().string());
         }
-    if (fs::exists(out)) fs::remove(out);
+    if (fs::exists(out)) fs::remove_all(out);  // empty, or --overwrite: the new folder is complete
     fs::rename(tmp, out);
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(tmp);
@@ -86,7 +102,9 @@ Subcommand export_command(help_order::kExport, [](CLI::App& app) {
   auto o = std::make_shared<ExportOptions>();
   auto* sub = app.add_subcommand("export", "Write a checkpoint as a Hugging Face folder");
   add_checkpoint_option(*sub, o->checkpoint, "Checkpoint root, step folder or Hugging Face folder");
-  sub->add_option("--output", o->output, "Output folder (new or empty)")->required();
+  sub->add_option("--output", o->output, "Output folder (new or empty, or any with --overwrite)")->required();
+  sub->add_flag("--overwrite", o->overwrite,
+                "Replace --output if it holds files (once the new folder is complete)");
   sub->add_option("--format", o->format,
                   "Family to write: internlm2, llama, qwen2 or mistral (default: the model's own; "
                   "an InternLM2 model written as llama has its wqkv split into q/k/v_proj)");

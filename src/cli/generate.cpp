@@ -19,6 +19,7 @@
 #include "cli/options.h"
 #include "cli/registry.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "data/chat_template.h"
 #include "data/tokenizer.h"
 #include "ops/threads.h"
@@ -91,7 +92,7 @@ std::vector<int32_t> parse_prompt_ids(const std::string& text, int64_t vocab) {
 /// config.json's eos_token_id (an id or a list of ids, kept in ModelConfig::hf_extra), or none.
 std::vector<int32_t> config_eos_ids(const model::ModelConfig& c) {
   if (c.hf_extra.empty()) return {};
-  const auto extra = nlohmann::json::parse(c.hf_extra);
+  const auto extra = parse_json(c.hf_extra, "config.json's extra keys");
   if (!extra.contains("eos_token_id")) return {};
   std::vector<int32_t> out;
   const auto& e = extra["eos_token_id"];
@@ -127,6 +128,10 @@ int generate_ids(const GenerateOptions& o, parallel::ParallelEngine& engine) {
 int run_generate(const GenerateOptions& o) {
   check(o.max_new_tokens >= 0, "generate: --max-new-tokens must be >= 0, got {}", o.max_new_tokens);
   check(o.top_p > 0 && o.top_p <= 1, "generate: --top-p must be in (0, 1], got {}", o.top_p);
+  // NaN would compare false everywhere and inf divides every logit to 0 or NaN; a negative value
+  // (once read as greedy) is refused too, so that a typo is not taken for a choice.
+  check(std::isfinite(o.temperature) && o.temperature >= 0,
+        "generate: --temperature must be a finite number >= 0 (0 = greedy), got {}", o.temperature);
   set_num_threads(o.compute.threads);
   train::LoadedModel m = train::load_model_dir(o.checkpoint);
   const ops::ComputeTypeScope precision(train::loaded_compute_type(m, o.compute.dtype));
@@ -189,7 +194,7 @@ Subcommand generate_command(help_order::kGenerate, [](CLI::App& app) {
                               "eos_token_id)");
   prompt->excludes(ids);
   sub->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate (default 64)");
-  sub->add_option("--temperature", o->temperature, "0 = greedy (default); > 0 samples");
+  sub->add_option("--temperature", o->temperature, "0 = greedy (default); > 0 samples; finite, >= 0");
   sub->add_option("--top-p", o->top_p, "Nucleus sampling mass (default 1)");
   sub->add_option("--seed", o->seed, "Sampling seed (default 0)");
   add_compute_options(*sub, o->compute);

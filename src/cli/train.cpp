@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -13,6 +14,7 @@
 #include "cli/registry.h"
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/memory_plan.h"
@@ -70,9 +72,10 @@ void check_dataset_vocab(const std::string& folder, const char* key, int64_t voc
   if (folder.empty()) return;
   const fs::path dir = fs::is_directory(folder) ? fs::path(folder) : fs::path(folder).parent_path();
   for (const fs::path& meta : {dir / "dataset.json", dir.parent_path() / "dataset.json"}) {
-    std::ifstream in(meta);
+    std::ifstream in(meta, std::ios::binary);
     if (!in) continue;
-    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    const nlohmann::json j = try_parse_json(text).value_or(nlohmann::json());
     if (!j.is_object() || !j.contains("vocab_size") || !j["vocab_size"].is_number_integer()) return;
     const int64_t data_vocab = j["vocab_size"].get<int64_t>();
     check(data_vocab <= vocab_size,

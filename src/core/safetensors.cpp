@@ -16,6 +16,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/io_error.h"
 #include "core/shorten.h"
 
@@ -180,6 +181,10 @@ json parse_header(const uint8_t* begin, const uint8_t* end, const std::string& w
             "{}: tensor {} appears twice in the header", where, shorten(parsed.get<std::string>()));
     return true;
   };
+  // nlohmann's lexer takes a NUL for the end of the text: what follows one would go unread.
+  if (const void* nul = std::memchr(begin, 0, static_cast<size_t>(end - begin)))
+    fail("{}: header holds a NUL byte at byte {} of the header, which JSON does not allow", where,
+         static_cast<const uint8_t*>(nul) - begin);
   try {
     return json::parse(begin, end, bound);
   } catch (const json::exception& e) {
@@ -361,7 +366,8 @@ Reader::Reader(const fs::path& path, const std::string& stem) : path_(path) {
   auto add_file = [&](const fs::path& p) {
     files_.push_back(std::make_unique<File>(p));
     for (const auto& t : files_.back()->tensors()) {
-      check(!where_.count(t.name), "{}: tensor {} appears in more than one shard", where, t.name);
+      check(!where_.count(t.name), "{}: tensor {} appears in more than one shard", where,
+            shorten(t.name));
       where_[t.name] = files_.size() - 1;
     }
   };
@@ -372,27 +378,22 @@ Reader::Reader(const fs::path& path, const std::string& stem) : path_(path) {
   const fs::path single = path / (stem + ".safetensors");
   const fs::path index = path / (stem + ".safetensors.index.json");
   if (fs::exists(index)) {
-    json j;
-    try {
-      std::ifstream in(index);
-      j = json::parse(in);
-    } catch (const json::exception& e) {
-      fail("{}: not valid JSON: {}", index.string(), e.what());
-    }
+    const json j = read_json_file(index);
     check(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
           "{}: missing object 'weight_map'", index.string());
     std::map<std::string, std::vector<std::string>> by_shard;
     for (const auto& [tensor, shard] : j["weight_map"].items()) {
-      check(shard.is_string(), "{}: weight_map[{}] is not a file name", index.string(), tensor);
+      check(shard.is_string(), "{}: weight_map[{}] is not a file name", index.string(), shorten(tensor));
       by_shard[shard.get<std::string>()].push_back(tensor);
     }
     for (const auto& [shard, tensors] : by_shard) {
       const fs::path p = path / shard;
-      check(fs::exists(p), "{}: shard {} named in weight_map does not exist", index.string(), shard);
+      check(fs::exists(p), "{}: shard {} named in weight_map does not exist", index.string(),
+            shorten(shard));
       add_file(p);
       for (const auto& t : tensors)
         check(files_.back()->contains(t), "{}: weight_map puts {} in {}, which lacks it",
-              index.string(), t, shard);
+              index.string(), shorten(t), shorten(shard));
     }
     return;
   }

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "data/chat_jinja.h"
+#include "core/json_read.h"
 
 namespace longtron::data {
 
@@ -64,9 +65,9 @@ std::string string_field(const nlohmann::json& j, const char* key, const std::st
 }
 
 ChatTemplate template_from_file(const std::filesystem::path& path) {
-  const auto j = nlohmann::json::parse(read_whole(path), nullptr, false);
   const std::string file = path.string();
-  check(!j.is_discarded() && j.is_object(), "{}: a chat template file is one JSON object", file);
+  const auto j = parse_json(read_whole(path), file);
+  check(j.is_object(), "{}: a chat template file is one JSON object", file);
   static const std::vector<std::string> known = {"name",      "bos",         "system",
                                                  "user",      "assistant",   "end_of_turn",
                                                  "special_tokens", "system_in_first_user"};
@@ -309,8 +310,8 @@ std::vector<NamedConversation> read_conversations(const std::filesystem::path& f
   for (size_t number = 1; std::getline(lines, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = fmt::format("{}, line {}", file.string(), number);
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    check(!j.is_discarded() && j.is_object(), "{}: not a JSON object", where);
+    const auto j = parse_json(line, where);
+    check(j.is_object(), "{}: not a JSON object", where);
     Conversation c;
     auto text = [&](const nlohmann::json& v, const char* key) {
       check(v.is_string(), "{}: \"{}\" must be a string", where, key);

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/io_error.h"
 #include "data/mapped_file.h"
 #include "data/npy.h"
@@ -71,8 +72,10 @@ int64_t parse_tokens_fast(const char* p, const char* end, size_t skip, size_t co
 
 // The slow path: any JSON object with a "tokens" array of int32. Returns -1 if the line is not one.
 int64_t parse_tokens_json(const char* p, const char* end, size_t skip, size_t count, int32_t* out) {
-  const auto json = nlohmann::json::parse(p, end, nullptr, false);
-  if (json.is_discarded() || !json.is_object() || !json.contains("tokens")) return -1;
+  const auto parsed = try_parse_json(std::string_view(p, static_cast<size_t>(end - p)));
+  if (!parsed) return -1;
+  const nlohmann::json& json = *parsed;
+  if (!json.is_object() || !json.contains("tokens")) return -1;
   const auto& tokens = json["tokens"];
   if (!tokens.is_array()) return -1;
   int64_t n = 0;

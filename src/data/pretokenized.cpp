@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/json_read.h"
 #include "data/memory_source.h"
 
 namespace longtron::data {
@@ -33,7 +34,7 @@ std::vector<int32_t> stored_row(const nlohmann::json& row, const std::string& wh
       const auto& label = row["labels"][i];
       check(label.is_number_integer() && (label.get<int64_t>() == -100 || label.get<int64_t>() == id),
             "{}: labels[{}] must be -100 or input_ids[{}] = {} (Hugging Face's aligned "
-            "convention), got {}", where, i, i, id, label.dump());
+            "convention), got {}", where, i, i, id, json_excerpt(label));
       loss = loss && label.get<int64_t>() != -100;
     }
     check(!loss || id != 0, "{}: token {} has id 0 and carries loss, which the stored convention "
@@ -53,9 +54,7 @@ std::unique_ptr<DocumentSource> open_pretokenized(const std::filesystem::path& f
   for (size_t number = 1; std::getline(in, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = file.string() + ", line " + std::to_string(number);
-    const auto row = nlohmann::json::parse(line, nullptr, false);
-    check(!row.is_discarded(), "{}: not valid JSON", where);
-    documents.push_back(stored_row(row, where));
+    documents.push_back(stored_row(parse_json(line, where), where));
   }
   return std::make_unique<MemorySource>(std::move(documents), file);
 }

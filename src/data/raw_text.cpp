@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_read.h"
 
 namespace longtron::data {
 
@@ -73,8 +74,7 @@ std::vector<std::string> read_text_documents(const fs::path& file, const std::st
   const std::string content = read_whole(file);
   std::vector<std::string> documents;
   if (ext == ".json") {
-    const auto json = nlohmann::json::parse(content, nullptr, false);
-    check(!json.is_discarded(), "{}: not valid JSON", file.string());
+    const auto json = parse_json(content, file.string());
     if (json.is_array()) {
       for (size_t i = 0; i < json.size(); ++i)
         add(documents, text_of(json[i], text_field, file, ", element " + std::to_string(i)));
@@ -93,8 +93,7 @@ std::vector<std::string> read_text_documents(const fs::path& file, const std::st
       continue;
     }
     const std::string where = ", line " + std::to_string(number);
-    const auto json = nlohmann::json::parse(line, nullptr, false);
-    check(!json.is_discarded(), "{}{}: not valid JSON", file.string(), where);
+    const auto json = parse_json(line, file.string() + where);
     add(documents, text_of(json, text_field, file, where));
   }
   return documents;

@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/json_read.h"
 #include "data/shuffle.h"
 
 namespace longtron::data {
@@ -14,10 +15,10 @@ void to_json(nlohmann::json& j, const SamplerState& s) {
 void from_json(const nlohmann::json& j, SamplerState& s) {
   check(j.is_object() && j.contains("epoch") && j.contains("position") &&
             j["epoch"].is_number_integer() && j["position"].is_number_integer(),
-        "sampler state: expected {{\"epoch\": int, \"position\": int}}, got {}", j.dump());
+        "sampler state: expected {{\"epoch\": int, \"position\": int}}, got {}", json_excerpt(j));
   s.epoch = j["epoch"].get<int64_t>();
   s.position = j["position"].get<int64_t>();
-  check(s.epoch >= 0 && s.position >= 0, "sampler state: negative epoch/position in {}", j.dump());
+  check(s.epoch >= 0 && s.position >= 0, "sampler state: negative epoch/position in {}", json_excerpt(j));
 }
 
 StaticBatchSampler::StaticBatchSampler(int64_t num_rows, int64_t micro_num, int64_t dp_size,

@@ -7,6 +7,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/io_error.h"
 #include "model/rope_scaling.h"
 
@@ -42,7 +43,7 @@ const std::set<std::string>& modelled_keys() {
 
 int64_t get_int(const json& j, const char* key, const std::string& source) {
   check(j.contains(key), "{}: missing key {}", source, key);
-  check(j[key].is_number_integer(), "{}: {} must be an integer, got {}", source, key, j[key].dump());
+  check(j[key].is_number_integer(), "{}: {} must be an integer, got {}", source, key, json_excerpt(j[key]));
   return j[key].get<int64_t>();
 }
 int64_t get_int(const json& j, const char* key, const std::string& source, int64_t fallback) {
@@ -51,12 +52,12 @@ int64_t get_int(const json& j, const char* key, const std::string& source, int64
 }
 double get_double(const json& j, const char* key, const std::string& source, double fallback) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
-  check(j[key].is_number(), "{}: {} must be a number, got {}", source, key, j[key].dump());
+  check(j[key].is_number(), "{}: {} must be a number, got {}", source, key, json_excerpt(j[key]));
   return j[key].get<double>();
 }
 bool get_bool(const json& j, const char* key, const std::string& source, bool fallback) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
-  check(j[key].is_boolean(), "{}: {} must be true or false, got {}", source, key, j[key].dump());
+  check(j[key].is_boolean(), "{}: {} must be true or false, got {}", source, key, json_excerpt(j[key]));
   return j[key].get<bool>();
 }
 
@@ -65,7 +66,7 @@ std::string detect_type(const json& hf, const std::string& source) {
   std::string from_type, from_arch;
   if (hf.contains("model_type")) {
     check(hf["model_type"].is_string(), "{}: model_type must be a string, got {}", source,
-          hf["model_type"].dump());
+          json_excerpt(hf["model_type"]));
     from_type = hf["model_type"].get<std::string>();
     bool known = false;
     for (const auto& f : kFamilies) known |= from_type == f.type;
@@ -74,13 +75,13 @@ std::string detect_type(const json& hf, const std::string& source) {
   }
   if (hf.contains("architectures")) {
     check(hf["architectures"].is_array(), "{}: architectures must be a list, got {}", source,
-          hf["architectures"].dump());
+          json_excerpt(hf["architectures"]));
     for (const auto& a : hf["architectures"])
       for (const auto& f : kFamilies)
         if (a.is_string() && a.get<std::string>() == f.architecture && from_arch.empty())
           from_arch = f.type;
     check(!from_arch.empty(), "{}: architectures {} is not supported (supported: {})", source,
-          hf["architectures"].dump(), [] {
+          json_excerpt(hf["architectures"]), [] {
             std::string s;
             for (const auto& f : kFamilies) s += std::string(s.empty() ? "" : ", ") + f.architecture;
             return s;
@@ -90,7 +91,7 @@ std::string detect_type(const json& hf, const std::string& source) {
   // operator[] on a missing key is undefined behaviour, so no argument may touch one).
   if (!from_type.empty() && !from_arch.empty())
     check(from_type == from_arch, "{}: model_type \"{}\" and architectures {} name different families",
-          source, from_type, hf["architectures"].dump());
+          source, from_type, json_excerpt(hf["architectures"]));
   if (from_type.empty() && from_arch.empty()) return "internlm2";  // longtron's own default
   return from_type.empty() ? from_arch : from_type;
 }
@@ -99,7 +100,7 @@ std::string detect_type(const json& hf, const std::string& source) {
 void check_supported(const json& hf, const std::string& source) {
   if (hf.contains("hidden_act")) {
     check(hf["hidden_act"] == "silu", "{}: hidden_act {} is not supported (only \"silu\")", source,
-          hf["hidden_act"].dump());
+          json_excerpt(hf["hidden_act"]));
   }
 }
 
@@ -120,7 +121,7 @@ void check_model_type(const std::string& type, const std::string& what) {
 json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const std::string& format) {
   const std::string type = format.empty() ? c.type : format;
   const std::string arch = hf_architecture(type);
-  json j = c.hf_extra.empty() ? json::object() : json::parse(c.hf_extra);
+  json j = c.hf_extra.empty() ? json::object() : parse_json(c.hf_extra, "config.json's extra keys");
   if (type != c.type) {  // the source family's own keys and remote code mean nothing to another
     for (const char* key : {"auto_map", "bias", "qkv_bias", "o_bias", "attention_bias", "mlp_bias",
                             "use_sliding_window", "max_window_layers", "sliding_window"})
@@ -276,15 +277,9 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
 
 ModelConfig read_hf_config(const fs::path& dir_or_file) {
   const fs::path file = fs::is_directory(dir_or_file) ? dir_or_file / "config.json" : dir_or_file;
-  std::ifstream in(file);
-  check(in.good(), "{}: cannot open (a Hugging Face folder needs config.json)", file.string());
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", file.string(), e.what());
-  }
-  return from_hf_config(j, file.string());
+  check(std::ifstream(file).good(), "{}: cannot open (a Hugging Face folder needs config.json)",
+        file.string());
+  return from_hf_config(read_json_file(file), file.string());
 }
 
 void write_hf_config(const fs::path& file, const ModelConfig& config, int64_t max_position_embeddings,

@@ -4,6 +4,7 @@
 #include <numbers>
 
 #include "core/error.h"
+#include "core/json_read.h"
 #include "ops/ops.h"
 
 namespace longtron::model {
@@ -33,7 +34,7 @@ std::vector<double> rope_inv_freq(const ModelConfig& c) {
 namespace {
 double number(const nlohmann::json& r, const char* key, const std::string& where) {
   check(r.contains(key) && r[key].is_number(), "{}: rope_scaling.{} must be a number, got {}", where,
-        key, r.contains(key) ? r[key].dump() : "nothing");
+        key, r.contains(key) ? json_excerpt(r[key]) : "nothing");
   return r[key].get<double>();
 }
 }  // namespace
@@ -42,7 +43,7 @@ void read_rope_scaling(const nlohmann::json& hf, ModelConfig& c, const std::stri
   c.rope_scaling_type.clear();
   if (!hf.contains("rope_scaling") || hf["rope_scaling"].is_null()) return;
   const nlohmann::json& r = hf["rope_scaling"];
-  check(r.is_object(), "{}: rope_scaling must be an object or null, got {}", source, r.dump());
+  check(r.is_object(), "{}: rope_scaling must be an object or null, got {}", source, json_excerpt(r));
   // transformers reads "rope_type", falling back to the older "type".
   const char* key = r.contains("rope_type") ? "rope_type" : "type";
   check(r.contains(key) && r[key].is_string(), "{}: rope_scaling has no rope_type", source);

@@ -8,23 +8,58 @@
 
 namespace longtron::ops {
 
+namespace {
+
+// The constants of step `step` shared by the update and its check.
+struct AdamWStep {
+  float beta1, beta2, eps, step_size, inv_sqrt_bc2, decay;
+  AdamWStep(float lr, float b1, float b2, float e, float weight_decay, int64_t step)
+      : beta1(b1), beta2(b2), eps(e) {
+    check(step >= 1, "adamw: step is 1-based, got {}", step);
+    const double bc1 = 1.0 - std::pow(static_cast<double>(b1), static_cast<double>(step));
+    const double bc2 = 1.0 - std::pow(static_cast<double>(b2), static_cast<double>(step));
+    step_size = static_cast<float>(lr / bc1);
+    inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+    decay = 1.0f - lr * weight_decay;
+  }
+  float m(float m0, float g) const { return beta1 * m0 + (1.0f - beta1) * g; }
+  float v(float v0, float g) const { return beta2 * v0 + (1.0f - beta2) * g * g; }
+  float p(float p0, float mi, float vi) const {
+    return p0 * decay - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+  }
+};
+
+}  // namespace
+
 void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t step) {
-  check(step >= 1, "adamw: step is 1-based, got {}", step);
-  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
-  const float step_size = static_cast<float>(lr / bc1);
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  const float decay = 1.0f - lr * weight_decay;
+  const AdamWStep s(lr, beta1, beta2, eps, weight_decay, step);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float g = grad[i];
-    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    const float mi = s.m(m[i], g);
+    const float vi = s.v(v[i], g);
     m[i] = mi;
     v[i] = vi;
-    param[i] = param[i] * decay - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+    param[i] = s.p(param[i], mi, vi);
   }
+}
+
+bool adamw_update_is_finite(const float* param, const float* m, const float* v, const float* grad,
+                            int64_t n, float lr, float beta1, float beta2, float eps,
+                            float weight_decay, int64_t step) {
+  const AdamWStep s(lr, beta1, beta2, eps, weight_decay, step);
+  int bad = 0;
+#pragma omp parallel for simd schedule(static) reduction(| : bad)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = grad[i];
+    const float mi = s.m(m[i], g);
+    const float vi = s.v(v[i], g);
+    const float pi = s.p(param[i], mi, vi);
+    // x − x is 0 for a finite x and NaN for ±inf or NaN: one test for all three values.
+    bad |= !((mi - mi) + (vi - vi) + (pi - pi) == 0.0f);
+  }
+  return bad == 0;
 }
 
 }  // namespace longtron::ops

@@ -269,5 +269,11 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
 /// decoupled weight decay; step is 1-based (bias correction). m, v updated in place.
 void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t step);
+/// Whether adamw_update with the same arguments would leave every parameter and moment finite.
+/// Reads only (the same arithmetic, nothing stored): a step that would make the model non-finite
+/// is refused before anything changes.
+bool adamw_update_is_finite(const float* param, const float* m, const float* v, const float* grad,
+                            int64_t n, float lr, float beta1, float beta2, float eps,
+                            float weight_decay, int64_t step);
 
 }  // namespace longtron::ops

@@ -3,14 +3,17 @@
 #include <signal.h>
 
 #include <cerrno>
+#include <cmath>
 #include <fstream>
 #include <regex>
 #include <set>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/io_error.h"
 #include "core/safetensors.h"
+#include "core/shorten.h"
 #include "model/hf_config.h"
 #include "model/hf_names.h"
 
@@ -27,6 +30,46 @@ void write_text(const fs::path& path, const std::string& text) {
   out << text;
   out.close();
   check(out.good(), "{}: write failed ({})", path.string(), io_error_text());
+}
+
+// The index of the first element of data[0, n) that is not finite, or (with `nonnegative`) is
+// negative; -1 if none.
+int64_t first_bad_value(const float* data, int64_t n, bool nonnegative) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(data[i]) || (nonnegative && data[i] < 0)) return i;
+  return -1;
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+// Refuses to write a checkpoint holding a non-finite value (or a negative second moment): a
+// checkpoint is only ever a state training can go on from.
+void check_values(const std::vector<NamedTensor>& list, const char* what, bool nonnegative) {
+  for (const auto& t : list) {
+    if (t.data == nullptr) continue;  // as_f32 names it
+    const int64_t i = first_bad_value(t.data, numel_of(t.shape), nonnegative);
+    if (i >= 0)
+      fail("checkpoint: {} tensor {} holds {} at element {}; nothing was written (a "
+          "checkpoint holds finite values only)", what, t.name,
+          std::isfinite(t.data[i]) ? fmt::format("the negative value {}", t.data[i])
+                                   : fmt::format("the non-finite value {}", t.data[i]), i);
+  }
+}
+
+// Refuses optimizer state read from `file` that no training could have written: a moment that is
+// not finite, or a second moment below zero (AdamW divides by its square root).
+void check_moment(const float* data, int64_t n, bool second, const std::string& file,
+                  const std::string& tensor) {
+  const int64_t i = first_bad_value(data, n, second);
+  if (i >= 0)
+    fail("{}: {} holds {} at element {} ({}); the optimizer state is corrupt (resume from "
+        "another checkpoint, or start the optimizer afresh with --init-from on the step folder)",
+        file, tensor, data[i], i, second ? "second moments must be finite and >= 0"
+                                         : "first moments must be finite");
 }
 
 std::vector<st::WriteTensor> as_f32(const std::vector<NamedTensor>& list, const std::string& prefix,
@@ -50,13 +93,8 @@ void check_same_layout(const std::vector<NamedTensor>& params, const std::vector
 }
 
 json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  check(in.good(), "{}: cannot open", path.string());
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", path.string(), e.what());
-  }
+  check(std::ifstream(path).good(), "{}: cannot open", path.string());
+  return read_json_file(path);
 }
 
 void fill(const st::Reader& reader, const std::string& prefix, const std::vector<MutableTensor>& list) {
@@ -112,6 +150,9 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointData& d) {
     check_same_layout(d.params, d.adam_m, "adam_m");
     check_same_layout(d.params, d.adam_v, "adam_v");
   }
+  check_values(d.params, "model", false);
+  check_values(d.adam_m, "adam_m", false);
+  check_values(d.adam_v, "adam_v", true);
   std::error_code ec;
   fs::create_directories(root, ec);
   check(!ec, "{}: cannot create checkpoint folder ({})", root.string(), ec.message());
@@ -179,7 +220,7 @@ void load_model(const fs::path& step_dir, const std::vector<MutableTensor>& para
   for (const auto& t : params) wanted.insert(t.name);
   for (const auto& name : reader.names())
     check(wanted.count(name), "{}: tensor {} is not a parameter of this model (different model "
-          "shape or architecture?)", step_dir.string(), name);
+          "shape or architecture?)", step_dir.string(), shorten(name));
 }
 
 HfTensors hf_named_tensors(const model::Params<float>& full, const std::string& prefix,
@@ -199,8 +240,9 @@ HfTensors hf_named_tensors(const model::Params<float>& full, const std::string& 
 }
 
 namespace {
+// `moment`: 0 for weights; 1 or 2 for AdamW's first or second moments, whose values are checked.
 void fill_hf(const st::Reader& reader, const std::string& prefix, model::Params<float>& full,
-             std::set<std::string>* wanted) {
+             std::set<std::string>* wanted, int moment = 0) {
   const model::ParamLayout& layout = full.layout();
   std::vector<float> buffer;
   for (const auto& t : model::hf_tensors(layout)) {
@@ -208,6 +250,9 @@ void fill_hf(const st::Reader& reader, const std::string& prefix, model::Params<
     for (int64_t s : t.shape) n *= s;
     buffer.resize(static_cast<size_t>(n));
     reader.read_floats(prefix + t.name, t.shape, buffer.data());
+    if (moment > 0)
+      check_moment(buffer.data(), n, moment == 2, reader.file_of(prefix + t.name).path().string(),
+                   prefix + t.name);
     model::scatter_hf(t, layout, buffer.data(), full.data());
     if (wanted) wanted->insert(prefix + t.name);
   }
@@ -224,7 +269,7 @@ void load_hf_model(const fs::path& path, model::Params<float>& full) {
           "{}: tensor lm_head.weight is present but config.json has tie_word_embeddings = true (the "
           "head is model.embed_tokens.weight; remove one or the other)", path.string());
     check(wanted.count(name), "{}: tensor {} is not a parameter of this {} model (different model "
-          "shape or architecture?)", path.string(), name, full.layout().config().type);
+          "shape or architecture?)", path.string(), shorten(name), full.layout().config().type);
   }
 }
 
@@ -232,8 +277,8 @@ int64_t load_hf_optimizer(const fs::path& step_dir, model::Params<float>& exp_av
                           model::Params<float>& exp_avg_sq) {
   const fs::path file = step_dir / "optimizer.safetensors";
   const st::Reader reader(file);
-  fill_hf(reader, kAdamM, exp_avg, nullptr);
-  fill_hf(reader, kAdamV, exp_avg_sq, nullptr);
+  fill_hf(reader, kAdamM, exp_avg, nullptr, 1);
+  fill_hf(reader, kAdamV, exp_avg_sq, nullptr, 2);
   const auto step = reader.file_of(kAdamStep).read_ints(kAdamStep);
   check(step.size() == 1, "{}: tensor {} must hold one value", file.string(), kAdamStep);
   return step[0];
@@ -258,6 +303,9 @@ int64_t load_optimizer(const fs::path& step_dir, const std::vector<MutableTensor
   const st::Reader reader(file);
   fill(reader, kAdamM, adam_m);
   fill(reader, kAdamV, adam_v);
+  for (const auto& list : {&adam_m, &adam_v})
+    for (const auto& t : *list)
+      check_moment(t.data, numel_of(t.shape), list == &adam_v, file.string(), t.name);
   const auto step = reader.file_of(kAdamStep).read_ints(kAdamStep);
   check(step.size() == 1, "{}: tensor {} must hold one value", file.string(), kAdamStep);
   return step[0];

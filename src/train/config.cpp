@@ -347,8 +347,8 @@ void check_config(const TrainConfig& c, const ConfigNeeds& needs) {
 
   const auto& t = c.train;
   if (needs.total_steps) positive("train.total_steps", t.total_steps);
-  check(t.total_steps <= 0 || l.warmup_steps <= t.total_steps, "{}: {} exceeds train.total_steps {}",
-        at("lr_scheduler.warmup_steps"), l.warmup_steps, t.total_steps);
+  // warmup_steps > total_steps is well defined (the run ends inside the warmup, as PyTorch's and
+  // Megatron-LM's schedulers allow); the trainer says so at start-up.
   non_negative("train.seed", double(t.seed));
   check(t.num_threads >= 0 && t.num_threads <= kMaxThreads, "{}: must be in [0, {}], got {}",
         at("train.num_threads"), kMaxThreads, t.num_threads);

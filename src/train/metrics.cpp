@@ -9,6 +9,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/io_error.h"
 
 namespace longtron::train {
@@ -39,12 +40,7 @@ void read_metrics(const fs::path& path, std::vector<TrainRow>& train, std::vecto
   std::string line;
   for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.empty()) continue;
-    json j;
-    try {
-      j = json::parse(line);
-    } catch (const json::exception& e) {
-      fail("{}:{}: not a JSON object: {}", path.string(), n, e.what());
-    }
+    const json j = parse_json(line, fmt::format("{}:{}", path.string(), n));
     check(j.is_object() && j.contains("step") && j["step"].is_number_integer(),
           "{}:{}: row without an integer 'step'", path.string(), n);
     if (j.contains("valid_loss")) {

@@ -26,6 +26,7 @@ struct TrainRow {
   double mfu = 0;
   double step_time_s = 0;
   bool skipped = false;  ///< the update was skipped (non-finite loss or gradient norm); not written
+  bool update_nonfinite = false;  ///< skipped because the update would make weights non-finite
   std::string dtype = "float32";  ///< precision of the step's GEMMs ("float32" or "bfloat16")
   /// Modelled cost of the slowest dp rank ÷ the mean (data.balance; 1.0 = perfect balance).
   double imbalance = 1.0;

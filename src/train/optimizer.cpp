@@ -49,6 +49,23 @@ void AdamW::update(model::Params<float>& params, const model::Params<float>& gra
     zero1_->all_gather_v(params.data(), params.data() + begin_, shard_counts());
 }
 
+bool AdamW::update_is_finite(const model::Params<float>& params, const model::Params<float>& grads,
+                             double lr) const {
+  for (const auto& view : layout_.views()) {
+    const int64_t lo = std::max(begin_, view.offset);
+    const int64_t hi = std::min(end_, view.offset + view.numel);
+    if (lo >= hi) continue;
+    const float decay = view.is_matrix ? static_cast<float>(config_.weight_decay) : 0.0f;
+    if (!ops::adamw_update_is_finite(params.data() + lo, m_.data() + (lo - begin_),
+                                     v_.data() + (lo - begin_), grads.data() + lo, hi - lo,
+                                     static_cast<float>(lr), static_cast<float>(config_.beta1),
+                                     static_cast<float>(config_.beta2),
+                                     static_cast<float>(config_.eps), decay, step_ + 1))
+      return false;
+  }
+  return true;
+}
+
 void AdamW::gather_state(model::Params<float>& exp_avg, model::Params<float>& exp_avg_sq) const {
   check(exp_avg.numel() == layout_.numel() && exp_avg_sq.numel() == layout_.numel(),
         "AdamW::gather_state: buffers of {} and {} elements, layout of {}", exp_avg.numel(),

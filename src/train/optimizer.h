@@ -30,6 +30,12 @@ class AdamW {
   /// learning rate `lr`. Increments step(). With ZeRO-1, collective over the zero1 group.
   void update(model::Params<float>& params, const model::Params<float>& grads, double lr);
 
+  /// Whether update(params, grads, lr) would leave this rank's slice of the parameters and its
+  /// moments finite. Changes nothing and communicates nothing: the caller agrees the verdict
+  /// over every rank that holds a slice (train_step does, over the world).
+  bool update_is_finite(const model::Params<float>& params, const model::Params<float>& grads,
+                        double lr) const;
+
   /// Number of updates taken (AdamW's bias-correction step).
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }

@@ -101,6 +101,16 @@ StepResult train_step(parallel::ParallelEngine& engine, AdamW& optimizer,
   if (!r.skipped) {
     model::Params<float>& grads = engine.grads();
     scale_grads(grads.data(), static_cast<size_t>(grads.numel()), clip.scale);
+    // An update that would make a parameter or moment non-finite (too high a learning rate, a
+    // gradient whose square overflows) is not applied either. Each rank checks its own slice
+    // (its tensor shards, its ZeRO-1 slice); the verdict is agreed by all ranks.
+    int64_t nonfinite = !optimizer.update_is_finite(engine.params(), grads, options.lr);
+    if (grid.world_size > 1) grid.world->all_reduce(&nonfinite, 1, comm::ReduceOp::kMax);
+    r.update_nonfinite = nonfinite != 0;
+    r.skipped = r.update_nonfinite;
+  }
+  if (!r.skipped) {
+    model::Params<float>& grads = engine.grads();
     optimizer.update(engine.params(), grads, options.lr);
     ops::invalidate_bf16_weights();  // the step's bf16 weight copy is stale now
   }

@@ -51,7 +51,8 @@ struct StepResult {
   int64_t labels = 0;     ///< labels that take loss (≠ ignore index), all dp ranks
   int64_t tokens = 0;     ///< non-pad tokens (trailing pad run left out), all dp ranks
   double sum_l2 = 0;      ///< Σ over the step's segments of length² (attention FLOPs)
-  bool skipped = false;   ///< the loss or the norm was not finite: no update was made
+  bool skipped = false;   ///< the loss or the norm was not finite, or update_nonfinite: no update
+  bool update_nonfinite = false;  ///< the update would have made a parameter or moment non-finite
 };
 
 /// Labels that take loss (≠ data::kIgnoreIndex) of one micro-batch.
@@ -69,8 +70,9 @@ StepResult step_gradients(parallel::ParallelEngine& engine, const std::vector<da
 
 /// One optimizer step: step_gradients, options.on_gradients, the global gradient norm, clipping
 /// (clip_grad_norm in schedule.h: PyTorch's clip_grad_norm_ rule), then one AdamW update at
-/// options.lr — unless the loss or the norm is not finite on any rank, when the update is skipped
-/// on every rank (result.skipped). Collective over the engine's grid (and AdamW's ZeRO-1 group).
+/// options.lr — unless the loss or the norm is not finite on any rank, or the update would make a
+/// parameter or moment non-finite on any rank (AdamW::update_is_finite), when the update is
+/// skipped on every rank (result.skipped). Collective over the engine's grid (and AdamW's ZeRO-1 group).
 StepResult train_step(parallel::ParallelEngine& engine, AdamW& optimizer,
                       const std::vector<data::MicroBatch>& rows, const StepOptions& options);
 

@@ -272,6 +272,7 @@ struct Run {
     row.tokens = r.tokens;
     row.step_time_s = seconds;
     row.skipped = r.skipped;
+    row.update_nonfinite = r.update_nonfinite;
     row.imbalance = plan.imbalance();
     row.dtype = ops::compute_type_name(compute);
     row.tgs = static_cast<double>(r.tokens) / static_cast<double>(grid.world_size) / seconds;
@@ -314,12 +315,14 @@ void prepare_checkpoint_dir(const TrainConfig& config, const TrainOptions& optio
 void report_skip(const TrainRow& row, int64_t in_a_row, int64_t max_in_a_row, bool rank0,
                  const fs::path& last_checkpoint) {
   if (rank0)
-    fmt::print(stderr, "step {}: non-finite {} (loss {}, grad_norm {}), update skipped ({} in a row; "
+    fmt::print(stderr, "step {}: {} (loss {}, grad_norm {}, lr {:.4g}), update skipped ({} in a row; "
                "train.max_skipped_steps = {})\n", row.step,
-               std::isfinite(row.loss) ? "gradient norm" : "loss", row.loss, row.grad_norm,
-               in_a_row, max_in_a_row);
+               row.update_nonfinite       ? "the update would make weights non-finite"
+               : std::isfinite(row.loss) ? "non-finite gradient norm"
+                                         : "non-finite loss",
+               row.loss, row.grad_norm, row.lr, in_a_row, max_in_a_row);
   check(in_a_row < max_in_a_row,
-        "step {}: {} steps in a row had a non-finite loss or gradient norm (train.max_skipped_steps "
+        "step {}: {} steps in a row had a non-finite loss, gradient norm or update (train.max_skipped_steps "
         "= {}); the run stops. Last good checkpoint: {}. Lower optimizer.lr, raise "
         "lr_scheduler.warmup_steps or check the data", row.step, in_a_row, max_in_a_row,
         last_checkpoint.empty() ? std::string("none") : last_checkpoint.string());
@@ -410,6 +413,11 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     if (fp32 && compute == ops::ComputeType::kBFloat16)
       compute = ops::ComputeType::kFloat32, dtype_note = "auto: another rank's CPU lacks AVX512-BF16";
   }
+  if (dtype_note.empty())  // float32: say whether it was asked for or is the default
+    dtype_note = config.model_keys_given.count("dtype")
+                     ? "model.dtype = \"float32\""
+                     : "model.dtype not set: float32 is the default; \"auto\" uses bfloat16 "
+                       "where the CPU has AVX512-BF16";
   // Rank 0 alone looks at (and with --overwrite empties) the checkpoint folder; its refusal is
   // every rank's error, so the job ends with its one message (comm::run_on_world), not an abort.
   everyone_fails_with_rank0(*grid.world, [&] { prepare_checkpoint_dir(config, options); });
@@ -489,6 +497,11 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
                compute == ops::ComputeType::kBFloat16 ? "bf16" : "fp32");
     fmt::print(stderr, "train: memory plan {} per rank at peak ({}; longtron train --dry-run shows it)\n",
                format_bytes(plan.peak_bytes), plan.peak_phase);
+    const int64_t warmup = config.lr_scheduler.warmup_steps, total = config.train.total_steps;
+    if (warmup > total)
+      fmt::print(stderr, "train: note: lr_scheduler.warmup_steps {} exceeds train.total_steps {}: "
+                 "the run ends inside the warmup (lr rises to {:.4g} = lr x {}/{}; no decay)\n",
+                 warmup, total, config.optimizer.lr * double(total) / double(warmup), total, warmup);
   }
   auto valid = [&](int64_t step) {
     if (!run.valid_rows) return;
@@ -516,9 +529,10 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
                   summary.last_checkpoint.empty() ? resumed_from : summary.last_checkpoint);
     const int64_t ve = config.train.valid_every, se = config.train.save_every;
     if (step == total || (ve > 0 && step % ve == 0)) valid(step);
+    if (!row.skipped) ++summary.updates;
     // A skipped step changed no weights: its checkpoint would only move the step counter past
-    // the problem, so the last good one stays the newest (the end of the run still saves).
-    if (step == total || (se > 0 && step % se == 0 && !row.skipped)) {
+    // the problem, so the last good one stays the newest (even at the end of the run).
+    if (!row.skipped && (step == total || (se > 0 && step % se == 0))) {
       Phase p(fmt::format("saving the checkpoint of step {}", step));
       const fs::path dir = run.save(step);
       if (!dir.empty()) summary.last_checkpoint = dir;
@@ -527,6 +541,21 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (run.metrics) run.metrics->finish();
   summary.measured_peak_bytes = peak_resident_bytes();
+  // A run whose weights did not move, or whose last step was refused, did not do what was asked:
+  // it ends with an error (every rank saw the same skips, so every rank throws).
+  const fs::path newest = summary.last_checkpoint.empty() ? resumed_from : summary.last_checkpoint;
+  const std::string newest_text = newest.empty() ? std::string("none") : newest.string();
+  if (!summary.rows.empty()) {
+    check(summary.updates > 0,
+          "train: none of the {} steps of this run applied an update (all were skipped: see the "
+          "messages above); no checkpoint was written. Last good checkpoint: {}. Lower "
+          "optimizer.lr, raise lr_scheduler.warmup_steps or check the data",
+          summary.rows.size(), newest_text);
+    check(!summary.rows.back().skipped,
+          "train: the last step ({}) was skipped (see the message above), so no checkpoint holds "
+          "it; {} of {} steps applied an update. Last good checkpoint: {}", summary.rows.back().step,
+          summary.updates, summary.rows.size(), newest_text);
+  }
   return summary;
 }
 

@@ -38,6 +38,7 @@ struct TrainSummary {
   std::vector<double> losses;        ///< step loss of steps start_step+1 … end_step
   std::vector<double> grad_norms;    ///< before clipping, same steps
   std::vector<TrainRow> rows;        ///< every step's metrics row (step time, tgs, mfu, ...)
+  int64_t updates = 0;               ///< steps whose update was applied (not skipped)
   std::vector<std::pair<int64_t, double>> valid;  ///< (step, valid_loss) rows written
   double seconds = 0;                ///< wall time of the loop (validation and saving included)
   double sgemm_flops = 0;            ///< fp32 GEMM FLOP/s measured at start-up (MFU denominator)
@@ -67,7 +68,9 @@ void resolve_model_config(TrainConfig& config, const TrainOptions& options);
 /// steps start+1 … total_steps. World rank 0 writes metrics and checkpoints. Throws Error for bad
 /// data, configs, layouts or checkpoints (naming them), for a non-empty train.checkpoint_dir on a
 /// fresh run without options.overwrite, for a failed metrics write, and after
-/// train.max_skipped_steps updates in a row were skipped (non-finite loss or gradient norm).
+/// train.max_skipped_steps updates in a row were skipped (non-finite loss, gradient norm or
+/// update), and at the end when no step applied an update or the last step was skipped (a skipped
+/// step writes no checkpoint).
 /// Before any allocation the memory plan (memory_plan.h) is made and a run that cannot fit is
 /// refused with it (Error); with options.dry_run only the plan is made (summary.plan_text).
 TrainSummary run_training(const TrainConfig& config, const TrainOptions& options, comm::CommPtr world);

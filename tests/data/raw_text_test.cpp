@@ -40,7 +40,7 @@ TEST(RawText, ErrorsNameFileAndLine) {
   EXPECT_NE(message([&] { ld::read_text_documents(dir / "a.jsonl"); }).find("a.jsonl, line 2: no string field \"text\""),
             std::string::npos);
   write_file(dir / "b.jsonl", "{\"text\": \"ok\"}\n{broken\n");
-  EXPECT_NE(message([&] { ld::read_text_documents(dir / "b.jsonl"); }).find("b.jsonl, line 2: not valid JSON"),
+  EXPECT_NE(message([&] { ld::read_text_documents(dir / "b.jsonl"); }).find("b.jsonl, line 2, byte 1: not valid JSON"),
             std::string::npos);
   write_file(dir / "c.json", "[{\"text\": \"ok\"}, {\"text\": 3}]");
   EXPECT_NE(message([&] { ld::read_text_documents(dir / "c.json"); }).find("c.json, element 1"),

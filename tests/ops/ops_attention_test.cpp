@@ -295,13 +295,14 @@ Case random_case(std::mt19937& rng, bool separate_keys) {
 }
 
 std::string describe(const Case& c) {
+  // Appends only: GCC 12 warns falsely (-Wrestrict) on `" " + std::to_string(x)` (GCC bug 105651).
   std::string t = "cu_q";
-  for (int32_t x : c.cu_seqlens) t += " " + std::to_string(x);
+  for (int32_t x : c.cu_seqlens) t.append(" ").append(std::to_string(x));
   t += " cu_k";
-  for (int32_t x : c.cu_k()) t += " " + std::to_string(x);
-  return t + " heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " d " +
-         std::to_string(c.d) + (c.packed ? " strided" : " dense") + " window " +
-         std::to_string(c.window);
+  for (int32_t x : c.cu_k()) t.append(" ").append(std::to_string(x));
+  t.append(" heads ").append(std::to_string(c.heads)).append("/").append(std::to_string(c.kv_heads));
+  t.append(" d ").append(std::to_string(c.d)).append(c.packed ? " strided" : " dense");
+  return t.append(" window ").append(std::to_string(c.window));
 }
 
 }  // namespace

@@ -90,5 +90,29 @@ TEST(TrainStep, NonFiniteGradientsSkipTheUpdate) {
   for (size_t i = 1; i < before.size(); ++i) ASSERT_EQ(before[i], d.engine.params().data()[i]) << i;
 }
 
+// Finite loss and gradients, but a learning rate that is inf in float: the update would make
+// every weight non-finite, so it is refused before anything changes (no AdamW step, no moment).
+TEST(TrainStep, AnUpdateThatWouldBeNonFiniteIsSkipped) {
+  Dense d;
+  const std::vector<float> before(d.engine.params().data(), d.engine.params().data() + d.engine.params().numel());
+  const auto rows = two_rows();
+  train::StepOptions o;
+  o.lr = 1e39;
+  o.clip_grad_norm = 1.0;
+  train::StepResult r = train::train_step(d.engine, d.adam, rows, o);
+  EXPECT_TRUE(std::isfinite(r.loss) && std::isfinite(r.grad_norm));
+  EXPECT_TRUE(r.skipped);
+  EXPECT_TRUE(r.update_nonfinite);
+  EXPECT_EQ(d.adam.step(), 0);
+  for (size_t i = 0; i < before.size(); ++i) ASSERT_EQ(before[i], d.engine.params().data()[i]) << i;
+  // The same step at a sane rate is applied, and its check agreed beforehand.
+  o.lr = 1e-3;
+  r = train::train_step(d.engine, d.adam, rows, o);
+  EXPECT_FALSE(r.skipped);
+  EXPECT_FALSE(r.update_nonfinite);
+  EXPECT_EQ(d.adam.step(), 1);
+  EXPECT_NE(before[0], d.engine.params().data()[0]);
+}
+
 }  // namespace
 }  // namespace longtron
