@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_read.h"
 #include "data/jinja.h"
 #include "data/token_matcher.h"
 
@@ -29,8 +30,8 @@ std::string read_file(const fs::path& file) {
 // nlohmann::json (sorted keys), not ordered_json, whose insertion is linear in the object size:
 // a tokenizer.json vocabulary has 150 000 keys.
 nlohmann::json read_json(const fs::path& file) {
-  auto j = nlohmann::json::parse(read_file(file), nullptr, false);
-  check(!j.is_discarded() && j.is_object(), "{}: not a JSON object", file.string());
+  auto j = read_json_file(file);  // depth-bounded, NUL bytes refused
+  check(j.is_object(), "{}: not a JSON object", file.string());
   return j;
 }
 
@@ -96,9 +97,9 @@ void read_tokens(ChatTemplate& t, const nlohmann::json& config, const fs::path& 
   }
   const fs::path tokenizer_json = file.parent_path() / "tokenizer.json";
   if (fs::is_regular_file(tokenizer_json)) {
-    const auto j = nlohmann::json::parse(read_file(tokenizer_json), nullptr, false);
-    if (!j.is_discarded() && j.is_object() && j.contains("added_tokens") && j["added_tokens"].is_array())
-      added(j["added_tokens"], tokenizer_json);
+    const auto j = try_parse_json(read_file(tokenizer_json));
+    if (j && j->is_object() && j->contains("added_tokens") && (*j)["added_tokens"].is_array())
+      added((*j)["added_tokens"], tokenizer_json);
   }
 }
 
@@ -136,8 +137,8 @@ bool is_jinja_chat_template(const fs::path& path) {
   if (fs::is_directory(path)) return true;
   if (path.extension() == ".jinja") return true;
   if (path.extension() != ".json" || !fs::is_regular_file(path)) return false;
-  const auto j = nlohmann::json::parse(read_file(path), nullptr, false);
-  return !j.is_discarded() && j.is_object() && j.contains("chat_template");
+  const auto j = try_parse_json(read_file(path));
+  return j && j->is_object() && j->contains("chat_template");
 }
 
 ChatTemplate load_jinja_chat_template(const fs::path& path) {

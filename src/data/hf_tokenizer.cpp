@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/json_read.h"
 #include "data/unicode_text.h"
 
 namespace longtron::data {
@@ -1061,12 +1062,10 @@ void parse_model(const Reader& r, const json& model, HfTokenizer::Impl& t) {
 }  // namespace
 
 HfTokenizer HfTokenizer::from_json(const std::string& json_text, const std::string& name) {
-  json root;
-  try {
-    root = json::parse(json_text);
-  } catch (const json::exception& e) {
-    fail("{}: not a tokenizer.json: {}", name, e.what());
-  }
+  JsonProblem problem;
+  std::optional<json> parsed = try_parse_json(json_text, &problem);  // depth-bounded
+  if (!parsed) fail("{}, byte {}: not a tokenizer.json: {}", name, problem.byte, problem.what);
+  json root = std::move(*parsed);
   const Reader r{name};
   if (!root.is_object()) r.bad("top level", "is not an object");
   HfTokenizer tokenizer;

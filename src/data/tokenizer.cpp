@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_read.h"
 #include "data/hf_tokenizer.h"
 
 namespace longtron::data {
@@ -107,13 +108,9 @@ std::string token_string(const nlohmann::json& config, const char* key, const st
 
 nlohmann::json parse_config(const std::string& text, const std::string& name) {
   if (text.empty()) return nlohmann::json::object();
-  try {
-    auto j = nlohmann::json::parse(text);
-    check(j.is_object(), "{}: is not a JSON object", name);
-    return j;
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not JSON: {}", name, e.what());
-  }
+  auto j = parse_json(text, name);  // depth-bounded, NUL bytes refused
+  check(j.is_object(), "{}: is not a JSON object", name);
+  return j;
 }
 
 }  // namespace
