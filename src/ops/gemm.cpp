@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/bf16.h"
 #include "ops/onednn_matmul.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
@@ -15,33 +16,32 @@
 namespace longtron::ops {
 
 namespace {
-// The rounding of VCVTNEPS2BF16 (Intel SDM): nearest even, NaN kept quiet, subnormal inputs and
-// outputs flushed to signed zero.
-uint16_t bf16_bits(float value) {
-  const uint32_t u = std::bit_cast<uint32_t>(value);
-  if ((u & 0x7F800000u) == 0) return uint16_t((u >> 16) & 0x8000u);          // ±0, subnormal
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((u >> 16) | 0x0040);  // NaN: stays quiet
-  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
 void round_scalar(const float* x, int64_t n, uint16_t* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits(x[i]);
+  for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(x[i]);
 }
 
-// 32 values per instruction where the CPU has AVX512-BF16 (chosen at run time, so a build without
-// -march=native still uses it).
-__attribute__((target("avx512f,avx512bf16"))) void round_avx512_bf16(const float* x, int64_t n,
-                                                                    uint16_t* out) {
+// float_to_bf16's rule on 16 values per step in AVX-512F integer arithmetic (chosen at run time,
+// so a build without -march=native still uses it). Not VCVTNE2PS2BF16: that instruction flushes
+// subnormals, and the rounding must not depend on the CPU.
+__attribute__((target("avx512f"))) void round_avx512(const float* x, int64_t n, uint16_t* out) {
+  const __m512i half_ulp = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1),
+                magnitude = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000),
+                quiet = _mm512_set1_epi32(0x00400000);
   int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m512bh r = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
-    _mm512_storeu_si512(out + i, reinterpret_cast<__m512i>(r));
+  for (; i + 16 <= n; i += 16) {
+    const __m512i u = _mm512_loadu_si512(x + i);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(half_ulp, odd));
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, magnitude), inf);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, quiet));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
   }
   round_scalar(x + i, n - i, out + i);
 }
 
-bool has_avx512_bf16_instructions() {
-  static const bool yes = __builtin_cpu_supports("avx512bf16");
+bool has_avx512f() {
+  static const bool yes = __builtin_cpu_supports("avx512f");
   return yes;
 }
 
@@ -49,7 +49,7 @@ bool has_avx512_bf16_instructions() {
 /// both GEMM operands: on small GEMMs the threads' synchronisation costs more than the rounding).
 void round_pair(const float* x, int64_t nx, uint16_t* ox, const float* y, int64_t ny,
                 uint16_t* oy) {
-  const auto round = has_avx512_bf16_instructions() ? round_avx512_bf16 : round_scalar;
+  const auto round = has_avx512f() ? round_avx512 : round_scalar;
   constexpr int64_t kChunk = int64_t{1} << 16;
   const int64_t cx = (nx + kChunk - 1) / kChunk, cy = (ny + kChunk - 1) / kChunk;
   if (cx + cy <= 1) {
@@ -194,7 +194,7 @@ void gemm_bf16_weight(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float a
 
 void widen_bf16(const uint16_t* x, int64_t n, float* out) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t{x[i]} << 16);
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(x[i]);
 }
 
 template <typename T>

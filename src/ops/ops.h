@@ -24,15 +24,15 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
           const T* B, T beta, T* C);
 
-/// The same contract with bf16 inputs (raw bfloat16 bits, as core/safetensors.h's float_to_bf16
-/// makes them) and an fp32 C accumulated in fp32: oneDNN's matmul primitive, one primitive cached
+/// The same contract with bf16 inputs (raw bfloat16 bits, as core/bf16.h's float_to_bf16 and
+/// round_to_bf16 make them) and an fp32 C accumulated in fp32: oneDNN's matmul primitive, one primitive cached
 /// per (shape, transposes, alpha, beta). Throws longtron::Error when oneDNN has no bf16 matmul for
 /// this CPU (it needs avx512_core; native bf16 dot products need avx512_core_bf16).
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const uint16_t* A, const uint16_t* B, float beta, float* C);
 
-/// out[i] = x[i] rounded to bf16 as VCVTNEPS2BF16 does it (raw bits): nearest even, NaN kept
-/// quiet, subnormals flushed to signed zero; i < n. AVX512-BF16 where the CPU has it; OpenMP threads.
+/// out[i] = float_to_bf16(x[i]) (core/bf16.h: nearest even, NaN kept quiet, subnormals kept);
+/// i < n. AVX-512F where the CPU has it, else scalar (the same bits); OpenMP threads.
 void round_to_bf16(const float* x, int64_t n, uint16_t* out);
 
 /// The bf16 copy of a float weight buffer, made once and read by every GEMM of a step: while a
@@ -228,7 +228,8 @@ constexpr int64_t visible_pairs(int64_t len, int64_t window = 0) {
 /// windows as flash_attn_varlen_func (window_size = (W − 1, 0)). In float under a kBFloat16
 /// compute type with attention_bf16_native(), q, k, v are rounded to bf16 and QKᵀ, PV run as
 /// bf16 × bf16 → fp32 products (AMX tiles where the CPU has them and Linux grants them, else
-/// vdpbf16ps; P rounded to bf16); softmax and lse stay fp32.
+/// vdpbf16ps; P rounded to bf16); softmax and lse stay fp32. The kernel rounds its tiles with
+/// VCVTNEPS2BF16, which flushes subnormals to zero (core/bf16.h keeps them).
 template <typename T>
 void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
                               const AttentionShape& s);
