@@ -8,19 +8,20 @@
 #include "core/error.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
+#include "ops/threads.h"
 
 namespace longtron::model {
 namespace {
 
 template <typename T>
 void add_into(T* out, const T* a, const T* b, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > 32768)
+#pragma omp parallel for simd schedule(static) if (n > kParallelMinWork)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
 template <typename T>
 void accumulate(T* out, const T* a, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > 32768)
+#pragma omp parallel for simd schedule(static) if (n > kParallelMinWork)
   for (int64_t i = 0; i < n; ++i) out[i] += a[i];
 }
 

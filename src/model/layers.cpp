@@ -10,6 +10,7 @@
 #include "model/rope_scaling.h"
 #include "ops/ops.h"
 #include "ops/vocab_check.h"
+#include "ops/threads.h"
 
 namespace longtron::model {
 namespace {
@@ -108,7 +109,7 @@ class DenseAttention final : public AttentionOp<T> {
   /// grouped → split (to_split) or split → grouped; dst and src are [N, Q].
   void permute(T* dst, const T* src, int64_t N, bool to_split) const {
     const int64_t qpk = hq_ / hkv_;
-#pragma omp parallel for schedule(static) if (N * q_ > 32768)
+#pragma omp parallel for schedule(static) if (N * q_ > kParallelMinWork)
     for (int64_t n = 0; n < N; ++n) {
       for (int64_t g = 0; g < hkv_; ++g) {
         for (int64_t j = 0; j < qpk + 2; ++j) {

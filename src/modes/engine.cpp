@@ -8,6 +8,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "ops/threads.h"
 
 namespace longtron::parallel {
 namespace {
@@ -38,7 +39,7 @@ ShardPlan build_plan(const model::ParamLayout& full, const Grid& grid,
 
 double sum_squares(const float* x, int64_t n) {
   double s = 0.0;
-#pragma omp parallel for reduction(+ : s) schedule(static) if (n > 65536)
+#pragma omp parallel for reduction(+ : s) schedule(static) if (n > kParallelMinWorkLarge)
   for (int64_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
   return s;
 }

@@ -9,6 +9,7 @@
 #include "ops/ops.h"
 #include "ops/precision.h"
 #include "ops/vocab_check.h"
+#include "ops/threads.h"
 
 namespace longtron::parallel {
 
@@ -238,7 +239,7 @@ void IspEmbedding::forward(float* x, const int32_t* ids, int64_t N,
   const float* table = store_->acquire(id_, WeightUse::kForward, p);  // dim 1: [W][V][H/W]
   if (dim_ == 0) return ops::embedding_forward(x, ids, table, N, H_);  // [V, H]
   const int W = store_->weight_size();
-#pragma omp parallel for schedule(static) if (N * H_ > 65536)
+#pragma omp parallel for schedule(static) if (N * H_ > kParallelMinWorkLarge)
   for (int64_t n = 0; n < N; ++n)
     for (int j = 0; j < W; ++j) {
       const float* src = table + (j * V_ + ids[n]) * Hl_;

@@ -12,6 +12,7 @@
 #include "ops/onednn_matmul.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
+#include "ops/threads.h"
 
 namespace longtron::ops {
 
@@ -193,7 +194,7 @@ void gemm_bf16_weight(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float a
 }
 
 void widen_bf16(const uint16_t* x, int64_t n, float* out) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n > kParallelMinWorkLarge)
   for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(x[i]);
 }
 

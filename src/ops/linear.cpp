@@ -1,5 +1,6 @@
 // Linear layer in the Hugging Face layout W[out, in], through gemm (BLAS).
 #include "ops/ops.h"
+#include "ops/threads.h"
 
 namespace longtron::ops {
 
@@ -46,7 +47,7 @@ template <typename T>
 void bias_grad(T* dbias, const T* dy, int64_t rows, int64_t out) {
   if (dbias == nullptr) return;
   // Column sums: each thread owns a range of output features, so there is no race.
-#pragma omp parallel for schedule(static) if (rows * out > 65536)
+#pragma omp parallel for schedule(static) if (rows * out > kParallelMinWorkLarge)
   for (int64_t o = 0; o < out; ++o) {
     double sum = 0.0;
     for (int64_t n = 0; n < rows; ++n) sum += static_cast<double>(dy[n * out + o]);
