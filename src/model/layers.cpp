@@ -19,7 +19,7 @@ namespace {
 template <typename T>
 class DenseLinear final : public LinearOp<T> {
  public:
-  DenseLinear(const ParamLayout& layout, int weight, int bias)
+  DenseLinear(const ParamTable& layout, int weight, int bias)
       : weight_(weight), bias_(bias), out_(layout.view(weight).shape[0]),
         in_(layout.view(weight).shape[1]) {}
   int64_t in() const override { return in_; }
@@ -47,7 +47,7 @@ class DenseLinear final : public LinearOp<T> {
 template <typename T>
 class DenseNorm final : public NormOp<T> {
  public:
-  DenseNorm(const ParamLayout& layout, int weight)
+  DenseNorm(const ParamTable& layout, int weight)
       : weight_(weight), H_(layout.view(weight).shape[0]),
         eps_(static_cast<T>(layout.config().norm_eps)) {}
   void forward(T* out, T* rstd, const T* x, int64_t N, const Params<T>& p) override {
@@ -132,7 +132,7 @@ class DenseAttention final : public AttentionOp<T> {
 template <typename T>
 class DenseEmbedding final : public EmbeddingOp<T> {
  public:
-  DenseEmbedding(const ParamLayout& layout, int table)
+  DenseEmbedding(const ParamTable& layout, int table)
       : table_(table), V_(layout.view(table).shape[0]), H_(layout.view(table).shape[1]) {}
   void forward(T* x, const int32_t* ids, int64_t N, const Params<T>& p) override {
     ops::check_token_ids(ids, N, V_);
@@ -151,7 +151,7 @@ class DenseEmbedding final : public EmbeddingOp<T> {
 template <typename T>
 class DenseHeadLoss final : public HeadLossOp<T> {
  public:
-  DenseHeadLoss(const ParamLayout& layout, int weight)
+  DenseHeadLoss(const ParamTable& layout, int weight)
       : weight_(weight), V_(layout.view(weight).shape[0]), H_(layout.view(weight).shape[1]) {}
 
   LossSum forward_backward(T* dxf, const T* xf, const int32_t* labels, int64_t N,
@@ -218,12 +218,12 @@ LossSum chunked_head_loss(HeadChunks<T>& s, T* dxf, T* dW, const T* xf, const T*
 }
 
 template <typename T>
-std::unique_ptr<NormOp<T>> make_dense_norm(const ParamLayout& layout, int weight) {
+std::unique_ptr<NormOp<T>> make_dense_norm(const ParamTable& layout, int weight) {
   return std::make_unique<DenseNorm<T>>(layout, weight);
 }
 
 template <typename T>
-ModelOps<T> make_dense_ops(const ParamLayout& layout) {
+ModelOps<T> make_dense_ops(const ParamTable& layout) {
   ModelOps<T> ops;
   ops.embedding = std::make_unique<DenseEmbedding<T>>(layout, layout.tok_embeddings);
   for (const BlockParamIds& b : layout.layers) {
@@ -252,9 +252,9 @@ ModelOps<T> make_dense_ops(const ParamLayout& layout) {
 LONGTRON_INSTANTIATE(float)
 LONGTRON_INSTANTIATE(double)
 #undef LONGTRON_INSTANTIATE
-template ModelOps<float> make_dense_ops<float>(const ParamLayout&);
-template ModelOps<double> make_dense_ops<double>(const ParamLayout&);
-template std::unique_ptr<NormOp<float>> make_dense_norm<float>(const ParamLayout&, int);
-template std::unique_ptr<NormOp<double>> make_dense_norm<double>(const ParamLayout&, int);
+template ModelOps<float> make_dense_ops<float>(const ParamTable&);
+template ModelOps<double> make_dense_ops<double>(const ParamTable&);
+template std::unique_ptr<NormOp<float>> make_dense_norm<float>(const ParamTable&, int);
+template std::unique_ptr<NormOp<double>> make_dense_norm<double>(const ParamTable&, int);
 
 }  // namespace longtron::model

@@ -1,7 +1,7 @@
 // The replaceable pieces of the InternLM2 model: linear, attention, embedding and head+loss ops.
 // The model is written against these interfaces only; the single-process (dense) versions live
 // here, and a parallel build passes sharded versions (column/row/ISP linears, Ulysses attention,
-// vocab-parallel embedding and cross-entropy) chosen once when the model is built (DESIGN.md).
+// vocab-parallel embedding and cross-entropy) chosen once when the model is built.
 // Sizes an op reports (in/out features, local heads) are LOCAL sizes, so buffers follow shards.
 // Backward conventions follow ops.h: input gradients are overwritten (or accumulated when asked),
 // parameter gradients accumulate (+=) and are skipped when the gradient buffer is nullptr.
@@ -147,7 +147,8 @@ class HeadLossOp {
 /// with the rank's tokens like its other activations instead of staying fixed while context or
 /// sequence parallelism divides the rest (docs/isp.md); never fewer than 256 rows (below that the
 /// GEMMs get thin and dW is re-read once per chunk) unless 2²² / V is smaller, and never fewer than
-/// 64. Rows of up to 256 tokens, or of at least 32·2²²/V, keep one chunk size as before. Depends
+/// 64: rows of up to 256 tokens get max(64, min(2²²/V, 256)) rows a chunk, rows of at least
+/// 32·2²²/V tokens get max(64, 2²²/V). Depends
 /// only on (V, N), so every rank of a group that holds the same rows chunks them alike.
 inline int64_t head_chunk_rows(int64_t V, int64_t N) {
   const int64_t cap = (int64_t{1} << 22) / std::max<int64_t>(1, V);
@@ -205,11 +206,11 @@ struct ModelOps {
 
 /// The single-process ops over the full tensors of `layout`.
 template <typename T>
-ModelOps<T> make_dense_ops(const ParamLayout& layout);
+ModelOps<T> make_dense_ops(const ParamTable& layout);
 
 /// RMSNorm over whole rows with weight view `weight` [H] of `layout` (eps model.norm_eps): the
 /// dense model's norms, and any mode's whose rows are all local (ISP).
 template <typename T>
-std::unique_ptr<NormOp<T>> make_dense_norm(const ParamLayout& layout, int weight);
+std::unique_ptr<NormOp<T>> make_dense_norm(const ParamTable& layout, int weight);
 
 }  // namespace longtron::model

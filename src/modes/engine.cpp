@@ -30,7 +30,7 @@ const Grid& validated(const Grid& grid, const model::ModelConfig& c, int64_t pac
   return grid;
 }
 
-ShardPlan build_plan(const model::ParamLayout& full, const Grid& grid,
+ShardPlan build_plan(const model::ParamTable& full, const Grid& grid,
                      const ModeFactory& factory) {
   ShardPlan plan(full, grid);
   if (factory.plan) factory.plan(plan);

@@ -57,8 +57,8 @@ namespace longtron::parallel {
 
 /// What a mode's make_ops / local_batch may use.
 struct ModeContext {
-  const model::ParamLayout& full;   ///< the full (HF) layout
-  const model::ParamLayout& local;  ///< this rank's layout (plan.local_layout())
+  const model::ParamTable& full;   ///< the full (HF) layout
+  const model::ParamTable& local;  ///< this rank's layout (plan.local_layout())
   const ShardPlan& plan;
   const Grid& grid;
 };
@@ -110,8 +110,8 @@ class ParallelEngine {
   ParallelEngine(const ParallelEngine&) = delete;
   ParallelEngine& operator=(const ParallelEngine&) = delete;
 
-  const model::ParamLayout& full_layout() const { return full_; }
-  const model::ParamLayout& local_layout() const { return local_; }
+  const model::ParamTable& full_layout() const { return full_; }
+  const model::ParamTable& local_layout() const { return local_; }
   const ShardPlan& plan() const { return plan_; }
   const Grid& grid() const { return grid_; }
   const std::string& mode() const { return mode_; }
@@ -157,9 +157,9 @@ class ParallelEngine {
   Grid grid_;  // validated against the model first (initialiser order matters)
   std::string mode_;
   const ModeFactory* factory_;
-  model::ParamLayout full_;
+  model::ParamTable full_;
   ShardPlan plan_;
-  model::ParamLayout local_;
+  model::ParamTable local_;
   model::Params<float> params_, grads_;
   std::unique_ptr<model::InternLM2<float>> model_;
 };

@@ -26,7 +26,7 @@
 #include "ops/ops.h"
 #include "ops/vocab_check.h"
 #include "parallel/head_loss.h"
-#include "parallel/layers.h"
+#include "parallel/vocab_parallel.h"
 #include "parallel/mappings.h"
 #include "parallel/scratch.h"
 #include "parallel/tp_linear.h"
@@ -38,7 +38,7 @@ using comm::CommPtr;
 using comm::Group;
 using model::ModelOps;
 using model::Params;
-using model::ParamLayout;
+using model::ParamTable;
 using Buffer = std::vector<float>;
 
 int64_t shard_tokens(int64_t N, SequenceParallel sp, const Communicator& c) {
@@ -51,7 +51,7 @@ int64_t shard_tokens(int64_t N, SequenceParallel sp, const Communicator& c) {
 /// RMSNorm over the rows this rank holds (all N, or N/T under sequence parallel).
 class ShardNorm final : public model::NormOp<float> {
  public:
-  ShardNorm(const ParamLayout& local, int weight, SequenceParallel sp, CommPtr comm)
+  ShardNorm(const ParamTable& local, int weight, SequenceParallel sp, CommPtr comm)
       : weight_(weight), H_(local.view(weight).shape[0]),
         eps_(static_cast<float>(local.config().norm_eps)), sp_(sp), comm_(std::move(comm)) {}
   void forward(float* out, float* rstd, const float* x, int64_t N, const Params<float>& p) override {
@@ -75,7 +75,7 @@ class ShardNorm final : public model::NormOp<float> {
 /// under sequence parallel this rank keeps its rows (backward: all-gather of the row gradients).
 class SplitEmbedding final : public model::EmbeddingOp<float> {
  public:
-  SplitEmbedding(const ParamLayout& full, int table, SequenceParallel sp, CommPtr comm)
+  SplitEmbedding(const ParamTable& full, int table, SequenceParallel sp, CommPtr comm)
       : table_(table), V_(full.view(table).shape[0]), H_(full.view(table).shape[1]), sp_(sp),
         comm_(std::move(comm)) {}
   void forward(float* x, const int32_t* ids, int64_t N, const Params<float>& p) override {
@@ -115,7 +115,7 @@ class SplitEmbedding final : public model::EmbeddingOp<float> {
 /// this rank's ids into the shard.
 class VocabParallelEmbedding final : public model::EmbeddingOp<float> {
  public:
-  VocabParallelEmbedding(const ParamLayout& full, const ParamLayout& local, int table,
+  VocabParallelEmbedding(const ParamTable& full, const ParamTable& local, int table,
                          SequenceParallel sp, CommPtr comm)
       : table_(table), V_(full.view(table).shape[0]), Vr_(local.view(table).shape[0]),
         H_(full.view(table).shape[1]),
@@ -153,7 +153,7 @@ class VocabParallelEmbedding final : public model::EmbeddingOp<float> {
 /// Vocab-parallel output head + cross-entropy: logits [rows, V_r] per chunk of rows, never [N, V].
 class VocabParallelHead final : public model::HeadLossOp<float> {
  public:
-  VocabParallelHead(const ParamLayout& full, const ParamLayout& local, int weight,
+  VocabParallelHead(const ParamTable& full, const ParamTable& local, int weight,
                     SequenceParallel sp, CommPtr comm)
       : weight_(weight), V_(full.view(weight).shape[0]), Vr_(local.view(weight).shape[0]),
         H_(full.view(weight).shape[1]), sp_(sp), comm_(std::move(comm)),
@@ -207,7 +207,7 @@ SequenceParallel sequence_parallel_of(const Layout& layout) {
 }
 
 void megatron_plan(ShardPlan& plan) {
-  const ParamLayout& full = plan.full_layout();
+  const ParamTable& full = plan.full_layout();
   const bool sp = sequence_parallel_of(plan.grid().layout) != SequenceParallel::kNone;
   // Tied: the one table is split on vocabulary rows, as the head (split below).
   if (!full.config().tie_word_embeddings) plan.split(full.tok_embeddings, 1, Group::kTensor);
@@ -233,14 +233,14 @@ ModelOps<float> megatron_ops(const ModeContext& ctx) {
   const SequenceParallel sp = sequence_parallel_of(ctx.grid.layout);
   const CommPtr& tp = ctx.grid.tensor;
   const int T = tp->size();
-  const ParamLayout& L = ctx.local;
+  const ParamTable& L = ctx.local;
   // Local heads: the dense attention of a model with heads/T, kv heads/T and hidden/T (same
   // head_dim), which is exactly the grouped layout of this rank's wqkv rows.
   model::ModelConfig local_config = ctx.full.config();
   local_config.num_attention_heads /= T;
   local_config.num_kv_attention_heads /= T;
   local_config.hidden_size /= T;
-  const ParamLayout attention_layout(local_config);
+  const ParamTable attention_layout(local_config);
   ModelOps<float> dense = model::make_dense_ops<float>(attention_layout);
 
   ModelOps<float> ops;

@@ -12,7 +12,7 @@
 #include "parallel/dist_norm.h"
 #include "parallel/head_loss.h"
 #include "parallel/isp_attention.h"
-#include "parallel/layers.h"
+#include "parallel/vocab_parallel.h"
 #include "parallel/scratch.h"
 #include "parallel/tp_linear.h"
 
@@ -42,7 +42,7 @@ namespace {
 
 using comm::CommPtr;
 using model::Params;
-using model::ParamLayout;
+using model::ParamTable;
 using Buffer = std::vector<float>;
 
 /// The grid position of this rank.
@@ -73,7 +73,7 @@ void gather_blocks(float* full, Buffer& scratch, const float* block, int64_t N, 
 /// RMSNorm over [N/x, H/y] with the sum of squares all-reduced over y (dist_norm.h).
 class Norm2D final : public model::NormOp<float> {
  public:
-  Norm2D(const ParamLayout& full, int weight, const Pos& g)
+  Norm2D(const ParamTable& full, int weight, const Pos& g)
       : weight_(weight), H_(full.view(weight).shape[0]),
         eps_(static_cast<float>(full.config().norm_eps)), g_(g) {}
   void forward(float* out, float* rstd, const float* x, int64_t N, const Params<float>& p) override {
@@ -132,7 +132,7 @@ class Attention2D final : public model::AttentionOp<float> {
 /// Hidden-split embedding over the whole tensor group, then this rank's block.
 class Embedding2D final : public model::EmbeddingOp<float> {
  public:
-  Embedding2D(const ParamLayout& full, int table, const Pos& g)
+  Embedding2D(const ParamTable& full, int table, const Pos& g)
       : table_(table), V_(full.view(table).shape[0]), H_(full.view(table).shape[1]), g_(g) {}
   void forward(float* x, const int32_t* ids, int64_t N, const Params<float>& p) override {
     ops::check_token_ids(ids, N, V_);
@@ -161,7 +161,7 @@ class Embedding2D final : public model::EmbeddingOp<float> {
 /// reduce-scatter over the tensor group straight into the blocks; backward gathers the blocks.
 class VocabEmbedding2D final : public model::EmbeddingOp<float> {
  public:
-  VocabEmbedding2D(const ParamLayout& full, const ParamLayout& local, int table, const Pos& g)
+  VocabEmbedding2D(const ParamTable& full, const ParamTable& local, int table, const Pos& g)
       : table_(table), V_(full.view(table).shape[0]), Vr_(local.view(table).shape[0]),
         H_(full.view(table).shape[1]),
         start_(shard_range(V_, g.tensor->size(), g.tensor->rank()).start), g_(g) {}
@@ -196,7 +196,7 @@ class VocabEmbedding2D final : public model::EmbeddingOp<float> {
 /// group in row chunks (logits never [N, V]), reduce-scatter dX back into the blocks.
 class Head2D final : public model::HeadLossOp<float> {
  public:
-  Head2D(const ParamLayout& full, const ParamLayout& local, int weight, const Pos& g)
+  Head2D(const ParamTable& full, const ParamTable& local, int weight, const Pos& g)
       : weight_(weight), H_(full.view(weight).shape[1]), g_(g),
         loss_(full.view(weight).shape[0], local.view(weight).shape[0], H_,
               shard_range(full.view(weight).shape[0], g.tensor->size(), g.tensor->rank()).start,
@@ -243,14 +243,14 @@ class Head2D final : public model::HeadLossOp<float> {
 model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
   const Pos g(ctx.grid);
   const Overlap2D overlap = parse_overlap_2d(ctx.grid.layout.tensor_2d_overlap);
-  const ParamLayout& L = ctx.local;
+  const ParamTable& L = ctx.local;
   // This x rank's heads: a model with heads/x, kv heads/x and hidden/x (same head_dim), which is
   // exactly the grouped layout of its wqkv rows.
   model::ModelConfig heads = ctx.full.config();
   heads.num_attention_heads /= g.x;
   heads.num_kv_attention_heads /= g.x;
   heads.hidden_size /= g.x;
-  const ParamLayout attention_layout(heads);
+  const ParamTable attention_layout(heads);
   model::ModelOps<float> dense = model::make_dense_ops<float>(attention_layout);
 
   model::ModelOps<float> ops;
@@ -282,7 +282,7 @@ model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
 
 void tp2d_plan(ShardPlan& plan) {
   using comm::Group;
-  const ParamLayout& full = plan.full_layout();
+  const ParamTable& full = plan.full_layout();
   // Tied: the one table is split on vocabulary rows, as the head (split below).
   if (!full.config().tie_word_embeddings) plan.split(full.tok_embeddings, 1, Group::kTensor);
   for (const model::BlockParamIds& b : full.layers) {

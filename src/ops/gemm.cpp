@@ -113,7 +113,7 @@ class RoundingBuffer {
 };
 
 // The per-thread buffer rounded GEMM operands live in, reused from call to call (shared by
-// bf16_gemm and gemm_bf16_weight: the memory plan counts one).
+// mixed_precision_gemm and gemm_bf16_weight: the memory plan counts one).
 RoundingBuffer& operand_buffer() {
   thread_local RoundingBuffer buffer;
   return buffer;
@@ -124,7 +124,7 @@ RoundingBuffer& operand_buffer() {
 // are rounded into one per-thread buffer (A's copy, then B's), reused from call to call and
 // reallocated without copying when a call needs more, so it holds the largest pair of operands
 // one call rounds (a weight gradient's dy and x), not the largest A plus the largest B.
-void bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+void mixed_precision_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                const float* B, float beta, float* C) {
   RoundingBuffer& buffer = operand_buffer();
   const uint16_t* a = cached_weights(A, M * K);
@@ -139,7 +139,7 @@ void bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
 
 void backend_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                   const float* B, float beta, float* C) {
-  if (compute_type() == ComputeType::kBFloat16) return bf16_gemm(ta, tb, M, N, K, alpha, A, B, beta, C);
+  if (compute_type() == ComputeType::kBFloat16) return mixed_precision_gemm(ta, tb, M, N, K, alpha, A, B, beta, C);
   // The matmul primitive rather than dnnl_sgemm: on the shapes of a training step it was faster in
   // aggregate (bench_gemm), and dnnl_sgemm collapsed on some backward shapes at 2 threads (e.g.
   // 384×1024×2048 with A transposed: 4–7 GFLOP/s against 17–20 for the matmul).

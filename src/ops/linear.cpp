@@ -1,4 +1,4 @@
-// Linear layer in the Hugging Face layout W[out, in], through gemm (BLAS).
+// Linear layer in the Hugging Face layout W[out, in], through ops::gemm (oneDNN for float).
 #include "ops/ops.h"
 #include "ops/threads.h"
 

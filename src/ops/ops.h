@@ -2,7 +2,7 @@
 // Every kernel is a template over the scalar type T (float for training, double for the
 // finite-difference tests); explicit instantiations for float and double live in the .cpp files.
 //
-// Conventions (DESIGN.md): arguments are (outputs, saved state, inputs, weights, sizes); all
+// Conventions: arguments are (outputs, saved state, inputs, weights, sizes); all
 // tensors are dense row-major; N = tokens of the (local) row. Backward functions OVERWRITE input
 // gradients (dx, dq, ...) and ACCUMULATE (+=) parameter gradients (dW, dweight, dtable); any
 // gradient pointer may be nullptr to skip it. No kernel communicates.
@@ -25,8 +25,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
           const T* B, T beta, T* C);
 
 /// The same contract with bf16 inputs (raw bfloat16 bits, as core/bf16.h's float_to_bf16 and
-/// round_to_bf16 make them) and an fp32 C accumulated in fp32: oneDNN's matmul primitive, one primitive cached
-/// per (shape, transposes, alpha, beta). Throws longtron::Error when oneDNN has no bf16 matmul for
+/// round_to_bf16 make them) and an fp32 C accumulated in fp32: oneDNN's matmul primitive, one
+/// primitive cached per (shape, transposes, alpha, beta). Throws longtron::Error when oneDNN has no bf16 matmul for
 /// this CPU (it needs avx512_core; native bf16 dot products need avx512_core_bf16).
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const uint16_t* A, const uint16_t* B, float beta, float* C);

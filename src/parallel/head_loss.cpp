@@ -5,7 +5,7 @@
 
 #include "data/batch.h"
 #include "ops/ops.h"
-#include "parallel/layers.h"
+#include "parallel/vocab_parallel.h"
 #include "parallel/scratch.h"
 
 namespace longtron::parallel {

@@ -176,7 +176,7 @@ void TensorParallelLinear::backward(float* dx, float* dW, float* dbias, const fl
   }
 }
 
-TensorParallelLinearOp::TensorParallelLinearOp(const model::ParamLayout& local, int weight,
+TensorParallelLinearOp::TensorParallelLinearOp(const model::ParamTable& local, int weight,
                                                int bias, TpLinearSpec spec, LinearShared shared,
                                                PairRole role)
     : weight_(weight), bias_(bias),
@@ -196,7 +196,7 @@ void TensorParallelLinearOp::backward(float* dx, const float* dy, const float* x
                    accumulate_dx);
 }
 
-TensorParallelGateUp::TensorParallelGateUp(const model::ParamLayout& local, int w1, int w3,
+TensorParallelGateUp::TensorParallelGateUp(const model::ParamTable& local, int w1, int w3,
                                            int b1, int b3, const TpLinearSpec& spec,
                                            LinearShared shared)
     : w1_(w1), w3_(w3), b1_(b1), b3_(b3),

@@ -46,7 +46,7 @@
 #include "comm/communicator.h"
 #include "model/layers.h"
 #include "model/params.h"
-#include "parallel/layers.h"
+#include "parallel/vocab_parallel.h"
 #include "parallel/tp2d_overlap.h"
 
 namespace longtron::parallel {
@@ -112,7 +112,7 @@ class TensorParallelLinear {
 /// The linear as a model::LinearOp over the views `weight` and `bias` (−1 = none) of `local`.
 class TensorParallelLinearOp final : public model::LinearOp<float> {
  public:
-  TensorParallelLinearOp(const model::ParamLayout& local, int weight, int bias, TpLinearSpec spec,
+  TensorParallelLinearOp(const model::ParamTable& local, int weight, int bias, TpLinearSpec spec,
                          LinearShared shared = {}, PairRole role = PairRole::kAlone);
   int64_t in() const override { return linear_.in(); }
   int64_t out() const override { return linear_.out(); }
@@ -132,7 +132,7 @@ class TensorParallelGateUp final : public model::GateUpOp<float> {
  public:
   /// w1, w3: view indices in `local` (same shard shape [F_local, in]); b1, b3: their biases
   /// [F_local] (Llama's mlp_bias) or -1.
-  TensorParallelGateUp(const model::ParamLayout& local, int w1, int w3, int b1, int b3,
+  TensorParallelGateUp(const model::ParamTable& local, int w1, int w3, int b1, int b3,
                        const TpLinearSpec& spec, LinearShared shared = {});
   int64_t out() const override { return gate_.out(); }
   void forward(float* a, float* b, const float* x, int64_t N,

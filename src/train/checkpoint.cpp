@@ -185,7 +185,7 @@ void load_model(const fs::path& step_dir, const std::vector<MutableTensor>& para
 HfTensors hf_named_tensors(const model::Params<float>& full, const std::string& prefix,
                            const std::string& format) {
   HfTensors out;
-  const model::ParamLayout& layout = full.layout();
+  const model::ParamTable& layout = full.layout();
   const auto list = model::hf_tensors(layout, format);
   out.storage.reserve(list.size());
   for (const auto& t : list) {
@@ -201,7 +201,7 @@ HfTensors hf_named_tensors(const model::Params<float>& full, const std::string& 
 namespace {
 void fill_hf(const st::Reader& reader, const std::string& prefix, model::Params<float>& full,
              std::set<std::string>* wanted) {
-  const model::ParamLayout& layout = full.layout();
+  const model::ParamTable& layout = full.layout();
   std::vector<float> buffer;
   for (const auto& t : model::hf_tensors(layout)) {
     int64_t n = 1;

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
+#include "model/model_config.h"
 
 namespace longtron::train {
 

@@ -102,7 +102,7 @@ struct StepShape {
 /// gathered input N × in (kept for backward; shared by w1/w3), the partial input gradient N × in
 /// (shared by w1/w3), the reduce-scattered input gradient N/ag × in, and the partial output and
 /// gathered output gradient N × out each.
-double linear_2d_elements(const model::ParamLayout& local, const model::BlockParamIds& b, double N,
+double linear_2d_elements(const model::ParamTable& local, const model::BlockParamIds& b, double N,
                           double x, double y) {
   struct Use {
     int view;
@@ -123,7 +123,7 @@ double linear_2d_elements(const model::ParamLayout& local, const model::BlockPar
 }
 
 StepShape step_shape(const TrainConfig& c, const parallel::Grid& grid,
-                     const model::ParamLayout& full, const model::ParamLayout& local,
+                     const model::ParamTable& full, const model::ParamTable& local,
                      const std::string& mode, bool bf16 = false) {
   const model::ModelConfig& m = c.model;
   const double P = static_cast<double>(c.data.micro_bsz) * static_cast<double>(c.data.seq_len);
@@ -329,10 +329,10 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   parallel::validate_model_layout(layout, in.world_size, shape);
   const parallel::Grid grid = shape_grid(layout, in.world_size);
   const std::string mode = parallel::mode_name(layout);
-  const model::ParamLayout full(c.model);
+  const model::ParamTable full(c.model);
   parallel::ShardPlan shard(full, grid);
   if (const auto& f = parallel::find_mode(mode); f.plan) f.plan(shard);
-  const model::ParamLayout local = shard.local_layout();
+  const model::ParamTable local = shard.local_layout();
 
   MemoryPlan p;
   p.layout = layout_text(grid, mode);
@@ -433,7 +433,7 @@ MemoryPlan plan_forward_memory(const model::ModelConfig& model, int64_t seq_len,
   c.data.seq_len = seq_len;
   c.data.micro_bsz = micro_bsz;
   const parallel::Grid grid = shape_grid(parallel::Layout{}, 1);
-  const model::ParamLayout full(model);
+  const model::ParamTable full(model);
   StepShape s = step_shape(c, grid, full, full, "dense");
   s.ws.per_layer = false;  // forward only: one shared set of block state
   const double P = static_cast<double>(seq_len) * static_cast<double>(micro_bsz);

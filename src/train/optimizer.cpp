@@ -8,7 +8,7 @@
 
 namespace longtron::train {
 
-AdamW::AdamW(const model::ParamLayout& layout, const OptimizerConfig& config, comm::CommPtr zero1)
+AdamW::AdamW(const model::ParamTable& layout, const OptimizerConfig& config, comm::CommPtr zero1)
     : layout_(layout), config_(config), zero1_(std::move(zero1)) {
   check(config.lr > 0, "optimizer.lr must be > 0, got {}", config.lr);
   const int64_t n = layout.numel();

@@ -1,6 +1,6 @@
-// Tensor-parallel layers (see layers.h): vocab-parallel cross-entropy, the hidden-split and the
+// Tensor-parallel layers (see vocab_parallel.h): vocab-parallel cross-entropy, the hidden-split and the
 // vocab-parallel embedding.
-#include "parallel/layers.h"
+#include "parallel/vocab_parallel.h"
 
 #include <algorithm>
 #include <cmath>
