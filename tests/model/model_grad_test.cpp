@@ -11,6 +11,7 @@
 #include "ops/ops.h"
 #include "ops/precision.h"
 #include "model_testing.h"
+#include "ops/fd_check.h"
 
 namespace longtron::model {
 namespace {
@@ -62,26 +63,21 @@ void check_gradients(const ModelConfig& config, bool checkpoint) {
   }
   EXPECT_NEAR(total, loss.sum, 1e-12 * std::abs(loss.sum));
 
+  // Eight random elements of every tensor, against central differences of the summed loss.
   std::mt19937_64 rng(3);
-  const double h = 1e-5;
-  int checked = 0;
   for (const auto& v : layout.views()) {
     std::uniform_int_distribution<int64_t> pick(0, v.numel - 1);
-    for (int k = 0; k < 8; ++k) {
-      const int64_t i = v.offset + pick(rng);
-      const double saved = params.data()[i];
-      params.data()[i] = saved + h;
-      const double up = model.forward_loss(batch).sum;
-      params.data()[i] = saved - h;
-      const double down = model.forward_loss(batch).sum;
-      params.data()[i] = saved;
-      const double fd = scale * (up - down) / (2 * h);
-      EXPECT_NEAR(grads.data()[i], fd, 1e-8 + 1e-6 * std::abs(fd))
-          << v.name << " element " << i - v.offset;
-      ++checked;
-    }
+    std::vector<int64_t> indices;
+    for (int k = 0; k < 8; ++k) indices.push_back(v.offset + pick(rng));
+    testing::expect_fd_at(
+        params.data(), grads.data(), layout.numel(), indices,
+        [&] { return model.forward_loss(batch).sum; },
+        [](double fd) { return 1e-8 + 1e-6 * std::abs(fd); },
+        [&](int64_t i) {
+          return i < 0 ? v.name : v.name + " element " + std::to_string(i - v.offset);
+        },
+        scale);
   }
-  EXPECT_EQ(checked, 8 * static_cast<int>(layout.views().size()));
 }
 
 TEST(ModelGrad, FiniteDifferences) { check_gradients(testing::tiny_config(), false); }
