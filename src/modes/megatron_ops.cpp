@@ -39,7 +39,7 @@ using comm::Group;
 using model::ModelOps;
 using model::Params;
 using model::ParamTable;
-using Buffer = std::vector<float>;
+using Buffer = parallel::Scratch;
 
 int64_t shard_tokens(int64_t N, SequenceParallel sp, const Communicator& c) {
   if (sp == SequenceParallel::kNone) return N;
@@ -84,7 +84,7 @@ class SplitEmbedding final : public model::EmbeddingOp<float> {
       split_hidden_embedding_forward(x, ids, p.ptr(table_), N, H_, *comm_);
       return;
     }
-    float* full = ensure(full_, N * H_);
+    float* full = full_.get(N * H_);
     split_hidden_embedding_forward(full, ids, p.ptr(table_), N, H_, *comm_);
     const int64_t rows = shard_tokens(N, sp_, *comm_);
     std::memcpy(x, full + comm_->rank() * rows * H_, size_t(rows * H_) * sizeof(float));
@@ -93,7 +93,7 @@ class SplitEmbedding final : public model::EmbeddingOp<float> {
     if (g == nullptr) return;
     const float* d = dx;
     if (sp_ != SequenceParallel::kNone) {
-      float* full = ensure(full_, N * H_);
+      float* full = full_.get(N * H_);
       all_gather_first_dim_forward(full, dx, N, H_, *comm_);
       d = full;
     }
@@ -128,7 +128,7 @@ class VocabParallelEmbedding final : public model::EmbeddingOp<float> {
       reduce_from_group_forward(x, N * H_, *comm_);
       return;
     }
-    float* partial = ensure(full_, N * H_);
+    float* partial = full_.get(N * H_);
     vocab_parallel_embedding_forward(partial, ids, p.ptr(table_), N, H_, start_, Vr_);
     reduce_scatter_first_dim_forward(x, partial, N, H_, *comm_);
   }
@@ -136,7 +136,7 @@ class VocabParallelEmbedding final : public model::EmbeddingOp<float> {
     if (g == nullptr) return;
     const float* d = dx;
     if (sp_ != SequenceParallel::kNone) {
-      d = ensure(full_, N * H_);
+      d = full_.get(N * H_);
       reduce_scatter_first_dim_backward(full_.data(), dx, N, H_, *comm_);
     }
     vocab_parallel_embedding_backward(g->ptr(table_), d, ids, N, H_, start_, Vr_);
@@ -165,11 +165,11 @@ class VocabParallelHead final : public model::HeadLossOp<float> {
                                   double* token_losses) override {
     const float* X = xf;
     if (sp_ != SequenceParallel::kNone) {
-      X = ensure(x_full_, N * H_);
+      X = x_full_.get(N * H_);
       all_gather_first_dim_forward(x_full_.data(), xf, N, H_, *comm_);
     }
     float* dX = nullptr;  // partial dL/dX over this rank's vocabulary, [N, H]
-    if (dxf != nullptr) dX = sp_ == SequenceParallel::kNone ? dxf : ensure(dx_full_, N * H_);
+    if (dxf != nullptr) dX = sp_ == SequenceParallel::kNone ? dxf : dx_full_.get(N * H_);
     float* dW = g != nullptr ? g->ptr(weight_) : nullptr;
     const model::LossSum loss = loss_.forward_backward(dX, dW, X, p.ptr(weight_), labels, N,
                                                        loss_scale, token_losses, *comm_);

@@ -43,7 +43,7 @@ namespace {
 using comm::CommPtr;
 using model::Params;
 using model::ParamTable;
-using Buffer = std::vector<float>;
+using Buffer = parallel::Scratch;
 
 /// The grid position of this rank.
 struct Pos {
@@ -65,7 +65,7 @@ void gather_blocks(float* full, Buffer& scratch, const float* block, int64_t N, 
                    const Pos& g) {
   const int64_t count = g.rows_x(N) * (H / g.y);
   if (g.y == 1) return g.tensor->all_gather(full, block, count);  // blocks are row blocks (MSP)
-  float* blocks = ensure(scratch, count * g.x * g.y);
+  float* blocks = scratch.get(count * g.x * g.y);
   g.tensor->all_gather(blocks, block, count);
   tp2d_blocks_to_full(full, blocks, N, H, g.x, g.y);
 }
@@ -137,14 +137,14 @@ class Embedding2D final : public model::EmbeddingOp<float> {
   void forward(float* x, const int32_t* ids, int64_t N, const Params<float>& p) override {
     ops::check_token_ids(ids, N, V_);
     const int64_t nx = g_.rows_x(N), hy = H_ / g_.y;
-    float* full = ensure(full_, N * H_);
+    float* full = full_.get(N * H_);
     split_hidden_embedding_forward(full, ids, p.ptr(table_), N, H_, *g_.tensor);
     for (int64_t n = 0; n < nx; ++n)
       std::memcpy(x + n * hy, full + (g_.xr * nx + n) * H_ + g_.yr * hy, size_t(hy) * sizeof(float));
   }
   void backward(const float* dx, const int32_t* ids, int64_t N, Params<float>* grads) override {
     if (grads == nullptr) return;
-    float* full = ensure(full_, N * H_);
+    float* full = full_.get(N * H_);
     gather_blocks(full, blocks_, dx, N, H_, g_);
     split_hidden_embedding_backward(grads->ptr(table_), full, ids, N, H_, *g_.tensor);
   }
@@ -168,11 +168,11 @@ class VocabEmbedding2D final : public model::EmbeddingOp<float> {
   void forward(float* x, const int32_t* ids, int64_t N, const Params<float>& p) override {
     ops::check_token_ids(ids, N, V_);
     const int64_t count = g_.rows_x(N) * (H_ / g_.y);
-    float* partial = ensure(full_, N * H_);
+    float* partial = full_.get(N * H_);
     vocab_parallel_embedding_forward(partial, ids, p.ptr(table_), N, H_, start_, Vr_);
     const float* send = partial;
     if (g_.y > 1) {
-      float* blocks = ensure(blocks_, N * H_);
+      float* blocks = blocks_.get(N * H_);
       tp2d_full_to_blocks(blocks, partial, N, H_, g_.x, g_.y);
       send = blocks;
     }
@@ -180,7 +180,7 @@ class VocabEmbedding2D final : public model::EmbeddingOp<float> {
   }
   void backward(const float* dx, const int32_t* ids, int64_t N, Params<float>* grads) override {
     if (grads == nullptr) return;
-    float* full = ensure(full_, N * H_);
+    float* full = full_.get(N * H_);
     gather_blocks(full, blocks_, dx, N, H_, g_);
     vocab_parallel_embedding_backward(grads->ptr(table_), full, ids, N, H_, start_, Vr_);
   }
@@ -205,9 +205,9 @@ class Head2D final : public model::HeadLossOp<float> {
   model::LossSum forward_backward(float* dxf, const float* xf, const int32_t* labels, int64_t N,
                                   const Params<float>& p, Params<float>* g, double loss_scale,
                                   double* token_losses) override {
-    float* X = ensure(x_full_, N * H_);
+    float* X = x_full_.get(N * H_);
     gather_blocks(X, blocks_, xf, N, H_, g_);
-    float* dX = dxf != nullptr ? ensure(dx_full_, N * H_) : nullptr;
+    float* dX = dxf != nullptr ? dx_full_.get(N * H_) : nullptr;
     comm::Communicator& tp = *g_.tensor;
     float* dW = g != nullptr ? g->ptr(weight_) : nullptr;
     const model::LossSum loss = loss_.forward_backward(dX, dW, X, p.ptr(weight_), labels, N,
@@ -216,7 +216,7 @@ class Head2D final : public model::HeadLossOp<float> {
       const int64_t count = g_.rows_x(N) * (H_ / g_.y);
       const float* send = dX;
       if (g_.y > 1) {
-        float* blocks = ensure(blocks_, N * H_);
+        float* blocks = blocks_.get(N * H_);
         tp2d_full_to_blocks(blocks, dX, N, H_, g_.x, g_.y);
         send = blocks;
       }

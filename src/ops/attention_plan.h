@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/grow_buffer.h"
+
 #include "ops/ops.h"
 
 namespace longtron::ops::detail {
@@ -64,13 +66,12 @@ struct AttnPlan {
 
 /// A buffer of at least n elements kept per calling thread and slot between calls: the packed
 /// tiles of one attention call are tens of MB, and allocating them afresh each call costs page
-/// faults (≈5% of the kernel). Contents are unspecified; the memory is kept until thread exit.
+/// faults (≈5% of the kernel). Contents are unspecified (zeros after growing); the memory is kept
+/// until thread exit.
 template <typename T>
 T* workspace(int slot, size_t n) {
-  static thread_local std::vector<T> buffers[4];
-  std::vector<T>& b = buffers[slot];
-  if (b.size() < n) b.resize(n);
-  return b.data();
+  static thread_local GrowBuffer<T, GrowFill::kZeroed> buffers[4];
+  return buffers[slot].get(static_cast<int64_t>(n));
 }
 
 /// The workspace slot of the attention kernels' per-thread tiles (slots 0–2 hold a call's packed

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "core/grow_buffer.h"
 #include "ops/onednn_matmul.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
@@ -92,30 +93,11 @@ const uint16_t* cached_weights(const float* x, int64_t n) {
   return w.bits.data() + (x - w.base);
 }
 
-// A grow-only buffer of uninitialised values: every element is written (rounded into) before it
-// is read, so growing needs no zero fill (std::vector::resize zero-filled the grown part, and
-// after a smaller GEMM every larger one grew it again: ~1% of a bf16 training step).
-class RoundingBuffer {
- public:
-  uint16_t* get(int64_t n) {
-    if (static_cast<size_t>(n) > capacity_) {
-      data_.reset();  // free first: the old contents are not needed, and the peak stays one buffer
-      capacity_ = 0;  // (stays true if the allocation below throws)
-      data_ = std::make_unique_for_overwrite<uint16_t[]>(static_cast<size_t>(n));
-      capacity_ = static_cast<size_t>(n);
-    }
-    return data_.get();
-  }
-
- private:
-  std::unique_ptr<uint16_t[]> data_;
-  size_t capacity_ = 0;
-};
-
 // The per-thread buffer rounded GEMM operands live in, reused from call to call (shared by
 // mixed_precision_gemm and gemm_bf16_weight: the memory plan counts one).
-RoundingBuffer& operand_buffer() {
-  thread_local RoundingBuffer buffer;
+// Grown uninitialised: every element is rounded into before it is read.
+GrowBuffer<uint16_t>& operand_buffer() {
+  thread_local GrowBuffer<uint16_t> buffer;
   return buffer;
 }
 
@@ -126,7 +108,7 @@ RoundingBuffer& operand_buffer() {
 // one call rounds (a weight gradient's dy and x), not the largest A plus the largest B.
 void mixed_precision_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                const float* B, float beta, float* C) {
-  RoundingBuffer& buffer = operand_buffer();
+  GrowBuffer<uint16_t>& buffer = operand_buffer();
   const uint16_t* a = cached_weights(A, M * K);
   const uint16_t* b = cached_weights(B, K * N);
   const int64_t na = a ? 0 : M * K, nb = b ? 0 : K * N;

@@ -22,8 +22,8 @@ model::LossSum VocabParallelHeadLoss::forward_backward(float* dX, float* dW, con
                                                        comm::Communicator& comm) {
   // Chunked by the largest shard and the rows, which every rank of the group shares.
   const int64_t C = std::min(model::head_chunk_rows(V_shard_, N), N), Vr = V_local_, H = H_;
-  float* logits = ensure(logits_, C * Vr + 1);
-  float* lse = ensure(lse_, C);
+  float* logits = logits_.get(C * Vr + 1);
+  float* lse = lse_.get(C);
   model::LossSum loss;
   for (int64_t n0 = 0; n0 < N; n0 += C) {
     const int64_t rows = std::min(C, N - n0);
@@ -35,7 +35,7 @@ model::LossSum VocabParallelHeadLoss::forward_backward(float* dX, float* dW, con
     if (token_losses != nullptr)
       token_loss(token_losses + n0, logits, lse, labels + n0, rows, comm);
     if (dX == nullptr) continue;
-    float* dlogits = ensure(dlogits_, C * Vr + 1);
+    float* dlogits = dlogits_.get(C * Vr + 1);
     vocab_parallel_cross_entropy_backward(dlogits, logits, lse, labels + n0, rows, Vr,
                                           vocab_start_, static_cast<float>(loss_scale));
     ops::gemm<float>(false, false, rows, H, Vr, 1.0f, dlogits, W, 0.0f, dX + n0 * H);

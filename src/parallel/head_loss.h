@@ -8,6 +8,7 @@
 
 #include "comm/communicator.h"
 #include "model/layers.h"
+#include "parallel/scratch.h"
 
 namespace longtron::parallel {
 
@@ -40,7 +41,7 @@ class VocabParallelHeadLoss {
                   int64_t rows, comm::Communicator& comm) const;
 
   int64_t V_local_, H_, vocab_start_, V_shard_;
-  std::vector<float> logits_, dlogits_, lse_;
+  Scratch logits_, dlogits_, lse_;
 };
 
 }  // namespace longtron::parallel

@@ -47,6 +47,7 @@
 #include "model/layers.h"
 #include "model/params.h"
 #include "parallel/vocab_parallel.h"
+#include "parallel/scratch.h"
 #include "parallel/tp2d_overlap.h"
 
 namespace longtron::parallel {
@@ -67,8 +68,8 @@ struct TpLinearSpec {
 /// column linears of a model under FSP: the gathered input and the partial
 /// input gradient. Owned by the caller so that it can choose the sharing.
 struct LinearShared {
-  std::shared_ptr<std::vector<float>> gathered = std::make_shared<std::vector<float>>();
-  std::shared_ptr<std::vector<float>> dx_partial = std::make_shared<std::vector<float>>();
+  std::shared_ptr<Scratch> gathered = std::make_shared<Scratch>();
+  std::shared_ptr<Scratch> dx_partial = std::make_shared<Scratch>();
 };
 
 /// kFirst/kSecond: the halves of TensorParallelGateUp, which share one gathered input (the second
@@ -106,7 +107,7 @@ class TensorParallelLinear {
   TpLinearSpec spec_;
   LinearShared shared_;
   PairRole role_;
-  std::vector<float> partial_, recv_[2], send_[2], dy_full_, scratch_;
+  Scratch partial_, recv_[2], send_[2], dy_full_, scratch_;
 };
 
 /// The linear as a model::LinearOp over the views `weight` and `bias` (−1 = none) of `local`.

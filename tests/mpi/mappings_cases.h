@@ -176,7 +176,7 @@ TEST(Layers, ColumnParallelMatchesOneRank) {
     EXPECT_LT(rel_err(y.data(), block(Y, out, 0, N, r * ol, ol).data(), N * ol), kTol);
     // FSP must not rely on the gathered copy: spoil it.
     if (sp == SequenceParallel::kRegather)
-      std::fill(shared.gathered->begin(), shared.gathered->end(), NAN);
+      std::fill_n(shared.gathered->data(), shared.gathered->capacity(), NAN);
     Vec dy = block(dY, out, 0, N, r * ol, ol);
     Vec dx(x.size()), dWr(Wr.size(), 0.f), dbr(br.size(), 0.f);
     column.backward(dx.data(), dWr.data(), dbr.data(), dy.data(), x.data(), Wr.data(), N, false);
