@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/params.h"
+#include "core/grow_buffer.h"
 
 namespace longtron::model {
 
@@ -157,20 +158,64 @@ inline int64_t head_chunk_rows(int64_t V, int64_t N) {
 }
 
 /// Scratch of a chunked head: logits, their gradient and lse for one chunk of rows (kept at the
-/// largest chunk seen).
+/// largest chunk seen; zeroed when they grow).
 template <typename T>
 struct HeadChunks {
-  std::vector<T> logits, dlogits, lse;
+  GrowBuffer<T, GrowFill::kZeroed> logits, dlogits, lse;
 };
 
-/// The output head W[V, H] + cross-entropy over xf[N, H] in chunks of `chunk` rows
-/// (head_chunk_rows(V, N)), so logits exist for one chunk at a time; the loop shared by the dense
-/// and the weight-parallel (ISP) heads.
-/// dxf[N, H] (nullptr: forward only) is overwritten with d(loss_scale · loss_sum)/dxf; dW[V, H]
-/// (nullptr: none; only with dxf) accumulates. token_losses as HeadLossOp. Labels must have been
-/// checked (ops::check_labels) by the caller. W16 (float only; nullptr: none) is W already
-/// rounded to bf16 (raw bits, e.g. ISP's bf16 all-gather): the GEMMs that read the weight then
-/// use it directly (ops::gemm_bf16_weight) and W may be nullptr.
+/// The cross-entropy of one chunk of a chunked head, over logits[rows, Vc] (Vc: the vocabulary
+/// columns this rank holds) and labels[rows] (-100 = ignored): the whole vocabulary's
+/// (DenseChunkCrossEntropy, ops::cross_entropy_*) or a vocabulary shard's
+/// (parallel::VocabParallelHeadLoss, collective over its group).
+template <typename T>
+class ChunkCrossEntropy {
+ public:
+  virtual ~ChunkCrossEntropy() = default;
+  /// Σ over valid rows of lse − target logit (in double); sets *count to the valid rows and
+  /// lse[rows].
+  virtual double forward(T* lse, int64_t* count, const T* logits, const int32_t* labels,
+                         int64_t rows) = 0;
+  /// out[rows]: each row's loss, 0 where ignored.
+  virtual void token_losses(double* out, const T* logits, const T* lse, const int32_t* labels,
+                            int64_t rows) = 0;
+  /// dlogits[rows, Vc] = scale · d(loss sum)/dlogits (overwritten).
+  virtual void backward(T* dlogits, const T* logits, const T* lse, const int32_t* labels,
+                        int64_t rows, T scale) = 0;
+};
+
+/// ChunkCrossEntropy over the whole vocabulary (ops::cross_entropy_forward / _backward).
+template <typename T>
+class DenseChunkCrossEntropy final : public ChunkCrossEntropy<T> {
+ public:
+  explicit DenseChunkCrossEntropy(int64_t V) : V_(V) {}
+  double forward(T* lse, int64_t* count, const T* logits, const int32_t* labels,
+                 int64_t rows) override;
+  void token_losses(double* out, const T* logits, const T* lse, const int32_t* labels,
+                    int64_t rows) override;
+  void backward(T* dlogits, const T* logits, const T* lse, const int32_t* labels, int64_t rows,
+                T scale) override;
+
+ private:
+  int64_t V_;
+};
+
+/// The output head W[Vc, H] + cross-entropy over xf[N, H] in chunks of `chunk` rows
+/// (head_chunk_rows), so logits exist for one chunk at a time: the one row loop of every head
+/// (dense, weight-parallel ISP, vocabulary-parallel Megatron and 2D). For each chunk: logits =
+/// xf·Wᵀ, ce.forward (and ce.token_losses), then with dxf: ce.backward, dxf = dlogits·W
+/// (overwritten) and, with dW, dW[Vc, H] += dlogitsᵀ·xf. Labels must have been checked
+/// (ops::check_labels) by the caller. W16 (float only; nullptr: none) is W already rounded to
+/// bf16 (raw bits, e.g. ISP's bf16 all-gather): the GEMMs that read the weight then use it
+/// directly (ops::gemm_bf16_weight) and W may be nullptr.
+template <typename T>
+LossSum chunked_head_loss(HeadChunks<T>& s, ChunkCrossEntropy<T>& ce, T* dxf, T* dW,
+                          const T* xf, const T* W, const int32_t* labels, int64_t N, int64_t Vc,
+                          int64_t H, int64_t chunk, double loss_scale, double* token_losses,
+                          const uint16_t* W16 = nullptr);
+
+/// chunked_head_loss over the whole vocabulary V (DenseChunkCrossEntropy): the dense and the
+/// weight-parallel (ISP) heads. token_losses as HeadLossOp.
 template <typename T>
 LossSum chunked_head_loss(HeadChunks<T>& s, T* dxf, T* dW, const T* xf, const T* W,
                           const int32_t* labels, int64_t N, int64_t V, int64_t H, int64_t chunk,

@@ -95,10 +95,26 @@ void linear_forward(T* y, const T* x, const T* W, const T* bias, int64_t N, int6
 /// kBFloat16 on a float W whose rounding is W16.
 void linear_forward_bf16(float* y, const float* x, const uint16_t* W16, const float* bias,
                          int64_t N, int64_t in, int64_t out);
-/// dx[N,in] = dy·W (overwritten); dW[out,in] += dyᵀ·x; dbias[out] += Σ_n dy.
+/// The one linear backward (dense, weight-parallel and, between its communications, the
+/// tensor-parallel linears all run these GEMMs): dx[N,in] = dx_beta·dx + dy·W (dx_beta 0
+/// overwrites, 1 accumulates); dW[out,in] = dW_beta·dW + dyᵀ·x (1 accumulates into a parameter
+/// gradient, 0 overwrites a scratch that is reduced afterwards); dbias[out] += Σ_n dy. Any of dx,
+/// dW, dbias may be nullptr to skip it. In this order: dx, dW, dbias.
 template <typename T>
 void linear_backward(T* dx, T* dW, T* dbias, const T* dy, const T* x, const T* W, int64_t N,
-                     int64_t in, int64_t out);
+                     int64_t in, int64_t out, T dx_beta = T(0), T dW_beta = T(1));
+/// linear_backward with the weight already in bf16 (W16[out,in] raw bits): dx through
+/// gemm_bf16_weight (dy rounded to bf16), dW and dbias as linear_backward<float> (under the
+/// calling thread's compute type). Bitwise linear_backward<float> under kBFloat16 on a float W
+/// whose rounding is W16.
+void linear_backward_bf16(float* dx, float* dW, float* dbias, const float* dy, const float* x,
+                          const uint16_t* W16, int64_t N, int64_t in, int64_t out,
+                          float dx_beta = 0.f, float dW_beta = 1.f);
+/// The input gradient alone, dx[N,in] = beta·dx + dy·W: the part of linear_backward that a
+/// tensor-parallel linear reduces over its group before the weight gradient.
+template <typename T>
+void linear_input_grad(T* dx, const T* dy, const T* W, int64_t N, int64_t in, int64_t out,
+                       T beta = T(0));
 /// The weight gradient of every linear, dense or parallel: dW[out,in] = beta·dW + dyᵀ·x over
 /// dy[N,out] and x[N,in] (beta 1 accumulates, as parameter gradients do; 0 overwrites a scratch
 /// that is reduced afterwards).

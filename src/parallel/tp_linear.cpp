@@ -151,8 +151,7 @@ void TensorParallelLinear::backward(float* dx, float* dW, float* dbias, const fl
   if (dx != nullptr) {
     // dX = dY·W is a partial sum over the output features each rank of A holds.
     float* part = shared_.dx_partial->get(N * in_);
-    ops::gemm<float>(false, false, N, in_, out_, 1.0f, dY, W,
-                     role_ == PairRole::kSecond ? 1.0f : 0.0f, part);
+    ops::linear_input_grad(part, dY, W, N, in_, out_, role_ == PairRole::kSecond ? 1.0f : 0.0f);
     if (role_ != PairRole::kFirst) {
       reduced = part;
       if (gather) {
