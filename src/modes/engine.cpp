@@ -113,6 +113,7 @@ data::MicroBatch ParallelEngine::local_batch(const data::MicroBatch& row) const 
 }
 
 model::LossSum ParallelEngine::forward_backward(const data::MicroBatch& row, double loss_scale) {
+  gradients_finished_ = false;
   if (!factory_->local_batch) return model_->forward_backward(row, grads_, loss_scale);
   return model_->forward_backward(local_batch(row), grads_, loss_scale);
 }
@@ -174,9 +175,12 @@ void ParallelEngine::finish_gradients() {
   // (the loss scale already divides by the global count).
   comm::Communicator& dp = *grid_.get(factory_->data_group);
   if (dp.size() > 1) dp.all_reduce(grads_.data(), grads_.numel());
+  gradients_finished_ = true;
 }
 
 double ParallelEngine::grad_norm() const {
+  check(gradients_finished_,
+        "ParallelEngine::grad_norm: call finish_gradients() after the last forward_backward()");
   // Each element is held by world / split_parts ranks with the same value: weight it by the
   // inverse so the world sum counts it once.
   double acc = 0.0;

@@ -132,11 +132,16 @@ class ParallelEngine {
   model::LossSum forward_loss(const data::MicroBatch& row, std::vector<double>* token_losses = nullptr);
 
   /// Sets grads() to 0.
-  void zero_grads() { grads_.zero(); }
+  void zero_grads() {
+    grads_.zero();
+    gradients_finished_ = false;
+  }
   /// The plan's gradient SUMs (over TENSOR etc.), then SUM over DATA: afterwards every rank holds
   /// its shard of the exact gradient of the global step loss.
   void finish_gradients();
-  /// sqrt(Σ g²) over the FULL model, each element counted once (call after finish_gradients).
+  /// sqrt(Σ g²) over the FULL model, each element counted once. Throws longtron::Error unless
+  /// finish_gradients() ran after the last zero_grads() / forward_backward() (before it, each
+  /// rank holds partial sums and the norm would be wrong without any other sign).
   double grad_norm() const;
   /// Σ over DATA of a LossSum (the step's loss numerator and count).
   model::LossSum reduce_loss(model::LossSum local) const;
@@ -161,6 +166,7 @@ class ParallelEngine {
   ShardPlan plan_;
   model::ParamTable local_;
   model::Params<float> params_, grads_;
+  bool gradients_finished_ = false;  ///< finish_gradients ran since grads_ last changed
   std::unique_ptr<model::InternLM2<float>> model_;
 };
 

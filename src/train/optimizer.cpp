@@ -47,6 +47,9 @@ void AdamW::update(model::Params<float>& params, const model::Params<float>& gra
   // In place: each rank's slice already sits at its offset of the flat buffer, so no scratch.
   if (zero1_ && zero1_->size() > 1)
     zero1_->all_gather_v(params.data(), params.data() + begin_, shard_counts());
+  // The weights changed: the step's bf16 copy (if a scope made one) is stale. Here rather than
+  // in the caller, so no update can forget it.
+  ops::invalidate_bf16_weights();
 }
 
 void AdamW::gather_state(model::Params<float>& exp_avg, model::Params<float>& exp_avg_sq) const {

@@ -27,7 +27,8 @@ class AdamW {
   AdamW(const model::ParamTable& layout, const OptimizerConfig& config, comm::CommPtr zero1 = nullptr);
 
   /// One update of `params` with `grads` (already reduced over data parallel and clipped) at
-  /// learning rate `lr`. Increments step(). With ZeRO-1, collective over the zero1 group.
+  /// learning rate `lr`. Increments step(). With ZeRO-1, collective over the zero1 group. Marks
+  /// the live ops::Bf16WeightScope's bf16 weight copy stale (ops::invalidate_bf16_weights).
   void update(model::Params<float>& params, const model::Params<float>& grads, double lr);
 
   /// Number of updates taken (AdamW's bias-correction step).

@@ -3,7 +3,6 @@
 
 #include <cmath>
 
-#include "ops/ops.h"
 #include "train/schedule.h"
 
 namespace longtron::train {
@@ -102,7 +101,6 @@ StepResult train_step(parallel::ParallelEngine& engine, AdamW& optimizer,
     model::Params<float>& grads = engine.grads();
     scale_grads(grads.data(), static_cast<size_t>(grads.numel()), clip.scale);
     optimizer.update(engine.params(), grads, options.lr);
-    ops::invalidate_bf16_weights();  // the step's bf16 weight copy is stale now
   }
   return r;
 }
