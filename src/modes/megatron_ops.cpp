@@ -255,8 +255,10 @@ ModelOps<float> megatron_ops(const ModeContext& ctx) {
   auto fsp_scratch = std::make_shared<Buffer>();
   auto dx_partial = std::make_shared<Buffer>();
   const auto shared = [&] {
-    return LinearShared{
-        sp == SequenceParallel::kRegather ? fsp_scratch : std::make_shared<Buffer>(), dx_partial};
+    LinearShared s;
+    s.gathered = sp == SequenceParallel::kRegather ? fsp_scratch : std::make_shared<Buffer>();
+    s.dx_partial = dx_partial;
+    return s;
   };
   for (size_t i = 0; i < L.layers.size(); ++i) {
     const model::BlockParamIds& b = L.layers[i];

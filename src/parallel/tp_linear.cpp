@@ -93,6 +93,7 @@ void TensorParallelLinear::matmul_reduce_scatter_overlapped(float* y, const floa
 
 void TensorParallelLinear::forward(float* y, const float* x, const float* W, const float* bias,
                                    int64_t N) {
+  pair_order(shared_.pair->forward_rows, N, "forward");
   const bool gather = sharded_input(), scatter = scattered_output();
   const int64_t nR = scatter ? rows(N, *spec_.reduce) : N;
   if (gather) rows(N, *spec_.gather);
@@ -126,9 +127,23 @@ void TensorParallelLinear::forward(float* y, const float* x, const float* W, con
       for (int64_t o = 0; o < out_; ++o) y[n * out_ + o] += bias[o];
 }
 
+void TensorParallelLinear::pair_order(int64_t& pending, int64_t N, const char* pass) const {
+  // The second of a pair reads what the first left in the shared buffers (the gathered input;
+  // in backward, the partial input gradient it adds to and reduces): the first must have run
+  // just before it with the same rows.
+  if (role_ == PairRole::kFirst) {
+    pending = N;
+  } else if (role_ == PairRole::kSecond) {
+    check(pending == N, "TensorParallelLinear: the second of a gate/up pair ran {} ({} rows) "
+          "without the first just before it", pass, N);
+    pending = -1;
+  }
+}
+
 void TensorParallelLinear::backward(float* dx, float* dW, float* dbias, const float* dy,
                                     const float* x, const float* W, int64_t N,
                                     bool accumulate_dx) {
+  pair_order(shared_.pair->backward_rows, N, "backward");
   const bool gather = sharded_input(), scatter = scattered_output();
   const int64_t nA = gather ? rows(N, *spec_.gather) : N;
   const int64_t nR = scatter ? rows(N, *spec_.reduce) : N;

@@ -70,12 +70,19 @@ struct TpLinearSpec {
 struct LinearShared {
   std::shared_ptr<Scratch> gathered = std::make_shared<Scratch>();
   std::shared_ptr<Scratch> dx_partial = std::make_shared<Scratch>();
+  /// The rows the first of a pair last ran forward / backward with and the second has not yet
+  /// consumed (-1: none): the check that a pair is called first, then second, with the same rows.
+  struct PairCalls {
+    int64_t forward_rows = -1, backward_rows = -1;
+  };
+  std::shared_ptr<PairCalls> pair = std::make_shared<PairCalls>();
 };
 
 /// kFirst/kSecond: the halves of TensorParallelGateUp, which share one gathered input (the second
 /// neither gathers nor, in backward, reduces alone: it adds its partial input gradient to the
 /// first's and reduces the sum once). The gate/up op calls first then second with the same input,
-/// forward and backward; nothing else builds a pair.
+/// forward and backward; nothing else builds a pair. The second checks that the first ran just
+/// before it (LinearShared::pair): calling them in the other order is an Error, not wrong data.
 enum class PairRole { kAlone, kFirst, kSecond };
 
 /// The linear on raw pointers (weights passed per call). Collective over A and R: every rank of
@@ -102,6 +109,9 @@ class TensorParallelLinear {
   int64_t rows(int64_t N, const comm::Communicator& c) const;
   void gather_input_overlapped(float* Y, const float* x, int64_t N, const float* W);
   void matmul_reduce_scatter_overlapped(float* y, const float* X, int64_t N, const float* W);
+  /// Records (kFirst) or checks and clears (kSecond) `pending` = shared_.pair's rows of `pass`;
+  /// throws longtron::Error when the second runs without the first just before it.
+  void pair_order(int64_t& pending, int64_t N, const char* pass) const;
 
   int64_t in_, out_;
   TpLinearSpec spec_;
