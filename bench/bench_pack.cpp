@@ -80,7 +80,7 @@ void BM_PackedRows(benchmark::State& state) {
   state.counters["dataset_tokens"] = static_cast<double>(rows.num_tokens());
 }
 
-// Baseline for a ratio measured in the same run (DESIGN.md "Speed"): copying the same number of
+// Baseline for a ratio measured in the same run: copying the same number of
 // int32 tokens from random offsets of a 400 MB buffer with memcpy.
 void BM_MemcpyBaseline(benchmark::State& state) {
   static std::vector<int32_t> big(kTokens, 1);

@@ -97,7 +97,7 @@ void BM_Sgemm(benchmark::State& state) {
 
 void BM_Step(benchmark::State& state) {
   const model::ModelConfig c = small_config(state.range(0) != 0);
-  const model::ParamLayout layout(c);
+  const model::ParamTable layout(c);
   model::Params<float> params(layout), grads(layout);
   model::init_params(params, 1);
   model::InternLM2<float> net(layout, params);
@@ -122,7 +122,7 @@ void BM_Step(benchmark::State& state) {
 void interleaved_mfu(bool checkpoint, int rounds) {
   if (rounds <= 0) return;
   const model::ModelConfig c = small_config(checkpoint);
-  const model::ParamLayout layout(c);
+  const model::ParamTable layout(c);
   model::Params<float> params(layout), grads(layout);
   model::init_params(params, 1);
   model::InternLM2<float> net(layout, params);

@@ -66,7 +66,7 @@ void print_summary(const train::TrainSummary& s, int world_size) {
 /// Fails before any output is written when `folder` (data.train_folder / data.valid_folder, named
 /// by `key`) was prepared with a larger vocabulary than model.vocab_size: `longtron prepare` writes
 /// dataset.json (with vocab_size) next to train/ and valid/. Reads only that small file, so it is
-/// cheap on any corpus; a dataset without one is checked token by token by the model as before.
+/// cheap on any corpus; a dataset without one is checked token by token by the model.
 void check_dataset_vocab(const std::string& folder, const char* key, int64_t vocab_size) {
   namespace fs = std::filesystem;
   if (folder.empty()) return;

@@ -1,5 +1,5 @@
 // The communicator: rank, size, sub-groups and collectives with async handles, in the shape of
-// PyTorch c10d's ProcessGroup (DESIGN.md). Two implementations: over MPI (mpi_communicator.cpp,
+// PyTorch c10d's ProcessGroup. Two implementations: over MPI (mpi_communicator.cpp,
 // the only files that include <mpi.h>) and a one-rank identity one (local_communicator.cpp, Marian's
 // fake single-process communicator), so a plain `longtron train` needs no mpirun.
 //

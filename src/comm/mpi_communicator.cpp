@@ -1,5 +1,5 @@
 // The MPI communicator and the process-level MPI helpers (init, finalize, abort). This file and its
-// siblings in src/comm/ are the only ones that include <mpi.h> (DESIGN.md).
+// siblings in src/comm/ are the only ones that include <mpi.h>.
 #include <mpi.h>
 
 #include <chrono>

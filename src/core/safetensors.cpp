@@ -62,16 +62,6 @@ DType parse_dtype(std::string_view name, const std::string& context) {
        shorten(name));
 }
 
-float bf16_to_float(uint16_t bits) { return std::bit_cast<float>(uint32_t(bits) << 16); }
-
-uint16_t float_to_bf16(float value) {
-  const uint32_t u = std::bit_cast<uint32_t>(value);
-  if (std::isnan(value)) return uint16_t((u >> 16) | 0x0040);  // keep sign, force quiet
-  // Round to nearest even: add 0x7FFF plus the lowest kept bit, then truncate.
-  const uint32_t rounded = u + 0x7FFFu + ((u >> 16) & 1u);
-  return uint16_t(rounded >> 16);
-}
-
 float f16_to_float(uint16_t bits) {
   const uint32_t sign = uint32_t(bits & 0x8000) << 16;
   const uint32_t exp = (bits >> 10) & 0x1F;

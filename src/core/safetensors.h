@@ -16,6 +16,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/bf16.h"
+
 namespace longtron::safetensors {
 
 /// Element types we read and write (safetensors spelling: "F32", "BF16", ...).
@@ -28,10 +30,9 @@ size_t dtype_size(DType dtype);
 /// Parses a safetensors dtype string. Throws Error("<context>: unsupported dtype X ...") otherwise.
 DType parse_dtype(std::string_view name, const std::string& context);
 
-/// bfloat16 bits → float (exact).
-float bf16_to_float(uint16_t bits);
-/// float → bfloat16 bits, round to nearest even; NaN stays a (quiet) NaN.
-uint16_t float_to_bf16(float value);
+/// bfloat16 ↔ float: core/bf16.h's (named here too for the readers and writers of this format).
+using ::longtron::bf16_to_float;
+using ::longtron::float_to_bf16;
 /// IEEE half bits → float (exact, subnormals and inf/NaN included).
 float f16_to_float(uint16_t bits);
 /// float → IEEE half bits, round to nearest even; overflow → ±inf, NaN stays NaN.

@@ -42,8 +42,8 @@ class BatchLoader {
   /// × dp_size rows (balanced_pack.h): they depend on the global batch, not on the rank.
   BatchLoader(Dataset dataset, const DataConfig& config, int64_t dp_size);
   /// The micro_num normalized micro-batches of `dp_rank` at global step `step` (0-based; epochs
-  /// follow each other). Every rank of one TP/SP group passes its dp_rank and gets the same data;
-  /// apply split_for_sequence_parallel (sequence_split.h) for ISP/Ulysses.
+  /// follow each other). Every rank of one TP/SP group passes its dp_rank and gets the same whole
+  /// rows; the parallel mode takes its rank's part of a row itself (ModeFactory::local_batch).
   std::vector<MicroBatch> step(int64_t dp_rank, int64_t step) const;
   /// The step's global batch (the sampler's micro_num × dp rows, as "none" orders them) and its
   /// assignment to ranks: "none" keeps the sampler's (rank r takes rows r, r+dp, …); "rows" and

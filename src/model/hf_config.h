@@ -7,7 +7,7 @@
 #include <set>
 #include <string>
 
-#include "model/config.h"
+#include "model/model_config.h"
 
 namespace longtron::model {
 
@@ -40,7 +40,7 @@ nlohmann::json to_hf_config(const ModelConfig& config, int64_t max_position_embe
 /// for what longtron does not train: hidden_act other than silu, a rope_scaling type other than
 /// linear, llama3 and dynamic, an odd head_dim. Llama's mlp_bias (default false) sets
 /// ModelConfig::mlp_bias. tie_word_embeddings (default false)
-/// sets ModelConfig::tie_word_embeddings (ParamLayout then has no separate head tensor). Missing optional keys take Hugging Face's defaults (rms_norm_eps 1e-6,
+/// sets ModelConfig::tie_word_embeddings (ParamTable then has no separate head tensor). Missing optional keys take Hugging Face's defaults (rms_norm_eps 1e-6,
 /// rope_theta 10000, num_key_value_heads = num_attention_heads; Mistral: 8 and sliding_window
 /// 4096, while "sliding_window": null means none). Keys not modelled are kept in hf_extra.
 /// mlp_ratio/multiple_of are derived so that ffn_size() == intermediate_size exactly:

@@ -11,13 +11,13 @@ namespace {
 int64_t row_size(const ParamView& v) { return v.shape.size() == 2 ? v.shape[1] : 1; }
 
 /// The whole view under another name.
-HfTensor whole(const ParamLayout& layout, int view, std::string name) {
+HfTensor whole(const ParamTable& layout, int view, std::string name) {
   const ParamView& v = layout.view(view);
   return {std::move(name), v.shape, view, {{0, v.shape[0]}}};
 }
 
 /// q (part 0), k (1) or v (2) of the grouped wqkv rows [Hkv, Hq/Hkv + 2, d] (docs/model.md).
-HfTensor qkv_part(const ParamLayout& layout, int view, int part, std::string name) {
+HfTensor qkv_part(const ParamTable& layout, int view, int part, std::string name) {
   const ModelConfig& c = layout.config();
   const int64_t d = c.head_dim(), groups = c.num_kv_attention_heads;
   const int64_t per = c.num_attention_heads / groups;  // query heads per kv group
@@ -29,7 +29,7 @@ HfTensor qkv_part(const ParamLayout& layout, int view, int part, std::string nam
   return t;
 }
 
-std::vector<HfTensor> llama_tensors(const ParamLayout& layout) {
+std::vector<HfTensor> llama_tensors(const ParamTable& layout) {
   std::vector<HfTensor> out;
   out.push_back(whole(layout, layout.tok_embeddings, "model.embed_tokens.weight"));
   for (size_t i = 0; i < layout.layers.size(); ++i) {
@@ -62,7 +62,7 @@ std::vector<HfTensor> llama_tensors(const ParamLayout& layout) {
 
 }  // namespace
 
-std::vector<HfTensor> hf_tensors(const ParamLayout& layout, const std::string& format) {
+std::vector<HfTensor> hf_tensors(const ParamTable& layout, const std::string& format) {
   const std::string type = format.empty() ? layout.config().type : format;
   check_model_type(type, "model format");
   if (type != "internlm2") return llama_tensors(layout);
@@ -73,7 +73,7 @@ std::vector<HfTensor> hf_tensors(const ParamLayout& layout, const std::string& f
 }
 
 template <typename T>
-void gather_hf(const HfTensor& t, const ParamLayout& layout, const T* flat, T* out) {
+void gather_hf(const HfTensor& t, const ParamTable& layout, const T* flat, T* out) {
   const ParamView& v = layout.view(t.view);
   const int64_t r = row_size(v);
   for (const auto& [first, count] : t.rows) {
@@ -83,7 +83,7 @@ void gather_hf(const HfTensor& t, const ParamLayout& layout, const T* flat, T* o
 }
 
 template <typename T>
-void scatter_hf(const HfTensor& t, const ParamLayout& layout, const T* in, T* flat) {
+void scatter_hf(const HfTensor& t, const ParamTable& layout, const T* in, T* flat) {
   const ParamView& v = layout.view(t.view);
   const int64_t r = row_size(v);
   for (const auto& [first, count] : t.rows) {
@@ -92,9 +92,9 @@ void scatter_hf(const HfTensor& t, const ParamLayout& layout, const T* in, T* fl
   }
 }
 
-template void gather_hf<float>(const HfTensor&, const ParamLayout&, const float*, float*);
-template void gather_hf<double>(const HfTensor&, const ParamLayout&, const double*, double*);
-template void scatter_hf<float>(const HfTensor&, const ParamLayout&, const float*, float*);
-template void scatter_hf<double>(const HfTensor&, const ParamLayout&, const double*, double*);
+template void gather_hf<float>(const HfTensor&, const ParamTable&, const float*, float*);
+template void gather_hf<double>(const HfTensor&, const ParamTable&, const double*, double*);
+template void scatter_hf<float>(const HfTensor&, const ParamTable&, const float*, float*);
+template void scatter_hf<double>(const HfTensor&, const ParamTable&, const double*, double*);
 
 }  // namespace longtron::model

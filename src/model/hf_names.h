@@ -30,15 +30,15 @@ struct HfTensor {
 /// self_attn.o_proj.{weight,bias}, post_attention_layernorm.weight, mlp.gate_proj (w1),
 /// mlp.up_proj (w3), mlp.down_proj (w2); model.norm.weight, lm_head.weight. Throws Error for an
 /// unknown family.
-std::vector<HfTensor> hf_tensors(const ParamLayout& layout, const std::string& format = "");
+std::vector<HfTensor> hf_tensors(const ParamTable& layout, const std::string& format = "");
 
 /// Copies tensor `t` out of the flat buffer `flat` (laid out by `layout`) into `out` (numel of
 /// t.shape values).
 template <typename T>
-void gather_hf(const HfTensor& t, const ParamLayout& layout, const T* flat, T* out);
+void gather_hf(const HfTensor& t, const ParamTable& layout, const T* flat, T* out);
 
 /// The inverse of gather_hf: writes `in` into the rows of `flat` that tensor `t` covers.
 template <typename T>
-void scatter_hf(const HfTensor& t, const ParamLayout& layout, const T* in, T* flat);
+void scatter_hf(const HfTensor& t, const ParamTable& layout, const T* in, T* flat);
 
 }  // namespace longtron::model

@@ -1,4 +1,4 @@
-// InternLM2 forward and backward over the ops of layers.h (docs/model.md; structure after llm.c).
+// InternLM2 forward and backward over the ops of model/layers.h (docs/model.md; structure after llm.c).
 #include "model/internlm2.h"
 
 #include <algorithm>
@@ -8,19 +8,20 @@
 #include "core/error.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
+#include "ops/threads.h"
 
 namespace longtron::model {
 namespace {
 
 template <typename T>
 void add_into(T* out, const T* a, const T* b, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > 32768)
+#pragma omp parallel for simd schedule(static) if (n > kParallelMinWork)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
 template <typename T>
 void accumulate(T* out, const T* a, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > 32768)
+#pragma omp parallel for simd schedule(static) if (n > kParallelMinWork)
   for (int64_t i = 0; i < n; ++i) out[i] += a[i];
 }
 
@@ -73,11 +74,11 @@ PoolSizes<I> pool_sizes(I R, I N, I H, I Q, I F, I A, I sq) {
 }  // namespace
 
 template <typename T>
-InternLM2<T>::InternLM2(const ParamLayout& layout, const Params<T>& params)
+InternLM2<T>::InternLM2(const ParamTable& layout, const Params<T>& params)
     : InternLM2(layout, params, make_dense_ops<T>(layout)) {}
 
 template <typename T>
-InternLM2<T>::InternLM2(const ParamLayout& layout, const Params<T>& params, ModelOps<T> ops)
+InternLM2<T>::InternLM2(const ParamTable& layout, const Params<T>& params, ModelOps<T> ops)
     : layout_(layout), params_(params), ops_(std::move(ops)),
       checkpoint_(layout.config().checkpoint) {
   check(static_cast<int64_t>(ops_.blocks.size()) == layout.config().num_layers,

@@ -56,9 +56,9 @@ template <typename T>
 class InternLM2 {
  public:
   /// Dense (single-process) ops. `layout` and `params` must outlive the model.
-  InternLM2(const ParamLayout& layout, const Params<T>& params);
+  InternLM2(const ParamTable& layout, const Params<T>& params);
   /// Ops chosen by a parallel layout (local sizes come from the ops).
-  InternLM2(const ParamLayout& layout, const Params<T>& params, ModelOps<T> ops);
+  InternLM2(const ParamTable& layout, const Params<T>& params, ModelOps<T> ops);
 
   /// Forward and backward of one micro-batch. Returns (Σ token losses, valid labels) and
   /// ACCUMULATES into grads the gradient of loss_scale · loss_sum (e.g. loss_scale = 1/Σcount of
@@ -137,7 +137,7 @@ class InternLM2 {
   void block_backward_bf16(int layer, BlockActs& A, const AttentionBatch& ab, Params<T>& grads);
   BlockActs& acts(int layer, bool save);
 
-  const ParamLayout& layout_;
+  const ParamTable& layout_;
   const Params<T>& params_;
   ModelOps<T> ops_;
   bool checkpoint_;

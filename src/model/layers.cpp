@@ -10,6 +10,7 @@
 #include "model/rope_scaling.h"
 #include "ops/ops.h"
 #include "ops/vocab_check.h"
+#include "ops/threads.h"
 
 namespace longtron::model {
 namespace {
@@ -18,7 +19,7 @@ namespace {
 template <typename T>
 class DenseLinear final : public LinearOp<T> {
  public:
-  DenseLinear(const ParamLayout& layout, int weight, int bias)
+  DenseLinear(const ParamTable& layout, int weight, int bias)
       : weight_(weight), bias_(bias), out_(layout.view(weight).shape[0]),
         in_(layout.view(weight).shape[1]) {}
   int64_t in() const override { return in_; }
@@ -30,11 +31,8 @@ class DenseLinear final : public LinearOp<T> {
 
   void backward(T* dx, const T* dy, const T* x, int64_t N, const Params<T>& p, Params<T>* g,
                 bool accumulate_dx) override {
-    if (dx) ops::gemm<T>(false, false, N, in_, out_, T(1), dy, p.ptr(weight_),
-                         accumulate_dx ? T(1) : T(0), dx);
-    if (!g) return;
-    ops::linear_weight_grad(g->ptr(weight_), dy, x, N, in_, out_);
-    if (bias_ >= 0) ops::bias_grad(g->ptr(bias_), dy, N, out_);
+    ops::linear_backward(dx, g ? g->ptr(weight_) : nullptr, g ? g->ptr(bias_) : nullptr, dy, x,
+                         p.ptr(weight_), N, in_, out_, accumulate_dx ? T(1) : T(0));
   }
 
  private:
@@ -46,7 +44,7 @@ class DenseLinear final : public LinearOp<T> {
 template <typename T>
 class DenseNorm final : public NormOp<T> {
  public:
-  DenseNorm(const ParamLayout& layout, int weight)
+  DenseNorm(const ParamTable& layout, int weight)
       : weight_(weight), H_(layout.view(weight).shape[0]),
         eps_(static_cast<T>(layout.config().norm_eps)) {}
   void forward(T* out, T* rstd, const T* x, int64_t N, const Params<T>& p) override {
@@ -108,7 +106,7 @@ class DenseAttention final : public AttentionOp<T> {
   /// grouped → split (to_split) or split → grouped; dst and src are [N, Q].
   void permute(T* dst, const T* src, int64_t N, bool to_split) const {
     const int64_t qpk = hq_ / hkv_;
-#pragma omp parallel for schedule(static) if (N * q_ > 32768)
+#pragma omp parallel for schedule(static) if (N * q_ > kParallelMinWork)
     for (int64_t n = 0; n < N; ++n) {
       for (int64_t g = 0; g < hkv_; ++g) {
         for (int64_t j = 0; j < qpk + 2; ++j) {
@@ -131,7 +129,7 @@ class DenseAttention final : public AttentionOp<T> {
 template <typename T>
 class DenseEmbedding final : public EmbeddingOp<T> {
  public:
-  DenseEmbedding(const ParamLayout& layout, int table)
+  DenseEmbedding(const ParamTable& layout, int table)
       : table_(table), V_(layout.view(table).shape[0]), H_(layout.view(table).shape[1]) {}
   void forward(T* x, const int32_t* ids, int64_t N, const Params<T>& p) override {
     ops::check_token_ids(ids, N, V_);
@@ -150,7 +148,7 @@ class DenseEmbedding final : public EmbeddingOp<T> {
 template <typename T>
 class DenseHeadLoss final : public HeadLossOp<T> {
  public:
-  DenseHeadLoss(const ParamLayout& layout, int weight)
+  DenseHeadLoss(const ParamTable& layout, int weight)
       : weight_(weight), V_(layout.view(weight).shape[0]), H_(layout.view(weight).shape[1]) {}
 
   LossSum forward_backward(T* dxf, const T* xf, const int32_t* labels, int64_t N,
@@ -175,9 +173,40 @@ class DenseHeadLoss final : public HeadLossOp<T> {
 }  // namespace
 
 template <typename T>
+double DenseChunkCrossEntropy<T>::forward(T* lse, int64_t* count, const T* logits,
+                                          const int32_t* labels, int64_t rows) {
+  return ops::cross_entropy_forward(lse, count, logits, labels, rows, V_);
+}
+
+template <typename T>
+void DenseChunkCrossEntropy<T>::token_losses(double* out, const T* logits, const T* lse,
+                                             const int32_t* labels, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t y = labels[r];
+    out[r] = y < 0 ? 0.0 : double(lse[r]) - double(logits[r * V_ + y]);
+  }
+}
+
+template <typename T>
+void DenseChunkCrossEntropy<T>::backward(T* dlogits, const T* logits, const T* lse,
+                                         const int32_t* labels, int64_t rows, T scale) {
+  ops::cross_entropy_backward(dlogits, logits, lse, labels, rows, V_, scale);
+}
+
+template <typename T>
 LossSum chunked_head_loss(HeadChunks<T>& s, T* dxf, T* dW, const T* xf, const T* W,
                           const int32_t* labels, int64_t N, int64_t V, int64_t H, int64_t chunk,
                           double loss_scale, double* token_losses, const uint16_t* W16) {
+  DenseChunkCrossEntropy<T> ce(V);
+  return chunked_head_loss(s, ce, dxf, dW, xf, W, labels, N, V, H, chunk, loss_scale,
+                           token_losses, W16);
+}
+
+template <typename T>
+LossSum chunked_head_loss(HeadChunks<T>& s, ChunkCrossEntropy<T>& ce, T* dxf, T* dW,
+                          const T* xf, const T* W, const int32_t* labels, int64_t N, int64_t V,
+                          int64_t H, int64_t chunk, double loss_scale, double* token_losses,
+                          const uint16_t* W16) {
   // C = A·op(W): from the bf16 weight when given (float only), else gemm.
   auto weight_gemm = [&](bool tb, int64_t M, int64_t Nc, int64_t K, const T* A, T* C) {
     if constexpr (std::is_same_v<T, float>) {
@@ -186,43 +215,35 @@ LossSum chunked_head_loss(HeadChunks<T>& s, T* dxf, T* dW, const T* xf, const T*
     check(W != nullptr, "chunked_head_loss: no head weight");
     ops::gemm<T>(false, tb, M, Nc, K, T(1), A, W, T(0), C);
   };
+  // Every rank of a vocabulary-parallel group takes the same chunks (each issues collectives).
   const int64_t C = std::max<int64_t>(1, std::min(chunk, N));
-  if (static_cast<int64_t>(s.logits.size()) < C * V) s.logits.resize(static_cast<size_t>(C * V));
-  if (static_cast<int64_t>(s.lse.size()) < C) s.lse.resize(static_cast<size_t>(C));
-  if (dxf && static_cast<int64_t>(s.dlogits.size()) < C * V)
-    s.dlogits.resize(static_cast<size_t>(C * V));
+  // + 1: a rank holding no vocabulary column (Vc = 0) still gets a pointer.
+  T* const logits = s.logits.get(C * V + 1);
+  T* const lse = s.lse.get(C);
+  T* const dlogits = dxf ? s.dlogits.get(C * V + 1) : nullptr;
   LossSum loss;
   for (int64_t n0 = 0; n0 < N; n0 += C) {
     const int64_t rows = std::min(C, N - n0);
-    weight_gemm(true, rows, V, H, xf + n0 * H, s.logits.data());
+    weight_gemm(true, rows, V, H, xf + n0 * H, logits);
     int64_t count = 0;
-    loss.sum += ops::cross_entropy_forward(s.lse.data(), &count, s.logits.data(), labels + n0,
-                                           rows, V);
+    loss.sum += ce.forward(lse, &count, logits, labels + n0, rows);
     loss.count += count;
-    if (token_losses) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const int32_t y = labels[n0 + r];
-        token_losses[n0 + r] = y < 0 ? 0.0
-                                     : double(s.lse[size_t(r)]) -
-                                           double(s.logits[static_cast<size_t>(r * V + y)]);
-      }
-    }
+    if (token_losses) ce.token_losses(token_losses + n0, logits, lse, labels + n0, rows);
     if (!dxf) continue;
-    ops::cross_entropy_backward(s.dlogits.data(), s.logits.data(), s.lse.data(), labels + n0,
-                                rows, V, static_cast<T>(loss_scale));
-    weight_gemm(false, rows, H, V, s.dlogits.data(), dxf + n0 * H);
-    if (dW) ops::linear_weight_grad(dW, s.dlogits.data(), xf + n0 * H, rows, H, V);
+    ce.backward(dlogits, logits, lse, labels + n0, rows, static_cast<T>(loss_scale));
+    weight_gemm(false, rows, H, V, dlogits, dxf + n0 * H);
+    if (dW) ops::linear_weight_grad(dW, dlogits, xf + n0 * H, rows, H, V);
   }
   return loss;
 }
 
 template <typename T>
-std::unique_ptr<NormOp<T>> make_dense_norm(const ParamLayout& layout, int weight) {
+std::unique_ptr<NormOp<T>> make_dense_norm(const ParamTable& layout, int weight) {
   return std::make_unique<DenseNorm<T>>(layout, weight);
 }
 
 template <typename T>
-ModelOps<T> make_dense_ops(const ParamLayout& layout) {
+ModelOps<T> make_dense_ops(const ParamTable& layout) {
   ModelOps<T> ops;
   ops.embedding = std::make_unique<DenseEmbedding<T>>(layout, layout.tok_embeddings);
   for (const BlockParamIds& b : layout.layers) {
@@ -245,15 +266,19 @@ ModelOps<T> make_dense_ops(const ParamLayout& layout) {
 }
 
 #define LONGTRON_INSTANTIATE(T)                                                               \
+  template class DenseChunkCrossEntropy<T>;                                                     \
   template LossSum chunked_head_loss<T>(HeadChunks<T>&, T*, T*, const T*, const T*,             \
                                         const int32_t*, int64_t, int64_t, int64_t, int64_t,      \
-                                        double, double*, const uint16_t*);
+                                        double, double*, const uint16_t*);                       \
+  template LossSum chunked_head_loss<T>(HeadChunks<T>&, ChunkCrossEntropy<T>&, T*, T*,         \
+                                        const T*, const T*, const int32_t*, int64_t, int64_t,    \
+                                        int64_t, int64_t, double, double*, const uint16_t*);
 LONGTRON_INSTANTIATE(float)
 LONGTRON_INSTANTIATE(double)
 #undef LONGTRON_INSTANTIATE
-template ModelOps<float> make_dense_ops<float>(const ParamLayout&);
-template ModelOps<double> make_dense_ops<double>(const ParamLayout&);
-template std::unique_ptr<NormOp<float>> make_dense_norm<float>(const ParamLayout&, int);
-template std::unique_ptr<NormOp<double>> make_dense_norm<double>(const ParamLayout&, int);
+template ModelOps<float> make_dense_ops<float>(const ParamTable&);
+template ModelOps<double> make_dense_ops<double>(const ParamTable&);
+template std::unique_ptr<NormOp<float>> make_dense_norm<float>(const ParamTable&, int);
+template std::unique_ptr<NormOp<double>> make_dense_norm<double>(const ParamTable&, int);
 
 }  // namespace longtron::model

@@ -1,7 +1,7 @@
 // The replaceable pieces of the InternLM2 model: linear, attention, embedding and head+loss ops.
 // The model is written against these interfaces only; the single-process (dense) versions live
 // here, and a parallel build passes sharded versions (column/row/ISP linears, Ulysses attention,
-// vocab-parallel embedding and cross-entropy) chosen once when the model is built (DESIGN.md).
+// vocab-parallel embedding and cross-entropy) chosen once when the model is built.
 // Sizes an op reports (in/out features, local heads) are LOCAL sizes, so buffers follow shards.
 // Backward conventions follow ops.h: input gradients are overwritten (or accumulated when asked),
 // parameter gradients accumulate (+=) and are skipped when the gradient buffer is nullptr.
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/params.h"
+#include "core/grow_buffer.h"
 
 namespace longtron::model {
 
@@ -147,7 +148,8 @@ class HeadLossOp {
 /// with the rank's tokens like its other activations instead of staying fixed while context or
 /// sequence parallelism divides the rest (docs/isp.md); never fewer than 256 rows (below that the
 /// GEMMs get thin and dW is re-read once per chunk) unless 2²² / V is smaller, and never fewer than
-/// 64. Rows of up to 256 tokens, or of at least 32·2²²/V, keep one chunk size as before. Depends
+/// 64: rows of up to 256 tokens get max(64, min(2²²/V, 256)) rows a chunk, rows of at least
+/// 32·2²²/V tokens get max(64, 2²²/V). Depends
 /// only on (V, N), so every rank of a group that holds the same rows chunks them alike.
 inline int64_t head_chunk_rows(int64_t V, int64_t N) {
   const int64_t cap = (int64_t{1} << 22) / std::max<int64_t>(1, V);
@@ -156,20 +158,64 @@ inline int64_t head_chunk_rows(int64_t V, int64_t N) {
 }
 
 /// Scratch of a chunked head: logits, their gradient and lse for one chunk of rows (kept at the
-/// largest chunk seen).
+/// largest chunk seen; zeroed when they grow).
 template <typename T>
 struct HeadChunks {
-  std::vector<T> logits, dlogits, lse;
+  GrowBuffer<T, GrowFill::kZeroed> logits, dlogits, lse;
 };
 
-/// The output head W[V, H] + cross-entropy over xf[N, H] in chunks of `chunk` rows
-/// (head_chunk_rows(V, N)), so logits exist for one chunk at a time; the loop shared by the dense
-/// and the weight-parallel (ISP) heads.
-/// dxf[N, H] (nullptr: forward only) is overwritten with d(loss_scale · loss_sum)/dxf; dW[V, H]
-/// (nullptr: none; only with dxf) accumulates. token_losses as HeadLossOp. Labels must have been
-/// checked (ops::check_labels) by the caller. W16 (float only; nullptr: none) is W already
-/// rounded to bf16 (raw bits, e.g. ISP's bf16 all-gather): the GEMMs that read the weight then
-/// use it directly (ops::gemm_bf16_weight) and W may be nullptr.
+/// The cross-entropy of one chunk of a chunked head, over logits[rows, Vc] (Vc: the vocabulary
+/// columns this rank holds) and labels[rows] (-100 = ignored): the whole vocabulary's
+/// (DenseChunkCrossEntropy, ops::cross_entropy_*) or a vocabulary shard's
+/// (parallel::VocabParallelHeadLoss, collective over its group).
+template <typename T>
+class ChunkCrossEntropy {
+ public:
+  virtual ~ChunkCrossEntropy() = default;
+  /// Σ over valid rows of lse − target logit (in double); sets *count to the valid rows and
+  /// lse[rows].
+  virtual double forward(T* lse, int64_t* count, const T* logits, const int32_t* labels,
+                         int64_t rows) = 0;
+  /// out[rows]: each row's loss, 0 where ignored.
+  virtual void token_losses(double* out, const T* logits, const T* lse, const int32_t* labels,
+                            int64_t rows) = 0;
+  /// dlogits[rows, Vc] = scale · d(loss sum)/dlogits (overwritten).
+  virtual void backward(T* dlogits, const T* logits, const T* lse, const int32_t* labels,
+                        int64_t rows, T scale) = 0;
+};
+
+/// ChunkCrossEntropy over the whole vocabulary (ops::cross_entropy_forward / _backward).
+template <typename T>
+class DenseChunkCrossEntropy final : public ChunkCrossEntropy<T> {
+ public:
+  explicit DenseChunkCrossEntropy(int64_t V) : V_(V) {}
+  double forward(T* lse, int64_t* count, const T* logits, const int32_t* labels,
+                 int64_t rows) override;
+  void token_losses(double* out, const T* logits, const T* lse, const int32_t* labels,
+                    int64_t rows) override;
+  void backward(T* dlogits, const T* logits, const T* lse, const int32_t* labels, int64_t rows,
+                T scale) override;
+
+ private:
+  int64_t V_;
+};
+
+/// The output head W[Vc, H] + cross-entropy over xf[N, H] in chunks of `chunk` rows
+/// (head_chunk_rows), so logits exist for one chunk at a time: the one row loop of every head
+/// (dense, weight-parallel ISP, vocabulary-parallel Megatron and 2D). For each chunk: logits =
+/// xf·Wᵀ, ce.forward (and ce.token_losses), then with dxf: ce.backward, dxf = dlogits·W
+/// (overwritten) and, with dW, dW[Vc, H] += dlogitsᵀ·xf. Labels must have been checked
+/// (ops::check_labels) by the caller. W16 (float only; nullptr: none) is W already rounded to
+/// bf16 (raw bits, e.g. ISP's bf16 all-gather): the GEMMs that read the weight then use it
+/// directly (ops::gemm_bf16_weight) and W may be nullptr.
+template <typename T>
+LossSum chunked_head_loss(HeadChunks<T>& s, ChunkCrossEntropy<T>& ce, T* dxf, T* dW,
+                          const T* xf, const T* W, const int32_t* labels, int64_t N, int64_t Vc,
+                          int64_t H, int64_t chunk, double loss_scale, double* token_losses,
+                          const uint16_t* W16 = nullptr);
+
+/// chunked_head_loss over the whole vocabulary V (DenseChunkCrossEntropy): the dense and the
+/// weight-parallel (ISP) heads. token_losses as HeadLossOp.
 template <typename T>
 LossSum chunked_head_loss(HeadChunks<T>& s, T* dxf, T* dW, const T* xf, const T* W,
                           const int32_t* labels, int64_t N, int64_t V, int64_t H, int64_t chunk,
@@ -205,11 +251,11 @@ struct ModelOps {
 
 /// The single-process ops over the full tensors of `layout`.
 template <typename T>
-ModelOps<T> make_dense_ops(const ParamLayout& layout);
+ModelOps<T> make_dense_ops(const ParamTable& layout);
 
 /// RMSNorm over whole rows with weight view `weight` [H] of `layout` (eps model.norm_eps): the
 /// dense model's norms, and any mode's whose rows are all local (ISP).
 template <typename T>
-std::unique_ptr<NormOp<T>> make_dense_norm(const ParamLayout& layout, int weight);
+std::unique_ptr<NormOp<T>> make_dense_norm(const ParamTable& layout, int weight);
 
 }  // namespace longtron::model

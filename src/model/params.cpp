@@ -68,7 +68,7 @@ void check_model_limits(const ModelConfig& c) {
         "2^50): check model.vocab_size, hidden_size, num_layers and mlp_ratio", params);
 }
 
-ParamLayout::ParamLayout(const ModelConfig& config) : config_(config) {
+ParamTable::ParamTable(const ModelConfig& config) : config_(config) {
   check_config(config);
   const int64_t V = config.vocab_size, H = config.hidden_size, F = config.ffn_size();
   const int64_t Q = config.qkv_size();
@@ -98,7 +98,7 @@ ParamLayout::ParamLayout(const ModelConfig& config) : config_(config) {
                                       : add("output.weight", {V, H}, -1, 0.02, false, false, false);
 }
 
-int ParamLayout::add(std::string name, std::vector<int64_t> shape, int layer, double init_std,
+int ParamTable::add(std::string name, std::vector<int64_t> shape, int layer, double init_std,
                      bool is_norm, bool is_bias, bool is_embedding) {
   ParamView v;
   v.name = std::move(name);
@@ -117,19 +117,19 @@ int ParamLayout::add(std::string name, std::vector<int64_t> shape, int layer, do
   return static_cast<int>(views_.size()) - 1;
 }
 
-int ParamLayout::find(std::string_view name) const {
+int ParamTable::find(std::string_view name) const {
   for (size_t i = 0; i < views_.size(); ++i)
     if (views_[i].name == name) return static_cast<int>(i);
   return -1;
 }
 
-const ParamView& ParamLayout::at(std::string_view name) const {
+const ParamView& ParamTable::at(std::string_view name) const {
   const int i = find(name);
   check(i >= 0, "unknown parameter '{}' for this model shape", name);
   return views_[static_cast<size_t>(i)];
 }
 
-int64_t ParamLayout::matmul_numel() const {
+int64_t ParamTable::matmul_numel() const {
   int64_t n = 0;
   for (const auto& v : views_)
     if (v.is_matrix && !v.is_embedding) n += v.numel;
@@ -137,10 +137,10 @@ int64_t ParamLayout::matmul_numel() const {
   return n;
 }
 
-ParamLayout ParamLayout::with_shapes(const std::vector<std::vector<int64_t>>& shapes) const {
+ParamTable ParamTable::with_shapes(const std::vector<std::vector<int64_t>>& shapes) const {
   check(shapes.size() == views_.size(), "with_shapes: {} shapes for {} tensors", shapes.size(),
         views_.size());
-  ParamLayout out = *this;
+  ParamTable out = *this;
   out.numel_ = 0;
   for (size_t i = 0; i < views_.size(); ++i) {
     ParamView& v = out.views_[i];
@@ -154,7 +154,7 @@ ParamLayout ParamLayout::with_shapes(const std::vector<std::vector<int64_t>>& sh
 }
 
 template <typename T>
-Params<T>::Params(const ParamLayout& layout)
+Params<T>::Params(const ParamTable& layout)
     : layout_(&layout), data_(static_cast<size_t>(layout.numel()), T(0)) {}
 
 template <typename T>

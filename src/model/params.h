@@ -1,5 +1,5 @@
 // Parameters of an InternLM2 model: one flat buffer with named views in Hugging Face naming order
-// (docs/model.md), so that sharding, checkpoints and optimizer state are offset arithmetic (DESIGN.md).
+// (docs/model.md), so that sharding, checkpoints and optimizer state are offset arithmetic.
 // Gradients use the same layout in a second buffer.
 #pragma once
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "model/config.h"
+#include "model/model_config.h"
 
 namespace longtron::model {
 
@@ -25,7 +25,7 @@ struct ParamView {
   double init_std = 0.0;       ///< std of the normal init (0 for norms and biases)
 };
 
-/// Indices (into ParamLayout::views()) of the tensors of one block; -1 when absent (biases).
+/// Indices (into ParamTable::views()) of the tensors of one block; -1 when absent (biases).
 struct BlockParamIds {
   int attention_norm = -1, wqkv = -1, wqkv_bias = -1, wo = -1, wo_bias = -1;
   int ffn_norm = -1, w1 = -1, w3 = -1, w2 = -1;
@@ -41,11 +41,11 @@ struct BlockParamIds {
 /// then model.norm.weight [H], output.weight [V,H] (absent with tie_word_embeddings: output is
 /// then the view index of model.tok_embeddings.weight).
 /// Init std (InternEvo init_type "normal"): 0.02; wo and w2 of layer i 0.02/sqrt(2(i+1)).
-class ParamLayout {
+class ParamTable {
  public:
   /// Throws longtron::Error naming the model.* key when the shape is impossible (non-positive
   /// sizes, heads not dividing hidden_size, kv heads not dividing heads).
-  explicit ParamLayout(const ModelConfig& config);
+  explicit ParamTable(const ModelConfig& config);
 
   const ModelConfig& config() const { return config_; }
   const std::vector<ParamView>& views() const { return views_; }
@@ -62,7 +62,7 @@ class ParamLayout {
   /// The same tensors (names, order, flags, init std, view indices) with other shapes — one
   /// rank's shards (parallel/shard_plan.h) — and offsets recomputed. `shapes` has one entry per
   /// view; throws longtron::Error otherwise.
-  ParamLayout with_shapes(const std::vector<std::vector<int64_t>>& shapes) const;
+  ParamTable with_shapes(const std::vector<std::vector<int64_t>>& shapes) const;
 
   int tok_embeddings = -1;             ///< view index of model.tok_embeddings.weight
   int norm = -1;                       ///< view index of model.norm.weight
@@ -77,14 +77,14 @@ class ParamLayout {
   int64_t numel_ = 0;
 };
 
-/// A flat buffer of T laid out by a ParamLayout (parameters, gradients or optimizer moments).
+/// A flat buffer of T laid out by a ParamTable (parameters, gradients or optimizer moments).
 /// Zero-initialised. T is float (training) or double (finite-difference tests).
 template <typename T>
 class Params {
  public:
-  explicit Params(const ParamLayout& layout);
+  explicit Params(const ParamTable& layout);
 
-  const ParamLayout& layout() const { return *layout_; }
+  const ParamTable& layout() const { return *layout_; }
   T* data() { return data_.data(); }
   const T* data() const { return data_.data(); }
   int64_t numel() const { return static_cast<int64_t>(data_.size()); }
@@ -96,11 +96,11 @@ class Params {
   /// Pointer to the named view; throws longtron::Error if the name is unknown.
   T* get(std::string_view name) { return data_.data() + layout_->at(name).offset; }
   const T* get(std::string_view name) const { return data_.data() + layout_->at(name).offset; }
-  /// Sets every element to 0 (the one place gradients are zeroed, DESIGN.md).
+  /// Sets every element to 0 (the one place gradients are zeroed).
   void zero();
 
  private:
-  const ParamLayout* layout_;  // not owned; must outlive this object
+  const ParamTable* layout_;  // not owned; must outlive this object
   std::vector<T> data_;
 };
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
+#include "model/model_config.h"
 
 namespace longtron::model {
 

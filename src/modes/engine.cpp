@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "ops/threads.h"
 
 namespace longtron::parallel {
 namespace {
@@ -26,7 +27,7 @@ const Grid& validated(const Grid& grid, const model::ModelConfig& c, int64_t pac
   return grid;
 }
 
-ShardPlan build_plan(const model::ParamLayout& full, const Grid& grid,
+ShardPlan build_plan(const model::ParamTable& full, const Grid& grid,
                      const ModeFactory& factory) {
   ShardPlan plan(full, grid);
   if (factory.plan) factory.plan(plan);
@@ -35,7 +36,7 @@ ShardPlan build_plan(const model::ParamLayout& full, const Grid& grid,
 
 double sum_squares(const float* x, int64_t n) {
   double s = 0.0;
-#pragma omp parallel for reduction(+ : s) schedule(static) if (n > 65536)
+#pragma omp parallel for reduction(+ : s) schedule(static) if (n > kParallelMinWorkLarge)
   for (int64_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
   return s;
 }
@@ -111,6 +112,7 @@ data::MicroBatch ParallelEngine::local_batch(const data::MicroBatch& row) const 
 }
 
 model::LossSum ParallelEngine::forward_backward(const data::MicroBatch& row, double loss_scale) {
+  gradients_finished_ = false;
   if (!factory_->local_batch) return model_->forward_backward(row, grads_, loss_scale);
   return model_->forward_backward(local_batch(row), grads_, loss_scale);
 }
@@ -147,9 +149,12 @@ void ParallelEngine::finish_gradients() {
   // (the loss scale already divides by the global count).
   comm::Communicator& dp = *grid_.get(factory_->data_group);
   if (dp.size() > 1) dp.all_reduce(grads_.data(), grads_.numel());
+  gradients_finished_ = true;
 }
 
 double ParallelEngine::grad_norm() const {
+  check(gradients_finished_,
+        "ParallelEngine::grad_norm: call finish_gradients() after the last forward_backward()");
   // Each element is held by world / split_parts ranks with the same value: weight it by the
   // inverse so the world sum counts it once.
   double acc = 0.0;

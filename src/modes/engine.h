@@ -63,8 +63,8 @@ namespace longtron::parallel {
 
 /// What a mode's make_ops / local_batch may use.
 struct ModeContext {
-  const model::ParamLayout& full;   ///< the full (HF) layout
-  const model::ParamLayout& local;  ///< this rank's layout (plan.local_layout())
+  const model::ParamTable& full;   ///< the full (HF) layout
+  const model::ParamTable& local;  ///< this rank's layout (plan.local_layout())
   const ShardPlan& plan;
   const Grid& grid;
 };
@@ -127,8 +127,8 @@ class ParallelEngine {
   ParallelEngine(const ParallelEngine&) = delete;
   ParallelEngine& operator=(const ParallelEngine&) = delete;
 
-  const model::ParamLayout& full_layout() const { return full_; }
-  const model::ParamLayout& local_layout() const { return local_; }
+  const model::ParamTable& full_layout() const { return full_; }
+  const model::ParamTable& local_layout() const { return local_; }
   const ShardPlan& plan() const { return plan_; }
   const Grid& grid() const { return grid_; }
   const std::string& mode() const { return mode_; }
@@ -149,11 +149,16 @@ class ParallelEngine {
   model::LossSum forward_loss(const data::MicroBatch& row, std::vector<double>* token_losses = nullptr);
 
   /// Sets grads() to 0.
-  void zero_grads() { grads_.zero(); }
+  void zero_grads() {
+    grads_.zero();
+    gradients_finished_ = false;
+  }
   /// The plan's gradient SUMs (over TENSOR etc.), then SUM over DATA: afterwards every rank holds
   /// its shard of the exact gradient of the global step loss.
   void finish_gradients();
-  /// sqrt(Σ g²) over the FULL model, each element counted once (call after finish_gradients).
+  /// sqrt(Σ g²) over the FULL model, each element counted once. Throws longtron::Error unless
+  /// finish_gradients() ran after the last zero_grads() / forward_backward() (before it, each
+  /// rank holds partial sums and the norm would be wrong without any other sign).
   double grad_norm() const;
   /// Σ over DATA of a LossSum (the step's loss numerator and count).
   model::LossSum reduce_loss(model::LossSum local) const;
@@ -174,10 +179,11 @@ class ParallelEngine {
   Grid grid_;  // validated against the model first (initialiser order matters)
   std::string mode_;
   const ModeFactory* factory_;
-  model::ParamLayout full_;
+  model::ParamTable full_;
   ShardPlan plan_;
-  model::ParamLayout local_;
+  model::ParamTable local_;
   model::Params<float> params_, grads_;
+  bool gradients_finished_ = false;  ///< finish_gradients ran since grads_ last changed
   std::unique_ptr<model::InternLM2<float>> model_;
 };
 

@@ -14,7 +14,7 @@ namespace longtron::parallel {
 
 void isp_memory(const ModeMemoryInputs& in, ModeMemory& s) {
   const model::ModelConfig& m = in.model;
-  const model::ParamLayout& full = in.full;
+  const model::ParamTable& full = in.full;
   const double P = in.packed_length, d = static_cast<double>(m.head_dim()),
                Hq = static_cast<double>(m.num_attention_heads),
                Hkv = static_cast<double>(m.num_kv_attention_heads),

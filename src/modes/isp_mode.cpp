@@ -40,7 +40,7 @@ void register_isp_mode() {
   ModeFactory f;
   f.validate = validate_isp_sizes;
   f.plan = [](ShardPlan& plan) {
-    const model::ParamLayout& full = plan.full_layout();
+    const model::ParamTable& full = plan.full_layout();
     const bool tied = full.config().tie_word_embeddings;  // one table, split as the head
     for (int v = 0; v < static_cast<int>(full.views().size()); ++v) {
       const int dim = isp_split_dim(full.view(v), tied);

@@ -9,7 +9,7 @@
 
 namespace longtron::parallel {
 
-int64_t IspShard::numel(const model::ParamLayout& full) const {
+int64_t IspShard::numel(const model::ParamTable& full) const {
   const model::ParamView& v = full.view(view);
   if (dim < 0) return v.numel;
   const int64_t other = v.numel / v.shape[static_cast<size_t>(dim)];
@@ -22,7 +22,7 @@ int isp_split_dim(const model::ParamView& v, bool tied) {
   return -1;                     // norms and biases: replicated
 }
 
-std::vector<IspShard> isp_shard_plan(const model::ParamLayout& full, int W, int weight_rank) {
+std::vector<IspShard> isp_shard_plan(const model::ParamTable& full, int W, int weight_rank) {
 
   std::vector<IspShard> plan;
   for (int i = 0; i < static_cast<int>(full.views().size()); ++i) {
@@ -44,7 +44,7 @@ std::vector<IspShard> isp_shard_plan(const model::ParamLayout& full, int W, int 
 
 void isp_scatter_params(model::Params<float>& local, const model::Params<float>& full,
                         const std::vector<IspShard>& plan) {
-  const model::ParamLayout& L = full.layout();
+  const model::ParamTable& L = full.layout();
   for (const IspShard& s : plan) {
     const model::ParamView& v = L.view(s.view);
     const float* src = full.ptr(s.view);
@@ -62,7 +62,7 @@ void isp_scatter_params(model::Params<float>& local, const model::Params<float>&
   }
 }
 
-model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const Grid& grid,
+model::ModelOps<float> make_isp_ops(const model::ParamTable& full, const Grid& grid,
                                     bool overlap, std::shared_ptr<IspWeightStore>* store_out) {
   const model::ModelConfig& c = full.config();
   validate_isp_sizes(grid.layout, ModelShape{c.num_attention_heads, c.num_kv_attention_heads,

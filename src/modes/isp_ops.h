@@ -28,12 +28,12 @@ namespace longtron::parallel {
 /// How one full tensor is held under ISP on this rank (isp_split_dim, as the engine's "isp" plan;
 /// this form serves tests and tools that build the ops without the engine).
 struct IspShard {
-  int view = -1;       ///< index into the full ParamLayout's views
+  int view = -1;       ///< index into the full ParamTable's views
   int dim = -1;        ///< split dim (0 rows, 1 columns), -1 = replicated
   int64_t start = 0;   ///< first row/column held (along dim)
   int64_t count = 0;   ///< rows/columns held (the whole extent when replicated)
   /// Elements this rank holds.
-  int64_t numel(const model::ParamLayout& full) const;
+  int64_t numel(const model::ParamTable& full) const;
 };
 
 /// The ISP rules on the model sizes (isp_mode.cpp), each named in its error: heads by T (by the
@@ -50,19 +50,19 @@ int isp_split_dim(const model::ParamView& view, bool tied);
 /// The ISP plan of every view of `full` for weight rank `weight_rank` of W (shard_range rows for
 /// the linears and head, uneven allowed; H / W columns for the embedding, rows when it is tied to
 /// the head). W must divide hidden_size unless the embedding is tied (validate_isp_sizes).
-std::vector<IspShard> isp_shard_plan(const model::ParamLayout& full, int W, int weight_rank);
+std::vector<IspShard> isp_shard_plan(const model::ParamTable& full, int W, int weight_rank);
 
 /// Copies this rank's part of every full tensor into `local` (same view indices; `local`'s view v
 /// must hold plan[v].numel elements from its start, e.g. a full-size buffer or a local layout).
 void isp_scatter_params(model::Params<float>& local, const model::Params<float>& full,
                         const std::vector<IspShard>& plan);
 
-/// The ISP ops of one rank. `full` is the full ParamLayout (shapes); the Params the model is given
+/// The ISP ops of one rank. `full` is the full ParamTable (shapes); the Params the model is given
 /// must hold at view v this rank's part per isp_shard_plan (replicated views whole). Ops registered
 /// in call order: embedding first (it marks the start of each pass for the prefetcher).
 /// `store_out`, if given, receives the weight store (prefetch counters for tests/benchmarks).
 /// Throws Error when the sizes break validate_isp_sizes.
-model::ModelOps<float> make_isp_ops(const model::ParamLayout& full, const Grid& grid,
+model::ModelOps<float> make_isp_ops(const model::ParamTable& full, const Grid& grid,
                                     bool overlap,
                                     std::shared_ptr<IspWeightStore>* store_out = nullptr);
 

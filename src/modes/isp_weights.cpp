@@ -9,6 +9,7 @@
 #include "ops/ops.h"
 #include "ops/precision.h"
 #include "ops/vocab_check.h"
+#include "ops/threads.h"
 
 namespace longtron::parallel {
 
@@ -207,19 +208,17 @@ void IspLinear::forward(float* y, const float* x, int64_t N, const model::Params
 void IspLinear::backward(float* dx, const float* dy, const float* x, int64_t N,
                          const model::Params<float>& p, model::Params<float>* g,
                          bool accumulate_dx) {
-  if (bf16_compute()) {
-    const uint16_t* W16 = store_->acquire_bf16(id_, WeightUse::kBackward, p);
-    if (dx) ops::gemm_bf16_weight(false, false, N, in_, out_, 1.f, dy, W16, accumulate_dx ? 1.f : 0.f, dx);
-  } else {
-    const float* W = store_->acquire(id_, WeightUse::kBackward, p);
-    if (dx) ops::gemm<float>(false, false, N, in_, out_, 1.f, dy, W, accumulate_dx ? 1.f : 0.f, dx);
-  }
-  if (!g) return;
-  float* G = store_->grad_scratch(out_ * in_);
-  ops::linear_weight_grad(G, dy, x, N, in_, out_, 0.f);
-  store_->reduce_grad(g->ptr(weight_view_), G, id_);
-  // Replicated bias: partial sum over local tokens (the engine sums it).
-  if (bias_view_ >= 0) ops::bias_grad(g->ptr(bias_view_), dy, N, out_);
+  // dW into the gathered-form scratch (overwritten, then reduce-scattered onto the shard); the
+  // replicated bias gets the partial sum over this rank's tokens (the engine sums it).
+  const float beta = accumulate_dx ? 1.f : 0.f;
+  const bool bf16 = bf16_compute();
+  const uint16_t* W16 = bf16 ? store_->acquire_bf16(id_, WeightUse::kBackward, p) : nullptr;
+  const float* W = bf16 ? nullptr : store_->acquire(id_, WeightUse::kBackward, p);
+  float* G = g ? store_->grad_scratch(out_ * in_) : nullptr;
+  float* dbias = g ? g->ptr(bias_view_) : nullptr;
+  if (bf16) ops::linear_backward_bf16(dx, G, dbias, dy, x, W16, N, in_, out_, beta, 0.f);
+  else ops::linear_backward(dx, G, dbias, dy, x, W, N, in_, out_, beta, 0.f);
+  if (G) store_->reduce_grad(g->ptr(weight_view_), G, id_);
 }
 
 // ---- IspEmbedding --------------------------------------------------------------------------------
@@ -238,7 +237,7 @@ void IspEmbedding::forward(float* x, const int32_t* ids, int64_t N,
   const float* table = store_->acquire(id_, WeightUse::kForward, p);  // dim 1: [W][V][H/W]
   if (dim_ == 0) return ops::embedding_forward(x, ids, table, N, H_);  // [V, H]
   const int W = store_->weight_size();
-#pragma omp parallel for schedule(static) if (N * H_ > 65536)
+#pragma omp parallel for schedule(static) if (N * H_ > kParallelMinWorkLarge)
   for (int64_t n = 0; n < N; ++n)
     for (int j = 0; j < W; ++j) {
       const float* src = table + (j * V_ + ids[n]) * Hl_;

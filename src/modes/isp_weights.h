@@ -26,7 +26,7 @@
 
 #include "comm/communicator.h"
 #include "model/layers.h"
-#include "parallel/layers.h"
+#include "parallel/vocab_parallel.h"
 
 namespace longtron::parallel {
 

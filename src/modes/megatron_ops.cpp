@@ -27,7 +27,7 @@
 #include "ops/ops.h"
 #include "ops/vocab_check.h"
 #include "parallel/head_loss.h"
-#include "parallel/layers.h"
+#include "parallel/vocab_parallel.h"
 #include "parallel/mappings.h"
 #include "parallel/scratch.h"
 #include "parallel/tp_linear.h"
@@ -39,8 +39,8 @@ using comm::CommPtr;
 using comm::Group;
 using model::ModelOps;
 using model::Params;
-using model::ParamLayout;
-using Buffer = std::vector<float>;
+using model::ParamTable;
+using Buffer = parallel::Scratch;
 
 int64_t shard_tokens(int64_t N, SequenceParallel sp, const Communicator& c) {
   if (sp == SequenceParallel::kNone) return N;
@@ -52,7 +52,7 @@ int64_t shard_tokens(int64_t N, SequenceParallel sp, const Communicator& c) {
 /// RMSNorm over the rows this rank holds (all N, or N/T under sequence parallel).
 class ShardNorm final : public model::NormOp<float> {
  public:
-  ShardNorm(const ParamLayout& local, int weight, SequenceParallel sp, CommPtr comm)
+  ShardNorm(const ParamTable& local, int weight, SequenceParallel sp, CommPtr comm)
       : weight_(weight), H_(local.view(weight).shape[0]),
         eps_(static_cast<float>(local.config().norm_eps)), sp_(sp), comm_(std::move(comm)) {}
   void forward(float* out, float* rstd, const float* x, int64_t N, const Params<float>& p) override {
@@ -76,7 +76,7 @@ class ShardNorm final : public model::NormOp<float> {
 /// under sequence parallel this rank keeps its rows (backward: all-gather of the row gradients).
 class SplitEmbedding final : public model::EmbeddingOp<float> {
  public:
-  SplitEmbedding(const ParamLayout& full, int table, SequenceParallel sp, CommPtr comm)
+  SplitEmbedding(const ParamTable& full, int table, SequenceParallel sp, CommPtr comm)
       : table_(table), V_(full.view(table).shape[0]), H_(full.view(table).shape[1]), sp_(sp),
         comm_(std::move(comm)) {}
   void forward(float* x, const int32_t* ids, int64_t N, const Params<float>& p) override {
@@ -85,7 +85,7 @@ class SplitEmbedding final : public model::EmbeddingOp<float> {
       split_hidden_embedding_forward(x, ids, p.ptr(table_), N, H_, *comm_);
       return;
     }
-    float* full = ensure(full_, N * H_);
+    float* full = full_.get(N * H_);
     split_hidden_embedding_forward(full, ids, p.ptr(table_), N, H_, *comm_);
     const int64_t rows = shard_tokens(N, sp_, *comm_);
     std::memcpy(x, full + comm_->rank() * rows * H_, size_t(rows * H_) * sizeof(float));
@@ -94,7 +94,7 @@ class SplitEmbedding final : public model::EmbeddingOp<float> {
     if (g == nullptr) return;
     const float* d = dx;
     if (sp_ != SequenceParallel::kNone) {
-      float* full = ensure(full_, N * H_);
+      float* full = full_.get(N * H_);
       all_gather_first_dim_forward(full, dx, N, H_, *comm_);
       d = full;
     }
@@ -116,7 +116,7 @@ class SplitEmbedding final : public model::EmbeddingOp<float> {
 /// this rank's ids into the shard.
 class VocabParallelEmbedding final : public model::EmbeddingOp<float> {
  public:
-  VocabParallelEmbedding(const ParamLayout& full, const ParamLayout& local, int table,
+  VocabParallelEmbedding(const ParamTable& full, const ParamTable& local, int table,
                          SequenceParallel sp, CommPtr comm)
       : table_(table), V_(full.view(table).shape[0]), Vr_(local.view(table).shape[0]),
         H_(full.view(table).shape[1]),
@@ -129,7 +129,7 @@ class VocabParallelEmbedding final : public model::EmbeddingOp<float> {
       reduce_from_group_forward(x, N * H_, *comm_);
       return;
     }
-    float* partial = ensure(full_, N * H_);
+    float* partial = full_.get(N * H_);
     vocab_parallel_embedding_forward(partial, ids, p.ptr(table_), N, H_, start_, Vr_);
     reduce_scatter_first_dim_forward(x, partial, N, H_, *comm_);
   }
@@ -137,7 +137,7 @@ class VocabParallelEmbedding final : public model::EmbeddingOp<float> {
     if (g == nullptr) return;
     const float* d = dx;
     if (sp_ != SequenceParallel::kNone) {
-      d = ensure(full_, N * H_);
+      d = full_.get(N * H_);
       reduce_scatter_first_dim_backward(full_.data(), dx, N, H_, *comm_);
     }
     vocab_parallel_embedding_backward(g->ptr(table_), d, ids, N, H_, start_, Vr_);
@@ -154,7 +154,7 @@ class VocabParallelEmbedding final : public model::EmbeddingOp<float> {
 /// Vocab-parallel output head + cross-entropy: logits [rows, V_r] per chunk of rows, never [N, V].
 class VocabParallelHead final : public model::HeadLossOp<float> {
  public:
-  VocabParallelHead(const ParamLayout& full, const ParamLayout& local, int weight,
+  VocabParallelHead(const ParamTable& full, const ParamTable& local, int weight,
                     SequenceParallel sp, CommPtr comm)
       : weight_(weight), V_(full.view(weight).shape[0]), Vr_(local.view(weight).shape[0]),
         H_(full.view(weight).shape[1]), sp_(sp), comm_(std::move(comm)),
@@ -166,11 +166,11 @@ class VocabParallelHead final : public model::HeadLossOp<float> {
                                   double* token_losses) override {
     const float* X = xf;
     if (sp_ != SequenceParallel::kNone) {
-      X = ensure(x_full_, N * H_);
+      X = x_full_.get(N * H_);
       all_gather_first_dim_forward(x_full_.data(), xf, N, H_, *comm_);
     }
     float* dX = nullptr;  // partial dL/dX over this rank's vocabulary, [N, H]
-    if (dxf != nullptr) dX = sp_ == SequenceParallel::kNone ? dxf : ensure(dx_full_, N * H_);
+    if (dxf != nullptr) dX = sp_ == SequenceParallel::kNone ? dxf : dx_full_.get(N * H_);
     float* dW = g != nullptr ? g->ptr(weight_) : nullptr;
     const model::LossSum loss = loss_.forward_backward(dX, dW, X, p.ptr(weight_), labels, N,
                                                        loss_scale, token_losses, *comm_);
@@ -208,7 +208,7 @@ SequenceParallel sequence_parallel_of(const Layout& layout) {
 }
 
 void megatron_plan(ShardPlan& plan) {
-  const ParamLayout& full = plan.full_layout();
+  const ParamTable& full = plan.full_layout();
   const bool sp = sequence_parallel_of(plan.grid().layout) != SequenceParallel::kNone;
   // Tied: the one table is split on vocabulary rows, as the head (split below).
   if (!full.config().tie_word_embeddings) plan.split(full.tok_embeddings, 1, Group::kTensor);
@@ -234,14 +234,14 @@ ModelOps<float> megatron_ops(const ModeContext& ctx) {
   const SequenceParallel sp = sequence_parallel_of(ctx.grid.layout);
   const CommPtr& tp = ctx.grid.tensor;
   const int T = tp->size();
-  const ParamLayout& L = ctx.local;
+  const ParamTable& L = ctx.local;
   // Local heads: the dense attention of a model with heads/T, kv heads/T and hidden/T (same
   // head_dim), which is exactly the grouped layout of this rank's wqkv rows.
   model::ModelConfig local_config = ctx.full.config();
   local_config.num_attention_heads /= T;
   local_config.num_kv_attention_heads /= T;
   local_config.hidden_size /= T;
-  const ParamLayout attention_layout(local_config);
+  const ParamTable attention_layout(local_config);
   ModelOps<float> dense = model::make_dense_ops<float>(attention_layout);
 
   ModelOps<float> ops;
@@ -256,8 +256,10 @@ ModelOps<float> megatron_ops(const ModeContext& ctx) {
   auto fsp_scratch = std::make_shared<Buffer>();
   auto dx_partial = std::make_shared<Buffer>();
   const auto shared = [&] {
-    return LinearShared{
-        sp == SequenceParallel::kRegather ? fsp_scratch : std::make_shared<Buffer>(), dx_partial};
+    LinearShared s;
+    s.gathered = sp == SequenceParallel::kRegather ? fsp_scratch : std::make_shared<Buffer>();
+    s.dx_partial = dx_partial;
+    return s;
   };
   for (size_t i = 0; i < L.layers.size(); ++i) {
     const model::BlockParamIds& b = L.layers[i];

@@ -4,7 +4,7 @@
 #pragma once
 #include <string>
 
-#include "model/config.h"
+#include "model/model_config.h"
 #include "model/internlm2.h"
 #include "model/params.h"
 
@@ -15,8 +15,8 @@ struct Grid;
 /// What a mode's memory terms are computed from.
 struct ModeMemoryInputs {
   const model::ModelConfig& model;
-  const model::ParamLayout& full;   ///< the full (HF) layout
-  const model::ParamLayout& local;  ///< this rank's layout (ShardPlan::local_layout)
+  const model::ParamTable& full;   ///< the full (HF) layout
+  const model::ParamTable& local;  ///< this rank's layout (ShardPlan::local_layout)
   const Grid& grid;                 ///< world rank 0's grid (its groups' sizes)
   double packed_length = 0;         ///< P: tokens of one packed row (micro_bsz × seq_len)
   bool bf16 = false;                ///< the run computes in bfloat16

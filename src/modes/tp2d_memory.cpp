@@ -15,7 +15,7 @@ namespace {
 /// gathered input N × in (kept for backward; shared by w1/w3), the partial input gradient N × in
 /// (shared by w1/w3), the reduce-scattered input gradient N/ag × in, and the partial output and
 /// gathered output gradient N × out each.
-double linear_2d_elements(const model::ParamLayout& local, const model::BlockParamIds& b, double N,
+double linear_2d_elements(const model::ParamTable& local, const model::BlockParamIds& b, double N,
                           double x, double y) {
   struct Use {
     int view;

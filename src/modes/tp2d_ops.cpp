@@ -14,7 +14,7 @@
 #include "parallel/dist_norm.h"
 #include "parallel/head_loss.h"
 #include "parallel/isp_attention.h"
-#include "parallel/layers.h"
+#include "parallel/vocab_parallel.h"
 #include "parallel/scratch.h"
 #include "parallel/tp_linear.h"
 
@@ -44,8 +44,8 @@ namespace {
 
 using comm::CommPtr;
 using model::Params;
-using model::ParamLayout;
-using Buffer = std::vector<float>;
+using model::ParamTable;
+using Buffer = parallel::Scratch;
 
 /// The grid position of this rank.
 struct Pos {
@@ -67,7 +67,7 @@ void gather_blocks(float* full, Buffer& scratch, const float* block, int64_t N, 
                    const Pos& g) {
   const int64_t count = g.rows_x(N) * (H / g.y);
   if (g.y == 1) return g.tensor->all_gather(full, block, count);  // blocks are row blocks (MSP)
-  float* blocks = ensure(scratch, count * g.x * g.y);
+  float* blocks = scratch.get(count * g.x * g.y);
   g.tensor->all_gather(blocks, block, count);
   tp2d_blocks_to_full(full, blocks, N, H, g.x, g.y);
 }
@@ -75,7 +75,7 @@ void gather_blocks(float* full, Buffer& scratch, const float* block, int64_t N, 
 /// RMSNorm over [N/x, H/y] with the sum of squares all-reduced over y (dist_norm.h).
 class Norm2D final : public model::NormOp<float> {
  public:
-  Norm2D(const ParamLayout& full, int weight, const Pos& g)
+  Norm2D(const ParamTable& full, int weight, const Pos& g)
       : weight_(weight), H_(full.view(weight).shape[0]),
         eps_(static_cast<float>(full.config().norm_eps)), g_(g) {}
   void forward(float* out, float* rstd, const float* x, int64_t N, const Params<float>& p) override {
@@ -134,19 +134,19 @@ class Attention2D final : public model::AttentionOp<float> {
 /// Hidden-split embedding over the whole tensor group, then this rank's block.
 class Embedding2D final : public model::EmbeddingOp<float> {
  public:
-  Embedding2D(const ParamLayout& full, int table, const Pos& g)
+  Embedding2D(const ParamTable& full, int table, const Pos& g)
       : table_(table), V_(full.view(table).shape[0]), H_(full.view(table).shape[1]), g_(g) {}
   void forward(float* x, const int32_t* ids, int64_t N, const Params<float>& p) override {
     ops::check_token_ids(ids, N, V_);
     const int64_t nx = g_.rows_x(N), hy = H_ / g_.y;
-    float* full = ensure(full_, N * H_);
+    float* full = full_.get(N * H_);
     split_hidden_embedding_forward(full, ids, p.ptr(table_), N, H_, *g_.tensor);
     for (int64_t n = 0; n < nx; ++n)
       std::memcpy(x + n * hy, full + (g_.xr * nx + n) * H_ + g_.yr * hy, size_t(hy) * sizeof(float));
   }
   void backward(const float* dx, const int32_t* ids, int64_t N, Params<float>* grads) override {
     if (grads == nullptr) return;
-    float* full = ensure(full_, N * H_);
+    float* full = full_.get(N * H_);
     gather_blocks(full, blocks_, dx, N, H_, g_);
     split_hidden_embedding_backward(grads->ptr(table_), full, ids, N, H_, *g_.tensor);
   }
@@ -163,18 +163,18 @@ class Embedding2D final : public model::EmbeddingOp<float> {
 /// reduce-scatter over the tensor group straight into the blocks; backward gathers the blocks.
 class VocabEmbedding2D final : public model::EmbeddingOp<float> {
  public:
-  VocabEmbedding2D(const ParamLayout& full, const ParamLayout& local, int table, const Pos& g)
+  VocabEmbedding2D(const ParamTable& full, const ParamTable& local, int table, const Pos& g)
       : table_(table), V_(full.view(table).shape[0]), Vr_(local.view(table).shape[0]),
         H_(full.view(table).shape[1]),
         start_(shard_range(V_, g.tensor->size(), g.tensor->rank()).start), g_(g) {}
   void forward(float* x, const int32_t* ids, int64_t N, const Params<float>& p) override {
     ops::check_token_ids(ids, N, V_);
     const int64_t count = g_.rows_x(N) * (H_ / g_.y);
-    float* partial = ensure(full_, N * H_);
+    float* partial = full_.get(N * H_);
     vocab_parallel_embedding_forward(partial, ids, p.ptr(table_), N, H_, start_, Vr_);
     const float* send = partial;
     if (g_.y > 1) {
-      float* blocks = ensure(blocks_, N * H_);
+      float* blocks = blocks_.get(N * H_);
       tp2d_full_to_blocks(blocks, partial, N, H_, g_.x, g_.y);
       send = blocks;
     }
@@ -182,7 +182,7 @@ class VocabEmbedding2D final : public model::EmbeddingOp<float> {
   }
   void backward(const float* dx, const int32_t* ids, int64_t N, Params<float>* grads) override {
     if (grads == nullptr) return;
-    float* full = ensure(full_, N * H_);
+    float* full = full_.get(N * H_);
     gather_blocks(full, blocks_, dx, N, H_, g_);
     vocab_parallel_embedding_backward(grads->ptr(table_), full, ids, N, H_, start_, Vr_);
   }
@@ -198,7 +198,7 @@ class VocabEmbedding2D final : public model::EmbeddingOp<float> {
 /// group in row chunks (logits never [N, V]), reduce-scatter dX back into the blocks.
 class Head2D final : public model::HeadLossOp<float> {
  public:
-  Head2D(const ParamLayout& full, const ParamLayout& local, int weight, const Pos& g)
+  Head2D(const ParamTable& full, const ParamTable& local, int weight, const Pos& g)
       : weight_(weight), H_(full.view(weight).shape[1]), g_(g),
         loss_(full.view(weight).shape[0], local.view(weight).shape[0], H_,
               shard_range(full.view(weight).shape[0], g.tensor->size(), g.tensor->rank()).start,
@@ -207,9 +207,9 @@ class Head2D final : public model::HeadLossOp<float> {
   model::LossSum forward_backward(float* dxf, const float* xf, const int32_t* labels, int64_t N,
                                   const Params<float>& p, Params<float>* g, double loss_scale,
                                   double* token_losses) override {
-    float* X = ensure(x_full_, N * H_);
+    float* X = x_full_.get(N * H_);
     gather_blocks(X, blocks_, xf, N, H_, g_);
-    float* dX = dxf != nullptr ? ensure(dx_full_, N * H_) : nullptr;
+    float* dX = dxf != nullptr ? dx_full_.get(N * H_) : nullptr;
     comm::Communicator& tp = *g_.tensor;
     float* dW = g != nullptr ? g->ptr(weight_) : nullptr;
     const model::LossSum loss = loss_.forward_backward(dX, dW, X, p.ptr(weight_), labels, N,
@@ -218,7 +218,7 @@ class Head2D final : public model::HeadLossOp<float> {
       const int64_t count = g_.rows_x(N) * (H_ / g_.y);
       const float* send = dX;
       if (g_.y > 1) {
-        float* blocks = ensure(blocks_, N * H_);
+        float* blocks = blocks_.get(N * H_);
         tp2d_full_to_blocks(blocks, dX, N, H_, g_.x, g_.y);
         send = blocks;
       }
@@ -245,14 +245,14 @@ class Head2D final : public model::HeadLossOp<float> {
 model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
   const Pos g(ctx.grid);
   const Overlap2D overlap = parse_overlap_2d(ctx.grid.layout.tensor_2d_overlap);
-  const ParamLayout& L = ctx.local;
+  const ParamTable& L = ctx.local;
   // This x rank's heads: a model with heads/x, kv heads/x and hidden/x (same head_dim), which is
   // exactly the grouped layout of its wqkv rows.
   model::ModelConfig heads = ctx.full.config();
   heads.num_attention_heads /= g.x;
   heads.num_kv_attention_heads /= g.x;
   heads.hidden_size /= g.x;
-  const ParamLayout attention_layout(heads);
+  const ParamTable attention_layout(heads);
   model::ModelOps<float> dense = model::make_dense_ops<float>(attention_layout);
 
   model::ModelOps<float> ops;
@@ -284,7 +284,7 @@ model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
 
 void tp2d_plan(ShardPlan& plan) {
   using comm::Group;
-  const ParamLayout& full = plan.full_layout();
+  const ParamTable& full = plan.full_layout();
   // Tied: the one table is split on vocabulary rows, as the head (split below).
   if (!full.config().tie_word_embeddings) plan.split(full.tok_embeddings, 1, Group::kTensor);
   for (const model::BlockParamIds& b : full.layers) {

@@ -30,7 +30,7 @@ template <typename T>
 struct ForwardScratch {
   detail::ScratchTile<T> q, s, o, m, l;
   ForwardScratch(int64_t rows, int64_t d) {
-    const auto t = detail::scratch_tiles<T, 5>(detail::kScratchSlot,
+    const auto t = detail::scratch_tiles<T, 5>(
                                                {rows * d, rows * kAttnBlock, rows * d, rows, rows});
     q = t[0], s = t[1], o = t[2], m = t[3], l = t[4];
   }
@@ -122,7 +122,7 @@ void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v
   const int64_t n_items = static_cast<int64_t>(p.items.size());
   const int64_t n_keys = static_cast<int64_t>(p.k_side.size());
   const size_t tiles = static_cast<size_t>(p.k_blocks * s.num_kv_heads * s.head_dim * kAttnBlock);
-  T* kt_all = detail::workspace<T>(0, 2 * tiles);
+  T* kt_all = detail::workspace<T>(detail::Arena::kKeys, 2 * tiles);
   T* v_all = kt_all + tiles;
 #pragma omp parallel
   {

@@ -56,7 +56,7 @@ struct BackwardScratch {
   detail::ScratchTile<T> kt, vt, kc, s, dp, dk, dv;
   BackwardScratch(int64_t rows, int64_t d) {
     const int64_t kd = d * kKeyBlock, rk = rows * kKeyBlock;
-    const auto t = detail::scratch_tiles<T, 7>(detail::kScratchSlot, {kd, kd, kd, rk, rk, kd, kd});
+    const auto t = detail::scratch_tiles<T, 7>({kd, kd, kd, rk, rk, kd, kd});
     kt = t[0], vt = t[1], kc = t[2], s = t[3], dp = t[4], dk = t[5], dv = t[6];
   }
 };
@@ -192,9 +192,11 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const 
   const int64_t tile_rows = (s.num_heads / s.num_kv_heads) * kAttnBlock;
   const int64_t rows = p.q_blocks * s.num_kv_heads * tile_rows;  // ≤ (N + 64·segments)·Hq
   const size_t values = static_cast<size_t>(rows * s.head_dim);
-  T* buffer = detail::workspace<T>(1, 3 * values + 2 * static_cast<size_t>(rows));
+  T* buffer =
+      detail::workspace<T>(detail::Arena::kQueries, 3 * values + 2 * static_cast<size_t>(rows));
   const int64_t tiles = p.q_blocks * s.num_kv_heads;
-  uint8_t* written = detail::workspace<uint8_t>(0, static_cast<size_t>(tiles));
+  uint8_t* written =
+      detail::workspace<uint8_t>(detail::Arena::kDqWritten, static_cast<size_t>(tiles));
   std::fill_n(written, tiles, uint8_t(0));
   PackedQueries<T> pq{tile_rows,           buffer,
                       buffer + values,     buffer + 2 * values,

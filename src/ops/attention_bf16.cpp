@@ -75,9 +75,9 @@ struct ForwardScratch {
   ScratchTile<bf16_t> q, p;
   ScratchTile<float> s, o, m, l, alpha, sum;
   ForwardScratch(int64_t rows, const Dims& dm) {
-    const auto h = scratch_tiles<bf16_t, 2>(kScratchSlot, {rows * dm.dp, rows * B});
+    const auto h = scratch_tiles<bf16_t, 2>({rows * dm.dp, rows * B});
     const auto f = scratch_tiles<float, 6>(
-        kScratchSlot, {rows * std::max(B, dm.d16), rows * dm.d, rows, rows, rows, rows});
+        {rows * std::max(B, dm.d16), rows * dm.d, rows, rows, rows, rows});
     q = h[0], p = h[1], s = f[0], o = f[1], m = f[2], l = f[3], alpha = f[4], sum = f[5];
   }
 };
@@ -270,12 +270,10 @@ struct BackwardScratch {
   ScratchTile<uint32_t> kw, vw, kp, p_pairs, ds_pairs;
   ScratchTile<float> s, dp, dk_t, dv_t;
   BackwardScratch(int64_t tile_rows, const Dims& m) {
-    const auto h = scratch_tiles<bf16_t, 2>(kScratchSlot, {KB * m.dp, tile_rows * KB});
+    const auto h = scratch_tiles<bf16_t, 2>({KB * m.dp, tile_rows * KB});
     const auto u = scratch_tiles<uint32_t, 5>(
-        kScratchSlot,
         {m.d2 * KB, m.d2 * KB, KB / 2 * m.d16, tile_rows / 2 * KB, tile_rows / 2 * KB});
-    const auto f = scratch_tiles<float, 4>(kScratchSlot,
-                                           {tile_rows * KB, tile_rows * KB, m.d * KB, m.d * KB});
+    const auto f = scratch_tiles<float, 4>({tile_rows * KB, tile_rows * KB, m.d * KB, m.d * KB});
     rows = h[0], ds = h[1];
     kw = u[0], vw = u[1], kp = u[2], p_pairs = u[3], ds_pairs = u[4];
     s = f[0], dp = f[1], dk_t = f[2], dv_t = f[3];
@@ -445,8 +443,8 @@ void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const
   const AttnPlan p = plan_attention(s, false);
   const Dims m(s);
   const int64_t blocks = p.k_blocks * s.num_kv_heads;
-  uint32_t* kw_all = workspace<uint32_t>(0, blocks * m.words_t());
-  uint32_t* vp_all = workspace<uint32_t>(1, blocks * m.words_rows());
+  uint32_t* kw_all = workspace<uint32_t>(Arena::kKeys, blocks * m.words_t());
+  uint32_t* vp_all = workspace<uint32_t>(Arena::kValues, blocks * m.words_rows());
   const int64_t n_items = static_cast<int64_t>(p.items.size());
   const int64_t n_keys = static_cast<int64_t>(p.k_side.size());
 #pragma omp parallel
@@ -470,8 +468,8 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
   const Dims m(s);
   const int64_t tile_rows = m.G * B, tiles = p.q_blocks * s.num_kv_heads;
   const size_t rows = static_cast<size_t>(tiles * tile_rows);
-  bf16_t* halves = workspace<bf16_t>(0, 2 * rows * (m.dp + m.d));
-  float* floats = workspace<float>(2, rows * (2 + m.d));
+  bf16_t* halves = workspace<bf16_t>(Arena::kQueries, 2 * rows * (m.dp + m.d));
+  float* floats = workspace<float>(Arena::kQueryFloats, rows * (2 + m.d));
   PackedQueries pq{tile_rows,
                    halves,
                    halves + rows * m.dp,
@@ -480,7 +478,7 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
                    floats,
                    floats + rows,
                    floats + 2 * rows,
-                   workspace<uint8_t>(0, static_cast<size_t>(tiles))};
+                   workspace<uint8_t>(Arena::kDqWritten, static_cast<size_t>(tiles))};
   std::fill_n(pq.dq_written, tiles, uint8_t(0));
   DqOrder order(p, s.num_kv_heads);
   ItemCounter items;  // in order, largest first (a dynamic schedule that DqOrder needs)

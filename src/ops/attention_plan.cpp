@@ -1,10 +1,20 @@
 #include "ops/attention_plan.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "core/error.h"
 
 namespace longtron::ops::detail {
+
+namespace {
+std::atomic<int64_t> arena_bytes{0};
+}  // namespace
+
+int64_t attention_arena_bytes() { return arena_bytes.load(std::memory_order_relaxed); }
+void count_attention_arena_bytes(int64_t bytes) {
+  arena_bytes.fetch_add(bytes, std::memory_order_relaxed);
+}
 
 namespace {
 

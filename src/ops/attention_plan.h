@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/grow_buffer.h"
+
 #include "ops/ops.h"
 
 namespace longtron::ops::detail {
@@ -62,20 +64,38 @@ struct AttnPlan {
   }
 };
 
-/// A buffer of at least n elements kept per calling thread and slot between calls: the packed
-/// tiles of one attention call are tens of MB, and allocating them afresh each call costs page
-/// faults (≈5% of the kernel). Contents are unspecified; the memory is kept until thread exit.
-template <typename T>
-T* workspace(int slot, size_t n) {
-  static thread_local std::vector<T> buffers[4];
-  std::vector<T>& b = buffers[slot];
-  if (b.size() < n) b.resize(n);
-  return b.data();
-}
+/// The scratch arenas of the attention kernels, by what they hold. Each (arena, element type) is
+/// one buffer per thread: the packed operands of a call on the calling thread, the tiles on every
+/// worker thread.
+enum class Arena : int {
+  kKeys,         ///< forward: packed Kᵀ and V tiles (fp32), packed Kᵀ words (bf16)
+  kValues,       ///< bf16 forward: packed V words
+  kQueries,      ///< backward: packed q, dO, dq (fp32: also lse and D; bf16: the bf16 halves)
+  kQueryFloats,  ///< bf16 backward: lse, D and the fp32 dq of the packed queries
+  kDqWritten,    ///< backward: one flag per (query block, kv head) tile: dq written yet
+  kTiles,        ///< the per-thread tiles of a work item (scratch_tiles)
+  kCount
+};
 
-/// The workspace slot of the attention kernels' per-thread tiles (slots 0–2 hold a call's packed
-/// operands on the calling thread).
-constexpr int kScratchSlot = 3;
+/// Bytes the attention arenas hold now, over every thread and element type (they are kept between
+/// calls and grow to the largest call; the memory plan's attention workspace).
+int64_t attention_arena_bytes();
+/// Adds `bytes` to attention_arena_bytes() (called when an arena grows).
+void count_attention_arena_bytes(int64_t bytes);
+
+/// A buffer of at least n elements kept per calling thread and arena between calls: the packed
+/// tiles of one attention call are tens of MB, and allocating them afresh each call costs page
+/// faults (≈5% of the kernel). Contents are unspecified (zeros after growing); the memory is kept
+/// until thread exit.
+template <typename T>
+T* workspace(Arena arena, size_t n) {
+  static thread_local GrowBuffer<T, GrowFill::kZeroed> buffers[static_cast<int>(Arena::kCount)];
+  GrowBuffer<T, GrowFill::kZeroed>& b = buffers[static_cast<int>(arena)];
+  const size_t before = b.bytes();
+  T* p = b.get(static_cast<int64_t>(n));
+  if (b.bytes() != before) count_attention_arena_bytes(static_cast<int64_t>(b.bytes() - before));
+  return p;
+}
 
 /// A tile of n elements inside a workspace (see scratch_tiles); indexes like a vector.
 template <typename T>
@@ -90,15 +110,15 @@ struct ScratchTile {
 };
 
 /// K tiles of the given sizes, one after another (each rounded up to 64 bytes) in the calling
-/// thread's workspace<T>(slot): the per-thread tiles of a kernel, allocated once per thread and
+/// thread's workspace<T>(Arena::kTiles): the per-thread tiles of a kernel, allocated once per thread and
 /// reused by every later call (as std::vectors they cost each call page faults and a zero fill,
 /// several % of the kernel). Contents are unspecified.
 template <typename T, size_t K>
-std::array<ScratchTile<T>, K> scratch_tiles(int slot, const std::array<int64_t, K>& sizes) {
+std::array<ScratchTile<T>, K> scratch_tiles(const std::array<int64_t, K>& sizes) {
   constexpr int64_t align = 64 / sizeof(T) > 0 ? 64 / sizeof(T) : 1;
   int64_t total = 0;
   for (int64_t n : sizes) total += (n + align - 1) / align * align;
-  T* p = workspace<T>(slot, static_cast<size_t>(total));
+  T* p = workspace<T>(Arena::kTiles, static_cast<size_t>(total));
   std::array<ScratchTile<T>, K> tiles;
   for (size_t i = 0; i < K; ++i) {
     tiles[i] = {p, static_cast<size_t>(sizes[i])};

@@ -28,7 +28,8 @@ namespace longtron::ops::detail {
 
 using bf16_t = uint16_t;
 
-/// Rounds n floats to bf16 (round to nearest even, as vcvtneps2bf16) into dst.
+/// Rounds n floats to bf16 with vcvtneps2bf16 into dst: round to nearest even as core/bf16.h's
+/// float_to_bf16, except that subnormals are flushed to signed zero (the instruction's rule).
 LONGTRON_BF16_TARGET inline void to_bf16(bf16_t* dst, const float* src, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {

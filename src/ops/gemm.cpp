@@ -8,40 +8,42 @@
 #include <memory>
 #include <vector>
 
+#include "core/bf16.h"
+#include "core/grow_buffer.h"
 #include "ops/onednn_matmul.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
+#include "ops/threads.h"
 
 namespace longtron::ops {
 
 namespace {
-// The rounding of VCVTNEPS2BF16 (Intel SDM): nearest even, NaN kept quiet, subnormal inputs and
-// outputs flushed to signed zero.
-uint16_t bf16_bits(float value) {
-  const uint32_t u = std::bit_cast<uint32_t>(value);
-  if ((u & 0x7F800000u) == 0) return uint16_t((u >> 16) & 0x8000u);          // ±0, subnormal
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((u >> 16) | 0x0040);  // NaN: stays quiet
-  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
 void round_scalar(const float* x, int64_t n, uint16_t* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits(x[i]);
+  for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(x[i]);
 }
 
-// 32 values per instruction where the CPU has AVX512-BF16 (chosen at run time, so a build without
-// -march=native still uses it).
-__attribute__((target("avx512f,avx512bf16"))) void round_avx512_bf16(const float* x, int64_t n,
-                                                                    uint16_t* out) {
+// float_to_bf16's rule on 16 values per step in AVX-512F integer arithmetic (chosen at run time,
+// so a build without -march=native still uses it). Not VCVTNE2PS2BF16: that instruction flushes
+// subnormals, and the rounding must not depend on the CPU.
+__attribute__((target("avx512f"))) void round_avx512(const float* x, int64_t n, uint16_t* out) {
+  const __m512i half_ulp = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1),
+                magnitude = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000),
+                quiet = _mm512_set1_epi32(0x00400000);
   int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m512bh r = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
-    _mm512_storeu_si512(out + i, reinterpret_cast<__m512i>(r));
+  for (; i + 16 <= n; i += 16) {
+    const __m512i u = _mm512_loadu_si512(x + i);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(half_ulp, odd));
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, magnitude), inf);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, quiet));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
   }
   round_scalar(x + i, n - i, out + i);
 }
 
-bool has_avx512_bf16_instructions() {
-  static const bool yes = __builtin_cpu_supports("avx512bf16");
+bool has_avx512f() {
+  static const bool yes = __builtin_cpu_supports("avx512f");
   return yes;
 }
 
@@ -49,7 +51,7 @@ bool has_avx512_bf16_instructions() {
 /// both GEMM operands: on small GEMMs the threads' synchronisation costs more than the rounding).
 void round_pair(const float* x, int64_t nx, uint16_t* ox, const float* y, int64_t ny,
                 uint16_t* oy) {
-  const auto round = has_avx512_bf16_instructions() ? round_avx512_bf16 : round_scalar;
+  const auto round = has_avx512f() ? round_avx512 : round_scalar;
   constexpr int64_t kChunk = int64_t{1} << 16;
   const int64_t cx = (nx + kChunk - 1) / kChunk, cy = (ny + kChunk - 1) / kChunk;
   if (cx + cy <= 1) {
@@ -91,30 +93,11 @@ const uint16_t* cached_weights(const float* x, int64_t n) {
   return w.bits.data() + (x - w.base);
 }
 
-// A grow-only buffer of uninitialised values: every element is written (rounded into) before it
-// is read, so growing needs no zero fill (std::vector::resize zero-filled the grown part, and
-// after a smaller GEMM every larger one grew it again: ~1% of a bf16 training step).
-class RoundingBuffer {
- public:
-  uint16_t* get(int64_t n) {
-    if (static_cast<size_t>(n) > capacity_) {
-      data_.reset();  // free first: the old contents are not needed, and the peak stays one buffer
-      capacity_ = 0;  // (stays true if the allocation below throws)
-      data_ = std::make_unique_for_overwrite<uint16_t[]>(static_cast<size_t>(n));
-      capacity_ = static_cast<size_t>(n);
-    }
-    return data_.get();
-  }
-
- private:
-  std::unique_ptr<uint16_t[]> data_;
-  size_t capacity_ = 0;
-};
-
 // The per-thread buffer rounded GEMM operands live in, reused from call to call (shared by
-// bf16_gemm and gemm_bf16_weight: the memory plan counts one).
-RoundingBuffer& operand_buffer() {
-  thread_local RoundingBuffer buffer;
+// mixed_precision_gemm and gemm_bf16_weight: the memory plan counts one).
+// Grown uninitialised: every element is rounded into before it is read.
+GrowBuffer<uint16_t>& operand_buffer() {
+  thread_local GrowBuffer<uint16_t> buffer;
   return buffer;
 }
 
@@ -123,9 +106,9 @@ RoundingBuffer& operand_buffer() {
 // are rounded into one per-thread buffer (A's copy, then B's), reused from call to call and
 // reallocated without copying when a call needs more, so it holds the largest pair of operands
 // one call rounds (a weight gradient's dy and x), not the largest A plus the largest B.
-void bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+void mixed_precision_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                const float* B, float beta, float* C) {
-  RoundingBuffer& buffer = operand_buffer();
+  GrowBuffer<uint16_t>& buffer = operand_buffer();
   const uint16_t* a = cached_weights(A, M * K);
   const uint16_t* b = cached_weights(B, K * N);
   const int64_t na = a ? 0 : M * K, nb = b ? 0 : K * N;
@@ -138,7 +121,7 @@ void bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
 
 void backend_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                   const float* B, float beta, float* C) {
-  if (compute_type() == ComputeType::kBFloat16) return bf16_gemm(ta, tb, M, N, K, alpha, A, B, beta, C);
+  if (compute_type() == ComputeType::kBFloat16) return mixed_precision_gemm(ta, tb, M, N, K, alpha, A, B, beta, C);
   // The matmul primitive rather than dnnl_sgemm: on the shapes of a training step it was faster in
   // aggregate (bench_gemm), and dnnl_sgemm collapsed on some backward shapes at 2 threads (e.g.
   // 384×1024×2048 with A transposed: 4–7 GFLOP/s against 17–20 for the matmul).
@@ -193,8 +176,8 @@ void gemm_bf16_weight(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float a
 }
 
 void widen_bf16(const uint16_t* x, int64_t n, float* out) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t{x[i]} << 16);
+#pragma omp parallel for simd schedule(static) if (n > kParallelMinWorkLarge)
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(x[i]);
 }
 
 template <typename T>

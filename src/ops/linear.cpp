@@ -1,5 +1,6 @@
-// Linear layer in the Hugging Face layout W[out, in], through gemm (BLAS).
+// Linear layer in the Hugging Face layout W[out, in], through ops::gemm (oneDNN for float).
 #include "ops/ops.h"
+#include "ops/threads.h"
 
 namespace longtron::ops {
 
@@ -30,10 +31,24 @@ void linear_forward_bf16(float* y, const float* x, const uint16_t* W16, const fl
 }
 
 template <typename T>
+void linear_input_grad(T* dx, const T* dy, const T* W, int64_t N, int64_t in, int64_t out,
+                       T beta) {
+  gemm<T>(false, false, N, in, out, T(1), dy, W, beta, dx);
+}
+
+template <typename T>
 void linear_backward(T* dx, T* dW, T* dbias, const T* dy, const T* x, const T* W, int64_t N,
-                     int64_t in, int64_t out) {
-  if (dx != nullptr) gemm<T>(false, false, N, in, out, T(1), dy, W, T(0), dx);
-  if (dW != nullptr) linear_weight_grad(dW, dy, x, N, in, out);
+                     int64_t in, int64_t out, T dx_beta, T dW_beta) {
+  if (dx != nullptr) linear_input_grad(dx, dy, W, N, in, out, dx_beta);
+  if (dW != nullptr) linear_weight_grad(dW, dy, x, N, in, out, dW_beta);
+  bias_grad(dbias, dy, N, out);
+}
+
+void linear_backward_bf16(float* dx, float* dW, float* dbias, const float* dy, const float* x,
+                          const uint16_t* W16, int64_t N, int64_t in, int64_t out,
+                          float dx_beta, float dW_beta) {
+  if (dx != nullptr) gemm_bf16_weight(false, false, N, in, out, 1.f, dy, W16, dx_beta, dx);
+  if (dW != nullptr) linear_weight_grad(dW, dy, x, N, in, out, dW_beta);
   bias_grad(dbias, dy, N, out);
 }
 
@@ -46,7 +61,7 @@ template <typename T>
 void bias_grad(T* dbias, const T* dy, int64_t rows, int64_t out) {
   if (dbias == nullptr) return;
   // Column sums: each thread owns a range of output features, so there is no race.
-#pragma omp parallel for schedule(static) if (rows * out > 65536)
+#pragma omp parallel for schedule(static) if (rows * out > kParallelMinWorkLarge)
   for (int64_t o = 0; o < out; ++o) {
     double sum = 0.0;
     for (int64_t n = 0; n < rows; ++n) sum += static_cast<double>(dy[n * out + o]);
@@ -57,7 +72,8 @@ void bias_grad(T* dbias, const T* dy, int64_t rows, int64_t out) {
 #define LONGTRON_INSTANTIATE(T)                                                               \
   template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t); \
   template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t,  \
-                                   int64_t);                                                      \
+                                   int64_t, T, T);                                                \
+  template void linear_input_grad<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, T);      \
   template void linear_weight_grad<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, T);     \
   template void bias_grad<T>(T*, const T*, int64_t, int64_t);
 LONGTRON_INSTANTIATE(float)

@@ -55,12 +55,15 @@ class MatmulCache {
     if (it != cache_.end()) return it->second;
     // Shapes of a training run are few (layers × micro-batch shapes); the bound keeps callers with
     // ever-new shapes (generate, growing prompts) from holding primitives forever.
-    if (cache_.size() >= kCapacity) cache_.clear();
+    if (cache_.size() >= kMaxCachedPrimitives) cache_.clear();
     return cache_.emplace(k, create(k)).first->second;
   }
 
  private:
-  static constexpr size_t kCapacity = 512;
+  /// Primitives kept before the cache is emptied: far above the distinct shapes of a
+  /// training run (every layer repeats the same few), small against memory (a
+  /// primitive holds no weights).
+  static constexpr size_t kMaxCachedPrimitives = 512;
 
   dnnl::matmul create(const Key& k) {
     dnnl::primitive_attr attr;

@@ -2,7 +2,7 @@
 // Every kernel is a template over the scalar type T (float for training, double for the
 // finite-difference tests); explicit instantiations for float and double live in the .cpp files.
 //
-// Conventions (DESIGN.md): arguments are (outputs, saved state, inputs, weights, sizes); all
+// Conventions: arguments are (outputs, saved state, inputs, weights, sizes); all
 // tensors are dense row-major; N = tokens of the (local) row. Backward functions OVERWRITE input
 // gradients (dx, dq, ...) and ACCUMULATE (+=) parameter gradients (dW, dweight, dtable); any
 // gradient pointer may be nullptr to skip it. No kernel communicates.
@@ -24,15 +24,15 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
           const T* B, T beta, T* C);
 
-/// The same contract with bf16 inputs (raw bfloat16 bits, as core/safetensors.h's float_to_bf16
-/// makes them) and an fp32 C accumulated in fp32: oneDNN's matmul primitive, one primitive cached
-/// per (shape, transposes, alpha, beta). Throws longtron::Error when oneDNN has no bf16 matmul for
+/// The same contract with bf16 inputs (raw bfloat16 bits, as core/bf16.h's float_to_bf16 and
+/// round_to_bf16 make them) and an fp32 C accumulated in fp32: oneDNN's matmul primitive, one
+/// primitive cached per (shape, transposes, alpha, beta). Throws longtron::Error when oneDNN has no bf16 matmul for
 /// this CPU (it needs avx512_core; native bf16 dot products need avx512_core_bf16).
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const uint16_t* A, const uint16_t* B, float beta, float* C);
 
-/// out[i] = x[i] rounded to bf16 as VCVTNEPS2BF16 does it (raw bits): nearest even, NaN kept
-/// quiet, subnormals flushed to signed zero; i < n. AVX512-BF16 where the CPU has it; OpenMP threads.
+/// out[i] = float_to_bf16(x[i]) (core/bf16.h: nearest even, NaN kept quiet, subnormals kept);
+/// i < n. AVX-512F where the CPU has it, else scalar (the same bits); OpenMP threads.
 void round_to_bf16(const float* x, int64_t n, uint16_t* out);
 
 /// The bf16 copy of a float weight buffer, made once and read by every GEMM of a step: while a
@@ -95,10 +95,26 @@ void linear_forward(T* y, const T* x, const T* W, const T* bias, int64_t N, int6
 /// kBFloat16 on a float W whose rounding is W16.
 void linear_forward_bf16(float* y, const float* x, const uint16_t* W16, const float* bias,
                          int64_t N, int64_t in, int64_t out);
-/// dx[N,in] = dy·W (overwritten); dW[out,in] += dyᵀ·x; dbias[out] += Σ_n dy.
+/// The one linear backward (dense, weight-parallel and, between its communications, the
+/// tensor-parallel linears all run these GEMMs): dx[N,in] = dx_beta·dx + dy·W (dx_beta 0
+/// overwrites, 1 accumulates); dW[out,in] = dW_beta·dW + dyᵀ·x (1 accumulates into a parameter
+/// gradient, 0 overwrites a scratch that is reduced afterwards); dbias[out] += Σ_n dy. Any of dx,
+/// dW, dbias may be nullptr to skip it. In this order: dx, dW, dbias.
 template <typename T>
 void linear_backward(T* dx, T* dW, T* dbias, const T* dy, const T* x, const T* W, int64_t N,
-                     int64_t in, int64_t out);
+                     int64_t in, int64_t out, T dx_beta = T(0), T dW_beta = T(1));
+/// linear_backward with the weight already in bf16 (W16[out,in] raw bits): dx through
+/// gemm_bf16_weight (dy rounded to bf16), dW and dbias as linear_backward<float> (under the
+/// calling thread's compute type). Bitwise linear_backward<float> under kBFloat16 on a float W
+/// whose rounding is W16.
+void linear_backward_bf16(float* dx, float* dW, float* dbias, const float* dy, const float* x,
+                          const uint16_t* W16, int64_t N, int64_t in, int64_t out,
+                          float dx_beta = 0.f, float dW_beta = 1.f);
+/// The input gradient alone, dx[N,in] = beta·dx + dy·W: the part of linear_backward that a
+/// tensor-parallel linear reduces over its group before the weight gradient.
+template <typename T>
+void linear_input_grad(T* dx, const T* dy, const T* W, int64_t N, int64_t in, int64_t out,
+                       T beta = T(0));
 /// The weight gradient of every linear, dense or parallel: dW[out,in] = beta·dW + dyᵀ·x over
 /// dy[N,out] and x[N,in] (beta 1 accumulates, as parameter gradients do; 0 overwrites a scratch
 /// that is reduced afterwards).
@@ -228,7 +244,8 @@ constexpr int64_t visible_pairs(int64_t len, int64_t window = 0) {
 /// windows as flash_attn_varlen_func (window_size = (W − 1, 0)). In float under a kBFloat16
 /// compute type with attention_bf16_native(), q, k, v are rounded to bf16 and QKᵀ, PV run as
 /// bf16 × bf16 → fp32 products (AMX tiles where the CPU has them and Linux grants them, else
-/// vdpbf16ps; P rounded to bf16); softmax and lse stay fp32.
+/// vdpbf16ps; P rounded to bf16); softmax and lse stay fp32. The kernel rounds its tiles with
+/// VCVTNEPS2BF16, which flushes subnormals to zero (core/bf16.h keeps them).
 template <typename T>
 void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
                               const AttentionShape& s);

@@ -26,7 +26,7 @@ void angles_at(T* cos, T* sin, double p, const double* inv_freq, int64_t half, d
 // cos and sign·sin of angle(p, i) = p · inv_freq[i] for positions p < rows, row-major [rows, d/2]:
 // the same values for every layer and for the forward and backward of a step, so they are
 // computed once per thread and position and looked up afterwards instead of calling sin/cos per
-// token and call (~1% of a training step). Each entry is computed exactly as before (double
+// token and call (~1% of a training step). Each entry is computed exactly as a per-call sin/cos would (double
 // angle, double cos/sin, one rounding to T), so the rotation is bitwise unchanged.
 template <typename T>
 struct RopeTable {

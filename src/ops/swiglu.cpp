@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/bf16.h"
 #include "ops/fast_math.h"
 #include "ops/ops.h"
 
@@ -28,14 +29,10 @@ void swiglu_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
   }
 }
 
-namespace {
-inline float widen(uint16_t bits) { return std::bit_cast<float>(uint32_t{bits} << 16); }
-}  // namespace
-
 void swiglu_forward_bf16(float* out, const uint16_t* a, const uint16_t* b, int64_t count) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < count; ++i) {
-    const float x = widen(a[i]), y = widen(b[i]);
+    const float x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
     const float s = 1.0f / (1.0f + detail::fast_exp(-x));
     out[i] = x * s * y;
   }
@@ -45,7 +42,7 @@ void swiglu_backward_bf16(float* da, float* db, const float* dout, const uint16_
                           const uint16_t* b, int64_t count) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < count; ++i) {
-    const float x = widen(a[i]), y = widen(b[i]), g = dout[i];
+    const float x = bf16_to_float(a[i]), y = bf16_to_float(b[i]), g = dout[i];
     const float s = 1.0f / (1.0f + detail::fast_exp(-x));
     da[i] = g * y * (s + x * s * (1.0f - s));
     db[i] = g * x * s;

@@ -1,8 +1,18 @@
 // Thread count for compute: OpenMP loops and the BLAS use the same number, so several MPI ranks on
 // one machine never oversubscribe its cores (docs/cluster.md).
 #pragma once
+#include <cstdint>
 
 namespace longtron {
+
+/// The least work (elements a loop touches) for which an elementwise loop or copy forks an OpenMP
+/// team (`#pragma omp parallel for ... if (work > kParallelMinWork)`); below it the team's start
+/// and barrier cost more than the loop saves, and the loop runs on the calling thread. Whether a
+/// loop forks never changes its result (each element is computed by one thread either way).
+inline constexpr int64_t kParallelMinWork = int64_t{1} << 15;  // 32768
+/// The same bound for the loops that were given twice as much (reductions, gathers of embedding
+/// rows, bf16 widening, key-row copies of ring attention).
+inline constexpr int64_t kParallelMinWorkLarge = int64_t{1} << 16;  // 65536
 
 /// Number of hardware threads of this machine (at least 1).
 int hardware_threads();

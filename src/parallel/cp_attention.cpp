@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "parallel/kv_rows.h"
+#include "ops/threads.h"
 
 namespace longtron::parallel {
 
@@ -51,7 +52,7 @@ void ContextAttention::gather_keys(const float* k, const float* v,
   comm_->all_gather(b.kv_row.data(), b.kv_local.data(), M * 2 * kv);
   const std::vector<int32_t>& rows = b.plan.key_rows;
   b.keys.resize(rows.size() * static_cast<size_t>(2 * kv));
-#pragma omp parallel for schedule(static) if (rows.size() * kv > 32768)
+#pragma omp parallel for schedule(static) if (rows.size() * kv > kParallelMinWork)
   for (size_t j = 0; j < rows.size(); ++j) {
     const float* src = b.kv_row.data() + int64_t(rows[j]) * 2 * kv;
     std::copy(src, src + 2 * kv, b.keys.data() + j * 2 * kv);

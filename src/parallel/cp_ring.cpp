@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "ops/attention_add_dq.h"
 #include "parallel/kv_rows.h"
+#include "ops/threads.h"
 
 namespace longtron::parallel {
 
@@ -31,7 +32,7 @@ void pack_rows(std::vector<float>& dst, const float* src, const RowRanges& rows,
 void merge(float* out, float* lse, const float* o2, const float* l2, int64_t M, int64_t H,
            int64_t d) {
   const float inf = std::numeric_limits<float>::infinity();
-#pragma omp parallel for schedule(static) if (M * H * d > 32768)
+#pragma omp parallel for schedule(static) if (M * H * d > kParallelMinWork)
   for (int64_t n = 0; n < M; ++n)
     for (int64_t h = 0; h < H; ++h) {
       float& a = lse[h * M + n];
@@ -127,7 +128,7 @@ ops::AttentionShape RingAttention::pass_shape(const RingPass& pass, const float*
   std::vector<float>& keys = scratch_->keys;
   keys.resize(pass.key_rows.size() * size_t(row));
   const std::vector<int32_t>& slot = p.slot[size_t(source)];
-#pragma omp parallel for schedule(static) if (pass.key_rows.size() * row > 65536)
+#pragma omp parallel for schedule(static) if (pass.key_rows.size() * row > kParallelMinWorkLarge)
   for (size_t j = 0; j < pass.key_rows.size(); ++j) {
     const float* src = block + int64_t(slot[size_t(pass.key_rows[j])]) * row;
     std::copy(src, src + row, keys.data() + j * row);

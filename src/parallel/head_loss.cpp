@@ -5,7 +5,7 @@
 
 #include "data/batch.h"
 #include "ops/ops.h"
-#include "parallel/layers.h"
+#include "parallel/vocab_parallel.h"
 #include "parallel/scratch.h"
 
 namespace longtron::parallel {
@@ -15,45 +15,53 @@ VocabParallelHeadLoss::VocabParallelHeadLoss(int64_t V, int64_t V_local, int64_t
     : V_local_(V_local), H_(H), vocab_start_(vocab_start),
       V_shard_((V + group_size - 1) / group_size) {}
 
+namespace {
+/// The cross-entropy of a vocabulary shard: columns [vocab_start, vocab_start + V_local) of the
+/// logits live on this rank; every call is collective over `comm`.
+class ShardCrossEntropy final : public model::ChunkCrossEntropy<float> {
+ public:
+  ShardCrossEntropy(int64_t V_local, int64_t vocab_start, comm::Communicator& comm)
+      : V_local_(V_local), vocab_start_(vocab_start), comm_(comm) {}
+  double forward(float* lse, int64_t* count, const float* logits, const int32_t* labels,
+                 int64_t rows) override {
+    return vocab_parallel_cross_entropy_forward(lse, count, logits, labels, rows, V_local_,
+                                                vocab_start_, comm_);
+  }
+  // token loss = lse − target logit; the target logit lives on one rank: one SUM all-reduce.
+  void token_losses(double* out, const float* logits, const float* lse, const int32_t* labels,
+                    int64_t rows) override;
+  void backward(float* dlogits, const float* logits, const float* lse, const int32_t* labels,
+                int64_t rows, float scale) override {
+    vocab_parallel_cross_entropy_backward(dlogits, logits, lse, labels, rows, V_local_,
+                                          vocab_start_, scale);
+  }
+
+ private:
+  int64_t V_local_, vocab_start_;
+  comm::Communicator& comm_;
+};
+}  // namespace
+
 model::LossSum VocabParallelHeadLoss::forward_backward(float* dX, float* dW, const float* X,
                                                        const float* W, const int32_t* labels,
                                                        int64_t N, double loss_scale,
                                                        double* token_losses,
                                                        comm::Communicator& comm) {
   // Chunked by the largest shard and the rows, which every rank of the group shares.
-  const int64_t C = std::min(model::head_chunk_rows(V_shard_, N), N), Vr = V_local_, H = H_;
-  float* logits = ensure(logits_, C * Vr + 1);
-  float* lse = ensure(lse_, C);
-  model::LossSum loss;
-  for (int64_t n0 = 0; n0 < N; n0 += C) {
-    const int64_t rows = std::min(C, N - n0);
-    ops::gemm<float>(false, true, rows, Vr, H, 1.0f, X + n0 * H, W, 0.0f, logits);
-    int64_t count = 0;
-    loss.sum += vocab_parallel_cross_entropy_forward(lse, &count, logits, labels + n0, rows, Vr,
-                                                     vocab_start_, comm);
-    loss.count += count;
-    if (token_losses != nullptr)
-      token_loss(token_losses + n0, logits, lse, labels + n0, rows, comm);
-    if (dX == nullptr) continue;
-    float* dlogits = ensure(dlogits_, C * Vr + 1);
-    vocab_parallel_cross_entropy_backward(dlogits, logits, lse, labels + n0, rows, Vr,
-                                          vocab_start_, static_cast<float>(loss_scale));
-    ops::gemm<float>(false, false, rows, H, Vr, 1.0f, dlogits, W, 0.0f, dX + n0 * H);
-    if (dW != nullptr) ops::linear_weight_grad(dW, dlogits, X + n0 * H, rows, H, Vr);
-  }
-  return loss;
+  ShardCrossEntropy ce(V_local_, vocab_start_, comm);
+  return model::chunked_head_loss(chunks_, ce, dX, dW, X, W, labels, N, V_local_, H_,
+                                  model::head_chunk_rows(V_shard_, N), loss_scale, token_losses);
 }
 
-void VocabParallelHeadLoss::token_loss(double* out, const float* logits, const float* lse,
-                                       const int32_t* labels, int64_t rows,
-                                       comm::Communicator& comm) const {
+void ShardCrossEntropy::token_losses(double* out, const float* logits, const float* lse,
+                                     const int32_t* labels, int64_t rows) {
   std::vector<double> target(static_cast<size_t>(rows), 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t local = int64_t(labels[r]) - vocab_start_;
     if (labels[r] != data::kIgnoreIndex && local >= 0 && local < V_local_)
       target[size_t(r)] = logits[r * V_local_ + local];
   }
-  comm.all_reduce(target.data(), rows);
+  comm_.all_reduce(target.data(), rows);
   for (int64_t r = 0; r < rows; ++r)
     out[r] = labels[r] == data::kIgnoreIndex ? 0.0 : double(lse[r]) - target[size_t(r)];
 }

@@ -8,11 +8,13 @@
 
 #include "comm/communicator.h"
 #include "model/layers.h"
+#include "parallel/scratch.h"
 
 namespace longtron::parallel {
 
-/// The head's row loop over one tensor group: for each chunk of rows, logits = X·Wᵀ on this rank's
-/// vocabulary shard, vocab-parallel cross-entropy forward and (when dX is given) backward, then
+/// The head over one tensor group: model::chunked_head_loss (the one row loop of every head) with
+/// the vocab-parallel cross-entropy of this rank's vocabulary shard: for each chunk of rows,
+/// logits = X·Wᵀ on the shard, cross-entropy forward and (when dX is given) backward, then
 /// dX = dlogits·W and dW += dlogitsᵀ·X. Holds the per-chunk scratch (logits, dlogits, lse), so one
 /// object per head. The chunk size (model::head_chunk_rows of the largest shard and N) depends only
 /// on V, the group size and N: the same on every rank (each chunk issues collectives that must
@@ -35,12 +37,8 @@ class VocabParallelHeadLoss {
                                   double* token_losses, comm::Communicator& comm);
 
  private:
-  // token loss = lse − target logit; the target logit lives on one rank: one SUM all-reduce.
-  void token_loss(double* out, const float* logits, const float* lse, const int32_t* labels,
-                  int64_t rows, comm::Communicator& comm) const;
-
   int64_t V_local_, H_, vocab_start_, V_shard_;
-  std::vector<float> logits_, dlogits_, lse_;
+  model::HeadChunks<float> chunks_;
 };
 
 }  // namespace longtron::parallel

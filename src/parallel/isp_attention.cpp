@@ -9,6 +9,7 @@
 #include "model/rope_scaling.h"
 #include "ops/ops.h"
 #include "parallel/mappings.h"
+#include "ops/threads.h"
 
 namespace longtron::parallel {
 
@@ -44,7 +45,7 @@ UlyssesAttention::UlyssesAttention(const model::ModelConfig& c, comm::CommPtr te
 
 void UlyssesAttention::permute(float* dst, const float* src, int64_t N, bool to_split) const {
   const int64_t hq = h_.hq, hkv = h_.hkv, qpk = hq / hkv;
-#pragma omp parallel for schedule(static) if (N * q_ > 32768)
+#pragma omp parallel for schedule(static) if (N * q_ > kParallelMinWork)
   for (int64_t n = 0; n < N; ++n)
     for (int64_t g = 0; g < hkv; ++g)
       for (int64_t j = 0; j < qpk + 2; ++j) {
@@ -57,7 +58,7 @@ void UlyssesAttention::permute(float* dst, const float* src, int64_t N, bool to_
 
 void UlyssesAttention::pack(float* dst, const float* split, int64_t N) const {
   const int64_t row = T_ * local_ * d_;
-#pragma omp parallel for schedule(static) if (N * row > 32768)
+#pragma omp parallel for schedule(static) if (N * row > kParallelMinWork)
   for (int64_t n = 0; n < N; ++n) {
     const float* s = split + n * q_;
     for (int64_t j = 0; j < T_; ++j) {
@@ -76,7 +77,7 @@ void UlyssesAttention::pack(float* dst, const float* split, int64_t N) const {
 
 void UlyssesAttention::pack_back(float* split, const float* src, int64_t N) const {
   const int64_t row = T_ * local_ * d_;
-#pragma omp parallel for schedule(static) if (N * row > 32768)
+#pragma omp parallel for schedule(static) if (N * row > kParallelMinWork)
   for (int64_t n = 0; n < N; ++n) {
     float* s = split + n * q_;
     std::fill(s + h_.hq * d_, s + q_, 0.f);  // kv gradients are sums over copies

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "model/config.h"
+#include "model/model_config.h"
 #include "model/layers.h"
 #include "parallel/cp_attention.h"
 

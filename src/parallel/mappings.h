@@ -3,7 +3,7 @@
 // to its backward, and the backward is the adjoint of the forward: <f(x), y> = <x, f*(y)>.
 //
 // Conventions: tensors are dense row-major; a "shard" is group rank r's chunk, chunks in group-rank
-// order; T = comm.size(). Arguments are (outputs, inputs, sizes, comm) (DESIGN.md). Collectives on a
+// order; T = comm.size(). Arguments are (outputs, inputs, sizes, comm), as in ops/ops.h. Collectives on a
 // group of one are copies. Sizes that do not divide evenly are an Error naming them (the callers
 // split unevenly or pad first). Every function is collective over `comm`: call it on every rank.
 #pragma once

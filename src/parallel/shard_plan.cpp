@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "parallel/layers.h"
+#include "parallel/vocab_parallel.h"
 
 namespace longtron::parallel {
 
@@ -15,7 +15,7 @@ int64_t TensorPlan::split_parts() const {
   return p;
 }
 
-ShardPlan::ShardPlan(const model::ParamLayout& full, const Grid& grid)
+ShardPlan::ShardPlan(const model::ParamTable& full, const Grid& grid)
     : full_(&full), grid_(&grid), plans_(full.views().size()) {}
 
 void ShardPlan::add_split(int view, Split s) {
@@ -70,7 +70,7 @@ std::vector<int64_t> ShardPlan::local_shape(int view) const {
   return shape;
 }
 
-model::ParamLayout ShardPlan::local_layout() const {
+model::ParamTable ShardPlan::local_layout() const {
   std::vector<std::vector<int64_t>> shapes;
   for (int v = 0; v < num_views(); ++v) shapes.push_back(local_shape(v));
   return full_->with_shapes(shapes);

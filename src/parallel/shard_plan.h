@@ -9,7 +9,7 @@
 // - marks sum_gradient(group) on a replicated (or partly replicated) tensor when the ranks of that
 //   group saw different tokens of it: norm weights under MSP/FSP/ISP/2D, row-parallel biases under
 //   sequence parallel. The engine SUMs those gradients over the group before the data-parallel SUM.
-// local_layout() is then a model::ParamLayout with the same names, order and view indices as the
+// local_layout() is then a model::ParamTable with the same names, order and view indices as the
 // full layout but local shapes, so params, gradients, optimizer state and ZeRO-1 slices of a rank
 // are flat buffers and offset arithmetic, exactly as in one process.
 #pragma once
@@ -42,7 +42,7 @@ struct TensorPlan {
 class ShardPlan {
  public:
   /// Every tensor of `full` replicated. `full` must outlive the plan.
-  ShardPlan(const model::ParamLayout& full, const Grid& grid);
+  ShardPlan(const model::ParamTable& full, const Grid& grid);
 
   /// Splits view `view` along `dim` over `group` with the uneven rule shard_range (the first
   /// extent % size ranks hold one more). Throws Error if that dim is already split.
@@ -59,13 +59,13 @@ class ShardPlan {
   /// tokens). A view with index -1 (absent bias) is ignored.
   void sum_gradient(int view, comm::Group group);
 
-  const model::ParamLayout& full_layout() const { return *full_; }
+  const model::ParamTable& full_layout() const { return *full_; }
   const Grid& grid() const { return *grid_; }
   const TensorPlan& tensor(int view) const { return plans_.at(static_cast<size_t>(view)); }
   int num_views() const { return static_cast<int>(plans_.size()); }
 
   /// The local layout (same names and view indices, local shapes, offsets recomputed).
-  model::ParamLayout local_layout() const;
+  model::ParamTable local_layout() const;
   /// Local shape of view `view`.
   std::vector<int64_t> local_shape(int view) const;
 
@@ -76,7 +76,7 @@ class ShardPlan {
 
  private:
   void add_split(int view, Split s);
-  const model::ParamLayout* full_;
+  const model::ParamTable* full_;
   const Grid* grid_;
   std::vector<TensorPlan> plans_;
 };

@@ -48,8 +48,8 @@ void TensorParallelLinear::gather_input_overlapped(float* Y, const float* x, int
   const int64_t nA = rows(N, ag), A = ag.size();
   const int64_t k = std::min<int64_t>(spec_.chunks, nA);
   const int64_t m_max = (nA + k - 1) / k;
-  float* G = ensure(*shared_.gathered, N * in_);
-  float* recv[2] = {ensure(recv_[0], A * m_max * in_), ensure(recv_[1], A * m_max * in_)};
+  float* G = shared_.gathered->get(N * in_);
+  float* recv[2] = {recv_[0].get(A * m_max * in_), recv_[1].get(A * m_max * in_)};
   comm::Work work = ag.all_gather_async(recv[0], x, chunk_start(nA, k, 1) * in_);
   for (int64_t c = 0; c < k; ++c) {
     const int64_t s = chunk_start(nA, k, c), m = chunk_start(nA, k, c + 1) - s;
@@ -77,7 +77,7 @@ void TensorParallelLinear::matmul_reduce_scatter_overlapped(float* y, const floa
   const int64_t nR = rows(N, rs), R = rs.size();
   const int64_t k = std::min<int64_t>(spec_.chunks, nR);
   const int64_t m_max = (nR + k - 1) / k;
-  float* send[2] = {ensure(send_[0], R * m_max * out_), ensure(send_[1], R * m_max * out_)};
+  float* send[2] = {send_[0].get(R * m_max * out_), send_[1].get(R * m_max * out_)};
   comm::Work work;
   for (int64_t c = 0; c < k; ++c) {
     const int64_t s = chunk_start(nR, k, c), m = chunk_start(nR, k, c + 1) - s;
@@ -93,12 +93,13 @@ void TensorParallelLinear::matmul_reduce_scatter_overlapped(float* y, const floa
 
 void TensorParallelLinear::forward(float* y, const float* x, const float* W, const float* bias,
                                    int64_t N) {
+  pair_order(shared_.pair->forward_rows, N, "forward");
   const bool gather = sharded_input(), scatter = scattered_output();
   const int64_t nR = scatter ? rows(N, *spec_.reduce) : N;
   if (gather) rows(N, *spec_.gather);
   // The product [N, out]: partial over `in` when |R| > 1; reduce-scattered from a scratch copy,
   // all-reduced (or, with no R, kept) in place.
-  float* Y = scatter ? ensure(partial_, N * out_) : y;
+  float* Y = scatter ? partial_.get(N * out_) : y;
   const float* X = x;
   bool computed = false;
   if (gather) {
@@ -108,7 +109,7 @@ void TensorParallelLinear::forward(float* y, const float* x, const float* W, con
       gather_input_overlapped(Y, x, N, W);
       computed = true;
     } else {
-      float* full = ensure(*shared_.gathered, N * in_);
+      float* full = shared_.gathered->get(N * in_);
       spec_.gather->all_gather(full, x, rows(N, *spec_.gather) * in_);
       X = full;
     }
@@ -126,15 +127,29 @@ void TensorParallelLinear::forward(float* y, const float* x, const float* W, con
       for (int64_t o = 0; o < out_; ++o) y[n * out_ + o] += bias[o];
 }
 
+void TensorParallelLinear::pair_order(int64_t& pending, int64_t N, const char* pass) const {
+  // The second of a pair reads what the first left in the shared buffers (the gathered input;
+  // in backward, the partial input gradient it adds to and reduces): the first must have run
+  // just before it with the same rows.
+  if (role_ == PairRole::kFirst) {
+    pending = N;
+  } else if (role_ == PairRole::kSecond) {
+    check(pending == N, "TensorParallelLinear: the second of a gate/up pair ran {} ({} rows) "
+          "without the first just before it", pass, N);
+    pending = -1;
+  }
+}
+
 void TensorParallelLinear::backward(float* dx, float* dW, float* dbias, const float* dy,
                                     const float* x, const float* W, int64_t N,
                                     bool accumulate_dx) {
+  pair_order(shared_.pair->backward_rows, N, "backward");
   const bool gather = sharded_input(), scatter = scattered_output();
   const int64_t nA = gather ? rows(N, *spec_.gather) : N;
   const int64_t nR = scatter ? rows(N, *spec_.reduce) : N;
   const float* X = x;
   if (gather) {
-    float* full = ensure(*shared_.gathered, N * in_);
+    float* full = shared_.gathered->get(N * in_);
     // FSP kept only the shard: gather it again (the second of a pair reuses the first's).
     if (spec_.input == SequenceParallel::kRegather && role_ != PairRole::kSecond)
       spec_.gather->all_gather(full, x, nA * in_);
@@ -142,7 +157,7 @@ void TensorParallelLinear::backward(float* dx, float* dW, float* dbias, const fl
   }
   const float* dY = dy;
   if (scatter) {
-    float* full = ensure(dy_full_, N * out_);
+    float* full = dy_full_.get(N * out_);
     spec_.reduce->all_gather(full, dy, nR * out_);
     dY = full;
   }
@@ -150,13 +165,12 @@ void TensorParallelLinear::backward(float* dx, float* dW, float* dbias, const fl
   float* reduced = nullptr;  // where this rank's input gradient lands
   if (dx != nullptr) {
     // dX = dY·W is a partial sum over the output features each rank of A holds.
-    float* part = ensure(*shared_.dx_partial, N * in_);
-    ops::gemm<float>(false, false, N, in_, out_, 1.0f, dY, W,
-                     role_ == PairRole::kSecond ? 1.0f : 0.0f, part);
+    float* part = shared_.dx_partial->get(N * in_);
+    ops::linear_input_grad(part, dY, W, N, in_, out_, role_ == PairRole::kSecond ? 1.0f : 0.0f);
     if (role_ != PairRole::kFirst) {
       reduced = part;
       if (gather) {
-        reduced = ensure(scratch_, nA * in_);
+        reduced = scratch_.get(nA * in_);
         reduce = spec_.gather->reduce_scatter_async(reduced, part, nA * in_);
       } else if (size_of(spec_.gather) > 1) {
         reduce = spec_.gather->all_reduce_async(part, N * in_);
@@ -176,7 +190,7 @@ void TensorParallelLinear::backward(float* dx, float* dW, float* dbias, const fl
   }
 }
 
-TensorParallelLinearOp::TensorParallelLinearOp(const model::ParamLayout& local, int weight,
+TensorParallelLinearOp::TensorParallelLinearOp(const model::ParamTable& local, int weight,
                                                int bias, TpLinearSpec spec, LinearShared shared,
                                                PairRole role)
     : weight_(weight), bias_(bias),
@@ -196,7 +210,7 @@ void TensorParallelLinearOp::backward(float* dx, const float* dy, const float* x
                    accumulate_dx);
 }
 
-TensorParallelGateUp::TensorParallelGateUp(const model::ParamLayout& local, int w1, int w3,
+TensorParallelGateUp::TensorParallelGateUp(const model::ParamTable& local, int w1, int w3,
                                            int b1, int b3, const TpLinearSpec& spec,
                                            LinearShared shared)
     : w1_(w1), w3_(w3), b1_(b1), b3_(b3),

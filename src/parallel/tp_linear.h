@@ -46,7 +46,8 @@
 #include "comm/communicator.h"
 #include "model/layers.h"
 #include "model/params.h"
-#include "parallel/layers.h"
+#include "parallel/vocab_parallel.h"
+#include "parallel/scratch.h"
 #include "parallel/tp2d_overlap.h"
 
 namespace longtron::parallel {
@@ -67,14 +68,21 @@ struct TpLinearSpec {
 /// column linears of a model under FSP: the gathered input and the partial
 /// input gradient. Owned by the caller so that it can choose the sharing.
 struct LinearShared {
-  std::shared_ptr<std::vector<float>> gathered = std::make_shared<std::vector<float>>();
-  std::shared_ptr<std::vector<float>> dx_partial = std::make_shared<std::vector<float>>();
+  std::shared_ptr<Scratch> gathered = std::make_shared<Scratch>();
+  std::shared_ptr<Scratch> dx_partial = std::make_shared<Scratch>();
+  /// The rows the first of a pair last ran forward / backward with and the second has not yet
+  /// consumed (-1: none): the check that a pair is called first, then second, with the same rows.
+  struct PairCalls {
+    int64_t forward_rows = -1, backward_rows = -1;
+  };
+  std::shared_ptr<PairCalls> pair = std::make_shared<PairCalls>();
 };
 
 /// kFirst/kSecond: the halves of TensorParallelGateUp, which share one gathered input (the second
 /// neither gathers nor, in backward, reduces alone: it adds its partial input gradient to the
 /// first's and reduces the sum once). The gate/up op calls first then second with the same input,
-/// forward and backward; nothing else builds a pair.
+/// forward and backward; nothing else builds a pair. The second checks that the first ran just
+/// before it (LinearShared::pair): calling them in the other order is an Error, not wrong data.
 enum class PairRole { kAlone, kFirst, kSecond };
 
 /// The linear on raw pointers (weights passed per call). Collective over A and R: every rank of
@@ -101,18 +109,21 @@ class TensorParallelLinear {
   int64_t rows(int64_t N, const comm::Communicator& c) const;
   void gather_input_overlapped(float* Y, const float* x, int64_t N, const float* W);
   void matmul_reduce_scatter_overlapped(float* y, const float* X, int64_t N, const float* W);
+  /// Records (kFirst) or checks and clears (kSecond) `pending` = shared_.pair's rows of `pass`;
+  /// throws longtron::Error when the second runs without the first just before it.
+  void pair_order(int64_t& pending, int64_t N, const char* pass) const;
 
   int64_t in_, out_;
   TpLinearSpec spec_;
   LinearShared shared_;
   PairRole role_;
-  std::vector<float> partial_, recv_[2], send_[2], dy_full_, scratch_;
+  Scratch partial_, recv_[2], send_[2], dy_full_, scratch_;
 };
 
 /// The linear as a model::LinearOp over the views `weight` and `bias` (−1 = none) of `local`.
 class TensorParallelLinearOp final : public model::LinearOp<float> {
  public:
-  TensorParallelLinearOp(const model::ParamLayout& local, int weight, int bias, TpLinearSpec spec,
+  TensorParallelLinearOp(const model::ParamTable& local, int weight, int bias, TpLinearSpec spec,
                          LinearShared shared = {}, PairRole role = PairRole::kAlone);
   int64_t in() const override { return linear_.in(); }
   int64_t out() const override { return linear_.out(); }
@@ -132,7 +143,7 @@ class TensorParallelGateUp final : public model::GateUpOp<float> {
  public:
   /// w1, w3: view indices in `local` (same shard shape [F_local, in]); b1, b3: their biases
   /// [F_local] (Llama's mlp_bias) or -1.
-  TensorParallelGateUp(const model::ParamLayout& local, int w1, int w3, int b1, int b3,
+  TensorParallelGateUp(const model::ParamTable& local, int w1, int w3, int b1, int b3,
                        const TpLinearSpec& spec, LinearShared shared = {});
   int64_t out() const override { return gate_.out(); }
   void forward(float* a, float* b, const float* x, int64_t N,

@@ -226,7 +226,7 @@ void load_model(const fs::path& step_dir, const std::vector<MutableTensor>& para
 HfTensors hf_named_tensors(const model::Params<float>& full, const std::string& prefix,
                            const std::string& format) {
   HfTensors out;
-  const model::ParamLayout& layout = full.layout();
+  const model::ParamTable& layout = full.layout();
   const auto list = model::hf_tensors(layout, format);
   out.storage.reserve(list.size());
   for (const auto& t : list) {
@@ -243,7 +243,7 @@ namespace {
 // `moment`: 0 for weights; 1 or 2 for AdamW's first or second moments, whose values are checked.
 void fill_hf(const st::Reader& reader, const std::string& prefix, model::Params<float>& full,
              std::set<std::string>* wanted, int moment = 0) {
-  const model::ParamLayout& layout = full.layout();
+  const model::ParamTable& layout = full.layout();
   std::vector<float> buffer;
   for (const auto& t : model::hf_tensors(layout)) {
     int64_t n = 1;

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
+#include "model/model_config.h"
 #include "model/params.h"
 
 namespace longtron::train {

@@ -13,7 +13,7 @@
 #include "data/balance.h"
 #include "data/context_split.h"
 #include "data/pack.h"
-#include "model/config.h"
+#include "model/model_config.h"
 #include "parallel/layout.h"
 #include "parallel/tp2d_overlap.h"
 #include "train/loss_reduction.h"

@@ -85,8 +85,8 @@ double files_bytes(const std::string& path) {
 /// The step terms of the layout's mode: one process's defaults, adjusted by the mode's own
 /// ModeFactory::memory (src/modes/*_memory.cpp).
 parallel::ModeMemory step_terms(const parallel::ModeFactory& factory, const model::ModelConfig& m,
-                                const parallel::Grid& grid, const model::ParamLayout& full,
-                                const model::ParamLayout& local, double packed_length, bool bf16) {
+                                const parallel::Grid& grid, const model::ParamTable& full,
+                                const model::ParamTable& local, double packed_length, bool bf16) {
   const parallel::ModeMemoryInputs in{m, full, local, grid, packed_length, bf16};
   parallel::ModeMemory s = parallel::ModeMemory::defaults(in);
   if (factory.memory) factory.memory(in, s);
@@ -162,10 +162,10 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   const parallel::Grid grid = shape_grid(layout, in.world_size);
   const std::string mode = parallel::mode_name(layout);
   const parallel::ModeFactory& factory = parallel::find_mode(mode);
-  const model::ParamLayout full(c.model);
+  const model::ParamTable full(c.model);
   parallel::ShardPlan shard(full, grid);
   if (factory.plan) factory.plan(shard);
-  const model::ParamLayout local = shard.local_layout();
+  const model::ParamTable local = shard.local_layout();
   const double P = static_cast<double>(c.data.micro_bsz) * static_cast<double>(c.data.seq_len);
   parallel::ModeMemory s = step_terms(factory, c.model, grid, full, local, P, in.bf16);
 
@@ -263,7 +263,7 @@ MemoryPlan plan_forward_memory(const model::ModelConfig& model, int64_t seq_len,
                                const std::string& dataset, double runtime_bytes,
                                const std::string& key) {
   const parallel::Grid grid = shape_grid(parallel::Layout{}, 1);
-  const model::ParamLayout full(model);
+  const model::ParamTable full(model);
   parallel::ModeMemory s =
       step_terms(parallel::find_mode("dense"), model, grid, full, full,
                  static_cast<double>(micro_bsz) * static_cast<double>(seq_len), false);

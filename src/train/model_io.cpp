@@ -18,7 +18,7 @@ LoadedModel load_model_dir(const fs::path& path) {
   m.dir = hf ? path : resolve_checkpoint(path);
   m.train_config = hf ? nlohmann::json::object() : read_checkpoint_state(m.dir).config;
   const model::ModelConfig config = model::read_hf_config(m.dir);
-  m.layout = std::make_unique<model::ParamLayout>(config);
+  m.layout = std::make_unique<model::ParamTable>(config);
   m.params = std::make_unique<model::Params<float>>(*m.layout);
   load_hf_model(m.dir, *m.params);
   for (const fs::path& folder : {m.dir, m.dir.parent_path()})

@@ -18,7 +18,7 @@ struct LoadedModel {
   std::filesystem::path dir;      ///< the step folder (or the HF folder)
   nlohmann::json train_config;    ///< state.json "config" (empty object for an HF folder)
   std::filesystem::path tokenizer;  ///< tokenizer.model or tokenizer.json found for it (empty when none)
-  std::unique_ptr<model::ParamLayout> layout;
+  std::unique_ptr<model::ParamTable> layout;
   std::unique_ptr<model::Params<float>> params;  ///< full HF tensors (released by load_into_engine)
 };
 

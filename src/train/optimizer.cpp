@@ -8,7 +8,7 @@
 
 namespace longtron::train {
 
-AdamW::AdamW(const model::ParamLayout& layout, const OptimizerConfig& config, comm::CommPtr zero1)
+AdamW::AdamW(const model::ParamTable& layout, const OptimizerConfig& config, comm::CommPtr zero1)
     : layout_(layout), config_(config), zero1_(std::move(zero1)) {
   check(config.lr > 0, "optimizer.lr must be > 0, got {}", config.lr);
   const int64_t n = layout.numel();
@@ -47,6 +47,9 @@ void AdamW::update(model::Params<float>& params, const model::Params<float>& gra
   // In place: each rank's slice already sits at its offset of the flat buffer, so no scratch.
   if (zero1_ && zero1_->size() > 1)
     zero1_->all_gather_v(params.data(), params.data() + begin_, shard_counts());
+  // The weights changed: the step's bf16 copy (if a scope made one) is stale. Here rather than
+  // in the caller, so no update can forget it.
+  ops::invalidate_bf16_weights();
 }
 
 bool AdamW::update_is_finite(const model::Params<float>& params, const model::Params<float>& grads,

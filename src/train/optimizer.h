@@ -1,7 +1,7 @@
 // AdamW over the flat parameter buffer (docs/training.md): weight decay on matrices only (not norms
-// or biases), global gradient-norm clipping, and an optional ZeRO-1 shard (each rank of the zero1
-// group holds the moments of, and updates, one contiguous slice of the flat buffer; the slices
-// are all-gathered after).
+// or biases) and an optional ZeRO-1 shard (each rank of the zero1 group holds the moments of, and
+// updates, one contiguous slice of the flat buffer; the slices are all-gathered after). It does not
+// clip: train_step (step.h) clips the gradients by their global norm before update().
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -14,7 +14,7 @@
 namespace longtron::train {
 
 /// PyTorch AdamW (Loshchilov & Hutter 2019) with decoupled weight decay, moments in float, over
-/// the flat buffer of a ParamLayout. Decay is applied to views with is_matrix (all 2-D weights,
+/// the flat buffer of a ParamTable. Decay is applied to views with is_matrix (all 2-D weights,
 /// the embedding included, as InternEvo's default param groups do) and not to norms or biases.
 /// With a zero1 communicator of size Z > 1 the buffer is split into Z contiguous slices of
 /// ceil(n/Z) elements (the last ones shorter or empty); this rank ALLOCATES moments only for its
@@ -24,10 +24,11 @@ namespace longtron::train {
 class AdamW {
  public:
   /// `zero1` may be nullptr (no sharding). Throws Error for a non-positive lr.
-  AdamW(const model::ParamLayout& layout, const OptimizerConfig& config, comm::CommPtr zero1 = nullptr);
+  AdamW(const model::ParamTable& layout, const OptimizerConfig& config, comm::CommPtr zero1 = nullptr);
 
   /// One update of `params` with `grads` (already reduced over data parallel and clipped) at
-  /// learning rate `lr`. Increments step(). With ZeRO-1, collective over the zero1 group.
+  /// learning rate `lr`. Increments step(). With ZeRO-1, collective over the zero1 group. Marks
+  /// the live ops::Bf16WeightScope's bf16 weight copy stale (ops::invalidate_bf16_weights).
   void update(model::Params<float>& params, const model::Params<float>& grads, double lr);
 
   /// Whether update(params, grads, lr) would leave this rank's slice of the parameters and its
@@ -62,7 +63,7 @@ class AdamW {
   /// Elements per zero1 rank (the uneven split), for all_gather_v.
   std::vector<int64_t> shard_counts() const;
 
-  const model::ParamLayout& layout_;
+  const model::ParamTable& layout_;
   OptimizerConfig config_;
   comm::CommPtr zero1_;
   std::vector<float> m_, v_;  // moments of [begin_, end_) only

@@ -3,7 +3,6 @@
 
 #include <cmath>
 
-#include "ops/ops.h"
 #include "train/schedule.h"
 
 namespace longtron::train {
@@ -112,7 +111,6 @@ StepResult train_step(parallel::ParallelEngine& engine, AdamW& optimizer,
   if (!r.skipped) {
     model::Params<float>& grads = engine.grads();
     optimizer.update(engine.params(), grads, options.lr);
-    ops::invalidate_bf16_weights();  // the step's bf16 weight copy is stale now
   }
   return r;
 }

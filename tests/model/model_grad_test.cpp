@@ -1,4 +1,4 @@
-// Whole-model gradients against central finite differences in double (DESIGN.md), with and
+// Whole-model gradients against central finite differences in double, with and
 // without activation checkpointing, on a tiny GQA config over a packed row with length-1 segments
 // and a pad segment.
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@
 #include "ops/ops.h"
 #include "ops/precision.h"
 #include "model_testing.h"
+#include "ops/fd_check.h"
 
 namespace longtron::model {
 namespace {
@@ -41,7 +42,7 @@ void randomize(Params<double>& p, uint64_t seed) {
 void check_gradients(const ModelConfig& config, bool checkpoint) {
   ModelConfig c = config;
   c.checkpoint = checkpoint;
-  const ParamLayout layout(c);
+  const ParamTable layout(c);
   Params<double> params(layout), grads(layout);
   randomize(params, 11);
   InternLM2<double> model(layout, params);
@@ -62,26 +63,21 @@ void check_gradients(const ModelConfig& config, bool checkpoint) {
   }
   EXPECT_NEAR(total, loss.sum, 1e-12 * std::abs(loss.sum));
 
+  // Eight random elements of every tensor, against central differences of the summed loss.
   std::mt19937_64 rng(3);
-  const double h = 1e-5;
-  int checked = 0;
   for (const auto& v : layout.views()) {
     std::uniform_int_distribution<int64_t> pick(0, v.numel - 1);
-    for (int k = 0; k < 8; ++k) {
-      const int64_t i = v.offset + pick(rng);
-      const double saved = params.data()[i];
-      params.data()[i] = saved + h;
-      const double up = model.forward_loss(batch).sum;
-      params.data()[i] = saved - h;
-      const double down = model.forward_loss(batch).sum;
-      params.data()[i] = saved;
-      const double fd = scale * (up - down) / (2 * h);
-      EXPECT_NEAR(grads.data()[i], fd, 1e-8 + 1e-6 * std::abs(fd))
-          << v.name << " element " << i - v.offset;
-      ++checked;
-    }
+    std::vector<int64_t> indices;
+    for (int k = 0; k < 8; ++k) indices.push_back(v.offset + pick(rng));
+    testing::expect_fd_at(
+        params.data(), grads.data(), layout.numel(), indices,
+        [&] { return model.forward_loss(batch).sum; },
+        [](double fd) { return 1e-8 + 1e-6 * std::abs(fd); },
+        [&](int64_t i) {
+          return i < 0 ? v.name : v.name + " element " + std::to_string(i - v.offset);
+        },
+        scale);
   }
-  EXPECT_EQ(checked, 8 * static_cast<int>(layout.views().size()));
 }
 
 TEST(ModelGrad, FiniteDifferences) { check_gradients(testing::tiny_config(), false); }
@@ -111,7 +107,7 @@ TEST(ModelGrad, FiniteDifferencesWithWindowAndHeadDim) {
 
 TEST(ModelGrad, CheckpointGivesIdenticalGradients) {
   ModelConfig c = testing::tiny_config();
-  const ParamLayout layout(c);
+  const ParamTable layout(c);
   Params<double> params(layout), plain(layout), recomputed(layout);
   randomize(params, 5);
   const data::MicroBatch batch = tiny_row(c.vocab_size);
@@ -132,7 +128,7 @@ TEST(ModelGrad, CheckpointGivesIdenticalGradientsInBf16) {
   if (!ops::cpu_has_avx512_bf16() || !ops::gemm_backend().native_bf16)
     GTEST_SKIP() << "this CPU has no native bf16";
   ModelConfig c = testing::tiny_config();
-  const ParamLayout layout(c);
+  const ParamTable layout(c);
   Params<double> wide(layout);
   randomize(wide, 5);
   Params<float> params(layout), plain(layout), recomputed(layout);
@@ -156,7 +152,7 @@ TEST(ModelGrad, CheckpointGivesIdenticalGradientsInBf16) {
 
 TEST(ModelGrad, GradientsAccumulate) {
   const ModelConfig c = testing::tiny_config();
-  const ParamLayout layout(c);
+  const ParamTable layout(c);
   Params<double> params(layout), once(layout), twice(layout);
   randomize(params, 9);
   const data::MicroBatch batch = tiny_row(c.vocab_size);
@@ -172,7 +168,7 @@ TEST(ModelGrad, WorkspaceRelayoutKeepsResults) {
   // A model first used for generation/eval (compact workspace, shorter rows) and then for
   // training gives the same gradients as a fresh one.
   const ModelConfig c = testing::tiny_config();
-  const ParamLayout layout(c);
+  const ParamTable layout(c);
   Params<double> params(layout), fresh_g(layout), used_g(layout);
   randomize(params, 17);
   const data::MicroBatch batch = tiny_row(c.vocab_size);
@@ -189,7 +185,7 @@ TEST(ModelGrad, WorkspaceRelayoutKeepsResults) {
 
 TEST(ModelGrad, BadBatchesAreErrors) {
   const ModelConfig c = testing::tiny_config();
-  const ParamLayout layout(c);
+  const ParamTable layout(c);
   Params<double> params(layout), grads(layout);
   InternLM2<double> model(layout, params);
   data::MicroBatch b = tiny_row(c.vocab_size);
@@ -216,7 +212,7 @@ TEST(ModelGrad, BadBatchesAreErrors) {
 TEST(ModelGrad, LogitsLastMatchesTokenLoss) {
   // The loss of the last prompt token's label equals lse − logit from logits_last.
   const ModelConfig c = testing::tiny_config();
-  const ParamLayout layout(c);
+  const ParamTable layout(c);
   Params<double> params(layout);
   randomize(params, 13);
   InternLM2<double> model(layout, params);
@@ -242,7 +238,7 @@ TEST(ModelGrad, HeadChunkRowsShrinkWithTheRows) {
   EXPECT_EQ(head_chunk_rows(4096, 8192), 256);      // the same row on 4 context ranks
   EXPECT_EQ(head_chunk_rows(4096, 16384), 512);
   EXPECT_EQ(head_chunk_rows(4096, 1 << 20), 1024);  // never over 2^22 logits
-  EXPECT_EQ(head_chunk_rows(96, 200), 256);         // short rows: one chunk, as before
+  EXPECT_EQ(head_chunk_rows(96, 200), 256);         // short rows: one chunk of 256 >= N
   EXPECT_EQ(head_chunk_rows(32000, 8192), 131);     // 2^22 / V below 256 rows
   EXPECT_EQ(head_chunk_rows(1 << 20, 8192), 64);    // never under 64 rows
 }

@@ -15,7 +15,7 @@ namespace {
 TEST(ModelLearn, LossFallsUnderAdamW) {
   ModelConfig c = testing::tiny_config();
   c.checkpoint = true;
-  const ParamLayout layout(c);
+  const ParamTable layout(c);
   Params<float> params(layout), grads(layout), m(layout), v(layout);
   init_params(params, 3);
   InternLM2<float> model(layout, params);

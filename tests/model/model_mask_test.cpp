@@ -48,7 +48,7 @@ double loss_of(InternLM2<float>& model, const data::MicroBatch& b, int64_t begin
 
 TEST(ModelMask, DocumentLossIndependentOfNeighbours) {
   const ModelConfig c = mask_config();
-  const ParamLayout layout(c);
+  const ParamTable layout(c);
   Params<float> params(layout);
   randomize(params);
   InternLM2<float> model(layout, params);

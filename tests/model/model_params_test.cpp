@@ -23,7 +23,7 @@ ModelConfig small_config() {
 }
 
 TEST(ModelParams, CountAndShapes) {
-  const ParamLayout layout(small_config());
+  const ParamTable layout(small_config());
   // By hand: d = 64, Q = (6 + 2·2)·64 = 640, F = 256·ceil(1024/256) = 1024.
   // Per layer: 384 + 640·384 + 384·384 + 384 + 3·1024·384 = 1,573,632; ×6 = 9,441,792;
   // embedding and head 8192·384 = 3,145,728 each; final norm 384 → 15,733,632.
@@ -52,7 +52,7 @@ TEST(ModelParams, BiasesAppearWhenConfigured) {
   ModelConfig c = testing::tiny_config();
   c.qkv_bias = true;
   c.o_bias = true;
-  const ParamLayout layout(c);
+  const ParamTable layout(c);
   EXPECT_EQ(layout.at("model.layers.1.attention.wqkv.bias").shape, (std::vector<int64_t>{32}));
   EXPECT_TRUE(layout.at("model.layers.1.attention.wo.bias").is_bias);
   EXPECT_FALSE(layout.at("model.layers.1.attention.wo.bias").is_matrix);
@@ -62,14 +62,14 @@ TEST(ModelParams, ImpossibleShapesNameTheKey) {
   ModelConfig c = testing::tiny_config();
   c.num_kv_attention_heads = 3;
   try {
-    ParamLayout layout(c);
+    ParamTable layout(c);
     FAIL() << "expected an error";
   } catch (const longtron::Error& e) {
     EXPECT_NE(std::string(e.what()).find("model.num_kv_attention_heads"), std::string::npos);
   }
   c = testing::tiny_config();
   c.vocab_size = 0;
-  EXPECT_THROW(ParamLayout{c}, longtron::Error);
+  EXPECT_THROW(ParamTable{c}, longtron::Error);
 }
 
 // Typo-sized shapes are refused by name before any size arithmetic can overflow 64 bits (a
@@ -77,7 +77,7 @@ TEST(ModelParams, ImpossibleShapesNameTheKey) {
 TEST(ModelParams, HugeShapesAreRefusedByName) {
   auto expect_refused = [](ModelConfig c, const std::string& key) {
     try {
-      ParamLayout layout(c);
+      ParamTable layout(c);
       ADD_FAILURE() << "no error for " << key;
     } catch (const longtron::Error& e) {
       EXPECT_NE(std::string(e.what()).find("model." + key), std::string::npos) << e.what();
@@ -109,7 +109,7 @@ TEST(ModelParams, HugeShapesAreRefusedByName) {
 }
 
 TEST(ModelParams, InitStatistics) {
-  const ParamLayout layout(small_config());
+  const ParamTable layout(small_config());
   Params<float> p(layout);
   init_params(p, 42);
   for (const auto& v : layout.views()) {
@@ -132,7 +132,7 @@ TEST(ModelParams, InitStatistics) {
 
 TEST(ModelParams, InitIsReproducibleAndPerTensor) {
   ModelConfig c = testing::tiny_config();
-  const ParamLayout a(c);
+  const ParamTable a(c);
   Params<double> pa(a), pb(a), pc(a);
   init_params(pa, 7);
   init_params(pb, 7);
@@ -143,7 +143,7 @@ TEST(ModelParams, InitIsReproducibleAndPerTensor) {
   // A tensor's values depend only on (seed, its index): the embedding and layer 0 are the same
   // in a deeper model.
   c.num_layers = 5;
-  const ParamLayout deep(c);
+  const ParamTable deep(c);
   Params<double> pd(deep);
   init_params(pd, 7);
   const int64_t upto = a.at("model.layers.1.attention_norm.weight").offset;
@@ -162,7 +162,7 @@ TEST(ModelFlops, HandComputedExample) {
   const std::vector<int32_t> cu = {0, 7, 8, 13, 14, 20, 24};
   EXPECT_EQ(sum_squared_segments(cu), 128.0);
   EXPECT_EQ(model_flops(c, 24, 128.0), 983040.0);
-  EXPECT_EQ(ParamLayout(c).matmul_numel(), 6656);
+  EXPECT_EQ(ParamTable(c).matmul_numel(), 6656);
 }
 
 TEST(ModelFlops, WindowCountsOnlyVisiblePairs) {

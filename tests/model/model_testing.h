@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "data/batch.h"
-#include "model/config.h"
+#include "model/model_config.h"
 
 namespace longtron::testing {
 

@@ -46,7 +46,7 @@ inline void check_context_attention(const CpOpCase& k) {
   comm::CommPtr head = world()->split(c, h), context = world()->split(h, c);
   model::ModelConfig cfg = op_model(k.kv_heads);
   cfg.sliding_window = k.window;
-  model::ParamLayout full(cfg);
+  model::ParamTable full(cfg);
   auto dense = model::make_dense_ops<float>(full);
   model::AttentionOp<float>& ref = *dense.blocks[0].attention;
   parallel::UlyssesAttention cp(cfg, head, nullptr, context, k.balance, k.window, k.options);

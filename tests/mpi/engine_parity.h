@@ -120,7 +120,7 @@ inline void check_parity(const ParityCase& c) {
 inline void check_resume(const ParityCase& c, const parallel::Layout& a, const parallel::Layout& b,
                          int split) {
   const RunResult ref = run_reference(c);
-  model::ParamLayout full_layout(c.model);
+  model::ParamTable full_layout(c.model);
   model::Params<float> params(full_layout), m(full_layout), v(full_layout);
   int64_t adam_step = 0;
   RunResult got;

@@ -101,7 +101,7 @@ inline void data_sum(float* g, int64_t n, const parallel::Grid& grid) {
 /// and the shard plan. Used through a structured binding; never copied (Params keep the layout).
 struct IspCase {
   parallel::Grid grid;
-  model::ParamLayout full;
+  model::ParamTable full;
   model::Params<float> params, local, grads;
   std::vector<parallel::IspShard> plan;
   IspCase(const Layout& layout, uint64_t seed)
@@ -160,7 +160,7 @@ inline void check_attention(const Layout& layout, int kv_heads) {
   parallel::Grid grid = parallel::make_grid(world(), layout);
   const int T = grid.tensor->size(), t = grid.tensor->rank();
   const model::ModelConfig c = op_model(kv_heads);
-  model::ParamLayout full(c);
+  model::ParamTable full(c);
   auto dense = model::make_dense_ops<float>(full);
   model::AttentionOp<float>& ref = *dense.blocks[0].attention;
   parallel::UlyssesAttention isp(c, grid.tensor);

@@ -7,7 +7,7 @@ namespace {
 TEST(IspOpsNp2, AllToAllPair) { check_all_to_all(); }
 
 TEST(IspOpsNp2, Linear) {
-  model::ParamLayout full(op_model(2));
+  model::ParamTable full(op_model(2));
   for (const Layout& l : {isp_layout(2, 2), isp_layout(2, 1), isp_layout(1, 2)}) {
     check_linear(l, full.layers[0].wqkv, false);
     check_linear(l, full.output, false);  // 37 rows: uneven shards

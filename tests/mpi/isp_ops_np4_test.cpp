@@ -7,7 +7,7 @@ namespace {
 TEST(IspOpsNp4, AllToAllPair) { check_all_to_all(); }
 
 TEST(IspOpsNp4, Linear) {
-  model::ParamLayout full(op_model(2));
+  model::ParamTable full(op_model(2));
   for (const Layout& l : {isp_layout(4, 4), isp_layout(2, 4), isp_layout(4, 2), isp_layout(2, 2)}) {
     check_linear(l, full.layers[0].w1, false);  // 85 rows: uneven over 2 and 4
     check_linear(l, full.output, false);

@@ -61,7 +61,7 @@ TEST(IspParityNp2, OverlapPrefetchesAreUsed) {
     model::ModelConfig cfg = tiny_model();
     cfg.checkpoint = ckpt;
     parallel::Grid grid = parallel::make_grid(world(), isp(2, 2, true));
-    model::ParamLayout full(cfg);
+    model::ParamTable full(cfg);
     model::Params<float> params(full), local(full), grads(full);
     model::init_params(params, 42);
     parallel::isp_scatter_params(local, params, parallel::isp_shard_plan(full, 2, grid.weight->rank()));

@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "mpi_test_main.h"
 #include "ops/ops.h"
-#include "parallel/layers.h"
+#include "parallel/vocab_parallel.h"
 #include "parallel/mappings.h"
 #include "parallel/tp_linear.h"
 
@@ -176,7 +176,7 @@ TEST(Layers, ColumnParallelMatchesOneRank) {
     EXPECT_LT(rel_err(y.data(), block(Y, out, 0, N, r * ol, ol).data(), N * ol), kTol);
     // FSP must not rely on the gathered copy: spoil it.
     if (sp == SequenceParallel::kRegather)
-      std::fill(shared.gathered->begin(), shared.gathered->end(), NAN);
+      std::fill_n(shared.gathered->data(), shared.gathered->capacity(), NAN);
     Vec dy = block(dY, out, 0, N, r * ol, ol);
     Vec dx(x.size()), dWr(Wr.size(), 0.f), dbr(br.size(), 0.f);
     column.backward(dx.data(), dWr.data(), dbr.data(), dy.data(), x.data(), Wr.data(), N, false);
@@ -209,7 +209,7 @@ TEST(Layers, RowParallelMatchesOneRank) {
     row.backward(dx.data(), dWr.data(), dbr.data(), dy.data(), x.data(), Wr.data(), N, false);
     EXPECT_LT(rel_err(dx.data(), block(dX, in, 0, N, r * il, il).data(), N * il), kTol) << int(sp);
     EXPECT_LT(rel_err(dWr.data(), block(dW, in, 0, out, r * il, il).data(), out * il), kTol);
-    if (seq) c.all_reduce(dbr.data(), out);  // the caller's sum over the group (layers.h)
+    if (seq) c.all_reduce(dbr.data(), out);  // the caller's sum over the group (vocab_parallel.h)
     EXPECT_LT(rel_err(dbr.data(), db.data(), out), kTol) << int(sp);
   }
 }

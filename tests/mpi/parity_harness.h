@@ -106,7 +106,7 @@ inline RunResult reference_run(const model::ModelConfig& m, int steps, const Ste
 inline double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
 /// Max over tensors of max|g − g_ref| / max|g_ref| (each tensor's max-norm).
-inline double max_grad_error(const model::ParamLayout& layout, const std::vector<float>& g,
+inline double max_grad_error(const model::ParamTable& layout, const std::vector<float>& g,
                              const std::vector<float>& ref, std::string* worst) {
   double worst_err = 0;
   for (const auto& v : layout.views()) {
@@ -127,7 +127,7 @@ struct ParityErrors {
   std::string worst;
 };
 
-inline ParityErrors parity_errors(const model::ParamLayout& full, const RunResult& got,
+inline ParityErrors parity_errors(const model::ParamTable& full, const RunResult& got,
                                   const RunResult& ref) {
   ParityErrors e;
   e.grads = max_grad_error(full, got.step1_grads, ref.step1_grads, &e.worst);

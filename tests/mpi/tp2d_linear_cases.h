@@ -52,7 +52,7 @@ inline void check_linear_2d(const comm::CommPtr& ag, const comm::CommPtr& rs, in
   model::ModelConfig c;
   c.vocab_size = 8, c.hidden_size = 16, c.num_layers = 1, c.num_attention_heads = 2;
   c.num_kv_attention_heads = 1, c.multiple_of = 1, c.qkv_bias = true;
-  const model::ParamLayout full(c);
+  const model::ParamTable full(c);
   const int w = full.layers[0].wqkv, wb = full.layers[0].wqkv_bias;  // the second weight: w1's
   const int64_t out = full.view(w).shape[0], in = full.view(w).shape[1];  // 32 × 16
   const int A = ag->size(), R = rs->size(), a = ag->rank(), r = rs->rank();
@@ -63,7 +63,7 @@ inline void check_linear_2d(const comm::CommPtr& ag, const comm::CommPtr& rs, in
   shapes[size_t(wb)] = {ol};
   const int w2 = full.layers[0].w1;  // second member of a pair: same shape as w
   shapes[size_t(w2)] = {ol, il};
-  const model::ParamLayout local = full.with_shapes(shapes);
+  const model::ParamTable local = full.with_shapes(shapes);
   model::Params<float> p(local), g(local);
   g.zero();
 

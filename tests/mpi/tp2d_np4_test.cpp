@@ -38,7 +38,7 @@ TEST(Tp2dNp4, OverlapsEqualNone) {  // see tp2d_np2_test.cpp
 TEST(Tp2dNp4, ForwardLossTokenLosses) {
   const model::ModelConfig m = tiny_model();
   const MicroBatch row = random_row(32, m.vocab_size, 99);
-  model::ParamLayout layout(m);
+  model::ParamTable layout(m);
   model::Params<float> params(layout);
   model::init_params(params, 42);
   model::InternLM2<float> net(layout, params);

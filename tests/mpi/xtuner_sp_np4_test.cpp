@@ -88,7 +88,7 @@ TEST(XtunerSpNp4, EndToEnd) {
   parallel::Layout l;
   l.tensor_size = 2, l.tensor_mode = parallel::TensorMode::kIsp, l.weight_size = 2;
   parallel::Grid grid = parallel::make_grid(world(), l);
-  model::ParamLayout full(c);
+  model::ParamTable full(c);
   model::Params<float> params(full), local(full);
   model::init_params(params, 9);
   parallel::isp_scatter_params(local, params, parallel::isp_shard_plan(full, 2, grid.weight->rank()));
@@ -145,7 +145,7 @@ TEST(XtunerSpNp4, EndToEnd2D) {
   l.tensor_size = 4, l.tensor_mode = parallel::TensorMode::kIsp, l.weight_size = 4;
   l.seq2d = true, l.seq2d_head = 2, l.seq2d_context = 2, l.seq2d_balance = longtron::data::ContextBalance::kDocument;
   parallel::Grid grid = parallel::make_grid(world(), l);
-  model::ParamLayout full(c);
+  model::ParamTable full(c);
   model::Params<float> params(full), local(full);
   model::init_params(params, 9);
   parallel::isp_scatter_params(local, params, parallel::isp_shard_plan(full, 4, grid.weight->rank()));

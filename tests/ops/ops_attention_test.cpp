@@ -15,6 +15,7 @@
 #include "ops/threads.h"
 #include "fd_check.h"
 #include "ops/attention_add_dq.h"
+#include "ops/attention_plan.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
 
@@ -704,4 +705,27 @@ TEST_F(Attention, RejectsInconsistentShapes) {
   EXPECT_THROW(ops::varlen_attention_forward<double>(out.data(), lse.data(), in.q.data(),
                                                      in.k.data(), in.v.data(), s),
                longtron::Error);  // 2 heads not a multiple of 3 kv heads
+}
+
+// The attention arenas grow to the largest call and are reused: attention_arena_bytes() holds at
+// least the packed keys of a float forward, and a second call of the same shape allocates nothing.
+TEST_F(Attention, ArenasGrowOnceAndAreCounted) {
+  // One thread: with more, a worker that ran no item in the first call may grow its tiles later.
+  const int threads = longtron::num_threads();
+  longtron::set_num_threads(1);
+  const Case c{{0, 300, 700}, 4, 2, 32, false};
+  const Inputs<double> in = make_inputs(c, 3);
+  const std::vector<float> q(in.q.begin(), in.q.end()), k(in.k.begin(), in.k.end()),
+      v(in.v.begin(), in.v.end());
+  std::vector<float> out(static_cast<size_t>(c.tokens() * c.heads * c.d));
+  std::vector<float> lse(static_cast<size_t>(c.tokens() * c.heads));
+  const ops::AttentionShape s = c.shape();
+  ops::varlen_attention_forward<float>(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
+  const int64_t after_first = ops::detail::attention_arena_bytes();
+  // Packed Kᵀ and V: 2 · (key blocks · kv heads · head_dim · 64) floats at least.
+  const int64_t key_blocks = (300 + 63) / 64 + (400 + 63) / 64;
+  EXPECT_GE(after_first, int64_t(2 * key_blocks * c.kv_heads * c.d * 64 * sizeof(float)));
+  ops::varlen_attention_forward<float>(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
+  EXPECT_EQ(ops::detail::attention_arena_bytes(), after_first);
+  longtron::set_num_threads(threads);
 }

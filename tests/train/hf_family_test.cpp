@@ -133,7 +133,7 @@ TEST(HfFamily, Qwen2TiedGolden) { expect_golden("qwen2_tied", "qwen2"); }
 TEST(HfFamily, TiedLayoutHasOneTensor) {
   const train::LoadedModel tied = train::load_model_dir(kFixture.parent_path() / "qwen2_tied");
   const train::LoadedModel plain = train::load_model_dir(kFixture.parent_path() / "qwen2_golden");
-  const model::ParamLayout& t = *tied.layout;
+  const model::ParamTable& t = *tied.layout;
   ASSERT_TRUE(t.config().tie_word_embeddings);
   EXPECT_EQ(t.output, t.tok_embeddings);
   EXPECT_EQ(t.find("output.weight"), -1);
@@ -238,7 +238,7 @@ TEST(HfFamily, DetectsTypeAndPassesUnusedKeysThrough) {
 
 TEST(HfFamily, LlamaNamesSplitGroupedWqkv) {
   model::ModelConfig c = model::read_hf_config(kFixture);
-  const model::ParamLayout layout(c);
+  const model::ParamTable layout(c);
   const auto list = model::hf_tensors(layout);
   std::map<std::string, model::HfTensor> by_name;
   for (const auto& t : list) by_name[t.name] = t;
@@ -306,9 +306,9 @@ TEST(HfFamily, LlamaMlpBiasNamesAndConfig) {
   cfg["mlp_bias"] = true;
   const model::ModelConfig c = model::from_hf_config(cfg, "c.json");
   EXPECT_TRUE(c.mlp_bias);
-  const model::ParamLayout layout(c);
+  const model::ParamTable layout(c);
   const model::ModelConfig plain_config = model::read_hf_config(kFixture);
-  const model::ParamLayout plain(plain_config);
+  const model::ParamTable plain(plain_config);
   const int64_t F = c.ffn_size(), H = c.hidden_size;
   EXPECT_EQ(layout.numel() - plain.numel(), c.num_layers * (2 * F + H));
   std::map<std::string, std::vector<int64_t>> shapes;

@@ -47,7 +47,7 @@ TEST(MemoryPlan, ActivationsAreTheModelsWorkspace) {
       train::MemoryPlanInputs in;
       in.bf16 = bf16;
       const train::MemoryPlan plan = train::plan_memory(c, in);
-      const model::ParamLayout layout(c.model);
+      const model::ParamTable layout(c.model);
       model::Params<float> params(layout), grads(layout);
       model::init_params(params, 1);
       model::InternLM2<float> m(layout, params);

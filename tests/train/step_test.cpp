@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "core/error.h"
 #include "model/model_testing.h"
 #include "modes/engine.h"
 #include "parallel/layout.h"
@@ -61,6 +62,22 @@ TEST(TrainStep, CountsAndTheGradientHookBeforeClipping) {
   const double after = std::sqrt(train::squared_norm(d.engine.grads().data(), size_t(d.engine.grads().numel())));
   EXPECT_NEAR(after, r.grad_norm * 1e-3 / (r.grad_norm + 1e-6), 1e-6 * after);
   EXPECT_EQ(d.adam.step(), 1);
+}
+
+// grad_norm needs finish_gradients after the last forward_backward (before it a rank would hold
+// partial sums): the engine says so instead of returning a wrong norm.
+TEST(TrainStep, GradNormBeforeFinishGradientsIsAnError) {
+  Dense d;
+  const auto rows = two_rows();
+  d.engine.zero_grads();
+  d.engine.forward_backward(rows[0], 0.1);
+  EXPECT_THROW(d.engine.grad_norm(), Error);
+  d.engine.finish_gradients();
+  EXPECT_GT(d.engine.grad_norm(), 0.0);
+  d.engine.forward_backward(rows[1], 0.1);
+  EXPECT_THROW(d.engine.grad_norm(), Error);
+  d.engine.zero_grads();
+  EXPECT_THROW(d.engine.grad_norm(), Error);
 }
 
 TEST(TrainStep, LossIsTheTokenWeightedMeanOfTheRows) {

@@ -58,7 +58,7 @@ class MaskedFeatures {
   ~MaskedFeatures() { unsetenv(ops::kCpuFeaturesMaskEnv); }
 };
 
-std::vector<float> read_all(const fs::path& dir, const model::ParamLayout& layout) {
+std::vector<float> read_all(const fs::path& dir, const model::ParamTable& layout) {
   safetensors::Reader r(dir);
   std::vector<float> all;
   for (const auto& v : layout.views()) {
@@ -95,7 +95,7 @@ TEST(TrainerBf16, FirstStepLossAndGradientsNearFp32) {
   train::TrainSummary runs[2];
   std::vector<float> grads[2];
   const char* dtypes[2] = {"float32", "bfloat16"};
-  const model::ParamLayout layout(s.config().model);
+  const model::ParamTable layout(s.config().model);
   for (int k = 0; k < 2; ++k) {
     auto o = quiet();
     o.dump_grads = s.dir / dtypes[k];

@@ -115,7 +115,7 @@ TEST(Trainer, MicroMeanStepLossIsTheMeanOfMicroBatchMeans) {
   auto c = t.config({"train.total_steps=1", "lr_scheduler.warmup_steps=0", "train.loss_reduction=micro_mean"});
   const auto s = train_run(c, quiet());
   // Recompute step 1's loss from the same initial model and batches.
-  model::ParamLayout layout(c.model);
+  model::ParamTable layout(c.model);
   model::Params<float> params(layout);
   model::init_params(params, static_cast<uint64_t>(c.train.seed));
   model::InternLM2<float> m(layout, params);
@@ -142,7 +142,7 @@ TEST(Trainer, DumpGradsMatchesFiniteDifferencesOfTheStepLoss) {
   o.dump_grads = t.dir / "grads";
   train_run(c, o);
   safetensors::Reader grads(o.dump_grads);
-  model::ParamLayout layout(c.model);
+  model::ParamTable layout(c.model);
   model::Params<float> params(layout);
   model::init_params(params, static_cast<uint64_t>(c.train.seed));
   model::InternLM2<float> m(layout, params);
@@ -173,7 +173,7 @@ TEST(Trainer, InitFromBf16AndShardedFolders) {
   Tiny t;
   auto c = t.config({"train.total_steps=1", "lr_scheduler.warmup_steps=0"});
   // An HF folder: config.json + bf16 weights in shards of at most 8 KiB.
-  model::ParamLayout layout(c.model);
+  model::ParamTable layout(c.model);
   model::Params<float> params(layout);
   model::init_params(params, 77);
   const fs::path hf = t.dir / "hf";

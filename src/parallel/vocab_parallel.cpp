@@ -1,6 +1,6 @@
-// Tensor-parallel layers (see layers.h): vocab-parallel cross-entropy, the hidden-split and the
+// Tensor-parallel layers (see vocab_parallel.h): vocab-parallel cross-entropy, the hidden-split and the
 // vocab-parallel embedding.
-#include "parallel/layers.h"
+#include "parallel/vocab_parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +13,7 @@
 #include "ops/fast_math.h"
 #include "ops/ops.h"
 #include "parallel/mappings.h"
+#include "ops/threads.h"
 
 namespace longtron::parallel {
 
@@ -119,7 +120,7 @@ void split_hidden_embedding_backward(float* dtable, const float* dout, const int
 
 void vocab_parallel_embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N,
                                       int64_t H, int64_t vocab_start, int64_t V_local) {
-#pragma omp parallel for schedule(static) if (N * H > 65536)
+#pragma omp parallel for schedule(static) if (N * H > kParallelMinWorkLarge)
   for (int64_t n = 0; n < N; ++n) {
     const int64_t local = int64_t(ids[n]) - vocab_start;
     float* row = out + n * H;
@@ -132,7 +133,7 @@ void vocab_parallel_embedding_backward(float* dtable, const float* dout, const i
                                        int64_t N, int64_t H, int64_t vocab_start, int64_t V_local) {
   // Repeated ids add into one row: threads split the hidden dim (ops::embedding_backward's rule).
   const int64_t blocks = (H + 63) / 64;
-#pragma omp parallel for schedule(static) if (N * H > 65536)
+#pragma omp parallel for schedule(static) if (N * H > kParallelMinWorkLarge)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t begin = b * 64, end = std::min(begin + 64, H);
     for (int64_t n = 0; n < N; ++n) {
