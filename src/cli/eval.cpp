@@ -51,7 +51,7 @@ bool config_bool(const nlohmann::json& config, const char* key, bool fallback) {
 
 int eval_on(const EvalOptions& o, const comm::CommPtr& world) {
   set_num_threads(o.threads, world->size() > 1 ? comm::ranks_on_node() : 1);
-  train::LoadedModel m = train::load_model_dir(o.checkpoint);
+  train::LoadedModel m = train::load_model_dir(o.checkpoint, /*read_weights=*/false);
   const ops::ComputeTypeScope precision(train::loaded_compute_type(m, o.dtype));
   data::PackConfig pack;
   pack.seq_len = o.seq_len > 0 ? o.seq_len : config_int(m.train_config, "seq_len");

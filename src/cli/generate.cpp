@@ -122,7 +122,7 @@ int run_generate(const GenerateOptions& o) {
   check(o.max_new_tokens >= 0, "generate: --max-new-tokens must be >= 0, got {}", o.max_new_tokens);
   check(o.top_p > 0 && o.top_p <= 1, "generate: --top-p must be in (0, 1], got {}", o.top_p);
   set_num_threads(o.threads);
-  train::LoadedModel m = train::load_model_dir(o.checkpoint);
+  train::LoadedModel m = train::load_model_dir(o.checkpoint, /*read_weights=*/false);
   const ops::ComputeTypeScope precision(train::loaded_compute_type(m, o.dtype));
   // One process: the engine's dense mode (the one way into the model).
   const auto engine = train::load_into_engine(
