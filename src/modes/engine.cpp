@@ -100,14 +100,15 @@ ParallelEngine::ParallelEngine(const model::ModelConfig& config, const Grid& gri
   for (int v = 0; v < plan_.num_views(); ++v)
     if (!plan_.tensor(v).splits.empty())
       largest_split = std::max(largest_split, full_.view(v).numel);
+  // Each tensor has its own generator: the unsplit ones are drawn on the compute threads at once.
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int v = 0; v < plan_.num_views(); ++v)
+    if (plan_.tensor(v).splits.empty()) model::init_tensor(params_.ptr(v), full_.view(v), v, seed);
   ZeroedBuffer<float> buffer(static_cast<size_t>(largest_split));
   for (int v = 0; v < plan_.num_views(); ++v) {
-    if (plan_.tensor(v).splits.empty()) {
-      model::init_tensor(params_.ptr(v), full_.view(v), v, seed);
-    } else {
-      model::init_tensor(buffer.data(), full_.view(v), v, seed);
-      plan_.slice(params_.ptr(v), buffer.data(), v);
-    }
+    if (plan_.tensor(v).splits.empty()) continue;
+    model::init_tensor(buffer.data(), full_.view(v), v, seed);
+    plan_.slice(params_.ptr(v), buffer.data(), v);
   }
 }
 

@@ -486,10 +486,15 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     summary.valid.emplace_back(step, v);
     if (run.metrics) run.metrics->valid({step, v});
   };
+  if (rank0) fmt::print(stderr, "train: start-up took {:.1f} s\n", elapsed());
   const auto t0 = std::chrono::steady_clock::now();
-  if (start == 0) valid(0);
-  if (rank0)
-    fmt::print(stderr, "train: start-up took {:.1f} s; step {} begins\n", elapsed(), start + 1);
+  if (start == 0) {
+    if (rank0 && run.valid_rows)
+      fmt::print(stderr, "train: validating at step 0 ({})\n",
+                 count_of(run.valid_rows->num_rows(), "row"));
+    valid(0);
+  }
+  if (rank0) fmt::print(stderr, "train: step {} begins after {:.1f} s\n", start + 1, elapsed());
   const int64_t total = config.train.total_steps;
   int64_t skipped_in_a_row = 0;
   for (int64_t step = start + 1; step <= total; ++step) {
