@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <exception>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -212,6 +213,32 @@ parallel::ShardPlan::Block rows_block(const model::ParamView& full_view, paralle
   return b;
 }
 
+/// file.read_block on the compute threads, in chunks of about 2^20 values (the first write of
+/// fresh pages, the conversion): the values, and the error of the lowest chunk with a non-finite
+/// element, are those of one call.
+void read_block_parallel(const st::File& file, const std::string& name, int64_t row0, int64_t rows,
+                         int64_t col0, int64_t cols, float* out) {
+  const int64_t per = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(cols, 1));
+  const int64_t tasks = (rows + per - 1) / per;
+  if (tasks <= 1) {
+    file.read_block(name, row0, rows, col0, cols, out);
+    return;
+  }
+  std::exception_ptr error;
+  int64_t error_task = tasks;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t r = t * per, n = std::min(per, rows - r);
+    try {
+      file.read_block(name, row0 + r, n, col0, cols, out + r * cols);
+    } catch (...) {
+#pragma omp critical(longtron_read_block_error)
+      if (t < error_task) error_task = t, error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
 /// Decodes the tensors of `layout`'s family from `reader` (names prefixed by `prefix`) into
 /// `local`: view v receives block(v) of the full view. Each HF tensor is checked against its full
 /// shape, and only the rows and columns of the block are read. `progress` (may be null) counts
@@ -233,8 +260,8 @@ void fill_blocks(const st::Reader& reader, const std::string& prefix,
     for (const auto& [first, count] : t.rows) {
       const int64_t lo = std::max(first, b.row0), hi = std::min(first + count, b.row0 + b.rows);
       if (lo < hi)
-        file.read_block(name, hf_row + (lo - first), hi - lo, b.col0, b.cols,
-                        out + (lo - b.row0) * b.cols);
+        read_block_parallel(file, name, hf_row + (lo - first), hi - lo, b.col0, b.cols,
+                            out + (lo - b.row0) * b.cols);
       hf_row += count;
     }
     if (wanted) wanted->insert(name);

@@ -155,6 +155,40 @@ TEST(LoadShards, ReadBlockNamesANonFiniteElement) {
   }
 }
 
+// A tensor of more than 2^20 values is decoded in chunks on the compute threads: the same values
+// as one read of the whole tensor, and of two non-finite elements the first is reported.
+TEST(LoadShards, LargeTensorsDecodeInChunksLikeOneRead) {
+  testing::TempDir dir;
+  model::ModelConfig config = small_llama();
+  config.vocab_size = 40000;  // embedding and head: 1.28M values each, two chunks
+  write_folder(dir / "hf", config, 9, st::DType::BF16);
+  const model::ParamLayout layout(config);
+  model::Params<float> loaded(layout);
+  train::load_hf_model(dir / "hf", loaded);
+  const st::Reader reader(dir / "hf");
+  const std::vector<float> whole = reader.file_of("model.embed_tokens.weight").read_floats("model.embed_tokens.weight");
+  ASSERT_EQ(int64_t(whole.size()), layout.view(layout.tok_embeddings).numel);
+  EXPECT_EQ(std::memcmp(whole.data(), loaded.ptr(layout.tok_embeddings), whole.size() * 4), 0);
+
+  model::Params<float> bad(layout);
+  model::init_params(bad, 9);
+  const int64_t first = 500000, second = 1250000;  // in the first chunk and in the second
+  bad.ptr(layout.tok_embeddings)[second] = std::numeric_limits<float>::quiet_NaN();
+  bad.ptr(layout.tok_embeddings)[first] = std::numeric_limits<float>::infinity();
+  const train::HfTensors named = train::hf_named_tensors(bad);
+  std::vector<st::WriteTensor> tensors;
+  for (const auto& t : named.tensors) tensors.push_back({t.name, t.shape, st::DType::F32, t.data, nullptr});
+  fs::create_directories(dir / "bad");
+  model::write_hf_config(dir / "bad" / "config.json", config);
+  st::write_file(dir / "bad" / "model.safetensors", tensors);
+  try {
+    train::load_hf_model(dir / "bad", loaded);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("element 500000 is inf"), std::string::npos) << e.what();
+  }
+}
+
 // Not on a terminal, a progress report is its start and end lines only, however many updates.
 TEST(LoadShards, ProgressOffATerminalPrintsStartAndEndOnly) {
   ::testing::internal::CaptureStderr();
