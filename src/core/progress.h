@@ -38,6 +38,10 @@ class Progress {
   std::chrono::steady_clock::time_point start_, last_draw_{};
 };
 
+/// Reading or writing fewer bytes than this takes about a second or less: loads and saves of such
+/// sizes show no progress lines (a small model's eval or generate prints only its result).
+inline constexpr int64_t kProgressMinBytes = int64_t{256} << 20;
+
 /// True when stderr is a terminal.
 bool stderr_is_tty();
 

@@ -553,7 +553,8 @@ void write_file(const fs::path& path, const std::vector<WriteTensor>& tensors,
     const uint64_t n = text.size();
     out.write(reinterpret_cast<const char*>(&n), 8);
     out.write(text.data(), std::streamsize(text.size()));
-    Progress progress(progress_label, static_cast<int64_t>(offset), "bytes", !progress_label.empty());
+    Progress progress(progress_label, static_cast<int64_t>(offset), "bytes",
+                      !progress_label.empty() && offset >= uint64_t(kProgressMinBytes));
     uint64_t written = 0;
     for (size_t i = 0; i < tensors.size(); ++i) {
       write_data(out, tensors[i], sizes[i]);

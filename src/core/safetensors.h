@@ -161,7 +161,8 @@ struct WriteTensor {
 /// the given order; the header is padded with spaces to a multiple of 8 bytes (as the reference
 /// writer does). Throws Error on duplicate or empty names, a null source, an impossible
 /// conversion, a negative dimension, or an I/O failure (naming the file). A non-empty
-/// `progress_label` shows the write's progress on stderr under that label (core/progress.h).
+/// `progress_label` shows the write's progress on stderr under that label (core/progress.h) when
+/// the data is kProgressMinBytes or more.
 void write_file(const std::filesystem::path& path, const std::vector<WriteTensor>& tensors,
                 const std::map<std::string, std::string>& metadata = {},
                 const std::string& progress_label = "");

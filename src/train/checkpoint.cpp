@@ -315,7 +315,8 @@ void fill_shards(const st::Reader& reader, const std::string& what,
                  const parallel::ShardPlan& plan, std::set<std::string>* wanted, bool show) {
   uint64_t total = 0;
   for (const auto& [prefix, _] : targets) total += shard_bytes(reader, prefix, plan);
-  Progress progress(what, static_cast<int64_t>(total), "bytes", show);
+  Progress progress(what, static_cast<int64_t>(total), "bytes",
+                    show && total >= uint64_t(kProgressMinBytes));
   const uint64_t decoded = reader.bytes_decoded();
   const auto block_of = [&plan](int v) { return plan.block(v); };
   for (const auto& [prefix, local] : targets) {
@@ -334,7 +335,8 @@ void load_hf_model(const fs::path& path, model::Params<float>& full, bool progre
   uint64_t bytes = 0;
   for (const auto& t : model::hf_tensors(full.layout()))
     if (reader.contains(t.name)) bytes += reader.info(t.name).end - reader.info(t.name).begin;
-  Progress shown("loading " + path.string(), static_cast<int64_t>(bytes), "bytes", progress);
+  Progress shown("loading " + path.string(), static_cast<int64_t>(bytes), "bytes",
+                 progress && bytes >= uint64_t(kProgressMinBytes));
   fill_hf(reader, "", full, &wanted, &shown);
   shown.finish();
   check_no_extra(reader, path, full.layout(), wanted);

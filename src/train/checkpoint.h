@@ -104,7 +104,7 @@ HfTensors hf_named_tensors(const model::Params<float>& full, const std::string& 
 /// Fills a full-model buffer from `path` (a step folder, an HF folder or a .safetensors file) by
 /// the names of the model's family. Throws Error naming the path and tensor when a tensor is
 /// missing or mis-shaped, and naming the first tensor of the file that the model does not have.
-/// With `progress`, a progress line on stderr (core/progress.h).
+/// With `progress`, a progress line on stderr for kProgressMinBytes or more (core/progress.h).
 void load_hf_model(const std::filesystem::path& path, model::Params<float>& full,
                    bool progress = false);
 
@@ -112,7 +112,8 @@ void load_hf_model(const std::filesystem::path& path, model::Params<float>& full
 /// instead of a full buffer: each tensor's block is decoded once from the memory-mapped file
 /// straight into its place (bf16/f16 converted on the way), and under a sharded layout a rank
 /// reads only its own rows and columns. No full-model buffer is allocated. With `progress`, a
-/// progress line on stderr (core/progress.h; pass it on rank 0 only). Returns the bytes decoded.
+/// progress line on stderr when the rank reads kProgressMinBytes or more (core/progress.h; pass
+/// it on rank 0 only). Returns the bytes decoded.
 uint64_t load_hf_shards(const std::filesystem::path& path, const parallel::ShardPlan& plan,
                         model::Params<float>& local, bool progress = false);
 

@@ -330,6 +330,10 @@ void report_skip(const TrainRow& row, int64_t in_a_row, int64_t max_in_a_row, bo
 
 namespace {
 
+/// About the launch of the process (static initialisation, before main): start-up times count
+/// from here.
+const std::chrono::steady_clock::time_point g_process_start = std::chrono::steady_clock::now();
+
 /// The fewest ranks `layout` runs on: the tensor group, and under ISP also the weight group.
 int fewest_ranks(const parallel::Layout& l) {
   const int tp = l.tp();
@@ -403,9 +407,8 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
       "building the model and reading the data (planned peak {} per rank)", format_bytes(plan.peak_bytes)));
   // Start lines of the start-up's phases (rank 0), so a large model does not wait in silence.
   const bool rank0 = grid.world_rank == 0;
-  const auto t_launch = std::chrono::steady_clock::now();
-  const auto elapsed = [&t_launch] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_launch).count();
+  const auto elapsed = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - g_process_start).count();
   };
   if (rank0)
     fmt::print(stderr, "train: building the model ({} parameters, {}) and reading the data "
