@@ -40,7 +40,7 @@ struct EvalOptions {
 
 int eval_on(const EvalOptions& o, const comm::CommPtr& world) {
   set_num_threads(o.compute.threads, world->size() > 1 ? comm::ranks_on_node() : 1);
-  train::LoadedModel m = train::load_model_dir(o.checkpoint);
+  train::LoadedModel m = train::load_model_dir(o.checkpoint, /*read_weights=*/false);
   const ops::ComputeTypeScope precision(train::loaded_compute_type(m, o.compute.dtype));
   // The run's data.* keys from its saved config, through the config's own key table (a Hugging
   // Face folder has none: the defaults).

@@ -77,7 +77,8 @@ int run_export(const ExportOptions& o) {
     std::vector<safetensors::WriteTensor> tensors;
     const auto dtype = bf16 ? safetensors::DType::BF16 : safetensors::DType::F32;
     for (const auto& t : named.tensors) tensors.push_back({t.name, t.shape, dtype, t.data, nullptr});
-    safetensors::write_file(tmp / "model.safetensors", tensors, {{"format", "pt"}});
+    safetensors::write_file(tmp / "model.safetensors", tensors, {{"format", "pt"}},
+                            "writing " + (out / "model.safetensors").string());
     copied = train::copy_tokenizer_files(m.dir, tmp);
     if (!m.tokenizer.empty())
       for (const fs::path& file : data::tokenizer_file_set(m.tokenizer))

@@ -133,7 +133,7 @@ int run_generate(const GenerateOptions& o) {
   check(std::isfinite(o.temperature) && o.temperature >= 0,
         "generate: --temperature must be a finite number >= 0 (0 = greedy), got {}", o.temperature);
   set_num_threads(o.compute.threads);
-  train::LoadedModel m = train::load_model_dir(o.checkpoint);
+  train::LoadedModel m = train::load_model_dir(o.checkpoint, /*read_weights=*/false);
   const ops::ComputeTypeScope precision(train::loaded_compute_type(m, o.compute.dtype));
   // One process: the engine's dense mode (the one way into the model).
   const auto engine = train::load_into_engine(

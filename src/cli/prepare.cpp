@@ -76,8 +76,9 @@ std::vector<std::vector<int32_t>> encode_with_progress(const data::Tokenizer& to
     }
     progress.update(done_bytes, fmt::format("{:.0f} tokens/s", tokens / std::max(1e-9, seconds_since(start))));
   }
-  progress.finish(fmt::format("{}, {}", count_of(static_cast<int64_t>(documents.size()), "document"),
-                              count_of(tokens, "token")));
+  progress.finish(fmt::format("{}, {}, {:.0f} tokens/s",
+                              count_of(static_cast<int64_t>(documents.size()), "document"),
+                              count_of(tokens, "token"), tokens / std::max(1e-9, seconds_since(start))));
   return out;
 }
 

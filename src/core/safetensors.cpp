@@ -9,6 +9,8 @@
 #include <bit>
 #include <cerrno>
 #include <cmath>
+#include <climits>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -18,6 +20,7 @@
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/io_error.h"
+#include "core/progress.h"
 #include "core/shorten.h"
 
 static_assert(std::endian::native == std::endian::little, "safetensors reading assumes little endian");
@@ -275,6 +278,46 @@ T load(const uint8_t* p, size_t i) {
 }
 }  // namespace
 
+namespace {
+// Decodes n floating values of `dtype` at p into out. Returns the index of the first value that
+// is not finite after conversion, or n. `dtype` is a floating type.
+size_t decode(DType dtype, const uint8_t* p, size_t n, float* out) {
+  uint32_t bad = 0;
+  switch (dtype) {
+    case DType::F32:
+      if (n > 0) std::memcpy(out, p, n * 4);  // an empty tensor's buffer may be null
+      for (size_t i = 0; i < n; ++i) bad |= (std::bit_cast<uint32_t>(out[i]) & 0x7F800000u) == 0x7F800000u;
+      break;
+    case DType::BF16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t b = load<uint16_t>(p, i);
+        out[i] = bf16_to_float(b);
+        bad |= (b & 0x7F80u) == 0x7F80u;  // exponent all ones: inf or NaN
+      }
+      break;
+    case DType::F16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t h = load<uint16_t>(p, i);
+        out[i] = f16_to_float(h);
+        bad |= (h & 0x7C00u) == 0x7C00u;
+      }
+      break;
+    case DType::F64:
+      for (size_t i = 0; i < n; ++i) {
+        out[i] = float(load<double>(p, i));
+        bad |= (std::bit_cast<uint32_t>(out[i]) & 0x7F800000u) == 0x7F800000u;
+      }
+      break;
+    default:
+      break;
+  }
+  if (!bad) return n;
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(out[i])) return i;
+  return n;
+}
+}  // namespace
+
 void File::read_floats(const std::string& name, std::span<const int64_t> expected_shape, float* out,
                        bool check_shape) const {
   const TensorInfo& t = info(name);
@@ -282,26 +325,37 @@ void File::read_floats(const std::string& name, std::span<const int64_t> expecte
     check(std::equal(t.shape.begin(), t.shape.end(), expected_shape.begin(), expected_shape.end()),
           "{}: tensor {} has shape {} but the model expects {}", path_.string(), name,
           shape_string(t.shape), shape_string(expected_shape));
-  const uint8_t* p = map_ + data_start_ + t.begin;
-  const size_t n = size_t(t.numel());
-  switch (t.dtype) {
-    case DType::F32:
-      if (n > 0) std::memcpy(out, p, n * 4);  // an empty tensor's buffer may be null
-      break;
-    case DType::BF16:
-      for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(load<uint16_t>(p, i));
-      break;
-    case DType::F16:
-      for (size_t i = 0; i < n; ++i) out[i] = f16_to_float(load<uint16_t>(p, i));
-      break;
-    case DType::F64:
-      for (size_t i = 0; i < n; ++i) out[i] = float(load<double>(p, i));
-      break;
-    default:
-      fail("{}: tensor {} has dtype {}, expected a floating type (F32, BF16, F16, F64)",
-           path_.string(), name, dtype_name(t.dtype));
+  read_block(name, 0, t.shape.empty() ? 1 : t.shape[0], 0,
+             t.shape.empty() || t.shape[0] == 0 ? 1 : t.numel() / t.shape[0], out);
+}
+
+void File::read_block(const std::string& name, int64_t row0, int64_t rows, int64_t col0,
+                      int64_t cols, float* out) const {
+  const TensorInfo& t = info(name);
+  check(t.dtype == DType::F32 || t.dtype == DType::BF16 || t.dtype == DType::F16 ||
+            t.dtype == DType::F64,
+        "{}: tensor {} has dtype {}, expected a floating type (F32, BF16, F16, F64)",
+        path_.string(), name, dtype_name(t.dtype));
+  const int64_t all_rows = t.shape.empty() ? 1 : t.shape[0];
+  const int64_t row_len = all_rows == 0 ? 0 : t.numel() / all_rows;
+  check(row0 >= 0 && rows >= 0 && col0 >= 0 && cols >= 0 && row0 + rows <= all_rows &&
+            (rows == 0 || cols == 0 || col0 + cols <= row_len),
+        "{}: tensor {} {}: block rows [{}, {}) × columns [{}, {}) lies outside it", path_.string(),
+        name, shape_string(t.shape), row0, row0 + rows, col0, col0 + cols);
+  const size_t es = dtype_size(t.dtype);
+  const uint8_t* base = map_ + data_start_ + t.begin;
+  const bool whole_rows = col0 == 0 && cols == row_len;  // one contiguous run
+  const int64_t runs = whole_rows ? (rows > 0 ? 1 : 0) : rows;
+  const int64_t run_len = whole_rows ? rows * cols : cols;
+  for (int64_t r = 0; r < runs; ++r) {
+    const int64_t first = (row0 + r) * row_len + col0;  // element index in the tensor
+    const size_t n = size_t(run_len);
+    const size_t bad = decode(t.dtype, base + size_t(first) * es, n, out + r * run_len);
+    if (bad < n)
+      fail("{}: tensor {} element {} is {} (not finite: a corrupt or diverged checkpoint)",
+           path_.string(), shorten(name), first + int64_t(bad), double(out[r * run_len + int64_t(bad)]));
+    decoded_ += n * es;
   }
-  check_finite(out, n, name);
 }
 
 template <typename T>
@@ -402,6 +456,18 @@ std::vector<std::string> Reader::names() const {
 
 bool Reader::contains(const std::string& name) const { return where_.count(name) > 0; }
 
+uint64_t Reader::bytes_decoded() const {
+  uint64_t n = 0;
+  for (const auto& f : files_) n += f->bytes_decoded();
+  return n;
+}
+
+uint64_t Reader::data_bytes() const {
+  uint64_t n = 0;
+  for (const auto& f : files_) n += f->data_bytes();
+  return n;
+}
+
 const File& Reader::file_of(const std::string& name) const {
   auto it = where_.find(name);
   check(it != where_.end(), "{}: no tensor {}", path_.string(), name);
@@ -451,7 +517,8 @@ void write_data(std::ofstream& out, const WriteTensor& t, uint64_t bytes) {
 }  // namespace
 
 void write_file(const fs::path& path, const std::vector<WriteTensor>& tensors,
-                const std::map<std::string, std::string>& metadata) {
+                const std::map<std::string, std::string>& metadata,
+                const std::string& progress_label) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<uint64_t> sizes;
@@ -477,8 +544,15 @@ void write_file(const fs::path& path, const std::vector<WriteTensor>& tensors,
     const uint64_t n = text.size();
     out.write(reinterpret_cast<const char*>(&n), 8);
     out.write(text.data(), std::streamsize(text.size()));
-    for (size_t i = 0; i < tensors.size(); ++i) write_data(out, tensors[i], sizes[i]);
+    Progress progress(progress_label, static_cast<int64_t>(offset), "bytes",
+                      !progress_label.empty() && offset >= uint64_t(kProgressMinBytes));
+    uint64_t written = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      write_data(out, tensors[i], sizes[i]);
+      progress.update(static_cast<int64_t>(written += sizes[i]));
+    }
     out.close();
+    progress.finish();
     check(out.good(), "{}: write failed ({})", path.string(), io_error_text());
   });
 }

@@ -6,6 +6,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -83,6 +84,19 @@ class File {
   /// float), naming the tensor and the element's index.
   void read_floats(const std::string& name, std::span<const int64_t> expected_shape, float* out,
                    bool check_shape = true) const;
+  /// Decodes the block rows [row0, row0 + rows) × columns [col0, col0 + cols) of a F32/BF16/F16/
+  /// F64 tensor seen as a matrix of shape[0] rows of numel / shape[0] values (a 1-D tensor: rows of
+  /// one value; a scalar: one row) into out[rows × cols], row-major: one shard of a tensor, read
+  /// from the mapping without decoding the rest. Throws Error naming the tensor when the block
+  /// lies outside it, for an integer dtype, and for a NaN or infinite element (naming its index
+  /// in the whole tensor).
+  void read_block(const std::string& name, int64_t row0, int64_t rows, int64_t col0, int64_t cols,
+                  float* out) const;
+  /// Bytes of tensor data decoded by read_floats and read_block so far (a load that reads each
+  /// tensor once decodes the file's data bytes once).
+  uint64_t bytes_decoded() const { return decoded_; }
+  /// Bytes of tensor data in the file (after the header).
+  uint64_t data_bytes() const { return size_ - data_start_; }
   /// Decodes a floating tensor to a new vector (no shape check).
   std::vector<float> read_floats(const std::string& name) const;
   /// Reads an I64/I32 tensor (any shape) as int64 values.
@@ -98,6 +112,7 @@ class File {
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t> index_;
   nlohmann::json metadata_ = nlohmann::json::object();
+  mutable std::atomic<uint64_t> decoded_{0};
 
   // Throws Error naming the tensor and index of the first non-finite of `n` values.
   template <typename T>
@@ -120,6 +135,9 @@ class Reader {
   /// The file that holds `name`; throws Error "<path>: no tensor <name>" when absent.
   const File& file_of(const std::string& name) const;
   const TensorInfo& info(const std::string& name) const { return file_of(name).info(name); }
+  /// Sum of the files' bytes_decoded() / data_bytes().
+  uint64_t bytes_decoded() const;
+  uint64_t data_bytes() const;
   /// As File::read_floats with a shape check.
   void read_floats(const std::string& name, std::span<const int64_t> expected_shape,
                    float* out) const;
@@ -143,9 +161,12 @@ struct WriteTensor {
 /// Writes one safetensors file atomically (temporary name, then rename). Tensors are laid out in
 /// the given order; the header is padded with spaces to a multiple of 8 bytes (as the reference
 /// writer does). Throws Error on duplicate or empty names, a null source, an impossible
-/// conversion, a negative dimension, or an I/O failure (naming the file).
+/// conversion, a negative dimension, or an I/O failure (naming the file). A non-empty
+/// `progress_label` shows the write's progress on stderr under that label (core/progress.h) when
+/// the data is kProgressMinBytes or more.
 void write_file(const std::filesystem::path& path, const std::vector<WriteTensor>& tensors,
-                const std::map<std::string, std::string>& metadata = {});
+                const std::map<std::string, std::string>& metadata = {},
+                const std::string& progress_label = "");
 
 /// Writes `tensors` as `<stem>-0000i-of-0000n.safetensors` shards of at most `max_shard_bytes` of
 /// data each (a larger tensor gets a shard of its own) plus `<stem>.safetensors.index.json` with

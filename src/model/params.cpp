@@ -155,7 +155,7 @@ ParamTable ParamTable::with_shapes(const std::vector<std::vector<int64_t>>& shap
 
 template <typename T>
 Params<T>::Params(const ParamTable& layout)
-    : layout_(&layout), data_(static_cast<size_t>(layout.numel()), T(0)) {}
+    : layout_(&layout), data_(static_cast<size_t>(layout.numel())) {}
 
 template <typename T>
 void Params<T>::zero() {
@@ -163,28 +163,32 @@ void Params<T>::zero() {
 }
 
 template <typename T>
+void init_tensor(T* p, const ParamView& v, int index, uint64_t seed) {
+  if (v.is_norm) { std::fill(p, p + v.numel, T(1)); return; }
+  if (v.is_bias || v.init_std == 0.0) { std::fill(p, p + v.numel, T(0)); return; }
+  std::mt19937_64 rng(splitmix64(seed + (static_cast<uint64_t>(index) + 1) * 0x9E3779B97F4A7C15ull));
+  const auto uniform = [&rng] { return static_cast<double>(rng() >> 11) * 0x1.0p-53; };
+  for (int64_t i = 0; i < v.numel; i += 2) {
+    const double u1 = uniform(), u2 = uniform();
+    const double r = std::sqrt(-2.0 * std::log(1.0 - u1));
+    const double a = 2.0 * std::numbers::pi * u2;
+    p[i] = static_cast<T>(v.init_std * r * std::cos(a));
+    if (i + 1 < v.numel) p[i + 1] = static_cast<T>(v.init_std * r * std::sin(a));
+  }
+}
+
+template <typename T>
 void init_params(Params<T>& params, uint64_t seed) {
   const auto& views = params.layout().views();
-  for (size_t k = 0; k < views.size(); ++k) {
-    const ParamView& v = views[k];
-    T* p = params.data() + v.offset;
-    if (v.is_norm) { std::fill(p, p + v.numel, T(1)); continue; }
-    if (v.is_bias || v.init_std == 0.0) { std::fill(p, p + v.numel, T(0)); continue; }
-    std::mt19937_64 rng(splitmix64(seed + (k + 1) * 0x9E3779B97F4A7C15ull));
-    const auto uniform = [&rng] { return static_cast<double>(rng() >> 11) * 0x1.0p-53; };
-    for (int64_t i = 0; i < v.numel; i += 2) {
-      const double u1 = uniform(), u2 = uniform();
-      const double r = std::sqrt(-2.0 * std::log(1.0 - u1));
-      const double a = 2.0 * std::numbers::pi * u2;
-      p[i] = static_cast<T>(v.init_std * r * std::cos(a));
-      if (i + 1 < v.numel) p[i + 1] = static_cast<T>(v.init_std * r * std::sin(a));
-    }
-  }
+  for (size_t k = 0; k < views.size(); ++k)
+    init_tensor(params.data() + views[k].offset, views[k], static_cast<int>(k), seed);
 }
 
 template class Params<float>;
 template class Params<double>;
 template void init_params<float>(Params<float>&, uint64_t);
 template void init_params<double>(Params<double>&, uint64_t);
+template void init_tensor<float>(float*, const ParamView&, int, uint64_t);
+template void init_tensor<double>(double*, const ParamView&, int, uint64_t);
 
 }  // namespace longtron::model

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/zeroed_buffer.h"
 #include "model/model_config.h"
 
 namespace longtron::model {
@@ -78,7 +79,9 @@ class ParamTable {
 };
 
 /// A flat buffer of T laid out by a ParamTable (parameters, gradients or optimizer moments).
-/// Zero-initialised. T is float (training) or double (finite-difference tests).
+/// Zero-initialised without being written (core/zeroed_buffer.h: the pages are zeroed at their
+/// first write), so a buffer that is loaded or drawn next costs one pass. T is float (training)
+/// or double (finite-difference tests).
 template <typename T>
 class Params {
  public:
@@ -101,7 +104,7 @@ class Params {
 
  private:
   const ParamTable* layout_;  // not owned; must outlive this object
-  std::vector<T> data_;
+  ZeroedBuffer<T> data_;
 };
 
 /// Fills `params` as InternEvo's init (docs/model.md): normal(0, view.init_std) for matrices, 1 for
@@ -112,6 +115,11 @@ class Params {
 /// cos(2πu₂), z₁ = r sin(2πu₂), used in that order; computed in double and rounded to T.
 template <typename T>
 void init_params(Params<T>& params, uint64_t seed);
+
+/// The values init_params gives view `index` of a layout, whose full view is `view`, written to
+/// out[view.numel] (one tensor of init_params: a sharded engine draws its tensors one at a time).
+template <typename T>
+void init_tensor(T* out, const ParamView& view, int index, uint64_t seed);
 
 /// splitmix64 (Steele, Lea & Flood 2014): the seed mixer of init_params.
 uint64_t splitmix64(uint64_t x);

@@ -1,6 +1,10 @@
 // The distributed engine (see engine.h): plan, ops, reductions and full-tensor import/export.
 #include "modes/engine.h"
 
+#include "data/context_split.h"
+#include "data/sequence_split.h"
+
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -93,10 +97,22 @@ ParallelEngine::ParallelEngine(const model::ModelConfig& config, const Grid& gri
                                uint64_t seed, int64_t packed_length)
     : ParallelEngine(config, grid, packed_length, Unfilled{}) {
   // Every rank draws the full tensors (init_params seeds each tensor on its own) and keeps its
-  // slices, so any layout starts from the one-process parameters.
-  model::Params<float> full(full_);
-  model::init_params(full, seed);
-  scatter_full(params_, full);
+  // slices, so any layout starts from the one-process parameters: an unsplit tensor is drawn in
+  // place, a split one into a buffer of its full size (one tensor at a time) and sliced.
+  int64_t largest_split = 0;
+  for (int v = 0; v < plan_.num_views(); ++v)
+    if (!plan_.tensor(v).splits.empty())
+      largest_split = std::max(largest_split, full_.view(v).numel);
+  // Each tensor has its own generator: the unsplit ones are drawn on the compute threads at once.
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int v = 0; v < plan_.num_views(); ++v)
+    if (plan_.tensor(v).splits.empty()) model::init_tensor(params_.ptr(v), full_.view(v), v, seed);
+  ZeroedBuffer<float> buffer(static_cast<size_t>(largest_split));
+  for (int v = 0; v < plan_.num_views(); ++v) {
+    if (plan_.tensor(v).splits.empty()) continue;
+    model::init_tensor(buffer.data(), full_.view(v), v, seed);
+    plan_.slice(params_.ptr(v), buffer.data(), v);
+  }
 }
 
 ParallelEngine::ParallelEngine(const model::ModelConfig& config, const Grid& grid,
@@ -176,8 +192,10 @@ void ParallelEngine::gather_full(model::Params<float>& full, const model::Params
   check(full.numel() == full_.numel() && local.numel() == local_.numel(),
         "gather_full: buffers of {} and {} elements, layouts of {} and {}", full.numel(),
         local.numel(), full_.numel(), local_.numel());
-  full.zero();
   for (int v = 0; v < plan_.num_views(); ++v) {
+    // A split view is assembled by sums over zero-padded copies; an unsplit one is overwritten.
+    if (!plan_.tensor(v).splits.empty())
+      std::fill(full.ptr(v), full.ptr(v) + full_.view(v).numel, 0.0f);
     plan_.unslice(full.ptr(v), local.ptr(v), v);
     // Every element is held by exactly one rank of each split group: summing the zero-padded
     // copies over each group in turn assembles the tensor on every rank.

@@ -123,6 +123,13 @@ class ParallelEngine {
   /// when `weights` is not over the layout of `config`.
   ParallelEngine(const model::ModelConfig& config, const Grid& grid,
                  const model::Params<float>& weights, int64_t packed_length = 0);
+  /// Tag of the constructor below.
+  struct Unfilled {};
+  /// Everything but the parameter values, which stay 0 (unwritten) for the caller to fill in
+  /// params() — loading a checkpoint straight into this rank's shards (train::load_hf_shards): no
+  /// full model is drawn or held. Collective over the grid's world.
+  ParallelEngine(const model::ModelConfig& config, const Grid& grid, int64_t packed_length,
+                 Unfilled);
   ~ParallelEngine();
   ParallelEngine(const ParallelEngine&) = delete;
   ParallelEngine& operator=(const ParallelEngine&) = delete;
@@ -171,10 +178,6 @@ class ParallelEngine {
 
  private:
   ModeContext context() const { return ModeContext{full_, local_, plan_, grid_}; }
-  /// Everything but the parameter values (the public constructors fill them).
-  struct Unfilled {};
-  ParallelEngine(const model::ModelConfig& config, const Grid& grid,
-                 int64_t packed_length, Unfilled);
 
   Grid grid_;  // validated against the model first (initialiser order matters)
   std::string mode_;

@@ -101,6 +101,11 @@ Box box_of(const std::vector<int64_t>& shape, const TensorPlan& t) {
 
 }  // namespace
 
+ShardPlan::Block ShardPlan::block(int view) const {
+  const Box b = box_of(full_->view(view).shape, tensor(view));
+  return Block{b.r0, b.rows, b.c0, b.cols, b.full_cols};
+}
+
 void ShardPlan::slice(float* local, const float* full, int view) const {
   const Box b = box_of(full_->view(view).shape, tensor(view));
   for (int64_t r = 0; r < b.rows; ++r)

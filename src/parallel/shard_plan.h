@@ -69,6 +69,13 @@ class ShardPlan {
   /// Local shape of view `view`.
   std::vector<int64_t> local_shape(int view) const;
 
+  /// The part of view `view` this rank holds, as a block of the full tensor seen as a matrix of
+  /// `full_cols` columns (a 1-D tensor is one row): rows [row0, row0 + rows) × columns
+  /// [col0, col0 + cols), stored row-major (rows × cols) in the local buffer.
+  struct Block {
+    int64_t row0 = 0, rows = 1, col0 = 0, cols = 1, full_cols = 1;
+  };
+  Block block(int view) const;
   /// local[local numel] = this rank's part of full[full numel] of view `view` (1-D or 2-D).
   void slice(float* local, const float* full, int view) const;
   /// Writes local into its place in full (other elements untouched).

@@ -2,8 +2,10 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <exception>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -12,10 +14,12 @@
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/io_error.h"
+#include "core/progress.h"
 #include "core/safetensors.h"
 #include "core/shorten.h"
 #include "model/hf_config.h"
 #include "model/hf_names.h"
+#include "parallel/shard_plan.h"
 
 namespace longtron::train {
 namespace fs = std::filesystem;
@@ -162,13 +166,16 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointData& d) {
   const std::map<std::string, std::string> meta = {{"format", "pt"}};
   write_atomically(dir, [&](const fs::path& tmp) {
     fs::create_directory(tmp);
-    st::write_file(tmp / "model.safetensors", as_f32(d.params, "", "model"), meta);
+    // Progress lines name the final folder (the temporary one is renamed to it).
+    st::write_file(tmp / "model.safetensors", as_f32(d.params, "", "model"), meta,
+                   d.progress ? "saving " + (dir / "model.safetensors").string() : "");
     if (with_optimizer) {
       auto tensors = as_f32(d.adam_m, kAdamM, "adam_m");
       auto v = as_f32(d.adam_v, kAdamV, "adam_v");
       tensors.insert(tensors.end(), v.begin(), v.end());
       tensors.push_back({kAdamStep, {}, st::DType::I64, nullptr, &d.adam_step});
-      st::write_file(tmp / "optimizer.safetensors", tensors, meta);
+      st::write_file(tmp / "optimizer.safetensors", tensors, meta,
+                     d.progress ? "saving " + (dir / "optimizer.safetensors").string() : "");
     }
     model::write_hf_config(tmp / "config.json", d.model, d.max_position_embeddings);
     const json state = {{"step", d.state.step}, {"config", d.state.config},
@@ -240,45 +247,183 @@ HfTensors hf_named_tensors(const model::Params<float>& full, const std::string& 
 }
 
 namespace {
-// `moment`: 0 for weights; 1 or 2 for AdamW's first or second moments, whose values are checked.
-void fill_hf(const st::Reader& reader, const std::string& prefix, model::Params<float>& full,
-             std::set<std::string>* wanted, int moment = 0) {
-  const model::ParamTable& layout = full.layout();
-  std::vector<float> buffer;
+/// Where a view's values go: this rank's block of the full view (parallel::ShardPlan::Block), with
+/// a 1-D view seen as rows of one value (hf_names' convention: a row is the last dimension).
+parallel::ShardPlan::Block rows_block(const model::ParamView& full_view, parallel::ShardPlan::Block b) {
+  if (full_view.shape.size() == 1) return {b.col0, b.cols, 0, 1, 1};
+  return b;
+}
+
+/// file.read_block on the compute threads, in chunks of about 2^20 values (the first write of
+/// fresh pages, the conversion): the values, and the error of the lowest chunk with a non-finite
+/// element, are those of one call.
+void read_block_parallel(const st::File& file, const std::string& name, int64_t row0, int64_t rows,
+                         int64_t col0, int64_t cols, float* out) {
+  const int64_t per = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(cols, 1));
+  const int64_t tasks = (rows + per - 1) / per;
+  if (tasks <= 1) {
+    file.read_block(name, row0, rows, col0, cols, out);
+    return;
+  }
+  std::exception_ptr error;
+  int64_t error_task = tasks;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t r = t * per, n = std::min(per, rows - r);
+    try {
+      file.read_block(name, row0 + r, n, col0, cols, out + r * cols);
+    } catch (...) {
+#pragma omp critical(longtron_read_block_error)
+      if (t < error_task) error_task = t, error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+/// Decodes the tensors of `layout`'s family from `reader` (names prefixed by `prefix`) into
+/// `local`: view v receives block(v) of the full view. Each HF tensor is checked against its full
+/// shape, and only the rows and columns of the block are read. `progress` (may be null) counts
+/// decoded bytes.
+template <typename BlockOf>
+void fill_blocks(const st::Reader& reader, const std::string& prefix,
+                 const model::ParamTable& layout, const BlockOf& block_of,
+                 model::Params<float>& local, std::set<std::string>* wanted, Progress* progress,
+                 const uint64_t* decoded) {
   for (const auto& t : model::hf_tensors(layout)) {
-    int64_t n = 1;
-    for (int64_t s : t.shape) n *= s;
-    buffer.resize(static_cast<size_t>(n));
-    reader.read_floats(prefix + t.name, t.shape, buffer.data());
-    if (moment > 0)
-      check_moment(buffer.data(), n, moment == 2, reader.file_of(prefix + t.name).path().string(),
-                   prefix + t.name);
-    model::scatter_hf(t, layout, buffer.data(), full.data());
-    if (wanted) wanted->insert(prefix + t.name);
+    const std::string name = prefix + t.name;
+    const st::File& file = reader.file_of(name);
+    const st::TensorInfo& info = file.info(name);
+    check(info.shape == t.shape, "{}: tensor {} has shape {} but the model expects {}",
+          file.path().string(), name, st::shape_string(info.shape), st::shape_string(t.shape));
+    const parallel::ShardPlan::Block b = rows_block(layout.view(t.view), block_of(t.view));
+    float* out = local.ptr(t.view);
+    int64_t hf_row = 0;  // first row of the current block of rows inside the HF tensor
+    for (const auto& [first, count] : t.rows) {
+      const int64_t lo = std::max(first, b.row0), hi = std::min(first + count, b.row0 + b.rows);
+      if (lo < hi)
+        read_block_parallel(file, name, hf_row + (lo - first), hi - lo, b.col0, b.cols,
+                            out + (lo - b.row0) * b.cols);
+      hf_row += count;
+    }
+    if (wanted) wanted->insert(name);
+    if (progress) progress->update(static_cast<int64_t>(reader.bytes_decoded() - *decoded));
   }
 }
-}  // namespace
 
-void load_hf_model(const fs::path& path, model::Params<float>& full) {
-  const st::Reader reader(path);
-  std::set<std::string> wanted;
-  fill_hf(reader, "", full, &wanted);
+/// Refuses AdamW moments (`moment` 1 or 2; 0 = weights, unchecked) that no training could have
+/// written, naming the file and the tensor (check_moment).
+void check_moments(const model::Params<float>& buffer, int moment, const std::string& file,
+                   const std::string& prefix) {
+  if (moment == 0) return;
+  const model::ParamTable& layout = buffer.layout();
+  for (int v = 0; v < static_cast<int>(layout.views().size()); ++v)
+    check_moment(buffer.ptr(v), layout.view(v).numel, moment == 2, file, prefix + layout.view(v).name);
+}
+
+void fill_hf(const st::Reader& reader, const std::string& prefix, model::Params<float>& full,
+             std::set<std::string>* wanted, Progress* progress = nullptr) {
+  const model::ParamTable& layout = full.layout();
+  const auto whole = [&layout](int v) {
+    const model::ParamView& view = layout.view(v);
+    const int64_t cols = view.shape.size() == 2 ? view.shape[1] : view.numel;
+    return parallel::ShardPlan::Block{0, view.shape.size() == 2 ? view.shape[0] : 1, 0, cols, cols};
+  };
+  const uint64_t decoded = reader.bytes_decoded();
+  fill_blocks(reader, prefix, layout, whole, full, wanted, progress, &decoded);
+}
+
+/// Bytes of `reader`'s tensors (names prefixed by `prefix`) that the blocks of `plan` cover.
+uint64_t shard_bytes(const st::Reader& reader, const std::string& prefix,
+                     const parallel::ShardPlan& plan) {
+  const model::ParamTable& layout = plan.full_layout();
+  uint64_t bytes = 0;
+  for (const auto& t : model::hf_tensors(layout)) {
+    if (!reader.contains(prefix + t.name)) continue;  // reported by fill_blocks
+    const parallel::ShardPlan::Block b = rows_block(layout.view(t.view), plan.block(t.view));
+    int64_t rows = 0;
+    for (const auto& [first, count] : t.rows)
+      rows += std::max<int64_t>(0, std::min(first + count, b.row0 + b.rows) - std::max(first, b.row0));
+    bytes += uint64_t(rows * b.cols) * st::dtype_size(reader.info(prefix + t.name).dtype);
+  }
+  return bytes;
+}
+
+/// Names of `reader` that are not model tensors: an error naming the first (as load_hf_model).
+void check_no_extra(const st::Reader& reader, const fs::path& path, const model::ParamTable& layout,
+                    const std::set<std::string>& wanted) {
   for (const auto& name : reader.names()) {
-    check(wanted.count(name) || name != "lm_head.weight" ||
-              !full.layout().config().tie_word_embeddings,
+    check(wanted.count(name) || name != "lm_head.weight" || !layout.config().tie_word_embeddings,
           "{}: tensor lm_head.weight is present but config.json has tie_word_embeddings = true (the "
           "head is model.embed_tokens.weight; remove one or the other)", path.string());
     check(wanted.count(name), "{}: tensor {} is not a parameter of this {} model (different model "
-          "shape or architecture?)", path.string(), shorten(name), full.layout().config().type);
+          "shape or architecture?)", path.string(), shorten(name), layout.config().type);
   }
+}
+
+/// Fills `local` from `reader` under `prefix`s, with a progress line when `show`.
+void fill_shards(const st::Reader& reader, const std::string& what,
+                 const std::vector<std::pair<std::string, model::Params<float>*>>& targets,
+                 const parallel::ShardPlan& plan, std::set<std::string>* wanted, bool show) {
+  uint64_t total = 0;
+  for (const auto& [prefix, _] : targets) total += shard_bytes(reader, prefix, plan);
+  Progress progress(what, static_cast<int64_t>(total), "bytes",
+                    show && total >= uint64_t(kProgressMinBytes));
+  const uint64_t decoded = reader.bytes_decoded();
+  const auto block_of = [&plan](int v) { return plan.block(v); };
+  for (const auto& [prefix, local] : targets) {
+    check(local->numel() == plan.local_layout().numel(),
+          "load: a buffer of {} elements for a rank layout of {}", local->numel(),
+          plan.local_layout().numel());
+    fill_blocks(reader, prefix, plan.full_layout(), block_of, *local, wanted, &progress, &decoded);
+  }
+  progress.finish();
+}
+}  // namespace
+
+void load_hf_model(const fs::path& path, model::Params<float>& full, bool progress) {
+  const st::Reader reader(path);
+  std::set<std::string> wanted;
+  uint64_t bytes = 0;
+  for (const auto& t : model::hf_tensors(full.layout()))
+    if (reader.contains(t.name)) bytes += reader.info(t.name).end - reader.info(t.name).begin;
+  Progress shown("loading " + path.string(), static_cast<int64_t>(bytes), "bytes",
+                 progress && bytes >= uint64_t(kProgressMinBytes));
+  fill_hf(reader, "", full, &wanted, &shown);
+  shown.finish();
+  check_no_extra(reader, path, full.layout(), wanted);
+}
+
+uint64_t load_hf_shards(const fs::path& path, const parallel::ShardPlan& plan,
+                        model::Params<float>& local, bool progress) {
+  const st::Reader reader(path);
+  std::set<std::string> wanted;
+  fill_shards(reader, "loading " + path.string(), {{"", &local}}, plan, &wanted, progress);
+  check_no_extra(reader, path, plan.full_layout(), wanted);
+  return reader.bytes_decoded();
+}
+
+int64_t load_hf_optimizer_shards(const fs::path& step_dir, const parallel::ShardPlan& plan,
+                                 model::Params<float>& exp_avg, model::Params<float>& exp_avg_sq,
+                                 bool progress) {
+  const fs::path file = step_dir / "optimizer.safetensors";
+  const st::Reader reader(file);
+  fill_shards(reader, "loading " + file.string(), {{kAdamM, &exp_avg}, {kAdamV, &exp_avg_sq}}, plan,
+              nullptr, progress);
+  check_moments(exp_avg, 1, file.string(), kAdamM);
+  check_moments(exp_avg_sq, 2, file.string(), kAdamV);
+  const auto step = reader.file_of(kAdamStep).read_ints(kAdamStep);
+  check(step.size() == 1, "{}: tensor {} must hold one value", file.string(), kAdamStep);
+  return step[0];
 }
 
 int64_t load_hf_optimizer(const fs::path& step_dir, model::Params<float>& exp_avg,
                           model::Params<float>& exp_avg_sq) {
   const fs::path file = step_dir / "optimizer.safetensors";
   const st::Reader reader(file);
-  fill_hf(reader, kAdamM, exp_avg, nullptr, 1);
-  fill_hf(reader, kAdamV, exp_avg_sq, nullptr, 2);
+  fill_hf(reader, kAdamM, exp_avg, nullptr);
+  fill_hf(reader, kAdamV, exp_avg_sq, nullptr);
+  check_moments(exp_avg, 1, file.string(), kAdamM);
+  check_moments(exp_avg_sq, 2, file.string(), kAdamV);
   const auto step = reader.file_of(kAdamStep).read_ints(kAdamStep);
   check(step.size() == 1, "{}: tensor {} must hold one value", file.string(), kAdamStep);
   return step[0];

@@ -14,6 +14,10 @@
 #include "model/model_config.h"
 #include "model/params.h"
 
+namespace longtron::parallel {
+class ShardPlan;
+}
+
 namespace longtron::train {
 
 /// A read-only tensor view: HF name (docs/model.md), shape, `numel` floats at data.
@@ -56,6 +60,7 @@ struct CheckpointData {
   model::ModelConfig model;
   int64_t max_position_embeddings = 0;  ///< written to config.json when > 0 (e.g. seq_len)
   CheckpointState state;
+  bool progress = false;  ///< progress lines on stderr while the tensors are written
 };
 
 /// Writes root/step_<state.step>/ atomically (replacing an existing one), then root/latest
@@ -99,7 +104,23 @@ HfTensors hf_named_tensors(const model::Params<float>& full, const std::string& 
 /// Fills a full-model buffer from `path` (a step folder, an HF folder or a .safetensors file) by
 /// the names of the model's family. Throws Error naming the path and tensor when a tensor is
 /// missing or mis-shaped, and naming the first tensor of the file that the model does not have.
-void load_hf_model(const std::filesystem::path& path, model::Params<float>& full);
+/// With `progress`, a progress line on stderr for kProgressMinBytes or more (core/progress.h).
+void load_hf_model(const std::filesystem::path& path, model::Params<float>& full,
+                   bool progress = false);
+
+/// As load_hf_model (same checks), into this rank's shards `local` (over plan.local_layout())
+/// instead of a full buffer: each tensor's block is decoded once from the memory-mapped file
+/// straight into its place (bf16/f16 converted on the way), and under a sharded layout a rank
+/// reads only its own rows and columns. No full-model buffer is allocated. With `progress`, a
+/// progress line on stderr when the rank reads kProgressMinBytes or more (core/progress.h; pass
+/// it on rank 0 only). Returns the bytes decoded.
+uint64_t load_hf_shards(const std::filesystem::path& path, const parallel::ShardPlan& plan,
+                        model::Params<float>& local, bool progress = false);
+
+/// As load_hf_optimizer, into this rank's shards (over plan.local_layout()), as load_hf_shards.
+int64_t load_hf_optimizer_shards(const std::filesystem::path& step_dir,
+                                 const parallel::ShardPlan& plan, model::Params<float>& exp_avg,
+                                 model::Params<float>& exp_avg_sq, bool progress = false);
 
 /// AdamW moments of step_dir/optimizer.safetensors by the family's names; returns the stored
 /// step count.

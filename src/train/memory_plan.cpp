@@ -237,11 +237,20 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   const double sgemm =
       3.0 * static_cast<double>(in.sgemm_size) * static_cast<double>(in.sgemm_size) * kFloat;
   const double save = c.train.checkpoint_dir.empty() ? 0 : 3 * full_bytes + 2 * local_bytes;
-  p.transient = {{"start-up: full-model draw", full_bytes, "model.*"},
-                 {"start-up: sgemm timing", sgemm, ""}};
-  const double resume = in.resume ? 2 * full_bytes + 2 * local_bytes : 0;
+  // The random init draws a split tensor at its full size (one at a time; an unsplit one in
+  // place). A run that loads its weights draws nothing: each tensor is read into its shard.
+  double draw = 0;
+  if (!in.resume && !in.init_from)
+    for (int v = 0; v < shard.num_views(); ++v)
+      if (!shard.tensor(v).splits.empty())
+        draw = std::max(draw, static_cast<double>(full.view(v).numel) * kFloat);
+  p.transient = {{"start-up: sgemm timing", sgemm, ""}};
+  if (draw > 0)
+    p.transient.insert(p.transient.begin(),
+                       {"start-up: random init (one full tensor, sliced)", draw, "model.*"});
+  const double resume = in.resume ? 2 * local_bytes : 0;
   if (resume > 0)
-    p.transient.push_back({"start-up: checkpoint load (full m and v)", resume, "model.*"});
+    p.transient.push_back({"start-up: checkpoint load (this rank's m and v)", resume, "model.*"});
   if (save > 0)
     p.transient.push_back({"checkpoint save: full parameters, m, v", save,
                            "model.* (or train.checkpoint_dir = \"\")"});
@@ -249,8 +258,8 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   double step_sum = 0;
   for (const auto& i : p.step) step_sum += i.bytes;
   const double base = in.runtime_bytes + datasets + 2 * local_bytes;
-  const double phases[4] = {full_bytes, adam + sgemm, adam + resume, adam + step_sum + save};
-  const char* names[4] = {"start-up (full-model draw)", "start-up (sgemm timing)",
+  const double phases[4] = {draw, adam + sgemm, adam + resume, adam + step_sum + save};
+  const char* names[4] = {"start-up (random init)", "start-up (sgemm timing)",
                           "start-up (checkpoint load)",
                           save > 0 ? "checkpoint save" : "training step"};
   const int worst = static_cast<int>(std::max_element(phases, phases + 4) - phases);

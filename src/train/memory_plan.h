@@ -16,13 +16,15 @@
 //                packed key/query tiles, the chunked head's logits, the layout's gather and
 //                reduce buffers (Megatron sequence parallel, ISP weight gathers and Ulysses
 //                all-to-all, 2D), and the micro-batches;
-//   transients:  the full-model draw at start-up (every rank draws the full model, then keeps its
-//                slice), the sgemm timing at start-up, loading a checkpoint (--resume: the full
-//                AdamW moments, then this rank's), and the checkpoint save (every rank
-//                assembles the full parameters and both AdamW moments).
+//   transients:  the random init at start-up (every rank draws each split tensor at full size,
+//                one at a time, and keeps its slice; unsplit ones are drawn in place; nothing is
+//                drawn with --init-from or --resume, whose tensors are read into the shards), the
+//                sgemm timing at start-up, loading a checkpoint (--resume: this rank's AdamW
+//                moments), and the checkpoint save (every rank assembles the full parameters and
+//                both AdamW moments).
 // The layout's own step terms (workspace shape, attention and head sizes, gather buffers) come
 // from its mode (ModeFactory::memory, src/modes/*_memory.cpp): the plan names no mode.
-// The peak is runtime + datasets + params + grads + the largest of (full draw, AdamW + sgemm,
+// The peak is runtime + datasets + params + grads + the largest of (random init, AdamW + sgemm,
 // AdamW + resume load, AdamW + step + save). docs/memory.md compares it with the measured peak
 // resident size.
 #pragma once
@@ -66,7 +68,8 @@ struct MemoryPlanInputs {
   int ranks_on_node = 1;      ///< ranks sharing this machine's memory
   double runtime_bytes = 0;   ///< resident size of the process now (resident_bytes())
   int64_t sgemm_size = 2048;  ///< n of the start-up sgemm timing (TrainOptions::sgemm_size)
-  bool resume = false;        ///< --resume: the checkpoint's full tensors are loaded at start-up
+  bool resume = false;        ///< --resume: the checkpoint's tensors are loaded at start-up
+  bool init_from = false;     ///< --init-from: the weights are loaded, none is drawn
   bool bf16 = false;          ///< the run computes in bfloat16 (model.dtype as resolved)
 };
 

@@ -11,7 +11,7 @@ namespace fs = std::filesystem;
 
 namespace longtron::train {
 
-LoadedModel load_model_dir(const fs::path& path) {
+LoadedModel load_model_dir(const fs::path& path, bool read_weights) {
   LoadedModel m;
   const bool hf = fs::is_regular_file(path / "config.json") && !fs::exists(path / "state.json") &&
                   !fs::exists(path / "latest");
@@ -19,8 +19,12 @@ LoadedModel load_model_dir(const fs::path& path) {
   m.train_config = hf ? nlohmann::json::object() : read_checkpoint_state(m.dir).config;
   const model::ModelConfig config = model::read_hf_config(m.dir);
   m.layout = std::make_unique<model::ParamTable>(config);
-  m.params = std::make_unique<model::Params<float>>(*m.layout);
-  load_hf_model(m.dir, *m.params);
+  if (read_weights) {
+    m.params = std::make_unique<model::Params<float>>(*m.layout);
+    load_hf_model(m.dir, *m.params, /*progress=*/true);
+  } else {
+    m.weights_pending = true;
+  }
   for (const fs::path& folder : {m.dir, m.dir.parent_path()})
     if (const fs::path p = data::find_tokenizer_file(folder); !p.empty()) {
       m.tokenizer = p;
@@ -46,6 +50,13 @@ ops::ComputeType loaded_compute_type(const LoadedModel& m, const std::string& dt
 
 std::unique_ptr<parallel::ParallelEngine> load_into_engine(LoadedModel& m, const parallel::Grid& grid,
                                                            int64_t packed_length) {
+  if (m.weights_pending) {
+    auto engine = std::make_unique<parallel::ParallelEngine>(
+        m.layout->config(), grid, packed_length, parallel::ParallelEngine::Unfilled{});
+    load_hf_shards(m.dir, engine->plan(), engine->params(), grid.world_rank == 0);
+    m.weights_pending = false;
+    return engine;
+  }
   check(m.params != nullptr, "load_into_engine: the weights of {} were already handed over",
         m.dir.string());
   auto engine = std::make_unique<parallel::ParallelEngine>(m.layout->config(), grid, *m.params,

@@ -17,8 +17,8 @@ AdamW::AdamW(const model::ParamTable& layout, const OptimizerConfig& config, com
   const int r = zero1_ ? zero1_->rank() : 0;
   begin_ = std::min<int64_t>(n, r * chunk_);
   end_ = std::min<int64_t>(n, begin_ + chunk_);
-  m_.assign(static_cast<size_t>(end_ - begin_), 0.0f);
-  v_.assign(static_cast<size_t>(end_ - begin_), 0.0f);
+  m_ = ZeroedBuffer<float>(static_cast<size_t>(end_ - begin_));
+  v_ = ZeroedBuffer<float>(static_cast<size_t>(end_ - begin_));
 }
 
 std::vector<int64_t> AdamW::shard_counts() const {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/zeroed_buffer.h"
 #include "model/params.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -66,7 +67,7 @@ class AdamW {
   const model::ParamTable& layout_;
   OptimizerConfig config_;
   comm::CommPtr zero1_;
-  std::vector<float> m_, v_;  // moments of [begin_, end_) only
+  ZeroedBuffer<float> m_, v_;  // moments of [begin_, end_) only (zero, unwritten until used)
   int64_t step_ = 0;
   int64_t begin_ = 0, end_ = 0, chunk_ = 0;
 };

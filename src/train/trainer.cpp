@@ -134,8 +134,13 @@ struct Run {
 
   Run(const TrainConfig& c, const TrainOptions& o, parallel::Grid g)
       : config(c), options(o), grid(std::move(g)), dp(grid.data), rank0(grid.world_rank == 0),
-        engine(c.model, grid, static_cast<uint64_t>(c.train.seed),
-               loader_config(c).pack.packed_length()),
+        // A run that loads its weights (--init-from, --resume) draws none: they are read
+        // straight into this rank's shards (load_full).
+        engine(o.init_from.empty() && o.resume.empty()
+                   ? parallel::ParallelEngine(c.model, grid, static_cast<uint64_t>(c.train.seed),
+                                              loader_config(c).pack.packed_length())
+                   : parallel::ParallelEngine(c.model, grid, loader_config(c).pack.packed_length(),
+                                              parallel::ParallelEngine::Unfilled{})),
         params(engine.params()), grads(engine.grads()), model(engine.model()),
         optimizer(engine.local_layout(), c.optimizer, grid.zero1),
         loader(open_checked(c.data.train_folder, "data.train_folder", c.model.vocab_size),
@@ -170,11 +175,10 @@ struct Run {
     return full;
   }
 
-  /// Loads full HF tensors from `dir` into this rank's shards of `local`.
+  /// Loads full HF tensors from `dir` into this rank's shards of `local`: each tensor's block is
+  /// read once from the mapped file, no full copy (load_hf_shards); progress on rank 0.
   void load_full(const fs::path& dir, model::Params<float>& local) {
-    model::Params<float> full(engine.full_layout());
-    load_hf_model(dir, full);
-    engine.scatter_full(local, full);
+    load_hf_shards(dir, engine.plan(), local, rank0);
   }
 
   fs::path save(int64_t step) {
@@ -201,6 +205,7 @@ struct Run {
     d.model = config.model;
     d.max_position_embeddings = config.data.seq_len;
     d.state.step = step;
+    d.progress = true;  // rank 0 only writes
     d.state.config = to_json(config);
     d.state.sampler = loader.sampler().state_at(step);
     d.state.rng = {{"init_seed", config.train.seed}, {"data_seed", config.data.seed}};
@@ -332,6 +337,10 @@ void report_skip(const TrainRow& row, int64_t in_a_row, int64_t max_in_a_row, bo
 
 namespace {
 
+/// About the launch of the process (static initialisation, before main): start-up times count
+/// from here.
+const std::chrono::steady_clock::time_point g_process_start = std::chrono::steady_clock::now();
+
 /// The fewest ranks `layout` runs on: the tensor group, and under ISP also the weight group.
 int fewest_ranks(const parallel::Layout& l) {
   const int tp = l.tp();
@@ -378,6 +387,7 @@ TrainSummary dry_run(const TrainConfig& config, const TrainOptions& options, con
   in.runtime_bytes = resident_bytes();
   in.sgemm_size = options.sgemm_size;
   in.resume = !options.resume.empty();
+  in.init_from = !options.init_from.empty();
   // The dtype the run would compute in: "auto" as this CPU resolves it, an explicit name as given
   // (a dry run may plan a bfloat16 run for another machine).
   const std::string dtype = ops::canonical_dtype(config.model.dtype);
@@ -429,15 +439,31 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
   plan_in.runtime_bytes = resident_bytes();
   plan_in.sgemm_size = options.sgemm_size;
   plan_in.resume = !options.resume.empty();
+  plan_in.init_from = !options.init_from.empty();
   plan_in.bf16 = compute == ops::ComputeType::kBFloat16;
   const MemoryPlan plan = plan_memory(config, plan_in);
   check_memory(plan, options.memory_available >= 0 ? options.memory_available
                                                    : available_memory_bytes(plan_in.ranks_on_node));
   std::optional<Phase> phase(std::in_place, fmt::format(
       "building the model and reading the data (planned peak {} per rank)", format_bytes(plan.peak_bytes)));
+  // Start lines of the start-up's phases (rank 0), so a large model does not wait in silence.
+  const bool rank0 = grid.world_rank == 0;
+  const auto elapsed = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - g_process_start).count();
+  };
+  if (rank0)
+    fmt::print(stderr, "train: building the model ({} parameters, {}) and reading the data "
+               "(planned peak {} per rank)\n", plan.params_full,
+               !options.resume.empty()    ? "weights from --resume"
+               : !options.init_from.empty() ? "weights from --init-from"
+                                            : fmt::format("drawn from train.seed = {}", config.train.seed),
+               format_bytes(plan.peak_bytes));
   Run run(config, options, std::move(grid));
   run.compute = compute;
   phase.emplace("timing the GEMMs");
+  if (rank0)
+    fmt::print(stderr, "train: timing the GEMMs (n = {}; {:.1f} s so far)\n", options.sgemm_size,
+               elapsed());
   run.sgemm_flops = measure_sgemm_flops(options.sgemm_size);
 
   phase.emplace("loading the start state");
@@ -455,12 +481,11 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     const CheckpointState state = read_checkpoint_state(dir);
     run.load_full(dir, run.params);
     {
-      model::Params<float> m(run.engine.full_layout()), v(run.engine.full_layout());
-      run.optimizer.set_step(load_hf_optimizer(dir, m, v));
-      // HF tensors → this layout's local tensors → this rank's ZeRO-1 slice.
+      // HF tensors → this layout's local tensors (read straight into them) → this rank's ZeRO-1
+      // slice.
       model::Params<float> local_m(run.engine.local_layout()), local_v(run.engine.local_layout());
-      run.engine.scatter_full(local_m, m);
-      run.engine.scatter_full(local_v, v);
+      run.optimizer.set_step(
+          load_hf_optimizer_shards(dir, run.engine.plan(), local_m, local_v, run.rank0));
       run.optimizer.load_state(local_m, local_v);
     }
     start = state.step;
@@ -510,8 +535,15 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     summary.valid.emplace_back(step, v);
     if (run.metrics) run.metrics->valid({step, v});
   };
+  if (rank0) fmt::print(stderr, "train: start-up took {:.1f} s\n", elapsed());
   const auto t0 = std::chrono::steady_clock::now();
-  if (start == 0) valid(0);
+  if (start == 0) {
+    if (rank0 && run.valid_rows)
+      fmt::print(stderr, "train: validating at step 0 ({})\n",
+                 count_of(run.valid_rows->num_rows(), "row"));
+    valid(0);
+  }
+  if (rank0) fmt::print(stderr, "train: step {} begins after {:.1f} s\n", start + 1, elapsed());
   const int64_t total = config.train.total_steps;
   int64_t skipped_in_a_row = 0;
   for (int64_t step = start + 1; step <= total; ++step) {
