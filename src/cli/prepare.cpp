@@ -23,6 +23,7 @@
 #include "data/internevo.h"
 #include "data/megatron.h"
 #include "data/open.h"
+#include "data/pretokenized.h"
 #include "data/raw_text.h"
 #include "data/shuffle.h"
 #include "data/tokenizer.h"
@@ -40,7 +41,7 @@ struct PrepareOptions {
   std::string tokenizer;
   bool train_tokenizer = false;
   int64_t vocab_size = 0;
-  std::string format;  // "" = megatron, or internevo with --chat
+  std::string format;  // "" = megatron, or with --chat internevo (jsonl where it must)
   std::string text_field = "text";
   double valid_fraction = 0.0;
   uint32_t seed = 1024;
@@ -104,6 +105,10 @@ int64_t write_split(const fs::path& folder, const std::vector<std::vector<int32_
     data::MegatronWriter writer(folder / "tokens", data::megatron_dtype_for_vocab(vocab_size));
     for (int64_t i : ids) writer.add_document(encoded[i].data(), encoded[i].size());
     writer.finish();
+  } else if (options.format == "jsonl") {
+    std::vector<const std::vector<int32_t>*> documents;
+    for (int64_t i : ids) documents.push_back(&encoded[i]);
+    data::write_pretokenized(folder / "tokens.jsonl", documents);
   } else {
     data::InternEvoWriter writer(folder / "tokens.bin");
     for (int64_t i : ids) writer.add_document(encoded[i].data(), encoded[i].size());
@@ -153,11 +158,12 @@ void check_options(const PrepareOptions& options) {
         "and one piece per distinct character of the corpus), got {}", options.vocab_size);
   check(options.threads >= 0 && options.threads <= 4096,
         "prepare: --threads must be in [1, 4096] (0 or none: all cores), got {}", options.threads);
-  check(options.format == "megatron" || options.format == "internevo",
-        "prepare: --format {} is not megatron or internevo", options.format);
-  check(!options.chat || options.format == "internevo",
-        "prepare: --chat writes InternEvo .bin (no-loss tokens are stored as negative ids); "
-        "--format {} cannot hold them", options.format);
+  check(options.format.empty() || options.format == "megatron" || options.format == "internevo" ||
+            options.format == "jsonl",
+        "prepare: --format {} is not megatron, internevo or jsonl", options.format);
+  check(!options.chat || options.format != "megatron",
+        "prepare: --chat writes InternEvo .bin (no-loss tokens are stored as negative ids) or a "
+        "pre-tokenized .jsonl with labels; --format {} cannot hold them", options.format);
   check(options.chat == !options.chat_template.empty(),
         "prepare: --chat and --chat-template NAME|FILE go together");
   check(!options.chat || !options.no_bos_eos,
@@ -207,8 +213,25 @@ std::vector<std::vector<int32_t>> encode_chat(const PrepareOptions& options,
   return encoded;
 }
 
-int run_prepare(const PrepareOptions& options) {
-  check_options(options);
+// The format written: --format, else megatron for text; for chat InternEvo's .bin, unless an
+// answer holds token id 0 (e.g. "!" in Llama 3's and Qwen2's vocabularies), which only a
+// pre-tokenized .jsonl with labels can mark as carrying loss.
+std::string output_format(const PrepareOptions& options,
+                          const std::vector<std::vector<int32_t>>& encoded) {
+  if (!options.format.empty()) return options.format;
+  if (!options.chat) return "megatron";
+  for (const auto& doc : encoded)
+    if (std::find(doc.begin(), doc.end(), data::kStoredLossZero) != doc.end()) {
+      fmt::print(stderr, "prepare: an answer holds token id 0, which InternEvo's .bin cannot mark "
+                         "as carrying loss: writing a pre-tokenized .jsonl with labels\n");
+      return "jsonl";
+    }
+  return "internevo";
+}
+
+int run_prepare(const PrepareOptions& given) {
+  check_options(given);
+  PrepareOptions options = given;
   const auto start = Clock::now();
   const int threads = set_num_threads(options.threads);
   std::vector<fs::path> inputs(options.inputs.begin(), options.inputs.end());
@@ -228,6 +251,7 @@ int run_prepare(const PrepareOptions& options) {
     encoded = encode_with_progress(*tokenizer, documents, !options.no_bos_eos, threads);
   }
   const double encode_seconds = seconds_since(encode_start);
+  options.format = output_format(options, encoded);
 
   const auto n = static_cast<int64_t>(encoded.size());
   const auto valid = choose_valid(n, options.valid_fraction, options.seed);
@@ -298,8 +322,10 @@ Subcommand prepare_command(help_order::kPrepare, [](CLI::App& app) {
                   "With --chat: internlm2 | chatml | llama2 | mistral | a model folder, its "
                   "tokenizer_config.json or a .jinja file (the model's own template) | a template "
                   "file (JSON)");
-  sub->add_option("--format", options->format, "megatron (default; internevo with --chat) or internevo")
-      ->check(CLI::IsMember({"megatron", "internevo"}));
+  sub->add_option("--format", options->format,
+                  "megatron (default; with --chat internevo, or jsonl where an answer holds token "
+                  "id 0), internevo or jsonl (pre-tokenized input_ids and labels)")
+      ->check(CLI::IsMember({"megatron", "internevo", "jsonl"}));
   sub->add_option("--text-field", options->text_field, "JSON field holding the text (default text)");
   sub->add_option("--valid-fraction", options->valid_fraction,
                   "Fraction of documents held out into valid/ (seeded shuffle)");
@@ -307,7 +333,6 @@ Subcommand prepare_command(help_order::kPrepare, [](CLI::App& app) {
   sub->add_flag("--no-bos-eos", options->no_bos_eos, "Do not add BOS/EOS around documents");
   sub->add_option("--threads", options->threads, "Encoding threads (default: all cores)");
   return [options] {
-    if (options->format.empty()) options->format = options->chat ? "internevo" : "megatron";
     return run_prepare(*options);
   };
 });

@@ -3,6 +3,7 @@
 // (`<s>[INST] <<SYS>>\n…\n<</SYS>>\n\n… [/INST] … </s>`, Meta's `chat_completion`) and Mistral
 // (`<s>[INST] … [/INST]…</s>`, the Mistral-7B-Instruct template).
 #include "data/chat_template.h"
+#include "data/dataset.h"
 
 #include <nlohmann/json.hpp>
 
@@ -290,15 +291,13 @@ std::vector<int32_t> ChatEncoder::stop_ids() const {
   return ids;
 }
 
-std::vector<int32_t> to_stored_ids(const EncodedConversation& encoded, const std::string& what) {
+std::vector<int32_t> to_stored_ids(const EncodedConversation& encoded, const std::string& /*what*/) {
   std::vector<int32_t> stored(encoded.ids.size());
   for (size_t i = 0; i < stored.size(); ++i) {
     const int32_t id = encoded.ids[i];
     // Position 0 is no target, so its sign is free: stored negative like every no-loss token.
     const bool loss = i > 0 && encoded.loss[i];
-    check(!loss || id != 0, "{}: token {} has id 0 and should carry loss, which the stored "
-          "convention (negative id = no loss, label id <= 0 = -100) cannot express", what, i);
-    stored[i] = loss ? id : -id;
+    stored[i] = loss ? (id == 0 ? kStoredLossZero : id) : -id;
   }
   return stored;
 }

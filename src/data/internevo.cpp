@@ -204,6 +204,9 @@ void InternEvoWriter::add_document(const int32_t* tokens, size_t count) {
   line_.assign("{\"tokens\": [");
   char number[16];
   for (size_t j = 0; j < count; ++j) {
+    check(tokens[j] != kStoredLossZero, "{}: document {}, token {}: id 0 carrying loss cannot be "
+          "stored in InternEvo's format (a stored 0 carries no loss); write a pre-tokenized "
+          ".jsonl with labels instead", path_.string(), lengths_.size(), j);
     if (j > 0) line_.append(", ");
     const auto [end, ec] = std::to_chars(number, number + sizeof(number), tokens[j]);
     line_.append(number, end);

@@ -100,7 +100,7 @@ void validate_dataset(const Dataset& dataset, int64_t vocab_size) {
       source->read_tokens(i, 0, length, tokens.data());
       for (size_t j = 0; j < length; ++j) {
         // fail() under an if: check()'s arguments would build the path string for every token.
-        if (std::abs(static_cast<int64_t>(tokens[j])) >= vocab_size)
+        if (stored_input(tokens[j]) >= vocab_size)
           fail("{}: document {}, token {}: id {} is outside the vocabulary of {} ids",
                source->path().string(), i, j, tokens[j], vocab_size);
       }

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <charconv>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -37,9 +38,7 @@ std::vector<int32_t> stored_row(const nlohmann::json& row, const std::string& wh
             "convention), got {}", where, i, i, id, json_excerpt(label));
       loss = loss && label.get<int64_t>() != -100;
     }
-    check(!loss || id != 0, "{}: token {} has id 0 and carries loss, which the stored convention "
-          "(label id <= 0 = -100) cannot express", where, i);
-    stored[i] = loss ? id : -id;
+    stored[i] = loss ? (id == 0 ? kStoredLossZero : id) : -id;
   }
   return stored;
 }
@@ -57,6 +56,33 @@ std::unique_ptr<DocumentSource> open_pretokenized(const std::filesystem::path& f
     documents.push_back(stored_row(parse_json(line, where), where));
   }
   return std::make_unique<MemorySource>(std::move(documents), file);
+}
+
+void write_pretokenized(const std::filesystem::path& file,
+                        const std::vector<const std::vector<int32_t>*>& documents) {
+  std::ofstream out(file, std::ios::binary);
+  check(out.good(), "{}: cannot open for writing", file.string());
+  std::string line, labels;
+  char number[16];
+  const auto append = [&number](std::string& to, int32_t value) {
+    const auto [end, ec] = std::to_chars(number, number + sizeof(number), value);
+    to.append(number, end);
+  };
+  for (const std::vector<int32_t>* doc : documents) {
+    line.assign("{\"input_ids\": [");
+    labels.assign("], \"labels\": [");
+    for (size_t i = 0; i < doc->size(); ++i) {
+      const int32_t stored = (*doc)[i];
+      const bool loss = i > 0 && stored_label(stored, -1) >= 0;
+      if (i > 0) line.append(", "), labels.append(", ");
+      append(line, stored_input(stored));
+      append(labels, loss ? stored_input(stored) : -100);
+    }
+    line.append(labels).append("]}\n");
+    out.write(line.data(), static_cast<std::streamsize>(line.size()));
+  }
+  out.close();
+  check(out.good(), "{}: write failed", file.string());
 }
 
 }  // namespace longtron::data

@@ -5,6 +5,7 @@
 #pragma once
 #include <filesystem>
 #include <memory>
+#include <vector>
 
 #include "data/dataset.h"
 
@@ -15,7 +16,14 @@ namespace longtron::data {
 /// stored id i, -100 when <= 0) gives labels[i] as the target of position i-1. Without "labels"
 /// every token but the first is a target. Throws Error naming the file and line for a row without
 /// "input_ids" (raw text belongs to `prepare`), an empty row, a label that is neither -100 nor its
-/// input id, a negative id, or an id-0 token that should carry loss (not storable).
+/// input id, or a negative id. A loss-carrying id 0 is served as kStoredLossZero.
 std::unique_ptr<DocumentSource> open_pretokenized(const std::filesystem::path& file);
+
+/// Writes `documents` (stored ids, as a DocumentSource serves them) as the rows that
+/// open_pretokenized reads back to the same stored ids: input_ids[i] = stored_input, labels[i] =
+/// input_ids[i] for a loss-carrying token and -100 otherwise (position 0 always -100). The one
+/// on-disk format that holds a loss-carrying id 0. Throws Error naming `file` on an I/O failure.
+void write_pretokenized(const std::filesystem::path& file,
+                        const std::vector<const std::vector<int32_t>*>& documents);
 
 }  // namespace longtron::data

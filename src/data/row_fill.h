@@ -6,13 +6,15 @@
 #include <vector>
 
 #include "data/batch.h"
+#include "data/dataset.h"
 
 namespace longtron::data::detail {
 
-/// Stored id -> what the model reads (negative ids are inputs without loss).
-inline int32_t input_of(int32_t id) { return id < 0 ? -id : id; }
-/// Stored id of the target -> label (InternEvo collate: `label if label > 0 else -100`).
-inline int32_t label_of(int32_t id) { return id > 0 ? id : kIgnoreIndex; }
+/// Stored id -> what the model reads (negative ids are inputs without loss; data/dataset.h).
+inline int32_t input_of(int32_t id) { return stored_input(id); }
+/// Stored id of the target -> label (InternEvo collate: `label if label > 0 else -100`, plus
+/// kStoredLossZero -> 0).
+inline int32_t label_of(int32_t id) { return stored_label(id, kIgnoreIndex); }
 
 /// Writes segments [from, from+len) cut into pieces of at most `cut` tokens (cut <= 0: one piece):
 /// indexes restart at 0 in each, one cu_seqlens entry each, max_seqlen updated.

@@ -70,3 +70,54 @@ TEST(PrepareHfTokenizer, BrokenTokenizerJsonIsRefusedNamingTheFile) {
       << r.output;
   EXPECT_FALSE(fs::exists(dir / "out"));
 }
+
+// Llama 3's and Qwen2's vocabularies give id 0 to "!": an answer holding it carries loss on id 0,
+// which InternEvo's .bin cannot mark, so `prepare --chat` writes a pre-tokenized .jsonl with
+// labels (and an explicit --format internevo is refused), and training reads it.
+TEST(PrepareHfTokenizer, ChatAnswerWithIdZeroIsWrittenAsJsonlWithLabels) {
+  TempDir dir;
+  const fs::path model = dir / "model";
+  fs::create_directories(model);
+  json tok = json::parse(read_file(kFixtures / "gpt2.tokenizer.json"));
+  json& vocab = tok["model"]["vocab"];
+  std::string zero;
+  for (const auto& [piece, id] : vocab.items())
+    if (id == 0) zero = piece;
+  const int32_t bang = vocab["!"].get<int32_t>();
+  vocab[zero] = bang;  // "!" takes id 0, as in byte-level vocabularies ordered from "!"
+  vocab["!"] = 0;
+  int32_t next = static_cast<int32_t>(vocab.size());
+  for (const auto& t : tok["added_tokens"]) next = std::max(next, t["id"].get<int32_t>() + 1);
+  for (const char* special : {"<|im_start|>", "<|im_end|>"})
+    tok["added_tokens"].push_back({{"id", next++}, {"content", special}, {"single_word", false},
+                                   {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+                                   {"special", true}});
+  write_file(model / "tokenizer.json", tok.dump());
+  write_file(model / "tokenizer_config.json", R"({"eos_token": "<|im_end|>"})");
+  std::string chat;
+  for (int i = 0; i < 4; ++i)
+    chat += R"({"messages": [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello!"}]})" "\n";
+  write_file(dir / "chat.jsonl", chat);
+  const std::string prepare = "prepare --chat --chat-template chatml --input " +
+                              (dir / "chat.jsonl").string() + " --tokenizer " + model.string() +
+                              " --threads 1 --output ";
+  auto r = run_longtron(prepare + (dir / "out").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("pre-tokenized .jsonl"), std::string::npos) << r.output;
+  std::ifstream rows(dir / "out/train/tokens.jsonl");
+  std::string line;
+  int answers_with_zero = 0;
+  while (std::getline(rows, line)) {
+    const json row = json::parse(line);
+    const auto ids = row["input_ids"].get<std::vector<int32_t>>();
+    const auto labels = row["labels"].get<std::vector<int32_t>>();
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] == 0 && labels[i] == 0) ++answers_with_zero;
+  }
+  EXPECT_EQ(answers_with_zero, 4);
+  EXPECT_EQ(json::parse(read_file(dir / "out/dataset.json"))["format"], "jsonl");
+
+  r = run_longtron(prepare + (dir / "bin").string() + " --format internevo");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("id 0"), std::string::npos) << r.output;
+}

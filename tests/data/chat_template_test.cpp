@@ -14,6 +14,8 @@
 #include <unordered_map>
 
 #include "data/chat_template.h"
+#include "data/internevo.h"
+#include "data/validate.h"
 #include "data/memory_source.h"
 #include "data/open.h"
 #include "data/pack.h"
@@ -270,10 +272,9 @@ TEST(ChatTemplate, Errors) {
                {"f.jsonl, line 9", "system"});
   expect_error([&] { llama.encode({{R::kSystem, "a"}, {R::kAssistant, "b"}}, "c7"); },
                {"c7", "first user"});
-  // A loss-carrying token with id 0 cannot be stored; the message names the conversation.
-  EncodedConversation zero{{5, 0}, {0, 1}};
-  expect_error([&] { to_stored_ids(zero, "f.jsonl, line 4"); }, {"f.jsonl, line 4", "id 0"});
-  // ... while a no-loss 0 is stored as 0 (input 0, label -100: what "no loss" means).
+  // A loss-carrying id 0 ("!" in Llama 3's and Qwen2's vocabularies) is kStoredLossZero, which
+  // InternEvo's writer refuses; a no-loss 0 is stored as 0 (input 0, label -100).
+  EXPECT_EQ(to_stored_ids({{5, 0}, {0, 1}}, "x"), (std::vector<int32_t>{-5, kStoredLossZero}));
   EXPECT_EQ(to_stored_ids({{5, 0}, {0, 0}}, "x"), (std::vector<int32_t>{-5, 0}));
 
   testing::TempDir dir;
@@ -303,8 +304,35 @@ TEST(Pretokenized, ShiftAndErrors) {
   expect_error([&] { open_pretokenized(dir / "b.jsonl"); }, {"b.jsonl, line 1", "labels[1]"});
   testing::write_file(dir / "c.jsonl", R"({"input_ids": [1, 2], "labels": [-100]})" "\n");
   expect_error([&] { open_pretokenized(dir / "c.jsonl"); }, {"c.jsonl, line 1", "as long"});
-  testing::write_file(dir / "d.jsonl", R"({"input_ids": [1, 0], "labels": [-100, 0]})" "\n");
-  expect_error([&] { open_pretokenized(dir / "d.jsonl"); }, {"d.jsonl, line 1", "id 0"});
+}
+
+// Token id 0 carrying loss (Hugging Face byte-level vocabularies give it to "!"): read from
+// labels, packed as label 0, written back by write_pretokenized to the same rows, and refused by
+// InternEvo's writer, whose stored 0 carries no loss.
+TEST(Pretokenized, LossCarryingIdZero) {
+  testing::TempDir dir;
+  const std::string rows = R"({"input_ids": [3, 0, 5, 0], "labels": [-100, 0, -100, 0]})" "\n"
+                           R"({"input_ids": [0, 6], "labels": [-100, 6]})" "\n";
+  testing::write_file(dir / "z.jsonl", rows);
+  const auto src = open_pretokenized(dir / "z.jsonl");
+  std::vector<int32_t> first(4);
+  src->read_tokens(0, 0, 4, first.data());
+  EXPECT_EQ(first, (std::vector<int32_t>{-3, kStoredLossZero, -5, kStoredLossZero}));
+  PackConfig pc;
+  pc.seq_len = 8;
+  pc.micro_bsz = 1;
+  const MicroBatch row = build_pack(*src, {0, 1}, pc)->row(0);
+  EXPECT_EQ(row.input_ids, (std::vector<int32_t>{3, 0, 5, 0, 0, 6, 0, 0}));
+  EXPECT_EQ(row.labels, (std::vector<int32_t>{0, -100, 0, -100, 6, -100, -100, -100}));
+  validate_dataset([&] { Dataset d; d.push_back(open_pretokenized(dir / "z.jsonl")); return d; }(), 7);
+
+  std::vector<int32_t> second(2);
+  src->read_tokens(1, 0, 2, second.data());
+  write_pretokenized(dir / "w.jsonl", {&first, &second});
+  EXPECT_EQ(testing::read_file(dir / "w.jsonl"), rows);
+
+  InternEvoWriter writer(dir / "t.bin");
+  expect_error([&] { writer.add_document(first.data(), first.size()); }, {"t.bin", "id 0", ".jsonl"});
 }
 
 }  // namespace
