@@ -64,6 +64,25 @@ TEST(EngineNp2, Dp2Zero1ReduceScatterSendsTwoThirdsOfTheAllReduceStep) {
                 double(rs_total) / double(ar_total), (unsigned long long)scalars, worst);
 }
 
+// The non-finite update check on reduce-scattered slices: a learning rate that is infinite in
+// float makes every rank's slice update non-finite; both ranks skip, nothing changes.
+TEST(EngineNp2, Dp2Zero1SkipsANonFiniteUpdateOnEveryRank) {
+  const ParityCase c{"dp2 zero1 lr inf", layout(1, TensorMode::kMtp, -1)};
+  parallel::Grid grid = parallel::make_grid(world(), c.layout);
+  parallel::ParallelEngine engine(c.model, grid, 42, c.P);
+  train::AdamW adam(engine.local_layout(), parity_optimizer(), grid.zero1);
+  const std::vector<float> before(engine.params().data(),
+                                  engine.params().data() + engine.params().numel());
+  train::StepOptions o = parity_step_options();
+  o.lr = 1e39;
+  const train::StepResult r = train::train_step(engine, adam, dp_share(global_rows(c, 0), grid), o);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_TRUE(r.update_nonfinite);
+  EXPECT_TRUE(std::isfinite(r.grad_norm));
+  EXPECT_EQ(adam.step(), 0);
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), engine.params().data()));
+}
+
 TEST(EngineNp2, Tp2Mtp) { check_parity({"tp2 mtp", layout(2, TensorMode::kMtp)}); }
 TEST(EngineNp2, Tp2Msp) { check_parity({"tp2 msp", layout(2, TensorMode::kMsp)}); }
 TEST(EngineNp2, Tp2Fsp) { check_parity({"tp2 fsp", layout(2, TensorMode::kFsp)}); }
