@@ -50,8 +50,15 @@ uint64_t CommStats::total_bytes() const {
   return total;
 }
 
+uint64_t CommStats::total_sent() const {
+  uint64_t total = 0;
+  for (uint64_t b : sent) total += b;
+  return total;
+}
+
 void CommStats::add(const CommStats& other) {
   for (int i = 0; i < kNumKinds; ++i) {
+    sent[i] += other.sent[i];
     calls[i] += other.calls[i];
     bytes[i] += other.bytes[i];
     skipped[i] += other.skipped[i];
@@ -110,7 +117,38 @@ static uint64_t payload_bytes(const Communicator::Op& op, int size,
     case Kind::kAllGather:
       return uint64_t((counts ? (*counts)[rank] : op.count) * elem);
     case Kind::kReduceScatter:
+      if (counts) {
+        int64_t total = 0;
+        for (int64_t c : *counts) total += c;
+        return uint64_t(total * elem);
+      }
+      return uint64_t(op.count * size * elem);
     case Kind::kAllToAll: return uint64_t(op.count * size * elem);
+    case Kind::kBarrier:
+    case Kind::kSend: return 0;
+  }
+  return 0;
+}
+
+// Ring-algorithm bytes this rank sends (see the header): NCCL's bus-byte factors, with the exact
+// chunk a ring leaves out for the uneven forms.
+static uint64_t ring_bytes(const Communicator::Op& op, int size,
+                           const std::vector<int64_t>* counts, int rank) {
+  if (size <= 1) return 0;
+  const int64_t elem = dtype_size(op.dtype), n = size;
+  int64_t total = 0;  // elements of the whole (gathered / unscattered) buffer
+  if (counts)
+    for (int64_t c : *counts) total += c;
+  switch (op.kind) {
+    case Kind::kAllReduce: return uint64_t(2 * (n - 1) * op.count * elem / n);
+    case Kind::kReduceScatter:  // every chunk but this rank's own
+      return uint64_t((counts ? total - (*counts)[size_t(rank)] : (n - 1) * op.count) * elem);
+    case Kind::kAllGather:  // every chunk but the successor's (it arrives last and stays)
+      return uint64_t(
+          (counts ? total - (*counts)[size_t((rank + 1) % size)] : (n - 1) * op.count) * elem);
+    case Kind::kAllToAll: return uint64_t((n - 1) * op.count * elem);
+    case Kind::kBroadcast:
+      return (rank + 1) % size == op.root ? 0 : uint64_t(op.count * elem);
     case Kind::kBarrier:
     case Kind::kSend: return 0;
   }
@@ -121,10 +159,14 @@ Work Communicator::issue(const Op& op, const void* send, void* recv,
                          const std::vector<int64_t>* counts) {
   check(op.count >= 0 || counts, "communicator: negative count {} for {}", op.count,
         kind_name(op.kind));
-  if (counts)
+  if (counts) {
     check(int64_t(counts->size()) == size(),
-          "communicator: all_gather_v needs {} counts (one per rank), got {}", size(),
+          "communicator: {}_v needs {} counts (one per rank), got {}", kind_name(op.kind), size(),
           counts->size());
+    for (size_t r = 0; r < counts->size(); ++r)
+      check((*counts)[r] >= 0, "communicator: {}_v count {} of rank {} is negative",
+            kind_name(op.kind), (*counts)[r], r);
+  }
   check(op.dtype != DType::kUInt16 ||
             (op.kind != Kind::kAllReduce && op.kind != Kind::kReduceScatter),
         "communicator: {} of uint16 words (they are moved, never reduced)", kind_name(op.kind));
@@ -135,10 +177,13 @@ Work Communicator::issue(const Op& op, const void* send, void* recv,
   ++sequence_;
   int k = int(op.kind);
   uint64_t bytes = payload_bytes(op, size(), counts, rank());
+  const uint64_t sent = ring_bytes(op, size(), counts, rank());
   stats_.calls[k] += 1;
   stats_.bytes[k] += bytes;
+  stats_.sent[k] += sent;
   global_stats().calls[k] += 1;
   global_stats().bytes[k] += bytes;
+  global_stats().sent[k] += sent;
   return do_issue(op, send, recv, counts);
 }
 
@@ -154,8 +199,10 @@ Work Communicator::point_to_point(bool send, void* data, int64_t count, DType dt
     const uint64_t bytes = uint64_t(count * dtype_size(dtype));
     stats_.calls[k] += 1;
     stats_.bytes[k] += bytes;
+    stats_.sent[k] += bytes;
     global_stats().calls[k] += 1;
     global_stats().bytes[k] += bytes;
+    global_stats().sent[k] += bytes;
   }
   return do_point_to_point(send, data, count, dtype, peer, tag);
 }

@@ -14,7 +14,15 @@
 //   element size for all_reduce/broadcast, the send chunk for all_gather, the whole send buffer
 //   (size × chunk) for reduce_scatter and all_to_all, the message for a point-to-point send (a
 //   receive counts nothing). Groups of one rank send nothing and count 0 bytes (their calls are
-//   still counted). Skipped bytes (count_skipped) are what a caller chose not to send because no
+//   still counted).
+// - Sent bytes (stats().sent) are what this rank puts on the wire under the ring algorithms, the
+//   way NCCL's tests count "bus bytes": all_reduce 2(n−1)/n·S of an S-byte buffer (a ring
+//   reduce-scatter then a ring all-gather); reduce_scatter and all_gather (n−1)/n·S of the whole
+//   S-byte result (exactly S minus one chunk: a ring reduce-scatter sends every chunk but this
+//   rank's own, a ring all-gather every chunk but the successor's, so uneven _v forms count the
+//   real chunk sizes); all_to_all (n−1) chunks; broadcast S (a chain from the root: the rank
+//   before the root sends 0); a point-to-point send its message. Whatever MPI really runs, these
+//   are the bytes an ideal ring implementation moves per rank. Skipped bytes (count_skipped) are what a caller chose not to send because no
 //   receiver could use them (ring attention's invisible K/V rows), counted per kind beside them.
 #pragma once
 #include <array>
@@ -45,7 +53,10 @@ struct CommStats {
   std::array<uint64_t, kNumKinds> calls{};
   std::array<uint64_t, kNumKinds> bytes{};
   std::array<uint64_t, kNumKinds> skipped{};
+  std::array<uint64_t, kNumKinds> sent{};  ///< ring-algorithm bytes this rank sends (see above)
   uint64_t total_bytes() const;
+  /// Σ sent over every kind.
+  uint64_t total_sent() const;
   void add(const CommStats& other);
 };
 
@@ -137,6 +148,16 @@ class Communicator {
   void reduce_scatter(T* recv, const T* send, int64_t count, ReduceOp op = ReduceOp::kSum) {
     reduce_scatter_async(recv, send, count, op).wait();
   }
+  /// Uneven reduce-scatter: recv[counts[rank()]] = Σ (or max) over group ranks of their chunk
+  /// rank() of send[Σ counts], the chunks laid out in group-rank order (chunk r starts at
+  /// Σ_{j<r} counts[j]). counts has size() entries and is the same on every rank; recv must not
+  /// overlap send. Its adjoint is all_gather_v with the same counts (and vice versa): the gradient
+  /// of a sum-reduce-scatter is the gather of the chunks' gradients.
+  template <typename T>
+  void reduce_scatter_v(T* recv, const T* send, const std::vector<int64_t>& counts,
+                        ReduceOp op = ReduceOp::kSum) {
+    issue({Kind::kReduceScatter, dtype_of<T>(), -1, op, 0}, send, recv, &counts).wait();
+  }
   template <typename T>
   [[nodiscard]] Work reduce_scatter_async(T* recv, const T* send, int64_t count,
                                           ReduceOp op = ReduceOp::kSum) {
@@ -203,7 +224,8 @@ class Communicator {
  protected:
   Communicator();
   /// The implementation of every collective: `send`/`recv` as documented per method above
-  /// (all_reduce and broadcast pass the same in-place buffer twice); `counts` only for all_gather_v.
+  /// (all_reduce and broadcast pass the same in-place buffer twice); `counts` only for all_gather_v
+  /// and reduce_scatter_v (op.kind tells which).
   virtual Work do_issue(const Op& op, const void* send, void* recv,
                         const std::vector<int64_t>* counts) = 0;
   /// Starts MPI_Isend (send) or MPI_Irecv of data[count] with group rank `peer`. The default

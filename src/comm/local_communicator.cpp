@@ -22,7 +22,8 @@ class LocalCommunicator final : public Communicator {
   Work do_issue(const Op& op, const void* send, void* recv,
                 const std::vector<int64_t>* counts) override {
     int64_t n = counts ? (*counts)[0] : op.count;
-    // all_reduce and broadcast are in place; gathers/scatters/all_to_all of one rank copy.
+    // all_reduce and broadcast are in place; gathers/scatters/all_to_all of one rank copy (the
+    // _v forms: the one chunk, counts[0]).
     if (send != recv && n > 0) std::memmove(recv, send, size_t(n * dtype_size(op.dtype)));
     return Work();
   }

@@ -80,6 +80,7 @@ class MpiCommunicator final : public Communicator {
  protected:
   Work do_issue(const Op& op, const void* send, void* recv,
                 const std::vector<int64_t>* counts) override {
+    if (counts && op.kind == Kind::kReduceScatter) return reduce_scatter_v(op, send, recv, *counts);
     if (counts) return all_gather_v(op, send, recv, *counts);
     auto work = std::make_unique<MpiWork>();
     MPI_Request* req = &work->request;
@@ -142,6 +143,20 @@ class MpiCommunicator final : public Communicator {
     const auto* own = static_cast<const char*>(recv) + int64_t(displs[rank_]) * dtype_size(op.dtype);
     const void* s = (send == own) ? MPI_IN_PLACE : send;
     MPI_Allgatherv(s, n[rank_], type, recv, n.data(), displs.data(), type, comm_);
+    return Work();
+  }
+
+  // Blocking MPI_Reduce_scatter (uneven chunks); send and recv do not overlap (the header's rule).
+  Work reduce_scatter_v(const Op& op, const void* send, void* recv,
+                        const std::vector<int64_t>& counts) {
+    std::vector<int> n(static_cast<size_t>(size_));
+    int64_t total = 0;
+    for (int r = 0; r < size_; ++r) {
+      n[r] = mpi_count(counts[r], op.kind);
+      total += counts[r];
+    }
+    mpi_count(total, op.kind);
+    MPI_Reduce_scatter(send, recv, n.data(), mpi_type(op.dtype), mpi_op(op.reduce), comm_);
     return Work();
   }
 

@@ -143,6 +143,15 @@ model::LossSum ParallelEngine::forward_loss(const data::MicroBatch& row,
 }
 
 void ParallelEngine::finish_gradients() {
+  plan_gradient_sums();
+  // 2. Data parallel: each dp rank saw its own micro-batches; the step gradient is their SUM
+  // (the loss scale already divides by the global count).
+  comm::Communicator& dp = *grid_.get(factory_->data_group);
+  if (dp.size() > 1) dp.all_reduce(grads_.data(), grads_.numel());
+  gradients_finished_ = true;
+}
+
+void ParallelEngine::plan_gradient_sums() {
   // 1. The plan's SUMs, one packed all-reduce per group kind (the same order on every rank:
   // every rank has the same plan structure).
   std::map<comm::Group, std::vector<int>> by_group;
@@ -161,11 +170,68 @@ void ParallelEngine::finish_gradients() {
       src += local_.view(v).numel;
     }
   }
-  // 2. Data parallel: each dp rank saw its own micro-batches; the step gradient is their SUM
-  // (the loss scale already divides by the global count).
-  comm::Communicator& dp = *grid_.get(factory_->data_group);
-  if (dp.size() > 1) dp.all_reduce(grads_.data(), grads_.numel());
+}
+
+bool ParallelEngine::shards_gradients() const {
+  const comm::Communicator& dp = *grid_.get(factory_->data_group);
+  // ZeRO-1 groups are cut from WEIGHT_DATA, which is DATA unless there are WEIGHT groups.
+  const bool inside = factory_->data_group == comm::Group::kWeightData || grid_.shape.weight == 0;
+  return inside && grid_.zero1->size() > 1 &&
+         grid_.zero1->size() * grid_.zero1_replica->size() == dp.size();
+}
+
+// [begin, end) of this zero1 rank's slice under `counts`, checked against the local buffer.
+static std::pair<int64_t, int64_t> slice_of(const std::vector<int64_t>& counts, int rank, int size,
+                                            int64_t numel) {
+  check(int64_t(counts.size()) == size, "ZeRO-1 gradient slices: {} counts for {} zero1 ranks",
+        counts.size(), size);
+  int64_t total = 0, begin = 0;
+  for (int r = 0; r < size; ++r) {
+    check(counts[size_t(r)] >= 0, "ZeRO-1 gradient slices: negative count {}", counts[size_t(r)]);
+    if (r == rank) begin = total;
+    total += counts[size_t(r)];
+  }
+  check(total == numel, "ZeRO-1 gradient slices: counts sum to {}, the local buffer has {}", total,
+        numel);
+  return {begin, begin + counts[size_t(rank)]};
+}
+
+void ParallelEngine::finish_gradient_slices(const std::vector<int64_t>& counts) {
+  check(shards_gradients(), "finish_gradient_slices: this grid has no ZeRO-1 gradient slices");
+  comm::Communicator& z = *grid_.zero1;
+  const auto [begin, end] = slice_of(counts, z.rank(), z.size(), grads_.numel());
+  plan_gradient_sums();
+  slice_scratch_.resize(size_t(end - begin));
+  z.reduce_scatter_v(slice_scratch_.data(), grads_.data(), counts);
+  std::copy(slice_scratch_.begin(), slice_scratch_.end(), grads_.data() + begin);
+  comm::Communicator& replica = *grid_.zero1_replica;
+  if (replica.size() > 1) replica.all_reduce(grads_.data() + begin, end - begin);
   gradients_finished_ = true;
+}
+
+double ParallelEngine::grad_norm_of_slices(const std::vector<int64_t>& counts) const {
+  const comm::Communicator& z = *grid_.zero1;
+  const auto [begin, end] = slice_of(counts, z.rank(), z.size(), grads_.numel());
+  // An element is held by world / split_parts ranks; each zero1 group holds it in one slice, so
+  // world / split_parts / Z slices hold it: weight each by the inverse.
+  double acc = 0.0;
+  for (int v = 0; v < plan_.num_views(); ++v) {
+    const int64_t offset = local_.view(v).offset;
+    const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + local_.view(v).numel);
+    if (lo >= hi) continue;
+    const double holders =
+        double(grid_.world_size) / double(plan_.tensor(v).split_parts()) / double(z.size());
+    acc += sum_squares(grads_.data() + lo, hi - lo) / holders;
+  }
+  if (grid_.world_size > 1) grid_.world->all_reduce(&acc, 1);
+  return std::sqrt(acc);
+}
+
+void ParallelEngine::gather_gradient_slices(const std::vector<int64_t>& counts) {
+  comm::Communicator& z = *grid_.zero1;
+  const auto [begin, end] = slice_of(counts, z.rank(), z.size(), grads_.numel());
+  (void)end;
+  if (z.size() > 1) z.all_gather_v(grads_.data(), grads_.data() + begin, counts);
 }
 
 double ParallelEngine::grad_norm() const {

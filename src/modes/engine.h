@@ -167,6 +167,26 @@ class ParallelEngine {
   /// finish_gradients() ran after the last zero_grads() / forward_backward() (before it, each
   /// rank holds partial sums and the norm would be wrong without any other sign).
   double grad_norm() const;
+  /// Whether the ZeRO-1 gradient path below applies: grid().zero1 has more than one rank, lies
+  /// inside finish_gradients' data-parallel group, and zero1 × zero1_replica is that group.
+  bool shards_gradients() const;
+  /// The ZeRO-1 form of finish_gradients (the gradient reduce-scatter of ZeRO stages 1/2,
+  /// Rajbhandari et al. 2020, and of Megatron-LM's distributed optimizer): the plan's SUMs as in
+  /// finish_gradients, then over data parallel a reduce_scatter_v inside grid().zero1 with
+  /// `counts` (one slice size per zero1 rank: the optimizer's contiguous split of the local flat
+  /// buffer) and, when the zero1 group is smaller than the data-parallel group, an all_reduce of
+  /// the slice over grid().zero1_replica (the groups' ranks holding the same slice). Afterwards
+  /// grads() holds the exact step gradient on this rank's slice only; the rest holds this rank's
+  /// unreduced contributions until gather_gradient_slices(). A ring moves (Z−1)/Z of the buffer
+  /// per rank instead of all_reduce's 2(Z−1)/Z. Collective over the grid. Throws Error unless
+  /// shards_gradients() and counts has one entry per zero1 rank summing to the local numel.
+  void finish_gradient_slices(const std::vector<int64_t>& counts);
+  /// grad_norm() after finish_gradient_slices: each rank squares its slice only, weighted so the
+  /// all-reduce over the world counts every element of the full model once. Collective (world).
+  double grad_norm_of_slices(const std::vector<int64_t>& counts) const;
+  /// After finish_gradient_slices: all_gather_v of the slices over grid().zero1, so grads() is
+  /// the full reduced gradient again (as after finish_gradients). Collective over zero1.
+  void gather_gradient_slices(const std::vector<int64_t>& counts);
   /// Σ over DATA of a LossSum (the step's loss numerator and count).
   model::LossSum reduce_loss(model::LossSum local) const;
 
@@ -178,6 +198,8 @@ class ParallelEngine {
 
  private:
   ModeContext context() const { return ModeContext{full_, local_, plan_, grid_}; }
+  /// Step 1 of finish_gradients: the plan's SUMs over the model-parallel groups.
+  void plan_gradient_sums();
 
   Grid grid_;  // validated against the model first (initialiser order matters)
   std::string mode_;
@@ -187,6 +209,7 @@ class ParallelEngine {
   model::ParamTable local_;
   model::Params<float> params_, grads_;
   bool gradients_finished_ = false;  ///< finish_gradients ran since grads_ last changed
+  std::vector<float> slice_scratch_;  // finish_gradient_slices' receive buffer (kept between steps)
   std::unique_ptr<model::InternLM2<float>> model_;
 };
 

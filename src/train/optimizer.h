@@ -28,8 +28,10 @@ class AdamW {
   AdamW(const model::ParamTable& layout, const OptimizerConfig& config, comm::CommPtr zero1 = nullptr);
 
   /// One update of `params` with `grads` (already reduced over data parallel and clipped) at
-  /// learning rate `lr`. Increments step(). With ZeRO-1, collective over the zero1 group. Marks
-  /// the live ops::Bf16WeightScope's bf16 weight copy stale (ops::invalidate_bf16_weights).
+  /// learning rate `lr`; only this rank's slice of `grads` is read, so a gradient reduced to the
+  /// slices (ParallelEngine::finish_gradient_slices) is enough. Increments step(). With ZeRO-1,
+  /// collective over the zero1 group. Marks the live ops::Bf16WeightScope's bf16 weight copy stale
+  /// (ops::invalidate_bf16_weights).
   void update(model::Params<float>& params, const model::Params<float>& grads, double lr);
 
   /// Whether update(params, grads, lr) would leave this rank's slice of the parameters and its
@@ -59,10 +61,13 @@ class AdamW {
   /// [begin, end) of this rank's slice of the flat buffer.
   int64_t shard_begin() const { return begin_; }
   int64_t shard_end() const { return end_; }
+  /// Elements per zero1 rank (the uneven split, in zero1-rank order), for all_gather_v and the
+  /// gradient reduce_scatter_v. Requires a zero1 communicator.
+  std::vector<int64_t> shard_counts() const;
+  /// The zero1 communicator (nullptr without ZeRO-1).
+  const comm::CommPtr& zero1() const { return zero1_; }
 
  private:
-  /// Elements per zero1 rank (the uneven split), for all_gather_v.
-  std::vector<int64_t> shard_counts() const;
 
   const model::ParamTable& layout_;
   OptimizerConfig config_;

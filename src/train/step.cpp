@@ -46,8 +46,10 @@ int64_t count_tokens(const data::MicroBatch& row) {
   return n;
 }
 
-StepResult step_gradients(parallel::ParallelEngine& engine, const std::vector<data::MicroBatch>& rows,
-                          const StepOptions& options) {
+// step_gradients; with `slices` the data-parallel reduction is ZeRO-1's reduce-scatter into the
+// optimizer's slices (ParallelEngine::finish_gradient_slices) instead of the all-reduce.
+static StepResult gradients(parallel::ParallelEngine& engine, const std::vector<data::MicroBatch>& rows,
+                            const StepOptions& options, const std::vector<int64_t>* slices) {
   comm::Communicator& dp = *engine.grid().data;
   const bool micro_mean = options.loss_reduction == LossReduction::kMicroMean;
   const int64_t micro_num = options.micro_num > 0 ? options.micro_num : int64_t(rows.size());
@@ -75,7 +77,10 @@ StepResult step_gradients(parallel::ParallelEngine& engine, const std::vector<da
     else
       loss_part += ls.sum;
   }
-  engine.finish_gradients();  // the layout's SUMs, then over data parallel
+  if (slices)
+    engine.finish_gradient_slices(*slices);  // the layout's SUMs, then reduce-scatter over dp
+  else
+    engine.finish_gradients();  // the layout's SUMs, then over data parallel
   if (dp.size() > 1) dp.all_reduce(&loss_part, 1);
   StepResult r;
   r.loss = micro_mean ? loss_part / static_cast<double>(micro_num * dp.size())
@@ -86,11 +91,26 @@ StepResult step_gradients(parallel::ParallelEngine& engine, const std::vector<da
   return r;
 }
 
+StepResult step_gradients(parallel::ParallelEngine& engine, const std::vector<data::MicroBatch>& rows,
+                          const StepOptions& options) {
+  return gradients(engine, rows, options, nullptr);
+}
+
 StepResult train_step(parallel::ParallelEngine& engine, AdamW& optimizer,
                       const std::vector<data::MicroBatch>& rows, const StepOptions& options) {
-  StepResult r = step_gradients(engine, rows, options);
-  if (options.on_gradients) options.on_gradients(engine);
-  const ClipResult clip = clip_grad_norm(std::pow(engine.grad_norm(), 2), options.clip_grad_norm);
+  // ZeRO-1 over the grid's zero1 group: each rank receives the reduced gradient of its optimizer
+  // slice only (a reduce-scatter, not an all-reduce); the norm is taken over the slices.
+  const bool sliced = optimizer.zero1() && optimizer.zero1() == engine.grid().zero1 &&
+                      engine.shards_gradients();
+  const std::vector<int64_t> slices = sliced ? optimizer.shard_counts() : std::vector<int64_t>{};
+  StepResult r = gradients(engine, rows, options, sliced ? &slices : nullptr);
+  if (options.on_gradients) {
+    // The hook (--dump-grads) sees the full reduced gradient, as without slices.
+    if (sliced) engine.gather_gradient_slices(slices);
+    options.on_gradients(engine);
+  }
+  const double norm = sliced ? engine.grad_norm_of_slices(slices) : engine.grad_norm();
+  const ClipResult clip = clip_grad_norm(std::pow(norm, 2), options.clip_grad_norm);
   r.grad_norm = clip.grad_norm;
   // Every rank must agree (a loss seen by some ranks only would split the run).
   int64_t bad = !clip.finite || !std::isfinite(r.loss);
@@ -99,7 +119,11 @@ StepResult train_step(parallel::ParallelEngine& engine, AdamW& optimizer,
   r.skipped = bad != 0;
   if (!r.skipped) {
     model::Params<float>& grads = engine.grads();
-    scale_grads(grads.data(), static_cast<size_t>(grads.numel()), clip.scale);
+    if (sliced)  // only the slice is reduced (and read by AdamW)
+      scale_grads(grads.data() + optimizer.shard_begin(),
+                  static_cast<size_t>(optimizer.shard_end() - optimizer.shard_begin()), clip.scale);
+    else
+      scale_grads(grads.data(), static_cast<size_t>(grads.numel()), clip.scale);
     // An update that would make a parameter or moment non-finite (too high a learning rate, a
     // gradient whose square overflows) is not applied either. Each rank checks its own slice
     // (its tensor shards, its ZeRO-1 slice); the verdict is agreed by all ranks.

@@ -73,6 +73,11 @@ StepResult step_gradients(parallel::ParallelEngine& engine, const std::vector<da
 /// options.lr — unless the loss or the norm is not finite on any rank, or the update would make a
 /// parameter or moment non-finite on any rank (AdamW::update_is_finite), when the update is
 /// skipped on every rank (result.skipped). Collective over the engine's grid (and AdamW's ZeRO-1 group).
+/// When AdamW's zero1 communicator is the grid's zero1 group and engine.shards_gradients(), the
+/// data-parallel reduction is a reduce-scatter into the optimizer's slices
+/// (ParallelEngine::finish_gradient_slices) and the norm is taken over the slices; the hook still
+/// sees the full gradient (the slices are all-gathered first), but after the step only this rank's
+/// slice of engine.grads() is the (clipped) step gradient.
 StepResult train_step(parallel::ParallelEngine& engine, AdamW& optimizer,
                       const std::vector<data::MicroBatch>& rows, const StepOptions& options);
 

@@ -93,6 +93,34 @@ TEST(TrainParallel, TensorParallelMatchesOneProcessAndResumesInAnotherLayout) {
               "tp2 fsp %.2e, resumed one process %.2e\n", e1, e0, e2, e3);
 }
 
+// dp2 with ZeRO-1 reduce-scatters the gradients into the optimizer slices; --dump-grads gathers
+// the full gradient, so the dump equals the all-reduce run's (ZeRO-1 off) byte for byte (a sum of
+// two contributions has one order), and so does the step-1 loss; step 2 may differ in the last
+// bits (the norm's double sum runs over the slices in another order).
+TEST(TrainParallel, Dp2Zero1DumpsTheSameGradientsAsTheAllReduce) {
+  Prepared p;
+  std::map<std::string, std::map<int64_t, double>> runs;  // step → loss
+  for (const std::string z : {"-1", "1"}) {
+    const std::string run = "z" + z;
+    auto r = mpirun_longtron(2, p.args(run, "--set train.total_steps=2 --set data.micro_num=1 "
+                                            "--set parallel.zero1.size=" + z + " --dump-grads " +
+                                            (p.dir / run / "grads").string()));
+    ASSERT_EQ(r.status, 0) << r.output;
+    runs[z] = losses(p.dir / run / "metrics.jsonl");
+    ASSERT_EQ(runs[z].size(), 2u);
+  }
+  EXPECT_EQ(runs["-1"][1], runs["1"][1]);
+  EXPECT_NEAR(runs["-1"][2], runs["1"][2], 1e-6 * std::abs(runs["1"][2]));
+  size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(p.dir / "z1" / "grads")) {
+    const fs::path other = p.dir / "z-1" / "grads" / entry.path().filename();
+    ASSERT_TRUE(fs::exists(other)) << other;
+    EXPECT_TRUE(read_file(entry.path()) == read_file(other)) << entry.path().filename();
+    ++files;
+  }
+  EXPECT_GT(files, 0u);
+}
+
 TEST(TrainParallel, LayoutErrorsStopTheJobFirst) {
   Prepared p;
   // One kv head cannot be split over 2 tensor ranks.

@@ -49,6 +49,17 @@ TEST(LocalComm, AsyncHandlesCompleteAndCountNothingSent) {
   EXPECT_EQ(c->stats().total_bytes(), 0u);  // a group of one sends nothing
 }
 
+TEST(LocalComm, ReduceScatterVOfOneRankCopiesItsChunk) {
+  CommPtr c = make_local_communicator();
+  std::vector<double> x = {1.5, -2.0, 3.25}, y(4, 9.0);
+  c->reduce_scatter_v(y.data(), x.data(), {3});
+  EXPECT_EQ(y, (std::vector<double>{1.5, -2.0, 3.25, 9.0}));
+  EXPECT_EQ(c->stats().calls[int(Kind::kReduceScatter)], 1u);
+  EXPECT_EQ(c->stats().total_sent(), 0u);  // a group of one sends nothing
+  EXPECT_THROW(c->reduce_scatter_v(y.data(), x.data(), {1, 2}), Error);
+  EXPECT_THROW(c->reduce_scatter_v(y.data(), x.data(), {-1}), Error);
+}
+
 TEST(LocalComm, SplitAndErrors) {
   CommPtr c = make_local_communicator();
   CommPtr s = c->split(3, 0);

@@ -104,6 +104,71 @@ TEST(Comm, AllGatherPlainInPlaceAndUneven) {
     for (int64_t i = 0; i <= r; ++i) EXPECT_EQ(all[k++], input<int64_t>(r, r + 1)[size_t(i)]);
 }
 
+// Uneven reduce-scatter: rank r receives chunk r (r + 1 elements, one chunk empty when T > 2 by
+// giving rank 1 zero) summed over the group; the adjoint check: all_gather_v of the chunks is the
+// all_reduce of the whole buffer.
+TEST(Comm, ReduceScatterVSumMaxAndItsAdjoint) {
+  Communicator& c = *world();
+  const int T = c.size();
+  std::vector<int64_t> counts(static_cast<size_t>(T));
+  for (int r = 0; r < T; ++r) counts[size_t(r)] = (T > 2 && r == 1) ? 0 : r + 2;
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t(0));
+  int64_t off = 0;
+  for (int r = 0; r < c.rank(); ++r) off += counts[size_t(r)];
+  const int64_t mine = counts[size_t(c.rank())];
+  const std::vector<double> send = input<double>(c.rank(), total);
+  std::vector<double> recv(static_cast<size_t>(mine) + 1, -7.0);  // one guard element
+  c.reduce_scatter_v(recv.data(), send.data(), counts);
+  for (int64_t i = 0; i < mine; ++i) {
+    double want = 0;
+    for (int r = 0; r < T; ++r) want += input<double>(r, total)[size_t(off + i)];
+    EXPECT_NEAR(recv[size_t(i)], want, 1e-12 * (1 + std::abs(want)));
+  }
+  EXPECT_EQ(recv[size_t(mine)], -7.0);  // nothing written past this rank's chunk
+  // Max, integers: exact.
+  const std::vector<int64_t> isend = input<int64_t>(c.rank(), total);
+  std::vector<int64_t> imax(static_cast<size_t>(std::max<int64_t>(mine, 1)));
+  c.reduce_scatter_v(imax.data(), isend.data(), counts, ReduceOp::kMax);
+  for (int64_t i = 0; i < mine; ++i) {
+    int64_t want = input<int64_t>(0, total)[size_t(off + i)];
+    for (int r = 1; r < T; ++r) want = std::max(want, input<int64_t>(r, total)[size_t(off + i)]);
+    EXPECT_EQ(imax[size_t(i)], want);
+  }
+  // all_gather_v(reduce_scatter_v(x)) == all_reduce(x) (integers: exact whatever the order).
+  std::vector<int64_t> isum(static_cast<size_t>(std::max<int64_t>(mine, 1)));
+  c.reduce_scatter_v(isum.data(), isend.data(), counts);
+  std::vector<int64_t> gathered(static_cast<size_t>(total)), reduced = isend;
+  c.all_gather_v(gathered.data(), isum.data(), counts);
+  c.all_reduce(reduced.data(), total);
+  EXPECT_EQ(gathered, reduced);
+  EXPECT_THROW(c.reduce_scatter_v(recv.data(), send.data(), std::vector<int64_t>{1}), Error);
+}
+
+// Ring bytes each rank sends: all_reduce 2(T-1)/T·S, reduce_scatter / all_gather (T-1)/T·S,
+// the uneven forms the whole buffer less the chunk a ring leaves out.
+TEST(Comm, SentBytesAreRingBytes) {
+  Communicator& w = *world();
+  CommPtr c = w.split(0, w.rank());
+  const int64_t T = c->size();
+  const int r = c->rank();
+  std::vector<float> x(static_cast<size_t>(12 * T)), y(static_cast<size_t>(12 * T));
+  c->all_reduce(x.data(), 12 * T);
+  EXPECT_EQ(c->stats().sent[int(Kind::kAllReduce)], uint64_t(2 * (T - 1) * 12 * 4));
+  c->reduce_scatter(y.data(), x.data(), 12);
+  EXPECT_EQ(c->stats().sent[int(Kind::kReduceScatter)], uint64_t((T - 1) * 12 * 4));
+  c->all_gather(y.data(), x.data(), 12);
+  EXPECT_EQ(c->stats().sent[int(Kind::kAllGather)], uint64_t((T - 1) * 12 * 4));
+  std::vector<int64_t> counts(static_cast<size_t>(T));
+  for (int k = 0; k < T; ++k) counts[size_t(k)] = k + 1;
+  const int64_t total = T * (T + 1) / 2;
+  c->reset_stats();
+  c->reduce_scatter_v(y.data(), x.data(), counts);
+  c->all_gather_v(y.data(), x.data(), counts);
+  EXPECT_EQ(c->stats().sent[int(Kind::kReduceScatter)], uint64_t((total - (r + 1)) * 4));
+  EXPECT_EQ(c->stats().sent[int(Kind::kAllGather)], uint64_t((total - ((r + 1) % T + 1)) * 4));
+  EXPECT_EQ(c->stats().total_sent(), uint64_t((2 * total - (r + 1) - ((r + 1) % T + 1)) * 4));
+}
+
 TEST(Comm, ReduceScatterSumAndMax) {
   Communicator& c = *world();
   const int T = c.size();

@@ -14,6 +14,75 @@ using parallel::TensorMode;
 
 TEST(EngineNp2, Dp2) { check_parity({"dp2", layout(1, TensorMode::kMtp, 1)}); }
 TEST(EngineNp2, Dp2Zero1) { check_parity({"dp2 zero1", layout(1, TensorMode::kMtp, -1)}); }
+// ZeRO-1 by reduce-scatter: one dp2 zero1 step sends (ring bytes, CommStats::sent) at most 2/3 of
+// what the same step sends with the gradient all-reduce. The all-reduce step is today's path,
+// taken when AdamW's zero1 communicator is not the grid's (here a copy of the group). The
+// scalar all-reduces (counts, loss, norm, verdicts) are the same in both and are the only
+// all-reduces of the reduce-scatter step; both steps land on the same parameters up to the
+// summation order.
+TEST(EngineNp2, Dp2Zero1ReduceScatterSendsTwoThirdsOfTheAllReduceStep) {
+  const ParityCase c{"dp2 zero1 bytes", layout(1, TensorMode::kMtp, -1)};
+  parallel::Grid grid = parallel::make_grid(world(), c.layout);
+  struct Run {
+    comm::CommStats sent;
+    std::vector<float> params;
+  };
+  auto run = [&](bool sliced) {
+    parallel::ParallelEngine engine(c.model, grid, 42, c.P);
+    EXPECT_TRUE(engine.shards_gradients());
+    comm::CommPtr z = sliced ? grid.zero1 : grid.zero1->split(0, grid.zero1->rank());
+    train::AdamW adam(engine.local_layout(), parity_optimizer(), z);
+    const comm::CommStats before = comm::global_stats();
+    const train::StepResult r =
+        train::train_step(engine, adam, dp_share(global_rows(c, 0), grid), parity_step_options());
+    EXPECT_FALSE(r.skipped);
+    Run out;
+    const comm::CommStats& after = comm::global_stats();
+    for (int k = 0; k < comm::kNumKinds; ++k) out.sent.sent[k] = after.sent[k] - before.sent[k];
+    out.params.assign(engine.params().data(), engine.params().data() + engine.params().numel());
+    return out;
+  };
+  const Run rs = run(true), ar = run(false);
+  const auto all_reduce = int(comm::Kind::kAllReduce);
+  const uint64_t scalars = rs.sent.sent[all_reduce];
+  const uint64_t rs_total = rs.sent.total_sent(), ar_total = ar.sent.total_sent();
+  const uint64_t grad_bytes = 4 * uint64_t(ar.params.size());
+  // The reduce-scatter step: a reduce-scatter and an all-gather, half the buffer each.
+  EXPECT_EQ(rs.sent.sent[int(comm::Kind::kReduceScatter)] + rs.sent.sent[int(comm::Kind::kAllGather)],
+            grad_bytes);
+  EXPECT_LT(scalars, 128u);
+  EXPECT_LE(3 * (rs_total - scalars), 2 * (ar_total - scalars));
+  EXPECT_LE(double(rs_total), (2.0 / 3.0) * double(ar_total) + double(scalars));
+  double worst = 0;
+  for (size_t i = 0; i < rs.params.size(); ++i)
+    worst = std::max(worst, double(std::abs(rs.params[i] - ar.params[i])));
+  EXPECT_LT(worst, 1e-6);
+  if (world()->rank() == 0)
+    std::printf("[zero1 bytes] one dp2 step: reduce-scatter %llu B, all-reduce %llu B sent per rank "
+                "(ratio %.4f; scalars %llu B); max |param diff| %.2e\n",
+                (unsigned long long)rs_total, (unsigned long long)ar_total,
+                double(rs_total) / double(ar_total), (unsigned long long)scalars, worst);
+}
+
+// The non-finite update check on reduce-scattered slices: a learning rate that is infinite in
+// float makes every rank's slice update non-finite; both ranks skip, nothing changes.
+TEST(EngineNp2, Dp2Zero1SkipsANonFiniteUpdateOnEveryRank) {
+  const ParityCase c{"dp2 zero1 lr inf", layout(1, TensorMode::kMtp, -1)};
+  parallel::Grid grid = parallel::make_grid(world(), c.layout);
+  parallel::ParallelEngine engine(c.model, grid, 42, c.P);
+  train::AdamW adam(engine.local_layout(), parity_optimizer(), grid.zero1);
+  const std::vector<float> before(engine.params().data(),
+                                  engine.params().data() + engine.params().numel());
+  train::StepOptions o = parity_step_options();
+  o.lr = 1e39;
+  const train::StepResult r = train::train_step(engine, adam, dp_share(global_rows(c, 0), grid), o);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_TRUE(r.update_nonfinite);
+  EXPECT_TRUE(std::isfinite(r.grad_norm));
+  EXPECT_EQ(adam.step(), 0);
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), engine.params().data()));
+}
+
 TEST(EngineNp2, Tp2Mtp) { check_parity({"tp2 mtp", layout(2, TensorMode::kMtp)}); }
 TEST(EngineNp2, Tp2Msp) { check_parity({"tp2 msp", layout(2, TensorMode::kMsp)}); }
 TEST(EngineNp2, Tp2Fsp) { check_parity({"tp2 fsp", layout(2, TensorMode::kFsp)}); }
