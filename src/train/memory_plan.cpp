@@ -104,13 +104,13 @@ double attention_workspace_elements(const parallel::ModeMemory& s, double head_d
 
 /// The chunked head's logits and their gradient (model/layers.cpp, parallel/head_loss.cpp): the
 /// rows of model::head_chunk_rows (at most 2²² logits and ⌈rows / 32⌉ rows, at least 256 rows).
-double head_chunk_rows(const parallel::ModeMemory& s) {
+double planned_head_chunk_rows(const parallel::ModeMemory& s) {
   const auto rows = static_cast<int64_t>(s.head_rows);
   return static_cast<double>(
       std::min(model::head_chunk_rows(static_cast<int64_t>(s.head_vocab), rows), rows));
 }
 double head_elements(const parallel::ModeMemory& s) {
-  const double chunk = head_chunk_rows(s);
+  const double chunk = planned_head_chunk_rows(s);
   return 2 * chunk * s.head_vocab + chunk;
 }
 
@@ -131,7 +131,7 @@ double activation_bytes(const model::WorkspaceShape& ws) {
 double bf16_operand_bytes(const parallel::ModeMemory& s) {
   const model::WorkspaceShape& w = s.ws;
   const double widest = std::max({w.H, w.Q, w.A, w.F});
-  const double chunk = head_chunk_rows(s);
+  const double chunk = planned_head_chunk_rows(s);
   if (s.bf16_operands == parallel::Bf16Operands::kWeightCopy)
     return 2 * std::max(w.N * (w.H + widest), chunk * (s.head_vocab + w.H));
   const double a = std::max(w.N * widest, chunk * s.head_vocab);
@@ -292,7 +292,7 @@ MemoryPlan plan_forward_memory(const model::ModelConfig& model, int64_t seq_len,
                 {"dataset (memory-mapped, page cache)", p.reclaimable_bytes, ""},
                 // The engine's own parameters and gradients, while the loaded copy is still held.
                 {"engine parameters and gradients", 2.0 * static_cast<double>(full.numel()) * kFloat, ""}};
-  const double head_chunk = head_chunk_rows(s) * (s.head_vocab + 1);  // logits and lse, no gradient
+  const double head_chunk = planned_head_chunk_rows(s) * (s.head_vocab + 1);  // logits and lse, no gradient
   p.step = {
       {"activations (one block, forward only)", model::workspace_elements(s.ws) * kFloat, key},
       {"attention workspace (packed keys)", blocks * s.attn_hkv * d * 64 * kFloat, key},
