@@ -288,17 +288,20 @@ DatasetRows::DatasetRows(const Dataset& dataset, const PackConfig& config, int64
   int64_t documents = 0, tokens = 0, scanned = 0;
   if (progress) progress->begin("building the row index", count_documents(dataset), "documents");
   for (const auto& file : dataset) {
-    auto order = document_order(*file, min_length, shuffle, seed, progress, scanned);
-    scanned += static_cast<int64_t>(file->num_documents());
+    // The balanced packer's windows take most of its time: it reports, the scan does not.
+    const bool balanced = config_.balance_window_rows > 0;
+    auto order = document_order(*file, min_length, shuffle, seed, balanced ? nullptr : progress,
+                                scanned);
     documents += static_cast<int64_t>(order.size());
     for (const int64_t d : order) tokens += static_cast<int64_t>(file->document_length(d));
     std::unique_ptr<RowSource> rows;
-    if (config_.balance_window_rows > 0)
-      rows = std::make_unique<BalancedRows>(*file, std::move(order), config_);
+    if (balanced)
+      rows = std::make_unique<BalancedRows>(*file, std::move(order), config_, progress, scanned);
     else if (config_.use_packed_dataset)
       rows = build_pack(*file, std::move(order), config_);
     else
       rows = build_unpack(*file, std::move(order), config_);
+    scanned += static_cast<int64_t>(file->num_documents());
     if (progress) progress->update(scanned);
     if (rows->num_rows() == 0) continue;
     row_starts_.push_back(row_starts_.back() + rows->num_rows());

@@ -45,11 +45,12 @@ data::PackConfig pack_config() {
 // Records what a pass reports.
 struct Recorder final : data::ProgressHook {
   std::vector<std::string> begun;
-  std::vector<int64_t> totals, updates;
+  std::vector<int64_t> totals, updates;  // updates of the latest pass
   int ended = 0;
   void begin(const std::string& what, int64_t total, const std::string& unit) override {
     begun.push_back(what + " in " + unit);
     totals.push_back(total);
+    updates.clear();
   }
   void update(int64_t done) override { updates.push_back(done); }
   void end() override { ++ended; }
@@ -63,18 +64,45 @@ TEST(DataProgress, PassesReportTheirSizeAndCountUpToIt) {
   const data::Dataset dataset = data::open_dataset(dir.path());
   Recorder r;
   data::validate_dataset(dataset, 100, &r);
+  EXPECT_EQ(r.updates.back(), data::count_tokens(dataset));
+  EXPECT_GT(r.updates.size(), 1u);  // every 2^20 tokens
+  EXPECT_TRUE(std::is_sorted(r.updates.begin(), r.updates.end()));
   data::DatasetRows with(dataset, pack_config(), 0, true, 7, &r);
   ASSERT_EQ(r.begun, (std::vector<std::string>{"checking token ids in tokens",
                                                 "building the row index in documents"}));
   EXPECT_EQ(r.totals[0], data::count_tokens(dataset));
   EXPECT_EQ(r.totals[1], 80000);
   EXPECT_EQ(r.ended, 2);
-  EXPECT_TRUE(std::find(r.updates.begin(), r.updates.end(), r.totals[0]) != r.updates.end());
   EXPECT_EQ(r.updates.back(), 80000);
-  EXPECT_GT(r.updates.size(), 6u);  // the token pass every 2^20 tokens, the index every 2^14 docs
+  EXPECT_TRUE(std::is_sorted(r.updates.begin(), r.updates.end()));
+  EXPECT_GT(r.updates.size(), 4u);  // inside the files too, every 2^14 documents
   const data::DatasetRows without(dataset, pack_config(), 0, true, 7);
   ASSERT_EQ(with.num_rows(), without.num_rows());
   for (int64_t k = 0; k < with.num_rows(); k += 97) {
+    const data::MicroBatch a = with.row(k), b = without.row(k);
+    EXPECT_EQ(a.input_ids, b.input_ids);
+    EXPECT_EQ(a.labels, b.labels);
+    EXPECT_EQ(a.cu_seqlens, b.cu_seqlens);
+  }
+}
+
+// data.balance = "documents": the balanced packer's windows report, counting up without going back.
+TEST(DataProgress, BalancedPackingCountsUpToTheDocuments) {
+  TempDir dir;
+  write_dataset(dir.path(), 40000);
+  const data::Dataset dataset = data::open_dataset(dir.path());
+  data::PackConfig config = pack_config();
+  config.balance_window_rows = 8;
+  Recorder r;
+  const data::DatasetRows with(dataset, config, 0, true, 7, &r);
+  ASSERT_EQ(r.totals, (std::vector<int64_t>{80000}));
+  EXPECT_EQ(r.ended, 1);
+  EXPECT_GT(r.updates.size(), 4u);  // inside the files too, every 2^14 documents
+  EXPECT_TRUE(std::is_sorted(r.updates.begin(), r.updates.end()));
+  EXPECT_EQ(r.updates.back(), 80000);
+  const data::DatasetRows without(dataset, config, 0, true, 7);
+  ASSERT_EQ(with.num_rows(), without.num_rows());
+  for (int64_t k = 0; k < with.num_rows(); k += 89) {
     const data::MicroBatch a = with.row(k), b = without.row(k);
     EXPECT_EQ(a.input_ids, b.input_ids);
     EXPECT_EQ(a.labels, b.labels);
