@@ -20,6 +20,7 @@
 #include "ops/threads.h"
 #include "parallel/layout.h"
 #include "train/config.h"
+#include "train/data_progress.h"
 #include "train/evaluate.h"
 #include "train/memory_plan.h"
 #include "train/model_io.h"
@@ -62,7 +63,10 @@ int eval_on(const EvalOptions& o, const comm::CommPtr& world) {
   Phase phase(fmt::format("evaluating {} (planned peak {})", o.data, train::format_bytes(plan.peak_bytes)));
   const data::Dataset dataset = data::open_dataset(o.data);
   // eval reads every token anyway: check ids first so the error names the file and document.
-  data::validate_dataset(dataset, m.layout->config().vocab_size);
+  {
+    train::DataProgress progress("--data " + o.data, world->rank() == 0);
+    data::validate_dataset(dataset, m.layout->config().vocab_size, &progress);
+  }
   // The evaluation's layout as the parallel.* keys would give it: dp × tensor over the world (one
   // rank: the dense mode).
   train::ParallelConfig par;

@@ -12,6 +12,7 @@
 #include "data/sequence_split.h"
 #include "model/internlm2.h"
 #include "train/config.h"
+#include "train/data_progress.h"
 
 namespace longtron::cli {
 namespace {
@@ -134,7 +135,8 @@ Subcommand inspect_command(help_order::kInspect, [](CLI::App& app) {
     if (o.data.balance.cost.windowed == 1.0) o.cp_window = o.data.balance.cost.window;
     o.data.pack.validate();  // bad sizes fail before the dataset is read
     data::check_sequence_parallel(o.sp_size, o.sp_rank);
-    const auto batches = data::inspect_json(data::open_dataset(args->data), o);
+    train::DataProgress progress("--data " + args->data, true);
+    const auto batches = data::inspect_json(data::open_dataset(args->data), o, &progress);
     if (args->json)
       fmt::print("{}\n", batches.dump());
     else

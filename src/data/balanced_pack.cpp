@@ -8,7 +8,7 @@
 namespace longtron::data {
 
 BalancedRows::BalancedRows(const DocumentSource& source, std::vector<int64_t> order,
-                           const PackConfig& config)
+                           const PackConfig& config, ProgressHook* progress, int64_t progress_base)
     : source_(source), order_(std::move(order)), config_(config) {
   config_.validate();
   check(config_.balance_window_rows > 0, "BalancedRows needs a balance window (rows > 0)");
@@ -30,7 +30,12 @@ BalancedRows::BalancedRows(const DocumentSource& source, std::vector<int64_t> or
   row_begin_.assign(1, 0);
   size_t d = 0;       // first ordered document not yet fully placed
   int64_t done = 0;   // tokens of document d already placed
+  int64_t reported = 0;
   for (int64_t first = 0; first < rows; first += W) {
+    if (progress && static_cast<int64_t>(d) - reported >= kProgressStepDocuments) {
+      progress->update(progress_base + static_cast<int64_t>(d));
+      reported = static_cast<int64_t>(d);
+    }
     const int64_t last = std::min(first + W, rows);
     const int64_t end = std::min(last * P_, used);  // stream tokens [first·P, end) of this window
     std::vector<int64_t> capacities;

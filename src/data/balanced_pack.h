@@ -23,7 +23,9 @@ namespace longtron::data {
 /// Holds one Piece per (document piece, row): O(documents + rows) memory. `source` must outlive it.
 class BalancedRows : public RowSource {
  public:
-  BalancedRows(const DocumentSource& source, std::vector<int64_t> order, const PackConfig& config);
+  /// `progress` (may be null) gets update(`progress_base` + documents placed) after each window.
+  BalancedRows(const DocumentSource& source, std::vector<int64_t> order, const PackConfig& config,
+               ProgressHook* progress = nullptr, int64_t progress_base = 0);
   int64_t num_rows() const override { return static_cast<int64_t>(row_begin_.size()) - 1; }
   void row_into(int64_t k, MicroBatch& out) const override;
   int64_t packed_length() const override { return P_; }

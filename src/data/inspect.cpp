@@ -79,12 +79,12 @@ nlohmann::json stack(const nlohmann::json& mbs, const char* key) {
 
 }  // namespace
 
-nlohmann::json inspect_json(Dataset dataset, const InspectOptions& o) {
+nlohmann::json inspect_json(Dataset dataset, const InspectOptions& o, ProgressHook* progress) {
   check(o.steps > 0, "--steps must be > 0, got {}", o.steps);
   check_sequence_parallel(o.sp_size, o.sp_rank);
   check(o.dp_size >= 0, "--dp-size must be > 0, got {}", o.dp_size);
   check(o.cp_size >= 1, "--cp-size must be >= 1, got {}", o.cp_size);
-  BatchLoader loader(std::move(dataset), o.data, std::max<int64_t>(o.dp_size, 1));
+  BatchLoader loader(std::move(dataset), o.data, std::max<int64_t>(o.dp_size, 1), progress);
   nlohmann::json steps = nlohmann::json::array();
   for (int64_t step = 0; step < o.steps; ++step) {
     const StepPlan plan = loader.plan(step);

@@ -9,6 +9,7 @@
 
 #include "data/context_split.h"
 #include "data/dataset.h"
+#include "data/progress_hook.h"
 #include "data/loader.h"
 
 namespace longtron::data {
@@ -40,7 +41,9 @@ struct InspectOptions {
 /// (RowCost) and max cost ÷ mean. With cp_size > 1 each micro-batch also has "cp_ranks":
 /// [{"rank", "positions", "attention_work"}] (context_assignment of the row padded to a multiple of
 /// cp_size, and the causal work of each rank's queries) and "cp_imbalance" (max work ÷ mean).
-nlohmann::json inspect_json(Dataset dataset, const InspectOptions& options);
+/// `progress` (may be null) sees the row index being built (BatchLoader).
+nlohmann::json inspect_json(Dataset dataset, const InspectOptions& options,
+                            ProgressHook* progress = nullptr);
 
 /// The same content laid out as InternEvo's data pipeline prints it (`batch_data[0]['input_ids']:
 /// tensor([[…]])`, then per micro-batch `data[...]` after packed_data_normalizer / unpack_data and

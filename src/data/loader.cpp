@@ -6,7 +6,8 @@
 
 namespace longtron::data {
 
-BatchLoader::BatchLoader(Dataset dataset, const DataConfig& config, int64_t dp_size)
+BatchLoader::BatchLoader(Dataset dataset, const DataConfig& config, int64_t dp_size,
+                         ProgressHook* progress)
     : dataset_(std::move(dataset)), config_(config), dp_size_(dp_size) {
   config_.balance.validate();
   check(config_.micro_num > 0, "data.micro_num must be > 0, got {}", config_.micro_num);
@@ -20,7 +21,7 @@ BatchLoader::BatchLoader(Dataset dataset, const DataConfig& config, int64_t dp_s
   config_.pack.balance_window_rows = window_rows;
   config_.pack.balance_pairs = config_.balance.cost;  // the packer counts pairs as the cost does
   rows_ = std::make_unique<DatasetRows>(dataset_, config_.pack, config_.min_length,
-                                        config_.shuffle, config_.seed);
+                                        config_.shuffle, config_.seed, progress);
   sampler_ = std::make_unique<StaticBatchSampler>(rows_->num_rows(), config_.micro_num, dp_size,
                                                   config_.shuffle, config_.seed);
 }

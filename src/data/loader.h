@@ -40,7 +40,9 @@ class BatchLoader {
   /// "documents" with rows it cannot pack), an empty dataset, or fewer rows than one step needs.
   /// With data.balance = "documents" the rows are packed in windows of balance.window × micro_num
   /// × dp_size rows (balanced_pack.h): they depend on the global batch, not on the rank.
-  BatchLoader(Dataset dataset, const DataConfig& config, int64_t dp_size);
+  /// `progress` (may be null) sees the row index being built (DatasetRows).
+  BatchLoader(Dataset dataset, const DataConfig& config, int64_t dp_size,
+              ProgressHook* progress = nullptr);
   /// The micro_num normalized micro-batches of `dp_rank` at global step `step` (0-based; epochs
   /// follow each other). Every rank of one TP/SP group passes its dp_rank and gets the same whole
   /// rows; the parallel mode takes its rank's part of a row itself (ModeFactory::local_batch).

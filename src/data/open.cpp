@@ -90,11 +90,19 @@ int64_t count_tokens(const Dataset& dataset) {
   return n;
 }
 
-void validate_dataset(const Dataset& dataset, int64_t vocab_size) {
+void validate_dataset(const Dataset& dataset, int64_t vocab_size, ProgressHook* progress) {
   std::vector<int32_t> tokens;
+  if (progress && !dataset.empty())
+    progress->begin("checking token ids", count_tokens(dataset), "tokens");
+  int64_t done = 0, reported = 0;
   for (const auto& source : dataset) {
     for (size_t i = 0; i < source->num_documents(); ++i) {
       const size_t length = source->document_length(i);
+      done += static_cast<int64_t>(length);
+      if (progress && done - reported >= kProgressStepTokens) {
+        progress->update(done);
+        reported = done;
+      }
       if (length == 0) fail("{}: document {} is empty (0 tokens)", source->path().string(), i);
       tokens.resize(length);
       source->read_tokens(i, 0, length, tokens.data());
@@ -105,6 +113,10 @@ void validate_dataset(const Dataset& dataset, int64_t vocab_size) {
                source->path().string(), i, j, tokens[j], vocab_size);
       }
     }
+  }
+  if (progress && !dataset.empty()) {
+    progress->update(done);
+    progress->end();
   }
 }
 

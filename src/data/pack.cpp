@@ -11,6 +11,7 @@
 #include "data/balanced_pack.h"
 #include "data/row_fill.h"
 #include "data/shuffle.h"
+#include "data/validate.h"
 
 namespace longtron::data {
 
@@ -44,11 +45,13 @@ void PackConfig::validate() const {
 }
 
 std::vector<int64_t> document_order(const DocumentSource& source, int64_t min_length, bool shuffle,
-                                    uint32_t seed) {
+                                    uint32_t seed, ProgressHook* progress, int64_t progress_base) {
   std::vector<int64_t> order;
   const size_t n = source.num_documents();
   order.reserve(n);
   for (size_t i = 0; i < n; ++i) {
+    if (progress && i % kProgressStepDocuments == 0)
+      progress->update(progress_base + static_cast<int64_t>(i));
     const auto len = static_cast<int64_t>(source.document_length(i));
     if (len > 0 && len >= min_length) order.push_back(static_cast<int64_t>(i));
   }
@@ -277,23 +280,29 @@ std::unique_ptr<UnpackedRows> build_unpack(const DocumentSource& source,
 }
 
 DatasetRows::DatasetRows(const Dataset& dataset, const PackConfig& config, int64_t min_length,
-                         bool shuffle, uint32_t seed)
+                         bool shuffle, uint32_t seed, ProgressHook* progress)
     : config_(config) {
   config_.validate();
   check(!dataset.empty(), "the dataset has no files");
   row_starts_.push_back(0);
-  int64_t documents = 0, tokens = 0;
+  int64_t documents = 0, tokens = 0, scanned = 0;
+  if (progress) progress->begin("building the row index", count_documents(dataset), "documents");
   for (const auto& file : dataset) {
-    auto order = document_order(*file, min_length, shuffle, seed);
+    // The balanced packer's windows take most of its time: it reports, the scan does not.
+    const bool balanced = config_.balance_window_rows > 0;
+    auto order = document_order(*file, min_length, shuffle, seed, balanced ? nullptr : progress,
+                                scanned);
     documents += static_cast<int64_t>(order.size());
     for (const int64_t d : order) tokens += static_cast<int64_t>(file->document_length(d));
     std::unique_ptr<RowSource> rows;
-    if (config_.balance_window_rows > 0)
-      rows = std::make_unique<BalancedRows>(*file, std::move(order), config_);
+    if (balanced)
+      rows = std::make_unique<BalancedRows>(*file, std::move(order), config_, progress, scanned);
     else if (config_.use_packed_dataset)
       rows = build_pack(*file, std::move(order), config_);
     else
       rows = build_unpack(*file, std::move(order), config_);
+    scanned += static_cast<int64_t>(file->num_documents());
+    if (progress) progress->update(scanned);
     if (rows->num_rows() == 0) continue;
     row_starts_.push_back(row_starts_.back() + rows->num_rows());
     files_.push_back(std::move(rows));
@@ -305,6 +314,7 @@ DatasetRows::DatasetRows(const Dataset& dataset, const PackConfig& config, int64
         "{}: the dataset has no rows: every file has fewer than packed_length = {} tokens "
         "({} in all) and data.pack_tail = \"drop\"",
         dataset.front()->path().string(), config_.packed_length(), tokens);
+  if (progress) progress->end();
 }
 
 void DatasetRows::row_into(int64_t k, MicroBatch& out) const {

@@ -15,6 +15,7 @@
 #include "data/balance.h"
 #include "data/batch.h"
 #include "data/dataset.h"
+#include "data/progress_hook.h"
 
 namespace longtron::data {
 
@@ -54,9 +55,11 @@ struct PackConfig {
 /// Document order of one file (docs/data.md): ids of documents with length >= min_length
 /// (empty documents are dropped too: they hold no token and would give empty segments), then, if
 /// `shuffle`, permuted exactly as InternEvo does: `RandomState(seed).shuffle` of the surviving list,
-/// reseeded per file.
+/// reseeded per file. `progress` (may be null) gets update(`progress_base` + documents scanned)
+/// every kProgressStepDocuments documents (no begin/end: the caller's pass spans files).
 std::vector<int64_t> document_order(const DocumentSource& source, int64_t min_length, bool shuffle,
-                                    uint32_t seed);
+                                    uint32_t seed, ProgressHook* progress = nullptr,
+                                    int64_t progress_base = 0);
 
 /// Rows of one packing mode. row_into() fills `out` (buffers reused) with a normalized micro-batch:
 /// input_ids/labels/indexes [P], cu_seqlens [k+1] (0 … P), max_seqlen (docs/data.md).
@@ -157,8 +160,10 @@ class DatasetRows : public RowSource {
   /// One RowSource per file (packed or unpacked per config.use_packed_dataset), document order
   /// from document_order(file, min_length, shuffle, seed). Throws Error if no row results
   /// ("dataset has no rows: N tokens < packed_length P with pack_tail=drop" or no documents).
+  /// `progress` (may be null) sees one pass "building the row index" counted in documents
+  /// (updated while each file's documents are scanned and when its rows are built).
   DatasetRows(const Dataset& dataset, const PackConfig& config, int64_t min_length, bool shuffle,
-              uint32_t seed);
+              uint32_t seed, ProgressHook* progress = nullptr);
   int64_t num_rows() const override { return row_starts_.back(); }
   void row_into(int64_t k, MicroBatch& out) const override;
   int64_t packed_length() const override { return config_.packed_length(); }

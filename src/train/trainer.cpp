@@ -23,6 +23,7 @@
 #include "ops/precision.h"
 #include "ops/threads.h"
 #include "train/checkpoint.h"
+#include "train/data_progress.h"
 #include "train/evaluate.h"
 #include "train/flops.h"
 #include "train/memory_plan.h"
@@ -83,11 +84,13 @@ namespace {
 
 /// Opens the dataset of config key `key` and checks every token id against the model's vocabulary
 /// before any work, so a mismatched dataset (even one without dataset.json) fails up front with
-/// its file, document and position rather than mid-run. One read pass over the tokens.
-data::Dataset open_checked(const fs::path& folder, const char* key, int64_t vocab_size) {
+/// its file, document and position rather than mid-run. One read pass over the tokens, with
+/// progress lines when `show` (rank 0) and the dataset is large (DataProgress).
+data::Dataset open_checked(const fs::path& folder, const char* key, int64_t vocab_size, bool show) {
   data::Dataset dataset = data::open_dataset(folder);
+  DataProgress progress(fmt::format("{} = {}", key, folder.string()), show);
   try {
-    data::validate_dataset(dataset, vocab_size);
+    data::validate_dataset(dataset, vocab_size, &progress);
   } catch (const Error& e) {
     fail("{} = {}: {} (model.vocab_size = {})", key, folder.string(), e.what(), vocab_size);
   }
@@ -143,17 +146,21 @@ struct Run {
                                               parallel::ParallelEngine::Unfilled{})),
         params(engine.params()), grads(engine.grads()), model(engine.model()),
         optimizer(engine.local_layout(), c.optimizer, grid.zero1),
-        loader(open_checked(c.data.train_folder, "data.train_folder", c.model.vocab_size),
-               loader_config(c), dp->size()) {
+        loader(open_checked(c.data.train_folder, "data.train_folder", c.model.vocab_size, rank0),
+               loader_config(c), dp->size(),
+               std::make_unique<DataProgress>("data.train_folder = " + c.data.train_folder,
+                                              rank0).get()) {
     schedule.lr = c.optimizer.lr;
     schedule.min_lr = c.lr_scheduler.min_lr;
     schedule.warmup_steps = c.lr_scheduler.warmup_steps;
     schedule.total_steps = c.train.total_steps;
     if (!c.data.valid_folder.empty()) {
-      valid_dataset = open_checked(c.data.valid_folder, "data.valid_folder", c.model.vocab_size);
+      valid_dataset =
+          open_checked(c.data.valid_folder, "data.valid_folder", c.model.vocab_size, rank0);
+      DataProgress progress("data.valid_folder = " + c.data.valid_folder, rank0);
       valid_rows = std::make_unique<data::DatasetRows>(valid_dataset, loader_config(c).pack,
                                                        c.data.min_length, /*shuffle=*/false,
-                                                       static_cast<uint32_t>(c.data.seed));
+                                                       static_cast<uint32_t>(c.data.seed), &progress);
     }
     tokenizer = find_tokenizer(c.data.train_folder);
   }
