@@ -123,6 +123,32 @@ TEST(Jinja, RuntimeErrorsNameTheLine) {
                {"range() longer"});
 }
 
+// A hostile template fails with a message instead of hanging, wrapping around or exhausting memory.
+TEST(Jinja, HostileArithmeticAndSizesAreRefused) {
+  using testing::expect_error;
+  Dict none;
+  auto render = [&](const std::string& s) { return Template::parse(s, "t").render(none); };
+  expect_error([&] { render("{{ 9223372036854775807 + 1 }}"); }, {"template line 1", "integer overflow"});
+  expect_error([&] { render("{{ -9223372036854775807 - 2 }}"); }, {"integer overflow"});
+  expect_error([&] { render("{{ 4294967296 * 4294967296 }}"); }, {"integer overflow"});
+  expect_error([&] { render("{{ 2 ** 1000000000000000 }}"); }, {"integer overflow"});
+  expect_error([&] { render("{{ 'x' * 10**12 }}"); }, {"template line 1", "more than"});
+  expect_error([&] { render("{{ [1] * 10**10 }}"); }, {"more than"});
+  expect_error([&] {
+    render("{% set ns = namespace(a='x') %}{% for i in range(100) %}{% set ns.a = ns.a ~ ns.a %}{% endfor %}");
+  }, {"a string longer than"});
+  expect_error([&] {
+    render("{% set ns = namespace(a=[1]) %}{% for i in range(100) %}{% set ns.a = ns.a + ns.a %}{% endfor %}");
+  }, {"a list longer than"});
+  expect_error([&] { render("{{ 'a\nb' | indent(10**12) }}"); }, {"indent width"});
+  expect_error([&] { render("{{ [1] | tojson(indent=10**9) }}"); }, {"tojson indent"});
+  // What still works: Python's results within int64.
+  EXPECT_EQ(render("{{ 2 ** 62 }} {{ (-3) ** 3 }} {{ 7 // -2 }} {{ -7 % 3 }} {{ 'ab' * 3 }} {{ 'ab' * -1 }}|"
+                   "{{ [1, 2] * 2 }} {{ '' * 10**15 }}"),
+            "4611686018427387904 -27 -4 2 ababab |[1, 2, 1, 2] ");
+  EXPECT_EQ(render("{{ 'a\nb' | indent(-3) }}"), "a\nb");
+}
+
 TEST(Jinja, UndefinedFollowsJinja2) {
   Dict vars;
   auto d = std::make_shared<Dict>();
