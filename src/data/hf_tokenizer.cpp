@@ -1114,6 +1114,12 @@ HfTokenizer HfTokenizer::from_json(const std::string& json_text, const std::stri
       t.normalized_matcher.add(pattern, i);
     }
   }
+  // The id table has max id + 1 entries: a file with a few tokens and an id of 2e9 would make
+  // gigabytes of it (and a model with that many embedding rows). Real vocabularies are dense.
+  const int64_t held = static_cast<int64_t>(t.vocab.size() + t.added.size());
+  if (size > 4 * held + 65536)
+    r.bad("model vocab", fmt::format("the largest id, {}, is far beyond the {} tokens the file holds "
+                                     "(ids must be dense: below 4 x tokens + 65536)", size - 1, held));
   t.id_to_token.assign(static_cast<size_t>(size), {});
   t.special.assign(static_cast<size_t>(size), 0);
   for (const auto& [token, id] : t.vocab) t.id_to_token[id] = token;

@@ -95,6 +95,14 @@ TEST(HfTokenizer, RefusesBadFilesNamingFileAndReason) {
   j = small();
   j["model"]["vocab"]["d"] = 1;
   expect_error([&] { ld::HfTokenizer::from_json(j.dump(), "dup.json"); }, {"dup.json", "id 1"});
+  // An id far beyond the vocabulary's size is refused before a table of that many entries is made.
+  j = small();
+  j["model"]["vocab"]["d"] = 2000000000;
+  expect_error([&] { ld::HfTokenizer::from_json(j.dump(), "sparse.json"); },
+               {"sparse.json", "2000000000", "dense"});
+  j = small();
+  j["added_tokens"][0]["id"] = 1999999999;
+  expect_error([&] { ld::HfTokenizer::from_json(j.dump(), "sparse.json"); }, {"sparse.json", "dense"});
   j = small();
   j["pre_tokenizer"] = json::parse(R"({"type": "Split", "pattern": {"Regex": "(a"},
                                        "behavior": "Isolated", "invert": false})");
