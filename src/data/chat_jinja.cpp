@@ -250,6 +250,25 @@ std::vector<ChatSegment> jinja_chat_segments(const ChatTemplate& chat, const Con
     if (best == std::string::npos && !well_placed_only) best = loose, best_len = loose_len;
     return std::pair{best, best_len};
   };
+  // An empty answer occurs everywhere (right after the user's words, too): where the template puts
+  // it is where a marker in its place appears in a second render, when that render is the first
+  // with only the marker added. npos when it is not.
+  auto locate_empty = [&](size_t m, size_t from) {
+    static const std::string marker = "longtron-empty-answer-marker-7f3a";
+    Conversation marked = conversation;
+    marked[m].content = marker;
+    std::string other;
+    try {
+      other = render_jinja_chat(chat, marked, false, what);
+    } catch (const std::exception&) {
+      return std::string::npos;
+    }
+    const size_t k = other.find(marker);
+    if (k == std::string::npos || k < from || other.size() != text.size() + marker.size() ||
+        other.compare(0, k, text, 0, k) != 0 || other.compare(k + marker.size(), std::string::npos, text, k) != 0)
+      return std::string::npos;
+    return k;
+  };
   size_t pos = 0;      // where the next search starts
   size_t emitted = 0;  // the end of the segments so far
   for (size_t m = 0; m < conversation.size(); ++m) {
@@ -262,7 +281,9 @@ std::vector<ChatSegment> jinja_chat_segments(const ChatTemplate& chat, const Con
       if (at != std::string::npos) pos = at + len;
       continue;
     }
-    const auto [best, best_len] = locate(content, pos, false);
+    auto [best, best_len] = locate(content, pos, false);
+    if (content.empty())
+      if (const size_t k = locate_empty(m, pos); k != std::string::npos) best = k, best_len = 0;
     check(best != std::string::npos,
           "{}: message {} (assistant) is not in the text the chat template rendered, neither verbatim "
           "nor stripped, so its loss cannot be placed", what, m);

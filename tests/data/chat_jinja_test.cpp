@@ -126,6 +126,26 @@ TEST(ChatJinja, LossFallsOnTheAnswerAsTheTemplateWroteIt) {
                             "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
+// An empty answer's loss falls on the end-of-turn token of the assistant's turn, not on the end of
+// the user's turn just before it (where an empty string also "occurs").
+TEST(ChatJinja, EmptyAnswerEndsItsOwnTurn) {
+  for (const std::string model : {"llama3", "qwen3"}) {
+    const ChatTemplate t = load_chat_template(kDir + model + ".json");
+    const auto segments = chat_segments(t, {{R::kUser, "Say yes"}, {R::kAssistant, ""}}, false, model);
+    std::string before;
+    for (const auto& s : segments) {
+      if (s.loss) break;
+      before += s.text;
+    }
+    const std::string header = model == "llama3" ? "<|start_header_id|>assistant<|end_header_id|>\n\n"
+                                                 : "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    EXPECT_TRUE(before.size() >= header.size() && before.compare(before.size() - header.size(), header.size(), header) == 0)
+        << model << ": loss starts after " << before;
+    EXPECT_EQ(loss_runs(segments), (std::vector<std::string>{model == "llama3" ? "<|eot_id|>" : "<|im_end|>"}))
+        << model;
+  }
+}
+
 TEST(ChatJinja, AnswerNotInTheRenderedTextIsRefused) {
   TempDir dir;
   write_file(dir / "tokenizer_config.json",
