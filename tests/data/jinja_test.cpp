@@ -149,6 +149,23 @@ TEST(Jinja, HostileArithmeticAndSizesAreRefused) {
   EXPECT_EQ(render("{{ 'a\nb' | indent(-3) }}"), "a\nb");
 }
 
+// Chains built in loops (a.b.c..., x|f|f..., 1+1+..., f()()...) are bounded like nesting: evaluating
+// or freeing 100 000 links recursed once per link and overflowed the stack.
+TEST(Jinja, LongChainsAreRefusedNotOverflowed) {
+  using testing::expect_error;
+  auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += s;
+    return out;
+  };
+  for (const std::string& link : {std::string(".a"), std::string("|upper"), std::string("+1"), std::string(" or 1"),
+                                  std::string(" < 1"), std::string("(1)"), std::string("[0]")})
+    expect_error([&] { Template::parse("{{ x" + repeat(link, 100000) + " }}", "t"); },
+                 {"template line 1", "nests too deeply"});
+  Dict none;
+  EXPECT_EQ(Template::parse("{{ 1" + repeat("+1", 900) + " }}", "t").render(none), "901");
+}
+
 TEST(Jinja, UndefinedFollowsJinja2) {
   Dict vars;
   auto d = std::make_shared<Dict>();
