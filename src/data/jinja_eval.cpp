@@ -20,6 +20,24 @@ namespace {
 
 constexpr int64_t kMaxRange = 1'000'000;  // range() longer than this is refused
 constexpr size_t kMaxOutput = size_t{1} << 30;  // 1 GiB of rendered text
+constexpr int kMaxValueDepth = 100;  // lists and dicts stored in a namespace nest at most this deep
+
+// Whether `v` holds the dict `target` or nests deeper than `depth_left` levels. A namespace
+// attribute is the only place a value can grow across loop iterations ({% set ns.a = [ns.a] %})
+// or refer to itself ({% set ns.x = ns %}); printing, comparing or freeing such a value recursed
+// without end.
+bool too_deep_or_cyclic(const Value& v, const Dict* target, int depth_left) {
+  if (v.is_list()) {
+    if (depth_left == 0) return true;
+    for (const auto& item : *v.list)
+      if (too_deep_or_cyclic(item, target, depth_left - 1)) return true;
+  } else if (v.is_dict()) {
+    if (v.dict.get() == target || depth_left == 0) return true;
+    for (const auto& [key, item] : v.dict->items)
+      if (too_deep_or_cyclic(item, target, depth_left - 1)) return true;
+  }
+  return false;
+}
 
 using Frame = std::unordered_map<std::string, Value>;
 
@@ -151,6 +169,9 @@ class Renderer {
           const Value target = lookup(s.targets[0]);
           check(target.is_dict() && target.namespace_, "{}: template line {}: cannot assign attribute '{}' "
                 "on '{}', which is not a namespace", name_, s.line, s.attr, s.targets[0]);
+          check(!too_deep_or_cyclic(value, target.dict.get(), kMaxValueDepth),
+                "{}: template line {}: the value assigned to '{}.{}' holds the namespace itself or nests "
+                "deeper than {} levels", name_, s.line, s.targets[0], s.attr, kMaxValueDepth);
           target.dict->set(s.attr, value);
         }
         return Flow::kNormal;

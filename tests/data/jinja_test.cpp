@@ -166,6 +166,24 @@ TEST(Jinja, LongChainsAreRefusedNotOverflowed) {
   EXPECT_EQ(Template::parse("{{ 1" + repeat("+1", 900) + " }}", "t").render(none), "901");
 }
 
+// A namespace attribute cannot hold the namespace itself or grow without bound across iterations:
+// printing {% set ns.x = ns %}{{ ns }} recursed until the stack overflowed.
+TEST(Jinja, NamespaceCannotHoldItselfOrNestWithoutBound) {
+  using testing::expect_error;
+  Dict none;
+  auto render = [&](const std::string& s) { return Template::parse(s, "t").render(none); };
+  expect_error([&] { render("{% set ns = namespace(x=1) %}{% set ns.x = ns %}{{ ns }}"); },
+               {"template line 1", "ns.x", "namespace itself"});
+  expect_error([&] { render("{% set ns = namespace(x=1) %}{% set ns.x = [{'a': ns}] %}{{ ns }}"); },
+               {"namespace itself"});
+  expect_error([&] {
+    render("{% set ns = namespace(a=1) %}{% for i in range(100000) %}{% set ns.a = [ns.a] %}{% endfor %}{{ ns.a }}");
+  }, {"deeper than 100"});
+  EXPECT_EQ(render("{% set ns = namespace(a=[], o=namespace(v=1)) %}{% for i in range(3) %}"
+                   "{% set ns.a = ns.a + [i] %}{% endfor %}{% set ns.o = namespace(v=2) %}{{ ns.a }} {{ ns.o.v }}"),
+            "[0, 1, 2] 2");
+}
+
 TEST(Jinja, UndefinedFollowsJinja2) {
   Dict vars;
   auto d = std::make_shared<Dict>();
