@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/json_read.h"
+#include "core/shorten.h"
 #include "data/jinja.h"
 #include "data/token_matcher.h"
 
@@ -55,8 +56,9 @@ std::string template_source(const nlohmann::json& value, const fs::path& file) {
               entry.contains("template") && entry["template"].is_string(),
           "{}: every \"chat_template\" entry needs a \"name\" and a \"template\" string", file.string());
     if (entry["name"] == "default") return entry["template"].get<std::string>();
-    names.push_back(entry["name"].get<std::string>());
+    names.push_back(shorten(entry["name"].get<std::string>()));
   }
+  if (names.size() > 10) names.resize(10), names.push_back("...");
   fail("{}: \"chat_template\" has no entry named \"default\" (it has: {})", file.string(),
        fmt::join(names, ", "));
 }

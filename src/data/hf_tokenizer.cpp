@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/json_read.h"
+#include "core/shorten.h"
 #include "data/unicode_text.h"
 
 namespace longtron::data {
@@ -46,8 +47,9 @@ struct Piece {
 struct Reader {
   std::string name;  // the file
 
+  // `where` and `what` may quote tokens of the file, of any length: they are cut to a line.
   [[noreturn]] void bad(const std::string& where, const std::string& what) const {
-    fail("{}: {}: {}", name, where, what);
+    fail("{}: {}: {}", name, shorten(where, 200), shorten(what, 400));
   }
   const json& field(const json& j, const char* key, const std::string& where) const {
     if (!j.is_object() || !j.contains(key)) bad(where, fmt::format("missing \"{}\"", key));

@@ -146,6 +146,21 @@ TEST(ChatJinja, EmptyAnswerEndsItsOwnTurn) {
   }
 }
 
+// The names of a template list without "default" are quoted a line's worth, not whole.
+TEST(ChatJinja, MissingDefaultTemplateMessageStaysShort) {
+  TempDir dir;
+  nlohmann::json list = nlohmann::json::array();
+  for (int i = 0; i < 50; ++i) list.push_back({{"name", std::string(5000, 'n') + std::to_string(i)}, {"template", "x"}});
+  write_file(dir / "tokenizer_config.json", nlohmann::json{{"chat_template", list}}.dump());
+  try {
+    load_chat_template(dir.path().string());
+    ADD_FAILURE() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("no entry named \"default\""), std::string::npos) << e.what();
+    EXPECT_LT(std::string(e.what()).size(), 2000u);
+  }
+}
+
 TEST(ChatJinja, AnswerNotInTheRenderedTextIsRefused) {
   TempDir dir;
   write_file(dir / "tokenizer_config.json",

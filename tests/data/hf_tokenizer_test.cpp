@@ -114,6 +114,23 @@ TEST(HfTokenizer, RefusesBadFilesNamingFileAndReason) {
     j[key] = {{"type", type}};
     expect_error([&] { ld::HfTokenizer::from_json(j.dump(), "c.json"); }, {"c.json", key, type, "not supported"});
   }
+  // A message quotes at most a line of an untrusted token or pattern, however long it is.
+  for (int which = 0; which < 3; ++which) {
+    j = small();
+    const std::string huge(100000, 'q');
+    if (which == 0) j["added_tokens"][0]["content"] = huge, j["added_tokens"][0]["lstrip"] = "yes";
+    if (which == 1) j["model"]["merges"] = json::array({huge});
+    if (which == 2)
+      j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(" + huge}}}, {"behavior", "Isolated"},
+                            {"invert", false}};
+    try {
+      ld::HfTokenizer::from_json(j.dump(), "long.json");
+      ADD_FAILURE() << "no error for case " << which;
+    } catch (const std::exception& e) {
+      EXPECT_LT(std::string(e.what()).size(), 1000u) << which;
+      EXPECT_NE(std::string(e.what()).find("long.json"), std::string::npos);
+    }
+  }
   j = small();
   j["model"]["dropout"] = 0.1;
   expect_error([&] { ld::HfTokenizer::from_json(j.dump(), "d.json"); }, {"d.json", "dropout"});
