@@ -76,11 +76,15 @@ class Renderer {
       else fail("template line {}: range() takes 1 to 3 arguments", line);
       if (a.args.size() == 3) step = as_int(a.args[2]);
       check(step != 0, "template line {}: range() step must not be zero", line);
-      const int64_t n = step > 0 ? (stop > start ? (stop - start + step - 1) / step : 0)
-                                 : (start > stop ? (start - stop - step - 1) / -step : 0);
+      // In 128 bits: stop - start and i + step can leave int64 (range(2**63 - 2, 2**63 - 1, 5)
+      // wrapped around and never ended).
+      using Wide = __int128;
+      const Wide span = step > 0 ? Wide{stop} - start : Wide{start} - stop;
+      const Wide magnitude = step > 0 ? Wide{step} : -Wide{step};
+      const Wide n = span > 0 ? (span + magnitude - 1) / magnitude : 0;
       check(n <= kMaxRange, "template line {}: range() longer than {}", line, kMaxRange);
       List out;
-      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(Value::from(i));
+      for (Wide k = 0; k < n; ++k) out.push_back(Value::from(static_cast<int64_t>(Wide{start} + k * step)));
       return Value::from(std::move(out));
     }));
     auto make_dict = [](bool is_namespace) {

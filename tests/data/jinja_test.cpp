@@ -147,6 +147,12 @@ TEST(Jinja, HostileArithmeticAndSizesAreRefused) {
                    "{{ [1, 2] * 2 }} {{ '' * 10**15 }}"),
             "4611686018427387904 -27 -4 2 ababab |[1, 2, 1, 2] ");
   EXPECT_EQ(render("{{ 'a\nb' | indent(-3) }}"), "a\nb");
+  // range() near the ends of int64 (i + step used to wrap around and loop forever).
+  EXPECT_EQ(render("{{ range(9223372036854775806, 9223372036854775807, 5) | list }}"), "[9223372036854775806]");
+  EXPECT_EQ(render("{{ range(-9223372036854775807 - 1, 9223372036854775807, 4611686018427387904) | list }}"),
+            "[-9223372036854775808, -4611686018427387904, 0, 4611686018427387904]");
+  EXPECT_EQ(render("{{ range(0, 10, -9223372036854775807 - 1) | list }}{{ range(5, -5, -4) | list }}"), "[][5, 1, -3]");
+  expect_error([&] { render("{{ range(-9223372036854775807, 9223372036854775807) }}"); }, {"range() longer"});
 }
 
 // Chains built in loops (a.b.c..., x|f|f..., 1+1+..., f()()...) are bounded like nesting: evaluating
