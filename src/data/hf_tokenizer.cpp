@@ -167,9 +167,22 @@ Behavior parse_behavior(const Reader& r, const std::string& s, const std::string
   r.bad(where, fmt::format("unknown split behavior \"{}\"", s));
 }
 
+// A normalizer may not make a text more than this many times longer (plus 4 KiB): a Sequence of
+// 40 Replace "e" -> "ee" would grow it 2^40-fold until memory ran out.
+constexpr size_t kMaxNormalizedGrowth = 16;
+
+void check_growth(size_t before, size_t after, const std::string& where) {
+  check(after <= kMaxNormalizedGrowth * before + 4096,
+        "{}: makes a {}-byte text {} bytes long (more than {} times longer)", where, before,
+        after, kMaxNormalizedGrowth);
+}
+
 void replace_all(std::string& text, const Regex& regex, const std::string& content) {
   const auto matches = regex.find_all(text);
   if (matches.empty()) return;
+  size_t removed = 0;
+  for (const auto& [b, e] : matches) removed += e - b;
+  check_growth(text.size(), text.size() - removed + matches.size() * content.size(), "Replace");
   std::string out;
   size_t prev = 0;
   for (const auto& [b, e] : matches) {
@@ -210,7 +223,11 @@ struct ReplaceNormalizer : Normalizer {
 struct SequenceNormalizer : Normalizer {
   std::vector<std::unique_ptr<Normalizer>> steps;
   void apply(std::string& text) const override {
-    for (const auto& s : steps) s->apply(text);
+    const size_t before = text.size();
+    for (const auto& s : steps) {
+      s->apply(text);
+      check_growth(before, text.size(), "normalizer Sequence");
+    }
   }
 };
 
@@ -1150,7 +1167,13 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text) const {
       ids.push_back(raw.id);
       continue;
     }
-    if (t.normalizer) t.normalizer->apply(raw.text);
+    if (t.normalizer) {
+      try {
+        t.normalizer->apply(raw.text);
+      } catch (const Error& e) {
+        fail("{}: {}", t.name, e.what());
+      }
+    }
     for (auto& split : t.split_added(raw.text, raw.origin, t.normalized_matcher)) {
       if (split.id >= 0) {
         ids.push_back(split.id);

@@ -131,6 +131,17 @@ TEST(HfTokenizer, RefusesBadFilesNamingFileAndReason) {
       EXPECT_NE(std::string(e.what()).find("long.json"), std::string::npos);
     }
   }
+  // Normalizers that grow the text without bound (40 doublings) fail when encoding, not by
+  // exhausting memory.
+  j = small();
+  j["normalizer"] = {{"type", "Sequence"}, {"normalizers", json::array()}};
+  for (int i = 0; i < 40; ++i)
+    j["normalizer"]["normalizers"].push_back({{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", "aa"}});
+  const auto doubling = ld::HfTokenizer::from_json(j.dump(), "grow.json");
+  expect_error([&] { doubling.encode("ab ab"); }, {"grow.json", "Sequence", "times longer"});
+  j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", std::string(100, 'a')}};
+  const auto widening = ld::HfTokenizer::from_json(j.dump(), "grow.json");
+  expect_error([&] { widening.encode(std::string(1000, 'a')); }, {"Replace", "times longer"});
   j = small();
   j["model"]["dropout"] = 0.1;
   expect_error([&] { ld::HfTokenizer::from_json(j.dump(), "d.json"); }, {"d.json", "dropout"});
