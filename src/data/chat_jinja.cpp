@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/json_read.h"
@@ -252,11 +253,12 @@ std::vector<ChatSegment> jinja_chat_segments(const ChatTemplate& chat, const Con
     if (best == std::string::npos && !well_placed_only) best = loose, best_len = loose_len;
     return std::pair{best, best_len};
   };
-  // An empty answer occurs everywhere (right after the user's words, too): where the template puts
-  // it is where a marker in its place appears in a second render, when that render is the first
-  // with only the marker added. npos when it is not.
-  auto locate_empty = [&](size_t m, size_t from) {
-    static const std::string marker = "longtron-empty-answer-marker-7f3a";
+  // Where the template puts answer m: where a marker in its place appears in a second render,
+  // when everything the render wrote before the marker is the same as in the real text. This
+  // keeps an answer that also occurs in a header ("assistant", "\n", "") from being taken from
+  // the header. npos when it cannot tell (the template rewrote the text before the answer).
+  auto marked_position = [&](size_t m, size_t from) {
+    static const std::string marker = "LongtronAnswerMarker7f3a";
     Conversation marked = conversation;
     marked[m].content = marker;
     std::string other;
@@ -266,8 +268,7 @@ std::vector<ChatSegment> jinja_chat_segments(const ChatTemplate& chat, const Con
       return std::string::npos;
     }
     const size_t k = other.find(marker);
-    if (k == std::string::npos || k < from || other.size() != text.size() + marker.size() ||
-        other.compare(0, k, text, 0, k) != 0 || other.compare(k + marker.size(), std::string::npos, text, k) != 0)
+    if (k == std::string::npos || k < from || k > text.size() || other.compare(0, k, text, 0, k) != 0)
       return std::string::npos;
     return k;
   };
@@ -283,9 +284,15 @@ std::vector<ChatSegment> jinja_chat_segments(const ChatTemplate& chat, const Con
       if (at != std::string::npos) pos = at + len;
       continue;
     }
-    auto [best, best_len] = locate(content, pos, false);
-    if (content.empty())
-      if (const size_t k = locate_empty(m, pos); k != std::string::npos) best = k, best_len = 0;
+    size_t best = std::string::npos, best_len = 0;
+    if (const size_t k = marked_position(m, emitted); k != std::string::npos) {
+      std::vector<std::string> forms = {content, jinja::py_strip(content, nullptr, true, true),
+                                        jinja::py_strip(content, &newlines, true, true)};
+      for (const auto& form : forms)
+        if ((best == std::string::npos || form.size() > best_len) && text.compare(k, form.size(), form) == 0)
+          best = k, best_len = form.size();
+    }
+    if (best == std::string::npos) std::tie(best, best_len) = locate(content, pos, false);
     check(best != std::string::npos,
           "{}: message {} (assistant) is not in the text the chat template rendered, neither verbatim "
           "nor stripped, so its loss cannot be placed", what, m);

@@ -147,6 +147,35 @@ TEST(ChatJinja, EmptyAnswerEndsItsOwnTurn) {
 }
 
 // The names of a template list without "default" are quoted a line's worth, not whole.
+// An answer that is also a word of the template's own headers ("assistant" in Llama 3's
+// <|start_header_id|>assistant<|end_header_id|>), or only white space, carries loss where the
+// answer is, not in the header or at the end of the user's turn.
+TEST(ChatJinja, AnswerThatMatchesTheHeaderIsTakenFromTheAnswer) {
+  const ChatTemplate llama = load_chat_template(kDir + "llama3.json");
+  const auto segments = chat_segments(llama, {{R::kUser, "Hi"}, {R::kAssistant, "assistant"}}, false, "h");
+  std::string before;
+  for (const auto& s : segments) {
+    if (s.loss) break;
+    before += s.text;
+  }
+  EXPECT_EQ(before, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                    "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(loss_runs(segments), (std::vector<std::string>{"assistant<|eot_id|>"}));
+  const ChatTemplate qwen = load_chat_template(kDir + "qwen3.json");
+  const auto blank = chat_segments(qwen, {{R::kUser, "Hi"}, {R::kAssistant, "\n"}}, false, "b");
+  ASSERT_FALSE(blank.empty());
+  EXPECT_EQ(blank[0].text, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  EXPECT_EQ(loss_runs(blank), (std::vector<std::string>{"<|im_end|>"}));
+  // An answer equal to the question, where nothing special follows the question (DeepSeek-V3), or
+  // to a system text merged into the user's turn (Gemma 3), was refused as not found.
+  const ChatTemplate deepseek = load_chat_template(kDir + "deepseek_v3.json");
+  EXPECT_EQ(loss_runs(chat_segments(deepseek, {{R::kUser, "yes"}, {R::kAssistant, "yes"}}, false, "d")),
+            (std::vector<std::string>{"yes<｜end▁of▁sentence｜>"}));
+  const ChatTemplate gemma = load_chat_template(kDir + "gemma3.json");
+  EXPECT_EQ(loss_runs(chat_segments(gemma, {{R::kSystem, "Ok"}, {R::kUser, "Ok"}, {R::kAssistant, "Ok"}}, false, "g")),
+            (std::vector<std::string>{"Ok<end_of_turn>"}));
+}
+
 TEST(ChatJinja, MissingDefaultTemplateMessageStaysShort) {
   TempDir dir;
   nlohmann::json list = nlohmann::json::array();
