@@ -3,6 +3,7 @@
 // tokenizer files found with the model. Written under a temporary name and renamed.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -43,6 +44,17 @@ int run_export(const ExportOptions& o) {
     std::error_code ec;
     check(!fs::exists(out) || !fs::equivalent(out, m.dir, ec),
           "export: --output {} is the checkpoint being exported", o.output);
+    // --overwrite removes --output: it must not hold the checkpoint (--output the checkpoint
+    // folder whose step_N is exported, or a folder above it), which would be deleted with it.
+    if (fs::exists(out)) {
+      const fs::path outer = fs::weakly_canonical(out, ec);
+      for (const fs::path& inner : {fs::weakly_canonical(m.dir, ec), fs::weakly_canonical(o.checkpoint, ec)}) {
+        const auto [mismatch, rest] = std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end());
+        check(mismatch != outer.end() || outer.empty(),
+              "export: --output {} holds the checkpoint being exported ({}); it would be removed", o.output,
+              inner.string());
+      }
+    }
   }
   const model::ModelConfig& config = m.layout->config();
   const std::string format = o.format.empty() ? config.type : o.format;

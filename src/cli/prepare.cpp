@@ -199,16 +199,21 @@ std::vector<std::vector<int32_t>> encode_chat(const PrepareOptions& options,
   const data::ChatEncoder encoder(chat, *tokenizer);
   std::vector<std::vector<int32_t>> encoded(conversations.size());
   std::string error;
+  bool out_of_memory = false;
 #pragma omp parallel for schedule(dynamic, 16)
   for (size_t i = 0; i < conversations.size(); ++i) {
     try {
       const auto& c = conversations[i];
       encoded[i] = data::to_stored_ids(encoder.encode(c.messages, c.where), c.where);
-    } catch (const Error& e) {
+    } catch (const std::bad_alloc&) {
+#pragma omp critical
+      out_of_memory = true;
+    } catch (const std::exception& e) {  // an exception leaving the parallel region is std::terminate
 #pragma omp critical
       if (error.empty()) error = e.what();
     }
   }
+  if (out_of_memory) throw std::bad_alloc();
   if (!error.empty()) throw Error("prepare: " + error);
   return encoded;
 }

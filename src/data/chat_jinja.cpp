@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/json_read.h"
+#include "core/shorten.h"
 #include "data/jinja.h"
 #include "data/token_matcher.h"
 
@@ -55,8 +57,9 @@ std::string template_source(const nlohmann::json& value, const fs::path& file) {
               entry.contains("template") && entry["template"].is_string(),
           "{}: every \"chat_template\" entry needs a \"name\" and a \"template\" string", file.string());
     if (entry["name"] == "default") return entry["template"].get<std::string>();
-    names.push_back(entry["name"].get<std::string>());
+    names.push_back(shorten(entry["name"].get<std::string>()));
   }
+  if (names.size() > 10) names.resize(10), names.push_back("...");
   fail("{}: \"chat_template\" has no entry named \"default\" (it has: {})", file.string(),
        fmt::join(names, ", "));
 }
@@ -250,6 +253,25 @@ std::vector<ChatSegment> jinja_chat_segments(const ChatTemplate& chat, const Con
     if (best == std::string::npos && !well_placed_only) best = loose, best_len = loose_len;
     return std::pair{best, best_len};
   };
+  // Where the template puts answer m: where a marker in its place appears in a second render,
+  // when everything the render wrote before the marker is the same as in the real text. This
+  // keeps an answer that also occurs in a header ("assistant", "\n", "") from being taken from
+  // the header. npos when it cannot tell (the template rewrote the text before the answer).
+  auto marked_position = [&](size_t m, size_t from) {
+    static const std::string marker = "LongtronAnswerMarker7f3a";
+    Conversation marked = conversation;
+    marked[m].content = marker;
+    std::string other;
+    try {
+      other = render_jinja_chat(chat, marked, false, what);
+    } catch (const std::exception&) {
+      return std::string::npos;
+    }
+    const size_t k = other.find(marker);
+    if (k == std::string::npos || k < from || k > text.size() || other.compare(0, k, text, 0, k) != 0)
+      return std::string::npos;
+    return k;
+  };
   size_t pos = 0;      // where the next search starts
   size_t emitted = 0;  // the end of the segments so far
   for (size_t m = 0; m < conversation.size(); ++m) {
@@ -262,7 +284,15 @@ std::vector<ChatSegment> jinja_chat_segments(const ChatTemplate& chat, const Con
       if (at != std::string::npos) pos = at + len;
       continue;
     }
-    const auto [best, best_len] = locate(content, pos, false);
+    size_t best = std::string::npos, best_len = 0;
+    if (const size_t k = marked_position(m, emitted); k != std::string::npos) {
+      std::vector<std::string> forms = {content, jinja::py_strip(content, nullptr, true, true),
+                                        jinja::py_strip(content, &newlines, true, true)};
+      for (const auto& form : forms)
+        if ((best == std::string::npos || form.size() > best_len) && text.compare(k, form.size(), form) == 0)
+          best = k, best_len = form.size();
+    }
+    if (best == std::string::npos) std::tie(best, best_len) = locate(content, pos, false);
     check(best != std::string::npos,
           "{}: message {} (assistant) is not in the text the chat template rendered, neither verbatim "
           "nor stripped, so its loss cannot be placed", what, m);

@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/json_read.h"
+#include "core/shorten.h"
 #include "data/unicode_text.h"
 
 namespace longtron::data {
@@ -46,8 +47,9 @@ struct Piece {
 struct Reader {
   std::string name;  // the file
 
+  // `where` and `what` may quote tokens of the file, of any length: they are cut to a line.
   [[noreturn]] void bad(const std::string& where, const std::string& what) const {
-    fail("{}: {}: {}", name, where, what);
+    fail("{}: {}: {}", name, shorten(where, 200), shorten(what, 400));
   }
   const json& field(const json& j, const char* key, const std::string& where) const {
     if (!j.is_object() || !j.contains(key)) bad(where, fmt::format("missing \"{}\"", key));
@@ -165,9 +167,22 @@ Behavior parse_behavior(const Reader& r, const std::string& s, const std::string
   r.bad(where, fmt::format("unknown split behavior \"{}\"", s));
 }
 
+// A normalizer may not make a text more than this many times longer (plus 4 KiB): a Sequence of
+// 40 Replace "e" -> "ee" would grow it 2^40-fold until memory ran out.
+constexpr size_t kMaxNormalizedGrowth = 16;
+
+void check_growth(size_t before, size_t after, const std::string& where) {
+  check(after <= kMaxNormalizedGrowth * before + 4096,
+        "{}: makes a {}-byte text {} bytes long (more than {} times longer)", where, before,
+        after, kMaxNormalizedGrowth);
+}
+
 void replace_all(std::string& text, const Regex& regex, const std::string& content) {
   const auto matches = regex.find_all(text);
   if (matches.empty()) return;
+  size_t removed = 0;
+  for (const auto& [b, e] : matches) removed += e - b;
+  check_growth(text.size(), text.size() - removed + matches.size() * content.size(), "Replace");
   std::string out;
   size_t prev = 0;
   for (const auto& [b, e] : matches) {
@@ -208,7 +223,11 @@ struct ReplaceNormalizer : Normalizer {
 struct SequenceNormalizer : Normalizer {
   std::vector<std::unique_ptr<Normalizer>> steps;
   void apply(std::string& text) const override {
-    for (const auto& s : steps) s->apply(text);
+    const size_t before = text.size();
+    for (const auto& s : steps) {
+      s->apply(text);
+      check_growth(before, text.size(), "normalizer Sequence");
+    }
   }
 };
 
@@ -1114,6 +1133,12 @@ HfTokenizer HfTokenizer::from_json(const std::string& json_text, const std::stri
       t.normalized_matcher.add(pattern, i);
     }
   }
+  // The id table has max id + 1 entries: a file with a few tokens and an id of 2e9 would make
+  // gigabytes of it (and a model with that many embedding rows). Real vocabularies are dense.
+  const int64_t held = static_cast<int64_t>(t.vocab.size() + t.added.size());
+  if (size > 4 * held + 65536)
+    r.bad("model vocab", fmt::format("the largest id, {}, is far beyond the {} tokens the file holds "
+                                     "(ids must be dense: below 4 x tokens + 65536)", size - 1, held));
   t.id_to_token.assign(static_cast<size_t>(size), {});
   t.special.assign(static_cast<size_t>(size), 0);
   for (const auto& [token, id] : t.vocab) t.id_to_token[id] = token;
@@ -1142,7 +1167,13 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text) const {
       ids.push_back(raw.id);
       continue;
     }
-    if (t.normalizer) t.normalizer->apply(raw.text);
+    if (t.normalizer) {
+      try {
+        t.normalizer->apply(raw.text);
+      } catch (const Error& e) {
+        fail("{}: {}", t.name, e.what());
+      }
+    }
     for (auto& split : t.split_added(raw.text, raw.origin, t.normalized_matcher)) {
       if (split.id >= 0) {
         ids.push_back(split.id);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdint>
 
 #include "core/error.h"
 
@@ -244,6 +245,16 @@ bool is_method(const Value& v, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
+// Bounds on the values a template builds, so that a hostile template (a string doubled in a loop,
+// "x" * 10**12) fails with a message instead of exhausting memory.
+constexpr size_t kMaxText = size_t{1} << 28;        // bytes in one string (256 MiB)
+constexpr size_t kMaxListItems = size_t{1} << 20;   // items in one list (range() gives at most 10^6)
+
+std::string checked_concat(const std::string& a, const std::string& b, int line) {
+  check(a.size() + b.size() <= kMaxText, "template line {}: a string longer than {} bytes", line, kMaxText);
+  return a + b;
+}
+
 int64_t floor_div(int64_t a, int64_t b) {
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
@@ -256,16 +267,27 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b, int line
   if (ints) {
     const int64_t x = as_int(a), y = as_int(b);
     if ((op == "//" || op == "%" || op == "/") && y == 0) type_error(line, "division by zero");
-    if (op == "+") return Value::from(x + y);
-    if (op == "-") return Value::from(x - y);
-    if (op == "*") return Value::from(x * y);
+    // Python's integers do not overflow; a result outside int64 is refused rather than wrapped.
+    int64_t r = 0;
+    auto overflow = [&] { type_error(line, fmt::format("integer overflow in {} {} {}", x, op, y)); };
+    if (op == "+") return Value::from(__builtin_add_overflow(x, y, &r) ? (overflow(), r) : r);
+    if (op == "-") return Value::from(__builtin_sub_overflow(x, y, &r) ? (overflow(), r) : r);
+    if (op == "*") return Value::from(__builtin_mul_overflow(x, y, &r) ? (overflow(), r) : r);
     if (op == "/") return Value::from(static_cast<double>(x) / static_cast<double>(y));
+    if ((op == "//" || op == "%") && x == INT64_MIN && y == -1) {
+      if (op == "%") return Value::from(int64_t{0});
+      overflow();
+    }
     if (op == "//") return Value::from(floor_div(x, y));
     if (op == "%") return Value::from(x - floor_div(x, y) * y);
     if (op == "**") {
       if (y < 0) return Value::from(std::pow(static_cast<double>(x), static_cast<double>(y)));
-      int64_t r = 1;
-      for (int64_t i = 0; i < y; ++i) r *= x;
+      r = 1;  // square-and-multiply: at most 63 squarings
+      int64_t base = x;
+      for (int64_t e = y; e > 0; e >>= 1) {
+        if ((e & 1) && __builtin_mul_overflow(r, base, &r)) overflow();
+        if (e > 1 && __builtin_mul_overflow(base, base, &base)) overflow();
+      }
       return Value::from(r);
     }
   }
@@ -365,7 +387,7 @@ Value get_slice(const Value& obj, const Value* start, const Value* stop, const V
 Value binary(const std::string& op, const Value& a, const Value& b, int line) {
   if (op == "==") return Value::from(equal(a, b));
   if (op == "!=") return Value::from(!equal(a, b));
-  if (op == "~") return Value::from(str(a) + str(b));
+  if (op == "~") return Value::from(checked_concat(str(a), str(b), line));
   if (op == "in" || op == "not in") {
     bool found = false;
     if (b.is_string()) {
@@ -384,15 +406,23 @@ Value binary(const std::string& op, const Value& a, const Value& b, int line) {
   if (op == "<=") return Value::from(!less(b, a, line));
   if (op == ">=") return Value::from(!less(a, b, line));
   if (a.is_number() && b.is_number()) return arithmetic(op, a, b, line);
-  if (op == "+" && a.is_string() && b.is_string()) return Value::from(a.text + b.text);
+  if (op == "+" && a.is_string() && b.is_string()) return Value::from(checked_concat(a.text, b.text, line));
   if (op == "+" && a.is_list() && b.is_list() && a.tuple == b.tuple) {
+    check(a.list->size() + b.list->size() <= kMaxListItems, "template line {}: a list longer than {} items",
+          line, kMaxListItems);
     List out = *a.list;
     out.insert(out.end(), b.list->begin(), b.list->end());
     return Value::from(std::move(out), a.tuple);
   }
   if (op == "*" && (a.is_string() || a.is_list()) && b.kind == Value::Kind::kInt) {
+    const size_t unit = a.is_string() ? a.text.size() : a.list->size();
+    const size_t limit = a.is_string() ? kMaxText : kMaxListItems;
+    if (b.integer <= 0 || unit == 0) return a.is_string() ? Value::from(std::string()) : Value::from(List{}, a.tuple);
+    check(static_cast<uint64_t>(b.integer) <= limit / unit, "template line {}: {} * {} would hold more than {} {}",
+          line, type_name(a), b.integer, limit, a.is_string() ? "bytes" : "items");
     if (a.is_string()) {
       std::string out;
+      out.reserve(unit * static_cast<size_t>(b.integer));
       for (int64_t i = 0; i < b.integer; ++i) out += a.text;
       return Value::from(out);
     }
@@ -503,11 +533,15 @@ Value apply_filter(const std::string& name, const Value& v, const CallArgs& a, i
     check(!has_arg(a, 99, "separators"), "template line {}: tojson: separators are not supported", line);
     if (truthy(arg(a, 99, "ensure_ascii", Value::from(false))))
       type_error(line, "tojson: ensure_ascii=True is not supported");
-    return Value::from(to_json(v, indent.is_none() ? -1 : static_cast<int>(need_int(indent, line, "indent"))));
+    const int64_t n = indent.is_none() ? -1 : need_int(indent, line, "indent");
+    check(n >= -4096 && n <= 4096, "template line {}: tojson indent {} is outside [-4096, 4096]", line, n);
+    return Value::from(to_json(v, static_cast<int>(n)));
   }
   if (name == "indent") {
     const Value& width = arg(a, 0, "width", Value::from(int64_t{4}));
-    const std::string pad = width.is_string() ? width.text : std::string(need_int(width, line, "width"), ' ');
+    const int64_t w = width.is_string() ? 0 : need_int(width, line, "width");
+    check(w <= 4096, "template line {}: indent width {} is larger than 4096", line, w);
+    const std::string pad = width.is_string() ? width.text : std::string(static_cast<size_t>(std::max<int64_t>(w, 0)), ' ');
     return Value::from(indent_text(str(v), pad, truthy(arg(a, 1, "first", Value::from(false))),
                                    truthy(arg(a, 2, "blank", Value::from(false)))));
   }

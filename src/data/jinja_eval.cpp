@@ -20,6 +20,24 @@ namespace {
 
 constexpr int64_t kMaxRange = 1'000'000;  // range() longer than this is refused
 constexpr size_t kMaxOutput = size_t{1} << 30;  // 1 GiB of rendered text
+constexpr int kMaxValueDepth = 100;  // lists and dicts stored in a namespace nest at most this deep
+
+// Whether `v` holds the dict `target` or nests deeper than `depth_left` levels. A namespace
+// attribute is the only place a value can grow across loop iterations ({% set ns.a = [ns.a] %})
+// or refer to itself ({% set ns.x = ns %}); printing, comparing or freeing such a value recursed
+// without end.
+bool too_deep_or_cyclic(const Value& v, const Dict* target, int depth_left) {
+  if (v.is_list()) {
+    if (depth_left == 0) return true;
+    for (const auto& item : *v.list)
+      if (too_deep_or_cyclic(item, target, depth_left - 1)) return true;
+  } else if (v.is_dict()) {
+    if (v.dict.get() == target || depth_left == 0) return true;
+    for (const auto& [key, item] : v.dict->items)
+      if (too_deep_or_cyclic(item, target, depth_left - 1)) return true;
+  }
+  return false;
+}
 
 using Frame = std::unordered_map<std::string, Value>;
 
@@ -58,11 +76,15 @@ class Renderer {
       else fail("template line {}: range() takes 1 to 3 arguments", line);
       if (a.args.size() == 3) step = as_int(a.args[2]);
       check(step != 0, "template line {}: range() step must not be zero", line);
-      const int64_t n = step > 0 ? (stop > start ? (stop - start + step - 1) / step : 0)
-                                 : (start > stop ? (start - stop - step - 1) / -step : 0);
+      // In 128 bits: stop - start and i + step can leave int64 (range(2**63 - 2, 2**63 - 1, 5)
+      // wrapped around and never ended).
+      using Wide = __int128;
+      const Wide span = step > 0 ? Wide{stop} - start : Wide{start} - stop;
+      const Wide magnitude = step > 0 ? Wide{step} : -Wide{step};
+      const Wide n = span > 0 ? (span + magnitude - 1) / magnitude : 0;
       check(n <= kMaxRange, "template line {}: range() longer than {}", line, kMaxRange);
       List out;
-      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(Value::from(i));
+      for (Wide k = 0; k < n; ++k) out.push_back(Value::from(static_cast<int64_t>(Wide{start} + k * step)));
       return Value::from(std::move(out));
     }));
     auto make_dict = [](bool is_namespace) {
@@ -151,6 +173,9 @@ class Renderer {
           const Value target = lookup(s.targets[0]);
           check(target.is_dict() && target.namespace_, "{}: template line {}: cannot assign attribute '{}' "
                 "on '{}', which is not a namespace", name_, s.line, s.attr, s.targets[0]);
+          check(!too_deep_or_cyclic(value, target.dict.get(), kMaxValueDepth),
+                "{}: template line {}: the value assigned to '{}.{}' holds the namespace itself or nests "
+                "deeper than {} levels", name_, s.line, s.targets[0], s.attr, kMaxValueDepth);
           target.dict->set(s.attr, value);
         }
         return Flow::kNormal;

@@ -248,8 +248,23 @@ class Parser {
     auto e = node(kind, line);
     e->args.push_back(std::move(a));
     if (b) e->args.push_back(std::move(b));
+    seal(*e);
     return e;
   }
+
+  // Sets e.height from its operands' (already sealed). Chains such as a.b.c..., x|f|f|... or
+  // 1+1+1+... are parsed in loops, not by recursion, but evaluating and freeing them recurses
+  // once per link: a template of 100 000 links would overflow the stack.
+  void seal(Expr& e) {
+    int h = 0;
+    for (const auto& a : e.args)
+      if (a) h = std::max(h, a->height);
+    for (const auto& [key, a] : e.kwargs)
+      if (a) h = std::max(h, a->height);
+    e.height = h + 1;
+    if (e.height > kMaxHeight) error(peek(), "the expression nests too deeply");
+  }
+  static constexpr int kMaxHeight = 1000;
 
   // `a, b` without brackets is a tuple where Jinja2 allows one ({{ }}, for ... in, set =).
   ExprPtr parse_tuple_or_expr(bool no_condition = false) {
@@ -263,6 +278,7 @@ class Parser {
       if (peek().kind == K::kBlockEnd || peek().kind == K::kVarEnd || is_name("if")) break;
       tuple->args.push_back(no_condition ? parse_or() : parse_expression());
     }
+    seal(*tuple);
     return tuple;
   }
 
@@ -283,6 +299,7 @@ class Parser {
       ExprPtr otherwise = accept_name("else") ? parse_expression() : nullptr;
       auto cond = node(Expr::Kind::kCond, line, std::move(value), std::move(condition));
       cond->args.push_back(std::move(otherwise));
+      seal(*cond);
       value = std::move(cond);
     }
     return value;
@@ -440,6 +457,7 @@ class Parser {
             tuple->tuple = true;
             tuple->args.push_back(std::move(inner));
             while (accept_op(",") && !is_op(")")) tuple->args.push_back(parse_expression());
+            seal(*tuple);
             inner = std::move(tuple);
           }
           expect_op(")");
@@ -455,6 +473,7 @@ class Parser {
             }
             e->args.push_back(parse_expression());
           }
+          seal(*e);
           return e;
         }
         if (token.text == "{") {
@@ -469,6 +488,7 @@ class Parser {
             expect_op(":");
             e->args.push_back(parse_expression());
           }
+          seal(*e);
           return e;
         }
         break;
@@ -495,6 +515,7 @@ class Parser {
         e.args.push_back(parse_expression());
       }
     }
+    seal(e);
   }
 
   ExprPtr parse_postfix(ExprPtr e) {
@@ -507,6 +528,7 @@ class Parser {
           index->value = Value::from(static_cast<int64_t>(std::stoll(next().text)));
           attr->kind = Expr::Kind::kItem;
           attr->args.push_back(std::move(index));
+          seal(*attr);
         } else {
           attr->name = expect_name();
         }
@@ -542,6 +564,7 @@ class Parser {
     auto e = node(Expr::Kind::kSlice, line);
     e->args.push_back(std::move(subject));
     for (auto& p : parts) e->args.push_back(std::move(p));
+    seal(*e);
     return e;
   }
 
@@ -568,6 +591,7 @@ class Parser {
                    (after.kind == K::kName && !is_name("else") && !is_name("or") && !is_name("and") &&
                     !is_name("if") && !is_name("is") && !is_name("in") && !is_name("not"))) {
           t->args.push_back(parse_postfix(parse_primary()));
+          seal(*t);
         }
         e = std::move(t);
       } else if (is_op("(")) {

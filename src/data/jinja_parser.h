@@ -43,6 +43,7 @@ struct Expr {
   bool negate = false;
   std::vector<ExprPtr> args;
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
+  int height = 1;  ///< 1 + the largest height of args and kwargs (bounded by the parser)
 };
 
 struct Stmt;

@@ -243,16 +243,21 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_all(std::span<const std::str
   std::vector<std::vector<int32_t>> out(documents.size());
   const int n = threads > 0 ? threads : omp_get_max_threads();
   std::string error;
+  bool out_of_memory = false;
   // Dynamic schedule: document lengths vary by orders of magnitude.
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n)
   for (size_t i = 0; i < documents.size(); ++i) {
     try {
       out[i] = encode(documents[i], bos_eos);
-    } catch (const Error& e) {
+    } catch (const std::bad_alloc&) {
+#pragma omp critical
+      out_of_memory = true;
+    } catch (const std::exception& e) {  // an exception leaving the parallel region is std::terminate
 #pragma omp critical
       error = e.what();
     }
   }
+  if (out_of_memory) throw std::bad_alloc();
   if (!error.empty()) throw Error(error);
   return out;
 }

@@ -9,6 +9,7 @@
 #include <cctype>
 
 #include "core/error.h"
+#include "core/shorten.h"
 
 namespace longtron::data::unicode {
 
@@ -195,7 +196,7 @@ Regex::Regex(const std::string& pattern, const std::string& where) : where_(wher
   if (code->code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error, message, sizeof message);
-    fail("{}: regex {} does not compile: {} at offset {}", where, pattern,
+    fail("{}: regex {} does not compile: {} at offset {}", where, shorten(pattern, 200),
          reinterpret_cast<const char*>(message), offset);
   }
   pcre2_jit_compile(code->code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if it fails

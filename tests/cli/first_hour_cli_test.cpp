@@ -75,6 +75,16 @@ TEST(FirstHour, ExportAndFineTuneRunTwiceAndSayWhyTheirDtype) {
   EXPECT_TRUE(contains(r.output, "exists and is not empty (pass --overwrite to replace it)"))
       << r.output;
   EXPECT_TRUE(fs::exists(p.dir / "llama" / "config.json"));
+  // --output the checkpoint folder (or a folder above it) with --overwrite would delete the
+  // checkpoint: refused, and the checkpoint is still there.
+  for (const fs::path& above : {p.dir / "ckpt", p.dir.path()}) {
+    r = run_longtron("export --checkpoint " + (p.dir / "ckpt").string() + " --output " + above.string() +
+                     " --format llama --overwrite");
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_TRUE(contains(r.output, "holds the checkpoint being exported")) << r.output;
+    EXPECT_TRUE(fs::exists(p.dir / "ckpt")) << r.output;
+    ASSERT_TRUE(fs::exists(p.dir / "llama" / "config.json")) << r.output;
+  }
   // The README's fine-tune with configs/finetune_llama.toml (its warmup 5 is longer than this
   // one-step run), twice.
   const std::string finetune =

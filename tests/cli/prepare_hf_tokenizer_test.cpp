@@ -66,8 +66,9 @@ TEST(PrepareHfTokenizer, BrokenTokenizerJsonIsRefusedNamingTheFile) {
   const auto r = run_longtron("prepare --input " + (dir / "docs.jsonl").string() + " --output " +
                               (dir / "out").string() + " --tokenizer " + (dir / "tokenizer.json").string());
   EXPECT_NE(r.status, 0);
+  // "<file>, byte N: not a tokenizer.json: ..." (the JSON reader names the byte where it stopped).
   EXPECT_NE(r.output.find((dir / "tokenizer.json").string() + ", byte "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find(": not a tokenizer.json: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(": not a tokenizer.json"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(dir / "out"));
 }
 

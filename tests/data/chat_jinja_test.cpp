@@ -126,6 +126,70 @@ TEST(ChatJinja, LossFallsOnTheAnswerAsTheTemplateWroteIt) {
                             "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
+// An empty answer's loss falls on the end-of-turn token of the assistant's turn, not on the end of
+// the user's turn just before it (where an empty string also "occurs").
+TEST(ChatJinja, EmptyAnswerEndsItsOwnTurn) {
+  for (const std::string model : {"llama3", "qwen3"}) {
+    const ChatTemplate t = load_chat_template(kDir + model + ".json");
+    const auto segments = chat_segments(t, {{R::kUser, "Say yes"}, {R::kAssistant, ""}}, false, model);
+    std::string before;
+    for (const auto& s : segments) {
+      if (s.loss) break;
+      before += s.text;
+    }
+    const std::string header = model == "llama3" ? "<|start_header_id|>assistant<|end_header_id|>\n\n"
+                                                 : "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    EXPECT_TRUE(before.size() >= header.size() && before.compare(before.size() - header.size(), header.size(), header) == 0)
+        << model << ": loss starts after " << before;
+    EXPECT_EQ(loss_runs(segments), (std::vector<std::string>{model == "llama3" ? "<|eot_id|>" : "<|im_end|>"}))
+        << model;
+  }
+}
+
+// The names of a template list without "default" are quoted a line's worth, not whole.
+// An answer that is also a word of the template's own headers ("assistant" in Llama 3's
+// <|start_header_id|>assistant<|end_header_id|>), or only white space, carries loss where the
+// answer is, not in the header or at the end of the user's turn.
+TEST(ChatJinja, AnswerThatMatchesTheHeaderIsTakenFromTheAnswer) {
+  const ChatTemplate llama = load_chat_template(kDir + "llama3.json");
+  const auto segments = chat_segments(llama, {{R::kUser, "Hi"}, {R::kAssistant, "assistant"}}, false, "h");
+  std::string before;
+  for (const auto& s : segments) {
+    if (s.loss) break;
+    before += s.text;
+  }
+  EXPECT_EQ(before, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                    "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(loss_runs(segments), (std::vector<std::string>{"assistant<|eot_id|>"}));
+  const ChatTemplate qwen = load_chat_template(kDir + "qwen3.json");
+  const auto blank = chat_segments(qwen, {{R::kUser, "Hi"}, {R::kAssistant, "\n"}}, false, "b");
+  ASSERT_FALSE(blank.empty());
+  EXPECT_EQ(blank[0].text, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  EXPECT_EQ(loss_runs(blank), (std::vector<std::string>{"<|im_end|>"}));
+  // An answer equal to the question, where nothing special follows the question (DeepSeek-V3), or
+  // to a system text merged into the user's turn (Gemma 3), was refused as not found.
+  const ChatTemplate deepseek = load_chat_template(kDir + "deepseek_v3.json");
+  EXPECT_EQ(loss_runs(chat_segments(deepseek, {{R::kUser, "yes"}, {R::kAssistant, "yes"}}, false, "d")),
+            (std::vector<std::string>{"yes<｜end▁of▁sentence｜>"}));
+  const ChatTemplate gemma = load_chat_template(kDir + "gemma3.json");
+  EXPECT_EQ(loss_runs(chat_segments(gemma, {{R::kSystem, "Ok"}, {R::kUser, "Ok"}, {R::kAssistant, "Ok"}}, false, "g")),
+            (std::vector<std::string>{"Ok<end_of_turn>"}));
+}
+
+TEST(ChatJinja, MissingDefaultTemplateMessageStaysShort) {
+  TempDir dir;
+  nlohmann::json list = nlohmann::json::array();
+  for (int i = 0; i < 50; ++i) list.push_back({{"name", std::string(5000, 'n') + std::to_string(i)}, {"template", "x"}});
+  write_file(dir / "tokenizer_config.json", nlohmann::json{{"chat_template", list}}.dump());
+  try {
+    load_chat_template(dir.path().string());
+    ADD_FAILURE() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("no entry named \"default\""), std::string::npos) << e.what();
+    EXPECT_LT(std::string(e.what()).size(), 2000u);
+  }
+}
+
 TEST(ChatJinja, AnswerNotInTheRenderedTextIsRefused) {
   TempDir dir;
   write_file(dir / "tokenizer_config.json",

@@ -95,6 +95,14 @@ TEST(HfTokenizer, RefusesBadFilesNamingFileAndReason) {
   j = small();
   j["model"]["vocab"]["d"] = 1;
   expect_error([&] { ld::HfTokenizer::from_json(j.dump(), "dup.json"); }, {"dup.json", "id 1"});
+  // An id far beyond the vocabulary's size is refused before a table of that many entries is made.
+  j = small();
+  j["model"]["vocab"]["d"] = 2000000000;
+  expect_error([&] { ld::HfTokenizer::from_json(j.dump(), "sparse.json"); },
+               {"sparse.json", "2000000000", "dense"});
+  j = small();
+  j["added_tokens"][0]["id"] = 1999999999;
+  expect_error([&] { ld::HfTokenizer::from_json(j.dump(), "sparse.json"); }, {"sparse.json", "dense"});
   j = small();
   j["pre_tokenizer"] = json::parse(R"({"type": "Split", "pattern": {"Regex": "(a"},
                                        "behavior": "Isolated", "invert": false})");
@@ -106,6 +114,34 @@ TEST(HfTokenizer, RefusesBadFilesNamingFileAndReason) {
     j[key] = {{"type", type}};
     expect_error([&] { ld::HfTokenizer::from_json(j.dump(), "c.json"); }, {"c.json", key, type, "not supported"});
   }
+  // A message quotes at most a line of an untrusted token or pattern, however long it is.
+  for (int which = 0; which < 3; ++which) {
+    j = small();
+    const std::string huge(100000, 'q');
+    if (which == 0) j["added_tokens"][0]["content"] = huge, j["added_tokens"][0]["lstrip"] = "yes";
+    if (which == 1) j["model"]["merges"] = json::array({huge});
+    if (which == 2)
+      j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(" + huge}}}, {"behavior", "Isolated"},
+                            {"invert", false}};
+    try {
+      ld::HfTokenizer::from_json(j.dump(), "long.json");
+      ADD_FAILURE() << "no error for case " << which;
+    } catch (const std::exception& e) {
+      EXPECT_LT(std::string(e.what()).size(), 1000u) << which;
+      EXPECT_NE(std::string(e.what()).find("long.json"), std::string::npos);
+    }
+  }
+  // Normalizers that grow the text without bound (40 doublings) fail when encoding, not by
+  // exhausting memory.
+  j = small();
+  j["normalizer"] = {{"type", "Sequence"}, {"normalizers", json::array()}};
+  for (int i = 0; i < 40; ++i)
+    j["normalizer"]["normalizers"].push_back({{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", "aa"}});
+  const auto doubling = ld::HfTokenizer::from_json(j.dump(), "grow.json");
+  expect_error([&] { doubling.encode("ab ab"); }, {"grow.json", "Sequence", "times longer"});
+  j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", std::string(100, 'a')}};
+  const auto widening = ld::HfTokenizer::from_json(j.dump(), "grow.json");
+  expect_error([&] { widening.encode(std::string(1000, 'a')); }, {"Replace", "times longer"});
   j = small();
   j["model"]["dropout"] = 0.1;
   expect_error([&] { ld::HfTokenizer::from_json(j.dump(), "d.json"); }, {"d.json", "dropout"});

@@ -123,6 +123,73 @@ TEST(Jinja, RuntimeErrorsNameTheLine) {
                {"range() longer"});
 }
 
+// A hostile template fails with a message instead of hanging, wrapping around or exhausting memory.
+TEST(Jinja, HostileArithmeticAndSizesAreRefused) {
+  using testing::expect_error;
+  Dict none;
+  auto render = [&](const std::string& s) { return Template::parse(s, "t").render(none); };
+  expect_error([&] { render("{{ 9223372036854775807 + 1 }}"); }, {"template line 1", "integer overflow"});
+  expect_error([&] { render("{{ -9223372036854775807 - 2 }}"); }, {"integer overflow"});
+  expect_error([&] { render("{{ 4294967296 * 4294967296 }}"); }, {"integer overflow"});
+  expect_error([&] { render("{{ 2 ** 1000000000000000 }}"); }, {"integer overflow"});
+  expect_error([&] { render("{{ 'x' * 10**12 }}"); }, {"template line 1", "more than"});
+  expect_error([&] { render("{{ [1] * 10**10 }}"); }, {"more than"});
+  expect_error([&] {
+    render("{% set ns = namespace(a='x') %}{% for i in range(100) %}{% set ns.a = ns.a ~ ns.a %}{% endfor %}");
+  }, {"a string longer than"});
+  expect_error([&] {
+    render("{% set ns = namespace(a=[1]) %}{% for i in range(100) %}{% set ns.a = ns.a + ns.a %}{% endfor %}");
+  }, {"a list longer than"});
+  expect_error([&] { render("{{ 'a\nb' | indent(10**12) }}"); }, {"indent width"});
+  expect_error([&] { render("{{ [1] | tojson(indent=10**9) }}"); }, {"tojson indent"});
+  // What still works: Python's results within int64.
+  EXPECT_EQ(render("{{ 2 ** 62 }} {{ (-3) ** 3 }} {{ 7 // -2 }} {{ -7 % 3 }} {{ 'ab' * 3 }} {{ 'ab' * -1 }}|"
+                   "{{ [1, 2] * 2 }} {{ '' * 10**15 }}"),
+            "4611686018427387904 -27 -4 2 ababab |[1, 2, 1, 2] ");
+  EXPECT_EQ(render("{{ 'a\nb' | indent(-3) }}"), "a\nb");
+  // range() near the ends of int64 (i + step used to wrap around and loop forever).
+  EXPECT_EQ(render("{{ range(9223372036854775806, 9223372036854775807, 5) | list }}"), "[9223372036854775806]");
+  EXPECT_EQ(render("{{ range(-9223372036854775807 - 1, 9223372036854775807, 4611686018427387904) | list }}"),
+            "[-9223372036854775808, -4611686018427387904, 0, 4611686018427387904]");
+  EXPECT_EQ(render("{{ range(0, 10, -9223372036854775807 - 1) | list }}{{ range(5, -5, -4) | list }}"), "[][5, 1, -3]");
+  expect_error([&] { render("{{ range(-9223372036854775807, 9223372036854775807) }}"); }, {"range() longer"});
+}
+
+// Chains built in loops (a.b.c..., x|f|f..., 1+1+..., f()()...) are bounded like nesting: evaluating
+// or freeing 100 000 links recursed once per link and overflowed the stack.
+TEST(Jinja, LongChainsAreRefusedNotOverflowed) {
+  using testing::expect_error;
+  auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += s;
+    return out;
+  };
+  for (const std::string& link : {std::string(".a"), std::string("|upper"), std::string("+1"), std::string(" or 1"),
+                                  std::string(" < 1"), std::string("(1)"), std::string("[0]")})
+    expect_error([&] { Template::parse("{{ x" + repeat(link, 100000) + " }}", "t"); },
+                 {"template line 1", "nests too deeply"});
+  Dict none;
+  EXPECT_EQ(Template::parse("{{ 1" + repeat("+1", 900) + " }}", "t").render(none), "901");
+}
+
+// A namespace attribute cannot hold the namespace itself or grow without bound across iterations:
+// printing {% set ns.x = ns %}{{ ns }} recursed until the stack overflowed.
+TEST(Jinja, NamespaceCannotHoldItselfOrNestWithoutBound) {
+  using testing::expect_error;
+  Dict none;
+  auto render = [&](const std::string& s) { return Template::parse(s, "t").render(none); };
+  expect_error([&] { render("{% set ns = namespace(x=1) %}{% set ns.x = ns %}{{ ns }}"); },
+               {"template line 1", "ns.x", "namespace itself"});
+  expect_error([&] { render("{% set ns = namespace(x=1) %}{% set ns.x = [{'a': ns}] %}{{ ns }}"); },
+               {"namespace itself"});
+  expect_error([&] {
+    render("{% set ns = namespace(a=1) %}{% for i in range(100000) %}{% set ns.a = [ns.a] %}{% endfor %}{{ ns.a }}");
+  }, {"deeper than 100"});
+  EXPECT_EQ(render("{% set ns = namespace(a=[], o=namespace(v=1)) %}{% for i in range(3) %}"
+                   "{% set ns.a = ns.a + [i] %}{% endfor %}{% set ns.o = namespace(v=2) %}{{ ns.a }} {{ ns.o.v }}"),
+            "[0, 1, 2] 2");
+}
+
 TEST(Jinja, UndefinedFollowsJinja2) {
   Dict vars;
   auto d = std::make_shared<Dict>();
