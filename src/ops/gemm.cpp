@@ -25,6 +25,10 @@ void round_scalar(const float* x, int64_t n, uint16_t* out) {
 // float_to_bf16's rule on 16 values per step in AVX-512F integer arithmetic (chosen at run time,
 // so a build without -march=native still uses it). Not VCVTNE2PS2BF16: that instruction flushes
 // subnormals, and the rounding must not depend on the CPU.
+// GCC 12 warns (-Wmaybe-uninitialized) inside its own _mm512_srli_epi32/_mm512_cvtepi32_epi16,
+// whose pass-through operand is _mm512_undefined_epi32() (GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 __attribute__((target("avx512f"))) void round_avx512(const float* x, int64_t n, uint16_t* out) {
   const __m512i half_ulp = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1),
                 magnitude = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000),
@@ -41,6 +45,7 @@ __attribute__((target("avx512f"))) void round_avx512(const float* x, int64_t n, 
   }
   round_scalar(x + i, n - i, out + i);
 }
+#pragma GCC diagnostic pop
 
 bool has_avx512f() {
   static const bool yes = __builtin_cpu_supports("avx512f");
