@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "data/jinja_value.h"
+#include "data/unicode_text.h"
 
 namespace longtron::data::jinja {
 
@@ -23,24 +24,6 @@ size_t space_run(const std::string& s, size_t at) {
 
 bool only_space(const std::string& s) {
   return !s.empty() && py_strip(s, nullptr, true, true).empty();
-}
-
-void append_utf8(std::string& out, uint32_t c) {
-  if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    out += static_cast<char>(0xC0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    out += static_cast<char>(0xE0 | (c >> 12));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (c >> 18));
-    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  }
 }
 
 class Lexer {
@@ -245,7 +228,7 @@ class Lexer {
           const std::string hex = src_.substr(i, n);
           check(hex.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos,
                 "{}: template line {}: bad \\{} escape", name_, line_, e);
-          append_utf8(out, static_cast<uint32_t>(std::stoul(hex, nullptr, 16)));
+          unicode::append_utf8(out, static_cast<char32_t>(std::stoul(hex, nullptr, 16)));
           i += n;
           break;
         }
