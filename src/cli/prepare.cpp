@@ -204,7 +204,7 @@ std::vector<std::vector<int32_t>> encode_chat(const PrepareOptions& options,
   for (size_t i = 0; i < conversations.size(); ++i) {
     try {
       const auto& c = conversations[i];
-      encoded[i] = data::to_stored_ids(encoder.encode(c.messages, c.where), c.where);
+      encoded[i] = data::to_stored_ids(encoder.encode(c.messages, c.where));
     } catch (const std::bad_alloc&) {
 #pragma omp critical
       out_of_memory = true;

@@ -291,7 +291,7 @@ std::vector<int32_t> ChatEncoder::stop_ids() const {
   return ids;
 }
 
-std::vector<int32_t> to_stored_ids(const EncodedConversation& encoded, const std::string& /*what*/) {
+std::vector<int32_t> to_stored_ids(const EncodedConversation& encoded) {
   std::vector<int32_t> stored(encoded.ids.size());
   for (size_t i = 0; i < stored.size(); ++i) {
     const int32_t id = encoded.ids[i];

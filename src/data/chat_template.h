@@ -123,8 +123,8 @@ class ChatEncoder {
 
 /// Stored ids of the InternEvo convention: a token that is a loss-carrying target stays positive,
 /// any other is stored negated; a loss-carrying id 0 is kStoredLossZero (data/dataset.h), which
-/// only a pre-tokenized .jsonl can hold on disk. `what` is unused (kept for callers' messages).
-std::vector<int32_t> to_stored_ids(const EncodedConversation& encoded, const std::string& what);
+/// only a pre-tokenized .jsonl can hold on disk. Never throws.
+std::vector<int32_t> to_stored_ids(const EncodedConversation& encoded);
 
 /// A conversation and where it was read ("file.jsonl, line 3"), for error messages.
 struct NamedConversation {

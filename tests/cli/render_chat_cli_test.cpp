@@ -97,7 +97,7 @@ TEST(RenderChatCli, PrepareTrainGenerateWithAModelsTemplate) {
     std::vector<int32_t> ids(train[0]->document_length(d));
     train[0]->read_tokens(d, 0, ids.size(), ids.data());
     const auto& c = conversations[d];
-    EXPECT_EQ(ids, ld::to_stored_ids(encoder.encode(c.messages, c.where), c.where)) << c.where;
+    EXPECT_EQ(ids, ld::to_stored_ids(encoder.encode(c.messages, c.where))) << c.where;
     EXPECT_EQ(ids[0], -begin);
     EXPECT_EQ(std::count(ids.begin(), ids.end(), -begin), 1);
     EXPECT_EQ(std::count(ids.begin(), ids.end(), eot), 2);  // the answers' end of turn carries loss

@@ -65,7 +65,7 @@ TEST(SftCli, PrepareChatStoresNoLossTokensNegative) {
   const auto conversations = ld::read_conversations(p.dir / "chat.jsonl");
   const ld::ChatEncoder encoder(ld::load_chat_template("chatml"), tok);
   std::vector<std::vector<int32_t>> all;
-  for (const auto& c : conversations) all.push_back(ld::to_stored_ids(encoder.encode(c.messages, c.where), c.where));
+  for (const auto& c : conversations) all.push_back(ld::to_stored_ids(encoder.encode(c.messages, c.where)));
   const ld::Dataset train = ld::open_dataset(p.dir / "data" / "train");
   ASSERT_EQ(train.size(), 1u);
   ASSERT_EQ(train[0]->num_documents(), 18u);

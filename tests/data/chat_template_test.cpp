@@ -103,7 +103,7 @@ void check_golden(const std::string& name, const Expected& want) {
   EXPECT_EQ(got.loss, want.loss);
   // Through storage and the packer: the -100 labels fall exactly where the template says.
   const int64_t P = int64_t(want.ids.size()) + 3;
-  MemorySource source({to_stored_ids(got, name)});
+  MemorySource source({to_stored_ids(got)});
   PackConfig pc;
   pc.seq_len = P;
   pc.micro_bsz = 1;
@@ -161,7 +161,7 @@ TEST(ChatTemplate, GoldenChatMLOneTurnAsNumbers) {
   EXPECT_EQ(got.ids, ids);
   EXPECT_EQ(got.loss, loss);
   // Stored: loss tokens positive, the rest negated.
-  const auto stored = to_stored_ids(got, "t");
+  const auto stored = to_stored_ids(got);
   EXPECT_EQ(stored[20], -15);
   EXPECT_EQ(stored[21], 84);
   EXPECT_EQ(stored[23], 4);
@@ -204,8 +204,8 @@ TEST(ChatTemplate, MessagesXTunerAndPretokenizedAgree) {
   const Tokenizer tok = byte_tokenizer();
   const ChatEncoder encoder(load_chat_template("internlm2"), tok);
   const auto ea = encoder.encode(a[0].messages, a[0].where);
-  const auto stored_a = to_stored_ids(ea, "a");
-  const auto stored_b = to_stored_ids(encoder.encode(b[0].messages, b[0].where), "b");
+  const auto stored_a = to_stored_ids(ea);
+  const auto stored_b = to_stored_ids(encoder.encode(b[0].messages, b[0].where));
   EXPECT_EQ(stored_a, stored_b);
 
   nlohmann::json row;
@@ -274,8 +274,8 @@ TEST(ChatTemplate, Errors) {
                {"c7", "first user"});
   // A loss-carrying id 0 ("!" in Llama 3's and Qwen2's vocabularies) is kStoredLossZero, which
   // InternEvo's writer refuses; a no-loss 0 is stored as 0 (input 0, label -100).
-  EXPECT_EQ(to_stored_ids({{5, 0}, {0, 1}}, "x"), (std::vector<int32_t>{-5, kStoredLossZero}));
-  EXPECT_EQ(to_stored_ids({{5, 0}, {0, 0}}, "x"), (std::vector<int32_t>{-5, 0}));
+  EXPECT_EQ(to_stored_ids({{5, 0}, {0, 1}}), (std::vector<int32_t>{-5, kStoredLossZero}));
+  EXPECT_EQ(to_stored_ids({{5, 0}, {0, 0}}), (std::vector<int32_t>{-5, 0}));
 
   testing::TempDir dir;
   testing::write_file(dir / "c.jsonl", R"({"messages": [{"role": "robot", "content": "x"}]})" "\n");
