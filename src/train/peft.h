@@ -1,0 +1,130 @@
+// LoRA adapters as Hugging Face PEFT folders (docs/lora.md): adapter_model.safetensors with PEFT's
+// tensor names and adapter_config.json with PEFT's LoraConfig fields, as peft's
+// `PeftModel.save_pretrained` writes them and `PeftModel.from_pretrained` reads them
+// (https://github.com/huggingface/peft, src/peft/utils/save_and_load.py and tuners/lora/config.py).
+// Also: the fingerprint of a base model's weights, the conversion between InternLM2's fused wqkv
+// adapter and Llama's q/k/v adapters, and merging an adapter into a full model (W + s·B·A).
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "model/model_config.h"
+#include "model/params.h"
+
+namespace longtron::train {
+
+/// LoRA settings as PEFT's adapter_config.json holds them.
+struct PeftLoraConfig {
+  int r = 0;
+  double lora_alpha = 0.0;
+  double lora_dropout = 0.0;
+  std::vector<std::string> target_modules;  ///< as PEFT writes them: family module names, e.g. "q_proj"
+  bool use_rslora = false;
+  std::string base_model_name_or_path;
+};
+
+/// The scale s of y = W x + s · B A x: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora
+/// (Kalajdzievski 2023, "A Rank Stabilization Scaling Factor for Fine-Tuning with LoRA"; PEFT's
+/// LoraLayer.update_layer). Throws Error when r <= 0.
+double lora_scale(const PeftLoraConfig& config);
+
+/// One adapted module. `module` is the PEFT module path WITHOUT the "base_model.model." prefix and
+/// without ".lora_A.weight", in the FAMILY's Hugging Face naming, e.g. "model.layers.0.self_attn.q_proj"
+/// (Llama/Qwen2/Mistral) or "model.layers.0.attention.wqkv" (InternLM2). A [r, in], B [out, r], row-major fp32.
+struct PeftModuleAdapter {
+  std::string module;
+  int64_t in = 0, out = 0;
+  std::vector<float> A, B;
+};
+
+struct PeftAdapter {
+  PeftLoraConfig config;
+  std::vector<PeftModuleAdapter> modules;  ///< in checkpoint order (layer, then module)
+};
+
+/// PEFT's tensor name prefix: a causal LM's PeftModel wraps the model as `base_model.model`.
+inline constexpr const char* kPeftPrefix = "base_model.model.";
+/// The file names of a PEFT folder.
+inline constexpr const char* kAdapterWeightsFile = "adapter_model.safetensors";
+inline constexpr const char* kAdapterConfigFile = "adapter_config.json";
+
+/// Writes adapter_model.safetensors (names base_model.model.<module>.lora_A.weight / .lora_B.weight,
+/// F32) and adapter_config.json (peft_type "LORA", task_type "CAUSAL_LM", r, lora_alpha, lora_dropout,
+/// target_modules, use_rslora, base_model_name_or_path, bias "none", ...) into `dir` (created), each file
+/// atomically. Throws longtron::Error on a non-finite value, naming the tensor, and on modules whose
+/// A/B sizes disagree with r, in and out.
+void write_peft_adapter(const std::string& dir, const PeftAdapter& adapter);
+
+/// Reads a PEFT folder (either dtype F32/BF16/F16 in the safetensors). Throws longtron::Error naming the
+/// file and tensor on: missing files, A/B pairs incomplete, shapes not [r,in]/[out,r], r disagreeing with
+/// adapter_config.json, NaN/Inf values, peft_type not LORA. Modules come in the file's order of
+/// (layer, then position of the module in the block); tensors other than lora_A/lora_B weights
+/// (e.g. lora_magnitude_vector of DoRA, bias) are refused naming the tensor.
+PeftAdapter read_peft_adapter(const std::string& dir);
+
+/// A fingerprint of a Hugging Face folder's weights (all *.safetensors / *.bin tensors' bytes, hashed),
+/// so a checkpoint can tell whether its base changed. Stable across runs and machines: 64-bit
+/// FNV-1a-style hash over each file's name and bytes in name order, read in one pass, printed as
+/// "fnv1a64:<16 hex digits>". Throws Error naming the folder when it holds no weight file.
+std::string base_fingerprint(const std::string& hf_dir);
+
+/// The LoRA target names of family `type` (model::kModelTypes), in block order: Llama, Qwen2,
+/// Mistral q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; InternLM2 wqkv, wo, w1,
+/// w3, w2. Throws Error for an unknown family.
+std::vector<std::string> lora_target_names(const std::string& type);
+
+/// The targets of `requested` for family `type`: "all-linear" (PEFT's shortcut: every linear but
+/// the head) → lora_target_names(type); otherwise each name must be one of them (no duplicates),
+/// returned in block order. Throws Error naming `what` and the unknown name (and listing the
+/// family's names) otherwise.
+std::vector<std::string> resolve_lora_targets(const std::string& type,
+                                              const std::vector<std::string>& requested,
+                                              const std::string& what);
+
+/// One adaptable linear of a model under family `format`'s names: "model.layers.3.self_attn.q_proj"
+/// (module path), its target name ("q_proj"), its layer, and its weight's shape [out, in].
+struct LoraModuleInfo {
+  std::string module;
+  std::string target;
+  int layer = -1;
+  int64_t out = 0, in = 0;
+};
+
+/// Every adaptable linear of `layout` named as family `format` names it (empty: the layout's own
+/// type), in block order, restricted to `targets` (lora_target_names spelling; empty = all).
+std::vector<LoraModuleInfo> lora_modules(const model::ParamTable& layout,
+                                         const std::vector<std::string>& targets = {},
+                                         const std::string& format = "");
+
+/// Checks `adapter` against the model of `layout` (naming `where`, e.g. the folder, in every
+/// message): each module must be an adaptable linear of the model in the layout's family naming
+/// and in the config's target_modules, with in/out equal to its weight's [out, in], r > 0, A and
+/// B of r·in and out·r finite values. Throws Error naming the tensor otherwise.
+void check_adapter_fits(const PeftAdapter& adapter, const model::ParamTable& layout,
+                        const std::string& where);
+
+/// W += s·B·A (lora_scale) for every module of `adapter`, in fp32 with a double accumulator per
+/// element, into the full buffer `full` (whose family naming the adapter uses). Checks the
+/// adapter first (check_adapter_fits). PEFT's `merge_and_unload`.
+void merge_peft_adapter(const PeftAdapter& adapter, model::Params<float>& full,
+                        const std::string& where);
+
+/// InternLM2's adapter of wqkv (B's rows in wqkv's grouped row layout [Hkv, Hq/Hkv + 2, d],
+/// docs/model.md) as Llama q_proj, k_proj, v_proj adapters that share A and take their rows of B
+/// (exact: B_q A, B_k A, B_v A are the q, k and v rows of B A), and wo, w1, w3, w2 as o_proj,
+/// gate_proj, up_proj, down_proj. target_modules follow. `config` is the model's shape (for the
+/// head grouping). Throws Error when the adapter is not InternLM2's.
+PeftAdapter internlm2_adapter_as_llama(const PeftAdapter& adapter, const model::ModelConfig& config);
+
+/// The inverse: Llama's q/k/v adapters of each layer as one wqkv adapter with B's rows placed in
+/// the grouped layout (and o/gate/up/down_proj as wo/w1/w3/w2). Exact when q, k and v of a layer
+/// share A (as internlm2_adapter_as_llama writes them). Otherwise, with `allow_rank_growth`, the
+/// A's are stacked (rank 3r, B block-diagonal, B scaled so that s'·B'·A' equals s·B·A of each
+/// part: still exact); without it an Error naming the layer explains why. A layer adapting only
+/// some of q/k/v gets zero rows of B for the others.
+PeftAdapter llama_adapter_as_internlm2(const PeftAdapter& adapter, const model::ModelConfig& config,
+                                       bool allow_rank_growth = false);
+
+}  // namespace longtron::train
