@@ -23,6 +23,9 @@ struct PeftLoraConfig {
   std::vector<std::string> target_modules;  ///< as PEFT writes them: family module names, e.g. "q_proj"
   bool use_rslora = false;
   std::string base_model_name_or_path;
+  /// adapter_config.json gave target_modules as one string: PEFT's regular expression matched
+  /// against the full module name (target_modules then holds that one string).
+  bool target_is_regex = false;
 };
 
 /// The scale s of y = W x + s · B A x: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora
