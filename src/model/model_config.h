@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <string>
 
+#include "model/lora_config.h"
+
 namespace longtron::model {
 
 /// The Hugging Face families longtron reads and writes (docs/model.md); every one is the same
@@ -56,6 +58,8 @@ struct ModelConfig {
   /// (torch_dtype, bos_token_id, max_position_embeddings, …), as the JSON text of an object ("" =
   /// none): written back unchanged so that config.json round-trips.
   std::string hf_extra;
+  /// Low-rank adapters on this (then frozen) model (`[lora]`; rank 0 = none).
+  LoraConfig lora;
 
   /// Hugging Face's head_dim when it differs from hidden_size / num_attention_heads (0: it does
   /// not); then q/k/v have heads × head_dim features and wo is [hidden_size, heads × head_dim].

@@ -153,6 +153,21 @@ ParamTable ParamTable::with_shapes(const std::vector<std::vector<int64_t>>& shap
   return out;
 }
 
+ParamTable ParamTable::with_views(std::vector<ParamView> views) const {
+  ParamTable out = *this;
+  out.views_ = std::move(views);
+  out.layers.clear();
+  out.tok_embeddings = out.norm = out.output = -1;
+  out.numel_ = 0;
+  for (ParamView& v : out.views_) {
+    v.numel = 1;
+    for (int64_t s : v.shape) v.numel *= s;
+    v.offset = out.numel_;
+    out.numel_ += v.numel;
+  }
+  return out;
+}
+
 template <typename T>
 Params<T>::Params(const ParamTable& layout)
     : layout_(&layout), data_(static_cast<size_t>(layout.numel())) {}

@@ -64,6 +64,9 @@ class ParamTable {
   /// rank's shards (parallel/shard_plan.h) — and offsets recomputed. `shapes` has one entry per
   /// view; throws longtron::Error otherwise.
   ParamTable with_shapes(const std::vector<std::vector<int64_t>>& shapes) const;
+  /// A table over the same config holding `views` instead (offsets recomputed, no block ids,
+  /// embedding, norm or head): e.g. the LoRA adapter table (model/lora.h).
+  ParamTable with_views(std::vector<ParamView> views) const;
 
   int tok_embeddings = -1;             ///< view index of model.tok_embeddings.weight
   int norm = -1;                       ///< view index of model.norm.weight

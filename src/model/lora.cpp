@@ -1,0 +1,442 @@
+// LoRA adapters inside the model's linears (see lora.h).
+#include "model/lora.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+#include "model/hf_names.h"
+#include "ops/ops.h"
+#include "ops/threads.h"
+
+namespace longtron::model {
+namespace {
+
+const std::vector<std::string> kLlamaTargets = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                "gate_proj", "up_proj", "down_proj"};
+const std::vector<std::string> kInternLM2Targets = {"wqkv", "wo", "w1", "w3", "w2"};
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+template <typename T>
+T* grow(std::vector<T>& v, int64_t n) {
+  if (int64_t(v.size()) < n) v.resize(size_t(n));
+  return v.data();
+}
+
+/// The frozen versions of the parameter-holding ops: the base op with no gradient buffer.
+template <typename T>
+class FrozenNorm final : public NormOp<T> {
+ public:
+  explicit FrozenNorm(std::unique_ptr<NormOp<T>> base) : base_(std::move(base)) {}
+  void forward(T* out, T* rstd, const T* x, int64_t N, const Params<T>& p) override {
+    base_->forward(out, rstd, x, N, p);
+  }
+  void backward(T* dx, const T* dout, const T* x, const T* rstd, int64_t N, const Params<T>& p,
+                Params<T>*) override {
+    base_->backward(dx, dout, x, rstd, N, p, nullptr);
+  }
+
+ private:
+  std::unique_ptr<NormOp<T>> base_;
+};
+
+template <typename T>
+class FrozenEmbedding final : public EmbeddingOp<T> {
+ public:
+  explicit FrozenEmbedding(std::unique_ptr<EmbeddingOp<T>> base) : base_(std::move(base)) {}
+  void forward(T* x, const int32_t* ids, int64_t N, const Params<T>& p) override {
+    base_->forward(x, ids, N, p);
+  }
+  void backward(const T* dx, const int32_t* ids, int64_t N, Params<T>*) override {
+    base_->backward(dx, ids, N, nullptr);
+  }
+
+ private:
+  std::unique_ptr<EmbeddingOp<T>> base_;
+};
+
+template <typename T>
+class FrozenHead final : public HeadLossOp<T> {
+ public:
+  explicit FrozenHead(std::unique_ptr<HeadLossOp<T>> base) : base_(std::move(base)) {}
+  LossSum forward_backward(T* dxf, const T* xf, const int32_t* labels, int64_t N,
+                           const Params<T>& p, Params<T>*, double loss_scale,
+                           double* token_losses) override {
+    return base_->forward_backward(dxf, xf, labels, N, p, nullptr, loss_scale, token_losses);
+  }
+  void logits_row(T* logits, const T* xf, const Params<T>& p) override {
+    base_->logits_row(logits, xf, p);
+  }
+
+ private:
+  std::unique_ptr<HeadLossOp<T>> base_;
+};
+
+/// One adapter on one linear, as this rank holds it.
+struct Piece {
+  int a_view = -1, b_view = -1, layer = 0, id = 0;
+  int64_t b_rows = 0;  ///< local rows of B
+  struct Seg {
+    int64_t y_col, b_row, count;  ///< y columns [y_col, +count) ← local B rows [b_row, +count)
+  };
+  std::vector<Seg> segs;
+};
+
+/// The adapters of one linear: y += s · (u Bᵀ) on their rows, u = dropout(x) Aᵀ.
+template <typename T>
+class Adapters {
+ public:
+  Adapters(std::vector<Piece> pieces, LoraLinearSpec<T> spec, int64_t in_local, int64_t out_local,
+           std::shared_ptr<LoraState<T>> state)
+      : pieces_(std::move(pieces)), spec_(std::move(spec)), in_(in_local), out_(out_local),
+        state_(std::move(state)), r_(state_->config.rank) {}
+
+  bool empty() const { return pieces_.empty(); }
+
+  void forward(T* y, const T* x, int64_t N) {
+    LoraState<T>& st = *state_;
+    const int64_t nx = rows_x(N), ny = rows_y(N);
+    const T s = T(st.config.scale());
+    for (const Piece& p : pieces_) {
+      const T* xd = dropped(x, nx, N, p);
+      T* ux = grow(st.u, nx * r_);
+      ops::gemm<T>(false, true, nx, r_, in_, T(1), xd, st.params->ptr(p.a_view), T(0), ux);
+      T* u = to_y(ux, N, nx, ny);
+      if (p.b_rows == 0) continue;
+      T* t = grow(st.t, ny * p.b_rows);
+      ops::gemm<T>(false, true, ny, p.b_rows, r_, s, u, st.params->ptr(p.b_view), T(0), t);
+      add_segments(y, t, ny, p);
+    }
+  }
+
+  void backward(T* dx, const T* dy, const T* x, int64_t N) {
+    LoraState<T>& st = *state_;
+    const int64_t nx = rows_x(N), ny = rows_y(N);
+    const T s = T(st.config.scale());
+    for (const Piece& p : pieces_) {
+      const T* xd = dropped(x, nx, N, p);
+      T* ux = grow(st.u, nx * r_);
+      ops::gemm<T>(false, true, nx, r_, in_, T(1), xd, st.params->ptr(p.a_view), T(0), ux);
+      T* u = to_y(ux, N, nx, ny);
+      T* du = grow(st.du, ny * r_);
+      if (p.b_rows > 0) {
+        T* dym = grow(st.dym, ny * p.b_rows);
+        for (const Piece::Seg& g : p.segs)
+          for (int64_t n = 0; n < ny; ++n)
+            std::copy(dy + n * out_ + g.y_col, dy + n * out_ + g.y_col + g.count,
+                      dym + n * p.b_rows + g.b_row);
+        // dB += s · dymᵀ u; du = s · dym B.
+        ops::gemm<T>(true, false, p.b_rows, r_, ny, s, dym, u, T(1), st.grads->ptr(p.b_view));
+        ops::gemm<T>(false, false, ny, r_, p.b_rows, s, dym, st.params->ptr(p.b_view), T(0), du);
+      } else {
+        std::fill(du, du + ny * r_, T(0));
+      }
+      T* dux = du;
+      if (spec_.backward_du) {
+        dux = grow(st.dux, nx * r_);
+        spec_.backward_du(dux, du, N, r_);
+      }
+      // dA += duᵀ dropout(x); dx += dropout'(du A).
+      ops::gemm<T>(true, false, r_, in_, nx, T(1), dux, xd, T(1), st.grads->ptr(p.a_view));
+      if (xd == x) {
+        ops::gemm<T>(false, false, nx, in_, r_, T(1), dux, st.params->ptr(p.a_view), T(1), dx);
+      } else {
+        T* g = grow(st.xd, nx * in_);  // xd is no longer needed
+        ops::gemm<T>(false, false, nx, in_, r_, T(1), dux, st.params->ptr(p.a_view), T(0), g);
+        apply_mask(dx, g, nx, N, p, /*accumulate=*/true);
+      }
+    }
+  }
+
+ private:
+  int64_t rows_x(int64_t N) const { return spec_.x_rows ? spec_.x_rows(N) : N; }
+  int64_t rows_y(int64_t N) const { return spec_.y_rows ? spec_.y_rows(N) : N; }
+
+  /// u over y's rows (complete) from u over x's rows.
+  T* to_y(T* ux, int64_t N, int64_t nx, int64_t ny) {
+    if (!spec_.forward_u) return ux;
+    (void)nx;
+    T* u = grow(state_->uy, ny * r_);
+    spec_.forward_u(u, ux, N, r_);
+    return u;
+  }
+
+  /// x itself without dropout (or outside training), else dropout(x) in scratch.
+  const T* dropped(const T* x, int64_t nx, int64_t N, const Piece& p) {
+    const LoraState<T>& st = *state_;
+    if (!st.training || st.config.dropout <= 0.0) return x;
+    T* xd = grow(state_->xd, nx * in_);
+    apply_mask(xd, x, nx, N, p, /*accumulate=*/false);
+    return xd;
+  }
+
+  /// out = (or +=) mask ⊙ in / (1 − p) over [nx, in_] local rows and columns.
+  void apply_mask(T* out, const T* src, int64_t nx, int64_t N, const Piece& p, bool accumulate) {
+    const LoraState<T>& st = *state_;
+    const double prob = st.config.dropout;
+    const T keep_scale = T(1.0 / (1.0 - prob));
+    const uint64_t key = lora_dropout_key(st.config.seed, st.step, p.layer, p.id);
+    const int64_t pos0 = spec_.x_position ? spec_.x_position(N) : 0;
+    const int64_t col0 = spec_.col0, in = in_;
+    const T* x = src;
+#pragma omp parallel for schedule(static) if (nx * in > kParallelMinWork)
+    for (int64_t n = 0; n < nx; ++n) {
+      for (int64_t j = 0; j < in; ++j) {
+        const T v = lora_keep(key, pos0 + n, col0 + j, prob) ? x[n * in + j] * keep_scale : T(0);
+        if (accumulate) out[n * in + j] += v;
+        else out[n * in + j] = v;
+      }
+    }
+  }
+
+  void add_segments(T* y, const T* t, int64_t ny, const Piece& p) const {
+    const int64_t out = out_, br = p.b_rows;
+#pragma omp parallel for schedule(static) if (ny * br > kParallelMinWork)
+    for (int64_t n = 0; n < ny; ++n)
+      for (const Piece::Seg& g : p.segs)
+        for (int64_t j = 0; j < g.count; ++j) y[n * out + g.y_col + j] += t[n * br + g.b_row + j];
+  }
+
+  std::vector<Piece> pieces_;
+  LoraLinearSpec<T> spec_;
+  int64_t in_, out_;
+  std::shared_ptr<LoraState<T>> state_;
+  int64_t r_;
+};
+
+template <typename T>
+class LoraLinear final : public LinearOp<T> {
+ public:
+  LoraLinear(std::unique_ptr<LinearOp<T>> base, Adapters<T> adapters)
+      : base_(std::move(base)), adapters_(std::move(adapters)) {}
+  int64_t in() const override { return base_->in(); }
+  int64_t out() const override { return base_->out(); }
+  void forward(T* y, const T* x, int64_t N, const Params<T>& p) override {
+    base_->forward(y, x, N, p);
+    adapters_.forward(y, x, N);
+  }
+  void backward(T* dx, const T* dy, const T* x, int64_t N, const Params<T>& p, Params<T>*,
+                bool accumulate_dx) override {
+    base_->backward(dx, dy, x, N, p, nullptr, accumulate_dx);
+    adapters_.backward(dx, dy, x, N);
+  }
+
+ private:
+  std::unique_ptr<LinearOp<T>> base_;
+  Adapters<T> adapters_;
+};
+
+template <typename T>
+class LoraGateUp final : public GateUpOp<T> {
+ public:
+  LoraGateUp(std::unique_ptr<GateUpOp<T>> base, Adapters<T> w1, Adapters<T> w3)
+      : base_(std::move(base)), w1_(std::move(w1)), w3_(std::move(w3)) {}
+  int64_t out() const override { return base_->out(); }
+  void forward(T* a, T* b, const T* x, int64_t N, const Params<T>& p) override {
+    base_->forward(a, b, x, N, p);
+    w1_.forward(a, x, N);
+    w3_.forward(b, x, N);
+  }
+  void backward(T* dx, const T* da, const T* db, const T* x, int64_t N, const Params<T>& p,
+                Params<T>*) override {
+    base_->backward(dx, da, db, x, N, p, nullptr);
+    w1_.backward(dx, da, x, N);
+    w3_.backward(dx, db, x, N);
+  }
+
+ private:
+  std::unique_ptr<GateUpOp<T>> base_;
+  Adapters<T> w1_, w3_;
+};
+
+}  // namespace
+
+std::vector<std::string> lora_family_targets(const std::string& type) {
+  if (type == "internlm2") return kInternLM2Targets;
+  if (type == "llama" || type == "qwen2" || type == "mistral") return kLlamaTargets;
+  fail("lora: unknown model family '{}'", type);
+}
+
+std::vector<std::string> lora_resolve_targets(const std::string& type,
+                                              const std::vector<std::string>& requested) {
+  const std::vector<std::string> family = lora_family_targets(type);
+  check(!requested.empty(), "lora.targets: empty (give module names of {}: {}, or \"all-linear\")",
+        type, joined(family));
+  std::vector<bool> chosen(family.size(), false);
+  for (const std::string& r : requested) {
+    if (r == "all-linear") {
+      check(requested.size() == 1, "lora.targets: \"all-linear\" stands alone (got {})",
+            joined(requested));
+      return family;
+    }
+    const auto it = std::find(family.begin(), family.end(), r);
+    check(it != family.end(), "lora.targets: '{}' is not a linear of a {} model ({}, or \"all-linear\")",
+          r, type, joined(family));
+    const size_t k = size_t(it - family.begin());
+    check(!chosen[k], "lora.targets: '{}' is listed twice", r);
+    chosen[k] = true;
+  }
+  std::vector<std::string> out;
+  for (size_t k = 0; k < family.size(); ++k)
+    if (chosen[k]) out.push_back(family[k]);
+  return out;
+}
+
+std::vector<LoraModule> lora_modules(const ParamTable& base, const LoraConfig& lora) {
+  const std::string& type = base.config().type;
+  const std::vector<std::string> family = lora_family_targets(type);
+  const std::vector<std::string> targets = lora_resolve_targets(type, lora.targets);
+  std::vector<LoraModule> out;
+  for (const HfTensor& t : hf_tensors(base)) {
+    const std::string suffix = ".weight";
+    if (t.name.size() <= suffix.size() ||
+        t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const ParamView& v = base.view(t.view);
+    if (v.layer < 0) continue;
+    const BlockParamIds& b = base.layers[size_t(v.layer)];
+    if (t.view != b.wqkv && t.view != b.wo && t.view != b.w1 && t.view != b.w3 && t.view != b.w2)
+      continue;
+    LoraModule m;
+    m.module = t.name.substr(0, t.name.size() - suffix.size());
+    m.target = m.module.substr(m.module.rfind('.') + 1);
+    if (std::find(targets.begin(), targets.end(), m.target) == targets.end()) continue;
+    m.layer = v.layer;
+    m.id = int(std::find(family.begin(), family.end(), m.target) - family.begin());
+    m.base_view = t.view;
+    m.out = t.shape[0];
+    m.in = t.shape[1];
+    m.rows = t.rows;
+    out.push_back(std::move(m));
+  }
+  for (size_t k = 0; k < out.size(); ++k) {
+    out[k].a_view = int(2 * k);
+    out[k].b_view = int(2 * k + 1);
+  }
+  return out;
+}
+
+ParamTable lora_table(const ParamTable& base, const std::vector<LoraModule>& modules, int64_t rank) {
+  check(rank > 0, "lora.rank: {} (the adapter table needs rank > 0)", rank);
+  std::vector<ParamView> views;
+  for (const LoraModule& m : modules) {
+    for (int k = 0; k < 2; ++k) {
+      ParamView v;
+      v.name = m.module + (k == 0 ? ".lora_A.weight" : ".lora_B.weight");
+      v.shape = k == 0 ? std::vector<int64_t>{rank, m.in} : std::vector<int64_t>{m.out, rank};
+      v.layer = m.layer;
+      v.is_matrix = true;
+      v.init_std = 0.0;
+      views.push_back(std::move(v));
+    }
+  }
+  return base.with_views(std::move(views));
+}
+
+template <typename T>
+void lora_init_tensor(T* out, const ParamView& view, int index, uint64_t seed) {
+  const bool is_a = view.name.size() >= 14 &&
+                    view.name.compare(view.name.size() - 14, 14, ".lora_A.weight") == 0;
+  if (!is_a) {
+    std::fill(out, out + view.numel, T(0));
+    return;
+  }
+  std::mt19937_64 rng(splitmix64(seed + uint64_t(index) * 0x9E3779B97F4A7C15ULL));
+  const double bound = 1.0 / std::sqrt(double(view.shape.at(1)));
+  for (int64_t i = 0; i < view.numel; ++i) {
+    const double u = double(rng() >> 11) * 0x1.0p-53;
+    out[i] = T((2.0 * u - 1.0) * bound);
+  }
+}
+
+uint64_t lora_dropout_key(uint64_t seed, int64_t step, int layer, int module) {
+  uint64_t k = splitmix64(seed ^ 0x4C6F5241ULL);  // "LoRA"
+  k = splitmix64(k + uint64_t(step));
+  k = splitmix64(k + uint64_t(int64_t(layer)));
+  return splitmix64(k + uint64_t(int64_t(module)));
+}
+
+bool lora_keep(uint64_t key, int64_t position, int64_t feature, double p) {
+  const uint64_t h = splitmix64(splitmix64(key + uint64_t(position)) + uint64_t(feature));
+  return double(h >> 11) * 0x1.0p-53 >= p;
+}
+
+template <typename T>
+void apply_lora(ModelOps<T>& ops, const ParamTable& base_local, const std::vector<LoraModule>& modules,
+                const ParamTable& adapter_local, std::shared_ptr<LoraState<T>> state,
+                const std::function<LoraLinearSpec<T>(int layer, int base_view)>& spec) {
+  const int64_t r = state->config.rank;
+  auto adapters_of = [&](int layer, int view, int64_t in_local, int64_t out_local) {
+    std::vector<Piece> pieces;
+    LoraLinearSpec<T> sp = spec(layer, view);
+    const int64_t full_rows = base_local.view(view).shape[0];  // local rows if split; see below
+    (void)full_rows;
+    for (const LoraModule& m : modules) {
+      if (m.layer != layer || m.base_view != view) continue;
+      const int64_t row0 = sp.row0, row1 = sp.rows < 0 ? INT64_MAX : sp.row0 + sp.rows;
+      Piece p;
+      p.a_view = m.a_view;
+      p.b_view = m.b_view;
+      p.layer = m.layer;
+      p.id = m.id;
+      int64_t b_full = 0, b_first = -1;
+      for (const auto& [first, count] : m.rows) {
+        const int64_t lo = std::max(first, row0), hi = std::min(first + count, row1);
+        if (lo < hi) {
+          const int64_t b = b_full + (lo - first);  // B's full row of y row lo
+          if (b_first < 0) b_first = b;
+          p.segs.push_back({lo - row0, b - b_first, hi - lo});
+          p.b_rows += hi - lo;
+        }
+        b_full += count;
+      }
+      const ParamView& av = adapter_local.view(m.a_view);
+      const ParamView& bv = adapter_local.view(m.b_view);
+      check(av.shape == std::vector<int64_t>{r, in_local} &&
+                bv.shape == std::vector<int64_t>{p.b_rows, r},
+            "lora: {} held as [{}, {}] / [{}, {}]; its linear gives [{}, {}] / [{}, {}]", m.module,
+            av.shape[0], av.shape[1], bv.shape[0], bv.shape[1], r, in_local, p.b_rows, r);
+      pieces.push_back(std::move(p));
+    }
+    return Adapters<T>(std::move(pieces), std::move(sp), in_local, out_local, state);
+  };
+  ops.embedding = std::make_unique<FrozenEmbedding<T>>(std::move(ops.embedding));
+  ops.norm = std::make_unique<FrozenNorm<T>>(std::move(ops.norm));
+  ops.head = std::make_unique<FrozenHead<T>>(std::move(ops.head));
+  for (size_t i = 0; i < ops.blocks.size(); ++i) {
+    BlockOps<T>& o = ops.blocks[i];
+    const BlockParamIds& b = base_local.layers.at(i);
+    const int layer = int(i);
+    o.attention_norm = std::make_unique<FrozenNorm<T>>(std::move(o.attention_norm));
+    o.ffn_norm = std::make_unique<FrozenNorm<T>>(std::move(o.ffn_norm));
+    auto wrap = [&](std::unique_ptr<LinearOp<T>>& op, int view) {
+      Adapters<T> a = adapters_of(layer, view, op->in(), op->out());
+      op = std::make_unique<LoraLinear<T>>(std::move(op), std::move(a));
+    };
+    wrap(o.wqkv, b.wqkv);
+    wrap(o.wo, b.wo);
+    wrap(o.w2, b.w2);
+    const int64_t F = o.gate_up->out(), H = o.wqkv->in();
+    Adapters<T> a1 = adapters_of(layer, b.w1, H, F);
+    Adapters<T> a3 = adapters_of(layer, b.w3, H, F);
+    o.gate_up = std::make_unique<LoraGateUp<T>>(std::move(o.gate_up), std::move(a1), std::move(a3));
+  }
+}
+
+template void lora_init_tensor<float>(float*, const ParamView&, int, uint64_t);
+template void lora_init_tensor<double>(double*, const ParamView&, int, uint64_t);
+template void apply_lora<float>(ModelOps<float>&, const ParamTable&, const std::vector<LoraModule>&,
+                                const ParamTable&, std::shared_ptr<LoraState<float>>,
+                                const std::function<LoraLinearSpec<float>(int, int)>&);
+template void apply_lora<double>(ModelOps<double>&, const ParamTable&,
+                                 const std::vector<LoraModule>&, const ParamTable&,
+                                 std::shared_ptr<LoraState<double>>,
+                                 const std::function<LoraLinearSpec<double>(int, int)>&);
+
+}  // namespace longtron::model

@@ -1,0 +1,111 @@
+// LoRA adapters inside the model's linears (docs/lora.md): PEFT's y = W x + s · B A dropout(x)
+// (Hu et al. 2021; https://github.com/huggingface/peft, tuners/lora/layer.py), with the base
+// frozen. One adapter per module of the family's Hugging Face naming (A [r, in], B [out, r], as
+// PEFT stores them): Llama's q_proj, k_proj and v_proj each add into their rows of the engine's
+// fused, grouped wqkv output (model/hf_names.h), InternLM2's wqkv adapter covers all its rows.
+//
+// The adapters live in their own flat table (lora_table), beside the base's: only they train.
+// The model's ops are wrapped once (apply_lora): every base op then gets no gradient buffer (no
+// weight-gradient GEMM for a frozen weight), and each adapted linear adds its adapters after the
+// base's forward and backward. The layout of a linear (which rows and columns of W this rank
+// holds, how its input and output rows are spread) is given by a LoraLinearSpec, so one code path
+// serves every layout.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/layers.h"
+#include "model/lora_config.h"
+#include "model/params.h"
+
+namespace longtron::model {
+
+/// The LoRA target names of family `type`, in block order: Llama, Qwen2, Mistral q_proj, k_proj,
+/// v_proj, o_proj, gate_proj, up_proj, down_proj; InternLM2 wqkv, wo, w1, w3, w2. Throws Error for
+/// an unknown family.
+std::vector<std::string> lora_family_targets(const std::string& type);
+
+/// `requested` ("all-linear" = every one) as family `type`'s targets in block order. Throws Error
+/// naming lora.targets and the unknown or repeated name, listing the family's names.
+std::vector<std::string> lora_resolve_targets(const std::string& type,
+                                              const std::vector<std::string>& requested);
+
+/// One adapted module.
+struct LoraModule {
+  std::string module;  ///< family HF module path, e.g. "model.layers.0.self_attn.q_proj"
+  std::string target;  ///< e.g. "q_proj"
+  int layer = -1;
+  int id = 0;          ///< position of `target` in lora_family_targets (dropout's module number)
+  int base_view = -1;  ///< the engine weight it adds into (wqkv, wo, w1, w3 or w2 of `layer`)
+  int64_t in = 0, out = 0;  ///< A [r, in], B [out, r]
+  /// The rows of the base weight that B's rows are, as (first row, count) blocks in B's order.
+  std::vector<std::pair<int64_t, int64_t>> rows;
+  int a_view = -1, b_view = -1;  ///< views of A and B in the adapter table
+};
+
+/// The modules `lora.targets` selects on the model of `base` (a FULL layout), in block order, with
+/// a_view/b_view set for lora_table. Throws Error for bad targets (lora_resolve_targets).
+std::vector<LoraModule> lora_modules(const ParamTable& base, const LoraConfig& lora);
+
+/// The adapter table: for each module `<module>.lora_A.weight` [r, in] then `.lora_B.weight`
+/// [out, r] (is_matrix: weight decay applies, as PyTorch's AdamW over PEFT's parameters).
+ParamTable lora_table(const ParamTable& base, const std::vector<LoraModule>& modules, int64_t rank);
+
+/// The values lora_init gives adapter view `index` (full `view`): A as PEFT's
+/// kaiming_uniform_(a = √5), i.e. U(−1/√in, 1/√in) (bound = √(6 / ((1 + a²)·in))), from its own
+/// generator seeded splitmix64(seed + index·0x9E3779B97F4A7C15) (uniforms (bits >> 11)·2⁻⁵³, in
+/// double, rounded to T); B zero. A sharded engine draws a full view and slices it.
+template <typename T>
+void lora_init_tensor(T* out, const ParamView& view, int index, uint64_t seed);
+
+/// Dropout's key of (seed, step, layer, module id): with lora_keep, the mask is a pure function of
+/// (seed, step, layer, module, global token position, feature), so recomputation and every layout
+/// drop the same elements.
+uint64_t lora_dropout_key(uint64_t seed, int64_t step, int layer, int module);
+/// Whether feature `feature` of the token at global row position `position` is kept (drop
+/// probability p): splitmix64 twice over (key + position, + feature), uniform (bits >> 11)·2⁻⁵³ ≥ p.
+bool lora_keep(uint64_t key, int64_t position, int64_t feature, double p);
+
+/// What every wrapped op of one model shares: the settings, whether the current call trains
+/// (dropout on) and the step (dropout's mask), and scratch.
+template <typename T>
+struct LoraState {
+  LoraConfig config;
+  int64_t step = 0;       ///< the optimizer step being computed (dropout's mask)
+  bool training = false;  ///< forward_backward (dropout applies); false in eval and generate
+  const Params<T>* params = nullptr;  ///< the adapter table's (local) values
+  Params<T>* grads = nullptr;         ///< their gradients (accumulated, +=)
+  std::vector<T> xd, u, uy, t, dym, du, dux;  // scratch
+};
+
+/// How one base linear is laid out on this rank, for its adapters. Defaults: one process.
+template <typename T>
+struct LoraLinearSpec {
+  /// The base weight's rows [row0, row0 + rows) and columns [col0, col0 + cols) this rank holds
+  /// (full indices; rows = -1 / cols = -1: all). A is split like the columns, B like the rows.
+  int64_t row0 = 0, rows = -1, col0 = 0, cols = -1;
+  /// Rows of x and of y for a call over N tokens (default N), and the global row position of x's
+  /// first row (default 0).
+  std::function<int64_t(int64_t N)> x_rows, y_rows, x_position;
+  /// Forward: u over x's rows [x_rows, r] (a partial sum when the columns are split) → u over y's
+  /// rows [y_rows, r], complete. Backward: du over y's rows (partial when the rows are split) → du
+  /// over x's rows, complete. nullptr: a copy (one process).
+  std::function<void(T* u_y, T* u_x, int64_t N, int64_t r)> forward_u;
+  std::function<void(T* du_x, T* du_y, int64_t N, int64_t r)> backward_du;
+};
+
+/// Wraps every op of `ops` (built over the base's LOCAL layout `base_local`): the base is frozen
+/// (its ops get no gradient buffer) and each module of `modules` (lora_modules of the full layout)
+/// adds s · B A dropout(x) into its linear. `adapter_local` is the adapter table as this rank holds
+/// it (the views of state->params / grads); `spec(layer, base_view)` gives each adapted linear's
+/// layout. The state must outlive the ops.
+template <typename T>
+void apply_lora(ModelOps<T>& ops, const ParamTable& base_local, const std::vector<LoraModule>& modules,
+                const ParamTable& adapter_local, std::shared_ptr<LoraState<T>> state,
+                const std::function<LoraLinearSpec<T>(int layer, int base_view)>& spec);
+
+}  // namespace longtron::model

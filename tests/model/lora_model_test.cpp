@@ -1,0 +1,204 @@
+// LoRA inside the model (model/lora.h): adapter gradients against central finite differences in
+// double (with and without dropout, whose mask is fixed by (seed, step), with use_rslora, with
+// recomputation), a frozen base, and the merged forward W + s·B·A equal to the adapted one.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+#include "expect_error.h"
+#include "model/internlm2.h"
+#include "model/lora.h"
+#include "model_testing.h"
+#include "ops/fd_check.h"
+
+namespace longtron::model {
+namespace {
+
+using testing::append_document;
+using testing::append_pad;
+using testing::random_document;
+
+data::MicroBatch tiny_row(int64_t vocab) {
+  std::mt19937_64 rng(7);
+  data::MicroBatch b;
+  for (int64_t len : {7, 1, 5, 1, 6}) append_document(b, random_document(rng, len, vocab));
+  append_pad(b, 4);
+  return b;
+}
+
+void randomize(double* x, int64_t n, uint64_t seed, double sd) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, sd);
+  for (int64_t i = 0; i < n; ++i) x[i] = normal(rng);
+}
+
+/// A tiny model with adapters, over double.
+struct Adapted {
+  ParamTable base;
+  std::vector<LoraModule> modules;
+  ParamTable table;
+  Params<double> params, grads, adapter;
+  std::shared_ptr<LoraState<double>> state;
+  std::unique_ptr<InternLM2<double>> model;
+
+  explicit Adapted(const ModelConfig& c)
+      : base(c), modules(lora_modules(base, c.lora)), table(lora_table(base, modules, c.lora.rank)),
+        params(base), grads(base), adapter(table) {
+    for (const auto& v : base.views()) {
+      double* x = params.data() + v.offset;
+      randomize(x, v.numel, 11 + uint64_t(v.offset), 0.4);
+      if (v.is_norm)
+        for (int64_t i = 0; i < v.numel; ++i) x[i] += 1.0;
+    }
+    randomize(adapter.data(), table.numel(), 5, 0.3);  // B non-zero so A's gradient is too
+    state = std::make_shared<LoraState<double>>();
+    state->config = c.lora;
+    state->step = 3;
+    state->params = &adapter;
+    state->grads = new Params<double>(table);
+    ModelOps<double> ops = make_dense_ops<double>(base);
+    apply_lora<double>(ops, base, modules, table, state,
+                       [](int, int) { return LoraLinearSpec<double>{}; });
+    model = std::make_unique<InternLM2<double>>(base, params, std::move(ops));
+  }
+  ~Adapted() { delete state->grads; }
+  Params<double>& adapter_grads() { return *state->grads; }
+};
+
+ModelConfig lora_config(const std::string& type, double dropout, bool rslora) {
+  ModelConfig c = testing::tiny_config();
+  c.type = type;
+  c.lora.rank = 3;
+  c.lora.alpha = 5.0;
+  c.lora.dropout = dropout;
+  c.lora.use_rslora = rslora;
+  c.lora.seed = 9;
+  return c;
+}
+
+void check_adapter_gradients(const ModelConfig& c, bool checkpoint) {
+  ModelConfig cc = c;
+  cc.checkpoint = checkpoint;
+  Adapted m(cc);
+  m.state->training = true;  // dropout on, its mask fixed by (seed, step)
+  const data::MicroBatch batch = tiny_row(cc.vocab_size);
+  const double scale = 0.37;
+  m.model->forward_backward(batch, m.grads, scale);
+  // The frozen base gets no gradient.
+  for (int64_t i = 0; i < m.base.numel(); ++i) ASSERT_EQ(m.grads.data()[i], 0.0) << i;
+  std::mt19937_64 rng(3);
+  for (const auto& v : m.table.views()) {
+    std::uniform_int_distribution<int64_t> pick(0, v.numel - 1);
+    std::vector<int64_t> indices;
+    for (int k = 0; k < 6; ++k) indices.push_back(v.offset + pick(rng));
+    testing::expect_fd_at(
+        m.adapter.data(), m.adapter_grads().data(), m.table.numel(), indices,
+        [&] { return m.model->forward_loss(batch).sum; },
+        [](double fd) { return 1e-8 + 1e-6 * std::abs(fd); },
+        [&](int64_t i) {
+          return i < 0 ? v.name : v.name + " element " + std::to_string(i - v.offset);
+        },
+        scale);
+  }
+}
+
+TEST(LoraModel, FiniteDifferencesInternLM2) {
+  check_adapter_gradients(lora_config("internlm2", 0.0, false), false);
+}
+TEST(LoraModel, FiniteDifferencesLlamaWithDropout) {
+  check_adapter_gradients(lora_config("llama", 0.3, false), false);
+}
+TEST(LoraModel, FiniteDifferencesRsLoraDropoutCheckpoint) {
+  check_adapter_gradients(lora_config("llama", 0.2, true), true);
+}
+TEST(LoraModel, FiniteDifferencesSomeTargets) {
+  ModelConfig c = lora_config("llama", 0.1, false);
+  c.lora.targets = {"v_proj", "q_proj", "down_proj"};
+  Adapted probe(c);
+  ASSERT_EQ(probe.modules.size(), 3u * size_t(c.num_layers));
+  EXPECT_EQ(probe.modules[0].target, "q_proj");
+  EXPECT_EQ(probe.modules[1].target, "v_proj");
+  check_adapter_gradients(c, false);
+}
+
+// W + s·B·A (merged into the base) gives the adapted forward's loss.
+TEST(LoraModel, MergedForwardEqualsAdapted) {
+  for (const char* type : {"internlm2", "llama"}) {
+    for (bool rslora : {false, true}) {
+      Adapted m(lora_config(type, 0.25, rslora));  // dropout: none outside training
+      const data::MicroBatch batch = tiny_row(m.base.config().vocab_size);
+      std::vector<double> adapted_tokens, merged_tokens;
+      const double adapted = m.model->forward_loss(batch, &adapted_tokens).sum;
+      Params<double> merged = m.params;
+      const double s = m.base.config().lora.scale();
+      const int64_t r = m.base.config().lora.rank;
+      for (const LoraModule& mod : m.modules) {
+        const double* A = m.adapter.ptr(mod.a_view);
+        const double* B = m.adapter.ptr(mod.b_view);
+        double* W = merged.ptr(mod.base_view);
+        int64_t brow = 0;
+        for (const auto& [first, count] : mod.rows)
+          for (int64_t o = 0; o < count; ++o, ++brow)
+            for (int64_t i = 0; i < mod.in; ++i) {
+              double acc = 0;
+              for (int64_t k = 0; k < r; ++k) acc += B[brow * r + k] * A[k * mod.in + i];
+              W[(first + o) * mod.in + i] += s * acc;
+            }
+      }
+      InternLM2<double> plain(m.base, merged);
+      const double direct = plain.forward_loss(batch, &merged_tokens).sum;
+      EXPECT_NEAR(adapted, direct, 1e-11 * std::abs(direct)) << type << " rslora " << rslora;
+      for (size_t i = 0; i < merged_tokens.size(); ++i)
+        EXPECT_NEAR(adapted_tokens[i], merged_tokens[i], 1e-10) << i;
+    }
+  }
+}
+
+TEST(LoraModel, InitAndDropoutMask) {
+  ModelConfig c = lora_config("llama", 0.5, false);
+  c.lora.rank = 4;
+  const ParamTable base(c);
+  const auto modules = lora_modules(base, c.lora);
+  const ParamTable table = lora_table(base, modules, 4);
+  const ParamView& a = table.view(modules[0].a_view);
+  EXPECT_EQ(a.name, "model.layers.0.self_attn.q_proj.lora_A.weight");
+  EXPECT_EQ(table.view(modules[1].b_view).shape, (std::vector<int64_t>{modules[1].out, 4}));
+  std::vector<double> A(size_t(a.numel));
+  lora_init_tensor(A.data(), a, modules[0].a_view, 1);
+  const double bound = 1.0 / std::sqrt(double(a.shape[1]));
+  double lo = 1, hi = -1;
+  for (double x : A) lo = std::min(lo, x), hi = std::max(hi, x);
+  EXPECT_GE(lo, -bound);
+  EXPECT_LE(hi, bound);
+  EXPECT_LT(lo, -0.5 * bound);
+  EXPECT_GT(hi, 0.5 * bound);
+  std::vector<double> B(size_t(table.view(modules[0].b_view).numel), 1.0);
+  lora_init_tensor(B.data(), table.view(modules[0].b_view), modules[0].b_view, 1);
+  for (double x : B) EXPECT_EQ(x, 0.0);
+  // The mask: a pure function of its arguments, about p dropped, different per step and module.
+  const uint64_t k = lora_dropout_key(1, 2, 0, 0);
+  int kept = 0, same_step = 0, same_module = 0;
+  for (int64_t pos = 0; pos < 100; ++pos)
+    for (int64_t f = 0; f < 100; ++f) {
+      const bool keep = lora_keep(k, pos, f, 0.5);
+      EXPECT_EQ(keep, lora_keep(lora_dropout_key(1, 2, 0, 0), pos, f, 0.5));
+      kept += keep;
+      same_step += keep == lora_keep(lora_dropout_key(1, 3, 0, 0), pos, f, 0.5);
+      same_module += keep == lora_keep(lora_dropout_key(1, 2, 0, 1), pos, f, 0.5);
+    }
+  EXPECT_NEAR(kept, 5000, 300);
+  EXPECT_NEAR(same_step, 5000, 300);
+  EXPECT_NEAR(same_module, 5000, 300);
+}
+
+TEST(LoraModel, BadTargets) {
+  testing::expect_error([] { lora_resolve_targets("llama", {"wqkv"}); }, {"'wqkv' is not a linear"});
+  testing::expect_error([] { lora_resolve_targets("internlm2", {"q_proj"}); }, {"lora.targets"});
+  testing::expect_error([] { lora_resolve_targets("llama", {"q_proj", "q_proj"}); }, {"twice"});
+  EXPECT_EQ(lora_resolve_targets("internlm2", {"all-linear"}).size(), 5u);
+}
+
+}  // namespace
+}  // namespace longtron::model
