@@ -72,30 +72,6 @@ std::vector<HfTensor> hf_tensors(const ParamTable& layout, const std::string& fo
   return out;
 }
 
-std::vector<HfLinear> hf_linears(const ParamTable& layout, const std::string& format) {
-  std::vector<HfLinear> out;
-  static const std::string suffix = ".weight";
-  for (auto& t : hf_tensors(layout, format)) {
-    const ParamView& v = layout.view(t.view);
-    if (!v.is_matrix || v.is_embedding || v.layer < 0) continue;
-    if (t.name.size() <= suffix.size() || t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) != 0)
-      continue;
-    HfLinear l;
-    l.module = t.name.substr(0, t.name.size() - suffix.size());
-    l.target = l.module.substr(l.module.rfind('.') + 1);
-    l.layer = v.layer;
-    l.weight = std::move(t);
-    out.push_back(std::move(l));
-  }
-  return out;
-}
-
-std::vector<std::string> hf_linear_targets(const std::string& type) {
-  check_model_type(type, "model type");
-  if (type == "internlm2") return {"wqkv", "wo", "w1", "w3", "w2"};
-  return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-}
-
 template <typename T>
 void gather_hf(const HfTensor& t, const ParamTable& layout, const T* flat, T* out) {
   const ParamView& v = layout.view(t.view);

@@ -32,27 +32,6 @@ struct HfTensor {
 /// unknown family.
 std::vector<HfTensor> hf_tensors(const ParamTable& layout, const std::string& format = "");
 
-/// One linear layer of a block (a LoRA target, docs/lora.md) as family `format` names it: the
-/// module path ("model.layers.3.self_attn.q_proj", the weight's name without ".weight"), the
-/// target name ("q_proj", the last component), the layer, and its weight (shape [out, in]; the
-/// rows of the engine view it is made of, as hf_tensors gives them).
-struct HfLinear {
-  std::string module;
-  std::string target;
-  int layer = -1;
-  HfTensor weight;
-};
-
-/// The linear layers of every block of `layout` under family `format`'s names (empty =
-/// layout.config().type), in hf_tensors' order: Llama, Qwen2, Mistral q_proj, k_proj, v_proj (rows
-/// of the engine's wqkv), o_proj, gate_proj, up_proj, down_proj; InternLM2 wqkv, wo, w1, w3, w2.
-/// Not the embedding nor the head (PEFT's "all-linear" leaves the head out too).
-std::vector<HfLinear> hf_linears(const ParamTable& layout, const std::string& format = "");
-
-/// The target names of hf_linears for family `type`, in that order. Throws Error for an unknown
-/// family.
-std::vector<std::string> hf_linear_targets(const std::string& type);
-
 /// Copies tensor `t` out of the flat buffer `flat` (laid out by `layout`) into `out` (numel of
 /// t.shape values).
 template <typename T>

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <regex>
 #include <set>
 
@@ -21,6 +22,7 @@
 #include "core/shorten.h"
 #include "model/hf_config.h"
 #include "model/hf_names.h"
+#include "model/lora.h"
 
 namespace longtron::train {
 namespace fs = std::filesystem;
@@ -359,47 +361,41 @@ std::string base_fingerprint(const std::string& hf_dir) {
   return fmt::format("lt64:{:016x}", total);
 }
 
-std::vector<std::string> lora_target_names(const std::string& type) {
-  return model::hf_linear_targets(type);
-}
+namespace {
 
-std::vector<std::string> resolve_lora_targets(const std::string& type,
-                                              const std::vector<std::string>& requested,
-                                              const std::string& what) {
-  const std::vector<std::string> names = lora_target_names(type);
-  if (requested.size() == 1 && requested[0] == "all-linear") return names;
-  check(!requested.empty(), "{}: no target given (the family's module names, or \"all-linear\")", what);
-  std::set<std::string> want;
-  for (const auto& t : requested) {
-    check(t != "all-linear", "{}: \"all-linear\" stands alone (it already means every linear)", what);
-    check(std::find(names.begin(), names.end(), t) != names.end(),
-          "{}: unknown target \"{}\" for a {} model (its linears: {}, or \"all-linear\")", what, t,
-          type, join(names));
-    check(want.insert(t).second, "{}: target \"{}\" is listed twice", what, t);
+/// The linears of `layout` under family `format`'s names (empty: its own), all of them
+/// (model::lora_modules with "all-linear"), each with its weight as an HfTensor.
+struct Linear {
+  std::string module, target;
+  model::HfTensor weight;
+};
+std::vector<Linear> linears(const model::ParamTable& layout, const std::string& format = "") {
+  const model::ParamTable* table = &layout;
+  std::unique_ptr<model::ParamTable> other;
+  if (!format.empty() && format != layout.config().type) {
+    model::ModelConfig c = layout.config();
+    c.type = format;
+    other = std::make_unique<model::ParamTable>(c);
+    table = other.get();
   }
-  std::vector<std::string> out;
-  for (const auto& n : names)
-    if (want.count(n)) out.push_back(n);
+  model::LoraConfig all;
+  all.rank = 1;
+  all.targets = {"all-linear"};
+  std::vector<Linear> out;
+  for (const auto& m : model::lora_modules(*table, all))
+    out.push_back({m.module, m.target, {m.module + ".weight", {m.out, m.in}, m.base_view, m.rows}});
   return out;
 }
 
-std::vector<LoraModuleInfo> lora_modules(const model::ParamTable& layout,
-                                         const std::vector<std::string>& targets,
-                                         const std::string& format) {
-  std::vector<LoraModuleInfo> out;
-  for (const auto& l : model::hf_linears(layout, format))
-    if (targets.empty() || std::find(targets.begin(), targets.end(), l.target) != targets.end())
-      out.push_back({l.module, l.target, l.layer, l.weight.shape[0], l.weight.shape[1]});
-  return out;
-}
+}  // namespace
 
 void check_adapter_fits(const PeftAdapter& adapter, const model::ParamTable& layout,
                         const std::string& where) {
   const PeftLoraConfig& c = adapter.config;
   check(c.r > 0, "{}: LoRA rank r = {}; an adapter needs r > 0", where, c.r);
-  std::map<std::string, const model::HfLinear*> by_module;
-  const auto linears = model::hf_linears(layout);
-  for (const auto& l : linears) by_module[l.module] = &l;
+  std::map<std::string, const Linear*> by_module;
+  const auto list = linears(layout);
+  for (const auto& l : list) by_module[l.module] = &l;
   const std::string family = layout.config().type;
   check(!adapter.modules.empty(), "{}: the adapter has no module", where);
   std::set<std::string> seen;
@@ -409,7 +405,7 @@ void check_adapter_fits(const PeftAdapter& adapter, const model::ParamTable& lay
     const auto it = by_module.find(m.module);
     if (it == by_module.end()) {
       const auto [layer, target] = layer_and_target(m.module);
-      const auto names = lora_target_names(family);
+      const auto names = model::lora_family_targets(family);
       if (std::find(names.begin(), names.end(), target) == names.end())
         fail("{}: tensor {}: {} is not a linear layer of a {} model (its targets: {}){}", where, a,
              target, family, join(names),
@@ -418,7 +414,7 @@ void check_adapter_fits(const PeftAdapter& adapter, const model::ParamTable& lay
       fail("{}: tensor {}: the model has no module {} (layer {} of {})", where, a, m.module, layer,
            layout.layers.size());
     }
-    const model::HfLinear& l = *it->second;
+    const Linear& l = *it->second;
     check(m.out == l.weight.shape[0] && m.in == l.weight.shape[1],
           "{}: tensors {}{{{}, {}}}: A [{}, {}] and B [{}, {}] do not fit the weight {} of shape "
           "[{}, {}] (A must be [r, {}], B [{}, r])", where, kPeftPrefix + m.module, kLoraA, kLoraB,
@@ -430,7 +426,7 @@ void check_adapter_fits(const PeftAdapter& adapter, const model::ParamTable& lay
   }
   for (const auto& t : c.target_modules) {
     if (c.target_is_regex || t == "all-linear") continue;
-    const auto names = lora_target_names(family);
+    const auto names = model::lora_family_targets(family);
     check(std::find(names.begin(), names.end(), t) != names.end(),
           "{}: target_modules names \"{}\", which is not a linear layer of a {} model (its "
           "targets: {})", where, t, family, join(names));
@@ -443,7 +439,7 @@ void merge_peft_adapter(const PeftAdapter& adapter, model::Params<float>& full, 
   const double s = lora_scale(adapter.config);
   const int64_t r = adapter.config.r;
   std::map<std::string, model::HfTensor> weights;
-  for (auto& l : model::hf_linears(layout)) weights[l.module] = std::move(l.weight);
+  for (auto& l : linears(layout)) weights[l.module] = std::move(l.weight);
   for (const auto& m : adapter.modules) {
     const model::HfTensor& t = weights.at(m.module);
     std::vector<float> w(static_cast<size_t>(m.out * m.in));
@@ -480,7 +476,7 @@ std::vector<std::string> targets_of(const std::vector<PeftModuleAdapter>& module
   std::set<std::string> used;
   for (const auto& m : modules) used.insert(layer_and_target(m.module).second);
   std::vector<std::string> out;
-  for (const auto& n : lora_target_names(type))
+  for (const auto& n : model::lora_family_targets(type))
     if (used.count(n)) out.push_back(n);
   return out;
 }
@@ -499,11 +495,11 @@ PeftAdapter internlm2_adapter_as_llama(const PeftAdapter& adapter, const model::
   check_adapter_fits(adapter, layout, "converting an InternLM2 adapter to Llama's names");
   std::map<int, const PeftModuleAdapter*> by_view;  // engine view → InternLM2 module (whole view)
   std::map<std::string, int> view_of;
-  for (const auto& l : model::hf_linears(layout, "internlm2")) view_of[l.module] = l.weight.view;
+  for (const auto& l : linears(layout, "internlm2")) view_of[l.module] = l.weight.view;
   for (const auto& m : adapter.modules) by_view[view_of.at(m.module)] = &m;
   PeftAdapter out;
   out.config = adapter.config;
-  for (const auto& l : model::hf_linears(layout, "llama")) {
+  for (const auto& l : linears(layout, "llama")) {
     const auto it = by_view.find(l.weight.view);
     if (it == by_view.end()) continue;
     const PeftModuleAdapter& src = *it->second;
@@ -530,8 +526,8 @@ PeftAdapter llama_adapter_as_internlm2(const PeftAdapter& adapter, const model::
   std::map<std::string, const PeftModuleAdapter*> by_module;
   for (const auto& m : adapter.modules) by_module[m.module] = &m;
   // Llama linears per engine view, in order (q, k, v of one wqkv).
-  std::map<int, std::vector<model::HfLinear>> parts;
-  for (auto& l : model::hf_linears(layout, "llama"))
+  std::map<int, std::vector<Linear>> parts;
+  for (auto& l : linears(layout, "llama"))
     if (by_module.count(l.module)) parts[l.weight.view].push_back(std::move(l));
   // Whether every fused view's parts share A (then rank r stays exact).
   bool shared = true;
@@ -554,7 +550,7 @@ PeftAdapter llama_adapter_as_internlm2(const PeftAdapter& adapter, const model::
   // s'·B' must equal s·B: B' = B · s / s'.
   const double ratio = lora_scale(adapter.config) / lora_scale(out.config);
   const model::ParamTable fused = layout_of(config);
-  for (const auto& l : model::hf_linears(fused, "internlm2")) {
+  for (const auto& l : linears(fused, "internlm2")) {
     const auto it = parts.find(l.weight.view);
     if (it == parts.end()) continue;
     const auto& list = it->second;

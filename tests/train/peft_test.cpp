@@ -14,6 +14,7 @@
 #include "core/safetensors.h"
 #include "expect_error.h"
 #include "model/hf_names.h"
+#include "model/lora.h"
 #include "test_util.h"
 
 using longtron::testing::expect_error;
@@ -50,13 +51,22 @@ model::ModelConfig tiny_config(const std::string& type) {
   return c;
 }
 
+/// Every linear of `layout` (model::lora_modules with "all-linear"), or those of `targets`.
+std::vector<model::LoraModule> all_linears(const model::ParamTable& layout,
+                                           std::vector<std::string> targets = {"all-linear"}) {
+  model::LoraConfig c;
+  c.rank = 1;
+  c.targets = std::move(targets);
+  return model::lora_modules(layout, c);
+}
+
 /// An adapter of every linear of `layout`, rank r.
 tr::PeftAdapter full_adapter(const model::ParamTable& layout, int r, uint64_t seed) {
   tr::PeftAdapter a;
   a.config.r = r;
   a.config.lora_alpha = 16;
-  a.config.target_modules = tr::lora_target_names(layout.config().type);
-  for (const auto& m : tr::lora_modules(layout))
+  a.config.target_modules = model::lora_family_targets(layout.config().type);
+  for (const auto& m : all_linears(layout))
     a.modules.push_back(module(m.module, m.in, m.out, r, seed++ * 7));
   return a;
 }
@@ -243,9 +253,10 @@ TEST(Peft, FingerprintIsStableAndSeesEveryByte) {
   expect_error([&] { tr::base_fingerprint(empty.path().string()); }, {empty.path().string(), "no weights"});
 }
 
+// The module names the files use are the ones training adapts (model::lora_modules).
 TEST(Peft, FamilyModuleNames) {
   const model::ParamTable llama(tiny_config("llama")), intern(tiny_config("internlm2"));
-  const auto l = tr::lora_modules(llama);
+  const auto l = all_linears(llama);
   ASSERT_EQ(l.size(), 14u);
   EXPECT_EQ(l[0].module, "model.layers.0.self_attn.q_proj");
   EXPECT_EQ(l[0].out, 8);
@@ -257,18 +268,12 @@ TEST(Peft, FamilyModuleNames) {
   EXPECT_EQ(l[6].module, "model.layers.0.mlp.down_proj");
   EXPECT_EQ(l[6].in, l[4].out);
   EXPECT_EQ(l[7].module, "model.layers.1.self_attn.q_proj");
-  const auto i = tr::lora_modules(intern, {"wqkv", "w2"});
+  const auto i = all_linears(intern, {"wqkv", "w2"});
   ASSERT_EQ(i.size(), 4u);
   EXPECT_EQ(i[0].module, "model.layers.0.attention.wqkv");
   EXPECT_EQ(i[0].out, 16);
   EXPECT_EQ(i[1].module, "model.layers.0.feed_forward.w2");
-  EXPECT_EQ(tr::lora_modules(intern)[1].module, "model.layers.0.attention.wo");
-  EXPECT_EQ(tr::resolve_lora_targets("qwen2", {"all-linear"}, "lora.targets").size(), 7u);
-  EXPECT_EQ(tr::resolve_lora_targets("llama", {"v_proj", "q_proj"}, "lora.targets"),
-            (std::vector<std::string>{"q_proj", "v_proj"}));
-  expect_error([] { tr::resolve_lora_targets("llama", {"wqkv"}, "lora.targets"); },
-               {"lora.targets", "wqkv", "q_proj"});
-  expect_error([] { tr::resolve_lora_targets("internlm2", {"w1", "w1"}, "lora.targets"); }, {"twice"});
+  EXPECT_EQ(all_linears(intern)[1].module, "model.layers.0.attention.wo");
 }
 
 TEST(Peft, MergeAddsScaledProduct) {
@@ -283,11 +288,12 @@ TEST(Peft, MergeAddsScaledProduct) {
     model::Params<float> merged(layout);
     std::copy(w.data(), w.data() + w.numel(), merged.data());
     tr::merge_peft_adapter(a, merged, "test");
-    for (const auto& l : model::hf_linears(layout)) {
+    for (const auto& l : all_linears(layout)) {
       const auto& m = *std::find_if(a.modules.begin(), a.modules.end(), [&](auto& x) { return x.module == l.module; });
       std::vector<float> before(size_t(m.out * m.in)), after(before.size());
-      model::gather_hf(l.weight, layout, w.data(), before.data());
-      model::gather_hf(l.weight, layout, merged.data(), after.data());
+      const model::HfTensor t{l.module + ".weight", {l.out, l.in}, l.base_view, l.rows};
+      model::gather_hf(t, layout, w.data(), before.data());
+      model::gather_hf(t, layout, merged.data(), after.data());
       for (int64_t o = 0; o < m.out; ++o)
         for (int64_t i = 0; i < m.in; ++i) {
           double d = 0;
@@ -346,7 +352,7 @@ TEST(Peft, InternLm2WqkvAdapterAsLlamaIsExact) {
   const model::ParamTable intern(ci), llama(cl);
   const tr::PeftAdapter a = full_adapter(intern, 3, 21);
   const tr::PeftAdapter b = tr::internlm2_adapter_as_llama(a, ci);
-  EXPECT_EQ(b.config.target_modules, tr::lora_target_names("llama"));
+  EXPECT_EQ(b.config.target_modules, model::lora_family_targets("llama"));
   ASSERT_EQ(b.modules.size(), 14u);
   EXPECT_EQ(b.modules[0].module, "model.layers.0.self_attn.q_proj");
   EXPECT_EQ(b.modules[0].A, a.modules[0].A);
@@ -368,7 +374,7 @@ TEST(Peft, InternLm2WqkvAdapterAsLlamaIsExact) {
     EXPECT_EQ(back.modules[i].A, a.modules[i].A);
     EXPECT_EQ(back.modules[i].B, a.modules[i].B);
   }
-  EXPECT_EQ(back.config.target_modules, tr::lora_target_names("internlm2"));
+  EXPECT_EQ(back.config.target_modules, model::lora_family_targets("internlm2"));
 }
 
 // Llama adapters whose q, k and v have their own A fuse only at rank 3r (still exact up to the
