@@ -23,6 +23,7 @@
 #include "model/hf_config.h"
 #include "model/hf_names.h"
 #include "model/lora.h"
+#include "train/checkpoint.h"
 
 namespace longtron::train {
 namespace fs = std::filesystem;
@@ -359,6 +360,29 @@ std::string base_fingerprint(const std::string& hf_dir) {
     total = hash_bytes(reinterpret_cast<const uint8_t*>(h.data()), h.size() * 8, total ^ size);
   }
   return fmt::format("lt64:{:016x}", total);
+}
+
+fs::path lora_checkpoint_base(const fs::path& step_dir) {
+  if (!fs::is_regular_file(step_dir / "state.json")) return {};
+  const CheckpointState state = read_checkpoint_state(step_dir);
+  if (!state.extra.is_object() || !state.extra.contains("lora")) return {};
+  const json& lora = state.extra["lora"];
+  const std::string file = (step_dir / "state.json").string();
+  check(lora.is_object() && lora.contains("base") && lora["base"].is_string() &&
+            lora.contains("base_fingerprint") && lora["base_fingerprint"].is_string(),
+        "{}: extra.lora must name the base folder (\"base\") and its \"base_fingerprint\"", file);
+  const fs::path base = lora["base"].get<std::string>();
+  check(fs::is_directory(base),
+        "{}: the LoRA adapter of this checkpoint was trained on the base model {}, which does not "
+        "exist any more (moved or deleted? the checkpoint holds the adapter only)",
+        step_dir.string(), base.string());
+  const std::string want = lora["base_fingerprint"].get<std::string>();
+  const std::string have = base_fingerprint(base.string());
+  check(have == want,
+        "{}: the weights of the base model {} changed since the LoRA adapter of this checkpoint "
+        "was trained on them (fingerprint {}, state.json records {}); the adapter needs the base "
+        "it was trained on", step_dir.string(), base.string(), have, want);
+  return base;
 }
 
 namespace {

@@ -73,6 +73,13 @@ PeftAdapter read_peft_adapter(const std::string& dir);
 /// "fnv1a64:<16 hex digits>". Throws Error naming the folder when it holds no weight file.
 std::string base_fingerprint(const std::string& hf_dir);
 
+/// The base folder of a LoRA step folder (docs/lora.md): state.json's extra.lora.base, checked to
+/// exist and to hold the weights the adapter was trained on (its base_fingerprint equals
+/// extra.lora.base_fingerprint). Returns an empty path for a step folder without extra.lora (a
+/// full checkpoint) or a folder without state.json. Throws Error naming the step folder and the
+/// base path when the base was moved, deleted or changed.
+std::filesystem::path lora_checkpoint_base(const std::filesystem::path& step_dir);
+
 /// The adaptable linears of a model (one mapping for training and files): model::lora_modules
 /// (model/lora.h) over model::lora_family_targets, built on model/hf_names.h's tensor table.
 
