@@ -1,6 +1,8 @@
 // `longtron export`: a checkpoint (or Hugging Face folder) as a Hugging Face folder (docs/model.md):
 // model.safetensors (f32 or bf16) under the names of the chosen family, its config.json, and the
-// tokenizer files found with the model. Written under a temporary name and renamed.
+// tokenizer files found with the model. Written under a temporary name and renamed. A LoRA step
+// folder (docs/lora.md) is written as its adapter, a PEFT folder (train/peft.h), or with
+// --merge-lora as the merged model.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 #include "ops/precision.h"
 #include "train/checkpoint.h"
 #include "train/model_io.h"
+#include "train/peft.h"
 
 namespace fs = std::filesystem;
 
@@ -28,7 +31,89 @@ namespace {
 struct ExportOptions {
   std::string checkpoint, output, format, dtype = "float32";
   bool overwrite = false;  ///< replace a non-empty --output (after the new folder is complete)
+  bool merge_lora = false;  ///< a LoRA checkpoint as the merged model rather than its adapter
 };
+
+/// The step folder of --checkpoint when it is a LoRA checkpoint (state.json's extra.lora), else
+/// empty. A Hugging Face folder or an unreadable path is left to load_model_dir to report.
+fs::path lora_step(const std::string& checkpoint) {
+  const fs::path path = checkpoint;
+  if (fs::is_regular_file(path / "config.json") && !fs::exists(path / "state.json") &&
+      !fs::exists(path / "latest"))
+    return {};
+  try {
+    const fs::path step = train::resolve_checkpoint(path);
+    const train::CheckpointState state = train::read_checkpoint_state(step);
+    return state.extra.is_object() && state.extra.contains("lora") ? step : fs::path();
+  } catch (const Error&) {
+    return {};
+  }
+}
+
+/// Refuses an --output that is, or holds, the checkpoint being exported (--overwrite would
+/// remove it).
+void check_output_apart(const ExportOptions& o, const fs::path& dir) {
+  const fs::path out = o.output;
+  std::error_code ec;
+  check(!fs::exists(out) || !fs::equivalent(out, dir, ec),
+        "export: --output {} is the checkpoint being exported", o.output);
+  if (fs::exists(out)) {
+    const fs::path outer = fs::weakly_canonical(out, ec);
+    for (const fs::path& inner : {fs::weakly_canonical(dir, ec), fs::weakly_canonical(o.checkpoint, ec)}) {
+      const auto [mismatch, rest] = std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end());
+      check(mismatch != outer.end() || outer.empty(),
+            "export: --output {} holds the checkpoint being exported ({}); it would be removed", o.output,
+            inner.string());
+    }
+  }
+}
+
+/// A LoRA step folder's adapter as a PEFT folder (adapter_model.safetensors, adapter_config.json)
+/// with the tokenizer files, in its family's names or --format's: an InternLM2 wqkv adapter as
+/// Llama's q/k/v_proj adapters sharing A (exact), Llama's as InternLM2's when q, k and v share A.
+int run_export_adapter(const ExportOptions& o, const fs::path& step) {
+  const fs::path out = o.output;
+  check(ops::canonical_dtype(o.dtype) == "float32",
+        "export: --dtype {}: an adapter is written in float32 (PEFT casts it to the base's dtype "
+        "when it loads it); --merge-lora writes the merged model in bfloat16", o.dtype);
+  check_output_apart(o, step);
+  const fs::path base = train::lora_checkpoint_base(step);  // moved or changed base: an error
+  const model::ModelConfig config = model::read_hf_config(step);
+  train::PeftAdapter adapter = train::read_peft_adapter(step.string());
+  train::check_adapter_fits(adapter, model::ParamTable(config), step.string());
+  const std::string format = o.format.empty() ? config.type : o.format;
+  model::check_model_type(format, "export --format");
+  model::to_hf_config(config, 0, format);  // refuses what the format cannot express
+  if (config.type == "internlm2" && format != "internlm2")
+    adapter = train::internlm2_adapter_as_llama(adapter, config);
+  else if (config.type != "internlm2" && format == "internlm2")
+    adapter = train::llama_adapter_as_internlm2(adapter, config);
+  const fs::path tmp = out.string() + ".tmp-export";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  std::vector<std::string> copied;
+  try {
+    train::write_peft_adapter(tmp.string(), adapter);
+    copied = train::copy_tokenizer_files(step, tmp);
+    if (copied.empty()) copied = train::copy_tokenizer_files(base, tmp);
+    if (fs::exists(out)) fs::remove_all(out);
+    fs::rename(tmp, out);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, ec);
+    fail("export: writing {} failed: {}", o.output, e.what());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  std::string files;
+  for (const auto& c : copied) files += ", " + c;
+  int64_t numel = 0;
+  for (const auto& m : adapter.modules) numel += int64_t(m.A.size() + m.B.size());
+  fmt::print("export: {} -> {} (LoRA adapter of {} modules, rank {}, {} parameters, {} names, base "
+             "{}{})\n", step.string(), o.output, adapter.modules.size(), adapter.config.r, numel,
+             format, base.string(), copied.empty() ? ", no tokenizer found" : files);
+  return 0;
+}
 
 int run_export(const ExportOptions& o) {
   const fs::path out = o.output;
@@ -38,24 +123,17 @@ int run_export(const ExportOptions& o) {
   const std::string dtype = ops::canonical_dtype(o.dtype);
   check(dtype == "float32" || dtype == "bfloat16",
         "export: --dtype must be float32 or bfloat16, got \"{}\"", o.dtype);
-  // Loading checks every tensor's name and shape before anything is written.
+  const fs::path lora = lora_step(o.checkpoint);
+  if (!lora.empty() && !o.merge_lora) return run_export_adapter(o, lora);
+  check(!o.merge_lora || !lora.empty(),
+        "export: --merge-lora: {} is not a LoRA checkpoint (its state.json names no adapter base)",
+        o.checkpoint);
+  // Loading checks every tensor's name and shape before anything is written (a LoRA checkpoint:
+  // its base, checked, with the adapter merged).
   const train::LoadedModel m = train::load_model_dir(o.checkpoint);
-  {
-    std::error_code ec;
-    check(!fs::exists(out) || !fs::equivalent(out, m.dir, ec),
-          "export: --output {} is the checkpoint being exported", o.output);
-    // --overwrite removes --output: it must not hold the checkpoint (--output the checkpoint
-    // folder whose step_N is exported, or a folder above it), which would be deleted with it.
-    if (fs::exists(out)) {
-      const fs::path outer = fs::weakly_canonical(out, ec);
-      for (const fs::path& inner : {fs::weakly_canonical(m.dir, ec), fs::weakly_canonical(o.checkpoint, ec)}) {
-        const auto [mismatch, rest] = std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end());
-        check(mismatch != outer.end() || outer.empty(),
-              "export: --output {} holds the checkpoint being exported ({}); it would be removed", o.output,
-              inner.string());
-      }
-    }
-  }
+  // --overwrite removes --output: it must not hold the checkpoint (--output the checkpoint
+  // folder whose step_N is exported, or a folder above it), which would be deleted with it.
+  check_output_apart(o, m.dir);
   const model::ModelConfig& config = m.layout->config();
   const std::string format = o.format.empty() ? config.type : o.format;
   model::check_model_type(format, "export --format");
@@ -92,6 +170,7 @@ int run_export(const ExportOptions& o) {
     safetensors::write_file(tmp / "model.safetensors", tensors, {{"format", "pt"}},
                             "writing " + (out / "model.safetensors").string());
     copied = train::copy_tokenizer_files(m.dir, tmp);
+    if (copied.empty() && !m.lora_base.empty()) copied = train::copy_tokenizer_files(m.lora_base, tmp);
     if (!m.tokenizer.empty())
       for (const fs::path& file : data::tokenizer_file_set(m.tokenizer))
         if (!fs::exists(tmp / file.filename())) {
@@ -120,7 +199,11 @@ Subcommand export_command(help_order::kExport, [](CLI::App& app) {
                 "Replace --output if it holds files (once the new folder is complete)");
   sub->add_option("--format", o->format,
                   "Family to write: internlm2, llama, qwen2 or mistral (default: the model's own; "
-                  "an InternLM2 model written as llama has its wqkv split into q/k/v_proj)");
+                  "an InternLM2 model written as llama has its wqkv split into q/k/v_proj, and an "
+                  "InternLM2 LoRA adapter its wqkv adapter into q/k/v_proj adapters sharing A)");
+  sub->add_flag("--merge-lora", o->merge_lora,
+                "A LoRA checkpoint as the merged model W + s·B·A (a full Hugging Face folder of "
+                "its family) instead of its adapter (a PEFT folder)");
   sub->add_option("--dtype", o->dtype, "Tensor type: float32 (default) or bfloat16 (torch.float32, torch.bfloat16 also accepted)");
   return [o] { return run_export(*o); };
 });

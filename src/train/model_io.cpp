@@ -5,6 +5,7 @@
 #include "model/hf_config.h"
 #include "train/checkpoint.h"
 #include "train/optimizer.h"
+#include "train/peft.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -19,14 +20,20 @@ LoadedModel load_model_dir(const fs::path& path, bool read_weights) {
   m.train_config = hf ? nlohmann::json::object() : read_checkpoint_state(m.dir).config;
   const model::ModelConfig config = model::read_hf_config(m.dir);
   m.layout = std::make_unique<model::ParamTable>(config);
-  if (read_weights) {
+  if (!hf) m.lora_base = lora_checkpoint_base(m.dir);
+  if (!m.lora_base.empty()) {  // the base's weights with the adapter merged (fp32)
+    m.params = std::make_unique<model::Params<float>>(*m.layout);
+    load_hf_model(m.lora_base, *m.params, /*progress=*/true);
+    const PeftAdapter adapter = read_peft_adapter(m.dir.string());
+    merge_peft_adapter(adapter, *m.params, m.dir.string());
+  } else if (read_weights) {
     m.params = std::make_unique<model::Params<float>>(*m.layout);
     load_hf_model(m.dir, *m.params, /*progress=*/true);
   } else {
     m.weights_pending = true;
   }
-  for (const fs::path& folder : {m.dir, m.dir.parent_path()})
-    if (const fs::path p = data::find_tokenizer_file(folder); !p.empty()) {
+  for (const fs::path& folder : {m.dir, m.dir.parent_path(), m.lora_base})
+    if (const fs::path p = folder.empty() ? fs::path() : data::find_tokenizer_file(folder); !p.empty()) {
       m.tokenizer = p;
       break;
     }

@@ -23,6 +23,9 @@ struct LoadedModel {
   /// The weights are not read yet (load_model_dir with read_weights = false): load_into_engine
   /// reads them from `dir` straight into the engine's shards.
   bool weights_pending = false;
+  /// A LoRA step folder (train/peft.h, docs/lora.md): the base folder its state.json names. The
+  /// weights (`params`) are then the base's with the step's adapter merged in fp32 (W + s·B·A).
+  std::filesystem::path lora_base;
 };
 
 /// Loads `path`: a checkpoint root (its latest step), a step folder, or a Hugging Face folder
@@ -31,7 +34,9 @@ struct LoadedModel {
 /// folder, its parent, then next to the run's data.train_folder. Throws Error naming the path when
 /// nothing loadable is there or a tensor is missing or mis-shaped. With `read_weights` false only
 /// the shape, settings and tokenizer are read (weights_pending; params stays null) and the tensors
-/// are checked when load_into_engine reads them. Loading shows a progress line on stderr.
+/// are checked when load_into_engine reads them. Loading shows a progress line on stderr. A LoRA
+/// step folder (adapter_config.json and state.json's extra.lora instead of model.safetensors) is
+/// read as its base (checked: lora_checkpoint_base) with the adapter merged, always in full.
 LoadedModel load_model_dir(const std::filesystem::path& path, bool read_weights = true);
 
 /// The compute type eval and generate run in: `dtype` (their --dtype) when not empty, else the

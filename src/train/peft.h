@@ -23,6 +23,9 @@ struct PeftLoraConfig {
   std::vector<std::string> target_modules;  ///< as PEFT writes them: family module names, e.g. "q_proj"
   bool use_rslora = false;
   std::string base_model_name_or_path;
+  /// adapter_config.json gave target_modules as one string: PEFT's regular expression matched
+  /// against the full module name (target_modules then holds that one string).
+  bool target_is_regex = false;
 };
 
 /// The scale s of y = W x + s · B A x: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora
@@ -70,33 +73,15 @@ PeftAdapter read_peft_adapter(const std::string& dir);
 /// "fnv1a64:<16 hex digits>". Throws Error naming the folder when it holds no weight file.
 std::string base_fingerprint(const std::string& hf_dir);
 
-/// The LoRA target names of family `type` (model::kModelTypes), in block order: Llama, Qwen2,
-/// Mistral q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; InternLM2 wqkv, wo, w1,
-/// w3, w2. Throws Error for an unknown family.
-std::vector<std::string> lora_target_names(const std::string& type);
+/// The base folder of a LoRA step folder (docs/lora.md): state.json's extra.lora.base, checked to
+/// exist and to hold the weights the adapter was trained on (its base_fingerprint equals
+/// extra.lora.base_fingerprint). Returns an empty path for a step folder without extra.lora (a
+/// full checkpoint) or a folder without state.json. Throws Error naming the step folder and the
+/// base path when the base was moved, deleted or changed.
+std::filesystem::path lora_checkpoint_base(const std::filesystem::path& step_dir);
 
-/// The targets of `requested` for family `type`: "all-linear" (PEFT's shortcut: every linear but
-/// the head) → lora_target_names(type); otherwise each name must be one of them (no duplicates),
-/// returned in block order. Throws Error naming `what` and the unknown name (and listing the
-/// family's names) otherwise.
-std::vector<std::string> resolve_lora_targets(const std::string& type,
-                                              const std::vector<std::string>& requested,
-                                              const std::string& what);
-
-/// One adaptable linear of a model under family `format`'s names: "model.layers.3.self_attn.q_proj"
-/// (module path), its target name ("q_proj"), its layer, and its weight's shape [out, in].
-struct LoraModuleInfo {
-  std::string module;
-  std::string target;
-  int layer = -1;
-  int64_t out = 0, in = 0;
-};
-
-/// Every adaptable linear of `layout` named as family `format` names it (empty: the layout's own
-/// type), in block order, restricted to `targets` (lora_target_names spelling; empty = all).
-std::vector<LoraModuleInfo> lora_modules(const model::ParamTable& layout,
-                                         const std::vector<std::string>& targets = {},
-                                         const std::string& format = "");
+/// The adaptable linears of a model (one mapping for training and files): model::lora_modules
+/// (model/lora.h) over model::lora_family_targets, built on model/hf_names.h's tensor table.
 
 /// Checks `adapter` against the model of `layout` (naming `where`, e.g. the folder, in every
 /// message): each module must be an adaptable linear of the model in the layout's family naming
