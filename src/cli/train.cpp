@@ -26,7 +26,7 @@ namespace {
 struct TrainCliOptions {
   std::string config = "configs/demo.toml";
   std::vector<std::string> overrides;
-  std::string resume, init_from, dump_grads;
+  std::string resume, init_from, dump_grads, init_adapter;
   bool overwrite = false;
   bool dry_run = false;
   int ranks = -1;  // -1: --ranks not given
@@ -98,6 +98,7 @@ int run_train(const TrainCliOptions& o) {
         fs::exists(fs::path(o.init_from) / "latest"))
       options.init_from = train::resolve_checkpoint(o.init_from).string();
     options.dump_grads = o.dump_grads;
+    options.init_adapter = o.init_adapter;
     options.overwrite = o.overwrite;
     options.dry_run = o.dry_run;
     options.dry_run_ranks = std::max(o.ranks, 0);  // 0: the ranks it runs on
@@ -132,6 +133,9 @@ Subcommand train_command(help_order::kTrain, [](CLI::App& app) {
       ->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   sub->add_option("--resume", o->resume, "Continue from a checkpoint root (latest) or step folder");
   sub->add_option("--init-from", o->init_from, "Start from a Hugging Face folder (or a checkpoint: step folder, or root meaning its latest step)");
+  sub->add_option("--init-adapter", o->init_adapter,
+                  "LoRA: start the adapters from a PEFT folder (adapter_config.json must agree "
+                  "with [lora])");
   sub->add_flag("--overwrite", o->overwrite,
                 "Replace the checkpoints of an earlier run in train.checkpoint_dir (a fresh run "
                 "into a non-empty folder is refused otherwise)");

@@ -32,7 +32,7 @@ struct LoraConfig {
   std::vector<std::string> targets = {"all-linear"};
   bool use_rslora = false;
   LoraBaseDtype base_dtype = LoraBaseDtype::kAuto;
-  uint64_t seed = 0;  ///< A's initialisation and dropout's masks
+  int64_t seed = 0;  ///< A's initialisation and dropout's masks (>= 0)
 
   bool enabled() const { return rank > 0; }
   /// alpha / rank, or alpha / sqrt(rank) with use_rslora (0 when off).

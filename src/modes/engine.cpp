@@ -1,5 +1,6 @@
 // The distributed engine (see engine.h): plan, ops, reductions and full-tensor import/export.
 #include "modes/engine.h"
+#include "modes/lora_engine.h"
 
 #include "data/context_split.h"
 #include "data/sequence_split.h"
@@ -90,7 +91,9 @@ ParallelEngine::ParallelEngine(const model::ModelConfig& config, const Grid& gri
       local_(plan_.local_layout()),
       params_(local_),
       grads_(local_) {
-  model_ = std::make_unique<model::InternLM2<float>>(local_, params_, factory_->make_ops(context()));
+  model::ModelOps<float> ops = factory_->make_ops(context());
+  if (config.lora.enabled()) build_lora(ops);
+  model_ = std::make_unique<model::InternLM2<float>>(local_, params_, std::move(ops));
 }
 
 ParallelEngine::ParallelEngine(const model::ModelConfig& config, const Grid& grid,
@@ -129,12 +132,14 @@ data::MicroBatch ParallelEngine::local_batch(const data::MicroBatch& row) const 
 
 model::LossSum ParallelEngine::forward_backward(const data::MicroBatch& row, double loss_scale) {
   gradients_finished_ = false;
+  const LoraTraining training(lora_ ? lora_state(*lora_) : nullptr, true);
   if (!factory_->local_batch) return model_->forward_backward(row, grads_, loss_scale);
   return model_->forward_backward(local_batch(row), grads_, loss_scale);
 }
 
 model::LossSum ParallelEngine::forward_loss(const data::MicroBatch& row,
                                             std::vector<double>* token_losses) {
+  const LoraTraining training(lora_ ? lora_state(*lora_) : nullptr, false);
   if (!factory_->local_batch) return model_->forward_loss(row, token_losses);
   const model::LossSum loss = model_->forward_loss(local_batch(row), token_losses);
   if (token_losses != nullptr)
@@ -147,7 +152,7 @@ void ParallelEngine::finish_gradients() {
   // 2. Data parallel: each dp rank saw its own micro-batches; the step gradient is their SUM
   // (the loss scale already divides by the global count).
   comm::Communicator& dp = *grid_.get(factory_->data_group);
-  if (dp.size() > 1) dp.all_reduce(grads_.data(), grads_.numel());
+  if (dp.size() > 1) dp.all_reduce(tgrads().data(), tgrads().numel());
   gradients_finished_ = true;
 }
 
@@ -155,19 +160,19 @@ void ParallelEngine::plan_gradient_sums() {
   // 1. The plan's SUMs, one packed all-reduce per group kind (the same order on every rank:
   // every rank has the same plan structure).
   std::map<comm::Group, std::vector<int>> by_group;
-  for (int v = 0; v < plan_.num_views(); ++v)
-    for (comm::Group g : plan_.tensor(v).grad_sum_groups) by_group[g].push_back(v);
+  for (int v = 0; v < tplan().num_views(); ++v)
+    for (comm::Group g : tplan().tensor(v).grad_sum_groups) by_group[g].push_back(v);
   std::vector<float> pack;
   for (const auto& [group, views] : by_group) {
     comm::Communicator& c = *grid_.get(group);
     if (c.size() == 1) continue;
     pack.clear();
-    for (int v : views) pack.insert(pack.end(), grads_.ptr(v), grads_.ptr(v) + local_.view(v).numel);
+    for (int v : views) pack.insert(pack.end(), tgrads().ptr(v), tgrads().ptr(v) + tlocal().view(v).numel);
     c.all_reduce(pack.data(), static_cast<int64_t>(pack.size()));
     const float* src = pack.data();
     for (int v : views) {
-      std::copy(src, src + local_.view(v).numel, grads_.ptr(v));
-      src += local_.view(v).numel;
+      std::copy(src, src + tlocal().view(v).numel, tgrads().ptr(v));
+      src += tlocal().view(v).numel;
     }
   }
 }
@@ -199,29 +204,29 @@ static std::pair<int64_t, int64_t> slice_of(const std::vector<int64_t>& counts, 
 void ParallelEngine::finish_gradient_slices(const std::vector<int64_t>& counts) {
   check(shards_gradients(), "finish_gradient_slices: this grid has no ZeRO-1 gradient slices");
   comm::Communicator& z = *grid_.zero1;
-  const auto [begin, end] = slice_of(counts, z.rank(), z.size(), grads_.numel());
+  const auto [begin, end] = slice_of(counts, z.rank(), z.size(), tgrads().numel());
   plan_gradient_sums();
   slice_scratch_.resize(size_t(end - begin));
-  z.reduce_scatter_v(slice_scratch_.data(), grads_.data(), counts);
-  std::copy(slice_scratch_.begin(), slice_scratch_.end(), grads_.data() + begin);
+  z.reduce_scatter_v(slice_scratch_.data(), tgrads().data(), counts);
+  std::copy(slice_scratch_.begin(), slice_scratch_.end(), tgrads().data() + begin);
   comm::Communicator& replica = *grid_.zero1_replica;
-  if (replica.size() > 1) replica.all_reduce(grads_.data() + begin, end - begin);
+  if (replica.size() > 1) replica.all_reduce(tgrads().data() + begin, end - begin);
   gradients_finished_ = true;
 }
 
 double ParallelEngine::grad_norm_of_slices(const std::vector<int64_t>& counts) const {
   const comm::Communicator& z = *grid_.zero1;
-  const auto [begin, end] = slice_of(counts, z.rank(), z.size(), grads_.numel());
+  const auto [begin, end] = slice_of(counts, z.rank(), z.size(), tgrads().numel());
   // An element is held by world / split_parts ranks; each zero1 group holds it in one slice, so
   // world / split_parts / Z slices hold it: weight each by the inverse.
   double acc = 0.0;
-  for (int v = 0; v < plan_.num_views(); ++v) {
-    const int64_t offset = local_.view(v).offset;
-    const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + local_.view(v).numel);
+  for (int v = 0; v < tplan().num_views(); ++v) {
+    const int64_t offset = tlocal().view(v).offset;
+    const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + tlocal().view(v).numel);
     if (lo >= hi) continue;
     const double holders =
-        double(grid_.world_size) / double(plan_.tensor(v).split_parts()) / double(z.size());
-    acc += sum_squares(grads_.data() + lo, hi - lo) / holders;
+        double(grid_.world_size) / double(tplan().tensor(v).split_parts()) / double(z.size());
+    acc += sum_squares(tgrads().data() + lo, hi - lo) / holders;
   }
   if (grid_.world_size > 1) grid_.world->all_reduce(&acc, 1);
   return std::sqrt(acc);
@@ -229,9 +234,9 @@ double ParallelEngine::grad_norm_of_slices(const std::vector<int64_t>& counts) c
 
 void ParallelEngine::gather_gradient_slices(const std::vector<int64_t>& counts) {
   comm::Communicator& z = *grid_.zero1;
-  const auto [begin, end] = slice_of(counts, z.rank(), z.size(), grads_.numel());
+  const auto [begin, end] = slice_of(counts, z.rank(), z.size(), tgrads().numel());
   (void)end;
-  if (z.size() > 1) z.all_gather_v(grads_.data(), grads_.data() + begin, counts);
+  if (z.size() > 1) z.all_gather_v(tgrads().data(), tgrads().data() + begin, counts);
 }
 
 double ParallelEngine::grad_norm() const {
@@ -240,9 +245,9 @@ double ParallelEngine::grad_norm() const {
   // Each element is held by world / split_parts ranks with the same value: weight it by the
   // inverse so the world sum counts it once.
   double acc = 0.0;
-  for (int v = 0; v < plan_.num_views(); ++v) {
-    const double replicas = double(grid_.world_size) / double(plan_.tensor(v).split_parts());
-    acc += sum_squares(grads_.ptr(v), local_.view(v).numel) / replicas;
+  for (int v = 0; v < tplan().num_views(); ++v) {
+    const double replicas = double(grid_.world_size) / double(tplan().tensor(v).split_parts());
+    acc += sum_squares(tgrads().ptr(v), tlocal().view(v).numel) / replicas;
   }
   if (grid_.world_size > 1) grid_.world->all_reduce(&acc, 1);
   return std::sqrt(acc);

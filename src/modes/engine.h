@@ -54,6 +54,7 @@
 #include "data/batch.h"
 #include "model/internlm2.h"
 #include "model/layers.h"
+#include "model/lora.h"
 #include "model/params.h"
 #include "modes/mode_memory.h"
 #include "parallel/layout.h"
@@ -157,7 +158,7 @@ class ParallelEngine {
 
   /// Sets grads() to 0.
   void zero_grads() {
-    grads_.zero();
+    tgrads().zero();
     gradients_finished_ = false;
   }
   /// The plan's gradient SUMs (over TENSOR etc.), then SUM over DATA: afterwards every rank holds
@@ -196,6 +197,27 @@ class ParallelEngine {
   /// This rank's slices of full tensors (every rank passes the full buffer). No communication.
   void scatter_full(model::Params<float>& local, const model::Params<float>& full) const;
 
+  // ---- LoRA (config.lora.rank > 0; docs/lora.md) ----------------------------------------------
+  // The adapter table (model/lora.h) lives beside the frozen base with its own ShardPlan: A and B
+  // split like their base linear (column-parallel: B on its rows; row-parallel: A on its
+  // columns), summed over the ranks that saw other tokens. zero_grads, finish_gradients, the
+  // gradient norms and ZeRO-1 slices act on the TRAINABLE table: the adapters under LoRA (the
+  // base then gets no gradient), the model's parameters otherwise.
+  bool has_lora() const { return lora_ != nullptr; }
+  /// The adapted modules (full shapes, family names); empty without LoRA.
+  const std::vector<model::LoraModule>& lora_modules() const;
+  /// The trainable table: full and local layouts, plan, values and gradients.
+  const model::ParamTable& train_full_layout() const;
+  const model::ParamTable& train_layout() const;
+  const ShardPlan& train_plan() const;
+  model::Params<float>& train_params();
+  model::Params<float>& train_grads();
+  /// gather_full / scatter_full of the trainable table.
+  void gather_train_full(model::Params<float>& full, const model::Params<float>& local) const;
+  void scatter_train_full(model::Params<float>& local, const model::Params<float>& full) const;
+  /// The optimizer step whose gradients the next forward_backward computes (LoRA dropout's mask).
+  void set_lora_step(int64_t step);
+
  private:
   ModeContext context() const { return ModeContext{full_, local_, plan_, grid_}; }
   /// Step 1 of finish_gradients: the plan's SUMs over the model-parallel groups.
@@ -211,6 +233,18 @@ class ParallelEngine {
   bool gradients_finished_ = false;  ///< finish_gradients ran since grads_ last changed
   std::vector<float> slice_scratch_;  // finish_gradient_slices' receive buffer (kept between steps)
   std::unique_ptr<model::InternLM2<float>> model_;
+
+ public:
+  struct Lora;  // modes/lora_engine.h
+
+ private:
+  std::unique_ptr<Lora> lora_;
+  /// Builds lora_ (plan, table, drawn A) and wraps `ops`; called by the constructor.
+  void build_lora(model::ModelOps<float>& ops);
+  model::Params<float>& tgrads();
+  const model::Params<float>& tgrads() const;
+  const ShardPlan& tplan() const;
+  const model::ParamTable& tlocal() const;
 };
 
 }  // namespace longtron::parallel

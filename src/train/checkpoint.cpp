@@ -167,8 +167,10 @@ fs::path save_checkpoint(const fs::path& root, const CheckpointData& d) {
   write_atomically(dir, [&](const fs::path& tmp) {
     fs::create_directory(tmp);
     // Progress lines name the final folder (the temporary one is renamed to it).
-    st::write_file(tmp / "model.safetensors", as_f32(d.params, "", "model"), meta,
-                   d.progress ? "saving " + (dir / "model.safetensors").string() : "");
+    if (d.write_model)
+      st::write_file(tmp / "model.safetensors", as_f32(d.params, "", "model"), meta,
+                     d.progress ? "saving " + (dir / "model.safetensors").string() : "");
+    if (d.write_extra) d.write_extra(tmp);
     if (with_optimizer) {
       auto tensors = as_f32(d.adam_m, kAdamM, "adam_m");
       auto v = as_f32(d.adam_v, kAdamV, "adam_v");

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,13 @@ struct CheckpointData {
   int64_t max_position_embeddings = 0;  ///< written to config.json when > 0 (e.g. seq_len)
   CheckpointState state;
   bool progress = false;  ///< progress lines on stderr while the tensors are written
+  /// Writes more files into the step folder while it is still the temporary one (e.g. a LoRA
+  /// adapter, train/lora_train.h). Empty: nothing more.
+  std::function<void(const std::filesystem::path& dir)> write_extra;
+  /// false: `params` are not written as model.safetensors (a LoRA step folder holds the adapter
+  /// through write_extra instead; the base is not re-saved). They still give the optimizer
+  /// tensors' names and shapes.
+  bool write_model = true;
 };
 
 /// Writes root/step_<state.step>/ atomically (replacing an existing one), then root/latest

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "model/hf_config.h"
+#include "model/lora.h"
 #include "model/params.h"
 #include "ops/precision.h"
 #include "parallel/tp2d_overlap.h"
@@ -303,6 +304,21 @@ void check_config(const TrainConfig& c, const ConfigNeeds& needs) {
   non_negative("lr_scheduler.warmup_steps", double(l.warmup_steps));
   check(l.min_lr >= 0 && l.min_lr <= o.lr, "{}: must be in [0, optimizer.lr = {}], got {}",
         at("lr_scheduler.min_lr"), o.lr, l.min_lr);
+
+  const model::LoraConfig& lora = c.model.lora;
+  non_negative("lora.rank", double(lora.rank));
+  check(lora.dropout >= 0 && lora.dropout < 1, "{}: must be in [0, 1), got {}", at("lora.dropout"),
+        lora.dropout);
+  check(std::isfinite(lora.alpha) && lora.alpha > 0, "{}: must be finite and > 0, got {}",
+        at("lora.alpha"), lora.alpha);
+  non_negative("lora.seed", double(lora.seed));
+  if (lora.enabled() && needs.model_shape) {  // the family is known (else checked once read)
+    try {
+      model::lora_resolve_targets(c.model.type, lora.targets);
+    } catch (const Error& e) {
+      fail("{}: {}", at("lora.targets"), std::string(e.what()).substr(std::string("lora.targets: ").size()));
+    }
+  }
 
   const auto& p = c.parallel;
   positive("parallel.tensor.size", p.tensor.size);

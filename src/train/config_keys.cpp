@@ -183,6 +183,37 @@ class NumbersMember final : public Member<std::vector<double>> {
   }
 };
 
+/// An array of strings, e.g. lora.targets = ["q_proj", "v_proj"].
+class StringsMember final : public Member<std::vector<std::string>> {
+ public:
+  using Member::Member;
+  const char* type_name() const override { return "array of strings"; }
+  void read(TrainConfig& c, const toml::node& n, const KeyPlace& p) const override {
+    if (n.is_string()) {  // one name (e.g. "all-linear"), as PEFT's target_modules accepts
+      of(c) = {n.as_string()->get()};
+      return;
+    }
+    if (!n.is_array()) wrong_type(p.at, "an array of strings", n);
+    std::vector<std::string>& out = of(c);
+    out.clear();
+    for (const toml::node& e : *n.as_array()) {
+      if (!e.is_string()) wrong_type(p.at, "an array of strings", n);
+      out.push_back(e.as_string()->get());
+    }
+  }
+  nlohmann::json write(const TrainConfig& c) const override { return of(c); }
+  bool read_json(TrainConfig& c, const nlohmann::json& v) const override {
+    if (!v.is_array()) return false;
+    std::vector<std::string> out;
+    for (const auto& e : v) {
+      if (!e.is_string()) return false;
+      out.push_back(e.get<std::string>());
+    }
+    of(c) = std::move(out);
+    return true;
+  }
+};
+
 /// One name of an enum's name table, stored as the enum: the string becomes the value once, here.
 template <class E, size_t N>
 class ChoiceMember final : public Member<E> {
@@ -225,6 +256,9 @@ MemberPtr path(Access<std::string> at) {
   return std::make_shared<StringMember>(at, StringMember::Form::kPath);
 }
 MemberPtr numbers(Access<std::vector<double>> at) { return std::make_shared<NumbersMember>(at); }
+MemberPtr strings(Access<std::vector<std::string>> at) {
+  return std::make_shared<StringsMember>(at);
+}
 template <class E, size_t N>
 MemberPtr choice(Access<E> at, const std::array<EnumName<E>, N>& names) {
   return std::make_shared<ChoiceMember<E, N>>(at, names);
@@ -458,6 +492,32 @@ const std::vector<ConfigKey> kConfigKeys = {
      "Consecutive steps with a non-finite loss or gradient norm (updates skipped) that end the run "
      "with an error; the last good checkpoint stays.",
      integer(AT(train.max_skipped_steps))},
+    // [lora]: PEFT's LoraConfig names where it has one (r → rank, lora_alpha → alpha,
+    // lora_dropout → dropout, target_modules → targets), docs/lora.md.
+    {"lora.rank", "0", "",
+     "LoRA rank r (0: off, full fine-tuning). With r > 0 the model is frozen and only low-rank "
+     "adapters train: y = W x + s·B A dropout(x), A [r, in], B [out, r]; needs --init-from (or "
+     "--resume) (docs/lora.md).",
+     integer(AT(model.lora.rank))},
+    {"lora.alpha", "8.0", "", "PEFT's lora_alpha: the scale s = alpha / rank.",
+     real(AT(model.lora.alpha))},
+    {"lora.dropout", "0.0", "",
+     "Probability in [0, 1) of dropping an input feature of A in training (none in eval and "
+     "generate); the mask is a function of (seed, step, layer, module, token position, feature).",
+     real(AT(model.lora.dropout))},
+    {"lora.targets", "[\"all-linear\"]", "",
+     "The linears that get adapters, as the family's Hugging Face names: q_proj, k_proj, v_proj, "
+     "o_proj, gate_proj, up_proj, down_proj (Llama, Qwen2, Mistral) or wqkv, wo, w1, w3, w2 "
+     "(InternLM2); \"all-linear\": every linear but the head.",
+     strings(AT(model.lora.targets))},
+    {"lora.use_rslora", "false", "", "Rank-stabilised scale s = alpha / sqrt(rank) (rsLoRA).",
+     boolean(AT(model.lora.use_rslora))},
+    {"lora.base_dtype", "\"auto\"", "",
+     "The frozen base's dtype: \"float32\", \"bfloat16\", or \"auto\" (bfloat16 when model.dtype "
+     "resolves to bfloat16). A bfloat16 base under float32 compute is allowed and not exact.",
+     choice(AT(model.lora.base_dtype), model::kLoraBaseDtypeNames)},
+    {"lora.seed", "0", "", "Seed of A's initialisation and of dropout's masks.",
+     integer(AT(model.lora.seed))},
 };
 
 std::string table_of(const std::string& key) { return key.substr(0, key.rfind('.')); }

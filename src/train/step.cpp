@@ -103,6 +103,7 @@ StepResult train_step(parallel::ParallelEngine& engine, AdamW& optimizer,
   const bool sliced = optimizer.zero1() && optimizer.zero1() == engine.grid().zero1 &&
                       engine.shards_gradients();
   const std::vector<int64_t> slices = sliced ? optimizer.shard_counts() : std::vector<int64_t>{};
+  engine.set_lora_step(optimizer.step() + 1);  // LoRA dropout's mask (no-op without LoRA)
   StepResult r = gradients(engine, rows, options, sliced ? &slices : nullptr);
   if (options.on_gradients) {
     // The hook (--dump-grads) sees the full reduced gradient, as without slices.
@@ -118,7 +119,7 @@ StepResult train_step(parallel::ParallelEngine& engine, AdamW& optimizer,
   if (grid.world_size > 1) grid.world->all_reduce(&bad, 1, comm::ReduceOp::kMax);
   r.skipped = bad != 0;
   if (!r.skipped) {
-    model::Params<float>& grads = engine.grads();
+    model::Params<float>& grads = engine.train_grads();
     if (sliced)  // only the slice is reduced (and read by AdamW)
       scale_grads(grads.data() + optimizer.shard_begin(),
                   static_cast<size_t>(optimizer.shard_end() - optimizer.shard_begin()), clip.scale);
@@ -127,14 +128,14 @@ StepResult train_step(parallel::ParallelEngine& engine, AdamW& optimizer,
     // An update that would make a parameter or moment non-finite (too high a learning rate, a
     // gradient whose square overflows) is not applied either. Each rank checks its own slice
     // (its tensor shards, its ZeRO-1 slice); the verdict is agreed by all ranks.
-    int64_t nonfinite = !optimizer.update_is_finite(engine.params(), grads, options.lr);
+    int64_t nonfinite = !optimizer.update_is_finite(engine.train_params(), grads, options.lr);
     if (grid.world_size > 1) grid.world->all_reduce(&nonfinite, 1, comm::ReduceOp::kMax);
     r.update_nonfinite = nonfinite != 0;
     r.skipped = r.update_nonfinite;
   }
   if (!r.skipped) {
-    model::Params<float>& grads = engine.grads();
-    optimizer.update(engine.params(), grads, options.lr);
+    model::Params<float>& grads = engine.train_grads();
+    optimizer.update(engine.train_params(), grads, options.lr);
   }
   return r;
 }

@@ -26,6 +26,7 @@
 #include "train/data_progress.h"
 #include "train/evaluate.h"
 #include "train/flops.h"
+#include "train/lora_train.h"
 #include "train/memory_plan.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
@@ -67,9 +68,15 @@ void resolve_model_config(TrainConfig& config, const TrainOptions& options) {
   if (!options.resume.empty()) source = resolve_checkpoint(options.resume);
   if (!source.empty()) {
     const model::ModelConfig from_file = model::read_hf_config(source);
+    const model::LoraConfig lora = config.model.lora;  // [lora] is not config.json's
     config.model = model::merge_model_config(from_file, config.model, config.model_keys_given,
                                              (source / "config.json").string());
+    config.model.lora = lora;
   }
+  check(!config.model.lora.enabled() || !source.empty(),
+        "{}: [lora] trains adapters on a frozen base: give the base with --init-from HF_DIR (or "
+        "--resume a LoRA checkpoint); adapters on a randomly drawn base are meaningless",
+        config_origin(config, "lora.rank"));
   check_config(config);
 }
 
@@ -145,7 +152,7 @@ struct Run {
                    : parallel::ParallelEngine(c.model, grid, loader_config(c).pack.packed_length(),
                                               parallel::ParallelEngine::Unfilled{})),
         params(engine.params()), grads(engine.grads()), model(engine.model()),
-        optimizer(engine.local_layout(), c.optimizer, grid.zero1),
+        optimizer(engine.train_layout(), c.optimizer, grid.zero1),
         loader(open_checked(c.data.train_folder, "data.train_folder", c.model.vocab_size, rank0),
                loader_config(c), dp->size(),
                std::make_unique<DataProgress>("data.train_folder = " + c.data.train_folder,
@@ -188,8 +195,75 @@ struct Run {
     load_hf_shards(dir, engine.plan(), local, rank0);
   }
 
+  /// The base folder of a LoRA run (absolute): --init-from, or the one a resumed checkpoint names.
+  fs::path lora_base;
+
+  /// PEFT's adapter_config.json fields of this run.
+  PeftLoraConfig peft_config() const {
+    return peft_config_of(config.model.lora, config.model.type, lora_base.string());
+  }
+
+  /// The LoRA step folder: the adapter as a PEFT folder, its AdamW moments, state.json naming the
+  /// base (absolute path and fingerprint) — the base is not re-saved.
+  fs::path save_lora(int64_t step) {
+    const PeftLoraConfig pc = peft_config();
+    const PeftAdapter adapter = gather_peft_adapter(engine, engine.train_params(), pc);
+    std::unique_ptr<model::Params<float>> full_m, full_v;
+    {
+      model::Params<float> m(engine.train_layout()), v(engine.train_layout());
+      optimizer.gather_state(m, v);
+      full_m = std::make_unique<model::Params<float>>(engine.train_full_layout());
+      full_v = std::make_unique<model::Params<float>>(engine.train_full_layout());
+      engine.gather_train_full(*full_m, m);
+      engine.gather_train_full(*full_v, v);
+    }
+    if (!rank0) return {};
+    CheckpointData d;
+    const model::ParamTable& table = engine.train_full_layout();
+    for (int i = 0; i < int(table.views().size()); ++i) {
+      const model::ParamView& view = table.view(i);
+      const std::string name = std::string(kPeftPrefix) + view.name;
+      d.params.push_back({name, view.shape, engine.train_params().ptr(i)});  // names, shapes only
+      d.adam_m.push_back({name, view.shape, full_m->ptr(i)});
+      d.adam_v.push_back({name, view.shape, full_v->ptr(i)});
+    }
+    d.write_model = false;
+    d.write_extra = [&](const fs::path& tmp) { write_peft_adapter(tmp.string(), adapter); };
+    d.adam_step = optimizer.step();
+    d.model = config.model;
+    d.max_position_embeddings = config.data.seq_len;
+    d.state.step = step;
+    d.progress = true;
+    d.state.config = to_json(config);
+    d.state.sampler = loader.sampler().state_at(step);
+    d.state.rng = {{"init_seed", config.train.seed}, {"data_seed", config.data.seed}};
+    d.state.extra = {{"dp_size", dp->size()}, {"tensor_size", grid.tp}, {"mode", engine.mode()},
+                     {"lora", lora_state_json()}};
+    const fs::path dir = save_checkpoint(config.train.checkpoint_dir, d);
+    if (!tokenizer.empty())
+      for (const fs::path& file : data::tokenizer_file_set(tokenizer))
+        copy_file_atomically(file, dir / file.filename());
+    copy_tokenizer_files(lora_base, dir);
+    return dir;
+  }
+
+  /// state.json's "lora": the base folder and its fingerprint, and the [lora] settings.
+  nlohmann::json lora_state_json() const {
+    const model::LoraConfig& l = config.model.lora;
+    return {{"base", lora_base.string()},
+            {"base_fingerprint", base_fingerprint(lora_base.string())},
+            {"rank", l.rank},
+            {"alpha", l.alpha},
+            {"dropout", l.dropout},
+            {"targets", peft_config().target_modules},
+            {"use_rslora", l.use_rslora},
+            {"base_dtype", enum_name(model::kLoraBaseDtypeNames, l.base_dtype)},
+            {"seed", l.seed}};
+  }
+
   fs::path save(int64_t step) {
     if (config.train.checkpoint_dir.empty()) return {};
+    if (engine.has_lora()) return save_lora(step);
     const auto full_params = full_of(params);
     std::unique_ptr<model::Params<float>> full_m, full_v;
     {
@@ -228,6 +302,21 @@ struct Run {
   }
 
   void dump_grads(const fs::path& dir) {
+    if (engine.has_lora()) {  // the adapter gradients by their PEFT names
+      const PeftAdapter g = gather_peft_adapter(engine, engine.train_grads(), peft_config());
+      if (!rank0) return;
+      ensure_directory(dir, "--dump-grads");
+      std::vector<safetensors::WriteTensor> tensors;
+      const int64_t r = config.model.lora.rank;
+      for (const PeftModuleAdapter& m : g.modules) {
+        const std::string p = std::string(kPeftPrefix) + m.module;
+        tensors.push_back({p + ".lora_A.weight", {r, m.in}, safetensors::DType::F32, m.A.data(), nullptr});
+        tensors.push_back({p + ".lora_B.weight", {m.out, r}, safetensors::DType::F32, m.B.data(), nullptr});
+      }
+      safetensors::write_file(dir / kAdapterWeightsFile, tensors,
+                              {{"content", "LoRA adapter gradients of the step loss, before clipping"}});
+      return;
+    }
     const auto full = full_of(grads);
     if (!rank0) return;
     ensure_directory(dir, "--dump-grads");
@@ -415,6 +504,44 @@ TrainSummary dry_run(const TrainConfig& config, const TrainOptions& options, con
 
 }  // namespace
 
+namespace {
+
+/// --resume of a LoRA step folder: the base from the folder state.json names (refused when it
+/// moved or its weights changed), the adapter and its AdamW moments from the step folder.
+void resume_lora(Run& run, const fs::path& dir, const CheckpointState& state) {
+  const nlohmann::json& l = state.extra.contains("lora") ? state.extra["lora"] : nlohmann::json();
+  check(l.is_object() && l.contains("base") && l["base"].is_string(),
+        "--resume {}: not a LoRA checkpoint (state.json has no extra.lora.base), but [lora] is "
+        "set (lora.rank = {})", dir.string(), run.config.model.lora.rank);
+  const fs::path base = l["base"].get<std::string>();
+  check(fs::is_directory(base), "--resume {}: its base model {} does not exist (moved?)",
+        dir.string(), base.string());
+  const std::string fingerprint = base_fingerprint(base.string());
+  check(!l.contains("base_fingerprint") || l["base_fingerprint"] == fingerprint,
+        "--resume {}: the weights of its base model {} changed since the checkpoint (fingerprint "
+        "{}, now {})", dir.string(), base.string(), l.value("base_fingerprint", ""), fingerprint);
+  run.lora_base = base;
+  run.load_full(base, run.params);
+  const PeftAdapter a = read_peft_adapter(dir.string());
+  check_adapter_matches(a.config, run.config.model.lora, run.config.model.type, dir.string());
+  load_peft_adapter(run.engine, a, run.engine.train_params(), dir.string());
+  const model::ParamTable& table = run.engine.train_full_layout();
+  model::Params<float> m(table), v(table);
+  std::vector<MutableTensor> lm, lv;
+  for (int i = 0; i < int(table.views().size()); ++i) {
+    const std::string name = std::string(kPeftPrefix) + table.view(i).name;
+    lm.push_back({name, table.view(i).shape, m.ptr(i)});
+    lv.push_back({name, table.view(i).shape, v.ptr(i)});
+  }
+  run.optimizer.set_step(load_optimizer(dir, lm, lv));
+  model::Params<float> local_m(run.engine.train_layout()), local_v(run.engine.train_layout());
+  run.engine.scatter_train_full(local_m, m);
+  run.engine.scatter_train_full(local_v, v);
+  run.optimizer.load_state(local_m, local_v);
+}
+
+}  // namespace
+
 TrainSummary run_training(const TrainConfig& config, const TrainOptions& options,
                           comm::CommPtr world) {
   if (options.dry_run) return dry_run(config, options, world);
@@ -486,6 +613,9 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     const fs::path dir = resolve_checkpoint(options.resume);
     resumed_from = dir;
     const CheckpointState state = read_checkpoint_state(dir);
+    if (run.engine.has_lora()) {
+      resume_lora(run, dir, state);
+    } else {
     run.load_full(dir, run.params);
     {
       // HF tensors → this layout's local tensors (read straight into them) → this rank's ZeRO-1
@@ -495,13 +625,28 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
           load_hf_optimizer_shards(dir, run.engine.plan(), local_m, local_v, run.rank0));
       run.optimizer.load_state(local_m, local_v);
     }
+    }
     start = state.step;
     check(start <= config.train.total_steps, "--resume {}: checkpoint step {} is past train.total_steps = {}",
           options.resume.string(), start, config.train.total_steps);
     if (run.rank0) fmt::print(stderr, "train: resumed from step {} ({})\n", start, dir.string());
   } else if (!options.init_from.empty()) {
     run.load_full(options.init_from, run.params);
-  }  // else: the engine drew train.seed's parameters (init_params of the full model, sliced)
+    if (run.engine.has_lora()) {
+      run.lora_base = fs::absolute(options.init_from).lexically_normal();
+      if (!options.init_adapter.empty()) {
+        const PeftAdapter a = read_peft_adapter(options.init_adapter.string());
+        check_adapter_matches(a.config, config.model.lora, config.model.type,
+                              options.init_adapter.string());
+        load_peft_adapter(run.engine, a, run.engine.train_params(),
+                          "--init-adapter " + options.init_adapter.string());
+      }
+    }
+  }
+  check(options.init_adapter.empty() || run.engine.has_lora(),
+        "--init-adapter {}: needs [lora] with rank > 0 (lora.rank is 0)", options.init_adapter.string());
+  check(options.init_adapter.empty() || options.resume.empty(),
+        "--init-adapter and --resume cannot be used together (a resumed run loads its adapter)");  // else: the engine drew train.seed's parameters (init_params of the full model, sliced)
   summary.start_step = start;
   if (run.rank0) {
     // Found now rather than at the first save, which by default is the end of the run.

@@ -21,6 +21,9 @@ struct TrainOptions {
   std::filesystem::path resume;      ///< checkpoint root or step folder; empty = fresh start
   std::filesystem::path init_from;   ///< Hugging Face folder (config.json + safetensors); empty = init
   std::filesystem::path dump_grads;  ///< writes the first step's gradients here; empty = no dump
+  /// LoRA: start the adapters from this PEFT folder (its adapter_config.json must agree with
+  /// [lora]); empty = A drawn from lora.seed, B zero.
+  std::filesystem::path init_adapter;
   bool overwrite = false;            ///< a fresh run may replace the checkpoints in checkpoint_dir
   bool console = true;               ///< metric rows on stdout (rank 0)
   bool progress = true;              ///< live progress line on a terminal (rank 0)

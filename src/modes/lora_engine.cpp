@@ -1,0 +1,182 @@
+// The engine's LoRA adapters (engine.h, "LoRA"; docs/lora.md): their plan in each layout, the
+// communication of the small [N, r] intermediate u = dropout(x)·Aᵀ, and the trainable table.
+//
+// A linear W [out, in] split over a group on dim 0 (column-parallel) holds B's rows of its output
+// rows and A whole; on dim 1 (row-parallel) A's columns of its input columns and B whole. Then
+//   column: y_local += s·u·B_localᵀ with u from the whole input; backward du = s·dy_local·B_local
+//           is a partial sum over the group (all-reduce, or reduce-scatter to the rank's rows
+//           under sequence parallel, where u is all-gathered from the rank's rows in forward);
+//   row:    u = x_local·A_localᵀ is a partial sum over the group (all-reduce, or reduce-scatter to
+//           the rank's output rows under sequence parallel, whose du is all-gathered in backward).
+// A copy whose ranks saw different tokens (A of a column linear, B of a row linear under
+// sequence parallel) has its gradient summed over the group (ShardPlan::sum_gradient).
+#include "modes/lora_engine.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "core/error.h"
+#include "core/zeroed_buffer.h"
+
+namespace longtron::parallel {
+namespace {
+
+/// B's rows [first, first + count) of module m that land in base rows [row0, row0 + rows).
+std::pair<int64_t, int64_t> b_rows_in(const model::LoraModule& m, int64_t row0, int64_t rows) {
+  int64_t b = 0, first = -1, count = 0;
+  for (const auto& [r, n] : m.rows) {
+    const int64_t lo = std::max(r, row0), hi = std::min(r + n, row0 + rows);
+    if (lo < hi) {
+      if (first < 0) first = b + (lo - r);
+      count += hi - lo;
+    }
+    b += n;
+  }
+  return {std::max<int64_t>(first, 0), count};
+}
+
+}  // namespace
+
+ParallelEngine::Lora::Lora(const model::ParamTable& base, const model::LoraConfig& config,
+                           const Grid& grid)
+    : modules(model::lora_modules(base, config)),
+      full(model::lora_table(base, modules, config.rank)),
+      plan(full, grid),
+      local(full) {}
+
+void ParallelEngine::build_lora(model::ModelOps<float>& ops) {
+  const model::LoraConfig& config = full_.config().lora;
+  check(config.dropout >= 0.0 && config.dropout < 1.0, "lora.dropout: {} is outside [0, 1)",
+        config.dropout);
+  const bool sequence_parallel = mode_ == "msp" || mode_ == "fsp";
+  check(mode_ == "dense" || mode_ == "mtp" || sequence_parallel,
+        "[lora] under the '{}' parallel layout is not implemented (it runs in one process, with data "
+        "parallelism and ZeRO-1, and under parallel.tensor mode mtp, msp or fsp)",
+        mode_);
+  lora_ = std::make_unique<Lora>(full_, config, grid_);
+  Lora& L = *lora_;
+  for (const model::LoraModule& m : L.modules) {
+    for (const Split& s : plan_.tensor(m.base_view).splits) {
+      if (s.dim == 0) {
+        const auto [first, count] = b_rows_in(m, s.start, s.count);
+        L.plan.split_range(m.b_view, 0, s.group, first, count);
+        if (sequence_parallel) L.plan.sum_gradient(m.a_view, s.group);
+      } else {
+        L.plan.split_range(m.a_view, 1, s.group, s.start, s.count);
+        if (sequence_parallel) L.plan.sum_gradient(m.b_view, s.group);
+      }
+    }
+  }
+  L.local = L.plan.local_layout();
+  L.params = std::make_unique<model::Params<float>>(L.local);
+  L.grads = std::make_unique<model::Params<float>>(L.local);
+  // A drawn as one process draws it (each view from its own generator), then sliced; B zero.
+  for (int v = 0; v < L.plan.num_views(); ++v) {
+    const model::ParamView& fv = L.full.view(v);
+    std::vector<float> buffer(size_t(fv.numel));
+    model::lora_init_tensor(buffer.data(), fv, v, config.seed);
+    L.plan.slice(L.params->ptr(v), buffer.data(), v);
+  }
+  L.state = std::make_shared<model::LoraState<float>>();
+  L.state->config = config;
+  L.state->params = L.params.get();
+  L.state->grads = L.grads.get();
+
+  comm::CommPtr tensor = grid_.get(comm::Group::kTensor);
+  const ShardPlan& base_plan = plan_;
+  auto spec = [tensor, sequence_parallel, &base_plan](int, int view) {
+    model::LoraLinearSpec<float> sp;
+    const int T = tensor->size();
+    for (const Split& s : base_plan.tensor(view).splits) {
+      check(s.group == comm::Group::kTensor, "lora: a linear split over a group other than TENSOR");
+      if (s.dim == 0) {  // column-parallel
+        sp.row0 = s.start;
+        sp.rows = s.count;
+        if (sequence_parallel) {
+          const int t = tensor->rank();
+          sp.x_rows = [T](int64_t N) { return N / T; };
+          sp.x_position = [T, t](int64_t N) { return N / T * t; };
+          sp.forward_u = [tensor, T](float* uy, float* ux, int64_t N, int64_t r) {
+            tensor->all_gather(uy, ux, N / T * r);
+          };
+          sp.backward_du = [tensor, T](float* dux, float* duy, int64_t N, int64_t r) {
+            tensor->reduce_scatter(dux, duy, N / T * r);
+          };
+        } else {
+          sp.backward_du = [tensor](float* dux, float* duy, int64_t N, int64_t r) {
+            std::copy(duy, duy + N * r, dux);
+            tensor->all_reduce(dux, N * r);
+          };
+        }
+      } else {  // row-parallel
+        sp.col0 = s.start;
+        sp.cols = s.count;
+        if (sequence_parallel) {
+          sp.y_rows = [T](int64_t N) { return N / T; };
+          sp.forward_u = [tensor, T](float* uy, float* ux, int64_t N, int64_t r) {
+            tensor->reduce_scatter(uy, ux, N / T * r);
+          };
+          sp.backward_du = [tensor, T](float* dux, float* duy, int64_t N, int64_t r) {
+            tensor->all_gather(dux, duy, N / T * r);
+          };
+        } else {
+          sp.forward_u = [tensor](float* uy, float* ux, int64_t N, int64_t r) {
+            std::copy(ux, ux + N * r, uy);
+            tensor->all_reduce(uy, N * r);
+          };
+        }
+      }
+    }
+    return sp;
+  };
+  model::apply_lora<float>(ops, local_, L.modules, L.local, L.state, spec);
+}
+
+const std::vector<model::LoraModule>& ParallelEngine::lora_modules() const {
+  static const std::vector<model::LoraModule> none;
+  return lora_ ? lora_->modules : none;
+}
+const model::ParamTable& ParallelEngine::train_full_layout() const {
+  return lora_ ? lora_->full : full_;
+}
+const model::ParamTable& ParallelEngine::train_layout() const { return tlocal(); }
+const ShardPlan& ParallelEngine::train_plan() const { return tplan(); }
+model::Params<float>& ParallelEngine::train_params() { return lora_ ? *lora_->params : params_; }
+model::Params<float>& ParallelEngine::train_grads() { return tgrads(); }
+model::Params<float>& ParallelEngine::tgrads() { return lora_ ? *lora_->grads : grads_; }
+const model::Params<float>& ParallelEngine::tgrads() const { return lora_ ? *lora_->grads : grads_; }
+const ShardPlan& ParallelEngine::tplan() const { return lora_ ? lora_->plan : plan_; }
+const model::ParamTable& ParallelEngine::tlocal() const { return lora_ ? lora_->local : local_; }
+
+void ParallelEngine::set_lora_step(int64_t step) {
+  if (lora_) lora_->state->step = step;
+}
+
+void ParallelEngine::gather_train_full(model::Params<float>& full,
+                                       const model::Params<float>& local) const {
+  if (!lora_) return gather_full(full, local);
+  const ShardPlan& plan = lora_->plan;
+  check(full.numel() == lora_->full.numel() && local.numel() == lora_->local.numel(),
+        "gather_train_full: buffers of {} and {} elements, adapter layouts of {} and {}",
+        full.numel(), local.numel(), lora_->full.numel(), lora_->local.numel());
+  for (int v = 0; v < plan.num_views(); ++v) {
+    if (!plan.tensor(v).splits.empty())
+      std::fill(full.ptr(v), full.ptr(v) + lora_->full.view(v).numel, 0.0f);
+    plan.unslice(full.ptr(v), local.ptr(v), v);
+    for (const Split& s : plan.tensor(v).splits) {
+      comm::Communicator& c = *grid_.get(s.group);
+      if (c.size() > 1) c.all_reduce(full.ptr(v), lora_->full.view(v).numel);
+    }
+  }
+}
+
+void ParallelEngine::scatter_train_full(model::Params<float>& local,
+                                        const model::Params<float>& full) const {
+  if (!lora_) return scatter_full(local, full);
+  check(full.numel() == lora_->full.numel() && local.numel() == lora_->local.numel(),
+        "scatter_train_full: buffers of {} and {} elements, adapter layouts of {} and {}",
+        full.numel(), local.numel(), lora_->full.numel(), lora_->local.numel());
+  for (int v = 0; v < lora_->plan.num_views(); ++v) lora_->plan.slice(local.ptr(v), full.ptr(v), v);
+}
+
+}  // namespace longtron::parallel
