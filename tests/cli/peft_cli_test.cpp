@@ -216,3 +216,42 @@ TEST(PeftCli, InternLm2AdapterExportedAsLlama) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(tensors(merged), merged_in_process(llama, split));
 }
+
+// A LoRA run's own checkpoint: eval merges the adapter at load and gives the validation loss the
+// run logged with the adapter applied inside the model (fp32: equal up to the rounding of the
+// merge), and its --merge-lora export evaluates the same.
+TEST(PeftCli, TrainedLoraCheckpointEvaluatesAsTraining) {
+  Prepared p;
+  auto r = run_longtron("train" + p.config() + " --set train.total_steps=1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const fs::path base = p.dir / "base";
+  r = run_longtron("export --checkpoint " + (p.dir / "ckpt").string() + " --output " + base.string() +
+                   " --format llama");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const fs::path valid = p.dir / "data" / "valid";
+  write_file(p.dir / "lora.toml",
+             "[data]\ntrain_folder = \"" + (p.dir / "data" / "train").string() + "\"\nvalid_folder = \"" +
+                 valid.string() + "\"\nseq_len = 64\nmicro_bsz = 2\n[optimizer]\nlr = 1e-2\n[train]\n"
+                 "total_steps = 3\nnum_threads = 1\ncheckpoint_dir = \"" + (p.dir / "lck").string() +
+                 "\"\nmetrics_file = \"" + (p.dir / "lm.jsonl").string() +
+                 "\"\n[lora]\nrank = 4\nalpha = 8\ndropout = 0.1\n");
+  r = run_longtron("train --config " + (p.dir / "lora.toml").string() + " --init-from " + base.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_FALSE(fs::exists(p.dir / "lck" / "step_3" / "model.safetensors"));
+  double logged = 0;
+  {
+    std::istringstream in(read_file(p.dir / "lm.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      const json j = json::parse(line);
+      if (j.contains("valid_loss") && j["step"] == 3) logged = j["valid_loss"].get<double>();
+    }
+  }
+  ASSERT_GT(logged, 0);
+  const double loss = eval_loss((p.dir / "lck").string(), valid);
+  EXPECT_NEAR(loss, logged, 1e-6 * logged);
+  EXPECT_NE(loss, eval_loss(base.string(), valid));  // the adapter trained
+  r = run_longtron("export --checkpoint " + (p.dir / "lck").string() + " --merge-lora --output " +
+                   (p.dir / "merged").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(eval_loss((p.dir / "merged").string(), valid), loss);
+}
