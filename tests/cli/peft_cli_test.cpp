@@ -144,6 +144,14 @@ TEST(PeftCli, LlamaAdapterExportMergeEvalGenerate) {
   EXPECT_NE(r.status, 0);
   EXPECT_TRUE(contains(r.output, "float32")) << r.output;
 
+  // Llama's q/k/v adapters with their own A do not fuse into one wqkv adapter of the same rank.
+  r = run_longtron("export --checkpoint " + step.string() + " --format internlm2 --output " +
+                   (p.dir / "fused").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "--format internlm2") && contains(r.output, "different lora_A") &&
+              contains(r.output, "rank 12")) << r.output;
+  EXPECT_FALSE(fs::exists(p.dir / "fused"));
+
   // The merged model: the base's tensors with W + s·B·A, as merging in this process gives.
   const fs::path merged = p.dir / "merged";
   r = run_longtron("export --checkpoint " + step.string() + " --merge-lora --output " + merged.string());
