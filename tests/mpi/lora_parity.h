@@ -13,6 +13,7 @@
 #include "engine_parity.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
+#include "data/context_split.h"
 
 namespace longtron::testing {
 
@@ -88,6 +89,22 @@ inline void check_lora_parity(const ParityCase& c, bool bf16 = false) {
     EXPECT_LT(e.loss1, 1e-3) << c.name;
     EXPECT_LT(e.norm1, 1e-2) << c.name;
   }
+}
+
+/// ISP over T ranks with weight parallel W; with `context` > 1, 2D-Attention (head size T /
+/// context, zigzag balance).
+inline parallel::Layout lora_isp(int T, int W, int context = 1) {
+  parallel::Layout l;
+  l.tensor_size = T;
+  l.tensor_mode = parallel::TensorMode::kIsp;
+  l.weight_size = W;
+  if (context > 1) {
+    l.seq2d = true;
+    l.seq2d_head = T / context;
+    l.seq2d_context = context;
+    l.seq2d_balance = data::parse_context_balance("zigzag");
+  }
+  return l;
 }
 
 inline ParityCase lora_case(const std::string& name, parallel::Layout l, const std::string& type,

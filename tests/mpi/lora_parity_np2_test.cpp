@@ -34,5 +34,27 @@ TEST(LoraNp2, Msp2Bf16Checkpoint) {
   check_lora_parity(c, /*bf16=*/true);
 }
 
+TEST(LoraNp2, Isp2) {
+  check_lora_parity(lora_case("isp2 w2 llama", lora_isp(2, 2), "llama"));
+  check_lora_parity(lora_case("isp2 w1 internlm2", lora_isp(2, 1), "internlm2"));
+}
+// 2D-Attention: context parallel over 2 ranks (zigzag: each rank holds two non-adjacent chunks),
+// with recomputation and bf16.
+TEST(LoraNp2, ContextParallel2Bf16Checkpoint) {
+  ParityCase c = lora_case("cp2 llama checkpoint", lora_isp(2, 1, 2), "llama");
+  c.model.checkpoint = true;
+  check_lora_parity(c);
+  if (!ops::cpu_has_avx512_bf16() || !ops::gemm_backend().native_bf16) return;
+  c.name = "cp2 llama bf16 checkpoint";
+  check_lora_parity(c, /*bf16=*/true);
+}
+TEST(LoraNp2, Tp2dIsRefusedNamingTheLayout) {
+  parallel::Layout l;
+  l.tensor_2d_x = 2;
+  l.tensor_2d_y = 1;
+  const std::string e = engine_error(lora_model("llama"), l, 16);
+  EXPECT_NE(e.find("[lora] under the '2d' parallel layout is not implemented"), std::string::npos) << e;
+}
+
 }  // namespace
 }  // namespace longtron::testing
