@@ -183,12 +183,14 @@ class Adapters {
     const T keep_scale = T(1.0 / (1.0 - prob));
     const uint64_t key = lora_dropout_key(st.config.seed, st.step, p.layer, p.id);
     const int64_t pos0 = spec_.x_position ? spec_.x_position(N) : 0;
+    const int32_t* positions = st.positions.empty() ? nullptr : st.positions.data();
     const int64_t col0 = spec_.col0, in = in_;
     const T* x = src;
 #pragma omp parallel for schedule(static) if (nx * in > kParallelMinWork)
     for (int64_t n = 0; n < nx; ++n) {
       for (int64_t j = 0; j < in; ++j) {
-        const T v = lora_keep(key, pos0 + n, col0 + j, prob) ? x[n * in + j] * keep_scale : T(0);
+        const int64_t position = positions ? int64_t(positions[n]) : pos0 + n;
+        const T v = lora_keep(key, position, col0 + j, prob) ? x[n * in + j] * keep_scale : T(0);
         if (accumulate) out[n * in + j] += v;
         else out[n * in + j] = v;
       }

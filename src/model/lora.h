@@ -79,6 +79,9 @@ struct LoraState {
   bool training = false;  ///< forward_backward (dropout applies); false in eval and generate
   const Params<T>* params = nullptr;  ///< the adapter table's (local) values
   Params<T>* grads = nullptr;         ///< their gradients (accumulated, +=)
+  /// The global row position of each token of the current call when the model sees a slice or a
+  /// permutation of the row (ISP, 2D-Attention); empty: LoraLinearSpec::x_position (+ row).
+  std::vector<int32_t> positions;
   std::vector<T> xd, u, uy, t, dym, du, dux;  // scratch
 };
 

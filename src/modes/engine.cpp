@@ -133,6 +133,7 @@ data::MicroBatch ParallelEngine::local_batch(const data::MicroBatch& row) const 
 model::LossSum ParallelEngine::forward_backward(const data::MicroBatch& row, double loss_scale) {
   gradients_finished_ = false;
   const LoraTraining training(lora_ ? lora_state(*lora_) : nullptr, true);
+  set_lora_positions(row);
   if (!factory_->local_batch) return model_->forward_backward(row, grads_, loss_scale);
   return model_->forward_backward(local_batch(row), grads_, loss_scale);
 }
@@ -140,11 +141,21 @@ model::LossSum ParallelEngine::forward_backward(const data::MicroBatch& row, dou
 model::LossSum ParallelEngine::forward_loss(const data::MicroBatch& row,
                                             std::vector<double>* token_losses) {
   const LoraTraining training(lora_ ? lora_state(*lora_) : nullptr, false);
+  set_lora_positions(row);
   if (!factory_->local_batch) return model_->forward_loss(row, token_losses);
   const model::LossSum loss = model_->forward_loss(local_batch(row), token_losses);
   if (token_losses != nullptr)
     *token_losses = factory_->gather_token_losses(*token_losses, row, context());
   return loss;
+}
+
+void ParallelEngine::set_lora_positions(const data::MicroBatch& row) {
+  if (!lora_ || !factory_->local_batch) return;
+  // The row's positions as its token ids, through the mode's own split: the ids this rank then
+  // holds are the global positions of its tokens (LoRA dropout's mask).
+  data::MicroBatch probe = row;
+  for (size_t i = 0; i < probe.input_ids.size(); ++i) probe.input_ids[i] = int32_t(i);
+  lora_->state->positions = factory_->local_batch(probe, context()).input_ids;
 }
 
 void ParallelEngine::finish_gradients() {

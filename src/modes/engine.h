@@ -241,6 +241,8 @@ class ParallelEngine {
   std::unique_ptr<Lora> lora_;
   /// Builds lora_ (plan, table, drawn A) and wraps `ops`; called by the constructor.
   void build_lora(model::ModelOps<float>& ops);
+  /// LoRA under a mode that feeds each rank part of the row: the global positions of its tokens.
+  void set_lora_positions(const data::MicroBatch& row);
   model::Params<float>& tgrads();
   const model::Params<float>& tgrads() const;
   const ShardPlan& tplan() const;

@@ -49,13 +49,16 @@ void ParallelEngine::build_lora(model::ModelOps<float>& ops) {
   check(config.dropout >= 0.0 && config.dropout < 1.0, "lora.dropout: {} is outside [0, 1)",
         config.dropout);
   const bool sequence_parallel = mode_ == "msp" || mode_ == "fsp";
-  check(mode_ == "dense" || mode_ == "mtp" || sequence_parallel,
+  const bool isp = mode_ == "isp";
+  check(mode_ == "dense" || mode_ == "mtp" || sequence_parallel || isp,
         "[lora] under the '{}' parallel layout is not implemented (it runs in one process, with data "
-        "parallelism and ZeRO-1, and under parallel.tensor mode mtp, msp or fsp)",
+        "parallelism and ZeRO-1, under parallel.tensor mode mtp, msp, fsp and isp, and with "
+        "2D-Attention)",
         mode_);
   lora_ = std::make_unique<Lora>(full_, config, grid_);
   Lora& L = *lora_;
   for (const model::LoraModule& m : L.modules) {
+    if (isp) break;  // held whole (below)
     for (const Split& s : plan_.tensor(m.base_view).splits) {
       if (s.dim == 0) {
         const auto [first, count] = b_rows_in(m, s.start, s.count);
@@ -67,6 +70,11 @@ void ParallelEngine::build_lora(model::ModelOps<float>& ops) {
       }
     }
   }
+  // ISP: the adapters are held whole on every rank (they are small); the ranks of a WEIGHT group
+  // saw other tokens, so their gradients are summed there (as the norm weights'), then over
+  // WEIGHT_DATA by finish_gradients.
+  if (isp)
+    for (int v = 0; v < L.plan.num_views(); ++v) L.plan.sum_gradient(v, comm::Group::kWeight);
   L.local = L.plan.local_layout();
   L.params = std::make_unique<model::Params<float>>(L.local);
   L.grads = std::make_unique<model::Params<float>>(L.local);
@@ -84,8 +92,9 @@ void ParallelEngine::build_lora(model::ModelOps<float>& ops) {
 
   comm::CommPtr tensor = grid_.get(comm::Group::kTensor);
   const ShardPlan& base_plan = plan_;
-  auto spec = [tensor, sequence_parallel, &base_plan](int, int view) {
+  auto spec = [tensor, sequence_parallel, isp, &base_plan](int, int view) {
     model::LoraLinearSpec<float> sp;
+    if (isp) return sp;  // whole weights (gathered by the base op), whole adapters, local tokens
     const int T = tensor->size();
     for (const Split& s : base_plan.tensor(view).splits) {
       check(s.group == comm::Group::kTensor, "lora: a linear split over a group other than TENSOR");
