@@ -139,6 +139,10 @@ TEST(PeftCli, LlamaAdapterExportMergeEvalGenerate) {
     EXPECT_EQ(back.modules[i].B, adapter.modules[i].B);
   }
   EXPECT_EQ(back.config.base_model_name_or_path, fs::absolute(base).string());
+  r = run_longtron("eval --checkpoint " + (p.dir / "adapter").string() + " --data " +
+                   (p.dir / "data" / "valid").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "PEFT adapter folder") && contains(r.output, "--merge-lora")) << r.output;
   r = run_longtron("export --checkpoint " + step.string() + " --output " + (p.dir / "x").string() +
                    " --dtype bfloat16");
   EXPECT_NE(r.status, 0);
