@@ -439,11 +439,13 @@ void check_adapter_fits(const PeftAdapter& adapter, const model::ParamTable& lay
            layout.layers.size());
     }
     const Linear& l = *it->second;
-    check(m.out == l.weight.shape[0] && m.in == l.weight.shape[1],
-          "{}: tensors {}{{{}, {}}}: A [{}, {}] and B [{}, {}] do not fit the weight {} of shape "
-          "[{}, {}] (A must be [r, {}], B [{}, r])", where, kPeftPrefix + m.module, kLoraA, kLoraB,
-          c.r, m.in, m.out, c.r, l.weight.name, l.weight.shape[0], l.weight.shape[1],
-          l.weight.shape[1], l.weight.shape[0]);
+    if (m.out != l.weight.shape[0] || m.in != l.weight.shape[1]) {
+      const bool b_wrong = m.out != l.weight.shape[0];  // name the tensor whose shape is wrong
+      fail("{}: tensor {}{} has shape [{}, {}], which does not fit the base weight {} of shape [{}, "
+           "{}] (lora_A must be [r, {}], lora_B [{}, r])", where, kPeftPrefix + m.module,
+           b_wrong ? kLoraB : kLoraA, b_wrong ? m.out : int64_t{c.r}, b_wrong ? int64_t{c.r} : m.in,
+           l.weight.name, l.weight.shape[0], l.weight.shape[1], l.weight.shape[1], l.weight.shape[0]);
+    }
     check(targeted(c, m.module, l.target), "{}: tensor {}: module {} is not in adapter_config.json's "
           "target_modules ({})", where, a, l.target, join(c.target_modules));
     check_module(m, c.r, where);

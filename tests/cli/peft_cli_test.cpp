@@ -179,6 +179,20 @@ TEST(PeftCli, LlamaAdapterExportMergeEvalGenerate) {
   EXPECT_FALSE(ids.empty());
   EXPECT_EQ(ids, generated(merged.string()));
 
+  // An adapter that does not fit the base is refused naming its tensor.
+  {
+    tr::PeftAdapter bad = adapter;
+    bad.modules[1].out += 1;  // model.layers.0.self_attn.k_proj
+    bad.modules[1].B.resize(size_t(bad.modules[1].out * 4), 0.01f);
+    const fs::path bad_step = make_lora_step(p.dir / "bad", base, bad, p.dir / "ckpt" / "step_1" / "state.json");
+    for (const std::string& cmd : {"eval --data " + valid.string(), "export --merge-lora --output " + (p.dir / "w").string(),
+                                   std::string("export --output ") + (p.dir / "w").string()}) {
+      r = run_longtron(cmd + " --checkpoint " + bad_step.string());
+      EXPECT_NE(r.status, 0) << cmd;
+      EXPECT_TRUE(contains(r.output, "base_model.model.model.layers.0.self_attn.k_proj.lora_")) << cmd << ": " << r.output;
+    }
+  }
+
   // A changed base is refused naming it; so is a moved one.
   {
     auto w = tensors(base);
