@@ -87,7 +87,11 @@ int run_export_adapter(const ExportOptions& o, const fs::path& step) {
   if (config.type == "internlm2" && format != "internlm2")
     adapter = train::internlm2_adapter_as_llama(adapter, config);
   else if (config.type != "internlm2" && format == "internlm2")
-    adapter = train::llama_adapter_as_internlm2(adapter, config);
+    try {
+      adapter = train::llama_adapter_as_internlm2(adapter, config);
+    } catch (const Error& e) {
+      fail("export --format internlm2 of the {} adapter {}: {}", config.type, step.string(), e.what());
+    }
   const fs::path tmp = out.string() + ".tmp-export";
   std::error_code ec;
   fs::remove_all(tmp, ec);

@@ -16,6 +16,11 @@ LoadedModel load_model_dir(const fs::path& path, bool read_weights) {
   LoadedModel m;
   const bool hf = fs::is_regular_file(path / "config.json") && !fs::exists(path / "state.json") &&
                   !fs::exists(path / "latest");
+  check(hf || fs::exists(path / "state.json") || fs::exists(path / "latest") ||
+            !fs::is_regular_file(path / kAdapterConfigFile),
+        "{}: a PEFT adapter folder ({}) holds no model: give the LoRA checkpoint it came from "
+        "(its state.json names the base), or a folder written by export --merge-lora",
+        path.string(), kAdapterConfigFile);
   m.dir = hf ? path : resolve_checkpoint(path);
   m.train_config = hf ? nlohmann::json::object() : read_checkpoint_state(m.dir).config;
   const model::ModelConfig config = model::read_hf_config(m.dir);

@@ -68,9 +68,13 @@ void write_peft_adapter(const std::string& dir, const PeftAdapter& adapter);
 PeftAdapter read_peft_adapter(const std::string& dir);
 
 /// A fingerprint of a Hugging Face folder's weights (all *.safetensors / *.bin tensors' bytes, hashed),
-/// so a checkpoint can tell whether its base changed. Stable across runs and machines: 64-bit
-/// FNV-1a-style hash over each file's name and bytes in name order, read in one pass, printed as
-/// "fnv1a64:<16 hex digits>". Throws Error naming the folder when it holds no weight file.
+/// so a checkpoint can tell whether its base changed (optimizer.safetensors, adapter_model.safetensors
+/// and training_args.bin are not weights). Stable across runs, thread counts and (little-endian)
+/// machines: a 64-bit multiply-rotate hash of each fixed 64 MiB chunk (4 lanes of 8-byte words;
+/// chunks hashed in parallel), combined in order with each file's name and size, files in name
+/// order; one pass over the memory-mapped bytes. Not cryptographic: it detects a changed or
+/// different base, not a forgery. Returns "lt64:<16 hex digits>". Throws Error naming the folder
+/// when it holds no weight file, and the file when one cannot be read.
 std::string base_fingerprint(const std::string& hf_dir);
 
 /// The base folder of a LoRA step folder (docs/lora.md): state.json's extra.lora.base, checked to
@@ -80,8 +84,8 @@ std::string base_fingerprint(const std::string& hf_dir);
 /// base path when the base was moved, deleted or changed.
 std::filesystem::path lora_checkpoint_base(const std::filesystem::path& step_dir);
 
-/// The adaptable linears of a model (one mapping for training and files): model::lora_modules
-/// (model/lora.h) over model::lora_family_targets, built on model/hf_names.h's tensor table.
+// The adaptable linears of a model and their names (one mapping for training and files) are
+// model::lora_modules and model::lora_family_targets (model/lora.h), built on model/hf_names.h.
 
 /// Checks `adapter` against the model of `layout` (naming `where`, e.g. the folder, in every
 /// message): each module must be an adaptable linear of the model in the layout's family naming
@@ -106,8 +110,9 @@ PeftAdapter internlm2_adapter_as_llama(const PeftAdapter& adapter, const model::
 /// The inverse: Llama's q/k/v adapters of each layer as one wqkv adapter with B's rows placed in
 /// the grouped layout (and o/gate/up/down_proj as wo/w1/w3/w2). Exact when q, k and v of a layer
 /// share A (as internlm2_adapter_as_llama writes them). Otherwise, with `allow_rank_growth`, the
-/// A's are stacked (rank 3r, B block-diagonal, B scaled so that s'·B'·A' equals s·B·A of each
-/// part: still exact); without it an Error naming the layer explains why. A layer adapting only
+/// A's are stacked (rank 3r, B block-diagonal and scaled by s/s' so that s'·B'·A' is s·B·A of each
+/// part: exact up to the rounding of that scaling); without it an Error naming the modules explains
+/// why. A layer adapting only
 /// some of q/k/v gets zero rows of B for the others.
 PeftAdapter llama_adapter_as_internlm2(const PeftAdapter& adapter, const model::ModelConfig& config,
                                        bool allow_rank_growth = false);

@@ -139,10 +139,22 @@ TEST(PeftCli, LlamaAdapterExportMergeEvalGenerate) {
     EXPECT_EQ(back.modules[i].B, adapter.modules[i].B);
   }
   EXPECT_EQ(back.config.base_model_name_or_path, fs::absolute(base).string());
+  r = run_longtron("eval --checkpoint " + (p.dir / "adapter").string() + " --data " +
+                   (p.dir / "data" / "valid").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "PEFT adapter folder") && contains(r.output, "--merge-lora")) << r.output;
   r = run_longtron("export --checkpoint " + step.string() + " --output " + (p.dir / "x").string() +
                    " --dtype bfloat16");
   EXPECT_NE(r.status, 0);
   EXPECT_TRUE(contains(r.output, "float32")) << r.output;
+
+  // Llama's q/k/v adapters with their own A do not fuse into one wqkv adapter of the same rank.
+  r = run_longtron("export --checkpoint " + step.string() + " --format internlm2 --output " +
+                   (p.dir / "fused").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "--format internlm2") && contains(r.output, "different lora_A") &&
+              contains(r.output, "rank 12")) << r.output;
+  EXPECT_FALSE(fs::exists(p.dir / "fused"));
 
   // The merged model: the base's tensors with W + s·B·A, as merging in this process gives.
   const fs::path merged = p.dir / "merged";
@@ -215,4 +227,43 @@ TEST(PeftCli, InternLm2AdapterExportedAsLlama) {
   r = run_longtron("export --checkpoint " + step.string() + " --merge-lora --format llama --output " + merged.string());
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(tensors(merged), merged_in_process(llama, split));
+}
+
+// A LoRA run's own checkpoint: eval merges the adapter at load and gives the validation loss the
+// run logged with the adapter applied inside the model (fp32: equal up to the rounding of the
+// merge), and its --merge-lora export evaluates the same.
+TEST(PeftCli, TrainedLoraCheckpointEvaluatesAsTraining) {
+  Prepared p;
+  auto r = run_longtron("train" + p.config() + " --set train.total_steps=1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const fs::path base = p.dir / "base";
+  r = run_longtron("export --checkpoint " + (p.dir / "ckpt").string() + " --output " + base.string() +
+                   " --format llama");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const fs::path valid = p.dir / "data" / "valid";
+  write_file(p.dir / "lora.toml",
+             "[data]\ntrain_folder = \"" + (p.dir / "data" / "train").string() + "\"\nvalid_folder = \"" +
+                 valid.string() + "\"\nseq_len = 64\nmicro_bsz = 2\n[optimizer]\nlr = 1e-2\n[train]\n"
+                 "total_steps = 3\nnum_threads = 1\ncheckpoint_dir = \"" + (p.dir / "lck").string() +
+                 "\"\nmetrics_file = \"" + (p.dir / "lm.jsonl").string() +
+                 "\"\n[lora]\nrank = 4\nalpha = 8\ndropout = 0.1\n");
+  r = run_longtron("train --config " + (p.dir / "lora.toml").string() + " --init-from " + base.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_FALSE(fs::exists(p.dir / "lck" / "step_3" / "model.safetensors"));
+  double logged = 0;
+  {
+    std::istringstream in(read_file(p.dir / "lm.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      const json j = json::parse(line);
+      if (j.contains("valid_loss") && j["step"] == 3) logged = j["valid_loss"].get<double>();
+    }
+  }
+  ASSERT_GT(logged, 0);
+  const double loss = eval_loss((p.dir / "lck").string(), valid);
+  EXPECT_NEAR(loss, logged, 1e-6 * logged);
+  EXPECT_NE(loss, eval_loss(base.string(), valid));  // the adapter trained
+  r = run_longtron("export --checkpoint " + (p.dir / "lck").string() + " --merge-lora --output " +
+                   (p.dir / "merged").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(eval_loss((p.dir / "merged").string(), valid), loss);
 }
