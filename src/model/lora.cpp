@@ -2,12 +2,16 @@
 #include "model/lora.h"
 
 #include <algorithm>
+#include <array>
+#include <type_traits>
 #include <cmath>
 #include <random>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "model/hf_names.h"
 #include "ops/ops.h"
+#include "ops/vocab_check.h"
 #include "ops/threads.h"
 
 namespace longtron::model {
@@ -49,33 +53,67 @@ class FrozenNorm final : public NormOp<T> {
 template <typename T>
 class FrozenEmbedding final : public EmbeddingOp<T> {
  public:
-  explicit FrozenEmbedding(std::unique_ptr<EmbeddingOp<T>> base) : base_(std::move(base)) {}
+  FrozenEmbedding(std::unique_ptr<EmbeddingOp<T>> base, const LoraState<T>* state, int view,
+                  int64_t V, int64_t H)
+      : base_(std::move(base)), state_(state), view_(view), V_(V), H_(H) {}
   void forward(T* x, const int32_t* ids, int64_t N, const Params<T>& p) override {
-    base_->forward(x, ids, N, p);
+    const uint16_t* table = bf16_table();
+    if (table == nullptr) return base_->forward(x, ids, N, p);
+    ops::check_token_ids(ids, N, V_);
+    for (int64_t n = 0; n < N; ++n) {
+      const uint16_t* row = table + int64_t(ids[n]) * H_;
+      for (int64_t h = 0; h < H_; ++h) x[n * H_ + h] = T(bf16_to_float(row[h]));
+    }
   }
   void backward(const T* dx, const int32_t* ids, int64_t N, Params<T>*) override {
     base_->backward(dx, ids, N, nullptr);
   }
 
  private:
+  const uint16_t* bf16_table() const {
+    return state_ && !state_->base16.empty() ? state_->base16.at(size_t(view_)) : nullptr;
+  }
   std::unique_ptr<EmbeddingOp<T>> base_;
+  const LoraState<T>* state_ = nullptr;
+  int view_ = -1;
+  int64_t V_ = 0, H_ = 0;
 };
 
 template <typename T>
 class FrozenHead final : public HeadLossOp<T> {
  public:
-  explicit FrozenHead(std::unique_ptr<HeadLossOp<T>> base) : base_(std::move(base)) {}
+  FrozenHead(std::unique_ptr<HeadLossOp<T>> base, const LoraState<T>* state, int view, int64_t V,
+             int64_t H)
+      : base_(std::move(base)), state_(state), view_(view), V_(V), H_(H) {}
   LossSum forward_backward(T* dxf, const T* xf, const int32_t* labels, int64_t N,
                            const Params<T>& p, Params<T>*, double loss_scale,
                            double* token_losses) override {
+    if constexpr (std::is_same_v<T, float>) {
+      if (const uint16_t* W16 = bf16_weight()) {
+        ops::check_labels(labels, N, V_);
+        return chunked_head_loss<T>(chunks_, dxf, nullptr, xf, nullptr, labels, N, V_, H_,
+                                    head_chunk_rows(V_, N), loss_scale, token_losses, W16);
+      }
+    }
     return base_->forward_backward(dxf, xf, labels, N, p, nullptr, loss_scale, token_losses);
   }
   void logits_row(T* logits, const T* xf, const Params<T>& p) override {
+    if constexpr (std::is_same_v<T, float>) {
+      if (const uint16_t* W16 = bf16_weight())
+        return ops::linear_forward_bf16(logits, xf, W16, nullptr, 1, H_, V_);
+    }
     base_->logits_row(logits, xf, p);
   }
 
  private:
+  const uint16_t* bf16_weight() const {
+    return state_ && !state_->base16.empty() ? state_->base16.at(size_t(view_)) : nullptr;
+  }
   std::unique_ptr<HeadLossOp<T>> base_;
+  const LoraState<T>* state_ = nullptr;
+  int view_ = -1;
+  int64_t V_ = 0, H_ = 0;
+  HeadChunks<T> chunks_;
 };
 
 /// One adapter on one linear, as this rank holds it.
@@ -212,49 +250,109 @@ class Adapters {
   int64_t r_;
 };
 
+/// The frozen base linear of view `weight` (bias `bias`, -1 = none): the base op, or with a bf16
+/// base (LoraState::base16, one process) the bf16-weight GEMMs directly; never a weight gradient.
+template <typename T>
+class FrozenLinear {
+ public:
+  FrozenLinear(std::unique_ptr<LinearOp<T>> base, const LoraState<T>* state, int weight, int bias)
+      : base_(std::move(base)), state_(state), weight_(weight), bias_(bias) {}
+  LinearOp<T>& op() { return *base_; }
+  void forward(T* y, const T* x, int64_t N, const Params<T>& p) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (const uint16_t* W16 = bf16_weight())
+        return ops::linear_forward_bf16(y, x, W16, p.ptr(bias_), N, base_->in(), base_->out());
+    }
+    base_->forward(y, x, N, p);
+  }
+  void backward(T* dx, const T* dy, const T* x, int64_t N, const Params<T>& p, bool accumulate) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (const uint16_t* W16 = bf16_weight())
+        return ops::linear_backward_bf16(dx, nullptr, nullptr, dy, x, W16, N, base_->in(),
+                                         base_->out(), accumulate ? 1.f : 0.f);
+    }
+    base_->backward(dx, dy, x, N, p, nullptr, accumulate);
+  }
+
+ private:
+  const uint16_t* bf16_weight() const {
+    return !state_->base16.empty() ? state_->base16.at(size_t(weight_)) : nullptr;
+  }
+  std::unique_ptr<LinearOp<T>> base_;
+  const LoraState<T>* state_;
+  int weight_, bias_;
+};
+
 template <typename T>
 class LoraLinear final : public LinearOp<T> {
  public:
-  LoraLinear(std::unique_ptr<LinearOp<T>> base, Adapters<T> adapters)
+  LoraLinear(FrozenLinear<T> base, Adapters<T> adapters)
       : base_(std::move(base)), adapters_(std::move(adapters)) {}
-  int64_t in() const override { return base_->in(); }
-  int64_t out() const override { return base_->out(); }
+  int64_t in() const override { return base_.op().in(); }
+  int64_t out() const override { return base_.op().out(); }
   void forward(T* y, const T* x, int64_t N, const Params<T>& p) override {
-    base_->forward(y, x, N, p);
+    base_.forward(y, x, N, p);
     adapters_.forward(y, x, N);
   }
   void backward(T* dx, const T* dy, const T* x, int64_t N, const Params<T>& p, Params<T>*,
                 bool accumulate_dx) override {
-    base_->backward(dx, dy, x, N, p, nullptr, accumulate_dx);
+    base_.backward(dx, dy, x, N, p, accumulate_dx);
     adapters_.backward(dx, dy, x, N);
   }
 
  private:
-  std::unique_ptr<LinearOp<T>> base_;
+  mutable FrozenLinear<T> base_;
   Adapters<T> adapters_;
 };
 
 template <typename T>
 class LoraGateUp final : public GateUpOp<T> {
  public:
-  LoraGateUp(std::unique_ptr<GateUpOp<T>> base, Adapters<T> w1, Adapters<T> w3)
-      : base_(std::move(base)), w1_(std::move(w1)), w3_(std::move(w3)) {}
+  /// ids: w1, w1 bias, w3, w3 bias views (for a bf16 base, read directly; H the input width).
+  LoraGateUp(std::unique_ptr<GateUpOp<T>> base, Adapters<T> w1, Adapters<T> w3,
+             const LoraState<T>* state, std::array<int, 4> ids, int64_t H)
+      : base_(std::move(base)), w1_(std::move(w1)), w3_(std::move(w3)), state_(state), ids_(ids),
+        H_(H) {}
   int64_t out() const override { return base_->out(); }
   void forward(T* a, T* b, const T* x, int64_t N, const Params<T>& p) override {
-    base_->forward(a, b, x, N, p);
+    if constexpr (std::is_same_v<T, float>) {
+      if (!state_->base16.empty()) {
+        const int64_t F = base_->out();
+        ops::linear_forward_bf16(a, x, bf16(ids_[0]), p.ptr(ids_[1]), N, H_, F);
+        ops::linear_forward_bf16(b, x, bf16(ids_[2]), p.ptr(ids_[3]), N, H_, F);
+      } else {
+        base_->forward(a, b, x, N, p);
+      }
+    } else {
+      base_->forward(a, b, x, N, p);
+    }
     w1_.forward(a, x, N);
     w3_.forward(b, x, N);
   }
   void backward(T* dx, const T* da, const T* db, const T* x, int64_t N, const Params<T>& p,
                 Params<T>*) override {
-    base_->backward(dx, da, db, x, N, p, nullptr);
+    if constexpr (std::is_same_v<T, float>) {
+      if (!state_->base16.empty()) {
+        const int64_t F = base_->out();
+        ops::linear_backward_bf16(dx, nullptr, nullptr, da, x, bf16(ids_[0]), N, H_, F, 0.f);
+        ops::linear_backward_bf16(dx, nullptr, nullptr, db, x, bf16(ids_[2]), N, H_, F, 1.f);
+      } else {
+        base_->backward(dx, da, db, x, N, p, nullptr);
+      }
+    } else {
+      base_->backward(dx, da, db, x, N, p, nullptr);
+    }
     w1_.backward(dx, da, x, N);
     w3_.backward(dx, db, x, N);
   }
 
  private:
+  const uint16_t* bf16(int view) const { return state_->base16.at(size_t(view)); }
   std::unique_ptr<GateUpOp<T>> base_;
   Adapters<T> w1_, w3_;
+  const LoraState<T>* state_;
+  std::array<int, 4> ids_;
+  int64_t H_;
 };
 
 }  // namespace
@@ -357,6 +455,24 @@ void lora_init_tensor(T* out, const ParamView& view, int index, uint64_t seed) {
   }
 }
 
+std::vector<const uint16_t*> lora_base_bf16(const ParamTable& layout, const float* params,
+                                            std::vector<uint16_t>& storage) {
+  std::vector<int> views;
+  int64_t total = 0;
+  for (int v = 0; v < int(layout.views().size()); ++v)
+    if (layout.view(v).is_matrix) views.push_back(v), total += layout.view(v).numel;
+  storage.assign(size_t(total), 0);
+  std::vector<const uint16_t*> out(layout.views().size(), nullptr);
+  int64_t at = 0;
+  for (int v : views) {
+    const ParamView& view = layout.view(v);
+    ops::round_to_bf16(params + view.offset, view.numel, storage.data() + at);
+    out[size_t(v)] = storage.data() + at;
+    at += view.numel;
+  }
+  return out;
+}
+
 uint64_t lora_dropout_key(uint64_t seed, int64_t step, int layer, int module) {
   uint64_t k = splitmix64(seed ^ 0x4C6F5241ULL);  // "LoRA"
   k = splitmix64(k + uint64_t(step));
@@ -408,26 +524,34 @@ void apply_lora(ModelOps<T>& ops, const ParamTable& base_local, const std::vecto
     }
     return Adapters<T>(std::move(pieces), std::move(sp), in_local, out_local, state);
   };
-  ops.embedding = std::make_unique<FrozenEmbedding<T>>(std::move(ops.embedding));
+  const ParamView& table = base_local.view(base_local.tok_embeddings);
+  const ParamView& head = base_local.view(base_local.output);
+  ops.embedding = std::make_unique<FrozenEmbedding<T>>(std::move(ops.embedding), state.get(),
+                                                       base_local.tok_embeddings, table.shape[0],
+                                                       table.shape[1]);
   ops.norm = std::make_unique<FrozenNorm<T>>(std::move(ops.norm));
-  ops.head = std::make_unique<FrozenHead<T>>(std::move(ops.head));
+  ops.head = std::make_unique<FrozenHead<T>>(std::move(ops.head), state.get(), base_local.output,
+                                             head.shape[0], head.shape[1]);
   for (size_t i = 0; i < ops.blocks.size(); ++i) {
     BlockOps<T>& o = ops.blocks[i];
     const BlockParamIds& b = base_local.layers.at(i);
     const int layer = int(i);
     o.attention_norm = std::make_unique<FrozenNorm<T>>(std::move(o.attention_norm));
     o.ffn_norm = std::make_unique<FrozenNorm<T>>(std::move(o.ffn_norm));
-    auto wrap = [&](std::unique_ptr<LinearOp<T>>& op, int view) {
+    auto wrap = [&](std::unique_ptr<LinearOp<T>>& op, int view, int bias) {
       Adapters<T> a = adapters_of(layer, view, op->in(), op->out());
-      op = std::make_unique<LoraLinear<T>>(std::move(op), std::move(a));
+      FrozenLinear<T> frozen(std::move(op), state.get(), view, bias);
+      op = std::make_unique<LoraLinear<T>>(std::move(frozen), std::move(a));
     };
-    wrap(o.wqkv, b.wqkv);
-    wrap(o.wo, b.wo);
-    wrap(o.w2, b.w2);
+    wrap(o.wqkv, b.wqkv, b.wqkv_bias);
+    wrap(o.wo, b.wo, b.wo_bias);
+    wrap(o.w2, b.w2, b.w2_bias);
     const int64_t F = o.gate_up->out(), H = o.wqkv->in();
     Adapters<T> a1 = adapters_of(layer, b.w1, H, F);
     Adapters<T> a3 = adapters_of(layer, b.w3, H, F);
-    o.gate_up = std::make_unique<LoraGateUp<T>>(std::move(o.gate_up), std::move(a1), std::move(a3));
+    o.gate_up = std::make_unique<LoraGateUp<T>>(std::move(o.gate_up), std::move(a1), std::move(a3),
+                                                state.get(),
+                                                std::array<int, 4>{b.w1, b.w1_bias, b.w3, b.w3_bias}, H);
   }
 }
 

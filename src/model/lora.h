@@ -82,8 +82,25 @@ struct LoraState {
   /// The global row position of each token of the current call when the model sees a slice or a
   /// permutation of the row (ISP, 2D-Attention); empty: LoraLinearSpec::x_position (+ row).
   std::vector<int32_t> positions;
+  /// A base held in bf16 (LoraBaseStorage::kBFloat16; one process's full tensors): per base view
+  /// index, its bf16 bits (nullptr: read the fp32 parameter, e.g. a norm weight). Empty: the base
+  /// is read from its fp32 parameters through the wrapped ops.
+  std::vector<const uint16_t*> base16;
   std::vector<T> xd, u, uy, t, dym, du, dux;  // scratch
 };
+
+/// Where the frozen base's matrices are read from under LoRA: the engine's fp32 parameters, or
+/// one bf16 copy (2 bytes a parameter; the fp32 pages are given back to the system) read by the
+/// bf16-weight GEMMs (ops::linear_forward_bf16, gemm_bf16_weight). A 4-bit NF4 base (QLoRA,
+/// Dettmers et al. 2023) would be one more value: its blocks and scales per view beside base16,
+/// its dequantising GEMM in the frozen linear, head and embedding below, and its memory term.
+enum class LoraBaseStorage { kFloat32, kBFloat16 };
+
+/// The bf16 copy of a base buffer's matrices for LoraState::base16: every linear weight, the
+/// embedding and the head of `layout` (a one-process layout), rounded by core/bf16.h's rule.
+/// `storage` receives the bits; the returned pointers (per view index) point into it.
+std::vector<const uint16_t*> lora_base_bf16(const ParamTable& layout, const float* params,
+                                            std::vector<uint16_t>& storage);
 
 /// How one base linear is laid out on this rank, for its adapters. Defaults: one process.
 template <typename T>

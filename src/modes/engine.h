@@ -217,6 +217,12 @@ class ParallelEngine {
   void scatter_train_full(model::Params<float>& local, const model::Params<float>& full) const;
   /// The optimizer step whose gradients the next forward_backward computes (LoRA dropout's mask).
   void set_lora_step(int64_t step);
+  /// After the base weights are loaded: holds them as `storage` says (model/lora.h). kBFloat16
+  /// makes one bf16 copy of every matrix (linear weights, embedding, head), which the ops then
+  /// read, and gives the fp32 matrices' pages back to the system (params() then reads 0 there);
+  /// one process per model replica only (the "dense" mode, with data parallelism), else Error.
+  /// No-op without LoRA or for kFloat32.
+  void freeze_lora_base(model::LoraBaseStorage storage);
 
  private:
   ModeContext context() const { return ModeContext{full_, local_, plan_, grid_}; }

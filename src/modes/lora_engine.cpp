@@ -12,6 +12,9 @@
 // sequence parallel) has its gradient summed over the group (ShardPlan::sum_gradient).
 #include "modes/lora_engine.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -159,6 +162,24 @@ const model::ParamTable& ParallelEngine::tlocal() const { return lora_ ? lora_->
 
 void ParallelEngine::set_lora_step(int64_t step) {
   if (lora_) lora_->state->step = step;
+}
+
+void ParallelEngine::freeze_lora_base(model::LoraBaseStorage storage) {
+  if (!lora_ || storage == model::LoraBaseStorage::kFloat32) return;
+  check(mode_ == "dense", "lora.base_dtype = \"bfloat16\": a bf16-only base is held by one process "
+        "per model replica (data parallelism); under the '{}' layout set lora.base_dtype = "
+        "\"float32\"", mode_);
+  Lora& L = *lora_;
+  L.state->base16 = model::lora_base_bf16(local_, params_.data(), L.base16);
+  // The fp32 matrices are not read again: give their whole pages back (they read 0 afterwards).
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  for (const model::ParamView& v : local_.views()) {
+    if (!v.is_matrix) continue;
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(params_.data() + v.offset);
+    const uintptr_t end = reinterpret_cast<uintptr_t>(params_.data() + v.offset + v.numel);
+    const uintptr_t lo = (begin + page - 1) / page * page, hi = end / page * page;
+    if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+  }
 }
 
 void ParallelEngine::gather_train_full(model::Params<float>& full,

@@ -18,6 +18,7 @@ struct ParallelEngine::Lora {
   model::ParamTable local;  ///< set after the plan's splits (build_lora)
   std::unique_ptr<model::Params<float>> params, grads;
   std::shared_ptr<model::LoraState<float>> state;
+  std::vector<uint16_t> base16;  ///< the bf16 base (freeze_lora_base), else empty
 };
 
 /// The wrapped ops' state of `lora` (nullptr-safe for the engine's RAII below).

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "model/internlm2.h"
+#include "model/lora.h"
 #include "model/params.h"
 #include "modes/engine.h"
 #include "parallel/layout.h"
@@ -196,6 +197,31 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
        adam, "model.*, parallel.zero1"},
   };
 
+  // LoRA (docs/lora.md): the frozen base has no gradient and no AdamW state (and with a bf16 base
+  // takes 2 bytes a matrix parameter and no per-step copy); the adapters have both.
+  double param_bytes = local_bytes, grad_bytes = local_bytes, copy_bytes = 0.5 * local_bytes;
+  double save_bytes = 3 * static_cast<double>(p.params_full) * kFloat + 2 * local_bytes;
+  double adam_state = adam;
+  if (c.model.lora.enabled()) {
+    const auto modules = model::lora_modules(full, c.model.lora);
+    const double adapter = double(model::lora_table(full, modules, c.model.lora.rank).numel()) * kFloat;
+    const model::LoraBaseDtype want = c.model.lora.base_dtype;
+    const bool bf16_base = want == model::LoraBaseDtype::kBFloat16 ||
+                           (want == model::LoraBaseDtype::kAuto && in.bf16 && mode == "dense");
+    double matrices = 0;
+    for (const auto& v : local.views()) matrices += v.is_matrix ? double(v.numel) * kFloat : 0;
+    param_bytes = (bf16_base ? local_bytes - matrices / 2 : local_bytes) + adapter;
+    grad_bytes = adapter;
+    copy_bytes = bf16_base ? 0 : 0.5 * local_bytes;
+    adam_state = 2 * std::ceil(adapter / kFloat / z) * kFloat;
+    save_bytes = 5 * adapter;
+    p.resident[2] = {bf16_base ? "parameters (base in bf16, adapters)" : "parameters (base, adapters)",
+                     param_bytes, "model.*, lora.base_dtype"};
+    p.resident[3] = {"gradients (adapters only)", grad_bytes, "lora.rank, lora.targets"};
+    p.resident[4].bytes = adam_state;
+    p.resident[4].key = "lora.rank, lora.targets, parallel.zero1";
+  }
+
   s.ws.bf16 = in.bf16;
   const double acts = activation_bytes(s.ws);
   const double segments = static_cast<double>(c.data.micro_bsz);
@@ -221,7 +247,7 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   };
   // Under ISP the copy is of the local shards, which the weight all-gathers send as bf16.
   if (in.bf16)
-    p.step.push_back({"bf16 weight copy (one a step)", 0.5 * local_bytes, "model.*"});
+    p.step.push_back({"bf16 weight copy (one a step)", copy_bytes, "model.*"});
   if (in.bf16)
     p.step.push_back({"bf16 GEMM operands (rounded activations)",
                       bf16_operand_bytes(s),
@@ -231,12 +257,13 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
                       "data.seq_len, " + s.scratch_key});
   // The data-parallel gradient sum (finish_gradients) over DATA or the mode's own group.
   if (grid.dp > 1 || grid.get(factory.data_group)->size() > 1)
-    p.step.push_back({"data-parallel all-reduce buffer", local_bytes, ""});
+    p.step.push_back({"data-parallel all-reduce buffer", grad_bytes, ""});
 
   const double full_bytes = static_cast<double>(p.params_full) * kFloat;
   const double sgemm =
       3.0 * static_cast<double>(in.sgemm_size) * static_cast<double>(in.sgemm_size) * kFloat;
-  const double save = c.train.checkpoint_dir.empty() ? 0 : 3 * full_bytes + 2 * local_bytes;
+  const double save = c.train.checkpoint_dir.empty() ? 0 : save_bytes;
+  (void)full_bytes;
   // The random init draws a split tensor at its full size (one at a time; an unsplit one in
   // place). A run that loads its weights draws nothing: each tensor is read into its shard.
   double draw = 0;
@@ -257,8 +284,9 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
 
   double step_sum = 0;
   for (const auto& i : p.step) step_sum += i.bytes;
-  const double base = in.runtime_bytes + datasets + 2 * local_bytes;
-  const double phases[4] = {draw, adam + sgemm, adam + resume, adam + step_sum + save};
+  const double base = in.runtime_bytes + datasets + param_bytes + grad_bytes;
+  const double phases[4] = {draw, adam_state + sgemm, adam_state + resume,
+                            adam_state + step_sum + save};
   const char* names[4] = {"start-up (random init)", "start-up (sgemm timing)",
                           "start-up (checkpoint load)",
                           save > 0 ? "checkpoint save" : "training step"};

@@ -643,6 +643,16 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
       }
     }
   }
+  if (run.engine.has_lora()) {
+    // lora.base_dtype: "auto" holds a bf16 base when the run computes in bf16 and one process
+    // holds the model replica; "bfloat16" insists (the engine refuses other layouts).
+    const model::LoraBaseDtype want = config.model.lora.base_dtype;
+    const bool bf16 = want == model::LoraBaseDtype::kBFloat16 ||
+                      (want == model::LoraBaseDtype::kAuto && compute == ops::ComputeType::kBFloat16 &&
+                       run.engine.mode() == "dense");
+    run.engine.freeze_lora_base(bf16 ? model::LoraBaseStorage::kBFloat16
+                                     : model::LoraBaseStorage::kFloat32);
+  }
   check(options.init_adapter.empty() || run.engine.has_lora(),
         "--init-adapter {}: needs [lora] with rank > 0 (lora.rank is 0)", options.init_adapter.string());
   check(options.init_adapter.empty() || options.resume.empty(),

@@ -11,6 +11,8 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "expect_error.h"
+#include "ops/ops.h"
+#include "ops/precision.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -133,6 +135,25 @@ TEST(LoraTrainer, InitAdapterAndDumpGrads) {
   testing::expect_error(
       [&] { b.run(with(kLora, {"lora.targets=[\"q_proj\"]", "train.total_steps=1"}), o); },
       {"target_modules", "lora.targets = [q_proj]"});
+}
+
+// A base held only in bf16 (2 bytes a parameter) under bf16 compute: the GEMMs read the same bf16
+// weights as with an fp32 base rounded each step; only the embedding's rows differ (rounded), so
+// the losses agree within the bf16 bounds.
+TEST(LoraTrainer, Bf16BaseAgreesWithFp32Base) {
+  if (!ops::cpu_has_avx512_bf16() || !ops::gemm_backend().native_bf16)
+    GTEST_SKIP() << "this CPU has no native bf16";
+  Base b("llama");
+  const auto keys = with(kLora, {"model.dtype=\"bfloat16\"", "train.total_steps=3"});
+  const train::TrainSummary fp32 = b.run(with(keys, {"lora.base_dtype=\"float32\""}), testing::quiet());
+  const train::TrainSummary bf16 = b.run(with(keys, {"lora.base_dtype=\"bfloat16\""}), testing::quiet());
+  const train::TrainSummary autodt = b.run(keys, testing::quiet());
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_NEAR(bf16.losses[i], fp32.losses[i], 1e-3 * fp32.losses[i]) << i;
+    EXPECT_EQ(autodt.losses[i], bf16.losses[i]) << i;  // auto: bf16 under bf16 compute
+  }
+  EXPECT_NEAR(bf16.grad_norms[0], fp32.grad_norms[0], 1e-2 * fp32.grad_norms[0]);
+  EXPECT_NE(bf16.losses[0], fp32.losses[0]);  // the embedding's rows are rounded
 }
 
 TEST(LoraTrainer, Refusals) {
