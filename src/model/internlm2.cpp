@@ -191,6 +191,11 @@ void InternLM2<T>::reserve(int64_t N, bool want_all, bool bf16) {
 
 double workspace_elements(const WorkspaceShape& s) {
   const double N = s.N, R = s.R, H = s.H, F = s.F, A = s.A, sq = s.saved_qkv;
+  if (s.chunk > 0) {  // InternLM2::chunk_reserve
+    const double C = std::min(N, s.chunk), slots = s.train ? s.L : 1;
+    return (s.bf16 ? 0 : slots * N * H) + sq + N * A + s.saved_lse +
+           (s.train ? N * A + N * H : 0) + 5 * C * H + C + 4 * C * F;
+  }
   const double nacts = s.per_layer ? s.L : 1;
   // Each buffer is padded to 16 elements (64-byte boundaries for float).
   const auto pad = [](double n) { return std::ceil(n / 16) * 16; };
@@ -208,6 +213,8 @@ double workspace_elements(const WorkspaceShape& s) {
 
 double workspace_bf16_elements(const WorkspaceShape& s) {
   if (!s.bf16) return 0;
+  if (s.chunk > 0)  // the block inputs and the chunk's a, b
+    return (s.train ? s.L : 1) * s.N * s.H + 2 * std::min(s.N, s.chunk) * s.F;
   const double nacts = s.per_layer ? s.L : 1;
   const auto pad = [](double n) { return std::ceil(n / 32) * 32; };  // 64 bytes
   // Block inputs (per layer, unless checkpoint keeps them fp32); per acts h, qkv_s, attn, a, b.

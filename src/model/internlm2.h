@@ -23,10 +23,16 @@ namespace longtron::model {
 /// `bf16` = mixed precision (a bfloat16 compute type, ops/precision.h): every tensor saved for
 /// backward but lse lives in a second arena of bf16 values (see InternLM2), and one block's fp32
 /// temporaries share one pool laid out per phase of the step.
+/// `chunk` > 0: the chunked recomputation (InternLM2::chunked(), chunks of `chunk` tokens): the L
+/// block inputs (bf16 arena under bf16), the attention's qkv, output and lse, with `train` its
+/// output's gradient and dL/d(residual), and one chunk's temporaries; `train` = false keeps one
+/// block input and no gradients (forward only).
 struct WorkspaceShape {
   double L = 0, N = 0, R = 0, H = 0, Q = 0, F = 0, A = 0, saved_qkv = 0, saved_lse = 0;
   bool per_layer = false;
   bool bf16 = false;
+  double chunk = 0;
+  bool train = true;
 };
 
 /// Elements of the float workspace arena InternLM2 allocates for `s` (the memory plan,
