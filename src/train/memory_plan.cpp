@@ -235,11 +235,10 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
                      : "activations (one block saved, model.checkpoint recomputes)")
           : (in.bf16 ? "activations saved for backward (every layer, in bf16)"
                      : "activations saved for backward (every layer)");
-  const std::string chunked_name = fmt::format(
-      "activations (block inputs{}; one block's attention; chunks of {} tokens)",
-      in.bf16 ? " in bf16" : "", chunk);
+  const std::string chunked_name =
+      fmt::format("activations (recomputed in chunks of {} tokens)", chunk);
   const std::string attn_name =
-      chunked ? fmt::format("attention workspace (packed tiles, groups of {} tokens)",
+      chunked ? fmt::format("attention workspace (groups of {} tokens)",
                             std::min(P, static_cast<double>(model::attention_group_tokens(c.model))))
               : std::string("attention workspace (packed tiles)");
   p.step = {
