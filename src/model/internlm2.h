@@ -52,12 +52,13 @@ double workspace_bf16_elements(const WorkspaceShape& s);
 /// output and the FFN's a = w1 z and b = w3 z (torch.autocast saves its bf16 linears' outputs
 /// so; the GEMMs and the bf16 attention kernel round these inputs to bf16 anyway). Backward
 /// widens them to fp32 one block at a time; norms, RoPE, softmax and every gradient stay fp32.
-/// The forward's residual sum itself runs in one fp32 buffer (the values the float32 path
-/// computes); each norm reads its input as saved (rounded to bf16, widened), so backward
-/// recomputes exactly the forward's normalised values. With checkpoint the block inputs are kept
-/// in fp32 and rounded the same way where read: gradients are identical with and without
-/// checkpoint here too. The fp32 temporaries of one block share one pool laid out per phase
-/// (forward, head, FFN backward, attention backward): see workspace_elements.
+/// The forward's residual sum runs in fp32 within a block and continues from the block's input
+/// rounded to bf16; each norm reads its input as saved (rounded to bf16, widened), so backward
+/// recomputes exactly the forward's normalised values. With
+/// checkpoint (chunked(): the block inputs kept in bf16, as read; else in fp32, rounded the same
+/// way where read) gradients are identical with and without checkpoint here too. The fp32
+/// temporaries of one block share one pool laid out per phase (forward, head, FFN backward,
+/// attention backward): see workspace_elements.
 template <typename T>
 class InternLM2 {
  public:
