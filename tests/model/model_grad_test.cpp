@@ -274,6 +274,15 @@ TEST(ModelGrad, ChunkedForwardNeedsNoMoreThanTraining) {
   EXPECT_LT(forward, train);
   model.forward_loss(batch);
   EXPECT_EQ(model.workspace_bytes(), train);
+  // The memory plan's count (workspace_elements with a chunk) is what the model allocates.
+  const double N = static_cast<double>(batch.input_ids.size());
+  WorkspaceShape shape{double(c.num_layers), N, N, double(c.hidden_size), double(c.qkv_size()),
+                       double(c.ffn_size()), double(c.attention_size()), N * double(c.qkv_size()),
+                       N * double(c.num_attention_heads)};
+  shape.chunk = 5;
+  EXPECT_EQ(workspace_elements(shape) * sizeof(double), double(train));
+  shape.train = false;
+  EXPECT_EQ(workspace_elements(shape) * sizeof(double), double(forward));
 }
 
 TEST(ModelGrad, GradientsAccumulate) {
