@@ -104,6 +104,7 @@ bool InternLM2<T>::bf16_mode() {
 template <typename T>
 void InternLM2<T>::reserve(int64_t N, bool want_all, bool bf16) {
   if (N <= capacity_ && want_all == saved_all_ && bf16 == bf16_) return;
+  ck_ = Chunked{};  // the chunked path's buffers (model.checkpoint switched off, generation)
   // Grow geometrically so generation (one token longer per call) reallocates O(log n) times.
   if (N > capacity_ && capacity_ > 0) N = std::max(N, capacity_ + capacity_ / 2);
   N = std::max(N, capacity_);
@@ -190,6 +191,11 @@ void InternLM2<T>::reserve(int64_t N, bool want_all, bool bf16) {
 
 double workspace_elements(const WorkspaceShape& s) {
   const double N = s.N, R = s.R, H = s.H, F = s.F, A = s.A, sq = s.saved_qkv;
+  if (s.chunk > 0) {  // InternLM2::chunk_reserve
+    const double C = std::min(N, s.chunk), slots = s.train ? s.L : 1;
+    return (s.bf16 ? 0 : slots * N * H) + sq + N * A + s.saved_lse +
+           (s.train ? N * A + N * H : 0) + 5 * C * H + C + 4 * C * F;
+  }
   const double nacts = s.per_layer ? s.L : 1;
   // Each buffer is padded to 16 elements (64-byte boundaries for float).
   const auto pad = [](double n) { return std::ceil(n / 16) * 16; };
@@ -207,11 +213,210 @@ double workspace_elements(const WorkspaceShape& s) {
 
 double workspace_bf16_elements(const WorkspaceShape& s) {
   if (!s.bf16) return 0;
+  if (s.chunk > 0)  // the block inputs and the chunk's a, b
+    return (s.train ? s.L : 1) * s.N * s.H + 2 * std::min(s.N, s.chunk) * s.F;
   const double nacts = s.per_layer ? s.L : 1;
   const auto pad = [](double n) { return std::ceil(n / 32) * 32; };  // 64 bytes
   // Block inputs (per layer, unless checkpoint keeps them fp32); per acts h, qkv_s, attn, a, b.
   return (s.per_layer ? s.L * pad(s.R * s.H) : 0) +
          nacts * (pad(s.R * s.H) + pad(s.saved_qkv) + pad(s.N * s.A) + 2 * pad(s.N * s.F));
+}
+
+template <typename T>
+void InternLM2<T>::chunk_reserve(int64_t N, bool train) {
+  const bool bf16 = bf16_mode();
+  // A forward-only call reuses a training layout (its block input slot 0); N is a capacity.
+  if (ck_.N >= N && (ck_.train || !train) && ck_.bf16 == bf16 && ck_.N > 0) return;
+  // The old layout's workspace (another path's, or a shorter row's) goes first.
+  arena_ = {}, arena16_ = {}, capacity_ = 0;
+  ck_ = Chunked{};
+  const AttentionOp<T>& att = *ops_.blocks.front().attention;
+  const int64_t L = static_cast<int64_t>(ops_.blocks.size());
+  const int64_t C = std::min(N, chunk_tokens(layout_.config()));
+  const int64_t slots = train ? L : 1;
+  ck_.N = N, ck_.C = C, ck_.train = train, ck_.bf16 = bf16;
+  if (bf16) ck_.x16.resize(static_cast<size_t>(slots * N * H_));
+  else ck_.x.resize(static_cast<size_t>(slots * N * H_));
+  ck_.qkv.resize(static_cast<size_t>(att.saved_qkv_size(N)));
+  ck_.out.resize(static_cast<size_t>(N * A_));
+  ck_.lse.resize(static_cast<size_t>(att.saved_lse_size(N)));
+  if (train) {
+    ck_.dout.resize(static_cast<size_t>(N * A_));
+    ck_.dres.resize(static_cast<size_t>(N * H_));
+  }
+  const int64_t ch = C * H_, cf = C * F_;
+  ck_.c.resize(static_cast<size_t>(5 * ch + C + 4 * cf));
+  T* p = ck_.c.data();
+  ck_.xw = p, ck_.xn = p + ch, ck_.h = p + 2 * ch, ck_.hw = p + 3 * ch, ck_.t = p + 4 * ch;
+  ck_.rstd = p + 5 * ch;
+  T* const f = p + 5 * ch + C;
+  ck_.g1 = f, ck_.g2 = f + cf, ck_.g3 = f + 2 * cf, ck_.g4 = f + 3 * cf;
+  if (bf16) {
+    ck_.c16.resize(static_cast<size_t>(2 * cf));
+    ck_.a16 = ck_.c16.data(), ck_.b16 = ck_.c16.data() + cf;
+  }
+}
+
+template <typename T>
+void InternLM2<T>::chunk_load(int64_t slot, int64_t n0, int64_t n, T* dst) const {
+  const int64_t off = (slot * ck_.N + n0) * H_;
+  if constexpr (std::is_same_v<T, float>) {
+    if (ck_.bf16) return ops::widen_bf16(ck_.x16.data() + off, n * H_, dst);
+  }
+  std::copy(ck_.x.data() + off, ck_.x.data() + off + n * H_, dst);
+}
+
+template <typename T>
+void InternLM2<T>::chunk_store(int64_t slot, int64_t n0, int64_t n, T* src) {
+  const int64_t off = (slot * ck_.N + n0) * H_;
+  if constexpr (std::is_same_v<T, float>) {
+    if (ck_.bf16) {
+      // The forward reads the block input as stored: the residual stream is rounded here.
+      ops::round_to_bf16(src, n * H_, ck_.x16.data() + off);
+      return ops::widen_bf16(ck_.x16.data() + off, n * H_, src);
+    }
+  }
+  std::copy(src, src + n * H_, ck_.x.data() + off);
+}
+
+template <typename T>
+void InternLM2<T>::chunk_attention(int layer, int64_t slot, const AttentionBatch& ab) {
+  BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
+  const int64_t N = ab.num_tokens, C = ck_.C;
+  for (int64_t n0 = 0; n0 < N; n0 += C) {
+    const int64_t n = std::min(C, N - n0);
+    chunk_load(slot, n0, n, ck_.xw);
+    o.attention_norm->forward(ck_.xn, ck_.rstd, ck_.xw, n, params_);
+    o.wqkv->forward(ck_.qkv.data() + n0 * Q_, ck_.xn, n, params_);
+  }
+  o.attention->forward(ck_.out.data(), ck_.qkv.data(), ck_.lse.data(), ck_.qkv.data(), ab);
+  if constexpr (std::is_same_v<T, float>) {
+    // wo's GEMM and the attention backward's D read the output rounded to bf16 (as saved by the
+    // unchunked bf16 path).
+    if (ck_.bf16) {
+      uint16_t* const tmp = reinterpret_cast<uint16_t*>(ck_.g1);
+      for (int64_t n0 = 0; n0 < N; n0 += C) {
+        const int64_t n = std::min(C, N - n0);
+        ops::round_to_bf16(ck_.out.data() + n0 * A_, n * A_, tmp);
+        ops::widen_bf16(tmp, n * A_, ck_.out.data() + n0 * A_);
+      }
+    }
+  }
+}
+
+template <typename T>
+void InternLM2<T>::chunk_tail(int layer, int64_t slot, int64_t n0, int64_t n, bool output) {
+  BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
+  chunk_load(slot, n0, n, ck_.xw);
+  o.wo->forward(ck_.t, ck_.out.data() + n0 * A_, n, params_);
+  add_into(ck_.h, ck_.xw, ck_.t, n * H_);  // h = x + wo(attn)
+  const int64_t nf = n * F_;
+  if constexpr (std::is_same_v<T, float>) {
+    if (ck_.bf16) {
+      // The FFN's norm reads h rounded to bf16; a and b are kept rounded (the bf16 path's saves).
+      ops::round_to_bf16(ck_.h, n * H_, ck_.a16);
+      ops::widen_bf16(ck_.a16, n * H_, ck_.hw);
+      o.ffn_norm->forward(ck_.xn, ck_.rstd, ck_.hw, n, params_);
+      o.gate_up->forward(ck_.g1, ck_.g2, ck_.xn, n, params_);
+      ops::round_to_bf16(ck_.g1, nf, ck_.a16);
+      ops::round_to_bf16(ck_.g2, nf, ck_.b16);
+      if (!output) return;
+      ops::swiglu_forward_bf16(ck_.g3, ck_.a16, ck_.b16, nf);
+      o.w2->forward(ck_.t, ck_.g3, n, params_);
+      accumulate(ck_.h, ck_.t, n * H_);  // y = h + w2(g)
+      return;
+    }
+  }
+  std::copy(ck_.h, ck_.h + n * H_, ck_.hw);
+  o.ffn_norm->forward(ck_.xn, ck_.rstd, ck_.hw, n, params_);
+  o.gate_up->forward(ck_.g1, ck_.g2, ck_.xn, n, params_);
+  if (!output) return;
+  ops::swiglu_forward(ck_.g3, ck_.g1, ck_.g2, nf);
+  o.w2->forward(ck_.t, ck_.g3, n, params_);
+  accumulate(ck_.h, ck_.t, n * H_);
+}
+
+template <typename T>
+LossSum InternLM2<T>::chunked_pass(const data::MicroBatch& batch, Params<T>* grads,
+                                   double loss_scale, double* token_losses) {
+  const bool train = grads != nullptr;
+  const int64_t N = static_cast<int64_t>(batch.input_ids.size());
+  const int L = static_cast<int>(ops_.blocks.size());
+  chunk_reserve(N, train);
+  const AttentionBatch ab = attention_batch(batch);
+  const int64_t C = ck_.C;
+  const auto slot = [&](int layer) -> int64_t { return train ? layer : 0; };
+  for (int64_t n0 = 0; n0 < N; n0 += C) {
+    const int64_t n = std::min(C, N - n0);
+    ops_.embedding->forward(ck_.xw, batch.input_ids.data() + n0, n, params_);
+    chunk_store(0, n0, n, ck_.xw);
+  }
+  LossSum loss;
+  for (int i = 0; i < L; ++i) {
+    chunk_attention(i, slot(i), ab);
+    for (int64_t n0 = 0; n0 < N; n0 += C) {
+      const int64_t n = std::min(C, N - n0);
+      chunk_tail(i, slot(i), n0, n, true);
+      if (i + 1 < L) {
+        chunk_store(slot(i + 1), n0, n, ck_.h);
+        continue;
+      }
+      // The final norm, head and cross-entropy of the chunk; in training dL/dy into dres.
+      ops_.norm->forward(ck_.xn, ck_.rstd, ck_.h, n, params_);
+      T* const dxf = train ? ck_.t : nullptr;
+      const LossSum part = ops_.head->forward_backward(
+          dxf, ck_.xn, batch.labels.data() + n0, n, params_, grads, loss_scale,
+          token_losses ? token_losses + n0 : nullptr);
+      loss.sum += part.sum, loss.count += part.count;
+      if (train)
+        ops_.norm->backward(ck_.dres.data() + n0 * H_, dxf, ck_.h, ck_.rstd, n, params_, grads);
+    }
+  }
+  if (!train) return loss;
+  T* const dres = ck_.dres.data();
+  T* const dout = ck_.dout.data();
+  T* const qkv = ck_.qkv.data();
+  for (int i = L - 1; i >= 0; --i) {
+    BlockOps<T>& o = ops_.blocks[static_cast<size_t>(i)];
+    if (i != L - 1) chunk_attention(i, i, ab);  // the last block's attention is still here
+    for (int64_t n0 = 0; n0 < N; n0 += C) {
+      const int64_t n = std::min(C, N - n0), nf = n * F_;
+      T* const dr = dres + n0 * H_;
+      chunk_tail(i, i, n0, n, false);
+      // FFN: y = h + w2(silu(a) ⊙ b); da, db end in (g3, g4) or, bf16, in (g1, g2).
+      T *da = ck_.g3, *db = ck_.g4;
+      if constexpr (std::is_same_v<T, float>) {
+        if (ck_.bf16) {
+          ops::swiglu_forward_bf16(ck_.g1, ck_.a16, ck_.b16, nf);
+          o.w2->backward(ck_.g2, dr, ck_.g1, n, params_, grads, false);
+          ops::swiglu_backward_bf16(ck_.g1, ck_.g2, ck_.g2, ck_.a16, ck_.b16, nf);
+          da = ck_.g1, db = ck_.g2;
+        }
+      }
+      if (!ck_.bf16) {
+        ops::swiglu_forward(ck_.g3, ck_.g1, ck_.g2, nf);
+        o.w2->backward(ck_.g4, dr, ck_.g3, n, params_, grads, false);
+        ops::swiglu_backward(ck_.g3, ck_.g4, ck_.g4, ck_.g1, ck_.g2, nf);
+      }
+      o.gate_up->backward(ck_.t, da, db, ck_.xn, n, params_, grads);
+      o.ffn_norm->backward(ck_.xn, ck_.t, ck_.hw, ck_.rstd, n, params_, grads);
+      accumulate(dr, ck_.xn, n * H_);  // dres = dL/dh
+      o.wo->backward(dout + n0 * A_, dr, ck_.out.data() + n0 * A_, n, params_, grads, false);
+    }
+    // In place: qkv becomes dqkv (ModelOps::token_chunks).
+    o.attention->backward(qkv, qkv, dout, qkv, ck_.out.data(), ck_.lse.data(), ab);
+    for (int64_t n0 = 0; n0 < N; n0 += C) {
+      const int64_t n = std::min(C, N - n0);
+      T* const dr = dres + n0 * H_;
+      chunk_load(i, n0, n, ck_.xw);
+      o.attention_norm->forward(ck_.xn, ck_.rstd, ck_.xw, n, params_);
+      o.wqkv->backward(ck_.t, qkv + n0 * Q_, ck_.xn, n, params_, grads, false);
+      o.attention_norm->backward(ck_.xn, ck_.t, ck_.xw, ck_.rstd, n, params_, grads);
+      accumulate(dr, ck_.xn, n * H_);  // dres = dL/dx
+    }
+  }
+  ops_.embedding->backward(dres, batch.input_ids.data(), N, grads);
+  return loss;
 }
 
 template <typename T>
@@ -281,8 +486,11 @@ void InternLM2<T>::block_forward_bf16(int layer, BlockActs& A, const AttentionBa
     // exactly the forward's normalised inputs and rstd from the saved values (and a layout that
     // keeps its forward input for the weight gradient, Megatron's MSP, agrees with one that
     // recomputes it).
+    // The residual stream itself continues from the rounded input, so that a block input kept
+    // in bf16 (the chunked recomputation) is exactly what the forward read.
     ops::round_to_bf16(q.res, R * H_, x16);
     ops::widen_bf16(x16, R * H_, q.wide);
+    std::copy(q.wide, q.wide + R * H_, q.res);
     o.attention_norm->forward(q.xn, rstd_scratch_, q.wide, N, params_);
     o.wqkv->forward(q.qkv, q.xn, N, params_);
     o.attention->forward(q.att, q.qs, A.lse, q.qkv, ab);
@@ -382,6 +590,7 @@ LossSum InternLM2<T>::forward_backward(const data::MicroBatch& batch, Params<T>&
   check_batch(batch, ops_.sequence_parallel_size);
   check(&grads.layout() == &layout_ || grads.numel() == layout_.numel(),
         "gradient buffer has {} elements, the model {}", grads.numel(), layout_.numel());
+  if (chunked()) return chunked_pass(batch, &grads, loss_scale, nullptr);
   const int64_t N = static_cast<int64_t>(batch.input_ids.size());
   const int L = static_cast<int>(ops_.blocks.size());
   forward_blocks(batch, true);
@@ -418,6 +627,11 @@ template <typename T>
 LossSum InternLM2<T>::forward_loss(const data::MicroBatch& batch,
                                    std::vector<double>* token_losses) {
   check_batch(batch, ops_.sequence_parallel_size);
+  if (chunked()) {
+    if (token_losses)
+      token_losses->assign(batch.input_ids.size(), 0.0);
+    return chunked_pass(batch, nullptr, 0.0, token_losses ? token_losses->data() : nullptr);
+  }
   const int64_t N = static_cast<int64_t>(batch.input_ids.size());
   forward_blocks(batch, false);
   T* const xf = bf16_ ? pool_.xf : xf_;

@@ -23,10 +23,16 @@ namespace longtron::model {
 /// `bf16` = mixed precision (a bfloat16 compute type, ops/precision.h): every tensor saved for
 /// backward but lse lives in a second arena of bf16 values (see InternLM2), and one block's fp32
 /// temporaries share one pool laid out per phase of the step.
+/// `chunk` > 0: the chunked recomputation (InternLM2::chunked(), chunks of `chunk` tokens): the L
+/// block inputs (bf16 arena under bf16), the attention's qkv, output and lse, with `train` its
+/// output's gradient and dL/d(residual), and one chunk's temporaries; `train` = false keeps one
+/// block input and no gradients (forward only).
 struct WorkspaceShape {
   double L = 0, N = 0, R = 0, H = 0, Q = 0, F = 0, A = 0, saved_qkv = 0, saved_lse = 0;
   bool per_layer = false;
   bool bf16 = false;
+  double chunk = 0;
+  bool train = true;
 };
 
 /// Elements of the float workspace arena InternLM2 allocates for `s` (the memory plan,
@@ -46,12 +52,13 @@ double workspace_bf16_elements(const WorkspaceShape& s);
 /// output and the FFN's a = w1 z and b = w3 z (torch.autocast saves its bf16 linears' outputs
 /// so; the GEMMs and the bf16 attention kernel round these inputs to bf16 anyway). Backward
 /// widens them to fp32 one block at a time; norms, RoPE, softmax and every gradient stay fp32.
-/// The forward's residual sum itself runs in one fp32 buffer (the values the float32 path
-/// computes); each norm reads its input as saved (rounded to bf16, widened), so backward
-/// recomputes exactly the forward's normalised values. With checkpoint the block inputs are kept
-/// in fp32 and rounded the same way where read: gradients are identical with and without
-/// checkpoint here too. The fp32 temporaries of one block share one pool laid out per phase
-/// (forward, head, FFN backward, attention backward): see workspace_elements.
+/// The forward's residual sum runs in fp32 within a block and continues from the block's input
+/// rounded to bf16; each norm reads its input as saved (rounded to bf16, widened), so backward
+/// recomputes exactly the forward's normalised values. With
+/// checkpoint (chunked(): the block inputs kept in bf16, as read; else in fp32, rounded the same
+/// way where read) gradients are identical with and without checkpoint here too. The fp32
+/// temporaries of one block share one pool laid out per phase (forward, head, FFN backward,
+/// attention backward): see workspace_elements.
 template <typename T>
 class InternLM2 {
  public:
@@ -76,8 +83,13 @@ class InternLM2 {
 
   /// Bytes of activation workspace currently allocated (head chunk buffers excluded).
   int64_t workspace_bytes() const {
-    return static_cast<int64_t>(arena_.size() * sizeof(T) + arena16_.size() * sizeof(uint16_t));
+    return static_cast<int64_t>(arena_.size() * sizeof(T) + arena16_.size() * sizeof(uint16_t) +
+                                ck_.bytes());
   }
+
+  /// Whether forward_backward and forward_loss run the chunked recomputation: model.checkpoint
+  /// with ops that allow it (ModelOps::token_chunks) and no Megatron sequence parallel.
+  bool chunked() const { return checkpoint_ && ops_.token_chunks && ops_.residual_split == 1; }
 
   /// Activation recomputation (starts as config.checkpoint); switching re-lays the workspace on
   /// the next forward_backward.
@@ -85,6 +97,48 @@ class InternLM2 {
   void set_checkpoint(bool on);
 
  private:
+  /// The chunked recomputation (chunked(); after Mini-Sequence Transformer, arXiv 2407.15892,
+  /// and Megatron-LM's selective recomputation, arXiv 2205.05198). Row-sized: the L block inputs
+  /// (bf16 under a bf16 compute type, since the forward itself reads them so rounded: the residual
+  /// stream is rounded at each block's input; else T), and for the block being run the
+  /// attention's qkv (split after RoPE; in backward its gradient, in place), output, lse, the
+  /// output's gradient and dL/d(residual) (training). Everything else lives in chunk buffers of
+  /// C = chunk_tokens(config) tokens: each token-wise part runs chunk by chunk.
+  struct Chunked {
+    int64_t N = 0, C = 0;
+    bool train = false, bf16 = false;
+    std::vector<uint16_t> x16;  ///< [L][N, H] block inputs (bf16)
+    std::vector<T> x;           ///< [L][N, H] block inputs (not bf16)
+    std::vector<T> qkv, out, lse, dout, dres;
+    std::vector<T> c;           ///< chunk buffers (views below)
+    std::vector<uint16_t> c16;  ///< bf16 chunk buffers: a, b rounded
+    T *xw, *xn, *h, *hw, *t, *rstd, *g1, *g2, *g3, *g4;
+    uint16_t *a16, *b16;
+    int64_t bytes() const {
+      return static_cast<int64_t>(
+          (x16.size() + c16.size()) * sizeof(uint16_t) +
+          (x.size() + qkv.size() + out.size() + lse.size() + dout.size() + dres.size() +
+           c.size()) * sizeof(T));
+    }
+  };
+  /// Lays out ck_ for N tokens (train: the backward's buffers and every block's input; else one
+  /// block input, overwritten by the block's output).
+  void chunk_reserve(int64_t N, bool train);
+  /// Block input `slot`, rows [n0, n0 + n) → dst (widened from bf16).
+  void chunk_load(int64_t slot, int64_t n0, int64_t n, T* dst) const;
+  /// src rows [n0, n0 + n) → block input `slot`; src then holds the stored values (rounded).
+  void chunk_store(int64_t slot, int64_t n0, int64_t n, T* src);
+  /// The attention of block `layer` from block input `slot`: chunks of norm and wqkv into ck_.qkv,
+  /// then the attention op over the row (ck_.out, ck_.lse).
+  void chunk_attention(int layer, int64_t slot, const AttentionBatch& ab);
+  /// Rows [n0, n0 + n) of block `layer` after its attention: h = x + wo(out) in ck_.h, the FFN's
+  /// norm input in ck_.hw, z in ck_.xn (rstd in ck_.rstd), a and b in g1, g2 (and a16, b16);
+  /// with `output`, y = h + w2(silu(a) ⊙ b) in ck_.h.
+  void chunk_tail(int layer, int64_t slot, int64_t n0, int64_t n, bool output);
+  /// Training (grads) or the loss (and token_losses) of one micro-batch, chunked.
+  LossSum chunked_pass(const data::MicroBatch& batch, Params<T>* grads, double loss_scale,
+                       double* token_losses);
+
   /// Saved state of one block: the split qkv after RoPE, attention output and lse, the residual
   /// after attention, both norms' rstd, and the FFN's a = w1 z and b = w3 z. In bf16 mode only
   /// lse is float, and qkv16, attn16, a16, b16, h16 are kept instead of the rest.
@@ -156,6 +210,7 @@ class InternLM2 {
   T *xn_, *qkv_, *tmp_, *g_, *xf_, *rstdf_, *rstd_scratch_;       // forward temporaries
   T *dres_, *dtmp_, *dxn_, *dg_, *da_, *db_, *dattn_, *dqkv_s_;   // backward temporaries
   Bf16Pool pool_{};  // bf16 mode only (the fp32 temporaries above are then unused)
+  Chunked ck_;       // chunked() only
 };
 
 /// Model FLOPs of one step (docs/model.md): 6 × matmul parameters (all linears, head included; not the

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "model/rope_scaling.h"
+#include "ops/attention_groups.h"
 #include "ops/ops.h"
 #include "ops/vocab_check.h"
 #include "ops/threads.h"
@@ -70,12 +71,16 @@ class DenseAttention final : public AttentionOp<T> {
   /// `window`: this block's sliding window (ModelConfig::window_of), 0 = none.
   DenseAttention(const ModelConfig& c, int64_t window)
       : hq_(c.num_attention_heads), hkv_(c.num_kv_attention_heads), d_(c.head_dim()),
-        q_(c.qkv_size()), config_(c), inv_freq_(rope_inv_freq(c)), window_(window) {}
+        q_(c.qkv_size()), config_(c), inv_freq_(rope_inv_freq(c)), window_(window),
+        group_tokens_(attention_group_tokens(c)) {}
   int64_t qkv_features() const override { return q_; }
   int64_t out_features() const override { return hq_ * d_; }
   int64_t saved_qkv_size(int64_t N) const override { return N * q_; }
   int64_t saved_lse_size(int64_t N) const override { return N * hq_; }
 
+  /// qkv may be qkv_s itself (the split is made token by token in place), and in backward dqkv,
+  /// dqkv_s and qkv_s may be one buffer (ops/attention_groups.h): the model's chunked
+  /// recomputation keeps one row-sized qkv buffer (ModelOps::token_chunks).
   void forward(T* out, T* qkv_s, T* lse, const T* qkv, const AttentionBatch& b) override {
     const int64_t N = b.num_tokens;
     permute(qkv_s, qkv, N, /*to_split=*/true);
@@ -83,15 +88,17 @@ class DenseAttention final : public AttentionOp<T> {
     check_rope_positions(config_, b.indexes, N);
     ops::rope_forward(qkv_s, b.indexes, N, hq_ + hkv_, d_, q_, inv_freq_.data());
     const ops::AttentionShape s = shape(b);
-    ops::varlen_attention_forward(out, lse, qkv_s, qkv_s + hq_ * d_, qkv_s + (hq_ + hkv_) * d_, s);
+    ops::varlen_attention_forward_groups(out, lse, qkv_s, qkv_s + hq_ * d_,
+                                         qkv_s + (hq_ + hkv_) * d_, s, group_tokens_);
   }
 
   void backward(T* dqkv, T* dqkv_s, const T* dout, const T* qkv_s, const T* out, const T* lse,
                 const AttentionBatch& b) override {
     const int64_t N = b.num_tokens;
     const ops::AttentionShape s = shape(b);
-    ops::varlen_attention_backward(dqkv_s, dqkv_s + hq_ * d_, dqkv_s + (hq_ + hkv_) * d_, dout,
-                                   qkv_s, qkv_s + hq_ * d_, qkv_s + (hq_ + hkv_) * d_, out, lse, s);
+    ops::varlen_attention_backward_groups(dqkv_s, dqkv_s + hq_ * d_, dqkv_s + (hq_ + hkv_) * d_,
+                                          dout, qkv_s, qkv_s + hq_ * d_,
+                                          qkv_s + (hq_ + hkv_) * d_, out, lse, s, group_tokens_);
     ops::rope_backward(dqkv_s, b.indexes, N, hq_ + hkv_, d_, q_, inv_freq_.data());
     permute(dqkv, dqkv_s, N, /*to_split=*/false);
   }
@@ -103,19 +110,25 @@ class DenseAttention final : public AttentionOp<T> {
     s.window = window_;
     return s;
   }
-  /// grouped → split (to_split) or split → grouped; dst and src are [N, Q].
+  /// grouped → split (to_split) or split → grouped; dst and src are [N, Q] (they may be the
+  /// same buffer: each token's row goes through a copy).
   void permute(T* dst, const T* src, int64_t N, bool to_split) const {
     const int64_t qpk = hq_ / hkv_;
-#pragma omp parallel for schedule(static) if (N * q_ > kParallelMinWork)
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t g = 0; g < hkv_; ++g) {
-        for (int64_t j = 0; j < qpk + 2; ++j) {
-          const int64_t grouped = (g * (qpk + 2) + j) * d_;
-          const int64_t head = j < qpk ? g * qpk + j : (j == qpk ? hq_ + g : hq_ + hkv_ + g);
-          const int64_t split = head * d_;
-          const T* s = src + n * q_ + (to_split ? grouped : split);
-          T* o = dst + n * q_ + (to_split ? split : grouped);
-          std::copy(s, s + d_, o);
+#pragma omp parallel if (N * q_ > kParallelMinWork)
+    {
+      std::vector<T> row(static_cast<size_t>(q_));
+#pragma omp for schedule(static)
+      for (int64_t n = 0; n < N; ++n) {
+        std::copy(src + n * q_, src + (n + 1) * q_, row.begin());
+        for (int64_t g = 0; g < hkv_; ++g) {
+          for (int64_t j = 0; j < qpk + 2; ++j) {
+            const int64_t grouped = (g * (qpk + 2) + j) * d_;
+            const int64_t head = j < qpk ? g * qpk + j : (j == qpk ? hq_ + g : hq_ + hkv_ + g);
+            const int64_t split = head * d_;
+            const T* s = row.data() + (to_split ? grouped : split);
+            T* o = dst + n * q_ + (to_split ? split : grouped);
+            std::copy(s, s + d_, o);
+          }
         }
       }
     }
@@ -124,6 +137,7 @@ class DenseAttention final : public AttentionOp<T> {
   ModelConfig config_;
   std::vector<double> inv_freq_;  // RoPE inverse frequencies (model/rope_scaling.h)
   int64_t window_;
+  int64_t group_tokens_;  // queries per attention kernel call (whole segments)
 };
 
 template <typename T>
@@ -262,6 +276,7 @@ ModelOps<T> make_dense_ops(const ParamTable& layout) {
   }
   ops.norm = std::make_unique<DenseNorm<T>>(layout, layout.norm);
   ops.head = std::make_unique<DenseHeadLoss<T>>(layout, layout.output);
+  ops.token_chunks = true;
   return ops;
 }
 

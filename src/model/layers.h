@@ -247,7 +247,20 @@ struct ModelOps {
   /// outputs, head input — holds only this rank's N / residual_split rows, so the model sizes and
   /// updates those buffers for N / residual_split rows. 1 otherwise.
   int64_t residual_split = 1;
+  /// The ops may be called on any run of a row's tokens (the norms, linears, embedding and head
+  /// are token-wise and keep nothing between calls), and the attention op accepts qkv ==
+  /// saved_qkv in forward and dqkv == scratch == saved_qkv in backward: InternLM2 then recomputes
+  /// (model.checkpoint) over chunks of ModelConfig::chunk_tokens tokens (the dense ops).
+  bool token_chunks = false;
 };
+
+/// Tokens per chunk of the token-wise parts of a recomputed block (model.chunk_tokens), at least 1.
+inline int64_t chunk_tokens(const ModelConfig& c) { return std::max<int64_t>(1, c.chunk_tokens); }
+
+/// Queries per varlen attention kernel call of the dense attention op (whole documents; one longer
+/// document is a call of its own): 4 × model.chunk_tokens, so the kernels' packed copies of q, dO,
+/// dq, lse and D (and the forward's packed keys) are sized by a group of documents, not the row.
+inline int64_t attention_group_tokens(const ModelConfig& c) { return 4 * chunk_tokens(c); }
 
 /// The single-process ops over the full tensors of `layout`.
 template <typename T>

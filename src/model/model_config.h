@@ -32,6 +32,9 @@ struct ModelConfig {
   /// tensor, one gradient = embedding's + head's); model.tie_word_embeddings or config.json.
   bool tie_word_embeddings = false;
   bool checkpoint = false;  ///< activation recomputation per block (InternEvo's name)
+  /// Tokens per chunk of the recomputed blocks' token-wise parts (norms, linears, MLP, head and
+  /// cross-entropy) with checkpoint on (docs/memory.md); also sizes the attention's groups.
+  int64_t chunk_tokens = 4096;
   /// GEMM precision (InternEvo's model.dtype): "float32" | "bfloat16" | "auto", as
   /// ops::canonical_dtype spells them; ops::resolve_dtype turns it into the run's compute type.
   std::string dtype = "float32";

@@ -211,7 +211,8 @@ void check_model_config(const model::ModelConfig& m) {
   const std::pair<const char*, int64_t> positive[] = {
       {"vocab_size", m.vocab_size}, {"hidden_size", m.hidden_size}, {"num_layers", m.num_layers},
       {"num_attention_heads", m.num_attention_heads},
-      {"num_kv_attention_heads", m.num_kv_attention_heads}, {"multiple_of", m.multiple_of}};
+      {"num_kv_attention_heads", m.num_kv_attention_heads}, {"multiple_of", m.multiple_of},
+      {"chunk_tokens", m.chunk_tokens}};
   for (const auto& [k, v] : positive) check(v > 0, "model.{}: must be > 0, got {}", k, v);
   check(m.explicit_head_dim > 0 || m.hidden_size % m.num_attention_heads == 0,
         "model.num_attention_heads: {} does not divide model.hidden_size {}", m.num_attention_heads,

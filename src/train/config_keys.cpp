@@ -325,6 +325,12 @@ const std::vector<ConfigKey> kConfigKeys = {
     {"model.checkpoint", "false", "",
      "Activation recomputation: each block's forward runs again in backward (less memory).",
      boolean(AT(model.checkpoint))},
+    {"model.chunk_tokens", "4096", "",
+     "With model.checkpoint: tokens per chunk of the recomputed blocks' token-wise parts (norms, "
+     "linears, MLP, head and cross-entropy), so only attention holds row-sized tensors; the "
+     "attention kernels run over groups of whole documents of about 4 × this many tokens "
+     "(docs/memory.md). Smaller: less memory, thinner GEMMs.",
+     integer(AT(model.chunk_tokens))},
     {"model.dtype", "\"float32\"", "",
      "GEMM precision: \"float32\", \"bfloat16\" (mixed precision: bf16 GEMM inputs, fp32 "
      "accumulation, fp32 master weights, optimizer state and checkpoints; needs AVX512-BF16) or "

@@ -143,6 +143,26 @@ double bf16_operand_bytes(const parallel::ModeMemory& s) {
   return 2 * (a + b);
 }
 
+/// The chunked recomputation (model::InternLM2::chunked(): the dense ops with model.checkpoint):
+/// the token-wise parts, the head and the GEMMs' bf16 operands see one chunk of
+/// model.chunk_tokens rows, and the attention kernels one group of whole documents of
+/// 4 × model.chunk_tokens queries (a longer document takes its own length). Returns the chunk.
+double apply_chunks(parallel::ModeMemory& s, const model::ModelConfig& m) {
+  const double C = std::min(s.ws.N, static_cast<double>(model::chunk_tokens(m)));
+  s.ws.chunk = C;
+  s.head_rows = std::min(s.head_rows, C);
+  s.attn_tokens = std::min(s.attn_tokens, static_cast<double>(model::attention_group_tokens(m)));
+  return C;
+}
+
+/// The GEMM operand buffer of a chunked run: the GEMMs see one chunk's rows.
+double chunked_bf16_operand_bytes(const parallel::ModeMemory& s) {
+  if (s.ws.chunk <= 0) return bf16_operand_bytes(s);
+  parallel::ModeMemory c = s;
+  c.ws.N = c.ws.R = std::min(s.ws.N, s.ws.chunk);
+  return bf16_operand_bytes(c);
+}
+
 std::string layout_text(const parallel::Grid& g, const std::string& mode,
                         const parallel::ModeMemory& s) {
   return fmt::format("{}: {} rank{}, data {}{}, zero1 {}", mode, g.world_size,
@@ -223,6 +243,8 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   }
 
   s.ws.bf16 = in.bf16;
+  const bool chunked = c.model.checkpoint && mode == "dense";
+  const double chunk = chunked ? apply_chunks(s, c.model) : 0;
   const double acts = activation_bytes(s.ws);
   const double segments = static_cast<double>(c.data.micro_bsz);
   const double attn =
@@ -239,9 +261,16 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
                      : "activations (one block saved, model.checkpoint recomputes)")
           : (in.bf16 ? "activations saved for backward (every layer, in bf16)"
                      : "activations saved for backward (every layer)");
+  const std::string chunked_name =
+      fmt::format("activations (recomputed in chunks of {} tokens)", chunk);
+  const std::string attn_name =
+      chunked ? fmt::format("attention workspace (groups of {} tokens)",
+                            std::min(P, static_cast<double>(model::attention_group_tokens(c.model))))
+              : std::string("attention workspace (packed tiles)");
   p.step = {
-      {acts_name, acts, act_key},
-      {"attention workspace (packed tiles)", attn, "data.seq_len, data.micro_bsz"},
+      {chunked ? chunked_name : std::string(acts_name), acts,
+       chunked ? "data.seq_len, data.micro_bsz, model.chunk_tokens" : act_key},
+      {attn_name, attn, chunked ? "model.chunk_tokens" : "data.seq_len, data.micro_bsz"},
       {"head logits (chunked)", head, "model.vocab_size"},
       {"micro-batches", batches, "data.micro_num, data.seq_len, data.micro_bsz"},
   };
@@ -250,7 +279,7 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
     p.step.push_back({"bf16 weight copy (one a step)", copy_bytes, "model.*"});
   if (in.bf16)
     p.step.push_back({"bf16 GEMM operands (rounded activations)",
-                      bf16_operand_bytes(s),
+                      chunked_bf16_operand_bytes(s),
                       "data.seq_len, data.micro_bsz"});
   if (s.layout_scratch > 0)
     p.step.push_back({"layout buffers (gathers, all-to-all)", s.layout_scratch * kFloat,
@@ -305,9 +334,11 @@ MemoryPlan plan_forward_memory(const model::ModelConfig& model, int64_t seq_len,
       step_terms(parallel::find_mode("dense"), model, grid, full, full,
                  static_cast<double>(micro_bsz) * static_cast<double>(seq_len), false);
   s.ws.per_layer = false;  // forward only: one shared set of block state
+  s.ws.train = false;
+  if (model.checkpoint) apply_chunks(s, model);
   const double P = static_cast<double>(seq_len) * static_cast<double>(micro_bsz);
   const double d = static_cast<double>(model.head_dim());
-  const double blocks = std::ceil(P / 64) + static_cast<double>(micro_bsz);
+  const double blocks = std::ceil(s.attn_tokens / 64) + static_cast<double>(micro_bsz);
   MemoryPlan p;
   p.layout = "one process, forward only";
   p.params_full = p.params_local = full.numel();

@@ -150,6 +150,141 @@ TEST(ModelGrad, CheckpointGivesIdenticalGradientsInBf16) {
   EXPECT_GT(norm, 0);
 }
 
+// The chunked recomputation (model.checkpoint with model.chunk_tokens): chunks of 5 tokens put
+// chunk boundaries inside documents (the 7-token document spans two), and the attention runs in
+// groups of 20 queries (whole documents), so the row's last segments are a second kernel call.
+TEST(ModelGrad, FiniteDifferencesThroughChunks) {
+  ModelConfig c = testing::tiny_config();
+  c.chunk_tokens = 5;
+  check_gradients(c, true);
+}
+
+// Chunks of 2 tokens (attention groups of 8: the 7-token document is a group of its own), a
+// sliding window of 3 in layer 1 and head_dim 6, biases and one kv head.
+TEST(ModelGrad, FiniteDifferencesThroughChunksWithWindowAndBiases) {
+  ModelConfig c = testing::tiny_config();
+  c.chunk_tokens = 2;
+  c.sliding_window = 3;
+  c.first_window_layer = 1;
+  c.explicit_head_dim = 6;
+  c.qkv_bias = c.o_bias = c.mlp_bias = true;
+  c.num_kv_attention_heads = 1;
+  check_gradients(c, true);
+}
+
+/// Largest |a − b| over the largest |b| (0 when b is all zero).
+template <typename T>
+double relative_max_error(const T* a, const T* b, int64_t n) {
+  double err = 0, scale = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    err = std::max(err, std::abs(double(a[i]) - double(b[i])));
+    scale = std::max(scale, std::abs(double(b[i])));
+  }
+  return scale > 0 ? err / scale : err;
+}
+
+// Every chunk size gives each token the loss of unchunked execution (recomputation off, the
+// whole row per call) and the same gradients up to the order in which chunks add them up.
+TEST(ModelGrad, ChunksGiveUnchunkedValues) {
+  ModelConfig c = testing::tiny_config();
+  c.sliding_window = 4;
+  const ParamTable layout(c);
+  Params<double> params(layout), plain(layout);
+  randomize(params, 9);
+  const data::MicroBatch batch = tiny_row(c.vocab_size);
+  InternLM2<double> reference(layout, params);
+  const LossSum a = reference.forward_backward(batch, plain, 0.5);
+  std::vector<double> want;
+  reference.forward_loss(batch, &want);
+  for (int64_t chunk : {1, 3, 5, 7, 23, 24, 4096}) {
+    ModelConfig cc = c;
+    cc.checkpoint = true;
+    cc.chunk_tokens = chunk;
+    const ParamTable chunked_layout(cc);
+    Params<double> grads(chunked_layout);
+    InternLM2<double> model(chunked_layout, params);
+    ASSERT_TRUE(model.chunked());
+    const LossSum b = model.forward_backward(batch, grads, 0.5);
+    EXPECT_NEAR(a.sum, b.sum, 1e-13 * std::abs(a.sum)) << "chunk " << chunk;
+    EXPECT_EQ(a.count, b.count);
+    std::vector<double> got;
+    model.forward_loss(batch, &got);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-13 * std::max(1.0, std::abs(want[i])))
+          << "chunk " << chunk << " token " << i;
+    EXPECT_LT(relative_max_error(grads.data(), plain.data(), layout.numel()), 1e-12)
+        << "chunk " << chunk;
+  }
+}
+
+// Under bf16 the chunked recomputation keeps the block inputs in bf16, as the forward reads them:
+// every chunk size gives the gradients and token losses of the unchunked bf16 path (no
+// recomputation) within float rounding of the sums' order.
+TEST(ModelGrad, ChunksGiveUnchunkedValuesInBf16) {
+  if (!ops::cpu_has_avx512_bf16() || !ops::gemm_backend().native_bf16)
+    GTEST_SKIP() << "this CPU has no native bf16";
+  ModelConfig c = testing::tiny_config();
+  const ParamTable layout(c);
+  Params<double> wide(layout);
+  randomize(wide, 5);
+  Params<float> params(layout), plain(layout);
+  for (int64_t i = 0; i < layout.numel(); ++i) params.data()[i] = float(wide.data()[i]);
+  const data::MicroBatch batch = tiny_row(c.vocab_size);
+  const ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
+  InternLM2<float> reference(layout, params);
+  const LossSum a = reference.forward_backward(batch, plain, 1.0);
+  std::vector<double> want;
+  reference.forward_loss(batch, &want);
+  for (int64_t chunk : {2, 5, 4096}) {
+    ModelConfig cc = c;
+    cc.checkpoint = true;
+    cc.chunk_tokens = chunk;
+    const ParamTable chunked_layout(cc);
+    Params<float> grads(chunked_layout);
+    InternLM2<float> model(chunked_layout, params);
+    const LossSum b = model.forward_backward(batch, grads, 1.0);
+    EXPECT_NEAR(a.sum, b.sum, 1e-5 * std::abs(a.sum)) << "chunk " << chunk;
+    std::vector<double> got;
+    model.forward_loss(batch, &got);
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-5 * std::max(1.0, std::abs(want[i])))
+          << "chunk " << chunk << " token " << i;
+    EXPECT_LT(relative_max_error(grads.data(), plain.data(), layout.numel()), 1e-5)
+        << "chunk " << chunk;
+  }
+}
+
+// A forward-only call after training reuses the training buffers, and one before it allocates
+// no more than training does (validation never needs more memory than the step).
+TEST(ModelGrad, ChunkedForwardNeedsNoMoreThanTraining) {
+  ModelConfig c = testing::tiny_config();
+  c.checkpoint = true;
+  c.chunk_tokens = 5;
+  const ParamTable layout(c);
+  Params<double> params(layout), grads(layout);
+  randomize(params, 3);
+  const data::MicroBatch batch = tiny_row(c.vocab_size);
+  InternLM2<double> model(layout, params);
+  model.forward_loss(batch);
+  const int64_t forward = model.workspace_bytes();
+  model.forward_backward(batch, grads, 1.0);
+  const int64_t train = model.workspace_bytes();
+  EXPECT_GT(forward, 0);
+  EXPECT_LT(forward, train);
+  model.forward_loss(batch);
+  EXPECT_EQ(model.workspace_bytes(), train);
+  // The memory plan's count (workspace_elements with a chunk) is what the model allocates.
+  const double N = static_cast<double>(batch.input_ids.size());
+  WorkspaceShape shape{double(c.num_layers), N, N, double(c.hidden_size), double(c.qkv_size()),
+                       double(c.ffn_size()), double(c.attention_size()), N * double(c.qkv_size()),
+                       N * double(c.num_attention_heads)};
+  shape.chunk = 5;
+  EXPECT_EQ(workspace_elements(shape) * sizeof(double), double(train));
+  shape.train = false;
+  EXPECT_EQ(workspace_elements(shape) * sizeof(double), double(forward));
+}
+
 TEST(ModelGrad, GradientsAccumulate) {
   const ModelConfig c = testing::tiny_config();
   const ParamTable layout(c);

@@ -23,5 +23,20 @@ TEST(RecomputeNp2, Isp) {
   check_parity(recompute("isp2 W=2", l));
 }
 
+// The chunked recomputation with chunks of 3 tokens (boundaries inside the rows' documents) and
+// attention groups of 12 queries, against one process chunked alike: data parallel (whose ranks
+// chunk too) and ISP (whose ops recompute each block whole).
+ParityCase small_chunks(const std::string& name, parallel::Layout l) {
+  ParityCase c = recompute(name + " chunks 3", l);
+  c.model.chunk_tokens = 3;
+  return c;
+}
+TEST(RecomputeNp2, SmallChunksDp2) { check_parity(small_chunks("dp2", layout(1, TensorMode::kMtp))); }
+TEST(RecomputeNp2, SmallChunksIsp) {
+  parallel::Layout l = layout(2, TensorMode::kIsp);
+  l.weight_size = 2;
+  check_parity(small_chunks("isp2 W=2", l));
+}
+
 }  // namespace
 }  // namespace longtron::testing

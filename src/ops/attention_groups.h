@@ -1,0 +1,31 @@
+// Varlen attention over groups of whole segments, so that the kernels' packed copies (forward:
+// K and V tiles; backward: q, dO, dq, lse, D) are sized by a group instead of the whole row.
+#pragma once
+#include <cstdint>
+
+#include "ops/ops.h"
+
+namespace longtron::ops {
+
+/// varlen_attention_forward over consecutive groups of whole segments of at most `group_tokens`
+/// queries (a segment longer than that is a group of its own), one kernel call per group: each
+/// query's out and lse are the values one call over the whole shape gives (segments never see
+/// each other, and a query block's computation does not depend on the other blocks of the call),
+/// while the kernel's packed arenas hold one group. Shapes with cu_seqlens_k or key_offsets
+/// (context parallelism) and group_tokens <= 0 run as one call. Same layouts as
+/// varlen_attention_forward (lse [Hq, N], head-major over the whole shape).
+template <typename T>
+void varlen_attention_forward_groups(T* out, T* lse, const T* q, const T* k, const T* v,
+                                     const AttentionShape& s, int64_t group_tokens);
+
+/// varlen_attention_backward over the groups of varlen_attention_forward_groups; each gradient
+/// equals the one call's (dq, dk, dv of a group are written only by its call). dq, dk, dv may
+/// ALIAS q, k, v (the same buffer, e.g. one packed qkv buffer that becomes dqkv): both kernels
+/// read a query row only while packing, before any dq is written, and a key row only in the one
+/// work item that writes its dk, dv.
+template <typename T>
+void varlen_attention_backward_groups(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
+                                      const T* v, const T* out, const T* lse,
+                                      const AttentionShape& s, int64_t group_tokens);
+
+}  // namespace longtron::ops

@@ -1,0 +1,71 @@
+// Varlen attention over groups of whole documents (ops/attention_groups.h): each group's call
+// gives every query and key the values of one call over the row, also with dq, dk, dv written in
+// place over q, k, v (one packed qkv buffer, as the model's chunked recomputation passes it).
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "ops/attention_groups.h"
+#include "ops/ops.h"
+
+namespace longtron::ops {
+namespace {
+
+struct Row {
+  std::vector<int32_t> cu;
+  std::vector<double> qkv, dout;
+  int64_t N = 0, Hq = 4, Hkv = 2, d = 8;
+  int64_t Q() const { return (Hq + 2 * Hkv) * d; }
+  AttentionShape shape(int64_t window) const {
+    AttentionShape s{N, Hq, Hkv, d, Q(), Q(), cu.data(), static_cast<int64_t>(cu.size()) - 1,
+                     0.3};
+    s.window = window;
+    return s;
+  }
+};
+
+/// Documents of 70, 1, 130, 5, 0 (empty) and 64 tokens: longer and shorter than a 64-query block.
+Row make_row() {
+  Row r;
+  r.cu = {0};
+  for (int len : {70, 1, 130, 5, 0, 64}) r.cu.push_back(r.cu.back() + len);
+  r.N = r.cu.back();
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  r.qkv.resize(static_cast<size_t>(r.N * r.Q()));
+  r.dout.resize(static_cast<size_t>(r.N * r.Hq * r.d));
+  for (double& x : r.qkv) x = normal(rng);
+  for (double& x : r.dout) x = normal(rng);
+  return r;
+}
+
+TEST(AttentionGroups, EveryGroupingGivesTheOneCallValues) {
+  const Row r = make_row();
+  const int64_t qo = 0, ko = r.Hq * r.d, vo = (r.Hq + r.Hkv) * r.d;
+  for (int64_t window : {0, 17}) {
+    const AttentionShape s = r.shape(window);
+    std::vector<double> out(r.dout.size()), lse(static_cast<size_t>(r.Hq * r.N));
+    std::vector<double> dqkv(r.qkv.size());
+    const double* x = r.qkv.data();
+    varlen_attention_forward(out.data(), lse.data(), x + qo, x + ko, x + vo, s);
+    varlen_attention_backward(dqkv.data() + qo, dqkv.data() + ko, dqkv.data() + vo,
+                              r.dout.data(), x + qo, x + ko, x + vo, out.data(), lse.data(), s);
+    for (int64_t group : {1, 64, 71, 100, 200, 0}) {
+      std::vector<double> out_g(out.size()), lse_g(lse.size());
+      varlen_attention_forward_groups(out_g.data(), lse_g.data(), x + qo, x + ko, x + vo, s,
+                                      group);
+      EXPECT_EQ(out_g, out) << "group " << group << " window " << window;
+      EXPECT_EQ(lse_g, lse) << "group " << group << " window " << window;
+      // In place: the packed qkv buffer becomes dqkv.
+      std::vector<double> inplace = r.qkv;
+      double* y = inplace.data();
+      varlen_attention_backward_groups(y + qo, y + ko, y + vo, r.dout.data(), y + qo, y + ko,
+                                       y + vo, out.data(), lse.data(), s, group);
+      EXPECT_EQ(inplace, dqkv) << "group " << group << " window " << window;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace longtron::ops
