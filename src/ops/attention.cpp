@@ -29,7 +29,8 @@ using detail::kAttnBlock;
 template <typename T>
 struct ForwardScratch {
   detail::ScratchTile<T> q, s, o, m, l;
-  ForwardScratch(int64_t rows, int64_t d) {
+  std::vector<detail::RowGroup> groups;  // ≤ 4 per query head (64 keys = 4 × 16)
+  ForwardScratch(int64_t rows, int64_t d) : groups(4 * (rows / kAttnBlock)) {
     const auto t = detail::scratch_tiles<T, 5>(
                                                {rows * d, rows * kAttnBlock, rows * d, rows, rows});
     q = t[0], s = t[1], o = t[2], m = t[3], l = t[4];
@@ -65,32 +66,46 @@ void forward_item(T* out, T* lse, const T* q, const T* kt_all, const T* v_all,
   const int64_t r0 = it.block * kAttnBlock, q0 = g.q_begin + r0;
   const int64_t bi = std::min(kAttnBlock, g.q_len - r0), M = G * bi;
   const T scale = static_cast<T>(s.scale);
+  std::vector<detail::RowGroup>& groups = w.groups;
   // Pack the query tile: row h·bi + r holds query head g·G + h at token q0 + r.
   for (int64_t h = 0; h < G; ++h)
     for (int64_t r = 0; r < bi; ++r)
       std::memcpy(&w.q[(h * bi + r) * d], q + (q0 + r) * s.q_stride + (it.kv_head * G + h) * d,
                   sizeof(T) * d);
-  std::fill(w.o.begin(), w.o.begin() + M * d, T(0));
+  // The first key block writes O (no zero fill); an item without one leaves zeros.
+  if (it.first == it.last) std::fill(w.o.begin(), w.o.begin() + M * d, T(0));
   std::fill(w.m.begin(), w.m.end(), -std::numeric_limits<T>::infinity());
   std::fill(w.l.begin(), w.l.end(), T(0));
   for (int64_t j = it.first; j < it.last; ++j) {
     const int64_t c0 = j * kAttnBlock, bj = std::min(kAttnBlock, g.k_len - c0);
     const int64_t index = (g.k_block0 + j) * s.num_kv_heads + it.kv_head;
     const T* kt = kt_all + index * d * kAttnBlock;
+    const T* vt = v_all + index * d * kAttnBlock;
+    const bool first = j == it.first;
+    // Where a row does not see every key of the block (the causal edge), its PV product stops
+    // at the last 16 keys it sees: rows in groups (detail::edge_row_groups), the same values. (The
+    // S product stays whole: stopping it too needs narrower register blocks, which ran slower.)
+    const bool full = p.key_hi(g, r0) >= c0 + bj;
+    const int64_t n_groups =
+        full ? 1 : detail::edge_row_groups(groups.data(), p, g, r0, bi, G, c0, bj);
+    if (full) groups[0] = {0, M, (bj + 15) / 16};
     detail::tile_gemm<T>(M, bj, d, w.q.data(), d, 1, kt, bj, w.s.data(), bj, false);
     for (int64_t row = 0; row < M; ++row) {
       const int64_t r = r0 + row % bi;
       const int64_t lo = std::clamp<int64_t>(p.key_lo(g, r) - c0, 0, bj);
       const int64_t hi = std::clamp<int64_t>(p.key_hi(g, r) - c0, 0, bj);
       const T alpha = detail::softmax_row_update(&w.s[row * bj], bj, lo, hi, scale, w.m[row], w.l[row]);
-      if (alpha != T(1)) {
+      if (alpha != T(1) && !first) {
         T* orow = &w.o[row * d];
 #pragma omp simd
         for (int64_t x = 0; x < d; ++x) orow[x] *= alpha;
       }
     }
-    detail::tile_gemm<T>(M, d, bj, w.s.data(), bj, 1, v_all + index * d * kAttnBlock, d,
-                         w.o.data(), d, true);
+    for (int64_t k = 0; k < n_groups; ++k) {
+      const detail::RowGroup& rg = groups[k];
+      detail::tile_gemm<T>(rg.i1 - rg.i0, d, std::min(16 * rg.nv, bj), &w.s[rg.i0 * bj], bj, 1,
+                           vt, d, &w.o[rg.i0 * d], d, !first);
+    }
   }
   for (int64_t h = 0; h < G; ++h) {
     const int64_t head = it.kv_head * G + h;

@@ -21,6 +21,7 @@
 
 #include "ops/attention_dq_order.h"
 #include "ops/attention_plan.h"
+#include "ops/attention_rows.h"
 #include "ops/attention_rows_bf16.h"
 #include "ops/attention_transpose.h"
 #include "ops/bf16_tile_blocks.h"
@@ -152,37 +153,6 @@ struct RescaleAdd {
   }
 };
 
-// Rows of a diagonal tile in groups that see the same number of 16-key vectors: rows [i0, i1)
-// of the stacked tile (one head's rows) need keys [0, 16·nv) of the block only.
-struct RowGroup {
-  int64_t i0, i1, nv;
-};
-
-// The groups of a tile of the forward whose rows do not all see every key (the causal edge): per
-// head, consecutive queries whose last visible key falls in the same 16-key vector. Their products
-// stop at that vector (the forward's S and PV both), which leaves out ~5% of the products on rows
-// of documents of a few hundred tokens (the diagonal tiles' masked half, but for the last vector).
-int64_t edge_groups(RowGroup* groups, const AttnPlan& p, const AttnSegment& g, int64_t r0,
-                    int64_t bi, int64_t G, int64_t c0, int64_t bj) {
-  const auto vectors = [&](int64_t r) {
-    const int64_t e = std::clamp<int64_t>(p.key_hi(g, r0 + r) - c0, 0, bj);
-    return std::max<int64_t>(1, (e + 15) / 16);
-  };
-  int64_t n = 0;
-  for (int64_t rr = 0; rr < bi;) {
-    const int64_t nv = vectors(rr);
-    int64_t end = rr + 1;
-    while (end < bi && vectors(end) == nv) ++end;
-    groups[n++] = {rr, end, nv};
-    rr = end;
-  }
-  // Replicate per head: row h·bi + r.
-  const int64_t per_head = n;
-  for (int64_t h = 1; h < G; ++h)
-    for (int64_t k = 0; k < per_head; ++k)
-      groups[h * per_head + k] = {groups[k].i0 + h * bi, groups[k].i1 + h * bi, groups[k].nv};
-  return per_head * G;
-}
 
 // Kᵀ words and V pairs of rows of every (key block, kv head), once per call.
 void pack_forward_keys(uint32_t* kw_all, uint32_t* vp_all, const float* k, const float* v,
@@ -236,12 +206,11 @@ void forward_item(float* out, float* lse, const float* q, const uint32_t* kw_all
       bf16_gemm_to(M, d, bjp / 2, w.p.data(), B, vp, m.d16, rescale, m.G * B, w.s.data(), m.d16);
       continue;
     }
-    // The causal edge: each group of rows stops at the last 16-key vector it sees. The same
-    // values as the whole tile's products (the keys left out hold P = 0), fewer products.
-    const int64_t n_groups = edge_groups(groups, p, g, r0, bi, G, c0, bj);
-    for (int64_t k = 0; k < n_groups; ++k)
-      bf16_row_range_to(groups[k].i0, groups[k].i1, std::min(16 * groups[k].nv, bj), m.d2,
-                        w.q.data(), m.dp, kw, B, softmax);
+    // The causal edge: each group of rows stops its PV product at the last 16-key vector it
+    // sees. The same values as the whole tile's product (the keys left out hold P = 0), fewer
+    // products. (Stopping the S product too needs narrower register blocks, which ran slower.)
+    const int64_t n_groups = edge_row_groups(groups, p, g, r0, bi, G, c0, bj);
+    bf16_gemm_to(M, bj, m.d2, w.q.data(), m.dp, kw, B, softmax, m.G * B, w.s.data(), B);
     finish_online_softmax(M, w.m.data(), w.alpha.data(), w.sum.data(), w.l.data());
     for (int64_t k = 0; k < n_groups; ++k)
       bf16_row_range_to(groups[k].i0, groups[k].i1, d, std::min(16 * groups[k].nv, bjp) / 2,
