@@ -187,7 +187,6 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const 
     }
   }
   const detail::AttnPlan p = detail::plan_attention(s, true, kKeyBlock);
-  const int64_t n_items = static_cast<int64_t>(p.items.size());
   const int64_t n_queries = static_cast<int64_t>(p.q_side.size());
   const int64_t tile_rows = (s.num_heads / s.num_kv_heads) * kAttnBlock;
   const int64_t rows = p.q_blocks * s.num_kv_heads * tile_rows;  // ≤ (N + 64·segments)·Hq
@@ -203,14 +202,15 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const 
                       buffer + 3 * values, buffer + 3 * values + rows,
                       written};
   detail::DqOrder order(p, s.num_kv_heads);
-  detail::ItemCounter items;  // in order, largest first (a dynamic schedule that DqOrder needs)
+  detail::ChainClaim items(p);  // chains in block order (what DqOrder needs), largest first
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n_queries; ++i)
       move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], Move::kPack);
     BackwardScratch<T> scratch(tile_rows, s.head_dim);
-    for (int64_t i = items.claim(); i < n_items; i = items.claim())
+    int64_t chain = -1;
+    for (int64_t i = items.claim(chain); i >= 0; i = items.claim(chain))
       backward_item(dk, dv, k, v, pq, order, s, p, p.items[i], scratch);
 #pragma omp barrier
 #pragma omp for schedule(static)

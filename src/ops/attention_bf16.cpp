@@ -501,8 +501,7 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
                    workspace<uint8_t>(Arena::kDqWritten, static_cast<size_t>(tiles))};
   std::fill_n(pq.dq_written, tiles, uint8_t(0));
   DqOrder order(p, s.num_kv_heads);
-  ItemCounter items;  // in order, largest first (a dynamic schedule that DqOrder needs)
-  const int64_t n_items = static_cast<int64_t>(p.items.size());
+  ChainClaim items(p);  // chains in block order (what DqOrder needs), largest first
   const int64_t n_queries = static_cast<int64_t>(p.q_side.size());
 #pragma omp parallel
   {
@@ -510,7 +509,8 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
     for (int64_t i = 0; i < n_queries; ++i)
       move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], m, Move::kPack);
     BackwardScratch scratch(tile_rows, m);
-    for (int64_t i = items.claim(); i < n_items; i = items.claim())
+    int64_t chain = -1;
+    for (int64_t i = items.claim(chain); i >= 0; i = items.claim(chain))
       backward_item(dk, dv, k, v, pq, order, s, p, p.items[i], m, scratch);
 #pragma omp barrier
 #pragma omp for schedule(static)
