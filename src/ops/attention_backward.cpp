@@ -18,6 +18,7 @@
 #include "ops/attention_add_dq.h"
 #include "ops/attention_bf16.h"
 #include "ops/attention_dq_order.h"
+#include "ops/attention_f32_blocks.h"
 #include "ops/attention_plan.h"
 #include "ops/attention_rows.h"
 #include "ops/attention_transpose.h"
@@ -158,9 +159,23 @@ void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
     const T* dot = &pq.dout[base * d];
     T* sk = w.s.data() + klo;    // columns klo.. of P (rows of stride bj)
     T* dsk = w.dp.data() + klo;  // and of dS
-    detail::tile_gemm<T>(M, nb, d, qt, d, 1, w.kt.data() + klo, bj, sk, bj, false);
-    detail::tile_gemm<T>(M, nb, d, dot, d, 1, w.vt.data() + klo, bj, dsk, bj, false);
-    probabilities_and_dscores(w, &pq.lse[base], &pq.delta[base], p, sg, M, bi, bj, r0, c0, scale);
+    bool fused = false;
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>) {
+      // dP stored, then S on register blocks straight into P and dS (attention_f32_blocks.h).
+      detail::tile_gemm<T>(M, nb, d, dot, d, 1, w.vt.data() + klo, bj, dsk, bj, false);
+      detail::F32Dscores dscores{&p, &sg, r0, bi, c0, klo, nb, bj, scale, &pq.lse[base],
+                                 &pq.delta[base], sk, dsk};
+      detail::f32_row_range_to(0, M, nb, d, qt, d, w.kt.data() + klo, bj, dscores);
+      fused = true;
+    }
+#endif
+    if (!fused) {
+      detail::tile_gemm<T>(M, nb, d, qt, d, 1, w.kt.data() + klo, bj, sk, bj, false);
+      detail::tile_gemm<T>(M, nb, d, dot, d, 1, w.vt.data() + klo, bj, dsk, bj, false);
+      probabilities_and_dscores(w, &pq.lse[base], &pq.delta[base], p, sg, M, bi, bj, r0, c0,
+                                scale);
+    }
     // dV += Pᵀ dO and dK += dSᵀ Q (the transposes are strides of A, nothing is copied).
     detail::tile_gemm<T>(nb, d, M, sk, 1, bj, dot, d, w.dv.data() + klo * d, d, true);
     detail::tile_gemm<T>(nb, d, M, dsk, 1, bj, qt, d, w.dk.data() + klo * d, d, true);

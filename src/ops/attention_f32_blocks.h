@@ -228,6 +228,45 @@ struct F32RescaleAdd {
   }
 };
 
+/// The backward's P and dS (FlashAttention-2, Algorithm 2) on the register blocks of S = QKᵀ for
+/// keys [k0, k0 + nb) of a key block (k0 relative to the block's first key c0): per row, P =
+/// exp(scale·S − lse) (as 2^(scale2·S − lse2), lse2 = lse · log2 e) into p and dS = P ∘ (dP − D) ·
+/// scale into ds (dP read from the same place), both rows of stride ld whose columns [0, nb)
+/// correspond to the keys, 0 where the row does not see the key. Row h·bi + r is query r0 + r.
+struct F32Dscores {
+  const AttnPlan* plan;
+  const AttnSegment* g;
+  int64_t r0, bi, c0, k0, nb, ld;
+  float scale;
+  const float *lse, *delta;
+  float *p, *ds;  // ds holds dP on entry
+  template <int R, int NV>
+  void block(int64_t i, int64_t j, const __m512 (&acc)[R][NV]) {
+    const __m512 vscale = _mm512_set1_ps(scale), vscale2 = _mm512_set1_ps(scale * kF32Log2e);
+    int64_t r = i % bi;
+#pragma GCC unroll 6
+    for (int k = 0; k < R; ++k) {
+      const int64_t row = i + k, first = c0 + k0 + j;  // key of lane 0 (segment position)
+      const KeyLanes vis(std::clamp<int64_t>(plan->key_lo(*g, r0 + r) - first, 0, 64),
+                         std::clamp<int64_t>(plan->key_hi(*g, r0 + r) - first, 0, 64));
+      const KeyLanes cols(0, nb - j);
+      const __m512 lse2 = _mm512_set1_ps(lse[row] * kF32Log2e), d = _mm512_set1_ps(delta[row]);
+      float* prow = p + row * ld + j;
+      float* dsrow = ds + row * ld + j;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        const __m512 dp = _mm512_maskz_loadu_ps(cols.v[v], dsrow + 16 * v);
+        const __m512 pv = _mm512_maskz_mov_ps(
+            vis.v[v], exp2_f32(_mm512_fmsub_ps(acc[k][v], vscale2, lse2)));
+        const __m512 dsv = _mm512_mul_ps(_mm512_mul_ps(pv, _mm512_sub_ps(dp, d)), vscale);
+        _mm512_mask_storeu_ps(prow + 16 * v, cols.v[v], pv);
+        _mm512_mask_storeu_ps(dsrow + 16 * v, cols.v[v], dsv);
+      }
+      if (++r == bi) r = 0;
+    }
+  }
+};
+
 }  // namespace longtron::ops::detail
 
 #pragma GCC diagnostic pop
