@@ -256,7 +256,7 @@ struct Dscores {
   bf16_t* ds;
   uint32_t *p_pairs, *ds_pairs;
   ScoreRow row(int64_t rr, int64_t r, int64_t j) const {
-    return ScoreRow{dp + rr * KB + j, vis[j / B].row(r0 + r), lse2[rr], delta[rr]};
+    return ScoreRow{dp + rr * KB + j, vis[j / B].row(r0 + r), lse2[rr], delta[rr], scale};
   }
   template <int R, int NV>
   LONGTRON_BF16_TARGET void block(int64_t i, int64_t j, const __m512 (&acc)[R][NV]) {
