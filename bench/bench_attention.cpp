@@ -8,7 +8,7 @@
 // The dense baseline is credited with the same useful FLOPs (the masked half and the
 // cross-document blocks are wasted work), so its GFLOP/s is comparable.
 //
-// Also: backward alone against forward alone (target: backward rate >= 0.8 × forward), the bf16
+// Also: fwd+bwd on one 16384-token document (the long-row case, fp32 and bf16); backward alone against forward alone (target: backward rate >= 0.8 × forward), the bf16
 // kernel where the CPU has AVX512-BF16 against the bf16 GEMM rate (oneDNN bf16 × bf16 → fp32 on
 // operands already in bf16) measured in the same run, and a sliding window on one long document.
 //
@@ -121,13 +121,17 @@ struct AttentionData {
   std::vector<int32_t> cu;
   std::vector<float> qkv, dqkv, out, lse, dout;
   ops::AttentionShape shape;
-  explicit AttentionData(int64_t head_dim)
-      : d(head_dim), cu(exponential_cu_seqlens(2024)),
-        qkv(random_floats(kTokens * (kHeads + 2 * kKvHeads) * head_dim, 3)),
-        dqkv(qkv.size()), out(kTokens * kHeads * head_dim), lse(kHeads * kTokens),
-        dout(random_floats(kTokens * kHeads * head_dim, 4)) {
+  // The 8192-token row of exponential documents, or (one_document > 0) one document of that many
+  // tokens.
+  explicit AttentionData(int64_t head_dim, int64_t one_document = 0)
+      : d(head_dim),
+        cu(one_document > 0 ? std::vector<int32_t>{0, static_cast<int32_t>(one_document)}
+                            : exponential_cu_seqlens(2024)),
+        qkv(random_floats(cu.back() * (kHeads + 2 * kKvHeads) * head_dim, 3)),
+        dqkv(qkv.size()), out(cu.back() * kHeads * head_dim), lse(kHeads * cu.back()),
+        dout(random_floats(cu.back() * kHeads * head_dim, 4)) {
     const int64_t width = (kHeads + 2 * kKvHeads) * d;
-    shape = {kTokens, kHeads, kKvHeads, d, width, width, cu.data(),
+    shape = {cu.back(), kHeads, kKvHeads, d, width, width, cu.data(),
              static_cast<int64_t>(cu.size()) - 1, 1.0 / std::sqrt(double(d))};
   }
   const float* q() const { return qkv.data(); }
@@ -210,6 +214,22 @@ void BM_VarlenAttentionWindow(benchmark::State& state) {
   });
 }
 
+// One 16384-token document (the long-row case): fwd+bwd in fp32 (state.range(0) = 0) or bf16 (1)
+// at head_dim state.range(1), credited with the same useful FLOPs as the varlen row (3 × forward).
+constexpr int64_t kLongDocument = 16384;
+void BM_OneDocumentForwardBackward(benchmark::State& state) {
+  const bool bf16 = state.range(0) != 0;
+  if (bf16 && !ops::attention_bf16_native())
+    return state.SkipWithError("no AVX512-BF16 on this CPU");
+  ops::ComputeTypeScope scope(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
+  AttentionData a(state.range(1), kLongDocument);
+  timed(state, std::string(bf16 ? "bf16" : "") + "doc" + std::to_string(a.d), 3 * a.forward_flops(),
+        [&] {
+          a.forward();
+          a.backward();
+        });
+}
+
 // Dense baseline: per query head, S = QKᵀ over the whole row [P, P] (sgemm), causal mask (not the
 // document mask: the baseline is what a kernel without varlen support would compute), softmax,
 // O = PV; backward dP = dO Vᵀ, dV = Pᵀ dO, dS = P ∘ (dP − D), dQ = dS K, dK = dSᵀ Q.
@@ -274,6 +294,7 @@ BENCHMARK(BM_GemmBf16)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_VarlenAttentionBf16Forward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_VarlenAttentionBf16Backward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_VarlenAttentionBf16ForwardBackward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_OneDocumentForwardBackward)->ArgsProduct({{0, 1}, {64, 128}})->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 BENCHMARK(BM_VarlenAttentionWindow)->Arg(0)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
 BENCHMARK(BM_DenseCausalAttentionForwardBackward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
@@ -293,6 +314,9 @@ class SummaryReporter : public benchmark::ConsoleReporter {
                               : f == "BM_VarlenAttentionBf16Forward"     ? "bf16fwd" + arg
                               : f == "BM_VarlenAttentionBf16Backward"    ? "bf16bwd" + arg
                               : f == "BM_VarlenAttentionWindow"          ? "window" + arg
+                              : f == "BM_OneDocumentForwardBackward"
+                                  ? (arg == "0" ? "doc" : "bf16doc") +
+                                        r.run_name.args.substr(r.run_name.args.find('/') + 1)
                               : f == "BM_VarlenAttentionForwardBackward" ? "fwdbwd" + arg
                                                                          : "dense" + arg;
       ms[key] = r.GetAdjustedRealTime();
@@ -354,6 +378,22 @@ int main(int argc, char** argv) {
               ? g_cpu_gflops["bf16bwd" + ds] / g_cpu_gflops["bf16fwd" + ds]
               : 0.0);
     }
+  }
+  for (int d : {64, 128}) {
+    const std::string ds = std::to_string(d);
+    const double f = g_gflops["doc" + ds], h = g_gflops["bf16doc" + ds];
+    if (f > 0 && sgemm > 0)
+      std::printf("one %ld-token document, head_dim %3d: fwd+bwd %.1f GFLOP/s = %.2f x sgemm wall "
+                  "(%.2f per CPU-second)\n",
+                  long(kLongDocument), d, f, f / sgemm,
+                  sgemm_cpu > 0 ? g_cpu_gflops["doc" + ds] / sgemm_cpu : 0.0);
+    if (h > 0 && g_gflops["bf16gemm"] > 0)
+      std::printf("one %ld-token document, head_dim %3d: bf16 fwd+bwd %.1f GFLOP/s = %.2f x bf16 "
+                  "GEMM wall (%.2f per CPU-second)\n",
+                  long(kLongDocument), d, h, h / g_gflops["bf16gemm"],
+                  g_cpu_gflops["bf16gemm"] > 0
+                      ? g_cpu_gflops["bf16doc" + ds] / g_cpu_gflops["bf16gemm"]
+                      : 0.0);
   }
   const double none_ms = reporter.ms["window0"];
   for (int w : {256, 1024}) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ops/attention_bf16.h"
+#include "ops/attention_f32_blocks.h"
 #include "ops/attention_plan.h"
 #include "ops/attention_rows.h"
 #include "ops/fast_math.h"
@@ -28,11 +29,12 @@ using detail::kAttnBlock;
 // Per-thread tiles of one item, kept in the thread's workspace between calls.
 template <typename T>
 struct ForwardScratch {
-  detail::ScratchTile<T> q, s, o, m, l;
-  ForwardScratch(int64_t rows, int64_t d) {
-    const auto t = detail::scratch_tiles<T, 5>(
-                                               {rows * d, rows * kAttnBlock, rows * d, rows, rows});
-    q = t[0], s = t[1], o = t[2], m = t[3], l = t[4];
+  detail::ScratchTile<T> q, s, o, m, l, alpha, sum;
+  std::vector<detail::RowGroup> groups;  // ≤ 4 per query head (64 keys = 4 × 16)
+  ForwardScratch(int64_t rows, int64_t d) : groups(4 * (rows / kAttnBlock)) {
+    const auto t = detail::scratch_tiles<T, 7>(
+        {rows * d, rows * kAttnBlock, rows * d, rows, rows, rows, rows});
+    q = t[0], s = t[1], o = t[2], m = t[3], l = t[4], alpha = t[5], sum = t[6];
   }
 };
 
@@ -56,41 +58,117 @@ void pack_key_block(T* kt_all, T* v_all, const T* k, const T* v, const Attention
   for (int64_t c = 0; c < bj; ++c) std::memcpy(vt + c * d, vb + c * s.kv_stride, sizeof(T) * d);
 }
 
+#if defined(__AVX512F__)
+// forward_item for float with head_dim a multiple of 16 on AVX-512 register blocks
+// (attention_f32_blocks.h): S never stored, the softmax on the S blocks in registers, the
+// rescale of O folded into the PV product's store.
+void forward_item_f32(float* out, float* lse, const float* q, const float* kt_all,
+                      const float* v_all, const AttentionShape& s, const detail::AttnPlan& p,
+                      const detail::AttnItem& it, ForwardScratch<float>& w) {
+  const detail::AttnSegment& g = p.segments[it.seg];
+  const int64_t d = s.head_dim, G = s.num_heads / s.num_kv_heads, N = s.num_tokens;
+  const int64_t r0 = it.block * kAttnBlock, q0 = g.q_begin + r0;
+  const int64_t bi = std::min(kAttnBlock, g.q_len - r0), M = G * bi;
+  const float scale2 = static_cast<float>(s.scale) * detail::kF32Log2e;
+  std::vector<detail::RowGroup>& groups = w.groups;
+  for (int64_t h = 0; h < G; ++h)
+    for (int64_t r = 0; r < bi; ++r)
+      std::memcpy(&w.q[(h * bi + r) * d], q + (q0 + r) * s.q_stride + (it.kv_head * G + h) * d,
+                  sizeof(float) * d);
+  if (it.first == it.last) std::fill(w.o.begin(), w.o.begin() + M * d, 0.0f);
+  std::fill(w.m.begin(), w.m.end(), -std::numeric_limits<float>::infinity());
+  std::fill(w.l.begin(), w.l.end(), 0.0f);
+  detail::F32RescaleAdd rescale{w.o.data(), d, w.alpha.data(), true};
+  for (int64_t j = it.first; j < it.last; ++j) {
+    const int64_t c0 = j * kAttnBlock, bj = std::min(kAttnBlock, g.k_len - c0);
+    const int64_t index = (g.k_block0 + j) * s.num_kv_heads + it.kv_head;
+    const float* kt = kt_all + index * d * kAttnBlock;  // [d, bj]: rows readable to 64 columns
+    const float* vt = v_all + index * d * kAttnBlock;   // [bj, d]
+    detail::F32OnlineSoftmax softmax(p, g, r0, bi, c0, bj, scale2, w.m.data(), w.alpha.data(),
+                                     w.sum.data(), w.s.data());
+    detail::f32_row_range_to(0, M, bj, d, w.q.data(), d, kt, bj, softmax);
+    detail::finish_online_softmax_f32(M, w.m.data(), w.alpha.data(), w.sum.data(), w.l.data());
+    rescale.first = j == it.first;
+    // The causal edge: each row group's PV product stops at the last 16 keys it sees.
+    const bool full = p.key_hi(g, r0) >= c0 + bj;
+    const int64_t n_groups =
+        full ? 1 : detail::edge_row_groups(groups.data(), p, g, r0, bi, G, c0, bj);
+    if (full) groups[0] = {0, M, (bj + 15) / 16};
+    for (int64_t k = 0; k < n_groups; ++k)
+      detail::f32_row_range_to(groups[k].i0, groups[k].i1, d, std::min(16 * groups[k].nv, bj),
+                               w.s.data(), kAttnBlock, vt, d, rescale);
+  }
+  for (int64_t h = 0; h < G; ++h) {
+    const int64_t head = it.kv_head * G + h;
+    for (int64_t r = 0; r < bi; ++r) {
+      const int64_t row = h * bi + r;
+      const float inv = w.l[row] > 0.0f ? 1.0f / w.l[row] : 0.0f;
+      float* orow = out + (q0 + r) * s.num_heads * d + head * d;
+      for (int64_t x = 0; x < d; ++x) orow[x] = w.o[row * d + x] * inv;
+      lse[head * N + q0 + r] = w.l[row] > 0.0f ? w.m[row] * detail::kF32Ln2 + std::log(w.l[row])
+                                               : -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+#endif
+
 template <typename T>
 void forward_item(T* out, T* lse, const T* q, const T* kt_all, const T* v_all,
                   const AttentionShape& s, const detail::AttnPlan& p, const detail::AttnItem& it,
                   ForwardScratch<T>& w) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.head_dim % 16 == 0) {
+      forward_item_f32(out, lse, q, kt_all, v_all, s, p, it, w);
+      return;
+    }
+  }
+#endif
   const detail::AttnSegment& g = p.segments[it.seg];
   const int64_t d = s.head_dim, G = s.num_heads / s.num_kv_heads, N = s.num_tokens;
   const int64_t r0 = it.block * kAttnBlock, q0 = g.q_begin + r0;
   const int64_t bi = std::min(kAttnBlock, g.q_len - r0), M = G * bi;
   const T scale = static_cast<T>(s.scale);
+  std::vector<detail::RowGroup>& groups = w.groups;
   // Pack the query tile: row h·bi + r holds query head g·G + h at token q0 + r.
   for (int64_t h = 0; h < G; ++h)
     for (int64_t r = 0; r < bi; ++r)
       std::memcpy(&w.q[(h * bi + r) * d], q + (q0 + r) * s.q_stride + (it.kv_head * G + h) * d,
                   sizeof(T) * d);
-  std::fill(w.o.begin(), w.o.begin() + M * d, T(0));
+  // The first key block writes O (no zero fill); an item without one leaves zeros.
+  if (it.first == it.last) std::fill(w.o.begin(), w.o.begin() + M * d, T(0));
   std::fill(w.m.begin(), w.m.end(), -std::numeric_limits<T>::infinity());
   std::fill(w.l.begin(), w.l.end(), T(0));
   for (int64_t j = it.first; j < it.last; ++j) {
     const int64_t c0 = j * kAttnBlock, bj = std::min(kAttnBlock, g.k_len - c0);
     const int64_t index = (g.k_block0 + j) * s.num_kv_heads + it.kv_head;
     const T* kt = kt_all + index * d * kAttnBlock;
+    const T* vt = v_all + index * d * kAttnBlock;
+    const bool first = j == it.first;
+    // Where a row does not see every key of the block (the causal edge), its PV product stops
+    // at the last 16 keys it sees: rows in groups (detail::edge_row_groups), the same values. (The
+    // S product stays whole: stopping it too needs narrower register blocks, which ran slower.)
+    const bool full = p.key_hi(g, r0) >= c0 + bj;
+    const int64_t n_groups =
+        full ? 1 : detail::edge_row_groups(groups.data(), p, g, r0, bi, G, c0, bj);
+    if (full) groups[0] = {0, M, (bj + 15) / 16};
     detail::tile_gemm<T>(M, bj, d, w.q.data(), d, 1, kt, bj, w.s.data(), bj, false);
     for (int64_t row = 0; row < M; ++row) {
       const int64_t r = r0 + row % bi;
       const int64_t lo = std::clamp<int64_t>(p.key_lo(g, r) - c0, 0, bj);
       const int64_t hi = std::clamp<int64_t>(p.key_hi(g, r) - c0, 0, bj);
       const T alpha = detail::softmax_row_update(&w.s[row * bj], bj, lo, hi, scale, w.m[row], w.l[row]);
-      if (alpha != T(1)) {
+      if (alpha != T(1) && !first) {
         T* orow = &w.o[row * d];
 #pragma omp simd
         for (int64_t x = 0; x < d; ++x) orow[x] *= alpha;
       }
     }
-    detail::tile_gemm<T>(M, d, bj, w.s.data(), bj, 1, v_all + index * d * kAttnBlock, d,
-                         w.o.data(), d, true);
+    for (int64_t k = 0; k < n_groups; ++k) {
+      const detail::RowGroup& rg = groups[k];
+      detail::tile_gemm<T>(rg.i1 - rg.i0, d, std::min(16 * rg.nv, bj), &w.s[rg.i0 * bj], bj, 1,
+                           vt, d, &w.o[rg.i0 * d], d, !first);
+    }
   }
   for (int64_t h = 0; h < G; ++h) {
     const int64_t head = it.kv_head * G + h;

@@ -18,6 +18,7 @@
 #include "ops/attention_add_dq.h"
 #include "ops/attention_bf16.h"
 #include "ops/attention_dq_order.h"
+#include "ops/attention_f32_blocks.h"
 #include "ops/attention_plan.h"
 #include "ops/attention_rows.h"
 #include "ops/attention_transpose.h"
@@ -158,9 +159,23 @@ void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
     const T* dot = &pq.dout[base * d];
     T* sk = w.s.data() + klo;    // columns klo.. of P (rows of stride bj)
     T* dsk = w.dp.data() + klo;  // and of dS
-    detail::tile_gemm<T>(M, nb, d, qt, d, 1, w.kt.data() + klo, bj, sk, bj, false);
-    detail::tile_gemm<T>(M, nb, d, dot, d, 1, w.vt.data() + klo, bj, dsk, bj, false);
-    probabilities_and_dscores(w, &pq.lse[base], &pq.delta[base], p, sg, M, bi, bj, r0, c0, scale);
+    bool fused = false;
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>) {
+      // dP stored, then S on register blocks straight into P and dS (attention_f32_blocks.h).
+      detail::tile_gemm<T>(M, nb, d, dot, d, 1, w.vt.data() + klo, bj, dsk, bj, false);
+      detail::F32Dscores dscores{&p, &sg, r0, bi, c0, klo, nb, bj, scale, &pq.lse[base],
+                                 &pq.delta[base], sk, dsk};
+      detail::f32_row_range_to(0, M, nb, d, qt, d, w.kt.data() + klo, bj, dscores);
+      fused = true;
+    }
+#endif
+    if (!fused) {
+      detail::tile_gemm<T>(M, nb, d, qt, d, 1, w.kt.data() + klo, bj, sk, bj, false);
+      detail::tile_gemm<T>(M, nb, d, dot, d, 1, w.vt.data() + klo, bj, dsk, bj, false);
+      probabilities_and_dscores(w, &pq.lse[base], &pq.delta[base], p, sg, M, bi, bj, r0, c0,
+                                scale);
+    }
     // dV += Pᵀ dO and dK += dSᵀ Q (the transposes are strides of A, nothing is copied).
     detail::tile_gemm<T>(nb, d, M, sk, 1, bj, dot, d, w.dv.data() + klo * d, d, true);
     detail::tile_gemm<T>(nb, d, M, dsk, 1, bj, qt, d, w.dk.data() + klo * d, d, true);
@@ -187,7 +202,6 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const 
     }
   }
   const detail::AttnPlan p = detail::plan_attention(s, true, kKeyBlock);
-  const int64_t n_items = static_cast<int64_t>(p.items.size());
   const int64_t n_queries = static_cast<int64_t>(p.q_side.size());
   const int64_t tile_rows = (s.num_heads / s.num_kv_heads) * kAttnBlock;
   const int64_t rows = p.q_blocks * s.num_kv_heads * tile_rows;  // ≤ (N + 64·segments)·Hq
@@ -203,14 +217,15 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const 
                       buffer + 3 * values, buffer + 3 * values + rows,
                       written};
   detail::DqOrder order(p, s.num_kv_heads);
-  detail::ItemCounter items;  // in order, largest first (a dynamic schedule that DqOrder needs)
+  detail::ChainClaim items(p);  // chains in block order (what DqOrder needs), largest first
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n_queries; ++i)
       move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], Move::kPack);
     BackwardScratch<T> scratch(tile_rows, s.head_dim);
-    for (int64_t i = items.claim(); i < n_items; i = items.claim())
+    int64_t chain = -1;
+    for (int64_t i = items.claim(chain); i >= 0; i = items.claim(chain))
       backward_item(dk, dv, k, v, pq, order, s, p, p.items[i], scratch);
 #pragma omp barrier
 #pragma omp for schedule(static)

@@ -21,6 +21,7 @@
 
 #include "ops/attention_dq_order.h"
 #include "ops/attention_plan.h"
+#include "ops/attention_rows.h"
 #include "ops/attention_rows_bf16.h"
 #include "ops/attention_transpose.h"
 #include "ops/bf16_tile_blocks.h"
@@ -129,11 +130,13 @@ struct OnlineSoftmax {
 };
 
 // O = diag(alpha) · O + P V: the rescale of the output accumulator (FlashAttention-2, Algorithm 1
-// line 10) folded into the store of the PV product's register blocks. o [rows, n] fp32.
+// line 10) folded into the store of the PV product's register blocks. o [rows, n] fp32. On the
+// item's first key block (`first`) O = P V is written, so O needs no zero fill.
 struct RescaleAdd {
   float* o;
   int64_t n;
   const float* alpha;
+  bool first;
   template <int R, int NV>
   LONGTRON_BF16_TARGET void block(int64_t i, int64_t j, const __m512 (&acc)[R][NV]) {
 #pragma GCC unroll 6
@@ -143,11 +146,13 @@ struct RescaleAdd {
         const int64_t cols = std::clamp<int64_t>(n - j - 16 * v, 0, 16);
         const __mmask16 k = static_cast<__mmask16>((1u << cols) - 1);
         float* c = o + (i + r) * n + j + 16 * v;
-        _mm512_mask_storeu_ps(c, k, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, c), a, acc[r][v]));
+        _mm512_mask_storeu_ps(
+            c, k, first ? acc[r][v] : _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, c), a, acc[r][v]));
       }
     }
   }
 };
+
 
 // Kᵀ words and V pairs of rows of every (key block, kv head), once per call.
 void pack_forward_keys(uint32_t* kw_all, uint32_t* vp_all, const float* k, const float* v,
@@ -175,10 +180,12 @@ void forward_item(float* out, float* lse, const float* q, const uint32_t* kw_all
     for (int64_t r = 0; r < bi; ++r)
       row_to_bf16(&w.q[(h * bi + r) * m.dp],
                   q + (q0 + r) * s.q_stride + (it.kv_head * G + h) * d, d, m.dp);
-  std::fill(w.o.begin(), w.o.begin() + M * d, 0.0f);
+  if (it.first == it.last) std::fill(w.o.begin(), w.o.begin() + M * d, 0.0f);
   std::fill(w.m.begin(), w.m.end(), -std::numeric_limits<float>::infinity());
   std::fill(w.l.begin(), w.l.end(), 0.0f);
-  RescaleAdd rescale{w.o.data(), d, w.alpha.data()};
+  RescaleAdd rescale{w.o.data(), d, w.alpha.data(), true};
+  RowGroup groups[4 * B];  // ≤ 4 per head (64 keys = 4 vectors), G ≤ 64 heads per kv head
+  const bool amx = amx_available();
   for (int64_t j = it.first; j < it.last; ++j) {
     const int64_t c0 = j * B, bj = std::min(B, g.k_len - c0), bjp = round_up(bj, 2);
     const int64_t index = (g.k_block0 + j) * s.num_kv_heads + it.kv_head;
@@ -190,11 +197,24 @@ void forward_item(float* out, float* lse, const float* q, const uint32_t* kw_all
                           w.alpha.data(),
                           w.sum.data(),
                           w.p.data()};
-    bf16_gemm_to(M, bj, m.d2, w.q.data(), m.dp, kw_all + index * m.words_t(), B, softmax,
-                 m.G * B, w.s.data(), B);
+    rescale.first = j == it.first;
+    const uint32_t* kw = kw_all + index * m.words_t();
+    const uint32_t* vp = vp_all + index * m.words_rows();
+    if (softmax.vis.full || amx || G > 64) {
+      bf16_gemm_to(M, bj, m.d2, w.q.data(), m.dp, kw, B, softmax, m.G * B, w.s.data(), B);
+      finish_online_softmax(M, w.m.data(), w.alpha.data(), w.sum.data(), w.l.data());
+      bf16_gemm_to(M, d, bjp / 2, w.p.data(), B, vp, m.d16, rescale, m.G * B, w.s.data(), m.d16);
+      continue;
+    }
+    // The causal edge: each group of rows stops its PV product at the last 16-key vector it
+    // sees. The same values as the whole tile's product (the keys left out hold P = 0), fewer
+    // products. (Stopping the S product too needs narrower register blocks, which ran slower.)
+    const int64_t n_groups = edge_row_groups(groups, p, g, r0, bi, G, c0, bj);
+    bf16_gemm_to(M, bj, m.d2, w.q.data(), m.dp, kw, B, softmax, m.G * B, w.s.data(), B);
     finish_online_softmax(M, w.m.data(), w.alpha.data(), w.sum.data(), w.l.data());
-    bf16_gemm_to(M, d, bjp / 2, w.p.data(), B, vp_all + index * m.words_rows(), m.d16, rescale,
-                 m.G * B, w.s.data(), m.d16);
+    for (int64_t k = 0; k < n_groups; ++k)
+      bf16_row_range_to(groups[k].i0, groups[k].i1, d, std::min(16 * groups[k].nv, bjp) / 2,
+                        w.p.data(), B, vp, m.d16, rescale);
   }
   for (int64_t h = 0; h < G; ++h) {
     const int64_t head = it.kv_head * G + h;
@@ -236,7 +256,7 @@ struct Dscores {
   bf16_t* ds;
   uint32_t *p_pairs, *ds_pairs;
   ScoreRow row(int64_t rr, int64_t r, int64_t j) const {
-    return ScoreRow{dp + rr * KB + j, vis[j / B].row(r0 + r), lse2[rr], delta[rr]};
+    return ScoreRow{dp + rr * KB + j, vis[j / B].row(r0 + r), lse2[rr], delta[rr], scale};
   }
   template <int R, int NV>
   LONGTRON_BF16_TARGET void block(int64_t i, int64_t j, const __m512 (&acc)[R][NV]) {
@@ -481,8 +501,7 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
                    workspace<uint8_t>(Arena::kDqWritten, static_cast<size_t>(tiles))};
   std::fill_n(pq.dq_written, tiles, uint8_t(0));
   DqOrder order(p, s.num_kv_heads);
-  ItemCounter items;  // in order, largest first (a dynamic schedule that DqOrder needs)
-  const int64_t n_items = static_cast<int64_t>(p.items.size());
+  ChainClaim items(p);  // chains in block order (what DqOrder needs), largest first
   const int64_t n_queries = static_cast<int64_t>(p.q_side.size());
 #pragma omp parallel
   {
@@ -490,7 +509,8 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
     for (int64_t i = 0; i < n_queries; ++i)
       move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], m, Move::kPack);
     BackwardScratch scratch(tile_rows, m);
-    for (int64_t i = items.claim(); i < n_items; i = items.claim())
+    int64_t chain = -1;
+    for (int64_t i = items.claim(chain); i >= 0; i = items.claim(chain))
       backward_item(dk, dv, k, v, pq, order, s, p, p.items[i], m, scratch);
 #pragma omp barrier
 #pragma omp for schedule(static)

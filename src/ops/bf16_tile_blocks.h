@@ -24,11 +24,12 @@ LONGTRON_BF16_TARGET __attribute__((always_inline)) inline void bf16_block_to(
 
 // Not inlined: inside the attention kernels' large functions GCC ran out of registers and kept
 // accumulators on the stack.
+// Rows [i0, M) of A (i0 = 0: all of them).
 template <int NV, typename Epilogue>
 LONGTRON_BF16_TARGET __attribute__((noinline)) void bf16_rows_to(int64_t M, int64_t K2, const bf16_t* A,
                                               int64_t lda, const uint32_t* B, int64_t ldb,
-                                              int64_t j, Epilogue& epi) {
-  int64_t i = 0;
+                                              int64_t j, Epilogue& epi, int64_t i0 = 0) {
+  int64_t i = i0;
   for (; i + 6 <= M; i += 6) {
     prefetch_rows(A, lda, i + 6, std::min<int64_t>(6, M - i - 6), 4 * K2);
     bf16_block_to<6, NV>(K2, A, lda, B, ldb, i, j, epi);
@@ -68,6 +69,25 @@ LONGTRON_BF16_TARGET inline void bf16_blocks_from(int64_t M, int64_t N, const fl
     }
 }
 
+/// Rows [i0, i1) of A · B on register blocks (bf16_gemm_to without its AMX path): the attention
+/// forward runs the rows of a diagonal tile in groups that stop at the causal edge, each with as
+/// few 16-key vectors as its last row sees. Blocks start at i0 (the epilogue sees rows i0, i0 + 6,
+/// ...).
+template <typename Epilogue>
+LONGTRON_BF16_TARGET inline void bf16_row_range_to(int64_t i0, int64_t i1, int64_t N, int64_t K2,
+                                                   const bf16_t* A, int64_t lda,
+                                                   const uint32_t* B, int64_t ldb, Epilogue& epi) {
+  for (int64_t j = 0; j < N; j += 64) {
+    switch (std::min<int64_t>(4, (N - j + 15) / 16)) {
+      case 4: bf16_rows_to<4>(i1, K2, A, lda, B + j, ldb, j, epi, i0); break;
+      case 3: bf16_rows_to<3>(i1, K2, A, lda, B + j, ldb, j, epi, i0); break;
+      case 2: bf16_rows_to<2>(i1, K2, A, lda, B + j, ldb, j, epi, i0); break;
+      case 1: bf16_rows_to<1>(i1, K2, A, lda, B + j, ldb, j, epi, i0); break;
+      default: break;
+    }
+  }
+}
+
 /// A · B as bf16_gemm computes it (same layouts, K = 2·K2), each register block handed to
 /// `epi.template block<R, NV>(i, j, acc)`: rows [i, i + R) (R ≤ 6, i even), columns
 /// [j, j + 16·NV) (j a multiple of 64); lanes of columns at or beyond N are unspecified (B's
@@ -84,15 +104,7 @@ LONGTRON_BF16_TARGET inline void bf16_gemm_to(int64_t M, int64_t N, int64_t K2, 
     bf16_blocks_from(M, N, spill, ldc, epi);
     return;
   }
-  for (int64_t j = 0; j < N; j += 64) {
-    switch (std::min<int64_t>(4, (N - j + 15) / 16)) {
-      case 4: bf16_rows_to<4>(M, K2, A, lda, B + j, ldb, j, epi); break;
-      case 3: bf16_rows_to<3>(M, K2, A, lda, B + j, ldb, j, epi); break;
-      case 2: bf16_rows_to<2>(M, K2, A, lda, B + j, ldb, j, epi); break;
-      case 1: bf16_rows_to<1>(M, K2, A, lda, B + j, ldb, j, epi); break;
-      default: break;
-    }
-  }
+  bf16_row_range_to(0, M, N, K2, A, lda, B, ldb, epi);
 }
 
 }  // namespace longtron::ops::detail

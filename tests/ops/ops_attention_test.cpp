@@ -333,6 +333,22 @@ TEST_F(Attention, FloatAgreesWithDoubleKeysAndWindows) {
   }
 }
 
+// head_dim 16 and 32: the fp32 forward's AVX-512 register-block path (attention_f32_blocks.h:
+// head_dim a multiple of 16) on windows, separate keys, key offsets and odd segment lengths.
+TEST_F(Attention, FloatAgreesWithDoubleRegisterBlockPath) {
+  std::mt19937 rng(19);
+  for (int trial = 0; trial < 6; ++trial) {
+    Case c = random_case(rng, trial % 2 == 0);
+    c.d = trial < 3 ? 16 : 32;
+    SCOPED_TRACE(describe(c));
+    expect_float_matches_double(c);
+  }
+  Case c{{0, 70, 150, 154}, 4, 2, 16, true, {0, 130, 230, 240}};
+  c.key_offsets = {130, 70, 5};
+  c.window = 80;
+  expect_float_matches_double(c);
+}
+
 TEST_F(Attention, BackwardFdWindowAcrossBlocks) {
   Case c{{0, 150, 160}, 2, 1, 3, false};
   c.window = 40;  // 150 > W: the window slides over three blocks; 10 < W: untouched
