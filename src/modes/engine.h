@@ -55,6 +55,7 @@
 #include "model/internlm2.h"
 #include "model/layers.h"
 #include "model/params.h"
+#include "modes/grad_buckets.h"
 #include "modes/mode_memory.h"
 #include "parallel/layout.h"
 #include "parallel/shard_plan.h"
@@ -148,8 +149,11 @@ class ParallelEngine {
 
   /// Forward + backward of one full row (local_batch applied inside); ACCUMULATES the gradient of
   /// loss_scale · loss_sum into grads(). Returns the row's (loss_sum, count), identical on every
-  /// rank of the model replica.
-  model::LossSum forward_backward(const data::MicroBatch& row, double loss_scale);
+  /// rank of the model replica. `last` = the step's last micro-batch on this rank (the same on
+  /// every rank): when overlaps_gradient_reduction(), the data-parallel all-reduce of each
+  /// gradient bucket starts during this backward as soon as the bucket is final (grad_buckets.h),
+  /// and finish_gradients() completes it; grads() must then not be touched until it has.
+  model::LossSum forward_backward(const data::MicroBatch& row, double loss_scale, bool last = false);
   /// Loss only (evaluation), identical on every rank of the model replica. token_losses (when not
   /// nullptr) receives the loss of each token of the FULL row (0 where the label is ignored) in
   /// every mode: a mode feeding each rank a slice of the row (local_batch, ISP) gathers them.
@@ -157,6 +161,7 @@ class ParallelEngine {
 
   /// Sets grads() to 0.
   void zero_grads() {
+    if (buckets_) buckets_->abandon();  // a reduction left in flight writes no more
     grads_.zero();
     gradients_finished_ = false;
   }
@@ -187,6 +192,21 @@ class ParallelEngine {
   /// After finish_gradient_slices: all_gather_v of the slices over grid().zero1, so grads() is
   /// the full reduced gradient again (as after finish_gradients). Collective over zero1.
   void gather_gradient_slices(const std::vector<int64_t>& counts);
+  /// Whether forward_backward(row, scale, last = true) overlaps the data-parallel gradient
+  /// all-reduce with backward: set_overlap_gradient_reduction(true) (the default) and a
+  /// data-parallel group of exactly 2 ranks, where a bucketed reduction sums every element as the
+  /// whole-buffer one does (a + b; with more ranks MPI's ring all-reduce picks each element's
+  /// summation order by its place in the message, so buckets would change the last bits).
+  /// Builds the buckets at its first true answer.
+  bool overlaps_gradient_reduction();
+  void set_overlap_gradient_reduction(bool on) { overlap_ = on; }
+  /// Seconds the last step spent on its data-parallel gradient reduction: in_backward inside the
+  /// backward pass (starting buckets, MPI_Test polls), after_backward in finish_gradients (or
+  /// finish_gradient_slices), both reset by the step's last forward_backward.
+  struct ReductionTimes {
+    double in_backward = 0, after_backward = 0;
+  };
+  const ReductionTimes& reduction_times() const { return reduction_times_; }
   /// Σ over DATA of a LossSum (the step's loss numerator and count).
   model::LossSum reduce_loss(model::LossSum local) const;
 
@@ -211,6 +231,10 @@ class ParallelEngine {
   bool gradients_finished_ = false;  ///< finish_gradients ran since grads_ last changed
   std::vector<float> slice_scratch_;  // finish_gradient_slices' receive buffer (kept between steps)
   std::unique_ptr<model::InternLM2<float>> model_;
+  // The overlapped data-parallel reduction (built at its first use).
+  bool overlap_ = true;
+  std::unique_ptr<GradientBuckets> buckets_;
+  ReductionTimes reduction_times_;
 };
 
 }  // namespace longtron::parallel
