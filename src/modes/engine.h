@@ -195,8 +195,9 @@ class ParallelEngine {
   /// Whether forward_backward(row, scale, last = true) overlaps the data-parallel gradient
   /// all-reduce with backward: set_overlap_gradient_reduction(true) (the default) and a
   /// data-parallel group of exactly 2 ranks, where a bucketed reduction sums every element as the
-  /// whole-buffer one does (a + b; with more ranks MPI's ring all-reduce picks each element's
-  /// summation order by its place in the message, so buckets would change the last bits).
+  /// whole-buffer one does (a + b; with more ranks an all-reduce may sum an element in an order
+  /// set by its place in the message, as Open MPI's ring algorithm does, so buckets could change
+  /// the last bits).
   /// Builds the buckets at its first true answer.
   bool overlaps_gradient_reduction();
   void set_overlap_gradient_reduction(bool on) { overlap_ = on; }
