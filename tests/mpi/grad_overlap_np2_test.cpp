@@ -1,4 +1,4 @@
-// dp2: the data-parallel gradient all-reduce overlapped with backward against the same steps
+// dp2: Work::test; the data-parallel gradient all-reduce overlapped with backward against the same steps
 // reduced after backward (grad_overlap_cases.h), fp32 and bf16, untied and tied head; the buckets
 // start inside backward; a rank without rows joins the same collectives; ZeRO-1's reduce-scatter
 // refuses gradients already being all-reduced.
@@ -10,6 +10,24 @@ namespace longtron::testing {
 namespace {
 
 using parallel::TensorMode;
+
+// Work::test polls an all-reduce to completion without blocking (MPI_Test); a one-rank group's
+// handle is complete at once.
+TEST(GradOverlapNp2, WorkTestPollsAnAllReduceToCompletion) {
+  std::vector<float> x(100000, float(world()->rank() + 1));
+  comm::Work w = world()->all_reduce_async(x.data(), int64_t(x.size()));
+  int polls = 0;
+  while (!w.test()) ++polls;
+  EXPECT_FALSE(w.pending());
+  EXPECT_TRUE(w.test());
+  EXPECT_EQ(x.front(), 3.0f);
+  EXPECT_EQ(x.back(), 3.0f);
+  comm::CommPtr local = comm::make_local_communicator();
+  float y = 2.0f;
+  comm::Work l = local->all_reduce_async(&y, 1);
+  EXPECT_TRUE(l.test());
+  EXPECT_EQ(y, 2.0f);
+}
 
 TEST(GradOverlapNp2, Dp2IsBitwiseTheReductionAfterBackward) {
   check_overlap_bitwise({"dp2 fp32", layout(1, TensorMode::kMtp), tiny_model(), 16, 4, 3}, false,
