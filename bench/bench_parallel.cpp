@@ -1,11 +1,14 @@
 // Distributed step benchmark (docs/benchmarks.md); run under mpirun, one layout per job
 // so that peak RSS belongs to that layout (bench/bench_parallel.sh runs them all):
-//   mpirun -np 2 bench_parallel --tp 2 --mode msp [--zero1 -1] [--steps 3]
+//   mpirun -np 2 bench_parallel --tp 2 --mode msp [--zero1 -1] [--steps 3] [--dtype bfloat16]
+//     [--no-overlap | --overlap-ab]
 // On configs/small.toml's model (V 8192, H 384, 6 layers, 6 heads / 2 kv heads, P = 4 × 512) with
 // rows packed by the real loader from synthetic documents (log-normal lengths, median ≈ 200), each
 // rank prints: mean step time (forward+backward, reductions, clipping, AdamW), payload bytes it
 // sent per step by collective kind (the communicator's counters), its peak RSS (getrusage) and
-// the model's activation workspace. Fixed iteration counts (no Google Benchmark timing loop):
+// the model's activation workspace, and the seconds of the data-parallel gradient reduction spent
+// inside backward and after it (--overlap-ab: steps alternate overlapping it with backward and
+// not, each setting reported on its own line). Fixed iteration counts (no Google Benchmark timing loop):
 // every rank must issue the same collectives.
 //   bench_parallel --sum-l2 [--dp 2,4,8] [--steps 50]   (one process, no MPI)
 // prints each dp rank's attention cost Σ lᵢ² per step (the load-balance question of packed
@@ -28,6 +31,8 @@
 #include "data/memory_source.h"
 #include "model/internlm2.h"
 #include "modes/engine.h"
+#include "ops/ops.h"
+#include "ops/precision.h"
 #include "ops/threads.h"
 #include "parallel/layout.h"
 #include "train/optimizer.h"
@@ -138,18 +143,37 @@ int main(int argc, char** argv) {
     parallel::ParallelEngine engine(small_model(), grid, 1, dc.pack.packed_length());
     train::OptimizerConfig oc;
     train::AdamW adam(engine.local_layout(), oc, grid.zero1);
+    // --overlap-ab: odd steps overlap the dp gradient all-reduce with backward, even ones do not
+    // (same process, interleaved, so the machine's load hits both alike).
+    const bool ab = flag(argc, argv, "--overlap-ab");
+    const bool bf16 = arg(argc, argv, "--dtype", "float32") == "bfloat16";
+    engine.set_overlap_gradient_reduction(!flag(argc, argv, "--no-overlap"));
     double seconds = 0;
+    double ab_seconds[2] = {0, 0}, ab_in[2] = {0, 0}, ab_after[2] = {0, 0};
+    int ab_steps[2] = {0, 0};
     comm::CommStats before;
     for (int s = 0; s <= steps; ++s) {  // step 0 warms up (workspace, first-touch)
       if (s == 1) before = comm::global_stats();
+      if (ab) engine.set_overlap_gradient_reduction(s % 2 == 1);
       world->barrier();
       const auto t0 = std::chrono::steady_clock::now();
       const auto batches = loader.step(grid.data->rank(), s);
       train::StepOptions so;  // the trainer's step: token loss, clip at 1, lr 1e-3
       so.lr = 1e-3;
       so.clip_grad_norm = 1.0;
+      const ops::ComputeTypeScope precision(bf16 ? ops::ComputeType::kBFloat16
+                                                 : ops::ComputeType::kFloat32);
+      const ops::Bf16WeightScope weights(engine.params().data(), engine.params().numel());
       const train::StepResult r = train::train_step(engine, adam, batches, so);
-      if (s > 0) seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (s > 0) {
+        seconds += dt;
+        const int k = engine.overlaps_gradient_reduction() ? 1 : 0;
+        ab_seconds[k] += dt;
+        ab_in[k] += engine.reduction_times().in_backward;
+        ab_after[k] += engine.reduction_times().after_backward;
+        ++ab_steps[k];
+      }
       if (world->rank() == 0 && s == steps)
         std::printf("mode %s tp %d dp %d zero1 %d: last loss %.4f grad norm %.4f\n",
                     engine.mode().c_str(), grid.tp, grid.dp, grid.zero1->size(),
@@ -175,6 +199,12 @@ int main(int argc, char** argv) {
                       calls);
       }
       std::printf("\n");
+      for (int k = 0; k < 2; ++k)
+        if (ab_steps[k] > 0)
+          std::printf("rank %d dp gradient reduction %s: %d steps, step %.3f s, reduction in "
+                      "backward %.4f s, after backward %.4f s\n", r,
+                      k ? "overlapped" : "after backward", ab_steps[k], ab_seconds[k] / ab_steps[k],
+                      ab_in[k] / ab_steps[k], ab_after[k] / ab_steps[k]);
       std::fflush(stdout);
     }
     return 0;

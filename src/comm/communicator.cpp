@@ -89,6 +89,13 @@ void Work::wait() {
   impl_.reset();
 }
 
+bool Work::test() {
+  if (!impl_) return true;
+  if (!impl_->test()) return false;
+  impl_.reset();
+  return true;
+}
+
 // The check is on when LONGTRON_COMM_CHECK=1, off when =0, and by default on only in debug builds.
 static bool check_from_env() {
   const char* env = std::getenv("LONGTRON_COMM_CHECK");

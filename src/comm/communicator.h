@@ -64,13 +64,22 @@ struct CommStats {
 CommStats& global_stats();
 
 /// An in-flight collective. wait() blocks until the buffers may be used (idempotent). A handle that
-/// was never waited on waits in its destructor. Move-only.
+/// was never waited on waits in its destructor. test() asks without blocking (MPI_Test): besides
+/// answering, it lets MPI progress the collective, which a non-blocking collective needs on a
+/// process without an MPI progress thread (call it between pieces of computation to overlap a
+/// reduction with them, as PyTorch DDP's bucketed all-reduce does). Move-only.
 class Work {
  public:
   /// What an implementation puts behind a handle.
   struct Impl {
     virtual ~Impl() = default;
     virtual void wait() = 0;
+    /// Whether the operation is complete (then the buffers may be used); never blocks. The
+    /// default waits (for implementations that complete synchronously).
+    virtual bool test() {
+      wait();
+      return true;
+    }
   };
   Work() = default;  ///< an already-complete handle
   explicit Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -80,6 +89,9 @@ class Work {
   Work& operator=(const Work&) = delete;
   ~Work();
   void wait();
+  /// Progresses the operation and returns whether it is complete (then the handle is released,
+  /// as by wait()). Never blocks; true for an already-complete handle.
+  bool test();
   bool pending() const { return impl_ != nullptr; }
 
  private:

@@ -50,6 +50,11 @@ struct MpiWork final : Work::Impl {
   void wait() override {
     if (request != MPI_REQUEST_NULL) MPI_Wait(&request, MPI_STATUS_IGNORE);
   }
+  bool test() override {
+    int done = 1;
+    if (request != MPI_REQUEST_NULL) MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    return done != 0;
+  }
   ~MpiWork() override {
     if (request != MPI_REQUEST_NULL && !mpi_finalized()) MPI_Wait(&request, MPI_STATUS_IGNORE);
   }

@@ -373,6 +373,7 @@ LossSum InternLM2<T>::chunked_pass(const data::MicroBatch& batch, Params<T>* gra
     }
   }
   if (!train) return loss;
+  backward_point(L, true);
   T* const dres = ck_.dres.data();
   T* const dout = ck_.dout.data();
   T* const qkv = ck_.qkv.data();
@@ -403,6 +404,7 @@ LossSum InternLM2<T>::chunked_pass(const data::MicroBatch& batch, Params<T>* gra
       accumulate(dr, ck_.xn, n * H_);  // dres = dL/dh
       o.wo->backward(dout + n0 * A_, dr, ck_.out.data() + n0 * A_, n, params_, grads, false);
     }
+    backward_point(i, false);
     // In place: qkv becomes dqkv (ModelOps::token_chunks).
     o.attention->backward(qkv, qkv, dout, qkv, ck_.out.data(), ck_.lse.data(), ab);
     for (int64_t n0 = 0; n0 < N; n0 += C) {
@@ -414,8 +416,10 @@ LossSum InternLM2<T>::chunked_pass(const data::MicroBatch& batch, Params<T>* gra
       o.attention_norm->backward(ck_.xn, ck_.t, ck_.xw, ck_.rstd, n, params_, grads);
       accumulate(dr, ck_.xn, n * H_);  // dres = dL/dx
     }
+    backward_point(i, true);
   }
   ops_.embedding->backward(dres, batch.input_ids.data(), N, grads);
+  backward_point(-1, true);
   return loss;
 }
 
@@ -464,6 +468,7 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const T* x, const Att
   o.ffn_norm->backward(dtmp_, dxn_, A.h, A.rstd2, N, params_, &grads);
   const int64_t R = N / ops_.residual_split;  // residual-stream rows
   accumulate(dres_, dtmp_, R * H_);  // dres = dL/dh
+  backward_point(layer, false);
   // Attention branch: h = x + wo(Attn(qkv)), qkv = wqkv(RMSNorm(x)).
   o.wo->backward(dattn_, dres_, A.attn, N, params_, &grads, false);
   o.attention->backward(qkv_, dqkv_s_, dattn_, A.qkv_s, A.attn, A.lse, ab);
@@ -532,6 +537,7 @@ void InternLM2<T>::block_backward_bf16(int layer, BlockActs& A, const AttentionB
     ops::widen_bf16(A.h16, R * H_, q.hw);  // h again, where da and db were
     o.ffn_norm->backward(q.s2, q.s1, q.hw, rstd_scratch_, N, params_, &grads);
     accumulate(q.dres, q.s2, R * H_);  // dres = dL/dh
+    backward_point(layer, false);
     // Attention branch.
     ops::widen_bf16(A.attn16, N * A_, q.attn_w);
     ops::widen_bf16(A.qkv16, o.attention->saved_qkv_size(N), q.qkv_w);
@@ -602,6 +608,7 @@ LossSum InternLM2<T>::forward_backward(const data::MicroBatch& batch, Params<T>&
   const LossSum loss = ops_.head->forward_backward(dxf, xf, batch.labels.data(), N, params_,
                                                    &grads, loss_scale, nullptr);
   ops_.norm->backward(dres, dxf, final_residual(), rstdf_, N, params_, &grads);
+  backward_point(L, true);
   const int64_t RH = N / ops_.residual_split * H_;
   for (int i = L - 1; i >= 0; --i) {
     if (bf16_) {
@@ -612,14 +619,17 @@ LossSum InternLM2<T>::forward_backward(const data::MicroBatch& batch, Params<T>&
         block_forward_bf16(i, acts_.front(), ab, block_input16(i));
       }
       block_backward_bf16(i, acts(i, true), ab, grads);
+      backward_point(i, true);
       continue;
     }
     const T* x = xs_[static_cast<size_t>(i)];
     // Recompute the block (y discarded); the shared acts still hold the last block's state.
     if (checkpoint_ && i != L - 1) block_forward(i, acts_.front(), dtmp_, x, ab);
     block_backward(i, acts(i, true), x, ab, grads);
+    backward_point(i, true);
   }
   ops_.embedding->backward(dres, batch.input_ids.data(), N, &grads);
+  backward_point(-1, true);
   return loss;
 }
 

@@ -4,6 +4,7 @@
 // count).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -90,6 +91,17 @@ class InternLM2 {
   /// Whether forward_backward and forward_loss run the chunked recomputation: model.checkpoint
   /// with ops that allow it (ModelOps::token_chunks) and no Megatron sequence parallel.
   bool chunked() const { return checkpoint_ && ops_.token_chunks && ops_.residual_split == 1; }
+
+  /// Called on the calling thread during forward_backward's backward pass (empty: never):
+  /// hook(layer, true) once a part of the parameter gradients holds its final value for this
+  /// micro-batch — layer = num_layers after the head and the final norm, i after block i (the
+  /// blocks in reverse), −1 after the embedding; hook(i, false) half-way through block i (after
+  /// its FFN), a point to progress communication where nothing new is complete. A data-parallel
+  /// engine starts the reduction of each finished gradient bucket there (PyTorch DDP's
+  /// gradient-ready hooks). The hook must not touch the gradients of parts still to come.
+  void set_backward_hook(std::function<void(int layer, bool complete)> hook) {
+    backward_hook_ = std::move(hook);
+  }
 
   /// Activation recomputation (starts as config.checkpoint); switching re-lays the workspace on
   /// the next forward_backward.
@@ -194,6 +206,10 @@ class InternLM2 {
   const ParamTable& layout_;
   const Params<T>& params_;
   ModelOps<T> ops_;
+  std::function<void(int, bool)> backward_hook_;  ///< set_backward_hook
+  void backward_point(int layer, bool complete) {
+    if (backward_hook_) backward_hook_(layer, complete);
+  }
   bool checkpoint_;
   int64_t H_, Q_, F_, A_;  // local hidden, qkv features, FFN width, attention output features
 

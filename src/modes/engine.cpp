@@ -6,6 +6,7 @@
 #include "data/sequence_split.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 
@@ -130,12 +131,42 @@ data::MicroBatch ParallelEngine::local_batch(const data::MicroBatch& row) const 
   return factory_->local_batch ? factory_->local_batch(row, context()) : row;
 }
 
-model::LossSum ParallelEngine::forward_backward(const data::MicroBatch& row, double loss_scale) {
+model::LossSum ParallelEngine::forward_backward(const data::MicroBatch& row, double loss_scale,
+                                                bool last) {
   gradients_finished_ = false;
   const LoraTraining training(lora_ ? lora_state(*lora_) : nullptr, true);
   set_lora_positions(row);
+  check(!buckets_ || !buckets_->armed(),
+        "ParallelEngine::forward_backward: the step's last micro-batch was already run (its "
+        "gradients are being reduced); call finish_gradients() first");
+  struct Unhook {  // the hook never outlives the call, even when it throws
+    model::InternLM2<float>* model = nullptr;
+    ~Unhook() {
+      if (model) model->set_backward_hook(nullptr);
+    }
+  } unhook;
+  if (last) reduction_times_ = ReductionTimes{};
+  if (last && overlaps_gradient_reduction()) {
+    buckets_->start(*grid_.get(factory_->data_group), tgrads().data());
+    model_->set_backward_hook([this](int layer, bool complete) {
+      const auto t0 = std::chrono::steady_clock::now();
+      buckets_->on_backward(layer, complete);
+      reduction_times_.in_backward +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+    unhook.model = model_.get();
+  }
   if (!factory_->local_batch) return model_->forward_backward(row, grads_, loss_scale);
   return model_->forward_backward(local_batch(row), grads_, loss_scale);
+}
+
+bool ParallelEngine::overlaps_gradient_reduction() {
+  if (!overlap_ || grid_.get(factory_->data_group)->size() != 2) return false;
+  if (!buckets_)  // views whose gradient takes a plan SUM first are reduced after backward
+    buckets_ = std::make_unique<GradientBuckets>(tgrads().layout(), [this](int v) {
+      return tplan().tensor(v).grad_sum_groups.empty();
+    });
+  return true;
 }
 
 model::LossSum ParallelEngine::forward_loss(const data::MicroBatch& row,
@@ -159,12 +190,23 @@ void ParallelEngine::set_lora_positions(const data::MicroBatch& row) {
 }
 
 void ParallelEngine::finish_gradients() {
+  const auto t0 = std::chrono::steady_clock::now();
   plan_gradient_sums();
   // 2. Data parallel: each dp rank saw its own micro-batches; the step gradient is their SUM
-  // (the loss scale already divides by the global count).
+  // (the loss scale already divides by the global count). When the last backward started it
+  // bucket by bucket, the buckets are completed and the rest (views of the plan's SUMs) summed.
+  // A rank whose step had no last micro-batch (no rows) issues the same buckets here, so every
+  // rank runs the same collectives.
   comm::Communicator& dp = *grid_.get(factory_->data_group);
-  if (dp.size() > 1) dp.all_reduce(tgrads().data(), tgrads().numel());
+  if (overlaps_gradient_reduction()) {
+    if (!buckets_->armed()) buckets_->start(dp, tgrads().data());
+    buckets_->finish();
+  } else if (dp.size() > 1) {
+    dp.all_reduce(tgrads().data(), tgrads().numel());
+  }
   gradients_finished_ = true;
+  reduction_times_.after_backward =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void ParallelEngine::plan_gradient_sums() {
@@ -214,6 +256,9 @@ static std::pair<int64_t, int64_t> slice_of(const std::vector<int64_t>& counts, 
 
 void ParallelEngine::finish_gradient_slices(const std::vector<int64_t>& counts) {
   check(shards_gradients(), "finish_gradient_slices: this grid has no ZeRO-1 gradient slices");
+  check(!buckets_ || !buckets_->armed(), "finish_gradient_slices: the last backward all-reduced "
+        "its gradients in buckets (forward_backward with last = true): call finish_gradients()");
+  const auto t0 = std::chrono::steady_clock::now();
   comm::Communicator& z = *grid_.zero1;
   const auto [begin, end] = slice_of(counts, z.rank(), z.size(), tgrads().numel());
   plan_gradient_sums();
@@ -223,6 +268,8 @@ void ParallelEngine::finish_gradient_slices(const std::vector<int64_t>& counts) 
   comm::Communicator& replica = *grid_.zero1_replica;
   if (replica.size() > 1) replica.all_reduce(tgrads().data() + begin, end - begin);
   gradients_finished_ = true;
+  reduction_times_.after_backward =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 double ParallelEngine::grad_norm_of_slices(const std::vector<int64_t>& counts) const {

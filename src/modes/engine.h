@@ -56,6 +56,7 @@
 #include "model/layers.h"
 #include "model/lora.h"
 #include "model/params.h"
+#include "modes/grad_buckets.h"
 #include "modes/mode_memory.h"
 #include "parallel/layout.h"
 #include "parallel/shard_plan.h"
@@ -149,8 +150,11 @@ class ParallelEngine {
 
   /// Forward + backward of one full row (local_batch applied inside); ACCUMULATES the gradient of
   /// loss_scale · loss_sum into grads(). Returns the row's (loss_sum, count), identical on every
-  /// rank of the model replica.
-  model::LossSum forward_backward(const data::MicroBatch& row, double loss_scale);
+  /// rank of the model replica. `last` = the step's last micro-batch on this rank (the same on
+  /// every rank): when overlaps_gradient_reduction(), the data-parallel all-reduce of each
+  /// gradient bucket starts during this backward as soon as the bucket is final (grad_buckets.h),
+  /// and finish_gradients() completes it; grads() must then not be touched until it has.
+  model::LossSum forward_backward(const data::MicroBatch& row, double loss_scale, bool last = false);
   /// Loss only (evaluation), identical on every rank of the model replica. token_losses (when not
   /// nullptr) receives the loss of each token of the FULL row (0 where the label is ignored) in
   /// every mode: a mode feeding each rank a slice of the row (local_batch, ISP) gathers them.
@@ -158,6 +162,7 @@ class ParallelEngine {
 
   /// Sets grads() to 0.
   void zero_grads() {
+    if (buckets_) buckets_->abandon();  // a reduction left in flight writes no more
     tgrads().zero();
     gradients_finished_ = false;
   }
@@ -188,6 +193,22 @@ class ParallelEngine {
   /// After finish_gradient_slices: all_gather_v of the slices over grid().zero1, so grads() is
   /// the full reduced gradient again (as after finish_gradients). Collective over zero1.
   void gather_gradient_slices(const std::vector<int64_t>& counts);
+  /// Whether forward_backward(row, scale, last = true) overlaps the data-parallel gradient
+  /// all-reduce with backward: set_overlap_gradient_reduction(true) (the default) and a
+  /// data-parallel group of exactly 2 ranks, where a bucketed reduction sums every element as the
+  /// whole-buffer one does (a + b; with more ranks an all-reduce may sum an element in an order
+  /// set by its place in the message, as Open MPI's ring algorithm does, so buckets could change
+  /// the last bits).
+  /// Builds the buckets at its first true answer.
+  bool overlaps_gradient_reduction();
+  void set_overlap_gradient_reduction(bool on) { overlap_ = on; }
+  /// Seconds the last step spent on its data-parallel gradient reduction: in_backward inside the
+  /// backward pass (starting buckets, MPI_Test polls), after_backward in finish_gradients (or
+  /// finish_gradient_slices), both reset by the step's last forward_backward.
+  struct ReductionTimes {
+    double in_backward = 0, after_backward = 0;
+  };
+  const ReductionTimes& reduction_times() const { return reduction_times_; }
   /// Σ over DATA of a LossSum (the step's loss numerator and count).
   model::LossSum reduce_loss(model::LossSum local) const;
 
@@ -253,6 +274,11 @@ class ParallelEngine {
   const model::Params<float>& tgrads() const;
   const ShardPlan& tplan() const;
   const model::ParamTable& tlocal() const;
+
+  // The overlapped data-parallel reduction (built at its first use).
+  bool overlap_ = true;
+  std::unique_ptr<GradientBuckets> buckets_;
+  ReductionTimes reduction_times_;
 };
 
 }  // namespace longtron::parallel

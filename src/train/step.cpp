@@ -68,10 +68,14 @@ static StepResult gradients(parallel::ParallelEngine& engine, const std::vector<
   }
   engine.zero_grads();
   double loss_part = 0;  // token: Σ loss_sum; micro_mean: Σ micro-batch means
-  for (const auto& b : rows) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const data::MicroBatch& b = rows[i];
     const double scale = micro_loss_scale(options.loss_reduction, count_labels(b), counts[0],
                                           micro_num, dp.size());
-    const model::LossSum ls = engine.forward_backward(b, scale);
+    // The last micro-batch's backward may start the data-parallel all-reduce bucket by bucket
+    // (ParallelEngine::overlaps_gradient_reduction); ZeRO-1's reduce-scatter runs after backward.
+    const bool last = i + 1 == rows.size() && slices == nullptr;
+    const model::LossSum ls = engine.forward_backward(b, scale, last);
     if (micro_mean)
       loss_part += ls.count > 0 ? ls.sum / static_cast<double>(ls.count) : 0.0;
     else
