@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "model/hf_names.h"
 #include "ops/ops.h"
+#include "ops/precision.h"
 #include "ops/vocab_check.h"
 #include "ops/threads.h"
 
@@ -138,6 +139,10 @@ class Adapters {
   bool empty() const { return pieces_.empty(); }
 
   void forward(T* y, const T* x, int64_t N) {
+    if (pieces_.empty()) return;
+    // The adapters' thin GEMMs (one side r wide) in fp32 whatever the compute type: under bf16
+    // they would round their [N, in] input once per adapter, which costs more than it saves.
+    const ops::ComputeTypeScope fp32(ops::ComputeType::kFloat32);
     LoraState<T>& st = *state_;
     const int64_t nx = rows_x(N), ny = rows_y(N);
     const T s = T(st.config.scale());
@@ -158,6 +163,8 @@ class Adapters {
   }
 
   void backward(T* dx, const T* dy, const T* x, int64_t N) {
+    if (pieces_.empty()) return;
+    const ops::ComputeTypeScope fp32(ops::ComputeType::kFloat32);
     LoraState<T>& st = *state_;
     const int64_t nx = rows_x(N), ny = rows_y(N);
     const T s = T(st.config.scale());
