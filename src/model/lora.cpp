@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "model/hf_names.h"
 #include "ops/ops.h"
+#include "ops/precision.h"
 #include "ops/vocab_check.h"
 #include "ops/threads.h"
 
@@ -138,6 +139,10 @@ class Adapters {
   bool empty() const { return pieces_.empty(); }
 
   void forward(T* y, const T* x, int64_t N) {
+    if (pieces_.empty()) return;
+    // The adapters' thin GEMMs (one side r wide) in fp32 whatever the compute type: under bf16
+    // they would round their [N, in] input once per adapter, which costs more than it saves.
+    const ops::ComputeTypeScope fp32(ops::ComputeType::kFloat32);
     LoraState<T>& st = *state_;
     const int64_t nx = rows_x(N), ny = rows_y(N);
     const T s = T(st.config.scale());
@@ -147,6 +152,10 @@ class Adapters {
       ops::gemm<T>(false, true, nx, r_, in_, T(1), xd, st.params->ptr(p.a_view), T(0), ux);
       T* u = to_y(ux, N, nx, ny);
       if (p.b_rows == 0) continue;
+      if (whole(p)) {  // B covers every output column: y += s·u·Bᵀ in place
+        ops::gemm<T>(false, true, ny, out_, r_, s, u, st.params->ptr(p.b_view), T(1), y);
+        continue;
+      }
       T* t = grow(st.t, ny * p.b_rows);
       ops::gemm<T>(false, true, ny, p.b_rows, r_, s, u, st.params->ptr(p.b_view), T(0), t);
       add_segments(y, t, ny, p);
@@ -154,6 +163,8 @@ class Adapters {
   }
 
   void backward(T* dx, const T* dy, const T* x, int64_t N) {
+    if (pieces_.empty()) return;
+    const ops::ComputeTypeScope fp32(ops::ComputeType::kFloat32);
     LoraState<T>& st = *state_;
     const int64_t nx = rows_x(N), ny = rows_y(N);
     const T s = T(st.config.scale());
@@ -164,11 +175,15 @@ class Adapters {
       T* u = to_y(ux, N, nx, ny);
       T* du = grow(st.du, ny * r_);
       if (p.b_rows > 0) {
-        T* dym = grow(st.dym, ny * p.b_rows);
-        for (const Piece::Seg& g : p.segs)
-          for (int64_t n = 0; n < ny; ++n)
-            std::copy(dy + n * out_ + g.y_col, dy + n * out_ + g.y_col + g.count,
-                      dym + n * p.b_rows + g.b_row);
+        const T* dym = dy;  // B covers every output column: dy itself
+        if (!whole(p)) {
+          T* rows = grow(st.dym, ny * p.b_rows);
+          for (const Piece::Seg& g : p.segs)
+            for (int64_t n = 0; n < ny; ++n)
+              std::copy(dy + n * out_ + g.y_col, dy + n * out_ + g.y_col + g.count,
+                        rows + n * p.b_rows + g.b_row);
+          dym = rows;
+        }
         // dB += s · dymᵀ u; du = s · dym B.
         ops::gemm<T>(true, false, p.b_rows, r_, ny, s, dym, u, T(1), st.grads->ptr(p.b_view));
         ops::gemm<T>(false, false, ny, r_, p.b_rows, s, dym, st.params->ptr(p.b_view), T(0), du);
@@ -193,7 +208,13 @@ class Adapters {
   }
 
  private:
+  /// One segment over all of y's columns in order (InternLM2's wqkv, every linear but q/k/v).
+  bool whole(const Piece& p) const {
+    return p.segs.size() == 1 && p.segs[0].y_col == 0 && p.segs[0].b_row == 0 &&
+           p.segs[0].count == out_;
+  }
   int64_t rows_x(int64_t N) const { return spec_.x_rows ? spec_.x_rows(N) : N; }
+
   int64_t rows_y(int64_t N) const { return spec_.y_rows ? spec_.y_rows(N) : N; }
 
   /// u over y's rows (complete) from u over x's rows.

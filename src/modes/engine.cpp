@@ -220,7 +220,8 @@ void ParallelEngine::plan_gradient_sums() {
     comm::Communicator& c = *grid_.get(group);
     if (c.size() == 1) continue;
     pack.clear();
-    for (int v : views) pack.insert(pack.end(), tgrads().ptr(v), tgrads().ptr(v) + tlocal().view(v).numel);
+    for (int v : views)
+      pack.insert(pack.end(), tgrads().ptr(v), tgrads().ptr(v) + tlocal().view(v).numel);
     c.all_reduce(pack.data(), static_cast<int64_t>(pack.size()));
     const float* src = pack.data();
     for (int v : views) {
@@ -280,7 +281,8 @@ double ParallelEngine::grad_norm_of_slices(const std::vector<int64_t>& counts) c
   double acc = 0.0;
   for (int v = 0; v < tplan().num_views(); ++v) {
     const int64_t offset = tlocal().view(v).offset;
-    const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + tlocal().view(v).numel);
+    const int64_t lo = std::max(begin, offset);
+    const int64_t hi = std::min(end, offset + tlocal().view(v).numel);
     if (lo >= hi) continue;
     const double holders =
         double(grid_.world_size) / double(tplan().tensor(v).split_parts()) / double(z.size());
