@@ -285,6 +285,7 @@ void InternLM2<T>::chunk_attention(int layer, int64_t slot, const AttentionBatch
   const int64_t N = ab.num_tokens, C = ck_.C;
   for (int64_t n0 = 0; n0 < N; n0 += C) {
     const int64_t n = std::min(C, N - n0);
+    at_chunk(n0);
     chunk_load(slot, n0, n, ck_.xw);
     o.attention_norm->forward(ck_.xn, ck_.rstd, ck_.xw, n, params_);
     o.wqkv->forward(ck_.qkv.data() + n0 * Q_, ck_.xn, n, params_);
@@ -307,6 +308,7 @@ void InternLM2<T>::chunk_attention(int layer, int64_t slot, const AttentionBatch
 template <typename T>
 void InternLM2<T>::chunk_tail(int layer, int64_t slot, int64_t n0, int64_t n, bool output) {
   BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
+  at_chunk(n0);  // also for the FFN and wo backward that follow in the backward pass
   chunk_load(slot, n0, n, ck_.xw);
   o.wo->forward(ck_.t, ck_.out.data() + n0 * A_, n, params_);
   add_into(ck_.h, ck_.xw, ck_.t, n * H_);  // h = x + wo(attn)
@@ -372,6 +374,7 @@ LossSum InternLM2<T>::chunked_pass(const data::MicroBatch& batch, Params<T>* gra
         ops_.norm->backward(ck_.dres.data() + n0 * H_, dxf, ck_.h, ck_.rstd, n, params_, grads);
     }
   }
+  at_chunk(0);
   if (!train) return loss;
   backward_point(L, true);
   T* const dres = ck_.dres.data();
@@ -410,6 +413,7 @@ LossSum InternLM2<T>::chunked_pass(const data::MicroBatch& batch, Params<T>* gra
     for (int64_t n0 = 0; n0 < N; n0 += C) {
       const int64_t n = std::min(C, N - n0);
       T* const dr = dres + n0 * H_;
+      at_chunk(n0);
       chunk_load(i, n0, n, ck_.xw);
       o.attention_norm->forward(ck_.xn, ck_.rstd, ck_.xw, n, params_);
       o.wqkv->backward(ck_.t, qkv + n0 * Q_, ck_.xn, n, params_, grads, false);
@@ -418,6 +422,7 @@ LossSum InternLM2<T>::chunked_pass(const data::MicroBatch& batch, Params<T>* gra
     }
     backward_point(i, true);
   }
+  at_chunk(0);
   ops_.embedding->backward(dres, batch.input_ids.data(), N, grads);
   backward_point(-1, true);
   return loss;

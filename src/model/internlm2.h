@@ -210,6 +210,10 @@ class InternLM2 {
   void backward_point(int layer, bool complete) {
     if (backward_hook_) backward_hook_(layer, complete);
   }
+  /// The chunked recomputation's token-wise ops run next on tokens from row position `first`.
+  void at_chunk(int64_t first) {
+    if (ops_.on_chunk) ops_.on_chunk(first);
+  }
   bool checkpoint_;
   int64_t H_, Q_, F_, A_;  // local hidden, qkv features, FFN width, attention output features
 

@@ -8,6 +8,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -252,6 +253,10 @@ struct ModelOps {
   /// saved_qkv in forward and dqkv == scratch == saved_qkv in backward: InternLM2 then recomputes
   /// (model.checkpoint) over chunks of ModelConfig::chunk_tokens tokens (the dense ops).
   bool token_chunks = false;
+  /// Called by the chunked recomputation with the row position of the first token of the run
+  /// that the token-wise ops are called on next (0 again when the pass ends); empty: nobody
+  /// listens. LoRA's dropout reads it: its mask is a function of each token's row position.
+  std::function<void(int64_t first)> on_chunk;
 };
 
 /// Tokens per chunk of the token-wise parts of a recomputed block (model.chunk_tokens), at least 1.

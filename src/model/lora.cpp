@@ -248,7 +248,8 @@ class Adapters {
 #pragma omp parallel for schedule(static) if (nx * in > kParallelMinWork)
     for (int64_t n = 0; n < nx; ++n) {
       for (int64_t j = 0; j < in; ++j) {
-        const int64_t position = positions ? int64_t(positions[n]) : pos0 + n;
+        const int64_t k = st.token_offset + n;
+        const int64_t position = positions ? int64_t(positions[k]) : pos0 + k;
         const T v = lora_keep(key, position, col0 + j, prob) ? x[n * in + j] * keep_scale : T(0);
         if (accumulate) out[n * in + j] += v;
         else out[n * in + j] = v;
@@ -553,6 +554,8 @@ void apply_lora(ModelOps<T>& ops, const ParamTable& base_local, const std::vecto
   ops.norm = std::make_unique<FrozenNorm<T>>(std::move(ops.norm));
   ops.head = std::make_unique<FrozenHead<T>>(std::move(ops.head), state.get(), base_local.output,
                                              head.shape[0], head.shape[1]);
+  // Dropout's mask follows each token's row position through the chunked recomputation.
+  ops.on_chunk = [state](int64_t first) { state->token_offset = first; };
   for (size_t i = 0; i < ops.blocks.size(); ++i) {
     BlockOps<T>& o = ops.blocks[i];
     const BlockParamIds& b = base_local.layers.at(i);

@@ -82,6 +82,9 @@ struct LoraState {
   /// The global row position of each token of the current call when the model sees a slice or a
   /// permutation of the row (ISP, 2D-Attention); empty: LoraLinearSpec::x_position (+ row).
   std::vector<int32_t> positions;
+  /// The row position of the current call's first token when the model runs its token-wise ops
+  /// over chunks of the row (ModelOps::on_chunk); 0 otherwise.
+  int64_t token_offset = 0;
   /// A base held in bf16 (LoraBaseStorage::kBFloat16; one process's full tensors): per base view
   /// index, its bf16 bits (nullptr: read the fp32 parameter, e.g. a norm weight). Empty: the base
   /// is read from its fp32 parameters through the wrapped ops.
