@@ -147,10 +147,8 @@ class Adapters {
     const int64_t nx = rows_x(N), ny = rows_y(N);
     const T s = T(st.config.scale());
     for (const Piece& p : pieces_) {
-      const T* xd = dropped(x, nx, N, p);
-      T* ux = grow(st.u, nx * r_);
-      ops::gemm<T>(false, true, nx, r_, in_, T(1), xd, st.params->ptr(p.a_view), T(0), ux);
-      T* u = to_y(ux, N, nx, ny);
+      const T* xd = nullptr;
+      T* u = down_project(x, N, nx, ny, p, &xd);
       if (p.b_rows == 0) continue;
       if (whole(p)) {  // B covers every output column: y += s·u·Bᵀ in place
         ops::gemm<T>(false, true, ny, out_, r_, s, u, st.params->ptr(p.b_view), T(1), y);
@@ -169,10 +167,8 @@ class Adapters {
     const int64_t nx = rows_x(N), ny = rows_y(N);
     const T s = T(st.config.scale());
     for (const Piece& p : pieces_) {
-      const T* xd = dropped(x, nx, N, p);
-      T* ux = grow(st.u, nx * r_);
-      ops::gemm<T>(false, true, nx, r_, in_, T(1), xd, st.params->ptr(p.a_view), T(0), ux);
-      T* u = to_y(ux, N, nx, ny);
+      const T* xd = nullptr;
+      T* u = down_project(x, N, nx, ny, p, &xd);  // recomputed: nothing kept since forward
       T* du = grow(st.du, ny * r_);
       if (p.b_rows > 0) {
         const T* dym = dy;  // B covers every output column: dy itself
@@ -208,6 +204,14 @@ class Adapters {
   }
 
  private:
+  /// u = dropout(x)·Aᵀ over y's rows ([ny, r]); *xd is the (dropped) input it read.
+  T* down_project(const T* x, int64_t N, int64_t nx, int64_t ny, const Piece& p, const T** xd) {
+    *xd = dropped(x, nx, N, p);
+    T* ux = grow(state_->u, nx * r_);
+    ops::gemm<T>(false, true, nx, r_, in_, T(1), *xd, state_->params->ptr(p.a_view), T(0), ux);
+    return to_y(ux, N, nx, ny);
+  }
+
   /// One segment over all of y's columns in order (InternLM2's wqkv, every linear but q/k/v).
   bool whole(const Piece& p) const {
     return p.segs.size() == 1 && p.segs[0].y_col == 0 && p.segs[0].b_row == 0 &&
