@@ -22,13 +22,13 @@ TEST(Tp2dNp4, Dp2X2Y1Zero1) { check_parity({"dp2 x 2d x2 y1 zero1", layout_2d(2,
 TEST(Tp2dNp4, Dp2X1Y2MatmulWithRs) { check_parity({"dp2 x 2d x1 y2 mm_rs", layout_2d(1, 2, "matmul_with_rs")}); }
 
 TEST(Tp2dNp4, SaveX2Y2ResumeMspTp4) {
-  ParityCase c{"2d x2 y2 -> msp tp4", {}};
+  ParityCase c{"2d x2 y2 -> msp tp4", layout(1, parallel::TensorMode::kMtp)};
   c.model = tiny_model(4);  // tp4 MSP needs kv heads divisible by 4
   check_resume(c, layout_2d(2, 2), layout(4, parallel::TensorMode::kMsp), 3);
 }
 
 TEST(Tp2dNp4, OverlapsEqualNone) {  // see tp2d_np2_test.cpp
-  ParityCase c{"overlap", {}};
+  ParityCase c{"overlap", layout(1, parallel::TensorMode::kMtp)};
   c.P = 48;
   for (const char* o : {"ag_with_matmul", "matmul_with_rs"})
     compare_layouts(c, layout_2d(2, 2, o), std::string("x2 y2 ") + o, layout_2d(2, 2), "none", 1e-6);
