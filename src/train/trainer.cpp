@@ -509,17 +509,10 @@ namespace {
 /// --resume of a LoRA step folder: the base from the folder state.json names (refused when it
 /// moved or its weights changed), the adapter and its AdamW moments from the step folder.
 void resume_lora(Run& run, const fs::path& dir, const CheckpointState& state) {
-  const nlohmann::json& l = state.extra.contains("lora") ? state.extra["lora"] : nlohmann::json();
-  check(l.is_object() && l.contains("base") && l["base"].is_string(),
-        "--resume {}: not a LoRA checkpoint (state.json has no extra.lora.base), but [lora] is "
-        "set (lora.rank = {})", dir.string(), run.config.model.lora.rank);
-  const fs::path base = l["base"].get<std::string>();
-  check(fs::is_directory(base), "--resume {}: its base model {} does not exist (moved?)",
-        dir.string(), base.string());
-  const std::string fingerprint = base_fingerprint(base.string());
-  check(!l.contains("base_fingerprint") || l["base_fingerprint"] == fingerprint,
-        "--resume {}: the weights of its base model {} changed since the checkpoint (fingerprint "
-        "{}, now {})", dir.string(), base.string(), l.value("base_fingerprint", ""), fingerprint);
+  check(state.extra.is_object() && state.extra.contains("lora"),
+        "--resume {}: not a LoRA checkpoint (state.json has no extra.lora), but [lora] is set "
+        "(lora.rank = {})", dir.string(), run.config.model.lora.rank);
+  const fs::path base = lora_checkpoint_base(dir);  // refused when moved or changed, naming it
   run.lora_base = base;
   run.load_full(base, run.params);
   const PeftAdapter a = read_peft_adapter(dir.string());

@@ -109,6 +109,10 @@ TEST(LoraTrainer, ResumeGivesTheUninterruptedLossesAndStepFolderIsPeft) {
   ASSERT_EQ(rest.losses.size(), 2u);
   EXPECT_NEAR(rest.losses[0], whole.losses[2], 1e-6 * whole.losses[2]);
   EXPECT_NEAR(rest.losses[1], whole.losses[3], 1e-6 * whole.losses[3]);
+  // A moved base is refused naming the folder state.json records.
+  const fs::path recorded = state.extra["lora"]["base"].get<std::string>();
+  fs::rename(b.base, b.dir / "moved");
+  testing::expect_error([&] { b.run(save, o); }, {recorded.string(), "does not exist"});
 }
 
 TEST(LoraTrainer, InitAdapterAndDumpGrads) {
