@@ -16,17 +16,7 @@
 namespace longtron::model {
 namespace {
 
-using testing::append_document;
-using testing::append_pad;
-using testing::random_document;
-
-data::MicroBatch tiny_row(int64_t vocab) {
-  std::mt19937_64 rng(7);
-  data::MicroBatch b;
-  for (int64_t len : {7, 1, 5, 1, 6}) append_document(b, random_document(rng, len, vocab));
-  append_pad(b, 4);
-  return b;
-}
+using testing::tiny_row;
 
 void randomize(double* x, int64_t n, uint64_t seed, double sd) {
   std::mt19937_64 rng(seed);

@@ -17,17 +17,7 @@ namespace longtron::model {
 namespace {
 
 using testing::append_document;
-using testing::append_pad;
-using testing::random_document;
-
-/// Row of 24 tokens: documents of 7, 1, 5, 1, 6 tokens and a 4-token pad segment.
-data::MicroBatch tiny_row(int64_t vocab) {
-  std::mt19937_64 rng(7);
-  data::MicroBatch b;
-  for (int64_t len : {7, 1, 5, 1, 6}) append_document(b, random_document(rng, len, vocab));
-  append_pad(b, 4);
-  return b;
-}
+using testing::tiny_row;
 
 /// Parameters far from the init scale so every nonlinearity is exercised.
 void randomize(Params<double>& p, uint64_t seed) {

@@ -54,4 +54,13 @@ inline std::vector<int32_t> random_document(std::mt19937_64& rng, int64_t length
   return doc;
 }
 
+/// Row of 24 tokens: documents of 7, 1, 5, 1, 6 tokens and a 4-token pad segment.
+inline data::MicroBatch tiny_row(int64_t vocab) {
+  std::mt19937_64 rng(7);
+  data::MicroBatch b;
+  for (int64_t len : {7, 1, 5, 1, 6}) append_document(b, random_document(rng, len, vocab));
+  append_pad(b, 4);
+  return b;
+}
+
 }  // namespace longtron::testing
