@@ -28,6 +28,7 @@
 
 #include "core/safetensors.h"
 #include "ops/threads.h"
+#include "ops/compute_context.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
 
@@ -121,6 +122,7 @@ struct AttentionData {
   std::vector<int32_t> cu;
   std::vector<float> qkv, dqkv, out, lse, dout;
   ops::AttentionShape shape;
+  ops::ComputeContext cc;  // float32 unless a benchmark sets bf16
   // The 8192-token row of exponential documents, or (one_document > 0) one document of that many
   // tokens.
   explicit AttentionData(int64_t head_dim, int64_t one_document = 0)
@@ -137,10 +139,10 @@ struct AttentionData {
   const float* q() const { return qkv.data(); }
   const float* k() const { return qkv.data() + kHeads * d; }
   const float* v() const { return qkv.data() + (kHeads + kKvHeads) * d; }
-  void forward() { ops::varlen_attention_forward<float>(out.data(), lse.data(), q(), k(), v(), shape); }
+  void forward() { ops::varlen_attention_forward<float>(cc, out.data(), lse.data(), q(), k(), v(), shape); }
   void backward() {
     float* dq = dqkv.data();
-    ops::varlen_attention_backward<float>(dq, dq + kHeads * d, dq + (kHeads + kKvHeads) * d,
+    ops::varlen_attention_backward<float>(cc, dq, dq + kHeads * d, dq + (kHeads + kKvHeads) * d,
                                           dout.data(), q(), k(), v(), out.data(), lse.data(),
                                           shape);
   }
@@ -173,23 +175,23 @@ void BM_VarlenAttentionForwardBackward(benchmark::State& state) {
 // CPU has them; credited with the same useful FLOPs.
 void BM_VarlenAttentionBf16Forward(benchmark::State& state) {
   if (!ops::attention_bf16_native()) return state.SkipWithError("no AVX512-BF16 on this CPU");
-  ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
   AttentionData a(state.range(0));
+  a.cc.set_type(ops::ComputeType::kBFloat16);
   timed(state, "bf16fwd" + std::to_string(a.d), a.forward_flops(), [&] { a.forward(); });
 }
 
 void BM_VarlenAttentionBf16Backward(benchmark::State& state) {
   if (!ops::attention_bf16_native()) return state.SkipWithError("no AVX512-BF16 on this CPU");
-  ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
   AttentionData a(state.range(0));
+  a.cc.set_type(ops::ComputeType::kBFloat16);
   a.forward();
   timed(state, "bf16bwd" + std::to_string(a.d), 2 * a.forward_flops(), [&] { a.backward(); });
 }
 
 void BM_VarlenAttentionBf16ForwardBackward(benchmark::State& state) {
   if (!ops::attention_bf16_native()) return state.SkipWithError("no AVX512-BF16 on this CPU");
-  ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
   AttentionData a(state.range(0));
+  a.cc.set_type(ops::ComputeType::kBFloat16);
   timed(state, "bf16fwdbwd" + std::to_string(a.d), 3 * a.forward_flops(), [&] {
     a.forward();
     a.backward();
@@ -221,8 +223,8 @@ void BM_OneDocumentForwardBackward(benchmark::State& state) {
   const bool bf16 = state.range(0) != 0;
   if (bf16 && !ops::attention_bf16_native())
     return state.SkipWithError("no AVX512-BF16 on this CPU");
-  ops::ComputeTypeScope scope(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
   AttentionData a(state.range(1), kLongDocument);
+  a.cc.set_type(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
   timed(state, std::string(bf16 ? "bf16" : "") + "doc" + std::to_string(a.d), 3 * a.forward_flops(),
         [&] {
           a.forward();

@@ -4,7 +4,7 @@
 //   dnnl_sgemm  oneDNN's BLAS-like sgemm (the alternative measured when choosing the fp32 path)
 //   fp32        ops::gemm<float> = oneDNN matmul primitive, one per shape (the engine's fp32 path)
 //   bf16        ops::gemm_bf16 = oneDNN matmul bf16 × bf16 → fp32 on operands already in bf16
-//   scope       ops::gemm<float> under a bf16 ComputeTypeScope: rounds both fp32 operands to bf16,
+//   scope       ops::gemm<float> under a bf16 compute context: rounds both fp32 operands to bf16,
 //               then the bf16 matmul (model.dtype = "bfloat16"'s path; the gap to bf16 is the
 //               conversion)
 // Each shape's variants run interleaved for several rounds; the best round of each is kept.
@@ -22,7 +22,7 @@
 #include "core/safetensors.h"
 #include "ops/threads.h"
 #include "ops/ops.h"
-#include "ops/precision.h"
+#include "ops/compute_context.h"
 
 using namespace longtron;
 
@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
   const char* env = std::getenv("OMP_NUM_THREADS");
   const int threads = set_num_threads(env != nullptr ? std::atoi(env) : 0);
   const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 3;
+  const ops::ComputeContext bf16_context(ops::ComputeType::kBFloat16);
   const std::vector<Shape> shapes = {
       {2048, 640, 384, false, true, 0, "wqkv fwd"},   {2048, 384, 640, false, false, 0, "wqkv dx"},
       {640, 384, 2048, true, false, 1, "wqkv dW"},    {2048, 1024, 384, false, true, 0, "w1 fwd"},
@@ -95,8 +96,7 @@ int main(int argc, char** argv) {
         ops::gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, 1.0f, Ab.data(), Bb.data(), s.beta, C.data());
       }));
       best[4] = std::min(best[4], seconds_per_call([&] {
-        const ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
-        ops::gemm<float>(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), B.data(), s.beta, C.data());
+        ops::gemm<float>(bf16_context, s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), B.data(), s.beta, C.data());
       }));
     }
     total_flops += flops;

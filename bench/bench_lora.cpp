@@ -72,9 +72,8 @@ Job make_job(const model::ModelConfig& c, bool bf16) {
 
 double step(Job& j, const std::vector<data::MicroBatch>& rows, bool bf16) {
   const auto t0 = std::chrono::steady_clock::now();
-  const ops::ComputeTypeScope precision(bf16 ? ops::ComputeType::kBFloat16
-                                             : ops::ComputeType::kFloat32);
-  const ops::Bf16WeightScope weights(j.engine->params().data(), j.engine->params().numel());
+  if (j.engine->compute().bf16() != bf16)
+    j.engine->set_compute_type(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
   train::StepOptions so;
   so.lr = 1e-4;
   so.clip_grad_norm = 1.0;

@@ -161,9 +161,7 @@ int main(int argc, char** argv) {
       train::StepOptions so;  // the trainer's step: token loss, clip at 1, lr 1e-3
       so.lr = 1e-3;
       so.clip_grad_norm = 1.0;
-      const ops::ComputeTypeScope precision(bf16 ? ops::ComputeType::kBFloat16
-                                                 : ops::ComputeType::kFloat32);
-      const ops::Bf16WeightScope weights(engine.params().data(), engine.params().numel());
+      engine.set_compute_type(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
       const train::StepResult r = train::train_step(engine, adam, batches, so);
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (s > 0) {

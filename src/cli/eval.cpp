@@ -42,7 +42,7 @@ struct EvalOptions {
 int eval_on(const EvalOptions& o, const comm::CommPtr& world) {
   set_num_threads(o.compute.threads, world->size() > 1 ? comm::ranks_on_node() : 1);
   train::LoadedModel m = train::load_model_dir(o.checkpoint, /*read_weights=*/false);
-  const ops::ComputeTypeScope precision(train::loaded_compute_type(m, o.compute.dtype));
+  const ops::ComputeType compute = train::loaded_compute_type(m, o.compute.dtype);
   // The run's data.* keys from its saved config, through the config's own key table (a Hugging
   // Face folder has none: the defaults).
   const train::TrainConfig run = train::saved_train_config(m.train_config);
@@ -85,6 +85,9 @@ int eval_on(const EvalOptions& o, const comm::CommPtr& world) {
   const parallel::Layout layout = train::layout_of(par);
   const auto engine =
       train::load_into_engine(m, parallel::make_grid(world, layout), pack.packed_length());
+  engine->set_compute_type(compute);
+  // No bf16 weight copy: each GEMM rounds its weight (the forward pass's memory plan).
+  engine->compute().weights().attach(nullptr, 0);
   const train::EvalResult r = train::evaluate_documents(*engine, dataset, pack);
   // A loss of 0 would read as a perfect model: with no label there is no loss to report.
   check(r.count > 0, "{}: no token has a label ({}, every target masked: negative ids "

@@ -134,10 +134,13 @@ int run_generate(const GenerateOptions& o) {
         "generate: --temperature must be a finite number >= 0 (0 = greedy), got {}", o.temperature);
   set_num_threads(o.compute.threads);
   train::LoadedModel m = train::load_model_dir(o.checkpoint, /*read_weights=*/false);
-  const ops::ComputeTypeScope precision(train::loaded_compute_type(m, o.compute.dtype));
+  const ops::ComputeType compute = train::loaded_compute_type(m, o.compute.dtype);
   // One process: the engine's dense mode (the one way into the model).
   const auto engine = train::load_into_engine(
       m, parallel::make_grid(comm::make_local_communicator(), parallel::Layout{}));
+  engine->set_compute_type(compute);
+  // No bf16 weight copy: each GEMM rounds its weight (the forward pass's memory plan).
+  engine->compute().weights().attach(nullptr, 0);
   check(!o.use_prompt_ids || !o.chat, "generate: --chat takes --prompt, not --prompt-ids");
   if (o.use_prompt_ids) return generate_ids(o, *engine);
   check(!m.tokenizer.empty(),

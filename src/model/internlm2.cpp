@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "ops/ops.h"
-#include "ops/precision.h"
+#include "ops/compute_context.h"
 #include "ops/threads.h"
 
 namespace longtron::model {
@@ -97,8 +97,8 @@ void InternLM2<T>::set_checkpoint(bool on) {
 }
 
 template <typename T>
-bool InternLM2<T>::bf16_mode() {
-  return std::is_same_v<T, float> && ops::compute_type() == ops::ComputeType::kBFloat16;
+bool InternLM2<T>::bf16_mode() const {
+  return std::is_same_v<T, float> && ops_.compute->bf16();
 }
 
 template <typename T>

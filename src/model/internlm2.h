@@ -178,8 +178,9 @@ class InternLM2 {
   /// Workspace for N tokens; want_all = one set of block acts per layer (else one shared set);
   /// bf16 = the bf16 layout (see the class comment).
   void reserve(int64_t N, bool want_all, bool bf16);
-  /// Whether this call keeps its saved inputs in bf16: a float model under kBFloat16.
-  static bool bf16_mode();
+  /// Whether this call keeps its saved inputs in bf16: a float model whose ops compute in bf16
+  /// (ModelOps::compute).
+  bool bf16_mode() const;
   AttentionBatch attention_batch(const data::MicroBatch& batch) const;
   /// Embedding and every block; final_residual() holds the last block's output. save = keep
   /// per-block acts.

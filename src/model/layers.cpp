@@ -20,23 +20,24 @@ namespace {
 template <typename T>
 class DenseLinear final : public LinearOp<T> {
  public:
-  DenseLinear(const ParamTable& layout, int weight, int bias)
-      : weight_(weight), bias_(bias), out_(layout.view(weight).shape[0]),
+  DenseLinear(const ops::ComputeContext& cc, const ParamTable& layout, int weight, int bias)
+      : cc_(cc), weight_(weight), bias_(bias), out_(layout.view(weight).shape[0]),
         in_(layout.view(weight).shape[1]) {}
   int64_t in() const override { return in_; }
   int64_t out() const override { return out_; }
 
   void forward(T* y, const T* x, int64_t N, const Params<T>& p) override {
-    ops::linear_forward(y, x, p.ptr(weight_), p.ptr(bias_), N, in_, out_);
+    ops::linear_forward(cc_, y, x, p.ptr(weight_), p.ptr(bias_), N, in_, out_);
   }
 
   void backward(T* dx, const T* dy, const T* x, int64_t N, const Params<T>& p, Params<T>* g,
                 bool accumulate_dx) override {
-    ops::linear_backward(dx, g ? g->ptr(weight_) : nullptr, g ? g->ptr(bias_) : nullptr, dy, x,
+    ops::linear_backward(cc_, dx, g ? g->ptr(weight_) : nullptr, g ? g->ptr(bias_) : nullptr, dy, x,
                          p.ptr(weight_), N, in_, out_, accumulate_dx ? T(1) : T(0));
   }
 
  private:
+  const ops::ComputeContext& cc_;
   int weight_, bias_;
   int64_t out_, in_;
 };
@@ -69,8 +70,8 @@ template <typename T>
 class DenseAttention final : public AttentionOp<T> {
  public:
   /// `window`: this block's sliding window (ModelConfig::window_of), 0 = none.
-  DenseAttention(const ModelConfig& c, int64_t window)
-      : hq_(c.num_attention_heads), hkv_(c.num_kv_attention_heads), d_(c.head_dim()),
+  DenseAttention(const ops::ComputeContext& cc, const ModelConfig& c, int64_t window)
+      : cc_(cc), hq_(c.num_attention_heads), hkv_(c.num_kv_attention_heads), d_(c.head_dim()),
         q_(c.qkv_size()), config_(c), inv_freq_(rope_inv_freq(c)), window_(window),
         group_tokens_(attention_group_tokens(c)) {}
   int64_t qkv_features() const override { return q_; }
@@ -88,7 +89,7 @@ class DenseAttention final : public AttentionOp<T> {
     check_rope_positions(config_, b.indexes, N);
     ops::rope_forward(qkv_s, b.indexes, N, hq_ + hkv_, d_, q_, inv_freq_.data());
     const ops::AttentionShape s = shape(b);
-    ops::varlen_attention_forward_groups(out, lse, qkv_s, qkv_s + hq_ * d_,
+    ops::varlen_attention_forward_groups(cc_, out, lse, qkv_s, qkv_s + hq_ * d_,
                                          qkv_s + (hq_ + hkv_) * d_, s, group_tokens_);
   }
 
@@ -96,7 +97,7 @@ class DenseAttention final : public AttentionOp<T> {
                 const AttentionBatch& b) override {
     const int64_t N = b.num_tokens;
     const ops::AttentionShape s = shape(b);
-    ops::varlen_attention_backward_groups(dqkv_s, dqkv_s + hq_ * d_, dqkv_s + (hq_ + hkv_) * d_,
+    ops::varlen_attention_backward_groups(cc_, dqkv_s, dqkv_s + hq_ * d_, dqkv_s + (hq_ + hkv_) * d_,
                                           dout, qkv_s, qkv_s + hq_ * d_,
                                           qkv_s + (hq_ + hkv_) * d_, out, lse, s, group_tokens_);
     ops::rope_backward(dqkv_s, b.indexes, N, hq_ + hkv_, d_, q_, inv_freq_.data());
@@ -133,6 +134,7 @@ class DenseAttention final : public AttentionOp<T> {
       }
     }
   }
+  const ops::ComputeContext& cc_;
   int64_t hq_, hkv_, d_, q_;
   ModelConfig config_;
   std::vector<double> inv_freq_;  // RoPE inverse frequencies (model/rope_scaling.h)
@@ -162,23 +164,24 @@ class DenseEmbedding final : public EmbeddingOp<T> {
 template <typename T>
 class DenseHeadLoss final : public HeadLossOp<T> {
  public:
-  DenseHeadLoss(const ParamTable& layout, int weight)
-      : weight_(weight), V_(layout.view(weight).shape[0]), H_(layout.view(weight).shape[1]) {}
+  DenseHeadLoss(const ops::ComputeContext& cc, const ParamTable& layout, int weight)
+      : cc_(cc), weight_(weight), V_(layout.view(weight).shape[0]), H_(layout.view(weight).shape[1]) {}
 
   LossSum forward_backward(T* dxf, const T* xf, const int32_t* labels, int64_t N,
                            const Params<T>& p, Params<T>* g, double loss_scale,
                            double* token_losses) override {
     ops::check_labels(labels, N, V_);
-    return chunked_head_loss(chunks_, dxf, dxf && g ? g->ptr(weight_) : nullptr, xf,
+    return chunked_head_loss(cc_, chunks_, dxf, dxf && g ? g->ptr(weight_) : nullptr, xf,
                              p.ptr(weight_), labels, N, V_, H_, head_chunk_rows(V_, N),
                              loss_scale, token_losses);
   }
 
   void logits_row(T* logits, const T* xf, const Params<T>& p) override {
-    ops::gemm<T>(false, true, 1, V_, H_, T(1), xf, p.ptr(weight_), T(0), logits);
+    ops::gemm<T>(cc_, false, true, 1, V_, H_, T(1), xf, p.ptr(weight_), T(0), logits);
   }
 
  private:
+  const ops::ComputeContext& cc_;
   int weight_;
   int64_t V_, H_;
   HeadChunks<T> chunks_;
@@ -208,16 +211,18 @@ void DenseChunkCrossEntropy<T>::backward(T* dlogits, const T* logits, const T* l
 }
 
 template <typename T>
-LossSum chunked_head_loss(HeadChunks<T>& s, T* dxf, T* dW, const T* xf, const T* W,
-                          const int32_t* labels, int64_t N, int64_t V, int64_t H, int64_t chunk,
-                          double loss_scale, double* token_losses, const uint16_t* W16) {
+LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s, T* dxf, T* dW,
+                          const T* xf, const T* W, const int32_t* labels, int64_t N, int64_t V,
+                          int64_t H, int64_t chunk, double loss_scale, double* token_losses,
+                          const uint16_t* W16) {
   DenseChunkCrossEntropy<T> ce(V);
-  return chunked_head_loss(s, ce, dxf, dW, xf, W, labels, N, V, H, chunk, loss_scale,
+  return chunked_head_loss(cc, s, ce, dxf, dW, xf, W, labels, N, V, H, chunk, loss_scale,
                            token_losses, W16);
 }
 
 template <typename T>
-LossSum chunked_head_loss(HeadChunks<T>& s, ChunkCrossEntropy<T>& ce, T* dxf, T* dW,
+LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s,
+                          ChunkCrossEntropy<T>& ce, T* dxf, T* dW,
                           const T* xf, const T* W, const int32_t* labels, int64_t N, int64_t V,
                           int64_t H, int64_t chunk, double loss_scale, double* token_losses,
                           const uint16_t* W16) {
@@ -227,7 +232,7 @@ LossSum chunked_head_loss(HeadChunks<T>& s, ChunkCrossEntropy<T>& ce, T* dxf, T*
       if (W16) return ops::gemm_bf16_weight(false, tb, M, Nc, K, 1.f, A, W16, 0.f, C);
     }
     check(W != nullptr, "chunked_head_loss: no head weight");
-    ops::gemm<T>(false, tb, M, Nc, K, T(1), A, W, T(0), C);
+    ops::gemm<T>(cc, false, tb, M, Nc, K, T(1), A, W, T(0), C);
   };
   // Every rank of a vocabulary-parallel group takes the same chunks (each issues collectives).
   const int64_t C = std::max<int64_t>(1, std::min(chunk, N));
@@ -246,7 +251,7 @@ LossSum chunked_head_loss(HeadChunks<T>& s, ChunkCrossEntropy<T>& ce, T* dxf, T*
     if (!dxf) continue;
     ce.backward(dlogits, logits, lse, labels + n0, rows, static_cast<T>(loss_scale));
     weight_gemm(false, rows, H, V, dlogits, dxf + n0 * H);
-    if (dW) ops::linear_weight_grad(dW, dlogits, xf + n0 * H, rows, H, V);
+    if (dW) ops::linear_weight_grad(cc, dW, dlogits, xf + n0 * H, rows, H, V);
   }
   return loss;
 }
@@ -257,42 +262,45 @@ std::unique_ptr<NormOp<T>> make_dense_norm(const ParamTable& layout, int weight)
 }
 
 template <typename T>
-ModelOps<T> make_dense_ops(const ParamTable& layout) {
+ModelOps<T> make_dense_ops(const ParamTable& layout, const ops::ComputeContext& cc) {
   ModelOps<T> ops;
+  ops.compute = &cc;
   ops.embedding = std::make_unique<DenseEmbedding<T>>(layout, layout.tok_embeddings);
   for (const BlockParamIds& b : layout.layers) {
     BlockOps<T> block;
     block.attention_norm = std::make_unique<DenseNorm<T>>(layout, b.attention_norm);
     block.ffn_norm = std::make_unique<DenseNorm<T>>(layout, b.ffn_norm);
-    block.wqkv = std::make_unique<DenseLinear<T>>(layout, b.wqkv, b.wqkv_bias);
-    block.wo = std::make_unique<DenseLinear<T>>(layout, b.wo, b.wo_bias);
+    block.wqkv = std::make_unique<DenseLinear<T>>(cc, layout, b.wqkv, b.wqkv_bias);
+    block.wo = std::make_unique<DenseLinear<T>>(cc, layout, b.wo, b.wo_bias);
     block.gate_up = std::make_unique<SeparateGateUp<T>>(
-        std::make_unique<DenseLinear<T>>(layout, b.w1, b.w1_bias),
-        std::make_unique<DenseLinear<T>>(layout, b.w3, b.w3_bias));
-    block.w2 = std::make_unique<DenseLinear<T>>(layout, b.w2, b.w2_bias);
+        std::make_unique<DenseLinear<T>>(cc, layout, b.w1, b.w1_bias),
+        std::make_unique<DenseLinear<T>>(cc, layout, b.w3, b.w3_bias));
+    block.w2 = std::make_unique<DenseLinear<T>>(cc, layout, b.w2, b.w2_bias);
     const int64_t layer = &b - layout.layers.data();
-    block.attention = std::make_unique<DenseAttention<T>>(layout.config(), layout.config().window_of(layer));
+    block.attention = std::make_unique<DenseAttention<T>>(cc, layout.config(), layout.config().window_of(layer));
     ops.blocks.push_back(std::move(block));
   }
   ops.norm = std::make_unique<DenseNorm<T>>(layout, layout.norm);
-  ops.head = std::make_unique<DenseHeadLoss<T>>(layout, layout.output);
+  ops.head = std::make_unique<DenseHeadLoss<T>>(cc, layout, layout.output);
   ops.token_chunks = true;
   return ops;
 }
 
 #define LONGTRON_INSTANTIATE(T)                                                               \
   template class DenseChunkCrossEntropy<T>;                                                     \
-  template LossSum chunked_head_loss<T>(HeadChunks<T>&, T*, T*, const T*, const T*,             \
+  template LossSum chunked_head_loss<T>(const ops::ComputeContext&, HeadChunks<T>&, T*, T*,      \
+                                        const T*, const T*,                                      \
                                         const int32_t*, int64_t, int64_t, int64_t, int64_t,      \
                                         double, double*, const uint16_t*);                       \
-  template LossSum chunked_head_loss<T>(HeadChunks<T>&, ChunkCrossEntropy<T>&, T*, T*,         \
+  template LossSum chunked_head_loss<T>(const ops::ComputeContext&, HeadChunks<T>&,              \
+                                        ChunkCrossEntropy<T>&, T*, T*,                          \
                                         const T*, const T*, const int32_t*, int64_t, int64_t,    \
                                         int64_t, int64_t, double, double*, const uint16_t*);
 LONGTRON_INSTANTIATE(float)
 LONGTRON_INSTANTIATE(double)
 #undef LONGTRON_INSTANTIATE
-template ModelOps<float> make_dense_ops<float>(const ParamTable&);
-template ModelOps<double> make_dense_ops<double>(const ParamTable&);
+template ModelOps<float> make_dense_ops<float>(const ParamTable&, const ops::ComputeContext&);
+template ModelOps<double> make_dense_ops<double>(const ParamTable&, const ops::ComputeContext&);
 template std::unique_ptr<NormOp<float>> make_dense_norm<float>(const ParamTable&, int);
 template std::unique_ptr<NormOp<double>> make_dense_norm<double>(const ParamTable&, int);
 

@@ -15,6 +15,7 @@
 
 #include "model/params.h"
 #include "core/grow_buffer.h"
+#include "ops/compute_context.h"
 
 namespace longtron::model {
 
@@ -208,9 +209,10 @@ class DenseChunkCrossEntropy final : public ChunkCrossEntropy<T> {
 /// (overwritten) and, with dW, dW[Vc, H] += dlogitsᵀ·xf. Labels must have been checked
 /// (ops::check_labels) by the caller. W16 (float only; nullptr: none) is W already rounded to
 /// bf16 (raw bits, e.g. ISP's bf16 all-gather): the GEMMs that read the weight then use it
-/// directly (ops::gemm_bf16_weight) and W may be nullptr.
+/// directly (ops::gemm_bf16_weight) and W may be nullptr. The other GEMMs run in the precision of
+/// `cc` (ops/compute_context.h).
 template <typename T>
-LossSum chunked_head_loss(HeadChunks<T>& s, ChunkCrossEntropy<T>& ce, T* dxf, T* dW,
+LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s, ChunkCrossEntropy<T>& ce, T* dxf, T* dW,
                           const T* xf, const T* W, const int32_t* labels, int64_t N, int64_t Vc,
                           int64_t H, int64_t chunk, double loss_scale, double* token_losses,
                           const uint16_t* W16 = nullptr);
@@ -218,7 +220,7 @@ LossSum chunked_head_loss(HeadChunks<T>& s, ChunkCrossEntropy<T>& ce, T* dxf, T*
 /// chunked_head_loss over the whole vocabulary V (DenseChunkCrossEntropy): the dense and the
 /// weight-parallel (ISP) heads. token_losses as HeadLossOp.
 template <typename T>
-LossSum chunked_head_loss(HeadChunks<T>& s, T* dxf, T* dW, const T* xf, const T* W,
+LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s, T* dxf, T* dW, const T* xf, const T* W,
                           const int32_t* labels, int64_t N, int64_t V, int64_t H, int64_t chunk,
                           double loss_scale, double* token_losses,
                           const uint16_t* W16 = nullptr);
@@ -236,6 +238,9 @@ struct BlockOps {
 /// Every op of a model; built once (make_dense_ops or a parallel factory).
 template <typename T>
 struct ModelOps {
+  /// The precision the ops compute in (they hold a reference to the same context, given when
+  /// built): the model reads its compute type to lay out its activations (bf16 saves).
+  const ops::ComputeContext* compute = &ops::ComputeContext::fp32();
   std::unique_ptr<EmbeddingOp<T>> embedding;
   std::vector<BlockOps<T>> blocks;
   std::unique_ptr<NormOp<T>> norm;  ///< the final RMSNorm
@@ -267,9 +272,11 @@ inline int64_t chunk_tokens(const ModelConfig& c) { return std::max<int64_t>(1, 
 /// dq, lse and D (and the forward's packed keys) are sized by a group of documents, not the row.
 inline int64_t attention_group_tokens(const ModelConfig& c) { return 4 * chunk_tokens(c); }
 
-/// The single-process ops over the full tensors of `layout`.
+/// The single-process ops over the full tensors of `layout`, computing in the precision of `cc`
+/// (which must outlive them).
 template <typename T>
-ModelOps<T> make_dense_ops(const ParamTable& layout);
+ModelOps<T> make_dense_ops(const ParamTable& layout,
+                           const ops::ComputeContext& cc = ops::ComputeContext::fp32());
 
 /// RMSNorm over whole rows with weight view `weight` [H] of `layout` (eps model.norm_eps): the
 /// dense model's norms, and any mode's whose rows are all local (ISP).

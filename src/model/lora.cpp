@@ -92,7 +92,8 @@ class FrozenHead final : public HeadLossOp<T> {
     if constexpr (std::is_same_v<T, float>) {
       if (const uint16_t* W16 = bf16_weight()) {
         ops::check_labels(labels, N, V_);
-        return chunked_head_loss<T>(chunks_, dxf, nullptr, xf, nullptr, labels, N, V_, H_,
+        // Every GEMM reads W16 (no weight gradient): no context precision applies.
+        return chunked_head_loss<T>(ops::ComputeContext::fp32(), chunks_, dxf, nullptr, xf, nullptr, labels, N, V_, H_,
                                     head_chunk_rows(V_, N), loss_scale, token_losses, W16);
       }
     }
@@ -140,9 +141,9 @@ class Adapters {
 
   void forward(T* y, const T* x, int64_t N) {
     if (pieces_.empty()) return;
-    // The adapters' thin GEMMs (one side r wide) in fp32 whatever the compute type: under bf16
-    // they would round their [N, in] input once per adapter, which costs more than it saves.
-    const ops::ComputeTypeScope fp32(ops::ComputeType::kFloat32);
+    // The adapters' thin GEMMs (one side r wide) in fp32 whatever the compute type (the
+    // context-free ops::gemm): under bf16 they would round their [N, in] input once per adapter,
+    // which costs more than it saves.
     LoraState<T>& st = *state_;
     const int64_t nx = rows_x(N), ny = rows_y(N);
     const T s = T(st.config.scale());
@@ -162,7 +163,6 @@ class Adapters {
 
   void backward(T* dx, const T* dy, const T* x, int64_t N) {
     if (pieces_.empty()) return;
-    const ops::ComputeTypeScope fp32(ops::ComputeType::kFloat32);
     LoraState<T>& st = *state_;
     const int64_t nx = rows_x(N), ny = rows_y(N);
     const T s = T(st.config.scale());
@@ -294,7 +294,7 @@ class FrozenLinear {
   void backward(T* dx, const T* dy, const T* x, int64_t N, const Params<T>& p, bool accumulate) {
     if constexpr (std::is_same_v<T, float>) {
       if (const uint16_t* W16 = bf16_weight())
-        return ops::linear_backward_bf16(dx, nullptr, nullptr, dy, x, W16, N, base_->in(),
+        return ops::linear_backward_bf16(ops::ComputeContext::fp32(), dx, nullptr, nullptr, dy, x, W16, N, base_->in(),
                                          base_->out(), accumulate ? 1.f : 0.f);
     }
     base_->backward(dx, dy, x, N, p, nullptr, accumulate);
@@ -360,8 +360,8 @@ class LoraGateUp final : public GateUpOp<T> {
     if constexpr (std::is_same_v<T, float>) {
       if (!state_->base16.empty()) {
         const int64_t F = base_->out();
-        ops::linear_backward_bf16(dx, nullptr, nullptr, da, x, bf16(ids_[0]), N, H_, F, 0.f);
-        ops::linear_backward_bf16(dx, nullptr, nullptr, db, x, bf16(ids_[2]), N, H_, F, 1.f);
+        ops::linear_backward_bf16(ops::ComputeContext::fp32(), dx, nullptr, nullptr, da, x, bf16(ids_[0]), N, H_, F, 0.f);
+        ops::linear_backward_bf16(ops::ComputeContext::fp32(), dx, nullptr, nullptr, db, x, bf16(ids_[2]), N, H_, F, 1.f);
       } else {
         base_->backward(dx, da, db, x, N, p, nullptr);
       }

@@ -92,8 +92,10 @@ ParallelEngine::ParallelEngine(const model::ModelConfig& config, const Grid& gri
       local_(plan_.local_layout()),
       params_(local_),
       grads_(local_) {
+  compute_.weights().attach(params_.data(), params_.numel());
   model::ModelOps<float> ops = factory_->make_ops(context());
   if (config.lora.enabled()) build_lora(ops);
+  ops.compute = &compute_;  // the model reads its compute type (the ops were given it above)
   model_ = std::make_unique<model::InternLM2<float>>(local_, params_, std::move(ops));
 }
 

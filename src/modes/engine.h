@@ -58,6 +58,7 @@
 #include "model/params.h"
 #include "modes/grad_buckets.h"
 #include "modes/mode_memory.h"
+#include "ops/compute_context.h"
 #include "parallel/layout.h"
 #include "parallel/shard_plan.h"
 
@@ -69,6 +70,9 @@ struct ModeContext {
   const model::ParamTable& local;  ///< this rank's layout (plan.local_layout())
   const ShardPlan& plan;
   const Grid& grid;
+  /// The engine's compute context: the ops keep a reference and compute in its precision (the
+  /// engine sets ModelOps::compute to it after make_ops).
+  const ops::ComputeContext& compute;
 };
 
 /// One parallel mode.
@@ -141,8 +145,22 @@ class ParallelEngine {
   const ShardPlan& plan() const { return plan_; }
   const Grid& grid() const { return grid_; }
   const std::string& mode() const { return mode_; }
-  model::Params<float>& params() { return params_; }
+  /// The parameters, for writing: marks the bf16 weight copy stale (the next GEMM that reads a
+  /// weight remakes it), so no write can leave it stale. Read through the const overload.
+  model::Params<float>& params() {
+    compute_.weights().invalidate();
+    return params_;
+  }
+  const model::Params<float>& params() const { return params_; }
   model::Params<float>& grads() { return grads_; }
+  /// The compute context every op of this engine computes in (ops/compute_context.h): float32
+  /// until set_compute_type. Its bf16 weight copy mirrors params(); the optimizer refreshes it in
+  /// its update (train::AdamW::update).
+  ops::ComputeContext& compute() { return compute_; }
+  const ops::ComputeContext& compute() const { return compute_; }
+  /// The compute type of every later forward and backward (eval, generation and training set it
+  /// once, before the first pass).
+  void set_compute_type(ops::ComputeType type) { compute_.set_type(type); }
   model::InternLM2<float>& model() { return *model_; }
 
   /// The part of a full packed row this rank feeds to the model (the mode's local_batch).
@@ -246,7 +264,7 @@ class ParallelEngine {
   void freeze_lora_base(model::LoraBaseStorage storage);
 
  private:
-  ModeContext context() const { return ModeContext{full_, local_, plan_, grid_}; }
+  ModeContext context() const { return ModeContext{full_, local_, plan_, grid_, compute_}; }
   /// Step 1 of finish_gradients: the plan's SUMs over the model-parallel groups.
   void plan_gradient_sums();
 
@@ -257,6 +275,7 @@ class ParallelEngine {
   ShardPlan plan_;
   model::ParamTable local_;
   model::Params<float> params_, grads_;
+  ops::ComputeContext compute_;  // before model_: the ops hold references to it
   bool gradients_finished_ = false;  ///< finish_gradients ran since grads_ last changed
   std::vector<float> slice_scratch_;  // finish_gradient_slices' receive buffer (kept between steps)
   std::unique_ptr<model::InternLM2<float>> model_;

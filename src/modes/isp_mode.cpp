@@ -54,7 +54,7 @@ void register_isp_mode() {
   // ranks with the same weight rank) is WEIGHT_DATA. WEIGHT x WEIGHT_DATA = world.
   f.data_group = comm::Group::kWeightData;
   f.make_ops = [](const ModeContext& ctx) {
-    return make_isp_ops(ctx.full, ctx.grid, ctx.grid.layout.weight_overlap);
+    return make_isp_ops(ctx.full, ctx.grid, ctx.grid.layout.weight_overlap, nullptr, ctx.compute);
   };
   f.local_batch = [](const data::MicroBatch& row, const ModeContext& ctx) {
     const Grid& g = ctx.grid;

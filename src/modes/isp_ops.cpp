@@ -63,16 +63,18 @@ void isp_scatter_params(model::Params<float>& local, const model::Params<float>&
 }
 
 model::ModelOps<float> make_isp_ops(const model::ParamTable& full, const Grid& grid,
-                                    bool overlap, std::shared_ptr<IspWeightStore>* store_out) {
+                                    bool overlap, std::shared_ptr<IspWeightStore>* store_out,
+                                    const ops::ComputeContext& cc) {
   const model::ModelConfig& c = full.config();
   validate_isp_sizes(grid.layout, ModelShape{c.num_attention_heads, c.num_kv_attention_heads,
                                              c.hidden_size, 0, c.tie_word_embeddings});
   // Ulysses over the HEAD group (= TENSOR unless 2D-Attention splits it with a CONTEXT group).
   const comm::CommPtr& head = grid.head ? grid.head : grid.tensor;
   const data::ContextBalance balance = grid.layout.seq2d_balance;
-  auto store = std::make_shared<IspWeightStore>(grid.weight, overlap);
+  auto store = std::make_shared<IspWeightStore>(grid.weight, overlap, cc);
   const int64_t H = c.hidden_size;
   model::ModelOps<float> ops;
+  ops.compute = &cc;
   const model::ParamView& emb = full.view(full.tok_embeddings);
   const bool tied = c.tie_word_embeddings;  // one table split on vocabulary rows, as the head
   ops.embedding =
@@ -95,7 +97,7 @@ model::ModelOps<float> make_isp_ops(const model::ParamTable& full, const Grid& g
     block.attention = std::make_unique<UlyssesAttention>(
         c, head, scratch, grid.context, balance, c.window_of(&b - full.layers.data()),
         ContextOptions{grid.layout.seq2d_ring ? ContextForm::kRing : ContextForm::kAllGather,
-                       grid.layout.seq2d_window, grid.layout.seq2d_interleaved});
+                       grid.layout.seq2d_window, grid.layout.seq2d_interleaved, &cc});
     ops.blocks.push_back(std::move(block));
   }
   ops.norm = model::make_dense_norm<float>(full, full.norm);

@@ -62,8 +62,10 @@ void isp_scatter_params(model::Params<float>& local, const model::Params<float>&
 /// in call order: embedding first (it marks the start of each pass for the prefetcher).
 /// `store_out`, if given, receives the weight store (prefetch counters for tests/benchmarks).
 /// Throws Error when the sizes break validate_isp_sizes.
+/// `cc`: the precision of the ops (it must outlive them).
 model::ModelOps<float> make_isp_ops(const model::ParamTable& full, const Grid& grid,
                                     bool overlap,
-                                    std::shared_ptr<IspWeightStore>* store_out = nullptr);
+                                    std::shared_ptr<IspWeightStore>* store_out = nullptr,
+                                    const ops::ComputeContext& cc = ops::ComputeContext::fp32());
 
 }  // namespace longtron::parallel

@@ -15,8 +15,9 @@ namespace longtron::parallel {
 
 // ---- IspWeightStore ------------------------------------------------------------------------------
 
-IspWeightStore::IspWeightStore(comm::CommPtr weight, bool overlap)
-    : comm_(std::move(weight)), W_(comm_->size()), rank_(comm_->rank()), overlap_(overlap) {}
+IspWeightStore::IspWeightStore(comm::CommPtr weight, bool overlap, const ops::ComputeContext& cc)
+    : cc_(cc), comm_(std::move(weight)), W_(comm_->size()), rank_(comm_->rank()),
+      overlap_(overlap) {}
 
 IspWeightStore::~IspWeightStore() {
   // A prefetch still in flight must finish before its buffer goes away (Work waits in its
@@ -63,7 +64,7 @@ void IspWeightStore::start_gather(Slot& slot, int id, bool bf16,
     // The step's bf16 copy of this shard (rounded once a step). It stays unchanged while the
     // gather is in flight: only the optimizer step invalidates it, between passes, and begin_pass
     // waits for every gather first.
-    const uint16_t* step = ops::bf16_weight_copy_of(shard, mine);
+    const uint16_t* step = cc_.weights().of(shard, mine);
     if (step != nullptr && mine == e.max_count) {
       slot.work = comm_->all_gather_async(recv, step, e.max_count);
       return;
@@ -194,15 +195,13 @@ IspLinear::IspLinear(std::shared_ptr<IspWeightStore> store, int weight_view, int
 }
 
 // Under bf16 the linears and the head read their weight as gathered bf16 (isp_weights.h).
-static bool bf16_compute() { return ops::compute_type() == ops::ComputeType::kBFloat16; }
-
 void IspLinear::forward(float* y, const float* x, int64_t N, const model::Params<float>& p) {
-  if (bf16_compute()) {
+  if (store_->compute().bf16()) {
     const uint16_t* W16 = store_->acquire_bf16(id_, WeightUse::kForward, p);
     return ops::linear_forward_bf16(y, x, W16, p.ptr(bias_view_), N, in_, out_);
   }
   const float* W = store_->acquire(id_, WeightUse::kForward, p);
-  ops::linear_forward(y, x, W, p.ptr(bias_view_), N, in_, out_);
+  ops::linear_forward(store_->compute(), y, x, W, p.ptr(bias_view_), N, in_, out_);
 }
 
 void IspLinear::backward(float* dx, const float* dy, const float* x, int64_t N,
@@ -211,13 +210,14 @@ void IspLinear::backward(float* dx, const float* dy, const float* x, int64_t N,
   // dW into the gathered-form scratch (overwritten, then reduce-scattered onto the shard); the
   // replicated bias gets the partial sum over this rank's tokens (the engine sums it).
   const float beta = accumulate_dx ? 1.f : 0.f;
-  const bool bf16 = bf16_compute();
+  const ops::ComputeContext& cc = store_->compute();
+  const bool bf16 = cc.bf16();
   const uint16_t* W16 = bf16 ? store_->acquire_bf16(id_, WeightUse::kBackward, p) : nullptr;
   const float* W = bf16 ? nullptr : store_->acquire(id_, WeightUse::kBackward, p);
   float* G = g ? store_->grad_scratch(out_ * in_) : nullptr;
   float* dbias = g ? g->ptr(bias_view_) : nullptr;
-  if (bf16) ops::linear_backward_bf16(dx, G, dbias, dy, x, W16, N, in_, out_, beta, 0.f);
-  else ops::linear_backward(dx, G, dbias, dy, x, W, N, in_, out_, beta, 0.f);
+  if (bf16) ops::linear_backward_bf16(cc, dx, G, dbias, dy, x, W16, N, in_, out_, beta, 0.f);
+  else ops::linear_backward(cc, dx, G, dbias, dy, x, W, N, in_, out_, beta, 0.f);
   if (G) store_->reduce_grad(g->ptr(weight_view_), G, id_);
 }
 
@@ -277,7 +277,7 @@ model::LossSum IspHeadLoss::forward_backward(float* dxf, const float* xf, const 
                                              model::Params<float>* g, double loss_scale,
                                              double* token_losses) {
   ops::check_labels(labels, N, V_);
-  const bool bf16 = bf16_compute();
+  const bool bf16 = store_->compute().bf16();
   const float* W = bf16 ? nullptr : store_->acquire(id_, WeightUse::kForward, p);
   const uint16_t* W16 = bf16 ? store_->acquire_bf16(id_, WeightUse::kForward, p) : nullptr;
   float* G = nullptr;
@@ -285,7 +285,7 @@ model::LossSum IspHeadLoss::forward_backward(float* dxf, const float* xf, const 
     G = store_->grad_scratch(V_ * H_);
     std::fill(G, G + V_ * H_, 0.f);
   }
-  model::LossSum loss = model::chunked_head_loss(chunks_, dxf, G, xf, W, labels, N, V_, H_,
+  model::LossSum loss = model::chunked_head_loss(store_->compute(), chunks_, dxf, G, xf, W, labels, N, V_, H_,
                                                  model::head_chunk_rows(V_, N), loss_scale,
                                                  token_losses, W16);
   if (G) store_->reduce_grad(g->ptr(view_), G, id_);
@@ -299,12 +299,12 @@ model::LossSum IspHeadLoss::forward_backward(float* dxf, const float* xf, const 
 }
 
 void IspHeadLoss::logits_row(float* logits, const float* xf, const model::Params<float>& p) {
-  if (bf16_compute()) {
+  if (store_->compute().bf16()) {
     const uint16_t* W16 = store_->acquire_bf16(id_, WeightUse::kForward, p);
     return ops::gemm_bf16_weight(false, true, 1, V_, H_, 1.f, xf, W16, 0.f, logits);
   }
   const float* W = store_->acquire(id_, WeightUse::kForward, p);
-  ops::gemm<float>(false, true, 1, V_, H_, 1.f, xf, W, 0.f, logits);
+  ops::gemm<float>(store_->compute(), false, true, 1, V_, H_, 1.f, xf, W, 0.f, logits);
 }
 
 }  // namespace longtron::parallel

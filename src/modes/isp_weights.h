@@ -12,7 +12,7 @@
 // the previous pass (see acquire); a wrong guess costs a wasted gather, never a wrong result.
 //
 // Mixed precision (model.dtype = "bfloat16"): a weight read only by GEMMs (the linears, the head)
-// is gathered as bf16. Each rank's shard comes from the step's bf16 copy (ops::Bf16WeightScope:
+// is gathered as bf16. Each rank's shard comes from the step's bf16 copy (ops::ComputeContext::weights():
 // rounded once a step, round-to-nearest-even) or is rounded at the gather when no scope is alive;
 // the all-gather moves 2 bytes a weight instead of 4 and the GEMMs read the gathered bits directly
 // (ops::gemm_bf16_weight). Rounding commutes with gathering, so the products are bitwise those of
@@ -39,8 +39,10 @@ enum class WeightUse { kForward, kBackward };
 /// and the gathered form is chunk-major [W][rows][cols/W].
 class IspWeightStore {
  public:
-  /// `weight`: the WEIGHT group; `overlap`: parallel.weight.overlap.
-  IspWeightStore(comm::CommPtr weight, bool overlap);
+  /// `weight`: the WEIGHT group; `overlap`: parallel.weight.overlap; `cc`: the precision of the
+  /// ops that share this store (it must outlive them): under kBFloat16 they gather bf16 weights.
+  IspWeightStore(comm::CommPtr weight, bool overlap,
+                 const ops::ComputeContext& cc = ops::ComputeContext::fp32());
   ~IspWeightStore();
 
   /// Registers the full tensor [rows, cols] of view `view`, sharded on `dim` (0 or 1). Returns its id.
@@ -60,7 +62,7 @@ class IspWeightStore {
 
   /// acquire in bf16: the gathered weight `id` as raw bf16 bits (dim 0 only: [rows, cols]), the
   /// round-to-nearest-even of the fp32 weight; the all-gather moves 2 bytes an element. Shards
-  /// come from the live ops::Bf16WeightScope's copy (rounded once a step) when the params lie in
+  /// come from the compute context's bf16 weight copy (rounded once a step) when the params lie in
   /// it, else are rounded here. A weight gathered in both precisions is two keys of the
   /// prefetch order. Collective as acquire; throws Error for a dim-1 tensor.
   const uint16_t* acquire_bf16(int id, WeightUse use, const model::Params<float>& params);
@@ -77,12 +79,14 @@ class IspWeightStore {
   int weight_size() const { return W_; }
   int weight_rank() const { return rank_; }
   bool overlap() const { return overlap_; }
+  const ops::ComputeContext& compute() const { return cc_; }
   comm::Communicator& comm() { return *comm_; }
   /// Prefetches started / prefetches that were used (for tests and the benchmark).
   int64_t prefetches_started() const { return started_; }
   int64_t prefetches_used() const { return used_; }
 
  private:
+  const ops::ComputeContext& cc_;
   struct Entry {
     int view;
     int64_t rows, cols;

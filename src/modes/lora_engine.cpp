@@ -153,7 +153,7 @@ const model::ParamTable& ParallelEngine::train_full_layout() const {
 }
 const model::ParamTable& ParallelEngine::train_layout() const { return tlocal(); }
 const ShardPlan& ParallelEngine::train_plan() const { return tplan(); }
-model::Params<float>& ParallelEngine::train_params() { return lora_ ? *lora_->params : params_; }
+model::Params<float>& ParallelEngine::train_params() { return lora_ ? *lora_->params : params(); }
 model::Params<float>& ParallelEngine::train_grads() { return tgrads(); }
 model::Params<float>& ParallelEngine::tgrads() { return lora_ ? *lora_->grads : grads_; }
 const model::Params<float>& ParallelEngine::tgrads() const { return lora_ ? *lora_->grads : grads_; }
@@ -171,6 +171,7 @@ void ParallelEngine::freeze_lora_base(model::LoraBaseStorage storage) {
         "\"float32\"", mode_);
   Lora& L = *lora_;
   L.state->base16 = model::lora_base_bf16(local_, params_.data(), L.base16);
+  compute_.weights().attach(nullptr, 0);  // the ops read base16; no copy mirrors the fp32 zeros
   // The fp32 matrices are not read again: give their whole pages back (they read 0 afterwards).
   const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
   for (const model::ParamView& v : local_.views()) {

@@ -155,11 +155,11 @@ class VocabParallelEmbedding final : public model::EmbeddingOp<float> {
 class VocabParallelHead final : public model::HeadLossOp<float> {
  public:
   VocabParallelHead(const ParamTable& full, const ParamTable& local, int weight,
-                    SequenceParallel sp, CommPtr comm)
+                    SequenceParallel sp, CommPtr comm, const ops::ComputeContext& cc)
       : weight_(weight), V_(full.view(weight).shape[0]), Vr_(local.view(weight).shape[0]),
-        H_(full.view(weight).shape[1]), sp_(sp), comm_(std::move(comm)),
+        H_(full.view(weight).shape[1]), sp_(sp), comm_(std::move(comm)), cc_(cc),
         loss_(V_, Vr_, H_,
-              shard_range(V_, comm_->size(), comm_->rank()).start, comm_->size()) {}
+              shard_range(V_, comm_->size(), comm_->rank()).start, comm_->size(), cc) {}
 
   model::LossSum forward_backward(float* dxf, const float* xf, const int32_t* labels, int64_t N,
                                   const Params<float>& p, Params<float>* g, double loss_scale,
@@ -184,7 +184,7 @@ class VocabParallelHead final : public model::HeadLossOp<float> {
   /// Whole-vocabulary logits of one full (replicated) row: local logits, all-gathered unevenly.
   void logits_row(float* logits, const float* xf, const Params<float>& p) override {
     std::vector<float> mine(static_cast<size_t>(Vr_) + 1);
-    ops::gemm<float>(false, true, 1, Vr_, H_, 1.0f, xf, p.ptr(weight_), 0.0f, mine.data());
+    ops::gemm<float>(cc_, false, true, 1, Vr_, H_, 1.0f, xf, p.ptr(weight_), 0.0f, mine.data());
     std::vector<int64_t> counts;
     for (int r = 0; r < comm_->size(); ++r) counts.push_back(shard_range(V_, comm_->size(), r).count);
     comm_->all_gather_v(logits, mine.data(), counts);
@@ -195,6 +195,7 @@ class VocabParallelHead final : public model::HeadLossOp<float> {
   int64_t V_, Vr_, H_;
   SequenceParallel sp_;
   CommPtr comm_;
+  const ops::ComputeContext& cc_;
   VocabParallelHeadLoss loss_;
   Buffer x_full_, dx_full_;
 };
@@ -242,17 +243,19 @@ ModelOps<float> megatron_ops(const ModeContext& ctx) {
   local_config.num_kv_attention_heads /= T;
   local_config.hidden_size /= T;
   const ParamTable attention_layout(local_config);
-  ModelOps<float> dense = model::make_dense_ops<float>(attention_layout);
+  ModelOps<float> dense = model::make_dense_ops<float>(attention_layout, ctx.compute);
 
   ModelOps<float> ops;
+  ops.compute = &ctx.compute;
   if (ctx.full.config().tie_word_embeddings)
     ops.embedding = std::make_unique<VocabParallelEmbedding>(ctx.full, L, L.tok_embeddings, sp, tp);
   else
     ops.embedding = std::make_unique<SplitEmbedding>(ctx.full, L.tok_embeddings, sp, tp);
   // Column linears gather over TENSOR (FSP: one gathered copy for the whole model); row linears
   // reduce over TENSOR, scattering the rows under sequence parallel.
-  const TpLinearSpec column{tp, sp, nullptr};
-  const TpLinearSpec row{nullptr, SequenceParallel::kNone, tp, sp != SequenceParallel::kNone};
+  TpLinearSpec column{tp, sp, nullptr};
+  TpLinearSpec row{nullptr, SequenceParallel::kNone, tp, sp != SequenceParallel::kNone};
+  column.compute = row.compute = &ctx.compute;
   auto fsp_scratch = std::make_shared<Buffer>();
   auto dx_partial = std::make_shared<Buffer>();
   const auto shared = [&] {
@@ -275,7 +278,7 @@ ModelOps<float> megatron_ops(const ModeContext& ctx) {
     ops.blocks.push_back(std::move(block));
   }
   ops.norm = std::make_unique<ShardNorm>(L, L.norm, sp, tp);
-  ops.head = std::make_unique<VocabParallelHead>(ctx.full, L, L.output, sp, tp);
+  ops.head = std::make_unique<VocabParallelHead>(ctx.full, L, L.output, sp, tp, ctx.compute);
   if (sp != SequenceParallel::kNone) ops.residual_split = T;  // activations [N/T, H] between blocks
   return ops;
 }

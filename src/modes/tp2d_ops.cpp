@@ -99,11 +99,12 @@ class Norm2D final : public model::NormOp<float> {
 class Attention2D final : public model::AttentionOp<float> {
  public:
   Attention2D(const model::ModelConfig& local_heads, std::unique_ptr<model::AttentionOp<float>> dense,
-              const Pos& g, int64_t window)
+              const Pos& g, int64_t window, const ops::ComputeContext& cc)
       : g_(g), inner_(g.y == 1 ? std::move(dense)
                                : std::make_unique<UlyssesAttention>(
                                      local_heads, g.Y, nullptr, nullptr,
-                                     data::ContextBalance::kZigzag, window)) {}
+                                     data::ContextBalance::kZigzag, window,
+                                     ContextOptions{.compute = &cc})) {}
   int64_t qkv_features() const override { return inner_->qkv_features(); }
   int64_t out_features() const override { return inner_->out_features(); }
   int64_t saved_qkv_size(int64_t N) const override { return inner_->saved_qkv_size(chunk(N)); }
@@ -198,11 +199,12 @@ class VocabEmbedding2D final : public model::EmbeddingOp<float> {
 /// group in row chunks (logits never [N, V]), reduce-scatter dX back into the blocks.
 class Head2D final : public model::HeadLossOp<float> {
  public:
-  Head2D(const ParamTable& full, const ParamTable& local, int weight, const Pos& g)
+  Head2D(const ParamTable& full, const ParamTable& local, int weight, const Pos& g,
+         const ops::ComputeContext& cc)
       : weight_(weight), H_(full.view(weight).shape[1]), g_(g),
         loss_(full.view(weight).shape[0], local.view(weight).shape[0], H_,
               shard_range(full.view(weight).shape[0], g.tensor->size(), g.tensor->rank()).start,
-              g.tensor->size()) {}
+              g.tensor->size(), cc) {}
 
   model::LossSum forward_backward(float* dxf, const float* xf, const int32_t* labels, int64_t N,
                                   const Params<float>& p, Params<float>* g, double loss_scale,
@@ -253,9 +255,10 @@ model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
   heads.num_kv_attention_heads /= g.x;
   heads.hidden_size /= g.x;
   const ParamTable attention_layout(heads);
-  model::ModelOps<float> dense = model::make_dense_ops<float>(attention_layout);
+  model::ModelOps<float> dense = model::make_dense_ops<float>(attention_layout, ctx.compute);
 
   model::ModelOps<float> ops;
+  ops.compute = &ctx.compute;
   ops.residual_split = g.x;  // the residual stream holds N/x rows (of H/y features)
   if (ctx.full.config().tie_word_embeddings)
     ops.embedding = std::make_unique<VocabEmbedding2D>(ctx.full, L, L.tok_embeddings, g);
@@ -267,18 +270,19 @@ model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
     block.attention_norm = std::make_unique<Norm2D>(ctx.full, b.attention_norm, g);
     block.ffn_norm = std::make_unique<Norm2D>(ctx.full, b.ffn_norm, g);
     // Column-like linears gather over X and reduce-scatter over Y, row-like ones the reverse.
-    const TpLinearSpec xy{g.X, SequenceParallel::kKeepGathered, g.Y, true, overlap};
-    const TpLinearSpec yx{g.Y, SequenceParallel::kKeepGathered, g.X, true, overlap};
+    TpLinearSpec xy{g.X, SequenceParallel::kKeepGathered, g.Y, true, overlap};
+    TpLinearSpec yx{g.Y, SequenceParallel::kKeepGathered, g.X, true, overlap};
+    xy.compute = yx.compute = &ctx.compute;
     block.wqkv = std::make_unique<TensorParallelLinearOp>(L, b.wqkv, b.wqkv_bias, xy);
     block.wo = std::make_unique<TensorParallelLinearOp>(L, b.wo, b.wo_bias, yx);
     block.gate_up = std::make_unique<TensorParallelGateUp>(L, b.w1, b.w3, b.w1_bias, b.w3_bias, xy);
     block.w2 = std::make_unique<TensorParallelLinearOp>(L, b.w2, b.w2_bias, yx);
     block.attention = std::make_unique<Attention2D>(heads, std::move(dense.blocks[i].attention), g,
-                                                    heads.window_of(i));
+                                                    heads.window_of(i), ctx.compute);
     ops.blocks.push_back(std::move(block));
   }
   ops.norm = std::make_unique<Norm2D>(ctx.full, L.norm, g);
-  ops.head = std::make_unique<Head2D>(ctx.full, L, L.output, g);
+  ops.head = std::make_unique<Head2D>(ctx.full, L, L.output, g, ctx.compute);
   return ops;
 }
 

@@ -3,6 +3,7 @@
 //   p ← p − (lr / (1−β1^t)) · m / (sqrt(v) / sqrt(1−β2^t) + eps).
 #include <cmath>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "ops/ops.h"
 
@@ -31,9 +32,11 @@ struct AdamWStep {
 
 }  // namespace
 
-void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t step) {
-  const AdamWStep s(lr, beta1, beta2, eps, weight_decay, step);
+namespace {
+// The update loop; kRound also writes each new parameter's bf16 rounding (one pass over memory).
+template <bool kRound>
+void update_loop(const AdamWStep& s, float* param, float* m, float* v, const float* grad,
+                 int64_t n, uint16_t* param16) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float g = grad[i];
@@ -41,8 +44,21 @@ void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n
     const float vi = s.v(v[i], g);
     m[i] = mi;
     v[i] = vi;
-    param[i] = s.p(param[i], mi, vi);
+    const float pi = s.p(param[i], mi, vi);
+    param[i] = pi;
+    if constexpr (kRound) param16[i] = float_to_bf16(pi);
   }
+}
+}  // namespace
+
+void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                  uint16_t* param16) {
+  const AdamWStep s(lr, beta1, beta2, eps, weight_decay, step);
+  if (param16 != nullptr)
+    update_loop<true>(s, param, m, v, grad, n, param16);
+  else
+    update_loop<false>(s, param, m, v, grad, n, nullptr);
 }
 
 bool adamw_update_is_finite(const float* param, const float* m, const float* v, const float* grad,

@@ -18,7 +18,7 @@
 #include "ops/attention_rows.h"
 #include "ops/fast_math.h"
 #include "ops/ops.h"
-#include "ops/precision.h"
+#include "ops/compute_context.h"
 #include "ops/tile_gemm.h"
 
 namespace longtron::ops {
@@ -187,10 +187,10 @@ void forward_item(T* out, T* lse, const T* q, const T* kt_all, const T* v_all,
 }  // namespace
 
 template <typename T>
-void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
-                              const AttentionShape& s) {
+void varlen_attention_forward(const ComputeContext& cc, T* out, T* lse, const T* q, const T* k,
+                              const T* v, const AttentionShape& s) {
   if constexpr (std::is_same_v<T, float>) {
-    if (compute_type() == ComputeType::kBFloat16 && attention_bf16_native()) {
+    if (cc.bf16() && attention_bf16_native()) {
       detail::varlen_attention_forward_bf16(out, lse, q, k, v, s);
       return;
     }
@@ -213,9 +213,19 @@ void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v
   }
 }
 
-template void varlen_attention_forward<float>(float*, float*, const float*, const float*,
-                                              const float*, const AttentionShape&);
-template void varlen_attention_forward<double>(double*, double*, const double*, const double*,
-                                               const double*, const AttentionShape&);
+template <typename T>
+void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
+                              const AttentionShape& s) {
+  varlen_attention_forward(ComputeContext::fp32(), out, lse, q, k, v, s);
+}
+
+#define LONGTRON_INSTANTIATE(T)                                                               \
+  template void varlen_attention_forward<T>(const ComputeContext&, T*, T*, const T*, const T*, \
+                                            const T*, const AttentionShape&);                 \
+  template void varlen_attention_forward<T>(T*, T*, const T*, const T*, const T*,             \
+                                            const AttentionShape&);
+LONGTRON_INSTANTIATE(float)
+LONGTRON_INSTANTIATE(double)
+#undef LONGTRON_INSTANTIATE
 
 }  // namespace longtron::ops

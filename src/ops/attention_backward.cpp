@@ -24,7 +24,7 @@
 #include "ops/attention_transpose.h"
 #include "ops/fast_math.h"
 #include "ops/ops.h"
-#include "ops/precision.h"
+#include "ops/compute_context.h"
 #include "ops/tile_gemm.h"
 
 namespace longtron::ops {
@@ -193,10 +193,10 @@ void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
 }
 
 template <typename T>
-void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
-              const T* lse, const AttentionShape& s, bool add_dq) {
+void backward(const ComputeContext& cc, T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
+              const T* v, const T* out, const T* lse, const AttentionShape& s, bool add_dq) {
   if constexpr (std::is_same_v<T, float>) {
-    if (compute_type() == ComputeType::kBFloat16 && attention_bf16_native()) {
+    if (cc.bf16() && attention_bf16_native()) {
       detail::varlen_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s, add_dq);
       return;
     }
@@ -238,32 +238,36 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const 
 }  // namespace
 
 template <typename T>
-void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
-                               const T* v, const T* out, const T* lse, const AttentionShape& s) {
-  backward(dq, dk, dv, dout, q, k, v, out, lse, s, false);
+void varlen_attention_backward(const ComputeContext& cc, T* dq, T* dk, T* dv, const T* dout,
+                               const T* q, const T* k, const T* v, const T* out, const T* lse,
+                               const AttentionShape& s) {
+  backward(cc, dq, dk, dv, dout, q, k, v, out, lse, s, false);
 }
 
 template <typename T>
-void varlen_attention_backward_add_dq(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
-                                      const T* v, const T* out, const T* lse,
-                                      const AttentionShape& s) {
-  backward(dq, dk, dv, dout, q, k, v, out, lse, s, true);
+void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
+                               const T* v, const T* out, const T* lse, const AttentionShape& s) {
+  backward(ComputeContext::fp32(), dq, dk, dv, dout, q, k, v, out, lse, s, false);
 }
 
-template void varlen_attention_backward_add_dq<float>(float*, float*, float*, const float*,
-                                                      const float*, const float*, const float*,
-                                                      const float*, const float*,
-                                                      const AttentionShape&);
-template void varlen_attention_backward_add_dq<double>(double*, double*, double*, const double*,
-                                                       const double*, const double*,
-                                                       const double*, const double*,
-                                                       const double*, const AttentionShape&);
-template void varlen_attention_backward<float>(float*, float*, float*, const float*, const float*,
-                                               const float*, const float*, const float*,
-                                               const float*, const AttentionShape&);
-template void varlen_attention_backward<double>(double*, double*, double*, const double*,
-                                                const double*, const double*, const double*,
-                                                const double*, const double*,
-                                                const AttentionShape&);
+template <typename T>
+void varlen_attention_backward_add_dq(const ComputeContext& cc, T* dq, T* dk, T* dv,
+                                      const T* dout, const T* q, const T* k, const T* v,
+                                      const T* out, const T* lse, const AttentionShape& s) {
+  backward(cc, dq, dk, dv, dout, q, k, v, out, lse, s, true);
+}
+
+#define LONGTRON_INSTANTIATE(T)                                                                 \
+  template void varlen_attention_backward<T>(const ComputeContext&, T*, T*, T*, const T*,       \
+                                             const T*, const T*, const T*, const T*, const T*,  \
+                                             const AttentionShape&);                            \
+  template void varlen_attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, \
+                                             const T*, const T*, const AttentionShape&);        \
+  template void varlen_attention_backward_add_dq<T>(const ComputeContext&, T*, T*, T*,          \
+                                                    const T*, const T*, const T*, const T*,     \
+                                                    const T*, const T*, const AttentionShape&);
+LONGTRON_INSTANTIATE(float)
+LONGTRON_INSTANTIATE(double)
+#undef LONGTRON_INSTANTIATE
 
 }  // namespace longtron::ops

@@ -46,10 +46,10 @@ AttentionShape sub_shape(const AttentionShape& s, int64_t t0, int64_t t1,
 }  // namespace
 
 template <typename T>
-void varlen_attention_forward_groups(T* out, T* lse, const T* q, const T* k, const T* v,
+void varlen_attention_forward_groups(const ComputeContext& cc, T* out, T* lse, const T* q, const T* k, const T* v,
                                      const AttentionShape& s, int64_t group_tokens) {
   const std::vector<int64_t> b = group_bounds(s, group_tokens);
-  if (b.size() == 2) return varlen_attention_forward(out, lse, q, k, v, s);
+  if (b.size() == 2) return varlen_attention_forward(cc, out, lse, q, k, v, s);
   std::vector<int32_t> cu;
   std::vector<T> lse_g;
   const int64_t N = s.num_tokens, Hq = s.num_heads, d = s.head_dim;
@@ -57,7 +57,7 @@ void varlen_attention_forward_groups(T* out, T* lse, const T* q, const T* k, con
     const int64_t t0 = b[i], n = b[i + 1] - t0;
     const AttentionShape g = sub_shape(s, t0, b[i + 1], cu);
     lse_g.resize(static_cast<size_t>(Hq * n));
-    varlen_attention_forward(out + t0 * Hq * d, lse_g.data(), q + t0 * s.q_stride,
+    varlen_attention_forward(cc, out + t0 * Hq * d, lse_g.data(), q + t0 * s.q_stride,
                              k + t0 * s.kv_stride, v + t0 * s.kv_stride, g);
     for (int64_t h = 0; h < Hq; ++h)
       std::copy(lse_g.begin() + h * n, lse_g.begin() + (h + 1) * n, lse + h * N + t0);
@@ -65,11 +65,11 @@ void varlen_attention_forward_groups(T* out, T* lse, const T* q, const T* k, con
 }
 
 template <typename T>
-void varlen_attention_backward_groups(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
+void varlen_attention_backward_groups(const ComputeContext& cc, T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
                                       const T* v, const T* out, const T* lse,
                                       const AttentionShape& s, int64_t group_tokens) {
   const std::vector<int64_t> b = group_bounds(s, group_tokens);
-  if (b.size() == 2) return varlen_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+  if (b.size() == 2) return varlen_attention_backward(cc, dq, dk, dv, dout, q, k, v, out, lse, s);
   std::vector<int32_t> cu;
   std::vector<T> lse_g;
   const int64_t N = s.num_tokens, Hq = s.num_heads, d = s.head_dim;
@@ -80,24 +80,21 @@ void varlen_attention_backward_groups(T* dq, T* dk, T* dv, const T* dout, const 
     for (int64_t h = 0; h < Hq; ++h)
       std::copy(lse + h * N + t0, lse + h * N + t0 + n, lse_g.begin() + h * n);
     const int64_t qo = t0 * s.q_stride, ko = t0 * s.kv_stride, oo = t0 * Hq * d;
-    varlen_attention_backward(dq + qo, dk + ko, dv + ko, dout + oo, q + qo, k + ko, v + ko,
+    varlen_attention_backward(cc, dq + qo, dk + ko, dv + ko, dout + oo, q + qo, k + ko, v + ko,
                               out + oo, lse_g.data(), g);
   }
 }
 
-template void varlen_attention_forward_groups<float>(float*, float*, const float*, const float*,
-                                                     const float*, const AttentionShape&, int64_t);
-template void varlen_attention_forward_groups<double>(double*, double*, const double*,
-                                                      const double*, const double*,
-                                                      const AttentionShape&, int64_t);
-template void varlen_attention_backward_groups<float>(float*, float*, float*, const float*,
-                                                      const float*, const float*, const float*,
-                                                      const float*, const float*,
-                                                      const AttentionShape&, int64_t);
-template void varlen_attention_backward_groups<double>(double*, double*, double*, const double*,
-                                                       const double*, const double*,
-                                                       const double*, const double*,
-                                                       const double*, const AttentionShape&,
-                                                       int64_t);
+#define LONGTRON_INSTANTIATE(T)                                                               \
+  template void varlen_attention_forward_groups<T>(const ComputeContext&, T*, T*, const T*,    \
+                                                   const T*, const T*, const AttentionShape&,  \
+                                                   int64_t);                                   \
+  template void varlen_attention_backward_groups<T>(const ComputeContext&, T*, T*, T*,         \
+                                                    const T*, const T*, const T*, const T*,    \
+                                                    const T*, const T*, const AttentionShape&, \
+                                                    int64_t);
+LONGTRON_INSTANTIATE(float)
+LONGTRON_INSTANTIATE(double)
+#undef LONGTRON_INSTANTIATE
 
 }  // namespace longtron::ops

@@ -12,7 +12,7 @@
 #include "core/grow_buffer.h"
 #include "ops/onednn_matmul.h"
 #include "ops/ops.h"
-#include "ops/precision.h"
+#include "ops/compute_context.h"
 #include "ops/threads.h"
 
 namespace longtron::ops {
@@ -72,32 +72,6 @@ void round_pair(const float* x, int64_t nx, uint16_t* ox, const float* y, int64_
   }
 }
 
-// The weights of the live Bf16WeightScope and their bf16 copy (valid: made since the last
-// invalidation).
-struct WeightCopy {
-  const float* base = nullptr;
-  int64_t n = 0;
-  bool valid = false;
-  std::vector<uint16_t> bits;
-};
-WeightCopy& weight_copy() {
-  static WeightCopy w;
-  return w;
-}
-
-// The bf16 copy of x[0..n) when it lies inside the scope's weights (made on first use), else
-// nullptr.
-const uint16_t* cached_weights(const float* x, int64_t n) {
-  WeightCopy& w = weight_copy();
-  if (w.base == nullptr || x < w.base || x + n > w.base + w.n) return nullptr;
-  if (!w.valid) {
-    w.bits.resize(static_cast<size_t>(w.n));
-    round_pair(w.base, w.n, w.bits.data(), nullptr, 0, nullptr);
-    w.valid = true;
-  }
-  return w.bits.data() + (x - w.base);
-}
-
 // The per-thread buffer rounded GEMM operands live in, reused from call to call (shared by
 // mixed_precision_gemm and gemm_bf16_weight: the memory plan counts one).
 // Grown uninitialised: every element is rounded into before it is read.
@@ -107,15 +81,16 @@ GrowBuffer<uint16_t>& operand_buffer() {
 }
 
 // Mixed precision (torch.autocast's rule for matmuls): both operands rounded to bf16, the product
-// accumulated in fp32. Weights come from the step's bf16 copy (Bf16WeightScope); other operands
-// are rounded into one per-thread buffer (A's copy, then B's), reused from call to call and
+// accumulated in fp32. Weights come from the context's bf16 copy (ComputeContext::weights); other
+// operands are rounded into one per-thread buffer (A's copy, then B's), reused from call to call and
 // reallocated without copying when a call needs more, so it holds the largest pair of operands
 // one call rounds (a weight gradient's dy and x), not the largest A plus the largest B.
-void mixed_precision_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-               const float* B, float beta, float* C) {
+void mixed_precision_gemm(const ComputeContext& cc, bool ta, bool tb, int64_t M, int64_t N,
+                          int64_t K, float alpha, const float* A, const float* B, float beta,
+                          float* C) {
   GrowBuffer<uint16_t>& buffer = operand_buffer();
-  const uint16_t* a = cached_weights(A, M * K);
-  const uint16_t* b = cached_weights(B, K * N);
+  const uint16_t* a = cc.weights().of(A, M * K);
+  const uint16_t* b = cc.weights().of(B, K * N);
   const int64_t na = a ? 0 : M * K, nb = b ? 0 : K * N;
   uint16_t* const a16 = buffer.get(na + nb);
   uint16_t* const b16 = a16 + na;
@@ -124,16 +99,16 @@ void mixed_precision_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, flo
                         b ? b : b16, beta, C);
 }
 
-void backend_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                  const float* B, float beta, float* C) {
-  if (compute_type() == ComputeType::kBFloat16) return mixed_precision_gemm(ta, tb, M, N, K, alpha, A, B, beta, C);
+void backend_gemm(const ComputeContext& cc, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                  float alpha, const float* A, const float* B, float beta, float* C) {
+  if (cc.bf16()) return mixed_precision_gemm(cc, ta, tb, M, N, K, alpha, A, B, beta, C);
   // The matmul primitive rather than dnnl_sgemm: on the shapes of a training step it was faster in
   // aggregate (bench_gemm), and dnnl_sgemm collapsed on some backward shapes at 2 threads (e.g.
   // 384×1024×2048 with A transposed: 4–7 GFLOP/s against 17–20 for the matmul).
   detail::onednn_matmul(detail::MatmulInput::kF32, ta, tb, M, N, K, alpha, A, B, beta, C);
 }
-void backend_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
-                  const double* A, const double* B, double beta, double* C) {
+void backend_gemm(const ComputeContext&, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                  double alpha, const double* A, const double* B, double beta, double* C) {
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
               K, alpha, A, ta ? M : K, B, tb ? K : N, beta, C, N);
 }
@@ -143,27 +118,6 @@ void round_to_bf16(const float* x, int64_t n, uint16_t* out) {
   round_pair(x, n, out, nullptr, 0, nullptr);
 }
 
-Bf16WeightScope::Bf16WeightScope(const float* weights, int64_t n) {
-  WeightCopy& w = weight_copy();
-  if (compute_type() != ComputeType::kBFloat16 || w.base != nullptr || n <= 0) return;
-  w.base = weights, w.n = n, w.valid = false;
-  active_ = true;
-}
-
-Bf16WeightScope::~Bf16WeightScope() {
-  if (!active_) return;
-  WeightCopy& w = weight_copy();
-  w.base = nullptr, w.n = 0, w.valid = false;
-}
-
-void invalidate_bf16_weights() { weight_copy().valid = false; }
-
-int64_t bf16_weight_copy_bytes() {
-  return static_cast<int64_t>(weight_copy().bits.size() * sizeof(uint16_t));
-}
-
-const uint16_t* bf16_weight_copy_of(const float* x, int64_t n) { return cached_weights(x, n); }
-
 void gemm_bf16_weight(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                       const float* A, const uint16_t* B16, float beta, float* C) {
   if (M == 0 || N == 0) return;
@@ -171,13 +125,9 @@ void gemm_bf16_weight(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float a
     for (int64_t i = 0; i < M * N; ++i) C[i] = beta == 0.f ? 0.f : beta * C[i];
     return;
   }
-  const uint16_t* a = cached_weights(A, M * K);
-  if (a == nullptr) {
-    uint16_t* const a16 = operand_buffer().get(M * K);
-    round_pair(A, M * K, a16, nullptr, 0, nullptr);
-    a = a16;
-  }
-  detail::onednn_matmul(detail::MatmulInput::kBF16, ta, tb, M, N, K, alpha, a, B16, beta, C);
+  uint16_t* const a16 = operand_buffer().get(M * K);
+  round_pair(A, M * K, a16, nullptr, 0, nullptr);
+  detail::onednn_matmul(detail::MatmulInput::kBF16, ta, tb, M, N, K, alpha, a16, B16, beta, C);
 }
 
 void widen_bf16(const uint16_t* x, int64_t n, float* out) {
@@ -186,19 +136,28 @@ void widen_bf16(const uint16_t* x, int64_t n, float* out) {
 }
 
 template <typename T>
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
-          const T* B, T beta, T* C) {
+void gemm(const ComputeContext& cc, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+          T alpha, const T* A, const T* B, T beta, T* C) {
   if (M == 0 || N == 0) return;
   if (K == 0) {  // BLAS leaves C untouched when K = 0 only for beta = 1; make it explicit.
     for (int64_t i = 0; i < M * N; ++i) C[i] = beta == T(0) ? T(0) : beta * C[i];
     return;
   }
-  backend_gemm(trans_a, trans_b, M, N, K, alpha, A, B, beta, C);
+  backend_gemm(cc, trans_a, trans_b, M, N, K, alpha, A, B, beta, C);
 }
 
-template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*,
-                          const float*, float, float*);
-template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*,
-                           const double*, double, double*);
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+          const T* B, T beta, T* C) {
+  gemm(ComputeContext::fp32(), trans_a, trans_b, M, N, K, alpha, A, B, beta, C);
+}
+
+#define LONGTRON_INSTANTIATE(T)                                                                 \
+  template void gemm<T>(const ComputeContext&, bool, bool, int64_t, int64_t, int64_t, T,       \
+                        const T*, const T*, T, T*);                                             \
+  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, const T*, T, T*);
+LONGTRON_INSTANTIATE(float)
+LONGTRON_INSTANTIATE(double)
+#undef LONGTRON_INSTANTIATE
 
 }  // namespace longtron::ops

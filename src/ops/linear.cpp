@@ -1,4 +1,5 @@
 // Linear layer in the Hugging Face layout W[out, in], through ops::gemm (oneDNN for float).
+#include "ops/compute_context.h"
 #include "ops/ops.h"
 #include "ops/threads.h"
 
@@ -18,9 +19,9 @@ void add_bias(T* y, const T* bias, int64_t N, int64_t out) {
 }  // namespace
 
 template <typename T>
-void linear_forward(T* y, const T* x, const T* W, const T* bias, int64_t N, int64_t in,
-                    int64_t out) {
-  gemm<T>(false, true, N, out, in, T(1), x, W, T(0), y);
+void linear_forward(const ComputeContext& cc, T* y, const T* x, const T* W, const T* bias,
+                    int64_t N, int64_t in, int64_t out) {
+  gemm<T>(cc, false, true, N, out, in, T(1), x, W, T(0), y);
   add_bias(y, bias, N, out);
 }
 
@@ -31,30 +32,52 @@ void linear_forward_bf16(float* y, const float* x, const uint16_t* W16, const fl
 }
 
 template <typename T>
-void linear_input_grad(T* dx, const T* dy, const T* W, int64_t N, int64_t in, int64_t out,
-                       T beta) {
-  gemm<T>(false, false, N, in, out, T(1), dy, W, beta, dx);
+void linear_input_grad(const ComputeContext& cc, T* dx, const T* dy, const T* W, int64_t N,
+                       int64_t in, int64_t out, T beta) {
+  gemm<T>(cc, false, false, N, in, out, T(1), dy, W, beta, dx);
 }
 
+template <typename T>
+void linear_weight_grad(const ComputeContext& cc, T* dW, const T* dy, const T* x, int64_t N,
+                        int64_t in, int64_t out, T beta) {
+  gemm<T>(cc, true, false, out, in, N, T(1), dy, x, beta, dW);
+}
+
+template <typename T>
+void linear_backward(const ComputeContext& cc, T* dx, T* dW, T* dbias, const T* dy, const T* x,
+                     const T* W, int64_t N, int64_t in, int64_t out, T dx_beta, T dW_beta) {
+  if (dx != nullptr) linear_input_grad(cc, dx, dy, W, N, in, out, dx_beta);
+  if (dW != nullptr) linear_weight_grad(cc, dW, dy, x, N, in, out, dW_beta);
+  bias_grad(dbias, dy, N, out);
+}
+
+void linear_backward_bf16(const ComputeContext& cc, float* dx, float* dW, float* dbias,
+                          const float* dy, const float* x, const uint16_t* W16, int64_t N,
+                          int64_t in, int64_t out, float dx_beta, float dW_beta) {
+  if (dx != nullptr) gemm_bf16_weight(false, false, N, in, out, 1.f, dy, W16, dx_beta, dx);
+  if (dW != nullptr) linear_weight_grad(cc, dW, dy, x, N, in, out, dW_beta);
+  bias_grad(dbias, dy, N, out);
+}
+
+// The float32 forms.
+template <typename T>
+void linear_forward(T* y, const T* x, const T* W, const T* bias, int64_t N, int64_t in,
+                    int64_t out) {
+  linear_forward(ComputeContext::fp32(), y, x, W, bias, N, in, out);
+}
 template <typename T>
 void linear_backward(T* dx, T* dW, T* dbias, const T* dy, const T* x, const T* W, int64_t N,
                      int64_t in, int64_t out, T dx_beta, T dW_beta) {
-  if (dx != nullptr) linear_input_grad(dx, dy, W, N, in, out, dx_beta);
-  if (dW != nullptr) linear_weight_grad(dW, dy, x, N, in, out, dW_beta);
-  bias_grad(dbias, dy, N, out);
+  linear_backward(ComputeContext::fp32(), dx, dW, dbias, dy, x, W, N, in, out, dx_beta, dW_beta);
 }
-
-void linear_backward_bf16(float* dx, float* dW, float* dbias, const float* dy, const float* x,
-                          const uint16_t* W16, int64_t N, int64_t in, int64_t out,
-                          float dx_beta, float dW_beta) {
-  if (dx != nullptr) gemm_bf16_weight(false, false, N, in, out, 1.f, dy, W16, dx_beta, dx);
-  if (dW != nullptr) linear_weight_grad(dW, dy, x, N, in, out, dW_beta);
-  bias_grad(dbias, dy, N, out);
+template <typename T>
+void linear_input_grad(T* dx, const T* dy, const T* W, int64_t N, int64_t in, int64_t out,
+                       T beta) {
+  linear_input_grad(ComputeContext::fp32(), dx, dy, W, N, in, out, beta);
 }
-
 template <typename T>
 void linear_weight_grad(T* dW, const T* dy, const T* x, int64_t N, int64_t in, int64_t out, T beta) {
-  gemm<T>(true, false, out, in, N, T(1), dy, x, beta, dW);
+  linear_weight_grad(ComputeContext::fp32(), dW, dy, x, N, in, out, beta);
 }
 
 template <typename T>
@@ -75,6 +98,14 @@ void bias_grad(T* dbias, const T* dy, int64_t rows, int64_t out) {
                                    int64_t, T, T);                                                \
   template void linear_input_grad<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, T);      \
   template void linear_weight_grad<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, T);     \
+  template void linear_forward<T>(const ComputeContext&, T*, const T*, const T*, const T*,       \
+                                  int64_t, int64_t, int64_t);                                    \
+  template void linear_backward<T>(const ComputeContext&, T*, T*, T*, const T*, const T*,        \
+                                   const T*, int64_t, int64_t, int64_t, T, T);                   \
+  template void linear_input_grad<T>(const ComputeContext&, T*, const T*, const T*, int64_t,     \
+                                     int64_t, int64_t, T);                                       \
+  template void linear_weight_grad<T>(const ComputeContext&, T*, const T*, const T*, int64_t,    \
+                                      int64_t, int64_t, T);                                      \
   template void bias_grad<T>(T*, const T*, int64_t, int64_t);
 LONGTRON_INSTANTIATE(float)
 LONGTRON_INSTANTIATE(double)

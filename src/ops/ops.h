@@ -13,13 +13,21 @@
 
 namespace longtron::ops {
 
+class ComputeContext;  // ops/compute_context.h
+
 // ---- GEMM -------------------------------------------------------------------------------------
 /// C[M,N] = alpha * op(A) op(B) + beta * C, row-major; op(A) is [M,K], op(B) is [K,N].
 /// float → oneDNN's matmul primitive (one cached per shape, transposes, alpha and beta; for a given
 /// shape and thread count the result is deterministic); double → OpenBLAS's cblas_dgemm (oneDNN has
 /// no double GEMM; double serves the finite-difference tests). Uses the OpenMP threads of
-/// set_num_threads. Under ComputeTypeScope(kBFloat16) (precision.h) float A and B are first rounded
-/// to bf16 (nearest even) and the product runs as gemm_bf16: fp32 accumulation and fp32 C.
+/// set_num_threads. In float under a kBFloat16 context (ops/compute_context.h) A and B are first
+/// rounded to bf16 (nearest even; an operand inside the context's weights is read from its bf16
+/// weight copy instead) and the product runs as gemm_bf16: fp32 accumulation and fp32 C. Double
+/// ignores the context.
+template <typename T>
+void gemm(const ComputeContext& cc, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+          T alpha, const T* A, const T* B, T beta, T* C);
+/// gemm in float32 (ComputeContext::fp32()).
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
           const T* B, T beta, T* C);
@@ -35,40 +43,10 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 /// i < n. AVX-512F where the CPU has it, else scalar (the same bits); OpenMP threads.
 void round_to_bf16(const float* x, int64_t n, uint16_t* out);
 
-/// The bf16 copy of a float weight buffer, made once and read by every GEMM of a step: while a
-/// scope is alive, gemm<float> under kBFloat16 takes an operand that lies inside [weights,
-/// weights + n) from the copy instead of rounding it again (mixed precision as Megatron-LM's
-/// bf16 weight copies: fp32 master weights, one bf16 copy a step). The copy is made on the first
-/// GEMM that reads it and dropped by invalidate_bf16_weights() (call it after anything changes the
-/// weights: the optimizer step) and when the scope ends; the buffer is kept for the next scope.
-/// Results are bitwise those of rounding per call. A no-op unless the calling thread's compute
-/// type is kBFloat16 when it is made. One scope at a time; GEMMs are called from one thread.
-class Bf16WeightScope {
- public:
-  Bf16WeightScope(const float* weights, int64_t n);
-  ~Bf16WeightScope();
-  Bf16WeightScope(const Bf16WeightScope&) = delete;
-  Bf16WeightScope& operator=(const Bf16WeightScope&) = delete;
-
- private:
-  bool active_ = false;
-};
-/// Marks the bf16 weight copy of the live Bf16WeightScope stale (the next GEMM that reads a weight
-/// remakes it). No-op without a scope.
-void invalidate_bf16_weights();
-/// Bytes the bf16 weight copy holds (0 before the first scope made one): the memory plan's item.
-int64_t bf16_weight_copy_bytes();
-/// The bf16 bits of x[0..n) from the live Bf16WeightScope's copy (made now if stale), or nullptr
-/// when no scope is alive or x[0..n) is not inside its weights. Valid until the copy is
-/// invalidated or the scope ends. ISP rounds its weight shards this way once a step before
-/// all-gathering them as bf16 (modes/isp_weights.h).
-const uint16_t* bf16_weight_copy_of(const float* x, int64_t n);
-
 /// gemm<float> under kBFloat16 with B already in bf16 (raw bits: a weight rounded once, e.g. an
-/// all-gathered bf16 weight): A is rounded to bf16 (nearest even, or taken from the
-/// Bf16WeightScope's copy) and the product is gemm_bf16's, fp32 accumulation and fp32 C. Bitwise
-/// the result of gemm<float> under kBFloat16 on any float B whose rounding is B16. Needs no
-/// ComputeTypeScope; errors as gemm_bf16.
+/// all-gathered bf16 weight): A is rounded to bf16 (nearest even) and the product is gemm_bf16's,
+/// fp32 accumulation and fp32 C. Bitwise the result of gemm<float> under a kBFloat16 context on
+/// any float B whose rounding is B16. Needs no context; errors as gemm_bf16.
 void gemm_bf16_weight(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                       const float* A, const uint16_t* B16, float beta, float* C);
 
@@ -86,13 +64,19 @@ struct GemmBackend {
 GemmBackend gemm_backend();
 
 // ---- Linear (HF layout W[out, in]) --------------------------------------------------------------
+// Each GEMM of a linear runs in the precision of the compute context `cc` (ops/compute_context.h);
+// the forms without it compute in float32 (ComputeContext::fp32()).
+
 /// y[N,out] = x[N,in] · W[out,in]ᵀ (+ bias[out] if bias != nullptr).
+template <typename T>
+void linear_forward(const ComputeContext& cc, T* y, const T* x, const T* W, const T* bias,
+                    int64_t N, int64_t in, int64_t out);
 template <typename T>
 void linear_forward(T* y, const T* x, const T* W, const T* bias, int64_t N, int64_t in,
                     int64_t out);
 /// linear_forward with the weight already in bf16 (W16[out,in] raw bits, gemm_bf16_weight): x
-/// rounded to bf16, fp32 accumulation, fp32 y and bias. Bitwise linear_forward<float> under
-/// kBFloat16 on a float W whose rounding is W16.
+/// rounded to bf16, fp32 accumulation, fp32 y and bias. Bitwise linear_forward<float> under a
+/// kBFloat16 context on a float W whose rounding is W16.
 void linear_forward_bf16(float* y, const float* x, const uint16_t* W16, const float* bias,
                          int64_t N, int64_t in, int64_t out);
 /// The one linear backward (dense, weight-parallel and, between its communications, the
@@ -101,23 +85,32 @@ void linear_forward_bf16(float* y, const float* x, const uint16_t* W16, const fl
 /// gradient, 0 overwrites a scratch that is reduced afterwards); dbias[out] += Σ_n dy. Any of dx,
 /// dW, dbias may be nullptr to skip it. In this order: dx, dW, dbias.
 template <typename T>
+void linear_backward(const ComputeContext& cc, T* dx, T* dW, T* dbias, const T* dy, const T* x,
+                     const T* W, int64_t N, int64_t in, int64_t out, T dx_beta = T(0),
+                     T dW_beta = T(1));
+template <typename T>
 void linear_backward(T* dx, T* dW, T* dbias, const T* dy, const T* x, const T* W, int64_t N,
                      int64_t in, int64_t out, T dx_beta = T(0), T dW_beta = T(1));
 /// linear_backward with the weight already in bf16 (W16[out,in] raw bits): dx through
-/// gemm_bf16_weight (dy rounded to bf16), dW and dbias as linear_backward<float> (under the
-/// calling thread's compute type). Bitwise linear_backward<float> under kBFloat16 on a float W
-/// whose rounding is W16.
-void linear_backward_bf16(float* dx, float* dW, float* dbias, const float* dy, const float* x,
-                          const uint16_t* W16, int64_t N, int64_t in, int64_t out,
-                          float dx_beta = 0.f, float dW_beta = 1.f);
+/// gemm_bf16_weight (dy rounded to bf16), dW and dbias as linear_backward<float> under `cc`.
+/// Bitwise linear_backward<float> under a kBFloat16 context on a float W whose rounding is W16.
+void linear_backward_bf16(const ComputeContext& cc, float* dx, float* dW, float* dbias,
+                          const float* dy, const float* x, const uint16_t* W16, int64_t N,
+                          int64_t in, int64_t out, float dx_beta = 0.f, float dW_beta = 1.f);
 /// The input gradient alone, dx[N,in] = beta·dx + dy·W: the part of linear_backward that a
 /// tensor-parallel linear reduces over its group before the weight gradient.
+template <typename T>
+void linear_input_grad(const ComputeContext& cc, T* dx, const T* dy, const T* W, int64_t N,
+                       int64_t in, int64_t out, T beta = T(0));
 template <typename T>
 void linear_input_grad(T* dx, const T* dy, const T* W, int64_t N, int64_t in, int64_t out,
                        T beta = T(0));
 /// The weight gradient of every linear, dense or parallel: dW[out,in] = beta·dW + dyᵀ·x over
 /// dy[N,out] and x[N,in] (beta 1 accumulates, as parameter gradients do; 0 overwrites a scratch
 /// that is reduced afterwards).
+template <typename T>
+void linear_weight_grad(const ComputeContext& cc, T* dW, const T* dy, const T* x, int64_t N,
+                        int64_t in, int64_t out, T beta = T(1));
 template <typename T>
 void linear_weight_grad(T* dW, const T* dy, const T* x, int64_t N, int64_t in, int64_t out,
                         T beta = T(1));
@@ -242,10 +235,14 @@ constexpr int64_t visible_pairs(int64_t len, int64_t window = 0) {
 /// longtron::Error on an inconsistent shape, cu_seqlens, cu_seqlens_k or window. Float uses a
 /// vectorised exp with ≈1e-7 relative error. Method: FlashAttention-2 (Dao 2023), varlen and
 /// windows as flash_attn_varlen_func (window_size = (W − 1, 0)). In float under a kBFloat16
-/// compute type with attention_bf16_native(), q, k, v are rounded to bf16 and QKᵀ, PV run as
+/// context `cc` with attention_bf16_native(), q, k, v are rounded to bf16 and QKᵀ, PV run as
 /// bf16 × bf16 → fp32 products (AMX tiles where the CPU has them and Linux grants them, else
 /// vdpbf16ps; P rounded to bf16); softmax and lse stay fp32. The kernel rounds its tiles with
 /// VCVTNEPS2BF16, which flushes subnormals to zero (core/bf16.h keeps them).
+template <typename T>
+void varlen_attention_forward(const ComputeContext& cc, T* out, T* lse, const T* q, const T* k,
+                              const T* v, const AttentionShape& s);
+/// varlen_attention_forward in float32 (ComputeContext::fp32()).
 template <typename T>
 void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
                               const AttentionShape& s);
@@ -259,11 +256,15 @@ void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v
 /// v, dout rounded to bf16, the five tile products bf16 × bf16 → fp32, P and dS rounded to bf16
 /// as product inputs, D and every accumulation fp32.
 template <typename T>
+void varlen_attention_backward(const ComputeContext& cc, T* dq, T* dk, T* dv, const T* dout,
+                               const T* q, const T* k, const T* v, const T* out, const T* lse,
+                               const AttentionShape& s);
+/// varlen_attention_backward in float32 (ComputeContext::fp32()).
+template <typename T>
 void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
                                const T* v, const T* out, const T* lse, const AttentionShape& s);
 
-/// Whether varlen attention in float runs its bf16 kernel when the calling thread's compute type
-/// (ops/precision.h) is kBFloat16: the CPU has AVX512-BF16 (checked at run time, the build needs
+/// Whether varlen attention in float runs its bf16 kernel under a kBFloat16 compute context: the CPU has AVX512-BF16 (checked at run time, the build needs
 /// no -march flag) and oneDNN's effective ISA includes it (so ONEDNN_MAX_CPU_ISA=avx512_core
 /// masks it for the GEMMs and attention alike). Otherwise float attention stays fp32.
 bool attention_bf16_native();
@@ -283,9 +284,13 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
 
 // ---- AdamW --------------------------------------------------------------------------------------
 /// One AdamW update (Loshchilov & Hutter 2019, PyTorch's formulation) of n parameters with
-/// decoupled weight decay; step is 1-based (bias correction). m, v updated in place.
+/// decoupled weight decay; step is 1-based (bias correction). m, v updated in place. When param16
+/// is not nullptr, param16[i] receives the bf16 rounding of the new param[i] (float_to_bf16,
+/// core/bf16.h) in the same pass: the refresh of a bf16 weight copy without reading the weights
+/// again (ops/compute_context.h).
 void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t step);
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                  uint16_t* param16 = nullptr);
 /// Whether adamw_update with the same arguments would leave every parameter and moment finite.
 /// Reads only (the same arithmetic, nothing stored): a step that would make the model non-finite
 /// is refused before anything changes.

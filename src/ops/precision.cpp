@@ -10,10 +10,6 @@
 #include "ops/ops.h"
 
 namespace longtron::ops {
-namespace {
-thread_local ComputeType current = ComputeType::kFloat32;
-}  // namespace
-
 bool cpu_feature_masked(const std::string& feature) {
   const char* env = std::getenv(kCpuFeaturesMaskEnv);
   if (env == nullptr) return false;
@@ -37,12 +33,6 @@ bool cpuid_avx512_bf16() {
   return (a & (1u << 5)) != 0;
 }
 }  // namespace
-
-ComputeType compute_type() { return current; }
-
-ComputeTypeScope::ComputeTypeScope(ComputeType type) : previous_(current) { current = type; }
-
-ComputeTypeScope::~ComputeTypeScope() { current = previous_; }
 
 const char* compute_type_name(ComputeType type) {
   return type == ComputeType::kBFloat16 ? "bfloat16" : "float32";

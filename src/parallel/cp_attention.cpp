@@ -13,11 +13,12 @@ namespace longtron::parallel {
 ContextAttention::ContextAttention(comm::CommPtr context, data::ContextBalance balance,
                                    std::shared_ptr<ContextScratch> scratch, ContextOptions options)
     : comm_(std::move(context)), balance_(balance),
-      scratch_(scratch ? std::move(scratch) : std::make_shared<ContextScratch>()) {
+      scratch_(scratch ? std::move(scratch) : std::make_shared<ContextScratch>()),
+      compute_(options.compute) {
   if (options.form == ContextForm::kRing && comm_->size() > 1)
     ring_ = std::make_unique<RingAttention>(
         comm_, balance_, RingSchedule(comm_->size(), options.window_size, options.interleaved),
-        scratch_->ring);
+        scratch_->ring, *compute_);
 }
 
 const ContextPlan& ContextAttention::plan(const ops::AttentionShape& s) const {
@@ -78,7 +79,7 @@ void ContextAttention::forward(float* out, float* lse, const float* q, const flo
   gather_keys(k, v, s);
   const ops::AttentionShape ks = kernel_shape(s);
   const float* keys = scratch_->keys.data();
-  ops::varlen_attention_forward(out, lse, q, keys, keys + s.num_kv_heads * s.head_dim, ks);
+  ops::varlen_attention_forward(*compute_, out, lse, q, keys, keys + s.num_kv_heads * s.head_dim, ks);
 }
 
 void ContextAttention::backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
@@ -92,7 +93,7 @@ void ContextAttention::backward(float* dq, float* dk, float* dv, const float* do
   const int64_t kv = s.num_kv_heads * s.head_dim, M = s.num_tokens;
   b.dkeys.resize(b.keys.size());
   const float* keys = b.keys.data();
-  ops::varlen_attention_backward(dq, b.dkeys.data(), b.dkeys.data() + kv, dout, q, keys,
+  ops::varlen_attention_backward(*compute_, dq, b.dkeys.data(), b.dkeys.data() + kv, dout, q, keys,
                                  keys + kv, out, lse, ks);
   // Σ of the key buffer's gradients into the row (a key can sit in several runs), then home.
   std::fill(b.kv_row.begin(), b.kv_row.end(), 0.f);

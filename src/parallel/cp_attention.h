@@ -48,6 +48,8 @@ struct ContextOptions {
   ContextForm form = ContextForm::kRing;
   int window_size = 1;
   bool interleaved = false;
+  /// The precision of the attention kernels (the engine's context; it must outlive the op).
+  const ops::ComputeContext* compute = &ops::ComputeContext::fp32();
 };
 
 /// Attention of this rank's M = P/C queries [M, hq, d] against the causal keys of the whole row.
@@ -80,6 +82,7 @@ class ContextAttention {
   comm::CommPtr comm_;
   data::ContextBalance balance_;
   std::shared_ptr<ContextScratch> scratch_;
+  const ops::ComputeContext* compute_;
   std::unique_ptr<RingAttention> ring_;  // nullptr under the all-gather form
 };
 

@@ -62,8 +62,9 @@ void RingScratch::release() {
 }
 
 RingAttention::RingAttention(comm::CommPtr context, data::ContextBalance balance,
-                             RingSchedule schedule, std::shared_ptr<RingScratch> scratch)
-    : comm_(std::move(context)), balance_(balance), schedule_(schedule),
+                             RingSchedule schedule, std::shared_ptr<RingScratch> scratch,
+                             const ops::ComputeContext& cc)
+    : comm_(std::move(context)), balance_(balance), schedule_(schedule), cc_(cc),
       scratch_(scratch ? std::move(scratch) : std::make_shared<RingScratch>()) {
   check(schedule_.size() == comm_->size(), "ring attention: schedule of {} ranks on a group of {}",
         schedule_.size(), comm_->size());
@@ -158,13 +159,13 @@ void RingAttention::forward(float* out, float* lse, const float* q, const float*
       const ops::AttentionShape ks = pass_shape(pass, block, p.source[size_t(step)], s);
       const float* keys = b.keys.data();
       if (first) {
-        ops::varlen_attention_forward(out, lse, q, keys, keys + kv, ks);
+        ops::varlen_attention_forward(cc_, out, lse, q, keys, keys + kv, ks);
         first = false;
         continue;
       }
       b.out.resize(size_t(M * H * d));
       b.lse.resize(size_t(H * M));
-      ops::varlen_attention_forward(b.out.data(), b.lse.data(), q, keys, keys + kv, ks);
+      ops::varlen_attention_forward(cc_, b.out.data(), b.lse.data(), q, keys, keys + kv, ks);
       merge(out, lse, b.out.data(), b.lse.data(), M, H, d);
     }
     finish_kv_step(step);
@@ -206,10 +207,10 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
         b.dkeys.resize(b.keys.size());
         // The first pass writes dq, the others add to it in place (no q-sized scratch).
         if (first)
-          ops::varlen_attention_backward(dq, b.dkeys.data(), b.dkeys.data() + kv, dout, q, keys,
+          ops::varlen_attention_backward(cc_, dq, b.dkeys.data(), b.dkeys.data() + kv, dout, q, keys,
                                          keys + kv, out, lse, ks);
         else
-          ops::varlen_attention_backward_add_dq(dq, b.dkeys.data(), b.dkeys.data() + kv, dout, q,
+          ops::varlen_attention_backward_add_dq(cc_, dq, b.dkeys.data(), b.dkeys.data() + kv, dout, q,
                                                 keys, keys + kv, out, lse, ks);
         first = false;
         add_rows(sum_of(source).data(), b.dkeys.data(), pass.key_rows, row);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "ops/compute_context.h"
 #include "ops/ops.h"
 #include "parallel/cp_ring_plan.h"
 
@@ -43,8 +44,10 @@ struct RingScratch {
 /// Ring attention of this rank's M queries (see the header comment); shapes as ContextAttention.
 class RingAttention {
  public:
+  /// `cc`: the precision of the kernels (it must outlive the op).
   RingAttention(comm::CommPtr context, data::ContextBalance balance, RingSchedule schedule,
-                std::shared_ptr<RingScratch> scratch = nullptr);
+                std::shared_ptr<RingScratch> scratch = nullptr,
+                const ops::ComputeContext& cc = ops::ComputeContext::fp32());
   /// out [M, hq, d] dense, lse [hq, M].
   void forward(float* out, float* lse, const float* q, const float* k, const float* v,
                const ops::AttentionShape& local);
@@ -68,6 +71,7 @@ class RingAttention {
   comm::CommPtr comm_;
   data::ContextBalance balance_;
   RingSchedule schedule_;
+  const ops::ComputeContext& cc_;
   std::shared_ptr<RingScratch> scratch_;
   RingBytes bytes_;
   std::map<int, std::vector<float>> blocks_;  // received K/V blocks by owner

@@ -11,9 +11,10 @@
 namespace longtron::parallel {
 
 VocabParallelHeadLoss::VocabParallelHeadLoss(int64_t V, int64_t V_local, int64_t H,
-                                             int64_t vocab_start, int group_size)
+                                             int64_t vocab_start, int group_size,
+                                             const ops::ComputeContext& cc)
     : V_local_(V_local), H_(H), vocab_start_(vocab_start),
-      V_shard_((V + group_size - 1) / group_size) {}
+      V_shard_((V + group_size - 1) / group_size), cc_(&cc) {}
 
 namespace {
 /// The cross-entropy of a vocabulary shard: columns [vocab_start, vocab_start + V_local) of the
@@ -49,7 +50,7 @@ model::LossSum VocabParallelHeadLoss::forward_backward(float* dX, float* dW, con
                                                        comm::Communicator& comm) {
   // Chunked by the largest shard and the rows, which every rank of the group shares.
   ShardCrossEntropy ce(V_local_, vocab_start_, comm);
-  return model::chunked_head_loss(chunks_, ce, dX, dW, X, W, labels, N, V_local_, H_,
+  return model::chunked_head_loss(*cc_, chunks_, ce, dX, dW, X, W, labels, N, V_local_, H_,
                                   model::head_chunk_rows(V_shard_, N), loss_scale, token_losses);
 }
 

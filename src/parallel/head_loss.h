@@ -23,7 +23,9 @@ class VocabParallelHeadLoss {
  public:
   /// V: whole vocabulary; this rank holds output rows [vocab_start, vocab_start + V_local) of the
   /// [V, H] weight (shard_range(V, group_size, rank), uneven allowed).
-  VocabParallelHeadLoss(int64_t V, int64_t V_local, int64_t H, int64_t vocab_start, int group_size);
+  /// `cc`: the precision of the GEMMs (it must outlive the head).
+  VocabParallelHeadLoss(int64_t V, int64_t V_local, int64_t H, int64_t vocab_start, int group_size,
+                        const ops::ComputeContext& cc = ops::ComputeContext::fp32());
 
   /// X[N, H] full rows (replicated over the group), W[V_local, H], labels[N] global ids (-100 =
   /// ignored). Returns the loss sum and valid count (identical on every rank of `comm`). When dX
@@ -38,6 +40,7 @@ class VocabParallelHeadLoss {
 
  private:
   int64_t V_local_, H_, vocab_start_, V_shard_;
+  const ops::ComputeContext* cc_;
   model::HeadChunks<float> chunks_;
 };
 

@@ -35,7 +35,8 @@ UlyssesAttention::UlyssesAttention(const model::ModelConfig& c, comm::CommPtr te
       h_(ulysses_heads(c.num_attention_heads, c.num_kv_attention_heads, comm_->size())),
       d_(c.head_dim()), q_(c.qkv_size()), local_(h_.hq_local + 2 * h_.hkv_local),
       config_(c), inv_freq_(model::rope_inv_freq(c)), window_(window),
-      scratch_(scratch ? std::move(scratch) : std::make_shared<Scratch>()) {
+      scratch_(scratch ? std::move(scratch) : std::make_shared<Scratch>()),
+      compute_(options.compute) {
   if (context && context->size() > 1) {
     C_ = context->size();
     context_ = std::make_unique<ContextAttention>(std::move(context), balance, scratch_->context,
@@ -131,7 +132,7 @@ void UlyssesAttention::forward(float* out, float* saved, float* lse, const float
     context_->forward(out_g, lse, qkv_g, qkv_g + h_.hq_local * d_,
                       qkv_g + (h_.hq_local + h_.hkv_local) * d_, s);
   else
-    ops::varlen_attention_forward(out_g, lse, qkv_g, qkv_g + h_.hq_local * d_,
+    ops::varlen_attention_forward(*compute_, out_g, lse, qkv_g, qkv_g + h_.hq_local * d_,
                                   qkv_g + (h_.hq_local + h_.hkv_local) * d_, s);
   ulysses_gather_heads(out, out_g, N, h_.hq, d_, *comm_);
 }
@@ -156,7 +157,7 @@ void UlyssesAttention::backward(float* dqkv, float* scratch, const float* dout, 
                        qkv_g + h_.hq_local * d_, qkv_g + (h_.hq_local + h_.hkv_local) * d_, out_g,
                        lse, s);
   else
-    ops::varlen_attention_backward(dqkv_g, dqkv_g + h_.hq_local * d_,
+    ops::varlen_attention_backward(*compute_, dqkv_g, dqkv_g + h_.hq_local * d_,
                                    dqkv_g + (h_.hq_local + h_.hkv_local) * d_, dout_g, qkv_g,
                                    qkv_g + h_.hq_local * d_,
                                    qkv_g + (h_.hq_local + h_.hkv_local) * d_, out_g, lse, s);

@@ -49,7 +49,7 @@ class UlyssesAttention final : public model::AttentionOp<float> {
   /// `scratch` nullptr = buffers of its own. `tensor` is the HEAD group under 2D-Attention;
   /// `context` (nullptr = none) its CONTEXT group, whose ranks hold the shares of `balance`;
   /// `window`: the block's sliding window (0 = none); `options`: ring or all-gather context
-  /// parallelism and the ring's layout (cp_attention.h).
+  /// parallelism, the ring's layout and the kernels' precision (cp_attention.h).
   UlyssesAttention(const model::ModelConfig& config, comm::CommPtr tensor,
                    std::shared_ptr<Scratch> scratch = nullptr, comm::CommPtr context = nullptr,
                    data::ContextBalance balance = data::ContextBalance::kZigzag,
@@ -82,6 +82,7 @@ class UlyssesAttention final : public model::AttentionOp<float> {
   std::vector<double> inv_freq_;  // RoPE inverse frequencies (model/rope_scaling.h)
   int64_t window_;
   std::shared_ptr<Scratch> scratch_;
+  const ops::ComputeContext* compute_;  // the kernels' precision (options.compute)
   int64_t C_ = 1;                                  // context ranks
   std::unique_ptr<ContextAttention> context_;      // nullptr when C = 1
 };

@@ -62,6 +62,8 @@ struct TpLinearSpec {
   bool scatter_output = true;   ///< reduce-scatter the output rows over R (else all-reduce)
   Overlap2D overlap = Overlap2D::kNone;
   int chunks = 4;  ///< row chunks of the overlapped forms (clamped to the rows available)
+  /// The precision of the GEMMs (the engine's context; it must outlive the linear).
+  const ops::ComputeContext* compute = &ops::ComputeContext::fp32();
 };
 
 /// Buffers shared by the halves of a gate/up op (Megatron's fused gate/up projection), or by all

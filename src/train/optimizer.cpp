@@ -30,10 +30,14 @@ std::vector<int64_t> AdamW::shard_counts() const {
   return counts;
 }
 
-void AdamW::update(model::Params<float>& params, const model::Params<float>& grads, double lr) {
+void AdamW::update(model::Params<float>& params, const model::Params<float>& grads, double lr,
+                   ops::Bf16WeightCopy& copy) {
   ++step_;
+  // The bf16 copy's bits of the whole buffer when `copy` mirrors it (stale until end_update).
+  uint16_t* const bits = copy.begin_update(params.data(), params.numel());
   // Walk the views that intersect this rank's slice: weight decay differs per view. The moments
   // are indexed from begin_.
+  int64_t updated = 0;
   for (const auto& view : layout_.views()) {
     const int64_t lo = std::max(begin_, view.offset);
     const int64_t hi = std::min(end_, view.offset + view.numel);
@@ -42,14 +46,21 @@ void AdamW::update(model::Params<float>& params, const model::Params<float>& gra
     ops::adamw_update(params.data() + lo, m_.data() + (lo - begin_), v_.data() + (lo - begin_),
                       grads.data() + lo, hi - lo, static_cast<float>(lr),
                       static_cast<float>(config_.beta1), static_cast<float>(config_.beta2),
-                      static_cast<float>(config_.eps), decay, step_);
+                      static_cast<float>(config_.eps), decay, step_, bits ? bits + lo : nullptr);
+    updated += hi - lo;
   }
   // In place: each rank's slice already sits at its offset of the flat buffer, so no scratch.
-  if (zero1_ && zero1_->size() > 1)
-    zero1_->all_gather_v(params.data(), params.data() + begin_, shard_counts());
-  // The weights changed: the step's bf16 copy (if a scope made one) is stale. Here rather than
-  // in the caller, so no update can forget it.
-  ops::invalidate_bf16_weights();
+  const bool sharded = zero1_ && zero1_->size() > 1;
+  if (sharded) zero1_->all_gather_v(params.data(), params.data() + begin_, shard_counts());
+  if (bits == nullptr) return;
+  // The rest of the copy: the other ranks' slices (just gathered) and any element of this slice
+  // no view covers (none in a ParamTable, whose views tile the buffer: kept safe).
+  if (updated != end_ - begin_) ops::round_to_bf16(params.data() + begin_, end_ - begin_, bits + begin_);
+  if (sharded) {
+    ops::round_to_bf16(params.data(), begin_, bits);
+    ops::round_to_bf16(params.data() + end_, params.numel() - end_, bits + end_);
+  }
+  copy.end_update();
 }
 
 bool AdamW::update_is_finite(const model::Params<float>& params, const model::Params<float>& grads,

@@ -9,6 +9,7 @@
 #include "comm/communicator.h"
 #include "core/zeroed_buffer.h"
 #include "model/params.h"
+#include "ops/compute_context.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 
@@ -30,9 +31,14 @@ class AdamW {
   /// One update of `params` with `grads` (already reduced over data parallel and clipped) at
   /// learning rate `lr`; only this rank's slice of `grads` is read, so a gradient reduced to the
   /// slices (ParallelEngine::finish_gradient_slices) is enough. Increments step(). With ZeRO-1,
-  /// collective over the zero1 group. Marks the live ops::Bf16WeightScope's bf16 weight copy stale
-  /// (ops::invalidate_bf16_weights).
-  void update(model::Params<float>& params, const model::Params<float>& grads, double lr);
+  /// collective over the zero1 group. `copy` is the bf16 weight copy of the compute context the
+  /// weights are read in (ParallelEngine::compute().weights()): when it mirrors `params`, the
+  /// update writes each new weight's bf16 rounding into it in the same pass (the slices other
+  /// ranks updated are rounded after the all-gather), so the copy is fresh after the update and
+  /// the next step reads the weights once instead of twice; any other buffer (LoRA's adapters)
+  /// leaves it as it is. Results are bitwise those of rounding the updated weights afterwards.
+  void update(model::Params<float>& params, const model::Params<float>& grads, double lr,
+              ops::Bf16WeightCopy& copy);
 
   /// Whether update(params, grads, lr) would leave this rank's slice of the parameters and its
   /// moments finite. Changes nothing and communicates nothing: the caller agrees the verdict

@@ -139,7 +139,7 @@ StepResult train_step(parallel::ParallelEngine& engine, AdamW& optimizer,
   }
   if (!r.skipped) {
     model::Params<float>& grads = engine.train_grads();
-    optimizer.update(engine.train_params(), grads, options.lr);
+    optimizer.update(engine.train_params(), grads, options.lr, engine.compute().weights());
   }
   return r;
 }

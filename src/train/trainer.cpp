@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 #include <optional>
+#include <utility>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -128,7 +129,7 @@ struct Run {
   comm::CommPtr dp;  // data-parallel group: ranks that read different rows
   bool rank0;        // world rank 0 writes metrics and checkpoints
   parallel::ParallelEngine engine;
-  model::Params<float>& params;
+  const model::Params<float>& params;  // for reading: writes go through engine.params()
   model::Params<float>& grads;
   model::InternLM2<float>& model;
   AdamW optimizer;
@@ -151,7 +152,7 @@ struct Run {
                                               loader_config(c).pack.packed_length())
                    : parallel::ParallelEngine(c.model, grid, loader_config(c).pack.packed_length(),
                                               parallel::ParallelEngine::Unfilled{})),
-        params(engine.params()), grads(engine.grads()), model(engine.model()),
+        params(std::as_const(engine).params()), grads(engine.grads()), model(engine.model()),
         optimizer(engine.train_layout(), c.optimizer, grid.zero1),
         loader(open_checked(c.data.train_folder, "data.train_folder", c.model.vocab_size, rank0),
                loader_config(c), dp->size(),
@@ -174,10 +175,8 @@ struct Run {
 
   /// The held-out loss through the engine (evaluate_rows: dp rank r scores rows r, r+D, …).
   double validate() {
-    const ops::ComputeTypeScope precision(compute);
-    // bf16: the GEMMs read one bf16 copy of the weights, as in a step (the memory plan counts the
-    // copy, not a rounded head weight per call).
-    const ops::Bf16WeightScope weights(engine.params().data(), engine.params().numel());
+    // In the engine's compute context: under bf16 the GEMMs read its bf16 copy of the weights,
+    // as in a step (the memory plan counts the copy, not a rounded head weight per call).
     const model::LossSum ls = evaluate_rows(engine, *valid_rows);
     return ls.count > 0 ? ls.sum / static_cast<double>(ls.count) : 0.0;
   }
@@ -355,11 +354,9 @@ struct Run {
     so.lr = schedule.at(step);
     so.clip_grad_norm = config.optimizer.clip_grad_norm;
     if (dump) so.on_gradients = [this](parallel::ParallelEngine&) { dump_grads(options.dump_grads); };
-    // The GEMMs of forward and backward in the run's dtype (the reductions and AdamW have no GEMM:
-    // they stay fp32 whatever the scope).
-    const ops::ComputeTypeScope precision(compute);
-    // bf16: one bf16 copy of this rank's weights for the step's GEMMs (dropped by the update).
-    const ops::Bf16WeightScope weights(engine.params().data(), engine.params().numel());
+    // The GEMMs of forward and backward in the engine's compute context (the run's dtype; the
+    // reductions and AdamW have no GEMM). bf16: one bf16 copy of this rank's weights, which the
+    // update refreshes in its own pass.
     const StepResult r = train_step(engine, optimizer, batches, so);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -514,7 +511,7 @@ void resume_lora(Run& run, const fs::path& dir, const CheckpointState& state) {
         "(lora.rank = {})", dir.string(), run.config.model.lora.rank);
   const fs::path base = lora_checkpoint_base(dir);  // refused when moved or changed, naming it
   run.lora_base = base;
-  run.load_full(base, run.params);
+  run.load_full(base, run.engine.params());
   const PeftAdapter a = read_peft_adapter(dir.string());
   check_adapter_matches(a.config, run.config.model.lora, run.config.model.type, dir.string());
   load_peft_adapter(run.engine, a, run.engine.train_params(), dir.string());
@@ -587,6 +584,7 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
                format_bytes(plan.peak_bytes));
   Run run(config, options, std::move(grid));
   run.compute = compute;
+  run.engine.set_compute_type(compute);
   phase.emplace("timing the GEMMs");
   if (rank0)
     fmt::print(stderr, "train: timing the GEMMs (n = {}; {:.1f} s so far)\n", options.sgemm_size,
@@ -609,7 +607,7 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     if (run.engine.has_lora()) {
       resume_lora(run, dir, state);
     } else {
-    run.load_full(dir, run.params);
+    run.load_full(dir, run.engine.params());
     {
       // HF tensors → this layout's local tensors (read straight into them) → this rank's ZeRO-1
       // slice.
@@ -624,7 +622,7 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
           options.resume.string(), start, config.train.total_steps);
     if (run.rank0) fmt::print(stderr, "train: resumed from step {} ({})\n", start, dir.string());
   } else if (!options.init_from.empty()) {
-    run.load_full(options.init_from, run.params);
+    run.load_full(options.init_from, run.engine.params());
     if (run.engine.has_lora()) {
       run.lora_base = fs::absolute(options.init_from).lexically_normal();
       if (!options.init_adapter.empty()) {

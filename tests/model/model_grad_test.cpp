@@ -124,8 +124,8 @@ TEST(ModelGrad, CheckpointGivesIdenticalGradientsInBf16) {
   Params<float> params(layout), plain(layout), recomputed(layout);
   for (int64_t i = 0; i < layout.numel(); ++i) params.data()[i] = float(wide.data()[i]);
   const data::MicroBatch batch = tiny_row(c.vocab_size);
-  const ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
-  InternLM2<float> model(layout, params);
+  const ops::ComputeContext bf16(ops::ComputeType::kBFloat16);
+  InternLM2<float> model(layout, params, make_dense_ops<float>(layout, bf16));
   const LossSum a = model.forward_backward(batch, plain, 1.0);
   EXPECT_EQ(model.forward_loss(batch).sum, a.sum);
   model.set_checkpoint(true);
@@ -221,8 +221,8 @@ TEST(ModelGrad, ChunksGiveUnchunkedValuesInBf16) {
   Params<float> params(layout), plain(layout);
   for (int64_t i = 0; i < layout.numel(); ++i) params.data()[i] = float(wide.data()[i]);
   const data::MicroBatch batch = tiny_row(c.vocab_size);
-  const ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
-  InternLM2<float> reference(layout, params);
+  const ops::ComputeContext bf16(ops::ComputeType::kBFloat16);
+  InternLM2<float> reference(layout, params, make_dense_ops<float>(layout, bf16));
   const LossSum a = reference.forward_backward(batch, plain, 1.0);
   std::vector<double> want;
   reference.forward_loss(batch, &want);
@@ -232,7 +232,7 @@ TEST(ModelGrad, ChunksGiveUnchunkedValuesInBf16) {
     cc.chunk_tokens = chunk;
     const ParamTable chunked_layout(cc);
     Params<float> grads(chunked_layout);
-    InternLM2<float> model(chunked_layout, params);
+    InternLM2<float> model(chunked_layout, params, make_dense_ops<float>(chunked_layout, bf16));
     const LossSum b = model.forward_backward(batch, grads, 1.0);
     EXPECT_NEAR(a.sum, b.sum, 1e-5 * std::abs(a.sum)) << "chunk " << chunk;
     std::vector<double> got;
@@ -389,7 +389,7 @@ TEST(ModelGrad, ChunkedHeadLossDoesNotDependOnTheChunk) {
     r.dW.assign(size_t(V * H), 0.0);
     r.token.assign(size_t(N), 0.0);
     HeadChunks<double> scratch;
-    r.loss = chunked_head_loss(scratch, r.dx.data(), r.dW.data(), x.data(), W.data(),
+    r.loss = chunked_head_loss(ops::ComputeContext::fp32(), scratch, r.dx.data(), r.dW.data(), x.data(), W.data(),
                                labels.data(), N, V, H, chunk, 0.5, r.token.data());
     return r;
   };

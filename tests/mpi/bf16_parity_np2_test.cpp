@@ -16,10 +16,10 @@ using parallel::TensorMode;
 
 void check_bf16_parity(const ParityCase& c) {
   const RunResult fp32 = run_reference(c);
-  const ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
   parallel::Grid grid = parallel::make_grid(world(), c.layout);
-  const RunResult ref = run_reference(c);
+  const RunResult ref = run_reference(c, ops::ComputeType::kBFloat16);
   parallel::ParallelEngine engine(c.model, grid, 42, c.P);
+  engine.set_compute_type(ops::ComputeType::kBFloat16);
   train::AdamW adam(engine.local_layout(), parity_optimizer(), grid.zero1);
   RunResult got;
   run_engine_steps(engine, adam, c, 0, c.steps, got);

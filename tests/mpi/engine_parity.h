@@ -83,9 +83,10 @@ inline std::vector<MicroBatch> global_rows(const ParityCase& c, int step) {
   return rows;
 }
 
-/// One process, dense ops, every row of the global batch.
-inline RunResult run_reference(const ParityCase& c) {
-  return reference_run(c.model, c.steps, [&c](int step) { return global_rows(c, step); });
+/// One process, dense ops, every row of the global batch, in `type`.
+inline RunResult run_reference(const ParityCase& c,
+                               ops::ComputeType type = ops::ComputeType::kFloat32) {
+  return reference_run(c.model, c.steps, [&c](int step) { return global_rows(c, step); }, type);
 }
 
 /// The layout under test: each dp rank its own rows, the engine's reductions, AdamW with ZeRO-1

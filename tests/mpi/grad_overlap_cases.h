@@ -23,12 +23,10 @@ inline OverlapRun run_overlap(const ParityCase& c, bool overlap, bool bf16) {
   parallel::Grid grid = parallel::make_grid(world(), c.layout);
   parallel::ParallelEngine engine(c.model, grid, 42, c.P);
   engine.set_overlap_gradient_reduction(overlap);
+  engine.set_compute_type(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
   train::AdamW adam(engine.local_layout(), parity_optimizer());
   OverlapRun out;
   for (int step = 0; step < c.steps; ++step) {
-    const ops::ComputeTypeScope precision(bf16 ? ops::ComputeType::kBFloat16
-                                               : ops::ComputeType::kFloat32);
-    const ops::Bf16WeightScope weights(engine.params().data(), engine.params().numel());
     const train::StepResult r = train::train_step(engine, adam, dp_share(global_rows(c, step), grid),
                                                   parity_step_options());
     EXPECT_FALSE(r.skipped);

@@ -268,7 +268,8 @@ inline double max_abs_diff(const float* a, const float* b, int64_t n) {
 /// pass move exactly half the bytes of the float32 pass, the gradient reduce-scatters the same
 /// (fp32), and y, dx, the head's loss and dxf are bitwise those of the path that gathers fp32
 /// and rounds inside the GEMM (the dense ops on the full fp32 weight and this rank's rows), with
-/// the shards taken from the step's bf16 copy (ops::Bf16WeightScope) or rounded at the gather.
+/// the shards taken from the context's bf16 weight copy (ops::ComputeContext) or rounded at the
+/// gather.
 inline void check_bf16_gathers(const Layout& layout, bool step_copy, bool overlap) {
   if (!ops::cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16";
   const int r = world()->rank();
@@ -291,9 +292,9 @@ inline void check_bf16_gathers(const Layout& layout, bool step_copy, bool overla
     o.q.resize(size_t(n * Q));
     o.f.resize(size_t(n * F));
     for (Vec* v : {&o.dxq, &o.dxf, &o.dhead}) v->resize(size_t(n * H));
-    const ops::ComputeTypeScope type(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
-    const ops::Bf16WeightScope copy(local.data(), step_copy ? local.numel() : 0);
-    auto store = std::make_shared<parallel::IspWeightStore>(grid.weight, overlap);
+    ops::ComputeContext cc(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
+    if (step_copy) cc.weights().attach(local.data(), local.numel());
+    auto store = std::make_shared<parallel::IspWeightStore>(grid.weight, overlap, cc);
     parallel::IspLinear wqkv(store, b.wqkv, -1, Q, H), w1(store, b.w1, -1, F, H);
     parallel::IspHeadLoss head(store, full.output, V, H);
     grid.weight->reset_stats();
@@ -308,7 +309,7 @@ inline void check_bf16_gathers(const Layout& layout, bool step_copy, bool overla
       wqkv.backward(o.dxq.data(), dq.data(), x.data(), n, local, &grads, false);
     }
     if (bf16 && step_copy) {
-      EXPECT_GT(ops::bf16_weight_copy_bytes(), 0) << "the shards came from the step's copy";
+      EXPECT_GT(cc.weight_copy_bytes(), 0) << "the shards came from the context's copy";
     }
     o.stats = grid.weight->stats();
     o.used = store->prefetches_used();
@@ -329,15 +330,15 @@ inline void check_bf16_gathers(const Layout& layout, bool step_copy, bool overla
   }
 
   // The reference: fp32 weights rounded inside the GEMM, on this rank's rows.
-  const ops::ComputeTypeScope type(ops::ComputeType::kBFloat16);
+  const ops::ComputeContext bf16(ops::ComputeType::kBFloat16);
   Vec q(size_t(n * Q)), f(size_t(n * F)), dxq(size_t(n * H)), dxf(size_t(n * H)), dhead(size_t(n * H));
-  ops::linear_forward<float>(q.data(), x.data(), params.ptr(b.wqkv), nullptr, n, H, Q);
-  ops::linear_forward<float>(f.data(), x.data(), params.ptr(b.w1), nullptr, n, H, F);
-  ops::gemm<float>(false, false, n, H, Q, 1.f, dq.data(), params.ptr(b.wqkv), 0.f, dxq.data());
-  ops::gemm<float>(false, false, n, H, F, 1.f, df.data(), params.ptr(b.w1), 0.f, dxf.data());
+  ops::linear_forward<float>(bf16, q.data(), x.data(), params.ptr(b.wqkv), nullptr, n, H, Q);
+  ops::linear_forward<float>(bf16, f.data(), x.data(), params.ptr(b.w1), nullptr, n, H, F);
+  ops::gemm<float>(bf16, false, false, n, H, Q, 1.f, dq.data(), params.ptr(b.wqkv), 0.f, dxq.data());
+  ops::gemm<float>(bf16, false, false, n, H, F, 1.f, df.data(), params.ptr(b.w1), 0.f, dxf.data());
   model::HeadChunks<float> chunks;
   const double loss =
-      model::chunked_head_loss(chunks, dhead.data(), static_cast<float*>(nullptr), x.data(),
+      model::chunked_head_loss(bf16, chunks, dhead.data(), static_cast<float*>(nullptr), x.data(),
                                params.ptr(full.output), labels.data(), n, V, H,
                                model::head_chunk_rows(V, n), 0.25, nullptr).sum;
   double worst = std::abs(loss - bf.loss);

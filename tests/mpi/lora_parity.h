@@ -43,8 +43,10 @@ inline void set_adapters(parallel::ParallelEngine& engine) {
 }
 
 /// `steps` steps of the case on `grid`; step-1 adapter gradients gathered (full, table order).
-inline RunResult lora_run(const ParityCase& c, const parallel::Grid& grid, bool zero1) {
+inline RunResult lora_run(const ParityCase& c, const parallel::Grid& grid, bool zero1,
+                          ops::ComputeType type = ops::ComputeType::kFloat32) {
   parallel::ParallelEngine engine(c.model, grid, 42, c.P);
+  engine.set_compute_type(type);
   set_adapters(engine);
   train::AdamW adam(engine.train_layout(), parity_optimizer(), zero1 ? grid.zero1 : nullptr);
   RunResult out;
@@ -68,12 +70,11 @@ inline RunResult lora_run(const ParityCase& c, const parallel::Grid& grid, bool 
 /// The case under its layout against one process; `bf16` runs both under the bf16 compute type
 /// (then the bf16 bounds: step-1 loss 1e-3, gradient norm 1e-2).
 inline void check_lora_parity(const ParityCase& c, bool bf16 = false) {
-  std::unique_ptr<ops::ComputeTypeScope> scope;
-  if (bf16) scope = std::make_unique<ops::ComputeTypeScope>(ops::ComputeType::kBFloat16);
-  const RunResult ref =
-      lora_run(c, parallel::make_grid(comm::make_local_communicator(), parallel::Layout{}), false);
+  const ops::ComputeType type = bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32;
+  const RunResult ref = lora_run(
+      c, parallel::make_grid(comm::make_local_communicator(), parallel::Layout{}), false, type);
   parallel::Grid grid = parallel::make_grid(world(), c.layout);
-  const RunResult got = lora_run(c, grid, true);
+  const RunResult got = lora_run(c, grid, true, type);
   parallel::ParallelEngine probe(c.model, parallel::make_grid(comm::make_local_communicator(),
                                                               parallel::Layout{}), 42, c.P);
   const ParityErrors e = parity_errors(probe.train_full_layout(), got, ref);

@@ -93,10 +93,12 @@ inline void engine_steps(parallel::ParallelEngine& engine, train::AdamW& adam,
 }
 
 /// One process (a dense engine on a one-rank communicator), every row of the global batch, `steps`
-/// AdamW steps with clipping: exactly what `longtron train` runs as one process.
-inline RunResult reference_run(const model::ModelConfig& m, int steps, const StepRows& step_rows) {
+/// AdamW steps with clipping: exactly what `longtron train` runs as one process, in `type`.
+inline RunResult reference_run(const model::ModelConfig& m, int steps, const StepRows& step_rows,
+                               ops::ComputeType type = ops::ComputeType::kFloat32) {
   parallel::Grid grid = parallel::make_grid(comm::make_local_communicator(), parallel::Layout{});
   parallel::ParallelEngine engine(m, grid, 42);
+  engine.set_compute_type(type);
   train::AdamW adam(engine.local_layout(), parity_optimizer());
   RunResult out;
   engine_steps(engine, adam, step_rows, 0, steps, out);

@@ -16,7 +16,7 @@
 #include "core/safetensors.h"
 #include "fd_check.h"
 #include "ops/ops.h"
-#include "ops/precision.h"
+#include "ops/compute_context.h"
 
 namespace ops = longtron::ops;
 using longtron::safetensors::bf16_to_float;
@@ -117,28 +117,25 @@ TEST(Gemm, Bf16MatchesDoubleOnRoundedInputsAndFp32WithinBf16Rounding) {
   }
 }
 
-// Mixed precision as the trainer runs it: ops::gemm<float> under a bf16 ComputeTypeScope rounds A
+// Mixed precision as the trainer runs it: ops::gemm<float> under a bf16 compute context rounds A
 // and B to bf16 itself. Against double on the bf16-rounded inputs the error bound is the fp32
 // summation bound above, |C − exact| ≤ (K + 2)·2⁻²⁴·Σ|a||b| (the products are exact); it must
-// also equal gemm_bf16 on the same rounded inputs bit for bit (one primitive per shape), and leave
-// the fp32 GEMM untouched once the scope ends.
-TEST(Gemm, FloatUnderBf16ScopeIsTheBf16GemmOfRoundedInputs) {
+// also equal gemm_bf16 on the same rounded inputs bit for bit (one primitive per shape), and the
+// context-free form (and an fp32 context) stay the fp32 GEMM.
+TEST(Gemm, FloatUnderBf16ContextIsTheBf16GemmOfRoundedInputs) {
+  const ops::ComputeContext bf16(ops::ComputeType::kBFloat16), fp32;
   for (const Case& c : cases()) {
     const auto A = floats(c.M * c.K, 7), B = floats(c.K * c.N, 8), C0 = floats(c.M * c.N, 9);
     std::vector<uint16_t> Ab(A.size()), Bb(B.size());
     std::vector<float> Ar(A.size()), Br(B.size());
     for (size_t i = 0; i < A.size(); ++i) Ab[i] = float_to_bf16(A[i]), Ar[i] = bf16_to_float(Ab[i]);
     for (size_t i = 0; i < B.size(); ++i) Bb[i] = float_to_bf16(B[i]), Br[i] = bf16_to_float(Bb[i]);
-    std::vector<float> C = C0, Cb = C0, C32 = C0, Cafter = C0;
+    std::vector<float> C = C0, Cb = C0, C32 = C0, Cfp32 = C0;
     ops::gemm<float>(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), B.data(), c.beta, C32.data());
-    {
-      ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
-      ASSERT_EQ(ops::compute_type(), ops::ComputeType::kBFloat16);
-      ops::gemm<float>(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), B.data(), c.beta, C.data());
-    }
-    ASSERT_EQ(ops::compute_type(), ops::ComputeType::kFloat32);
-    ops::gemm<float>(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), B.data(), c.beta, Cafter.data());
-    EXPECT_EQ(Cafter, C32) << "the fp32 GEMM changed after a bf16 scope";
+    ops::gemm<float>(bf16, c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), B.data(), c.beta, C.data());
+    ops::gemm<float>(fp32, c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), B.data(), c.beta,
+                     Cfp32.data());
+    EXPECT_EQ(Cfp32, C32) << "an fp32 context is not the context-free fp32 GEMM";
     ops::gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, Ab.data(), Bb.data(), c.beta, Cb.data());
     EXPECT_EQ(C, Cb);
     std::vector<double> exact, mag;
@@ -147,76 +144,74 @@ TEST(Gemm, FloatUnderBf16ScopeIsTheBf16GemmOfRoundedInputs) {
     for (int64_t i = 0; i < c.M * c.N; ++i)
       ASSERT_LE(std::fabs(C[i] - exact[i]), (c.K + 2) * u * mag[i]) << "at " << i;
     if (c.K >= 53) {
-      EXPECT_NE(C, C32) << "the bf16 scope did not change the result";
+      EXPECT_NE(C, C32) << "the bf16 context did not change the result";
     }
   }
 }
 
-// Bf16WeightScope: a GEMM whose B lies inside the scope's weights gives bit for bit the result of
-// rounding per call, and reads the copy made at its first use: a weight changed without
-// invalidate_bf16_weights() is not seen (the proof that the copy is used), one changed with it is.
-// Outside a bf16 compute type the scope does nothing.
-TEST(Gemm, Bf16WeightScopeRoundsTheWeightsOnceUntilInvalidated) {
+// The context's bf16 weight copy: a GEMM whose B lies inside the mirrored weights gives bit for
+// bit the result of rounding per call, and reads the copy made at its first use: a weight changed
+// without invalidate() is not seen (the proof that the copy is used), one changed with it is.
+// Under an fp32 context the copy is never read.
+TEST(Gemm, Bf16WeightCopyRoundsTheWeightsOnceUntilInvalidated) {
   const int64_t M = 48, N = 40, K = 64, offset = 100;
   const auto A = floats(M * K, 11);
   std::vector<float> W = floats(offset + N * K + 50, 12);  // B = W[offset..], as a layer's view
   const float* B = W.data() + offset;
-  const auto gemm = [&] {
+  const auto gemm = [&](const ops::ComputeContext& cc) {
     std::vector<float> C(M * N, 0.f);
-    ops::gemm<float>(false, true, M, N, K, 1.0f, A.data(), B, 0.0f, C.data());
+    ops::gemm<float>(cc, false, true, M, N, K, 1.0f, A.data(), B, 0.0f, C.data());
     return C;
   };
-  ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
-  const auto per_call = gemm();
-  std::vector<float> cached, stale, fresh;
-  {
-    const ops::Bf16WeightScope weights(W.data(), static_cast<int64_t>(W.size()));
-    cached = gemm();
-    EXPECT_EQ(ops::bf16_weight_copy_bytes(), static_cast<int64_t>(2 * W.size()));
-    for (int64_t i = 0; i < N * K; ++i) W[offset + i] *= 2.0f;  // an "optimizer step"
-    stale = gemm();
-    ops::invalidate_bf16_weights();
-    fresh = gemm();
-  }
+  const ops::ComputeContext per_call_context(ops::ComputeType::kBFloat16);  // mirrors nothing
+  const auto per_call = gemm(per_call_context);
+  ops::ComputeContext bf16(ops::ComputeType::kBFloat16);
+  bf16.weights().attach(W.data(), static_cast<int64_t>(W.size()));
+  EXPECT_EQ(bf16.weight_copy_bytes(), 0) << "made before its first use";
+  const auto cached = gemm(bf16);
+  EXPECT_EQ(bf16.weight_copy_bytes(), static_cast<int64_t>(2 * W.size()));
+  for (int64_t i = 0; i < N * K; ++i) W[offset + i] *= 2.0f;  // a write that does not tell
+  const auto stale = gemm(bf16);
+  bf16.weights().invalidate();
+  const auto fresh = gemm(bf16);
   EXPECT_EQ(cached, per_call);
-  EXPECT_EQ(stale, cached) << "the GEMM did not read the step's bf16 copy";
-  const auto after = gemm();  // the scope is gone: rounded per call again
-  EXPECT_EQ(fresh, after);
+  EXPECT_EQ(stale, cached) << "the GEMM did not read the bf16 copy";
+  EXPECT_EQ(fresh, gemm(per_call_context));
   EXPECT_NE(fresh, cached);
-  {
-    ops::ComputeTypeScope fp32(ops::ComputeType::kFloat32);
-    std::vector<float> C(M * N, 0.f), plain(M * N, 0.f);
-    ops::gemm<float>(false, true, M, N, K, 1.0f, A.data(), B, 0.0f, plain.data());
-    const ops::Bf16WeightScope weights(W.data(), static_cast<int64_t>(W.size()));
-    ops::gemm<float>(false, true, M, N, K, 1.0f, A.data(), B, 0.0f, C.data());
-    EXPECT_EQ(C, plain) << "the scope changed a float32 GEMM";
-  }
+  ops::ComputeContext fp32;
+  fp32.weights().attach(W.data(), static_cast<int64_t>(W.size()));
+  std::vector<float> plain(M * N, 0.f);
+  ops::gemm<float>(false, true, M, N, K, 1.0f, A.data(), B, 0.0f, plain.data());
+  EXPECT_EQ(gemm(fp32), plain) << "the copy changed a float32 GEMM";
+  EXPECT_EQ(fp32.weight_copy_bytes(), 0);
 }
 
 // gemm_bf16_weight on a weight rounded once (ISP's gathered bf16 weights) is bitwise gemm<float>
-// under kBFloat16 on the float weight, in both transposes and with beta; bf16_weight_copy_of hands
-// out the scope's copy of a range inside its weights and nothing outside it or without a scope.
+// under kBFloat16 on the float weight, in both transposes and with beta; the copy's of() hands
+// out the bits of a range inside its weights and nothing outside them or when detached.
 TEST(Gemm, Bf16WeightGemmIsTheFloatGemmOnTheRoundedWeight) {
   const int64_t M = 24, N = 40, K = 56;
   const auto A = floats(M * K, 21);
   std::vector<float> W = floats(N * K + 8, 22);
   std::vector<uint16_t> W16(static_cast<size_t>(N * K));
   ops::round_to_bf16(W.data(), N * K, W16.data());
-  EXPECT_EQ(ops::bf16_weight_copy_of(W.data(), N * K), nullptr);
-  const ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
+  ops::ComputeContext bf16(ops::ComputeType::kBFloat16);
+  EXPECT_EQ(bf16.weights().of(W.data(), N * K), nullptr);
   for (const bool tb : {true, false}) {
     for (const float beta : {0.f, 1.f}) {
       std::vector<float> want = floats(M * N, 23), got = want;
-      ops::gemm<float>(false, tb, M, N, K, 1.f, A.data(), W.data(), beta, want.data());
+      ops::gemm<float>(bf16, false, tb, M, N, K, 1.f, A.data(), W.data(), beta, want.data());
       ops::gemm_bf16_weight(false, tb, M, N, K, 1.f, A.data(), W16.data(), beta, got.data());
       EXPECT_EQ(got, want) << "trans_b " << tb << " beta " << beta;
     }
   }
-  const ops::Bf16WeightScope weights(W.data(), N * K);
-  const uint16_t* copy = ops::bf16_weight_copy_of(W.data() + 8, 16);
+  bf16.weights().attach(W.data(), N * K);
+  const uint16_t* copy = bf16.weights().of(W.data() + 8, 16);
   ASSERT_NE(copy, nullptr);
   EXPECT_TRUE(std::equal(copy, copy + 16, W16.begin() + 8));
-  EXPECT_EQ(ops::bf16_weight_copy_of(W.data() + N * K - 4, 8), nullptr);  // runs past the scope
+  EXPECT_EQ(bf16.weights().of(W.data() + N * K - 4, 8), nullptr);  // runs past the weights
+  bf16.weights().attach(nullptr, 0);
+  EXPECT_EQ(bf16.weights().of(W.data() + 8, 16), nullptr);
 }
 
 // widen_bf16 is exact: it inverts round_to_bf16 on its outputs.

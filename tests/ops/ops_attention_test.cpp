@@ -133,10 +133,11 @@ void naive_attention(Vec& out, Vec& lse, const Inputs<double>& in, const Case& c
 }
 
 template <typename T>
-void forward(std::vector<T>& out, std::vector<T>& lse, const Inputs<T>& in, const Case& c) {
+void forward(std::vector<T>& out, std::vector<T>& lse, const Inputs<T>& in, const Case& c,
+             const ops::ComputeContext& cc = ops::ComputeContext::fp32()) {
   out.assign(c.tokens() * c.heads * c.d, T(0));
   lse.assign(c.heads * c.tokens(), T(0));
-  ops::varlen_attention_forward<T>(out.data(), lse.data(), in.qp(), in.kp(c), in.vp(c),
+  ops::varlen_attention_forward<T>(cc, out.data(), lse.data(), in.qp(), in.kp(c), in.vp(c),
                                    c.shape());
 }
 
@@ -450,13 +451,13 @@ void expect_backward_independent_of_threads(const Case& c, bool bf16) {
                      {ind.v.begin(), ind.v.end()}};
   const Vec doutd = random_vector(c.tokens() * c.heads * c.d, 72);
   const std::vector<T> dout(doutd.begin(), doutd.end());
-  ops::ComputeTypeScope type(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
+  const ops::ComputeContext cc(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
   longtron::set_num_threads(1);
   std::vector<T> out, lse;
-  forward(out, lse, in, c);
+  forward(out, lse, in, c, cc);
   auto run = [&] {
     Inputs<T> g{std::vector<T>(c.q_size()), std::vector<T>(c.k_size()), std::vector<T>(c.v_size())};
-    ops::varlen_attention_backward<T>(g.qp(), g.kp(c), g.vp(c), dout.data(), in.qp(), in.kp(c),
+    ops::varlen_attention_backward<T>(cc, g.qp(), g.kp(c), g.vp(c), dout.data(), in.qp(), in.kp(c),
                                       in.vp(c), out.data(), lse.data(), c.shape());
     return g;
   };
@@ -489,23 +490,22 @@ TEST_F(Attention, BackwardIsBitwiseTheSameForAnyThreadCount) {
 // columns and k/v's columns of a strided q untouched, dk and dv the same; float, double, bf16.
 template <typename T>
 void expect_add_dq_adds(const Case& c, bool bf16) {
-  const ops::ComputeTypeScope precision(bf16 ? ops::ComputeType::kBFloat16
-                                             : ops::ComputeType::kFloat32);
+  const ops::ComputeContext cc(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
   const Inputs<double> ind = make_inputs(c, 51);
   const Inputs<T> in{{ind.q.begin(), ind.q.end()}, {ind.k.begin(), ind.k.end()},
                      {ind.v.begin(), ind.v.end()}};
   const Vec doutd = random_vector(c.tokens() * c.heads * c.d, 52);
   const std::vector<T> dout(doutd.begin(), doutd.end());
   std::vector<T> out, lse;
-  forward(out, lse, in, c);
+  forward(out, lse, in, c, cc);
   const Vec initd = random_vector(c.q_size(), 53);
   Inputs<T> over{std::vector<T>(c.q_size()), std::vector<T>(c.k_size()),
                  std::vector<T>(c.v_size())};
   Inputs<T> add{{initd.begin(), initd.end()}, std::vector<T>(c.k_size()),
                 std::vector<T>(c.v_size())};
-  ops::varlen_attention_backward<T>(over.qp(), over.kp(c), over.vp(c), dout.data(), in.qp(),
+  ops::varlen_attention_backward<T>(cc, over.qp(), over.kp(c), over.vp(c), dout.data(), in.qp(),
                                     in.kp(c), in.vp(c), out.data(), lse.data(), c.shape());
-  ops::varlen_attention_backward_add_dq<T>(add.qp(), add.kp(c), add.vp(c), dout.data(), in.qp(),
+  ops::varlen_attention_backward_add_dq<T>(cc, add.qp(), add.kp(c), add.vp(c), dout.data(), in.qp(),
                                            in.kp(c), in.vp(c), out.data(), lse.data(), c.shape());
   const int64_t w = c.heads * c.d;
   for (int64_t n = 0; n < c.tokens(); ++n)
@@ -634,9 +634,9 @@ void expect_bf16_matches_double(const Case& c, double* out_err, double* grad_err
   Inputs<float> gf{std::vector<float>(c.q_size()), std::vector<float>(c.k_size()),
                    std::vector<float>(c.v_size())};
   {
-    ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
-    forward(outf, lsef, inf, c);
-    ops::varlen_attention_backward<float>(gf.qp(), gf.kp(c), gf.vp(c), doutf.data(), inf.qp(),
+    const ops::ComputeContext bf16(ops::ComputeType::kBFloat16);
+    forward(outf, lsef, inf, c, bf16);
+    ops::varlen_attention_backward<float>(bf16, gf.qp(), gf.kp(c), gf.vp(c), doutf.data(), inf.qp(),
                                           inf.kp(c), inf.vp(c), outf.data(), lsef.data(),
                                           c.shape());
   }
@@ -689,16 +689,14 @@ TEST_F(Attention, FloatStaysFp32WithoutBf16ComputeType) {
   const Inputs<float> inf{{in.q.begin(), in.q.end()}, {}, {}};
   std::vector<float> out0, lse0, out1, lse1;
   forward(out0, lse0, inf, c);
-  {
-    ops::ComputeTypeScope bf16(ops::ComputeType::kBFloat16);
-    forward(out1, lse1, inf, c);
-  }
+  const ops::ComputeContext bf16(ops::ComputeType::kBFloat16);
+  forward(out1, lse1, inf, c, bf16);
   if (ops::attention_bf16_native()) {
     EXPECT_NE(out1, out0);
   } else {
     EXPECT_EQ(out1, out0);
   }
-  forward(out1, lse1, inf, c);  // the scope ended: fp32 again
+  forward(out1, lse1, inf, c);  // the context-free form: fp32 again
   EXPECT_EQ(out1, out0);
 }
 

@@ -113,16 +113,3 @@ TEST(Precision, AutoAndBfloat16ChooseBf16WhereTheCpuHasIt) {
   EXPECT_NE(note.find("has AVX512-BF16"), std::string::npos) << note;
   EXPECT_EQ(ops::resolve_dtype("torch.bfloat16", "model.dtype"), ops::ComputeType::kBFloat16);
 }
-
-TEST(Precision, ScopeNestsAndRestores) {
-  EXPECT_EQ(ops::compute_type(), ops::ComputeType::kFloat32);
-  {
-    ops::ComputeTypeScope a(ops::ComputeType::kBFloat16);
-    {
-      ops::ComputeTypeScope b(ops::ComputeType::kFloat32);
-      EXPECT_EQ(ops::compute_type(), ops::ComputeType::kFloat32);
-    }
-    EXPECT_EQ(ops::compute_type(), ops::ComputeType::kBFloat16);
-  }
-  EXPECT_EQ(ops::compute_type(), ops::ComputeType::kFloat32);
-}

@@ -50,9 +50,9 @@ TEST(MemoryPlan, ActivationsAreTheModelsWorkspace) {
       const model::ParamTable layout(c.model);
       model::Params<float> params(layout), grads(layout);
       model::init_params(params, 1);
-      model::InternLM2<float> m(layout, params);
-      const ops::ComputeTypeScope precision(bf16 ? ops::ComputeType::kBFloat16
-                                                 : ops::ComputeType::kFloat32);
+      const ops::ComputeContext precision(bf16 ? ops::ComputeType::kBFloat16
+                                               : ops::ComputeType::kFloat32);
+      model::InternLM2<float> m(layout, params, model::make_dense_ops<float>(layout, precision));
       data::MicroBatch b;
       const int32_t P = 120;
       for (int32_t i = 0; i < P; ++i) {
