@@ -8,7 +8,7 @@ namespace longtron::ops {
 void Bf16WeightCopy::attach(const float* weights, int64_t n) {
   base_ = weights;
   n_ = weights != nullptr && n > 0 ? n : 0;
-  valid_ = false;
+  release();
 }
 
 const uint16_t* Bf16WeightCopy::of(const float* x, int64_t n) {
@@ -22,15 +22,19 @@ const uint16_t* Bf16WeightCopy::of(const float* x, int64_t n) {
 }
 
 uint16_t* Bf16WeightCopy::begin_update(const float* weights, int64_t n) {
-  if (base_ == nullptr || weights != base_ || n != n_) return nullptr;
+  if (base_ == nullptr || weights != base_ || n != n_ || bits_.empty()) return nullptr;
   valid_ = false;  // until end_update: a throw in between leaves the copy to be remade
-  bits_.resize(static_cast<size_t>(n_));
   return bits_.data();
+}
+
+void Bf16WeightCopy::release() {
+  std::vector<uint16_t>().swap(bits_);
+  valid_ = false;
 }
 
 void ComputeContext::set_type(ComputeType type) {
   type_ = type;
-  weights_.invalidate();
+  weights_.release();  // made again on the first read under kBFloat16
 }
 
 int64_t ComputeContext::attention_arena_bytes() { return detail::attention_arena_bytes(); }

@@ -19,7 +19,7 @@ namespace longtron::ops {
 /// thread-safe: GEMMs are issued from one thread.
 class Bf16WeightCopy {
  public:
-  /// Mirrors weights[0..n) (n >= 0), dropping any copy. nullptr detaches.
+  /// Mirrors weights[0..n) (n >= 0), freeing any copy. nullptr detaches.
   void attach(const float* weights, int64_t n);
   /// The weights may have changed: the next reader remakes the copy.
   void invalidate() { valid_ = false; }
@@ -29,13 +29,16 @@ class Bf16WeightCopy {
   /// when x[0..n) is not inside the mirrored weights. Valid until the copy is invalidated or
   /// remade.
   const uint16_t* of(const float* x, int64_t n);
-  /// The optimizer's fused refresh: when `weights`[0..n) is the mirrored buffer, returns the bits
-  /// of the whole buffer for the update to write the rounding of each weight it writes, in the same
-  /// pass (allocating them on first use), and marks the copy stale until end_update(); else
-  /// nullptr (another buffer, e.g. LoRA's adapters, leaves the copy as it is).
+  /// The optimizer's fused refresh: when `weights`[0..n) is the mirrored buffer and the copy is in
+  /// use (made by a read since the last release), returns the bits of the whole buffer for the
+  /// update to write the rounding of each weight it writes, in the same pass, and marks the copy
+  /// stale until end_update(); else nullptr: another buffer (LoRA's adapters) leaves the copy as
+  /// it is, and a copy nobody reads (float32) is not made by updates.
   uint16_t* begin_update(const float* weights, int64_t n);
   /// After begin_update: every weight of the buffer was written together with its rounding.
   void end_update() { valid_ = true; }
+  /// Frees the copy (the next read makes it again).
+  void release();
   /// Bytes the copy holds (0 before it was first made): the memory plan's item.
   int64_t bytes() const { return static_cast<int64_t>(bits_.size() * sizeof(uint16_t)); }
 
@@ -57,7 +60,7 @@ class ComputeContext {
 
   ComputeType type() const { return type_; }
   bool bf16() const { return type_ == ComputeType::kBFloat16; }
-  /// Sets the compute type; drops any weight copy (made in the old type's absence).
+  /// Sets the compute type and frees any weight copy (the next read under kBFloat16 makes it).
   void set_type(ComputeType type);
 
   /// The bf16 weight copy (used only under kBFloat16). Mutable through a const context: ops read

@@ -59,12 +59,13 @@ TEST(ComputeContext, WeightCopyIsMadeOnFirstReadAndRemadeWhenStale) {
   EXPECT_EQ(cc.weights().of(w.data() - 1, 2), nullptr) << "before the start";
 }
 
-// begin_update hands out the bits of the mirrored buffer only, marks the copy stale until
+// begin_update hands out the bits of the mirrored buffer only once the copy is in use, marks the copy stale until
 // end_update (a throw in between leaves it to be remade), and another buffer leaves it alone.
 TEST(ComputeContext, UpdateProtocolKeepsTheCopyHonest) {
   std::vector<float> w = floats(64, 2), other = floats(64, 3);
   ops::ComputeContext cc(ops::ComputeType::kBFloat16);
   cc.weights().attach(w.data(), 64);
+  EXPECT_EQ(cc.weights().begin_update(w.data(), 64), nullptr) << "a copy nobody read was made";
   ASSERT_NE(cc.weights().of(w.data(), 64), nullptr);
   EXPECT_EQ(cc.weights().begin_update(other.data(), 64), nullptr);
   EXPECT_TRUE(cc.weights().valid()) << "an update of another buffer made the copy stale";

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "ops/compute_context.h"
 #include "ops/threads.h"
 #include "fd_check.h"
 #include "ops/attention_add_dq.h"
