@@ -139,7 +139,9 @@ struct AttentionData {
   const float* q() const { return qkv.data(); }
   const float* k() const { return qkv.data() + kHeads * d; }
   const float* v() const { return qkv.data() + (kHeads + kKvHeads) * d; }
-  void forward() { ops::varlen_attention_forward<float>(cc, out.data(), lse.data(), q(), k(), v(), shape); }
+  void forward() {
+    ops::varlen_attention_forward<float>(cc, out.data(), lse.data(), q(), k(), v(), shape);
+  }
   void backward() {
     float* dq = dqkv.data();
     ops::varlen_attention_backward<float>(cc, dq, dq + kHeads * d, dq + (kHeads + kKvHeads) * d,

@@ -96,7 +96,8 @@ int main(int argc, char** argv) {
         ops::gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, 1.0f, Ab.data(), Bb.data(), s.beta, C.data());
       }));
       best[4] = std::min(best[4], seconds_per_call([&] {
-        ops::gemm<float>(bf16_context, s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), B.data(), s.beta, C.data());
+        ops::gemm<float>(bf16_context, s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), B.data(), s.beta,
+                         C.data());
       }));
     }
     total_flops += flops;

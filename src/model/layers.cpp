@@ -97,7 +97,8 @@ class DenseAttention final : public AttentionOp<T> {
                 const AttentionBatch& b) override {
     const int64_t N = b.num_tokens;
     const ops::AttentionShape s = shape(b);
-    ops::varlen_attention_backward_groups(cc_, dqkv_s, dqkv_s + hq_ * d_, dqkv_s + (hq_ + hkv_) * d_,
+    ops::varlen_attention_backward_groups(cc_, dqkv_s, dqkv_s + hq_ * d_,
+                                          dqkv_s + (hq_ + hkv_) * d_,
                                           dout, qkv_s, qkv_s + hq_ * d_,
                                           qkv_s + (hq_ + hkv_) * d_, out, lse, s, group_tokens_);
     ops::rope_backward(dqkv_s, b.indexes, N, hq_ + hkv_, d_, q_, inv_freq_.data());
@@ -165,7 +166,8 @@ template <typename T>
 class DenseHeadLoss final : public HeadLossOp<T> {
  public:
   DenseHeadLoss(const ops::ComputeContext& cc, const ParamTable& layout, int weight)
-      : cc_(cc), weight_(weight), V_(layout.view(weight).shape[0]), H_(layout.view(weight).shape[1]) {}
+      : cc_(cc), weight_(weight), V_(layout.view(weight).shape[0]),
+        H_(layout.view(weight).shape[1]) {}
 
   LossSum forward_backward(T* dxf, const T* xf, const int32_t* labels, int64_t N,
                            const Params<T>& p, Params<T>* g, double loss_scale,
@@ -277,7 +279,8 @@ ModelOps<T> make_dense_ops(const ParamTable& layout, const ops::ComputeContext& 
         std::make_unique<DenseLinear<T>>(cc, layout, b.w3, b.w3_bias));
     block.w2 = std::make_unique<DenseLinear<T>>(cc, layout, b.w2, b.w2_bias);
     const int64_t layer = &b - layout.layers.data();
-    block.attention = std::make_unique<DenseAttention<T>>(cc, layout.config(), layout.config().window_of(layer));
+    block.attention =
+        std::make_unique<DenseAttention<T>>(cc, layout.config(), layout.config().window_of(layer));
     ops.blocks.push_back(std::move(block));
   }
   ops.norm = std::make_unique<DenseNorm<T>>(layout, layout.norm);

@@ -212,7 +212,8 @@ class DenseChunkCrossEntropy final : public ChunkCrossEntropy<T> {
 /// directly (ops::gemm_bf16_weight) and W may be nullptr. The other GEMMs run in the precision of
 /// `cc` (ops/compute_context.h).
 template <typename T>
-LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s, ChunkCrossEntropy<T>& ce, T* dxf, T* dW,
+LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s,
+                          ChunkCrossEntropy<T>& ce, T* dxf, T* dW,
                           const T* xf, const T* W, const int32_t* labels, int64_t N, int64_t Vc,
                           int64_t H, int64_t chunk, double loss_scale, double* token_losses,
                           const uint16_t* W16 = nullptr);
@@ -220,7 +221,8 @@ LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s, Chunk
 /// chunked_head_loss over the whole vocabulary V (DenseChunkCrossEntropy): the dense and the
 /// weight-parallel (ISP) heads. token_losses as HeadLossOp.
 template <typename T>
-LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s, T* dxf, T* dW, const T* xf, const T* W,
+LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s, T* dxf, T* dW,
+                          const T* xf, const T* W,
                           const int32_t* labels, int64_t N, int64_t V, int64_t H, int64_t chunk,
                           double loss_scale, double* token_losses,
                           const uint16_t* W16 = nullptr);

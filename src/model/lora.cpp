@@ -93,7 +93,8 @@ class FrozenHead final : public HeadLossOp<T> {
       if (const uint16_t* W16 = bf16_weight()) {
         ops::check_labels(labels, N, V_);
         // Every GEMM reads W16 (no weight gradient): no context precision applies.
-        return chunked_head_loss<T>(ops::ComputeContext::fp32(), chunks_, dxf, nullptr, xf, nullptr, labels, N, V_, H_,
+        return chunked_head_loss<T>(ops::ComputeContext::fp32(), chunks_, dxf, nullptr, xf,
+                                    nullptr, labels, N, V_, H_,
                                     head_chunk_rows(V_, N), loss_scale, token_losses, W16);
       }
     }
@@ -294,7 +295,8 @@ class FrozenLinear {
   void backward(T* dx, const T* dy, const T* x, int64_t N, const Params<T>& p, bool accumulate) {
     if constexpr (std::is_same_v<T, float>) {
       if (const uint16_t* W16 = bf16_weight())
-        return ops::linear_backward_bf16(ops::ComputeContext::fp32(), dx, nullptr, nullptr, dy, x, W16, N, base_->in(),
+        return ops::linear_backward_bf16(ops::ComputeContext::fp32(), dx, nullptr, nullptr, dy,
+                                         x, W16, N, base_->in(),
                                          base_->out(), accumulate ? 1.f : 0.f);
     }
     base_->backward(dx, dy, x, N, p, nullptr, accumulate);
@@ -360,8 +362,9 @@ class LoraGateUp final : public GateUpOp<T> {
     if constexpr (std::is_same_v<T, float>) {
       if (!state_->base16.empty()) {
         const int64_t F = base_->out();
-        ops::linear_backward_bf16(ops::ComputeContext::fp32(), dx, nullptr, nullptr, da, x, bf16(ids_[0]), N, H_, F, 0.f);
-        ops::linear_backward_bf16(ops::ComputeContext::fp32(), dx, nullptr, nullptr, db, x, bf16(ids_[2]), N, H_, F, 1.f);
+        const ops::ComputeContext& fp32 = ops::ComputeContext::fp32();  // no weight gradient
+        ops::linear_backward_bf16(fp32, dx, nullptr, nullptr, da, x, bf16(ids_[0]), N, H_, F, 0.f);
+        ops::linear_backward_bf16(fp32, dx, nullptr, nullptr, db, x, bf16(ids_[2]), N, H_, F, 1.f);
       } else {
         base_->backward(dx, da, db, x, N, p, nullptr);
       }

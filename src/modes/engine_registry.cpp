@@ -19,7 +19,9 @@ namespace {
 // full tensors.
 void register_dense_mode() {
   ModeFactory f;
-  f.make_ops = [](const ModeContext& ctx) { return model::make_dense_ops<float>(ctx.local, ctx.compute); };
+  f.make_ops = [](const ModeContext& ctx) {
+    return model::make_dense_ops<float>(ctx.local, ctx.compute);
+  };
   f.memory = megatron_memory;  // Megatron's terms with T = 1
   register_mode("dense", std::move(f));
 }

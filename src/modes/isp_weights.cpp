@@ -285,7 +285,8 @@ model::LossSum IspHeadLoss::forward_backward(float* dxf, const float* xf, const 
     G = store_->grad_scratch(V_ * H_);
     std::fill(G, G + V_ * H_, 0.f);
   }
-  model::LossSum loss = model::chunked_head_loss(store_->compute(), chunks_, dxf, G, xf, W, labels, N, V_, H_,
+  model::LossSum loss = model::chunked_head_loss(store_->compute(), chunks_, dxf, G, xf, W,
+                                                 labels, N, V_, H_,
                                                  model::head_chunk_rows(V_, N), loss_scale,
                                                  token_losses, W16);
   if (G) store_->reduce_grad(g->ptr(view_), G, id_);

@@ -12,7 +12,8 @@
 // the previous pass (see acquire); a wrong guess costs a wasted gather, never a wrong result.
 //
 // Mixed precision (model.dtype = "bfloat16"): a weight read only by GEMMs (the linears, the head)
-// is gathered as bf16. Each rank's shard comes from the step's bf16 copy (ops::ComputeContext::weights():
+// is gathered as bf16. Each rank's shard comes from the step's bf16 copy
+// (ops::ComputeContext::weights():
 // rounded once a step, round-to-nearest-even) or is rounded at the gather when no scope is alive;
 // the all-gather moves 2 bytes a weight instead of 4 and the GEMMs read the gathered bits directly
 // (ops::gemm_bf16_weight). Rounding commutes with gathering, so the products are bitwise those of

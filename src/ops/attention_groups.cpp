@@ -46,7 +46,8 @@ AttentionShape sub_shape(const AttentionShape& s, int64_t t0, int64_t t1,
 }  // namespace
 
 template <typename T>
-void varlen_attention_forward_groups(const ComputeContext& cc, T* out, T* lse, const T* q, const T* k, const T* v,
+void varlen_attention_forward_groups(const ComputeContext& cc, T* out, T* lse, const T* q,
+                                     const T* k, const T* v,
                                      const AttentionShape& s, int64_t group_tokens) {
   const std::vector<int64_t> b = group_bounds(s, group_tokens);
   if (b.size() == 2) return varlen_attention_forward(cc, out, lse, q, k, v, s);
@@ -65,7 +66,8 @@ void varlen_attention_forward_groups(const ComputeContext& cc, T* out, T* lse, c
 }
 
 template <typename T>
-void varlen_attention_backward_groups(const ComputeContext& cc, T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
+void varlen_attention_backward_groups(const ComputeContext& cc, T* dq, T* dk, T* dv,
+                                      const T* dout, const T* q, const T* k,
                                       const T* v, const T* out, const T* lse,
                                       const AttentionShape& s, int64_t group_tokens) {
   const std::vector<int64_t> b = group_bounds(s, group_tokens);

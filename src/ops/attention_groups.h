@@ -8,14 +8,16 @@
 namespace longtron::ops {
 
 /// varlen_attention_forward over consecutive groups of whole segments of at most `group_tokens`
-/// queries (a segment longer than that is a group of its own), one kernel call per group (in the precision of `cc`): each
+/// queries (a segment longer than that is a group of its own), one kernel call per group (in
+/// the precision of `cc`): each
 /// query's out and lse are the values one call over the whole shape gives (segments never see
 /// each other, and a query block's computation does not depend on the other blocks of the call),
 /// while the kernel's packed arenas hold one group. Shapes with cu_seqlens_k or key_offsets
 /// (context parallelism) and group_tokens <= 0 run as one call. Same layouts as
 /// varlen_attention_forward (lse [Hq, N], head-major over the whole shape).
 template <typename T>
-void varlen_attention_forward_groups(const ComputeContext& cc, T* out, T* lse, const T* q, const T* k, const T* v,
+void varlen_attention_forward_groups(const ComputeContext& cc, T* out, T* lse, const T* q,
+                                     const T* k, const T* v,
                                      const AttentionShape& s, int64_t group_tokens);
 
 /// varlen_attention_backward over the groups of varlen_attention_forward_groups; each gradient
@@ -24,7 +26,8 @@ void varlen_attention_forward_groups(const ComputeContext& cc, T* out, T* lse, c
 /// read a query row only while packing, before any dq is written, and a key row only in the one
 /// work item that writes its dk, dv.
 template <typename T>
-void varlen_attention_backward_groups(const ComputeContext& cc, T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
+void varlen_attention_backward_groups(const ComputeContext& cc, T* dq, T* dk, T* dv,
+                                      const T* dout, const T* q, const T* k,
                                       const T* v, const T* out, const T* lse,
                                       const AttentionShape& s, int64_t group_tokens);
 

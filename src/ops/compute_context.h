@@ -50,8 +50,9 @@ class Bf16WeightCopy {
 };
 
 /// The precision of float GEMMs and attention, and its state: the compute type and the bf16 copy
-/// of the weights. Owned by the engine (parallel::ParallelEngine::compute()); the model's ops keep a
-/// reference, so a type set after they were built applies to the next call. Double ops ignore it.
+/// of the weights. Owned by the engine (parallel::ParallelEngine::compute()); the model's ops
+/// keep a reference, so a type set after they were built applies to the next call. Double ops
+/// ignore it.
 class ComputeContext {
  public:
   explicit ComputeContext(ComputeType type = ComputeType::kFloat32) : type_(type) {}

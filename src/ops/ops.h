@@ -264,9 +264,10 @@ template <typename T>
 void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
                                const T* v, const T* out, const T* lse, const AttentionShape& s);
 
-/// Whether varlen attention in float runs its bf16 kernel under a kBFloat16 compute context: the CPU has AVX512-BF16 (checked at run time, the build needs
-/// no -march flag) and oneDNN's effective ISA includes it (so ONEDNN_MAX_CPU_ISA=avx512_core
-/// masks it for the GEMMs and attention alike). Otherwise float attention stays fp32.
+/// Whether varlen attention in float runs its bf16 kernel under a kBFloat16 compute context: the
+/// CPU has AVX512-BF16 (checked at run time, the build needs no -march flag) and oneDNN's
+/// effective ISA includes it (so ONEDNN_MAX_CPU_ISA=avx512_core masks it for the GEMMs and
+/// attention alike). Otherwise float attention stays fp32.
 bool attention_bf16_native();
 
 // ---- Cross-entropy with ignore_index -100 -----------------------------------------------------

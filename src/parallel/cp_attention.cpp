@@ -79,7 +79,8 @@ void ContextAttention::forward(float* out, float* lse, const float* q, const flo
   gather_keys(k, v, s);
   const ops::AttentionShape ks = kernel_shape(s);
   const float* keys = scratch_->keys.data();
-  ops::varlen_attention_forward(*compute_, out, lse, q, keys, keys + s.num_kv_heads * s.head_dim, ks);
+  ops::varlen_attention_forward(*compute_, out, lse, q, keys, keys + s.num_kv_heads * s.head_dim,
+                                ks);
 }
 
 void ContextAttention::backward(float* dq, float* dk, float* dv, const float* dout, const float* q,

@@ -207,10 +207,12 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
         b.dkeys.resize(b.keys.size());
         // The first pass writes dq, the others add to it in place (no q-sized scratch).
         if (first)
-          ops::varlen_attention_backward(cc_, dq, b.dkeys.data(), b.dkeys.data() + kv, dout, q, keys,
+          ops::varlen_attention_backward(cc_, dq, b.dkeys.data(), b.dkeys.data() + kv, dout, q,
+                                         keys,
                                          keys + kv, out, lse, ks);
         else
-          ops::varlen_attention_backward_add_dq(cc_, dq, b.dkeys.data(), b.dkeys.data() + kv, dout, q,
+          ops::varlen_attention_backward_add_dq(cc_, dq, b.dkeys.data(), b.dkeys.data() + kv, dout,
+                                                q,
                                                 keys, keys + kv, out, lse, ks);
         first = false;
         add_rows(sum_of(source).data(), b.dkeys.data(), pass.key_rows, row);

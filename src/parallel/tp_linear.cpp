@@ -62,7 +62,8 @@ void TensorParallelLinear::gather_input_overlapped(float* Y, const float* x, int
     for (int64_t a = 0; a < A; ++a) {
       float* dst = G + (a * nA + s) * in_;
       std::memcpy(dst, cur + a * m * in_, size_t(m * in_) * sizeof(float));
-      ops::linear_forward(*spec_.compute, Y + (a * nA + s) * out_, dst, W, static_cast<const float*>(nullptr), m,
+      ops::linear_forward(*spec_.compute, Y + (a * nA + s) * out_, dst, W,
+                          static_cast<const float*>(nullptr), m,
                           in_, out_);
     }
   }
@@ -117,7 +118,8 @@ void TensorParallelLinear::forward(float* y, const float* x, const float* W, con
   if (!computed && spec_.overlap == Overlap2D::kMatmulWithRs && scatter) {
     matmul_reduce_scatter_overlapped(y, X, N, W);
   } else {
-    if (!computed) ops::linear_forward(*spec_.compute, Y, X, W, static_cast<const float*>(nullptr), N, in_, out_);
+    if (!computed)
+      ops::linear_forward(*spec_.compute, Y, X, W, static_cast<const float*>(nullptr), N, in_, out_);
     if (scatter) spec_.reduce->reduce_scatter(y, Y, nR * out_);
     else if (size_of(spec_.reduce) > 1) spec_.reduce->all_reduce(y, N * out_);
   }
@@ -166,7 +168,8 @@ void TensorParallelLinear::backward(float* dx, float* dW, float* dbias, const fl
   if (dx != nullptr) {
     // dX = dY·W is a partial sum over the output features each rank of A holds.
     float* part = shared_.dx_partial->get(N * in_);
-    ops::linear_input_grad(*spec_.compute, part, dY, W, N, in_, out_, role_ == PairRole::kSecond ? 1.0f : 0.0f);
+    ops::linear_input_grad(*spec_.compute, part, dY, W, N, in_, out_,
+                           role_ == PairRole::kSecond ? 1.0f : 0.0f);
     if (role_ != PairRole::kFirst) {
       reduced = part;
       if (gather) {

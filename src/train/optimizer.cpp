@@ -55,7 +55,8 @@ void AdamW::update(model::Params<float>& params, const model::Params<float>& gra
   if (bits == nullptr) return;
   // The rest of the copy: the other ranks' slices (just gathered) and any element of this slice
   // no view covers (none in a ParamTable, whose views tile the buffer: kept safe).
-  if (updated != end_ - begin_) ops::round_to_bf16(params.data() + begin_, end_ - begin_, bits + begin_);
+  if (updated != end_ - begin_)
+    ops::round_to_bf16(params.data() + begin_, end_ - begin_, bits + begin_);
   if (sharded) {
     ops::round_to_bf16(params.data(), begin_, bits);
     ops::round_to_bf16(params.data() + end_, params.numel() - end_, bits + end_);

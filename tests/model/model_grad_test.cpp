@@ -389,7 +389,8 @@ TEST(ModelGrad, ChunkedHeadLossDoesNotDependOnTheChunk) {
     r.dW.assign(size_t(V * H), 0.0);
     r.token.assign(size_t(N), 0.0);
     HeadChunks<double> scratch;
-    r.loss = chunked_head_loss(ops::ComputeContext::fp32(), scratch, r.dx.data(), r.dW.data(), x.data(), W.data(),
+    r.loss = chunked_head_loss(ops::ComputeContext::fp32(), scratch, r.dx.data(), r.dW.data(),
+                               x.data(), W.data(),
                                labels.data(), N, V, H, chunk, 0.5, r.token.data());
     return r;
   };

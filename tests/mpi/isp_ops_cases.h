@@ -334,7 +334,8 @@ inline void check_bf16_gathers(const Layout& layout, bool step_copy, bool overla
   Vec q(size_t(n * Q)), f(size_t(n * F)), dxq(size_t(n * H)), dxf(size_t(n * H)), dhead(size_t(n * H));
   ops::linear_forward<float>(bf16, q.data(), x.data(), params.ptr(b.wqkv), nullptr, n, H, Q);
   ops::linear_forward<float>(bf16, f.data(), x.data(), params.ptr(b.w1), nullptr, n, H, F);
-  ops::gemm<float>(bf16, false, false, n, H, Q, 1.f, dq.data(), params.ptr(b.wqkv), 0.f, dxq.data());
+  ops::gemm<float>(bf16, false, false, n, H, Q, 1.f, dq.data(), params.ptr(b.wqkv), 0.f,
+                   dxq.data());
   ops::gemm<float>(bf16, false, false, n, H, F, 1.f, df.data(), params.ptr(b.w1), 0.f, dxf.data());
   model::HeadChunks<float> chunks;
   const double loss =

@@ -59,7 +59,8 @@ TEST(ComputeContext, WeightCopyIsMadeOnFirstReadAndRemadeWhenStale) {
   EXPECT_EQ(cc.weights().of(w.data() - 1, 2), nullptr) << "before the start";
 }
 
-// begin_update hands out the bits of the mirrored buffer only once the copy is in use, marks the copy stale until
+// begin_update hands out the bits of the mirrored buffer only once the copy is in use, marks the
+// copy stale until
 // end_update (a throw in between leaves it to be remade), and another buffer leaves it alone.
 TEST(ComputeContext, UpdateProtocolKeepsTheCopyHonest) {
   std::vector<float> w = floats(64, 2), other = floats(64, 3);

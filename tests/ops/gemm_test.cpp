@@ -132,7 +132,8 @@ TEST(Gemm, FloatUnderBf16ContextIsTheBf16GemmOfRoundedInputs) {
     for (size_t i = 0; i < B.size(); ++i) Bb[i] = float_to_bf16(B[i]), Br[i] = bf16_to_float(Bb[i]);
     std::vector<float> C = C0, Cb = C0, C32 = C0, Cfp32 = C0;
     ops::gemm<float>(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), B.data(), c.beta, C32.data());
-    ops::gemm<float>(bf16, c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), B.data(), c.beta, C.data());
+    ops::gemm<float>(bf16, c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), B.data(), c.beta,
+                     C.data());
     ops::gemm<float>(fp32, c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), B.data(), c.beta,
                      Cfp32.data());
     EXPECT_EQ(Cfp32, C32) << "an fp32 context is not the context-free fp32 GEMM";
