@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ops/attention_groups.h"
+#include "ops/compute_context.h"
 #include "ops/ops.h"
 
 namespace longtron::ops {
@@ -53,14 +54,15 @@ TEST(AttentionGroups, EveryGroupingGivesTheOneCallValues) {
                               r.dout.data(), x + qo, x + ko, x + vo, out.data(), lse.data(), s);
     for (int64_t group : {1, 64, 71, 100, 200, 0}) {
       std::vector<double> out_g(out.size()), lse_g(lse.size());
-      varlen_attention_forward_groups(out_g.data(), lse_g.data(), x + qo, x + ko, x + vo, s,
+      const ComputeContext& fp32 = ComputeContext::fp32();
+      varlen_attention_forward_groups(fp32, out_g.data(), lse_g.data(), x + qo, x + ko, x + vo, s,
                                       group);
       EXPECT_EQ(out_g, out) << "group " << group << " window " << window;
       EXPECT_EQ(lse_g, lse) << "group " << group << " window " << window;
       // In place: the packed qkv buffer becomes dqkv.
       std::vector<double> inplace = r.qkv;
       double* y = inplace.data();
-      varlen_attention_backward_groups(y + qo, y + ko, y + vo, r.dout.data(), y + qo, y + ko,
+      varlen_attention_backward_groups(fp32, y + qo, y + ko, y + vo, r.dout.data(), y + qo, y + ko,
                                        y + vo, out.data(), lse.data(), s, group);
       EXPECT_EQ(inplace, dqkv) << "group " << group << " window " << window;
     }
