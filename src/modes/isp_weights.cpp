@@ -106,6 +106,15 @@ void IspWeightStore::finish_gather(Slot& slot) {
 }
 
 void IspWeightStore::begin_pass() {
+  // The one call-order rule of the store: the embedding (which calls this) is the first op of
+  // every pass. A pass that gathered for a backward ends with a backward gather (a recomputed
+  // forward is followed by its backward), so a forward gather since then came from an op that ran
+  // before the embedding of this pass, and read a copy from before the optimizer step.
+  check(!forward_after_backward_,
+        "ISP: a weight was gathered for a forward after the last pass's backward and before the "
+        "embedding began the next pass (the embedding must be the first op of every pass: its "
+        "forward drops the gathered copies an optimizer step made stale)");
+  backward_seen_ = false;
   current_.work.wait();  // parameters may have changed: no gathered copy survives the pass
   current_.id = -1;
   next_.work.wait();  // a prefetch from the last pass may hold old values
@@ -116,6 +125,8 @@ void IspWeightStore::begin_pass() {
 
 IspWeightStore::Slot& IspWeightStore::acquire_slot(const Key& key,
                                                    const model::Params<float>& params) {
+  if (key.use == WeightUse::kBackward) backward_seen_ = true;
+  forward_after_backward_ = backward_seen_ && key.use == WeightUse::kForward;
   if (recording_) {
     trace_.push_back(key);
   } else if (pos_ < trace_.size() && trace_[pos_] == key) {
@@ -233,7 +244,7 @@ IspEmbedding::IspEmbedding(std::shared_ptr<IspWeightStore> store, int table_view
 void IspEmbedding::forward(float* x, const int32_t* ids, int64_t N,
                            const model::Params<float>& p) {
   ops::check_token_ids(ids, N, V_);
-  store_->begin_pass();  // the embedding is the first op of every pass
+  store_->begin_pass();  // the embedding is the first op of every pass (checked there)
   const float* table = store_->acquire(id_, WeightUse::kForward, p);  // dim 1: [W][V][H/W]
   if (dim_ == 0) return ops::embedding_forward(x, ids, table, N, H_);  // [V, H]
   const int W = store_->weight_size();

@@ -50,6 +50,8 @@ class IspWeightStore {
   /// Starts a forward pass (IspEmbedding::forward calls it: the embedding is the first op of every
   /// pass). The parameters may have changed since the last pass, so gathered copies and prefetches
   /// are dropped, and the prediction restarts at the beginning of the recorded order. Local.
+  /// Throws Error when a weight was gathered for a forward after the last pass's backward (an op
+  /// ran before the embedding, so it may have read a copy the optimizer step made stale).
   void begin_pass();
 
   /// The gathered weight `id` ([rows, cols] for dim 0, [W][rows][cols/W] for dim 1), valid until
@@ -117,6 +119,9 @@ class IspWeightStore {
   std::vector<Key> trace_;
   size_t pos_ = 0;
   bool recording_ = true;
+  // The call-order check of begin_pass: this pass has gathered for a backward, and then (not a
+  // recomputation, which is followed by more backward gathers) for a forward.
+  bool backward_seen_ = false, forward_after_backward_ = false;
   int64_t started_ = 0, used_ = 0;
 };
 
