@@ -20,6 +20,9 @@
 // its gradient is summed over G; B's over R.
 #include "modes/lora_engine.h"
 
+#include "modes/isp_weights.h"
+#include "modes/lora_plan.h"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -88,6 +91,30 @@ model::LoraLinearSpec<float> spec_2d(const TensorPlan& base, const Grid& grid) {
 
 }  // namespace
 
+void plan_lora(ShardPlan& plan, const std::vector<model::LoraModule>& modules,
+               const ShardPlan& base, const std::string& mode) {
+  if (mode == "isp") {
+    // Sharded on rows over WEIGHT as the base's linears (isp_weights.h): gathered before each
+    // use, the full-shape gradient of this rank's tokens reduce-scattered onto the shard (the SUM
+    // over WEIGHT), then summed over WEIGHT_DATA by finish_gradients.
+    for (int v = 0; v < plan.num_views(); ++v) plan.split(v, 0, comm::Group::kWeight);
+    return;
+  }
+  const bool sharded_tokens = mode == "msp" || mode == "fsp" || mode == "2d";
+  for (const model::LoraModule& m : modules) {
+    for (const Split& s : base.tensor(m.base_view).splits) {
+      if (s.dim == 0) {
+        const auto [first, count] = b_rows_in(m, s.start, s.count);
+        plan.split_range(m.b_view, 0, s.group, first, count);
+        if (sharded_tokens) plan.sum_gradient(m.a_view, s.group);
+      } else {
+        plan.split_range(m.a_view, 1, s.group, s.start, s.count);
+        if (sharded_tokens) plan.sum_gradient(m.b_view, s.group);
+      }
+    }
+  }
+}
+
 ParallelEngine::Lora::Lora(const model::ParamTable& base, const model::LoraConfig& config,
                            const Grid& grid)
     : modules(model::lora_modules(base, config)),
@@ -108,24 +135,7 @@ void ParallelEngine::build_lora(model::ModelOps<float>& ops) {
         mode_);
   lora_ = std::make_unique<Lora>(full_, config, grid_);
   Lora& L = *lora_;
-  for (const model::LoraModule& m : L.modules) {
-    if (isp) break;  // held whole (below)
-    for (const Split& s : plan_.tensor(m.base_view).splits) {
-      if (s.dim == 0) {
-        const auto [first, count] = b_rows_in(m, s.start, s.count);
-        L.plan.split_range(m.b_view, 0, s.group, first, count);
-        if (sequence_parallel || tp2d) L.plan.sum_gradient(m.a_view, s.group);
-      } else {
-        L.plan.split_range(m.a_view, 1, s.group, s.start, s.count);
-        if (sequence_parallel || tp2d) L.plan.sum_gradient(m.b_view, s.group);
-      }
-    }
-  }
-  // ISP: the adapters are held whole on every rank (they are small); the ranks of a WEIGHT group
-  // saw other tokens, so their gradients are summed there (as the norm weights'), then over
-  // WEIGHT_DATA by finish_gradients.
-  if (isp)
-    for (int v = 0; v < L.plan.num_views(); ++v) L.plan.sum_gradient(v, comm::Group::kWeight);
+  plan_lora(L.plan, L.modules, plan_, mode_);
   L.local = L.plan.local_layout();
   L.params = std::make_unique<model::Params<float>>(L.local);
   L.grads = std::make_unique<model::Params<float>>(L.local);
@@ -141,12 +151,37 @@ void ParallelEngine::build_lora(model::ModelOps<float>& ops) {
   L.state->params = L.params.get();
   L.state->grads = L.grads.get();
 
+  // ISP: the adapters join the base's weight store (each pass begun by the embedding, gathers
+  // prefetched in the recorded order): gathered whole before each use, gradients reduce-scattered.
+  std::shared_ptr<IspWeightStore> store;
+  std::vector<int> ids;  // adapter view → store id
+  if (isp) {
+    const auto* embedding = dynamic_cast<const IspEmbedding*>(ops.embedding.get());
+    check(embedding != nullptr, "lora: the isp mode's embedding is not its weight-parallel one");
+    store = embedding->store();
+    for (int v = 0; v < L.plan.num_views(); ++v) {
+      const std::vector<int64_t>& shape = L.full.view(v).shape;
+      ids.push_back(store->add(L.params.get(), v, shape[0], shape[1], 0));
+    }
+  }
   comm::CommPtr tensor = grid_.get(comm::Group::kTensor);
   const ShardPlan& base_plan = plan_;
   const Grid& grid = grid_;
-  auto spec = [tensor, sequence_parallel, isp, tp2d, &base_plan, &grid](int, int view) {
+  const model::Params<float>* values = L.params.get();
+  auto spec = [tensor, sequence_parallel, isp, tp2d, &base_plan, &grid, store, ids,
+               values](int, int view) {
     model::LoraLinearSpec<float> sp;
-    if (isp) return sp;  // whole weights (gathered by the base op), whole adapters, local tokens
+    if (isp) {  // whole weights (gathered by the base op) and adapters, local tokens
+      sp.gather = [store, ids, values](int v, bool backward) {
+        return store->acquire(ids[size_t(v)], backward ? WeightUse::kBackward : WeightUse::kForward,
+                              *values);
+      };
+      sp.reduce = [store, ids](float* shard, float* full, int v) {
+        store->reduce_grad(shard, full, ids[size_t(v)]);
+      };
+      sp.grad_scratch = [store](int64_t n) { return store->grad_scratch(n); };
+      return sp;
+    }
     if (tp2d) return spec_2d(base_plan.tensor(view), grid);
     const int T = tensor->size();
     for (const Split& s : base_plan.tensor(view).splits) {

@@ -34,9 +34,40 @@ TEST(LoraNp2, Msp2Bf16Checkpoint) {
   check_lora_parity(c, /*bf16=*/true);
 }
 
+// ISP: the adapters sharded on rows over the weight group (weight 2: A's 3 rows as 2 + 1, w1's
+// and w3's B 85 rows as 43 + 42) or whole (weight 1), with recomputation and bf16; the sharded
+// adapters resume under MSP and back.
 TEST(LoraNp2, Isp2) {
   check_lora_parity(lora_case("isp2 w2 llama", lora_isp(2, 2), "llama"));
   check_lora_parity(lora_case("isp2 w1 internlm2", lora_isp(2, 1), "internlm2"));
+  ParityCase c = lora_case("isp2 w2 internlm2 checkpoint", lora_isp(2, 2), "internlm2");
+  c.model.checkpoint = true;
+  check_lora_parity(c);
+}
+// The gathers of the sharded adapters join the base's prefetch order (parallel.weight.overlap);
+// each element of the adapter table is held by exactly one of the two weight ranks.
+TEST(LoraNp2, Isp2OverlapAdaptersShardedOnce) {
+  parallel::Layout l = lora_isp(2, 2);
+  l.weight_overlap = true;
+  check_lora_parity(lora_case("isp2 w2 overlap llama", l, "llama"));
+  parallel::ParallelEngine engine(lora_model("llama"), parallel::make_grid(world(), l), 42, 16);
+  double held[2] = {double(engine.train_layout().numel()), 0};
+  world()->all_reduce(held, 1);
+  held[1] = double(engine.train_full_layout().numel());
+  EXPECT_EQ(held[0], held[1]);
+  EXPECT_LT(double(engine.train_layout().numel()), held[1]);
+}
+TEST(LoraNp2, Isp2Bf16) {
+  if (!ops::cpu_has_avx512_bf16() || !ops::gemm_backend().native_bf16)
+    GTEST_SKIP() << "this CPU has no native bf16";
+  check_lora_parity(lora_case("isp2 w2 llama bf16", lora_isp(2, 2), "llama"), /*bf16=*/true);
+}
+TEST(LoraNp2, IspSaveW2ResumeMsp2AndBack) {
+  ParityCase c = lora_case("isp2 w2 -> msp2", lora_isp(2, 2), "llama");
+  c.steps = 4;
+  check_lora_resume(c, lora_isp(2, 2), layout(2, TensorMode::kMsp), 2);
+  c.name = "msp2 -> isp2 w2";
+  check_lora_resume(c, layout(2, TensorMode::kMsp), lora_isp(2, 2), 2);
 }
 // 2D-Attention: context parallel over 2 ranks (zigzag: each rank holds two non-adjacent chunks),
 // with recomputation and bf16.

@@ -29,6 +29,14 @@ TEST(LoraNp4, Tp2dSaveX2Y2ResumeMsp4) {
   c.steps = 4;
   check_lora_resume(c, lora_2d(2, 2), layout(4, TensorMode::kMsp), 2);
 }
+// ISP with the adapters sharded over 4 weight ranks: A's 3 rows leave one rank an empty shard,
+// B's rows (85 of w1/w3, 16 of k/v) are uneven; and weight 2 of tensor 4 (two WEIGHT groups).
+TEST(LoraNp4, Isp4) {
+  check_lora_parity(lora_case("isp4 w4 llama", lora_isp(4, 4), "llama"));
+  ParityCase c = lora_case("isp4 w2 internlm2 checkpoint", lora_isp(4, 2), "internlm2");
+  c.model.checkpoint = true;
+  check_lora_parity(c);
+}
 TEST(LoraNp4, Msp4) {
   check_lora_parity(lora_case("msp4 llama", layout(4, TensorMode::kMsp), "llama", 4));
 }
