@@ -18,10 +18,10 @@
 // base's path (all-gather over G, reduce-scatter over R) to the rank's y rows, du the reverse
 // (all-gather over R, reduce-scatter over G). A is whole over G, whose ranks saw other rows:
 // its gradient is summed over G; B's over R.
+//
+// ISP (weight parallel) shards A and B on rows over WEIGHT like the base's linears; they join the
+// base's IspWeightStore (gathered whole before each use, full-shape gradients reduce-scattered).
 #include "modes/lora_engine.h"
-
-#include "modes/isp_weights.h"
-#include "modes/lora_plan.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -33,6 +33,8 @@
 
 #include "core/error.h"
 #include "core/zeroed_buffer.h"
+#include "modes/isp_weights.h"
+#include "modes/lora_plan.h"
 
 namespace longtron::parallel {
 namespace {
