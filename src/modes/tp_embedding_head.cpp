@@ -21,6 +21,15 @@ using model::Params;
 using model::ParamTable;
 using Blocks = std::optional<ActivationBlocks>;
 
+/// `mine` as full rows [N, H]: itself when the rows are replicated (no blocks), else every
+/// rank's block gathered into `full`.
+const float* full_rows(const Blocks& blocks, const float* mine, Scratch& full, Scratch& scratch,
+                       int64_t N, int64_t H) {
+  if (!blocks) return mine;
+  blocks->gather(full.get(N * H), scratch, mine, N, H);
+  return full.data();
+}
+
 /// InternEvo's Embedding1D: table columns split over the group, lookup then all-gather along
 /// hidden into full rows, of which this rank keeps its block (backward: gather the blocks).
 class SplitEmbedding final : public model::EmbeddingOp<float> {
@@ -37,12 +46,7 @@ class SplitEmbedding final : public model::EmbeddingOp<float> {
   }
   void backward(const float* dx, const int32_t* ids, int64_t N, Params<float>* g) override {
     if (g == nullptr) return;
-    const float* d = dx;
-    if (blocks_) {
-      float* full = full_.get(N * H_);
-      blocks_->gather(full, scratch_, dx, N, H_);
-      d = full;
-    }
+    const float* d = full_rows(blocks_, dx, full_, scratch_, N, H_);
     split_hidden_embedding_backward(g->ptr(table_), d, ids, N, H_, *comm_);
   }
 
@@ -77,12 +81,7 @@ class VocabParallelEmbedding final : public model::EmbeddingOp<float> {
   }
   void backward(const float* dx, const int32_t* ids, int64_t N, Params<float>* g) override {
     if (g == nullptr) return;
-    const float* d = dx;
-    if (blocks_) {
-      float* full = full_.get(N * H_);
-      blocks_->gather(full, scratch_, dx, N, H_);
-      d = full;
-    }
+    const float* d = full_rows(blocks_, dx, full_, scratch_, N, H_);
     vocab_parallel_embedding_backward(g->ptr(table_), d, ids, N, H_, start_, Vr_);
   }
 
@@ -107,11 +106,7 @@ class VocabParallelHead final : public model::HeadLossOp<float> {
   model::LossSum forward_backward(float* dxf, const float* xf, const int32_t* labels, int64_t N,
                                   const Params<float>& p, Params<float>* g, double loss_scale,
                                   double* token_losses) override {
-    const float* X = xf;
-    if (blocks_) {
-      X = x_full_.get(N * H_);
-      blocks_->gather(x_full_.data(), scratch_, xf, N, H_);
-    }
+    const float* X = full_rows(blocks_, xf, x_full_, scratch_, N, H_);
     float* dX = nullptr;  // partial dL/dX over this rank's vocabulary, [N, H]
     if (dxf != nullptr) dX = blocks_ ? dx_full_.get(N * H_) : dxf;
     float* dW = g != nullptr ? g->ptr(weight_) : nullptr;
