@@ -84,6 +84,9 @@ TEST(LoraNp2, ContextParallel2Bf16Checkpoint) {
 // 2D layout resume under the other and under dp2.
 TEST(LoraNp2, Tp2dX2Y1) {
   check_lora_parity(lora_case("2d x2 y1 llama", lora_2d(2, 1), "llama"));
+  parallel::Layout overlapped = lora_2d(2, 1);  // the base's chunked forms; the adapters' u as is
+  overlapped.tensor_2d_overlap = "matmul_with_rs";
+  check_lora_parity(lora_case("2d x2 y1 matmul_with_rs", overlapped, "internlm2"));
 }
 TEST(LoraNp2, Tp2dX1Y2Checkpoint) {
   ParityCase c = lora_case("2d x1 y2 internlm2 checkpoint", lora_2d(1, 2), "internlm2");
