@@ -1,15 +1,18 @@
 // AdamW (Loshchilov & Hutter 2019) exactly as torch.optim.AdamW (non-amsgrad, non-fused):
 //   p ← p·(1 − lr·wd);  m ← β1 m + (1−β1) g;  v ← β2 v + (1−β2) g²;
 //   p ← p − (lr / (1−β1^t)) · m / (sqrt(v) / sqrt(1−β2^t) + eps).
+#include <algorithm>
 #include <cmath>
 
-#include "core/bf16.h"
 #include "core/error.h"
 #include "ops/ops.h"
 
 namespace longtron::ops {
 
 namespace {
+
+// Elements per work item of the update: the fused rounding reads a chunk back from L1/L2.
+constexpr int64_t kUpdateChunk = 4096;
 
 // The constants of step `step` shared by the update and its check.
 struct AdamWStep {
@@ -33,20 +36,17 @@ struct AdamWStep {
 }  // namespace
 
 namespace {
-// The update loop; kRound also writes each new parameter's bf16 rounding (one pass over memory).
-template <bool kRound>
-void update_loop(const AdamWStep& s, float* param, float* m, float* v, const float* grad,
-                 int64_t n, uint16_t* param16) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
+// The update of elements [b, e).
+inline void update_range(const AdamWStep& s, float* param, float* m, float* v, const float* grad,
+                         int64_t b, int64_t e) {
+#pragma omp simd
+  for (int64_t i = b; i < e; ++i) {
     const float g = grad[i];
     const float mi = s.m(m[i], g);
     const float vi = s.v(v[i], g);
     m[i] = mi;
     v[i] = vi;
-    const float pi = s.p(param[i], mi, vi);
-    param[i] = pi;
-    if constexpr (kRound) param16[i] = float_to_bf16(pi);
+    param[i] = s.p(param[i], mi, vi);
   }
 }
 }  // namespace
@@ -55,10 +55,20 @@ void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n
                   float beta1, float beta2, float eps, float weight_decay, int64_t step,
                   uint16_t* param16) {
   const AdamWStep s(lr, beta1, beta2, eps, weight_decay, step);
-  if (param16 != nullptr)
-    update_loop<true>(s, param, m, v, grad, n, param16);
-  else
-    update_loop<false>(s, param, m, v, grad, n, nullptr);
+  if (param16 == nullptr) {
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < (n + kUpdateChunk - 1) / kUpdateChunk; ++c)
+      update_range(s, param, m, v, grad, c * kUpdateChunk, std::min(n, (c + 1) * kUpdateChunk));
+    return;
+  }
+  // Fused: each chunk's new parameters are rounded (vectorised) while they are still in cache,
+  // so memory is read once, not once for the update and once more for the copy.
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < (n + kUpdateChunk - 1) / kUpdateChunk; ++c) {
+    const int64_t b = c * kUpdateChunk, e = std::min(n, b + kUpdateChunk);
+    update_range(s, param, m, v, grad, b, e);
+    round_to_bf16_serial(param + b, e - b, param16 + b);
+  }
 }
 
 bool adamw_update_is_finite(const float* param, const float* m, const float* v, const float* grad,

@@ -118,6 +118,10 @@ void round_to_bf16(const float* x, int64_t n, uint16_t* out) {
   round_pair(x, n, out, nullptr, 0, nullptr);
 }
 
+void round_to_bf16_serial(const float* x, int64_t n, uint16_t* out) {
+  (has_avx512f() ? round_avx512 : round_scalar)(x, n, out);
+}
+
 void gemm_bf16_weight(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                       const float* A, const uint16_t* B16, float beta, float* C) {
   if (M == 0 || N == 0) return;

@@ -42,6 +42,8 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 /// out[i] = float_to_bf16(x[i]) (core/bf16.h: nearest even, NaN kept quiet, subnormals kept);
 /// i < n. AVX-512F where the CPU has it, else scalar (the same bits); OpenMP threads.
 void round_to_bf16(const float* x, int64_t n, uint16_t* out);
+/// round_to_bf16 on the calling thread alone (the same bits), for use inside a parallel region.
+void round_to_bf16_serial(const float* x, int64_t n, uint16_t* out);
 
 /// gemm<float> under kBFloat16 with B already in bf16 (raw bits: a weight rounded once, e.g. an
 /// all-gathered bf16 weight): A is rounded to bf16 (nearest even) and the product is gemm_bf16's,
