@@ -193,7 +193,7 @@ double workspace_elements(const WorkspaceShape& s) {
   const double N = s.N, R = s.R, H = s.H, F = s.F, A = s.A, sq = s.saved_qkv;
   if (s.chunk > 0) {  // InternLM2::chunk_reserve
     const double C = std::min(N, s.chunk), slots = s.train ? s.L : 1;
-    return (s.bf16 ? 0 : slots * N * H) + sq + N * A + s.saved_lse +
+    return (s.bf16 ? C * A : slots * N * H + N * A) + sq + s.saved_lse +
            (s.train ? N * A + N * H : 0) + 5 * C * H + C + 4 * C * F;
   }
   const double nacts = s.per_layer ? s.L : 1;
@@ -213,8 +213,8 @@ double workspace_elements(const WorkspaceShape& s) {
 
 double workspace_bf16_elements(const WorkspaceShape& s) {
   if (!s.bf16) return 0;
-  if (s.chunk > 0)  // the block inputs and the chunk's a, b
-    return (s.train ? s.L : 1) * s.N * s.H + 2 * std::min(s.N, s.chunk) * s.F;
+  if (s.chunk > 0)  // the block inputs, the attention output and the chunk's a, b
+    return (s.train ? s.L : 1) * s.N * s.H + s.N * s.A + 2 * std::min(s.N, s.chunk) * s.F;
   const double nacts = s.per_layer ? s.L : 1;
   const auto pad = [](double n) { return std::ceil(n / 32) * 32; };  // 64 bytes
   // Block inputs (per layer, unless checkpoint keeps them fp32); per acts h, qkv_s, attn, a, b.
@@ -238,19 +238,22 @@ void InternLM2<T>::chunk_reserve(int64_t N, bool train) {
   if (bf16) ck_.x16.resize(static_cast<size_t>(slots * N * H_));
   else ck_.x.resize(static_cast<size_t>(slots * N * H_));
   ck_.qkv.resize(static_cast<size_t>(att.saved_qkv_size(N)));
-  ck_.out.resize(static_cast<size_t>(N * A_));
+  // The attention output as every reader reads it: in bf16, rounded (ops/attention_groups.h).
+  if (bf16) ck_.out16.resize(static_cast<size_t>(N * A_));
+  else ck_.out.resize(static_cast<size_t>(N * A_));
   ck_.lse.resize(static_cast<size_t>(att.saved_lse_size(N)));
   if (train) {
     ck_.dout.resize(static_cast<size_t>(N * A_));
     ck_.dres.resize(static_cast<size_t>(N * H_));
   }
   const int64_t ch = C * H_, cf = C * F_;
-  ck_.c.resize(static_cast<size_t>(5 * ch + C + 4 * cf));
+  ck_.c.resize(static_cast<size_t>(5 * ch + C + 4 * cf + (bf16 ? C * A_ : 0)));
   T* p = ck_.c.data();
   ck_.xw = p, ck_.xn = p + ch, ck_.h = p + 2 * ch, ck_.hw = p + 3 * ch, ck_.t = p + 4 * ch;
   ck_.rstd = p + 5 * ch;
   T* const f = p + 5 * ch + C;
   ck_.g1 = f, ck_.g2 = f + cf, ck_.g3 = f + 2 * cf, ck_.g4 = f + 3 * cf;
+  ck_.ow = bf16 ? f + 4 * cf : nullptr;
   if (bf16) {
     ck_.c16.resize(static_cast<size_t>(2 * cf));
     ck_.a16 = ck_.c16.data(), ck_.b16 = ck_.c16.data() + cf;
@@ -290,19 +293,13 @@ void InternLM2<T>::chunk_attention(int layer, int64_t slot, const AttentionBatch
     o.attention_norm->forward(ck_.xn, ck_.rstd, ck_.xw, n, params_);
     o.wqkv->forward(ck_.qkv.data() + n0 * Q_, ck_.xn, n, params_);
   }
-  o.attention->forward(ck_.out.data(), ck_.qkv.data(), ck_.lse.data(), ck_.qkv.data(), ab);
-  if constexpr (std::is_same_v<T, float>) {
-    // wo's GEMM and the attention backward's D read the output rounded to bf16 (as saved by the
-    // unchunked bf16 path).
-    if (ck_.bf16) {
-      uint16_t* const tmp = reinterpret_cast<uint16_t*>(ck_.g1);
-      for (int64_t n0 = 0; n0 < N; n0 += C) {
-        const int64_t n = std::min(C, N - n0);
-        ops::round_to_bf16(ck_.out.data() + n0 * A_, n * A_, tmp);
-        ops::widen_bf16(tmp, n * A_, ck_.out.data() + n0 * A_);
-      }
-    }
-  }
+  // Under bf16, wo's GEMM and the attention backward's D read the output rounded to bf16 (as
+  // saved by the unchunked bf16 path), so it is kept so.
+  if (ck_.bf16)
+    o.attention->forward_bf16_out(ck_.out16.data(), ck_.qkv.data(), ck_.lse.data(),
+                                  ck_.qkv.data(), ab);
+  else
+    o.attention->forward(ck_.out.data(), ck_.qkv.data(), ck_.lse.data(), ck_.qkv.data(), ab);
 }
 
 template <typename T>
@@ -310,7 +307,10 @@ void InternLM2<T>::chunk_tail(int layer, int64_t slot, int64_t n0, int64_t n, bo
   BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
   at_chunk(n0);  // also for the FFN and wo backward that follow in the backward pass
   chunk_load(slot, n0, n, ck_.xw);
-  o.wo->forward(ck_.t, ck_.out.data() + n0 * A_, n, params_);
+  if constexpr (std::is_same_v<T, float>) {
+    if (ck_.bf16) ops::widen_bf16(ck_.out16.data() + n0 * A_, n * A_, ck_.ow);
+  }
+  o.wo->forward(ck_.t, chunk_out(n0), n, params_);
   add_into(ck_.h, ck_.xw, ck_.t, n * H_);  // h = x + wo(attn)
   const int64_t nf = n * F_;
   if constexpr (std::is_same_v<T, float>) {
@@ -405,11 +405,14 @@ LossSum InternLM2<T>::chunked_pass(const data::MicroBatch& batch, Params<T>* gra
       o.gate_up->backward(ck_.t, da, db, ck_.xn, n, params_, grads);
       o.ffn_norm->backward(ck_.xn, ck_.t, ck_.hw, ck_.rstd, n, params_, grads);
       accumulate(dr, ck_.xn, n * H_);  // dres = dL/dh
-      o.wo->backward(dout + n0 * A_, dr, ck_.out.data() + n0 * A_, n, params_, grads, false);
+      o.wo->backward(dout + n0 * A_, dr, chunk_out(n0), n, params_, grads, false);
     }
     backward_point(i, false);
     // In place: qkv becomes dqkv (ModelOps::token_chunks).
-    o.attention->backward(qkv, qkv, dout, qkv, ck_.out.data(), ck_.lse.data(), ab);
+    if (ck_.bf16)
+      o.attention->backward_bf16_out(qkv, qkv, dout, qkv, ck_.out16.data(), ck_.lse.data(), ab);
+    else
+      o.attention->backward(qkv, qkv, dout, qkv, ck_.out.data(), ck_.lse.data(), ab);
     for (int64_t n0 = 0; n0 < N; n0 += C) {
       const int64_t n = std::min(C, N - n0);
       T* const dr = dres + n0 * H_;

@@ -122,13 +122,15 @@ class InternLM2 {
     std::vector<uint16_t> x16;  ///< [L][N, H] block inputs (bf16)
     std::vector<T> x;           ///< [L][N, H] block inputs (not bf16)
     std::vector<T> qkv, out, lse, dout, dres;
+    std::vector<uint16_t> out16;  ///< [N, A] the attention output (bf16; else `out`)
     std::vector<T> c;           ///< chunk buffers (views below)
     std::vector<uint16_t> c16;  ///< bf16 chunk buffers: a, b rounded
     T *xw, *xn, *h, *hw, *t, *rstd, *g1, *g2, *g3, *g4;
+    T* ow;                      ///< bf16: the chunk's attention output, widened
     uint16_t *a16, *b16;
     int64_t bytes() const {
       return static_cast<int64_t>(
-          (x16.size() + c16.size()) * sizeof(uint16_t) +
+          (x16.size() + out16.size() + c16.size()) * sizeof(uint16_t) +
           (x.size() + qkv.size() + out.size() + lse.size() + dout.size() + dres.size() +
            c.size()) * sizeof(T));
     }
@@ -143,6 +145,8 @@ class InternLM2 {
   /// The attention of block `layer` from block input `slot`: chunks of norm and wqkv into ck_.qkv,
   /// then the attention op over the row (ck_.out, ck_.lse).
   void chunk_attention(int layer, int64_t slot, const AttentionBatch& ab);
+  /// The attention output of rows [n0, …) of the chunk chunk_tail last ran (widened from bf16).
+  const T* chunk_out(int64_t n0) const { return ck_.bf16 ? ck_.ow : ck_.out.data() + n0 * A_; }
   /// Rows [n0, n0 + n) of block `layer` after its attention: h = x + wo(out) in ck_.h, the FFN's
   /// norm input in ck_.hw, z in ck_.xn (rstd in ck_.rstd), a and b in g1, g2 (and a16, b16);
   /// with `output`, y = h + w2(silu(a) ⊙ b) in ck_.h.
