@@ -6,41 +6,16 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "data/balance.h"
 #include "data/batch.h"
 #include "model/layers.h"
 #include "model/params.h"
+#include "model/workspace.h"
 
 namespace longtron::model {
-
-/// The local sizes that fix InternLM2's activation workspace (reserve): L blocks, N tokens per
-/// call, R residual-stream rows (N, or N / residual_split under Megatron sequence parallel), local
-/// hidden H, qkv features Q, FFN width F, attention output features A, and the attention op's
-/// saved qkv / lse elements for N tokens. `per_layer` = one set of saved block state per layer
-/// (training without recomputation), else one shared set.
-/// Counted in double so a plan of an absurd length cannot overflow.
-/// `bf16` = mixed precision (a bfloat16 compute type, ops/precision.h): every tensor saved for
-/// backward but lse lives in a second arena of bf16 values (see InternLM2), and one block's fp32
-/// temporaries share one pool laid out per phase of the step.
-/// `chunk` > 0: the chunked recomputation (InternLM2::chunked(), chunks of `chunk` tokens): the L
-/// block inputs (bf16 arena under bf16), the attention's qkv, output and lse, with `train` its
-/// output's gradient and dL/d(residual), and one chunk's temporaries; `train` = false keeps one
-/// block input and no gradients (forward only).
-struct WorkspaceShape {
-  double L = 0, N = 0, R = 0, H = 0, Q = 0, F = 0, A = 0, saved_qkv = 0, saved_lse = 0;
-  bool per_layer = false;
-  bool bf16 = false;
-  double chunk = 0;
-  bool train = true;
-};
-
-/// Elements of the float workspace arena InternLM2 allocates for `s` (the memory plan,
-/// train/memory_plan.h, uses the same count so it cannot drift from the model).
-double workspace_elements(const WorkspaceShape& s);
-/// Elements of the bf16 arena (2 bytes each) for `s`; 0 unless s.bf16.
-double workspace_bf16_elements(const WorkspaceShape& s);
 
 /// One InternLM2 model over a parameter buffer it does not own (the optimizer updates it in
 /// place between calls). Activations live in workspace buffers allocated on the first call and
@@ -81,6 +56,11 @@ class InternLM2 {
   /// Logits [V] of the next token after `ids` (one document, positions 0…n−1), recomputing the
   /// whole prefix (no KV cache). ids must be non-empty and inside the vocabulary.
   std::vector<T> logits_last(std::span<const int32_t> ids);
+
+  /// The chunked recomputation's buffers as allocated (after a chunked() call; empty before),
+  /// bytes each, by their workspace_table slot: read from the allocation itself, so a test can
+  /// hold the table (and the memory plan that sums it) to what the model holds.
+  std::vector<std::pair<WorkspaceSlot, int64_t>> chunk_buffers() const;
 
   /// Bytes of activation workspace currently allocated (head chunk buffers excluded).
   int64_t workspace_bytes() const {
@@ -180,8 +160,14 @@ class InternLM2 {
     T *dqkv, *datt, *attn_w, *qkv_w, *dqs, *xw, *xn2, *dxn2;
   };
   /// Workspace for N tokens; want_all = one set of block acts per layer (else one shared set);
-  /// bf16 = the bf16 layout (see the class comment).
+  /// bf16 = the bf16 layout (see the class comment). Allocated and bound from workspace_table.
   void reserve(int64_t N, bool want_all, bool bf16);
+  /// The shape of this model's workspace for N tokens (the table's input).
+  WorkspaceShape workspace_shape(int64_t N, bool want_all, bool bf16) const;
+  /// Points the view of table entry `b` (unchunked layouts) at `at`.
+  void bind(const WorkspaceBuffer& b, T* at, uint16_t* at16, int64_t N);
+  /// Lays out the bf16 pool's views (Bf16Pool) over `base`, for N tokens.
+  void bind_pool(T* base, int64_t N);
   /// Whether this call keeps its saved inputs in bf16: a float model under kBFloat16.
   static bool bf16_mode();
   AttentionBatch attention_batch(const data::MicroBatch& batch) const;
