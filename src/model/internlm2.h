@@ -93,9 +93,10 @@ class InternLM2 {
   /// and Megatron-LM's selective recomputation, arXiv 2205.05198). Row-sized: the L block inputs
   /// (bf16 under a bf16 compute type, since the forward itself reads them so rounded: the residual
   /// stream is rounded at each block's input; else T), and for the block being run the
-  /// attention's qkv (split after RoPE; in backward its gradient, in place), output, lse, the
-  /// output's gradient and dL/d(residual) (training). Everything else lives in chunk buffers of
-  /// C = chunk_tokens(config) tokens: each token-wise part runs chunk by chunk.
+  /// attention's qkv (split after RoPE; in backward its gradient, in place), output (bf16 under
+  /// bf16: every reader reads it rounded), lse, the output's gradient and dL/d(residual)
+  /// (training). Everything else lives in chunk buffers of C = chunk_tokens(config) tokens: each
+  /// token-wise part runs chunk by chunk. Sized by workspace_table (model/workspace.h).
   struct Chunked {
     int64_t N = 0, C = 0;
     bool train = false, bf16 = false;
