@@ -190,7 +190,7 @@ template <typename T>
 void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
                               const AttentionShape& s) {
   if constexpr (std::is_same_v<T, float>) {
-    if (compute_type() == ComputeType::kBFloat16 && attention_bf16_native()) {
+    if (compute_type() == ComputeType::kBFloat16 && attention_bf16_runs()) {
       detail::varlen_attention_forward_bf16(out, lse, q, k, v, s);
       return;
     }

@@ -5,7 +5,9 @@
 // reduction dimension); the softmax, lse, D and all accumulators stay fp32, and P and dS are
 // rounded to bf16 only as GEMM inputs, as in FlashAttention-2's bf16 kernels (Dao 2023). The
 // scores never reach memory: each register block of S = QKᵀ goes straight into the online softmax
-// or into P and dS (bf16_tile_blocks.h, attention_rows_bf16.h).
+// or into P and dS (bf16_tile_blocks.h, attention_rows_bf16.h). This file is compiled twice: as
+// itself (namespace native) and through attention_bf16_emulated.cpp (namespace emulated, the bf16
+// instructions emulated in AVX-512F, no AMX).
 #include "ops/attention_bf16.h"
 
 #include <cpuid.h>
@@ -28,7 +30,7 @@
 #include "ops/bf16_tile_gemm.h"
 #include "ops/precision.h"
 
-namespace longtron::ops::detail {
+namespace longtron::ops::detail::LONGTRON_BF16_ISA {
 namespace {
 
 constexpr int64_t B = kAttnBlock;
@@ -520,6 +522,12 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
   }
 }
 
+}  // namespace longtron::ops::detail::LONGTRON_BF16_ISA
+
+#ifndef LONGTRON_BF16_EMULATED
+namespace longtron::ops::detail {
+
+namespace native {
 bool amx_available() {
   static const bool available = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
@@ -533,6 +541,28 @@ bool amx_available() {
   return available;
 }
 
+}  // namespace native
+
+void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
+                                   const float* v, const AttentionShape& s) {
+  if (attention_bf16_native()) {
+    native::varlen_attention_forward_bf16(out, lse, q, k, v, s);
+  } else {
+    emulated::varlen_attention_forward_bf16(out, lse, q, k, v, s);
+  }
+}
+
+void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
+                                    const float* q, const float* k, const float* v,
+                                    const float* out, const float* lse, const AttentionShape& s,
+                                    bool add_dq) {
+  if (attention_bf16_native()) {
+    native::varlen_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s, add_dq);
+  } else {
+    emulated::varlen_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s, add_dq);
+  }
+}
+
 }  // namespace longtron::ops::detail
 
 namespace longtron::ops {
@@ -542,4 +572,7 @@ bool attention_bf16_native() {
   return native && cpu_has_avx512_bf16();  // the latter honours kCpuFeaturesMaskEnv
 }
 
+bool attention_bf16_runs() { return attention_bf16_native() || bf16_emulated(); }
+
 }  // namespace longtron::ops
+#endif  // LONGTRON_BF16_EMULATED

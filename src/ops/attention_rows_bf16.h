@@ -17,7 +17,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-namespace longtron::ops::detail {
+namespace longtron::ops::detail::LONGTRON_BF16_ISA {
 
 /// log2(e) and ln(2): the bf16 kernel keeps scores, running maxima and lse in base 2 inside its
 /// row steps (exp(x) = 2^(x·log2 e)), which saves the Cody–Waite split of every exp.
@@ -52,7 +52,7 @@ struct VisibleLanes {
 
 /// Two fp32 vectors (a: keys 0–15 of the pair, b: 16–31) as 32 bf16 values in key order.
 LONGTRON_BF16_TARGET inline __m512i round_two(__m512 a, __m512 b) {
-  return (__m512i)_mm512_cvtne2ps_pbh(b, a);
+  return round_32(b, a);
 }
 
 /// Words (row a key j, row b key j) for 16 keys: row a in the low halves (pairs along K).
@@ -60,7 +60,7 @@ LONGTRON_BF16_TARGET inline __m512i pair_words(__m512 a, __m512 b) {
   const __m512i interleave =
       _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
                        6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  return _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+  return _mm512_permutexvar_epi16(interleave, round_32(b, a));
 }
 
 /// The row step of softmax_row_update on a row of at most 64 scores x (visible lanes vis), in
@@ -162,6 +162,6 @@ LONGTRON_BF16_TARGET inline void dscores_rows_bf16(const __m512 (&sa)[4], const 
   _mm512_storeu_si512(ds_b + 32, round_two(ds_b_v[2], ds_b_v[3]));
 }
 
-}  // namespace longtron::ops::detail
+}  // namespace longtron::ops::detail::LONGTRON_BF16_ISA
 
 #pragma GCC diagnostic pop

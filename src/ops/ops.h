@@ -268,6 +268,11 @@ void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
 /// masks it for the GEMMs and attention alike). Otherwise float attention stays fp32.
 bool attention_bf16_native();
 
+/// Whether float attention runs a bf16 kernel under a kBFloat16 compute type:
+/// attention_bf16_native(), or else the kernel with its bf16 instructions emulated in AVX-512F
+/// where bf16_emulated() (ops/precision.h; a test-only switch).
+bool attention_bf16_runs();
+
 // ---- Cross-entropy with ignore_index -100 -----------------------------------------------------
 /// Over logits[N,V] and labels[N] (-100 = ignored): returns Σ over valid rows of
 /// (lse_n − logits[n, label_n]) in double, sets *count to the number of valid rows, and saves
