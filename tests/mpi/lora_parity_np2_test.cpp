@@ -4,6 +4,7 @@
 // refused naming themselves.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // as engine_np2_test.cpp (GCC 12)
 #include "lora_parity.h"
+#include "bf16_here.h"
 
 namespace longtron::testing {
 namespace {
@@ -27,8 +28,8 @@ TEST(LoraNp2, Fsp2WithCheckpoint) {
   check_lora_parity(c);
 }
 TEST(LoraNp2, Msp2Bf16Checkpoint) {
-  if (!ops::cpu_has_avx512_bf16() || !ops::gemm_backend().native_bf16)
-    GTEST_SKIP() << "this CPU has no native bf16";
+  const longtron::testing::Bf16Here bf16_here;
+  if (!bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
   ParityCase c = lora_case("msp2 llama bf16 checkpoint", layout(2, TensorMode::kMsp), "llama");
   c.model.checkpoint = true;
   check_lora_parity(c, /*bf16=*/true);
@@ -44,7 +45,8 @@ TEST(LoraNp2, ContextParallel2Bf16Checkpoint) {
   ParityCase c = lora_case("cp2 llama checkpoint", lora_isp(2, 1, 2), "llama");
   c.model.checkpoint = true;
   check_lora_parity(c);
-  if (!ops::cpu_has_avx512_bf16() || !ops::gemm_backend().native_bf16) return;
+  const longtron::testing::Bf16Here bf16_here;
+  if (!bf16_here.runs()) return;
   c.name = "cp2 llama bf16 checkpoint";
   check_lora_parity(c, /*bf16=*/true);
 }
