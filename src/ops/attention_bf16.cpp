@@ -93,15 +93,15 @@ struct TileVisibility {
   const AttnSegment* g;
   int64_t c0, n;
   bool full;          // key_lo is non-decreasing and key_hi increasing in the query position
-  VisibleLanes all;
+  KeyLanes all;
   TileVisibility(const AttnPlan& p, const AttnSegment& seg, int64_t r0, int64_t bi, int64_t c0_,
                  int64_t n_)
       : plan(&p), g(&seg), c0(c0_), n(n_),
         full(p.key_lo(seg, r0 + bi - 1) <= c0_ && p.key_hi(seg, r0) >= c0_ + n_), all(0, n_) {}
   /// Lanes of query r (segment position).
-  VisibleLanes row(int64_t r) const {
+  KeyLanes row(int64_t r) const {
     if (full) return all;
-    return VisibleLanes(std::clamp<int64_t>(plan->key_lo(*g, r) - c0, 0, n),
+    return KeyLanes(std::clamp<int64_t>(plan->key_lo(*g, r) - c0, 0, n),
                         std::clamp<int64_t>(plan->key_hi(*g, r) - c0, 0, n));
   }
 };
@@ -130,31 +130,6 @@ struct OnlineSoftmax {
     }
   }
 };
-
-// O = diag(alpha) · O + P V: the rescale of the output accumulator (FlashAttention-2, Algorithm 1
-// line 10) folded into the store of the PV product's register blocks. o [rows, n] fp32. On the
-// item's first key block (`first`) O = P V is written, so O needs no zero fill.
-struct RescaleAdd {
-  float* o;
-  int64_t n;
-  const float* alpha;
-  bool first;
-  template <int R, int NV>
-  LONGTRON_BF16_TARGET void block(int64_t i, int64_t j, const __m512 (&acc)[R][NV]) {
-#pragma GCC unroll 6
-    for (int r = 0; r < R; ++r) {
-      const __m512 a = _mm512_set1_ps(alpha[i + r]);
-      for (int v = 0; v < NV; ++v) {
-        const int64_t cols = std::clamp<int64_t>(n - j - 16 * v, 0, 16);
-        const __mmask16 k = static_cast<__mmask16>((1u << cols) - 1);
-        float* c = o + (i + r) * n + j + 16 * v;
-        _mm512_mask_storeu_ps(
-            c, k, first ? acc[r][v] : _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, c), a, acc[r][v]));
-      }
-    }
-  }
-};
-
 
 // Kᵀ words and V pairs of rows of every (key block, kv head), once per call.
 void pack_forward_keys(uint32_t* kw_all, uint32_t* vp_all, const float* k, const float* v,
