@@ -2,11 +2,12 @@
 // them, else register-blocked AVX512-BF16 (vdpbf16ps: each fp32 lane accumulates the dot product
 // of one pair of bf16 values). Compiled with LONGTRON_BF16_EMULATED defined (before the first
 // include), the same code lands in namespace `emulated` instead of `native`, with the bf16
-// instructions emulated in AVX-512F (bf16_emulation.h: vdpbf16ps's bits exactly) and no AMX: the
-// path that tests the kernel on a CPU without AVX512-BF16. Measured on the development machine (Sapphire Rapids class, one
-// core, dependency-free loops): vdpbf16ps ~108 GFLOP/s, i.e. one per cycle and no faster than
-// fp32 FMAs (~208), AMX ~895. Compiled with target attributes, so the build needs no -march flag;
-// the caller checks the CPU at run time (attention_bf16_native, amx_available).
+// instructions emulated in AVX-512F (bf16_emulation.h: vdpbf16ps's bits) and no AMX: the path
+// that tests the kernel on a CPU without AVX512-BF16. Measured on the development machine
+// (Sapphire Rapids class, one core, dependency-free loops): vdpbf16ps ~108 GFLOP/s, i.e. one per
+// cycle and no faster than fp32 FMAs (~208), AMX ~895. Compiled with target attributes, so the
+// build needs no -march flag; the caller checks the CPU at run time (attention_bf16_native,
+// bf16_emulated, amx_available).
 //
 // Layouts (all "pairs" run along the reduction dimension K, padded to even with zeros):
 //  - A: bf16 rows, A(i, 2k2 + t) = A[i·lda + 2k2 + t], lda even;
