@@ -218,6 +218,17 @@ std::vector<std::vector<int32_t>> encode_chat(const PrepareOptions& options,
   return encoded;
 }
 
+// Every reader refuses a document of no tokens: say which input document it is before writing
+// (the readers' own check would name the temporary output file).
+void check_no_empty_document(const std::vector<std::vector<int32_t>>& encoded,
+                             const PrepareOptions& options) {
+  for (size_t i = 0; i < encoded.size(); ++i)
+    check(!encoded[i].empty(),
+          "prepare: document {} of the inputs (counting from 1, in input order, blank ones "
+          "skipped) encodes to no tokens{}", i + 1,
+          options.no_bos_eos ? " (--no-bos-eos adds no BOS/EOS around it)" : "");
+}
+
 // The format written: --format, else megatron for text; for chat InternEvo's .bin, unless an
 // answer holds token id 0 (e.g. "!" in Llama 3's and Qwen2's vocabularies), which only a
 // pre-tokenized .jsonl with labels can mark as carrying loss.
@@ -256,6 +267,7 @@ int run_prepare(const PrepareOptions& given) {
     encoded = encode_with_progress(*tokenizer, documents, !options.no_bos_eos, threads);
   }
   const double encode_seconds = seconds_since(encode_start);
+  check_no_empty_document(encoded, options);
   options.format = output_format(options, encoded);
 
   const auto n = static_cast<int64_t>(encoded.size());

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/json_read.h"
+#include "data/unicode_text.h"
 
 namespace longtron::data {
 
@@ -89,6 +90,10 @@ std::vector<std::string> read_text_documents(const fs::path& file, const std::st
     if (blank(line)) continue;
     if (ext == ".txt") {
       if (!line.empty() && line.back() == '\r') line.pop_back();
+      // As JSON's strings are: a tokenizer reads UTF-8, and its error could not say where.
+      const size_t bad = unicode::invalid_utf8_at(line);
+      check(bad == std::string::npos, "{}, line {}, byte {}: not valid UTF-8 text", file.string(),
+            number, bad);
       add(documents, std::move(line));
       continue;
     }

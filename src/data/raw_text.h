@@ -14,10 +14,10 @@ std::vector<std::filesystem::path> list_text_files(const std::vector<std::filesy
 /// Documents of one text file, in file order:
 /// - .jsonl: one JSON object per non-blank line, text in `text_field`;
 /// - .json: an object with `text_field`, or an array of such objects;
-/// - .txt: one document per non-empty line.
+/// - .txt: one document per non-empty line, UTF-8 (as JSON strings are).
 /// Documents whose text is empty or only whitespace are skipped. Throws Error naming the file and
-/// the line (jsonl) or array element (json) for invalid JSON, a missing or non-string field, or an
-/// unreadable file.
+/// the line (jsonl, txt) or array element (json) for invalid JSON, a missing or non-string field,
+/// text that is not UTF-8, or an unreadable file.
 std::vector<std::string> read_text_documents(const std::filesystem::path& file,
                                              const std::string& text_field = "text");
 

@@ -148,14 +148,15 @@ class Adapters {
     const T s = T(st.config.scale());
     for (const Piece& p : pieces_) {
       const T* xd = nullptr;
-      T* u = down_project(x, N, nx, ny, p, &xd);
+      T* u = down_project(x, N, nx, ny, p, weight_a(p, false), &xd);
       if (p.b_rows == 0) continue;
+      const T* B = weight(p.b_view, false);
       if (whole(p)) {  // B covers every output column: y += s·u·Bᵀ in place
-        ops::gemm<T>(false, true, ny, out_, r_, s, u, st.params->ptr(p.b_view), T(1), y);
+        ops::gemm<T>(false, true, ny, out_, r_, s, u, B, T(1), y);
         continue;
       }
       T* t = grow(st.t, ny * p.b_rows);
-      ops::gemm<T>(false, true, ny, p.b_rows, r_, s, u, st.params->ptr(p.b_view), T(0), t);
+      ops::gemm<T>(false, true, ny, p.b_rows, r_, s, u, B, T(0), t);
       add_segments(y, t, ny, p);
     }
   }
@@ -168,7 +169,8 @@ class Adapters {
     const T s = T(st.config.scale());
     for (const Piece& p : pieces_) {
       const T* xd = nullptr;
-      T* u = down_project(x, N, nx, ny, p, &xd);  // recomputed: nothing kept since forward
+      const T* A = weight_a(p, true);
+      T* u = down_project(x, N, nx, ny, p, A, &xd);  // recomputed: nothing kept since forward
       T* du = grow(st.du, ny * r_);
       if (p.b_rows > 0) {
         const T* dym = dy;  // B covers every output column: dy itself
@@ -181,8 +183,11 @@ class Adapters {
           dym = rows;
         }
         // dB += s · dymᵀ u; du = s · dym B.
-        ops::gemm<T>(true, false, p.b_rows, r_, ny, s, dym, u, T(1), st.grads->ptr(p.b_view));
-        ops::gemm<T>(false, false, ny, r_, p.b_rows, s, dym, st.params->ptr(p.b_view), T(0), du);
+        const T* B = weight(p.b_view, true);
+        add_gradient(p.b_view, p.b_rows * r_, [&](T* dB, T beta) {
+          ops::gemm<T>(true, false, p.b_rows, r_, ny, s, dym, u, beta, dB);
+        });
+        ops::gemm<T>(false, false, ny, r_, p.b_rows, s, dym, B, T(0), du);
       } else {
         std::fill(du, du + ny * r_, T(0));
       }
@@ -192,12 +197,14 @@ class Adapters {
         spec_.backward_du(dux, du, N, r_);
       }
       // dA += duᵀ dropout(x); dx += dropout'(du A).
-      ops::gemm<T>(true, false, r_, in_, nx, T(1), dux, xd, T(1), st.grads->ptr(p.a_view));
+      add_gradient(p.a_view, r_ * in_, [&](T* dA, T beta) {
+        ops::gemm<T>(true, false, r_, in_, nx, T(1), dux, xd, beta, dA);
+      });
       if (xd == x) {
-        ops::gemm<T>(false, false, nx, in_, r_, T(1), dux, st.params->ptr(p.a_view), T(1), dx);
+        ops::gemm<T>(false, false, nx, in_, r_, T(1), dux, A, T(1), dx);
       } else {
         T* g = grow(st.xd, nx * in_);  // xd is no longer needed
-        ops::gemm<T>(false, false, nx, in_, r_, T(1), dux, st.params->ptr(p.a_view), T(0), g);
+        ops::gemm<T>(false, false, nx, in_, r_, T(1), dux, A, T(0), g);
         apply_mask(dx, g, nx, N, p, /*accumulate=*/true);
       }
     }
@@ -205,11 +212,35 @@ class Adapters {
 
  private:
   /// u = dropout(x)·Aᵀ over y's rows ([ny, r]); *xd is the (dropped) input it read.
-  T* down_project(const T* x, int64_t N, int64_t nx, int64_t ny, const Piece& p, const T** xd) {
+  T* down_project(const T* x, int64_t N, int64_t nx, int64_t ny, const Piece& p, const T* A,
+                  const T** xd) {
     *xd = dropped(x, nx, N, p);
     T* ux = grow(state_->u, nx * r_);
-    ops::gemm<T>(false, true, nx, r_, in_, T(1), *xd, state_->params->ptr(p.a_view), T(0), ux);
+    ops::gemm<T>(false, true, nx, r_, in_, T(1), *xd, A, T(0), ux);
     return to_y(ux, N, nx, ny);
+  }
+
+  /// The values of adapter view `view` the GEMMs read: the table's, or gathered (weight parallel;
+  /// valid until the next gather).
+  const T* weight(int view, bool backward) {
+    return spec_.gather ? spec_.gather(view, backward) : state_->params->ptr(view);
+  }
+  /// A of `p`, kept past B's gather (a gathered A is copied to scratch: [r, in] is small).
+  const T* weight_a(const Piece& p, bool backward) {
+    const T* A = weight(p.a_view, backward);
+    if (!spec_.gather) return A;
+    T* kept = grow(state_->a, r_ * in_);
+    std::copy(A, A + r_ * in_, kept);
+    return kept;
+  }
+  /// gemm(out, beta) adds a gradient of `n` elements of adapter view `view`: into the table's
+  /// gradient (beta 1), or under weight parallel into full-shape scratch (beta 0) then reduced.
+  template <typename Gemm>
+  void add_gradient(int view, int64_t n, Gemm gemm) {
+    if (!spec_.reduce) return gemm(state_->grads->ptr(view), T(1));
+    T* full = spec_.grad_scratch(n);
+    gemm(full, T(0));
+    spec_.reduce(state_->grads->ptr(view), full, view);
   }
 
   /// One segment over all of y's columns in order (InternLM2's wqkv, every linear but q/k/v).
@@ -540,12 +571,15 @@ void apply_lora(ModelOps<T>& ops, const ParamTable& base_local, const std::vecto
         }
         b_full += count;
       }
-      const ParamView& av = adapter_local.view(m.a_view);
-      const ParamView& bv = adapter_local.view(m.b_view);
-      check(av.shape == std::vector<int64_t>{r, in_local} &&
-                bv.shape == std::vector<int64_t>{p.b_rows, r},
+      // Shards gathered whole before use (weight parallel) multiply as the whole tensors.
+      const std::vector<int64_t> a_shape = sp.gather ? std::vector<int64_t>{r, m.in}
+                                                     : adapter_local.view(m.a_view).shape;
+      const std::vector<int64_t> b_shape = sp.gather ? std::vector<int64_t>{m.out, r}
+                                                     : adapter_local.view(m.b_view).shape;
+      check(a_shape == std::vector<int64_t>{r, in_local} &&
+                b_shape == std::vector<int64_t>{p.b_rows, r},
             "lora: {} held as [{}, {}] / [{}, {}]; its linear gives [{}, {}] / [{}, {}]", m.module,
-            av.shape[0], av.shape[1], bv.shape[0], bv.shape[1], r, in_local, p.b_rows, r);
+            a_shape[0], a_shape[1], b_shape[0], b_shape[1], r, in_local, p.b_rows, r);
       pieces.push_back(std::move(p));
     }
     return Adapters<T>(std::move(pieces), std::move(sp), in_local, out_local, state);

@@ -89,7 +89,7 @@ struct LoraState {
   /// index, its bf16 bits (nullptr: read the fp32 parameter, e.g. a norm weight). Empty: the base
   /// is read from its fp32 parameters through the wrapped ops.
   std::vector<const uint16_t*> base16;
-  std::vector<T> xd, u, uy, t, dym, du, dux;  // scratch
+  std::vector<T> xd, u, uy, t, dym, du, dux, a;  // scratch (a: a gathered A)
 };
 
 /// Where the frozen base's matrices are read from under LoRA: the engine's fp32 parameters, or
@@ -119,6 +119,14 @@ struct LoraLinearSpec {
   /// over x's rows, complete. nullptr: a copy (one process).
   std::function<void(T* u_y, T* u_x, int64_t N, int64_t r)> forward_u;
   std::function<void(T* du_x, T* du_y, int64_t N, int64_t r)> backward_du;
+  /// Weight parallel (ISP): the table holds a shard of each adapter. gather(view, backward) gives
+  /// the whole tensor of adapter view `view` (valid until the next gather); reduce(shard, full,
+  /// view) adds this rank's part of the sum over the group of the full-shape gradient `full`
+  /// (clobbered) into `shard`; grad_scratch(n) is room for n elements of such a gradient. All
+  /// three collective, in the same order on every rank. nullptr: the table holds whole adapters.
+  std::function<const T*(int view, bool backward)> gather;
+  std::function<void(T* shard, T* full, int view)> reduce;
+  std::function<T*(int64_t n)> grad_scratch;
 };
 
 /// Wraps every op of `ops` (built over the base's LOCAL layout `base_local`): the base is frozen

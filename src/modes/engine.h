@@ -221,7 +221,8 @@ class ParallelEngine {
   // ---- LoRA (config.lora.rank > 0; docs/lora.md) ----------------------------------------------
   // The adapter table (model/lora.h) lives beside the frozen base with its own ShardPlan: A and B
   // split like their base linear (column-parallel: B on its rows; row-parallel: A on its
-  // columns), summed over the ranks that saw other tokens. zero_grads, finish_gradients, the
+  // columns; 2D: both; ISP: rows over WEIGHT, gathered as the base's weights; modes/lora_plan.h),
+  // summed over the ranks that saw other tokens. zero_grads, finish_gradients, the
   // gradient norms and ZeRO-1 slices act on the TRAINABLE table: the adapters under LoRA (the
   // base then gets no gradient), the model's parameters otherwise.
   bool has_lora() const { return lora_ != nullptr; }

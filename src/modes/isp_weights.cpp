@@ -40,6 +40,13 @@ int IspWeightStore::add(int view, int64_t rows, int64_t cols, int dim) {
   return static_cast<int>(entries_.size()) - 1;
 }
 
+int IspWeightStore::add(const model::Params<float>* source, int view, int64_t rows, int64_t cols,
+                        int dim) {
+  const int id = add(view, rows, cols, dim);
+  entries_.back().source = source;
+  return id;
+}
+
 Range IspWeightStore::shard(int id) const {
   const Entry& e = entries_.at(static_cast<size_t>(id));
   return shard_range(e.dim == 0 ? e.rows : e.cols, W_, rank_);
@@ -56,7 +63,7 @@ void IspWeightStore::start_gather(Slot& slot, int id, bool bf16,
   slot.id = id;
   slot.bf16 = bf16;
   slot.buf.resize(static_cast<size_t>(W_ * e.max_count) * (bf16 ? sizeof(uint16_t) : sizeof(float)));
-  const float* shard = params.ptr(e.view);
+  const float* shard = (e.source != nullptr ? *e.source : params).ptr(e.view);
   const int64_t mine = e.counts[static_cast<size_t>(rank_)];
   if (bf16) {
     auto* recv = reinterpret_cast<uint16_t*>(slot.buf.data());
@@ -106,6 +113,15 @@ void IspWeightStore::finish_gather(Slot& slot) {
 }
 
 void IspWeightStore::begin_pass() {
+  // The one call-order rule of the store: the embedding (which calls this) is the first op of
+  // every pass. A pass that gathered for a backward ends with a backward gather (a recomputed
+  // forward is followed by its backward), so a forward gather since then came from an op that ran
+  // before the embedding of this pass, and read a copy from before the optimizer step.
+  check(!forward_after_backward_,
+        "ISP: a weight was gathered for a forward after the last pass's backward and before the "
+        "embedding began the next pass (the embedding must be the first op of every pass: its "
+        "forward drops the gathered copies an optimizer step made stale)");
+  backward_seen_ = false;
   current_.work.wait();  // parameters may have changed: no gathered copy survives the pass
   current_.id = -1;
   next_.work.wait();  // a prefetch from the last pass may hold old values
@@ -116,6 +132,11 @@ void IspWeightStore::begin_pass() {
 
 IspWeightStore::Slot& IspWeightStore::acquire_slot(const Key& key,
                                                    const model::Params<float>& params) {
+  // A prefetch reads its shard from the entry's own source or, for the ops' weights, from the
+  // Params the ops last passed (this call's may be another table's: the adapters').
+  if (entries_.at(static_cast<size_t>(key.id)).source == nullptr) ops_params_ = &params;
+  if (key.use == WeightUse::kBackward) backward_seen_ = true;
+  forward_after_backward_ = backward_seen_ && key.use == WeightUse::kForward;
   if (recording_) {
     trace_.push_back(key);
   } else if (pos_ < trace_.size() && trace_[pos_] == key) {
@@ -145,7 +166,7 @@ IspWeightStore::Slot& IspWeightStore::acquire_slot(const Key& key,
     if (!holds(current_, predicted.id, predicted.bf16) &&
         !holds(next_, predicted.id, predicted.bf16)) {
       next_.work.wait();  // never refill a buffer a gather still writes
-      start_gather(next_, predicted.id, predicted.bf16, params);
+      start_gather(next_, predicted.id, predicted.bf16, ops_params_ ? *ops_params_ : params);
       ++started_;
     }
   }
@@ -233,7 +254,7 @@ IspEmbedding::IspEmbedding(std::shared_ptr<IspWeightStore> store, int table_view
 void IspEmbedding::forward(float* x, const int32_t* ids, int64_t N,
                            const model::Params<float>& p) {
   ops::check_token_ids(ids, N, V_);
-  store_->begin_pass();  // the embedding is the first op of every pass
+  store_->begin_pass();  // the embedding is the first op of every pass (checked there)
   const float* table = store_->acquire(id_, WeightUse::kForward, p);  // dim 1: [W][V][H/W]
   if (dim_ == 0) return ops::embedding_forward(x, ids, table, N, H_);  // [V, H]
   const int W = store_->weight_size();

@@ -46,10 +46,16 @@ class IspWeightStore {
   /// Registers the full tensor [rows, cols] of view `view`, sharded on `dim` (0 or 1). Returns its id.
   /// Throws Error if dim is 1 and W does not divide cols.
   int add(int view, int64_t rows, int64_t cols, int dim);
+  /// add for a tensor of another buffer than the ops' (the LoRA adapters' table): its shard is read
+  /// from `source` (which must outlive the store) whatever Params acquire is given, so that its
+  /// gather can be prefetched from any op's acquire.
+  int add(const model::Params<float>* source, int view, int64_t rows, int64_t cols, int dim);
 
   /// Starts a forward pass (IspEmbedding::forward calls it: the embedding is the first op of every
   /// pass). The parameters may have changed since the last pass, so gathered copies and prefetches
   /// are dropped, and the prediction restarts at the beginning of the recorded order. Local.
+  /// Throws Error when a weight was gathered for a forward after the last pass's backward (an op
+  /// ran before the embedding, so it may have read a copy the optimizer step made stale).
   void begin_pass();
 
   /// The gathered weight `id` ([rows, cols] for dim 0, [W][rows][cols/W] for dim 1), valid until
@@ -89,6 +95,7 @@ class IspWeightStore {
     int dim;
     std::vector<int64_t> counts;  // elements of each rank's shard
     int64_t max_count;            // padded chunk of the collectives
+    const model::Params<float>* source = nullptr;  // the shard's buffer (nullptr: acquire's)
   };
   // A gathered weight: fp32 or bf16 elements in one byte buffer (implicitly creates either).
   struct Slot {
@@ -117,6 +124,10 @@ class IspWeightStore {
   std::vector<Key> trace_;
   size_t pos_ = 0;
   bool recording_ = true;
+  // The call-order check of begin_pass: this pass has gathered for a backward, and then (not a
+  // recomputation, which is followed by more backward gathers) for a forward.
+  bool backward_seen_ = false, forward_after_backward_ = false;
+  const model::Params<float>* ops_params_ = nullptr;  // the Params the ops' acquires last gave
   int64_t started_ = 0, used_ = 0;
 };
 
@@ -151,6 +162,8 @@ class IspEmbedding final : public model::EmbeddingOp<float> {
   void forward(float* x, const int32_t* ids, int64_t N, const model::Params<float>& params) override;
   void backward(const float* dx, const int32_t* ids, int64_t N,
                 model::Params<float>* grads) override;
+  /// The store whose passes this embedding begins (other weights of the model join it: LoRA).
+  const std::shared_ptr<IspWeightStore>& store() const { return store_; }
 
  private:
   std::shared_ptr<IspWeightStore> store_;

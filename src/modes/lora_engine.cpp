@@ -10,16 +10,31 @@
 //           the rank's output rows under sequence parallel, whose du is all-gathered in backward).
 // A copy whose ranks saw different tokens (A of a column linear, B of a row linear under
 // sequence parallel) has its gradient summed over the group (ShardPlan::sum_gradient).
+//
+// 2D tensor parallel (tp2d_ops.h) is both at once: W is split on rows over the group G its input
+// rows are gathered over and on columns over the group R its output rows are reduce-scattered
+// over (wqkv, w1, w3: G = X, R = Y; wo, w2: G = Y, R = X). A holds the columns of R's split,
+// B the rows of G's split; u = x_local·A_localᵀ (partial over R, on the rank's x rows) takes the
+// base's path (all-gather over G, reduce-scatter over R) to the rank's y rows, du the reverse
+// (all-gather over R, reduce-scatter over G). A is whole over G, whose ranks saw other rows:
+// its gradient is summed over G; B's over R.
+//
+// ISP (weight parallel) shards A and B on rows over WEIGHT like the base's linears; they join the
+// base's IspWeightStore (gathered whole before each use, full-shape gradients reduce-scattered).
 #include "modes/lora_engine.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/zeroed_buffer.h"
+#include "modes/isp_weights.h"
+#include "modes/lora_plan.h"
 
 namespace longtron::parallel {
 namespace {
@@ -38,7 +53,69 @@ std::pair<int64_t, int64_t> b_rows_in(const model::LoraModule& m, int64_t row0, 
   return {std::max<int64_t>(first, 0), count};
 }
 
+/// The adapters' spec of a 2D tensor-parallel linear whose base is split by `base` (see above).
+model::LoraLinearSpec<float> spec_2d(const TensorPlan& base, const Grid& grid) {
+  model::LoraLinearSpec<float> sp;
+  comm::CommPtr G, R;
+  for (const Split& s : base.splits) {
+    if (s.dim == 0) {
+      sp.row0 = s.start;
+      sp.rows = s.count;
+      G = grid.get(s.group);
+    } else {
+      sp.col0 = s.start;
+      sp.cols = s.count;
+      R = grid.get(s.group);
+    }
+  }
+  check(G != nullptr && R != nullptr, "lora: a 2D tensor-parallel linear not split on both dims");
+  const int g = G->size(), g_rank = G->rank(), rs = R->size();
+  sp.x_rows = [g](int64_t N) { return N / g; };
+  sp.y_rows = [rs](int64_t N) { return N / rs; };
+  sp.x_position = [g, g_rank](int64_t N) { return N / g * g_rank; };
+  auto whole = std::make_shared<std::vector<float>>();  // u or du over all N rows (partial)
+  auto rows = [whole](int64_t n) {
+    if (int64_t(whole->size()) < n) whole->resize(size_t(n));
+    return whole->data();
+  };
+  sp.forward_u = [G, R, rows](float* uy, float* ux, int64_t N, int64_t r) {
+    float* u = rows(N * r);
+    G->all_gather(u, ux, N / G->size() * r);
+    R->reduce_scatter(uy, u, N / R->size() * r);
+  };
+  sp.backward_du = [G, R, rows](float* dux, float* duy, int64_t N, int64_t r) {
+    float* du = rows(N * r);
+    R->all_gather(du, duy, N / R->size() * r);
+    G->reduce_scatter(dux, du, N / G->size() * r);
+  };
+  return sp;
+}
+
 }  // namespace
+
+void plan_lora(ShardPlan& plan, const std::vector<model::LoraModule>& modules,
+               const ShardPlan& base, const std::string& mode) {
+  if (mode == "isp") {
+    // Sharded on rows over WEIGHT as the base's linears (isp_weights.h): gathered before each
+    // use, the full-shape gradient of this rank's tokens reduce-scattered onto the shard (the SUM
+    // over WEIGHT), then summed over WEIGHT_DATA by finish_gradients.
+    for (int v = 0; v < plan.num_views(); ++v) plan.split(v, 0, comm::Group::kWeight);
+    return;
+  }
+  const bool sharded_tokens = mode == "msp" || mode == "fsp" || mode == "2d";
+  for (const model::LoraModule& m : modules) {
+    for (const Split& s : base.tensor(m.base_view).splits) {
+      if (s.dim == 0) {
+        const auto [first, count] = b_rows_in(m, s.start, s.count);
+        plan.split_range(m.b_view, 0, s.group, first, count);
+        if (sharded_tokens) plan.sum_gradient(m.a_view, s.group);
+      } else {
+        plan.split_range(m.a_view, 1, s.group, s.start, s.count);
+        if (sharded_tokens) plan.sum_gradient(m.b_view, s.group);
+      }
+    }
+  }
+}
 
 ParallelEngine::Lora::Lora(const model::ParamTable& base, const model::LoraConfig& config,
                            const Grid& grid)
@@ -52,32 +129,15 @@ void ParallelEngine::build_lora(model::ModelOps<float>& ops) {
   check(config.dropout >= 0.0 && config.dropout < 1.0, "lora.dropout: {} is outside [0, 1)",
         config.dropout);
   const bool sequence_parallel = mode_ == "msp" || mode_ == "fsp";
-  const bool isp = mode_ == "isp";
-  check(mode_ == "dense" || mode_ == "mtp" || sequence_parallel || isp,
+  const bool isp = mode_ == "isp", tp2d = mode_ == "2d";
+  check(mode_ == "dense" || mode_ == "mtp" || sequence_parallel || isp || tp2d,
         "[lora] under the '{}' parallel layout is not implemented (it runs in one process, with data "
-        "parallelism and ZeRO-1, under parallel.tensor mode mtp, msp, fsp and isp, and with "
-        "2D-Attention)",
+        "parallelism and ZeRO-1, under parallel.tensor mode mtp, msp, fsp and isp, with "
+        "2D-Attention and under parallel.tensor_2d)",
         mode_);
   lora_ = std::make_unique<Lora>(full_, config, grid_);
   Lora& L = *lora_;
-  for (const model::LoraModule& m : L.modules) {
-    if (isp) break;  // held whole (below)
-    for (const Split& s : plan_.tensor(m.base_view).splits) {
-      if (s.dim == 0) {
-        const auto [first, count] = b_rows_in(m, s.start, s.count);
-        L.plan.split_range(m.b_view, 0, s.group, first, count);
-        if (sequence_parallel) L.plan.sum_gradient(m.a_view, s.group);
-      } else {
-        L.plan.split_range(m.a_view, 1, s.group, s.start, s.count);
-        if (sequence_parallel) L.plan.sum_gradient(m.b_view, s.group);
-      }
-    }
-  }
-  // ISP: the adapters are held whole on every rank (they are small); the ranks of a WEIGHT group
-  // saw other tokens, so their gradients are summed there (as the norm weights'), then over
-  // WEIGHT_DATA by finish_gradients.
-  if (isp)
-    for (int v = 0; v < L.plan.num_views(); ++v) L.plan.sum_gradient(v, comm::Group::kWeight);
+  plan_lora(L.plan, L.modules, plan_, mode_);
   L.local = L.plan.local_layout();
   L.params = std::make_unique<model::Params<float>>(L.local);
   L.grads = std::make_unique<model::Params<float>>(L.local);
@@ -93,11 +153,38 @@ void ParallelEngine::build_lora(model::ModelOps<float>& ops) {
   L.state->params = L.params.get();
   L.state->grads = L.grads.get();
 
+  // ISP: the adapters join the base's weight store (each pass begun by the embedding, gathers
+  // prefetched in the recorded order): gathered whole before each use, gradients reduce-scattered.
+  std::shared_ptr<IspWeightStore> store;
+  std::vector<int> ids;  // adapter view → store id
+  if (isp) {
+    const auto* embedding = dynamic_cast<const IspEmbedding*>(ops.embedding.get());
+    check(embedding != nullptr, "lora: the isp mode's embedding is not its weight-parallel one");
+    store = embedding->store();
+    for (int v = 0; v < L.plan.num_views(); ++v) {
+      const std::vector<int64_t>& shape = L.full.view(v).shape;
+      ids.push_back(store->add(L.params.get(), v, shape[0], shape[1], 0));
+    }
+  }
   comm::CommPtr tensor = grid_.get(comm::Group::kTensor);
   const ShardPlan& base_plan = plan_;
-  auto spec = [tensor, sequence_parallel, isp, &base_plan](int, int view) {
+  const Grid& grid = grid_;
+  const model::Params<float>* values = L.params.get();
+  auto spec = [tensor, sequence_parallel, isp, tp2d, &base_plan, &grid, store, ids,
+               values](int, int view) {
     model::LoraLinearSpec<float> sp;
-    if (isp) return sp;  // whole weights (gathered by the base op), whole adapters, local tokens
+    if (isp) {  // whole weights (gathered by the base op) and adapters, local tokens
+      sp.gather = [store, ids, values](int v, bool backward) {
+        return store->acquire(ids[size_t(v)], backward ? WeightUse::kBackward : WeightUse::kForward,
+                              *values);
+      };
+      sp.reduce = [store, ids](float* shard, float* full, int v) {
+        store->reduce_grad(shard, full, ids[size_t(v)]);
+      };
+      sp.grad_scratch = [store](int64_t n) { return store->grad_scratch(n); };
+      return sp;
+    }
+    if (tp2d) return spec_2d(base_plan.tensor(view), grid);
     const int T = tensor->size();
     for (const Split& s : base_plan.tensor(view).splits) {
       check(s.group == comm::Group::kTensor, "lora: a linear split over a group other than TENSOR");

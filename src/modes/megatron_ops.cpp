@@ -16,19 +16,14 @@
 // whole model and gathers again in backward); row linears reduce-scatter into them.
 // w1 and w3 read the same input: one gate/up op (TensorParallelGateUp) gathers it once and sums
 // their partial input gradients before ONE reduction (Megatron's fused gate/up projection).
-#include <algorithm>
-#include <cstring>
 #include <memory>
-#include <vector>
+#include <optional>
 
 #include "core/error.h"
 #include "modes/engine.h"
 #include "modes/mode_memory.h"
+#include "modes/tp_embedding_head.h"
 #include "ops/ops.h"
-#include "ops/vocab_check.h"
-#include "parallel/head_loss.h"
-#include "parallel/vocab_parallel.h"
-#include "parallel/mappings.h"
 #include "parallel/scratch.h"
 #include "parallel/tp_linear.h"
 
@@ -70,133 +65,6 @@ class ShardNorm final : public model::NormOp<float> {
   float eps_;
   SequenceParallel sp_;
   CommPtr comm_;
-};
-
-/// InternEvo's Embedding1D: table columns split over TENSOR, lookup then all-gather along hidden;
-/// under sequence parallel this rank keeps its rows (backward: all-gather of the row gradients).
-class SplitEmbedding final : public model::EmbeddingOp<float> {
- public:
-  SplitEmbedding(const ParamTable& full, int table, SequenceParallel sp, CommPtr comm)
-      : table_(table), V_(full.view(table).shape[0]), H_(full.view(table).shape[1]), sp_(sp),
-        comm_(std::move(comm)) {}
-  void forward(float* x, const int32_t* ids, int64_t N, const Params<float>& p) override {
-    ops::check_token_ids(ids, N, V_);
-    if (sp_ == SequenceParallel::kNone) {
-      split_hidden_embedding_forward(x, ids, p.ptr(table_), N, H_, *comm_);
-      return;
-    }
-    float* full = full_.get(N * H_);
-    split_hidden_embedding_forward(full, ids, p.ptr(table_), N, H_, *comm_);
-    const int64_t rows = shard_tokens(N, sp_, *comm_);
-    std::memcpy(x, full + comm_->rank() * rows * H_, size_t(rows * H_) * sizeof(float));
-  }
-  void backward(const float* dx, const int32_t* ids, int64_t N, Params<float>* g) override {
-    if (g == nullptr) return;
-    const float* d = dx;
-    if (sp_ != SequenceParallel::kNone) {
-      float* full = full_.get(N * H_);
-      all_gather_first_dim_forward(full, dx, N, H_, *comm_);
-      d = full;
-    }
-    split_hidden_embedding_backward(g->ptr(table_), d, ids, N, H_, *comm_);
-  }
-
- private:
-  int table_;
-  int64_t V_, H_;
-  SequenceParallel sp_;
-  CommPtr comm_;
-  Buffer full_;
-};
-
-/// Megatron's VocabParallelEmbedding, the embedding of a tied model (tie_word_embeddings): the
-/// table's rows split over TENSOR as the head's (one shard [V_r, H] for both uses), partial lookup,
-/// then all-reduce (MTP: the reduce_from_group mapping) or reduce-scatter into this rank's rows
-/// (MSP/FSP); backward all-gathers the row gradients under sequence parallel and adds the rows of
-/// this rank's ids into the shard.
-class VocabParallelEmbedding final : public model::EmbeddingOp<float> {
- public:
-  VocabParallelEmbedding(const ParamTable& full, const ParamTable& local, int table,
-                         SequenceParallel sp, CommPtr comm)
-      : table_(table), V_(full.view(table).shape[0]), Vr_(local.view(table).shape[0]),
-        H_(full.view(table).shape[1]),
-        start_(shard_range(V_, comm->size(), comm->rank()).start), sp_(sp),
-        comm_(std::move(comm)) {}
-  void forward(float* x, const int32_t* ids, int64_t N, const Params<float>& p) override {
-    ops::check_token_ids(ids, N, V_);
-    if (sp_ == SequenceParallel::kNone) {
-      vocab_parallel_embedding_forward(x, ids, p.ptr(table_), N, H_, start_, Vr_);
-      reduce_from_group_forward(x, N * H_, *comm_);
-      return;
-    }
-    float* partial = full_.get(N * H_);
-    vocab_parallel_embedding_forward(partial, ids, p.ptr(table_), N, H_, start_, Vr_);
-    reduce_scatter_first_dim_forward(x, partial, N, H_, *comm_);
-  }
-  void backward(const float* dx, const int32_t* ids, int64_t N, Params<float>* g) override {
-    if (g == nullptr) return;
-    const float* d = dx;
-    if (sp_ != SequenceParallel::kNone) {
-      d = full_.get(N * H_);
-      reduce_scatter_first_dim_backward(full_.data(), dx, N, H_, *comm_);
-    }
-    vocab_parallel_embedding_backward(g->ptr(table_), d, ids, N, H_, start_, Vr_);
-  }
-
- private:
-  int table_;
-  int64_t V_, Vr_, H_, start_;
-  SequenceParallel sp_;
-  CommPtr comm_;
-  Buffer full_;
-};
-
-/// Vocab-parallel output head + cross-entropy: logits [rows, V_r] per chunk of rows, never [N, V].
-class VocabParallelHead final : public model::HeadLossOp<float> {
- public:
-  VocabParallelHead(const ParamTable& full, const ParamTable& local, int weight,
-                    SequenceParallel sp, CommPtr comm)
-      : weight_(weight), V_(full.view(weight).shape[0]), Vr_(local.view(weight).shape[0]),
-        H_(full.view(weight).shape[1]), sp_(sp), comm_(std::move(comm)),
-        loss_(V_, Vr_, H_,
-              shard_range(V_, comm_->size(), comm_->rank()).start, comm_->size()) {}
-
-  model::LossSum forward_backward(float* dxf, const float* xf, const int32_t* labels, int64_t N,
-                                  const Params<float>& p, Params<float>* g, double loss_scale,
-                                  double* token_losses) override {
-    const float* X = xf;
-    if (sp_ != SequenceParallel::kNone) {
-      X = x_full_.get(N * H_);
-      all_gather_first_dim_forward(x_full_.data(), xf, N, H_, *comm_);
-    }
-    float* dX = nullptr;  // partial dL/dX over this rank's vocabulary, [N, H]
-    if (dxf != nullptr) dX = sp_ == SequenceParallel::kNone ? dxf : dx_full_.get(N * H_);
-    float* dW = g != nullptr ? g->ptr(weight_) : nullptr;
-    const model::LossSum loss = loss_.forward_backward(dX, dW, X, p.ptr(weight_), labels, N,
-                                                       loss_scale, token_losses, *comm_);
-    if (dX != nullptr) {
-      if (sp_ == SequenceParallel::kNone) comm_->all_reduce(dX, N * H_);
-      else reduce_scatter_first_dim_forward(dxf, dX, N, H_, *comm_);
-    }
-    return loss;
-  }
-
-  /// Whole-vocabulary logits of one full (replicated) row: local logits, all-gathered unevenly.
-  void logits_row(float* logits, const float* xf, const Params<float>& p) override {
-    std::vector<float> mine(static_cast<size_t>(Vr_) + 1);
-    ops::gemm<float>(false, true, 1, Vr_, H_, 1.0f, xf, p.ptr(weight_), 0.0f, mine.data());
-    std::vector<int64_t> counts;
-    for (int r = 0; r < comm_->size(); ++r) counts.push_back(shard_range(V_, comm_->size(), r).count);
-    comm_->all_gather_v(logits, mine.data(), counts);
-  }
-
- private:
-  int weight_;
-  int64_t V_, Vr_, H_;
-  SequenceParallel sp_;
-  CommPtr comm_;
-  VocabParallelHeadLoss loss_;
-  Buffer x_full_, dx_full_;
 };
 
 SequenceParallel sequence_parallel_of(const Layout& layout) {
@@ -245,10 +113,10 @@ ModelOps<float> megatron_ops(const ModeContext& ctx) {
   ModelOps<float> dense = model::make_dense_ops<float>(attention_layout);
 
   ModelOps<float> ops;
-  if (ctx.full.config().tie_word_embeddings)
-    ops.embedding = std::make_unique<VocabParallelEmbedding>(ctx.full, L, L.tok_embeddings, sp, tp);
-  else
-    ops.embedding = std::make_unique<SplitEmbedding>(ctx.full, L.tok_embeddings, sp, tp);
+  // Under sequence parallel the residual stream is held in row blocks over TENSOR.
+  std::optional<ActivationBlocks> rows;
+  if (sp != SequenceParallel::kNone) rows = ActivationBlocks::rows(tp);
+  ops.embedding = make_tensor_parallel_embedding(ctx.full, L, L.tok_embeddings, tp, rows);
   // Column linears gather over TENSOR (FSP: one gathered copy for the whole model); row linears
   // reduce over TENSOR, scattering the rows under sequence parallel.
   const TpLinearSpec column{tp, sp, nullptr};
@@ -275,7 +143,7 @@ ModelOps<float> megatron_ops(const ModeContext& ctx) {
     ops.blocks.push_back(std::move(block));
   }
   ops.norm = std::make_unique<ShardNorm>(L, L.norm, sp, tp);
-  ops.head = std::make_unique<VocabParallelHead>(ctx.full, L, L.output, sp, tp);
+  ops.head = make_tensor_parallel_head(ctx.full, L, L.output, tp, rows, true, "tensor parallel");
   if (sp != SequenceParallel::kNone) ops.residual_split = T;  // activations [N/T, H] between blocks
   return ops;
 }

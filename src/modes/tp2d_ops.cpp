@@ -2,50 +2,22 @@
 #include "modes/tp2d_ops.h"
 
 #include "modes/mode_memory.h"
+#include "modes/tp_embedding_head.h"
 
-#include <algorithm>
-#include <cstring>
 #include <memory>
-#include <vector>
 
 #include "core/error.h"
-#include "ops/ops.h"
-#include "ops/vocab_check.h"
 #include "parallel/dist_norm.h"
-#include "parallel/head_loss.h"
 #include "parallel/isp_attention.h"
-#include "parallel/vocab_parallel.h"
-#include "parallel/scratch.h"
 #include "parallel/tp_linear.h"
 
 namespace longtron::parallel {
-
-void tp2d_blocks_to_full(float* full, const float* blocks, int64_t N, int64_t H, int x, int y) {
-  const int64_t nx = N / x, hy = H / y;
-  for (int r = 0; r < x * y; ++r) {
-    const int a = r % x, b = r / x;
-    for (int64_t n = 0; n < nx; ++n)
-      std::memcpy(full + (a * nx + n) * H + b * hy, blocks + (r * nx + n) * hy,
-                  size_t(hy) * sizeof(float));
-  }
-}
-
-void tp2d_full_to_blocks(float* blocks, const float* full, int64_t N, int64_t H, int x, int y) {
-  const int64_t nx = N / x, hy = H / y;
-  for (int r = 0; r < x * y; ++r) {
-    const int a = r % x, b = r / x;
-    for (int64_t n = 0; n < nx; ++n)
-      std::memcpy(blocks + (r * nx + n) * hy, full + (a * nx + n) * H + b * hy,
-                  size_t(hy) * sizeof(float));
-  }
-}
 
 namespace {
 
 using comm::CommPtr;
 using model::Params;
 using model::ParamTable;
-using Buffer = parallel::Scratch;
 
 /// The grid position of this rank.
 struct Pos {
@@ -61,16 +33,6 @@ struct Pos {
     return N / x;
   }
 };
-
-/// [N, H] → this rank's block [N/x, H/y] gathered over the tensor group into full [N, H].
-void gather_blocks(float* full, Buffer& scratch, const float* block, int64_t N, int64_t H,
-                   const Pos& g) {
-  const int64_t count = g.rows_x(N) * (H / g.y);
-  if (g.y == 1) return g.tensor->all_gather(full, block, count);  // blocks are row blocks (MSP)
-  float* blocks = scratch.get(count * g.x * g.y);
-  g.tensor->all_gather(blocks, block, count);
-  tp2d_blocks_to_full(full, blocks, N, H, g.x, g.y);
-}
 
 /// RMSNorm over [N/x, H/y] with the sum of squares all-reduced over y (dist_norm.h).
 class Norm2D final : public model::NormOp<float> {
@@ -131,115 +93,6 @@ class Attention2D final : public model::AttentionOp<float> {
   std::unique_ptr<model::AttentionOp<float>> inner_;
 };
 
-/// Hidden-split embedding over the whole tensor group, then this rank's block.
-class Embedding2D final : public model::EmbeddingOp<float> {
- public:
-  Embedding2D(const ParamTable& full, int table, const Pos& g)
-      : table_(table), V_(full.view(table).shape[0]), H_(full.view(table).shape[1]), g_(g) {}
-  void forward(float* x, const int32_t* ids, int64_t N, const Params<float>& p) override {
-    ops::check_token_ids(ids, N, V_);
-    const int64_t nx = g_.rows_x(N), hy = H_ / g_.y;
-    float* full = full_.get(N * H_);
-    split_hidden_embedding_forward(full, ids, p.ptr(table_), N, H_, *g_.tensor);
-    for (int64_t n = 0; n < nx; ++n)
-      std::memcpy(x + n * hy, full + (g_.xr * nx + n) * H_ + g_.yr * hy, size_t(hy) * sizeof(float));
-  }
-  void backward(const float* dx, const int32_t* ids, int64_t N, Params<float>* grads) override {
-    if (grads == nullptr) return;
-    float* full = full_.get(N * H_);
-    gather_blocks(full, blocks_, dx, N, H_, g_);
-    split_hidden_embedding_backward(grads->ptr(table_), full, ids, N, H_, *g_.tensor);
-  }
-
- private:
-  int table_;
-  int64_t V_, H_;
-  Pos g_;
-  Buffer full_, blocks_;
-};
-
-/// The embedding of a tied model (tie_word_embeddings): the table's vocabulary rows split over the
-/// tensor group as the head's (Megatron's VocabParallelEmbedding), partial lookup of [N, H], then a
-/// reduce-scatter over the tensor group straight into the blocks; backward gathers the blocks.
-class VocabEmbedding2D final : public model::EmbeddingOp<float> {
- public:
-  VocabEmbedding2D(const ParamTable& full, const ParamTable& local, int table, const Pos& g)
-      : table_(table), V_(full.view(table).shape[0]), Vr_(local.view(table).shape[0]),
-        H_(full.view(table).shape[1]),
-        start_(shard_range(V_, g.tensor->size(), g.tensor->rank()).start), g_(g) {}
-  void forward(float* x, const int32_t* ids, int64_t N, const Params<float>& p) override {
-    ops::check_token_ids(ids, N, V_);
-    const int64_t count = g_.rows_x(N) * (H_ / g_.y);
-    float* partial = full_.get(N * H_);
-    vocab_parallel_embedding_forward(partial, ids, p.ptr(table_), N, H_, start_, Vr_);
-    const float* send = partial;
-    if (g_.y > 1) {
-      float* blocks = blocks_.get(N * H_);
-      tp2d_full_to_blocks(blocks, partial, N, H_, g_.x, g_.y);
-      send = blocks;
-    }
-    g_.tensor->reduce_scatter(x, send, count);
-  }
-  void backward(const float* dx, const int32_t* ids, int64_t N, Params<float>* grads) override {
-    if (grads == nullptr) return;
-    float* full = full_.get(N * H_);
-    gather_blocks(full, blocks_, dx, N, H_, g_);
-    vocab_parallel_embedding_backward(grads->ptr(table_), full, ids, N, H_, start_, Vr_);
-  }
-
- private:
-  int table_;
-  int64_t V_, Vr_, H_, start_;
-  Pos g_;
-  Buffer full_, blocks_;
-};
-
-/// Gather the final-norm blocks to [N, H], vocab-parallel head + cross-entropy over the tensor
-/// group in row chunks (logits never [N, V]), reduce-scatter dX back into the blocks.
-class Head2D final : public model::HeadLossOp<float> {
- public:
-  Head2D(const ParamTable& full, const ParamTable& local, int weight, const Pos& g)
-      : weight_(weight), H_(full.view(weight).shape[1]), g_(g),
-        loss_(full.view(weight).shape[0], local.view(weight).shape[0], H_,
-              shard_range(full.view(weight).shape[0], g.tensor->size(), g.tensor->rank()).start,
-              g.tensor->size()) {}
-
-  model::LossSum forward_backward(float* dxf, const float* xf, const int32_t* labels, int64_t N,
-                                  const Params<float>& p, Params<float>* g, double loss_scale,
-                                  double* token_losses) override {
-    float* X = x_full_.get(N * H_);
-    gather_blocks(X, blocks_, xf, N, H_, g_);
-    float* dX = dxf != nullptr ? dx_full_.get(N * H_) : nullptr;
-    comm::Communicator& tp = *g_.tensor;
-    float* dW = g != nullptr ? g->ptr(weight_) : nullptr;
-    const model::LossSum loss = loss_.forward_backward(dX, dW, X, p.ptr(weight_), labels, N,
-                                                       loss_scale, token_losses, tp);
-    if (dX != nullptr) {
-      const int64_t count = g_.rows_x(N) * (H_ / g_.y);
-      const float* send = dX;
-      if (g_.y > 1) {
-        float* blocks = blocks_.get(N * H_);
-        tp2d_full_to_blocks(blocks, dX, N, H_, g_.x, g_.y);
-        send = blocks;
-      }
-      tp.reduce_scatter(dxf, send, count);
-    }
-    return loss;
-  }
-
-  void logits_row(float*, const float*, const Params<float>&) override {
-    fail("generation is not supported under parallel.tensor_2d (export the checkpoint and "
-         "generate with one process)");
-  }
-
- private:
-  int weight_;
-  int64_t H_;
-  Pos g_;
-  VocabParallelHeadLoss loss_;
-  Buffer x_full_, dx_full_, blocks_;
-};
-
 }  // namespace
 
 model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
@@ -257,10 +110,9 @@ model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
 
   model::ModelOps<float> ops;
   ops.residual_split = g.x;  // the residual stream holds N/x rows (of H/y features)
-  if (ctx.full.config().tie_word_embeddings)
-    ops.embedding = std::make_unique<VocabEmbedding2D>(ctx.full, L, L.tok_embeddings, g);
-  else
-    ops.embedding = std::make_unique<Embedding2D>(ctx.full, L.tok_embeddings, g);
+  // The embedding and head are Megatron's with the residual stream in the 2D blocks (x2×y1: MSP).
+  const ActivationBlocks blocks = ActivationBlocks::grid(g.tensor, g.x, g.y);
+  ops.embedding = make_tensor_parallel_embedding(ctx.full, L, L.tok_embeddings, g.tensor, blocks);
   for (size_t i = 0; i < L.layers.size(); ++i) {
     const model::BlockParamIds& b = L.layers[i];
     model::BlockOps<float> block;
@@ -278,7 +130,8 @@ model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
     ops.blocks.push_back(std::move(block));
   }
   ops.norm = std::make_unique<Norm2D>(ctx.full, L.norm, g);
-  ops.head = std::make_unique<Head2D>(ctx.full, L, L.output, g);
+  ops.head = make_tensor_parallel_head(ctx.full, L, L.output, g.tensor, blocks, false,
+                                       "parallel.tensor_2d");
   return ops;
 }
 

@@ -41,9 +41,4 @@ model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx);
 /// Registers "2d" (called from register_builtin_modes).
 void register_2d_mode();
 
-/// full[N, H] ↔ blocks in tensor-rank order [x·y][N/x][H/y] (rank r = xr + x·yr holds rows block
-/// xr and hidden block yr). Pure copies.
-void tp2d_blocks_to_full(float* full, const float* blocks, int64_t N, int64_t H, int x, int y);
-void tp2d_full_to_blocks(float* blocks, const float* full, int64_t N, int64_t H, int x, int y);
-
 }  // namespace longtron::parallel

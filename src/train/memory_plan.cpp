@@ -15,6 +15,7 @@
 #include "model/lora.h"
 #include "model/params.h"
 #include "modes/engine.h"
+#include "modes/lora_plan.h"
 #include "parallel/layout.h"
 #include "parallel/shard_plan.h"
 
@@ -223,8 +224,13 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   double save_bytes = 3 * static_cast<double>(p.params_full) * kFloat + 2 * local_bytes;
   double adam_state = adam;
   if (c.model.lora.enabled()) {
+    // The adapters as this rank holds them (split like their linears, sharded under ISP).
     const auto modules = model::lora_modules(full, c.model.lora);
-    const double adapter = double(model::lora_table(full, modules, c.model.lora.rank).numel()) * kFloat;
+    const model::ParamTable adapters = model::lora_table(full, modules, c.model.lora.rank);
+    parallel::ShardPlan adapter_plan(adapters, grid);
+    parallel::plan_lora(adapter_plan, modules, shard, mode);
+    const double adapter = double(adapter_plan.local_layout().numel()) * kFloat;
+    const double adapter_full = double(adapters.numel()) * kFloat;
     const model::LoraBaseDtype want = c.model.lora.base_dtype;
     const bool bf16_base = want == model::LoraBaseDtype::kBFloat16 ||
                            (want == model::LoraBaseDtype::kAuto && in.bf16 && mode == "dense");
@@ -234,7 +240,7 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
     grad_bytes = adapter;
     copy_bytes = bf16_base ? 0 : 0.5 * local_bytes;
     adam_state = 2 * std::ceil(adapter / kFloat / z) * kFloat;
-    save_bytes = 5 * adapter;
+    save_bytes = 3 * adapter_full + 2 * adapter;
     p.resident[2] = {bf16_base ? "parameters (base in bf16, adapters)" : "parameters (base, adapters)",
                      param_bytes, "model.*, lora.base_dtype"};
     p.resident[3] = {"gradients (adapters only)", grad_bytes, "lora.rank, lora.targets"};

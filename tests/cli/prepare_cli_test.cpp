@@ -186,6 +186,17 @@ TEST(PrepareCli, BadTextInputLeavesNothing) {
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "--tokenizer MODEL or --train-tokenizer")) << r.output;
 
+  // A document the tokenizer maps to nothing (control characters, normalised away) with
+  // --no-bos-eos: named by its place in the inputs, not by the temporary output file.
+  write_file(dir / "c.txt", "hello world\n\x01\x02\x03\n");
+  r = run_longtron("prepare --input " + (dir / "c.txt").string() + " --output " +
+                   (dir / "out").string() + " --train-tokenizer --vocab-size 270 --no-bos-eos");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "document 2 of the inputs")) << r.output;
+  EXPECT_TRUE(contains(r.output, "encodes to no tokens")) << r.output;
+  EXPECT_FALSE(contains(r.output, ".tmp")) << r.output;
+  EXPECT_TRUE(nothing_left(dir.path(), "out"));
+
   // A folder that is not a prepared dataset is never replaced.
   fs::create_directories(dir / "keep");
   write_file(dir / "keep" / "mine.txt", "precious");

@@ -45,6 +45,12 @@ TEST(RawText, ErrorsNameFileAndLine) {
   write_file(dir / "c.json", "[{\"text\": \"ok\"}, {\"text\": 3}]");
   EXPECT_NE(message([&] { ld::read_text_documents(dir / "c.json"); }).find("c.json, element 1"),
             std::string::npos);
+  write_file(dir / "e.txt", "fine\nalso \xc3\x28 bad\n");  // 0xC3 without its continuation byte
+  EXPECT_NE(message([&] { ld::read_text_documents(dir / "e.txt"); }).find("e.txt, line 2, byte 5: not valid UTF-8"),
+            std::string::npos);
+  write_file(dir / "g.jsonl", "{\"text\": \"\xff\"}\n");
+  EXPECT_NE(message([&] { ld::read_text_documents(dir / "g.jsonl"); }).find("g.jsonl, line 1"),
+            std::string::npos);
   write_file(dir / "d.csv", "x");
   EXPECT_NE(message([&] { ld::list_text_files({dir / "d.csv"}); }).find("d.csv: not a text input"),
             std::string::npos);

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "engine_parity.h"
 #include "ops/ops.h"
@@ -105,6 +106,68 @@ inline parallel::Layout lora_isp(int T, int W, int context = 1) {
     l.seq2d_balance = data::parse_context_balance("zigzag");
   }
   return l;
+}
+
+/// 2D tensor parallel x × y (modes/tp2d_ops.h), ZeRO-1 over the data-parallel rest.
+inline parallel::Layout lora_2d(int x, int y) {
+  parallel::Layout l;
+  l.tensor_2d_x = x;
+  l.tensor_2d_y = y;
+  l.zero1_size = -1;
+  return l;
+}
+
+/// Save after `split` steps in layout `a` (the adapters and their AdamW moments gathered to full
+/// tensors, as a checkpoint holds them), resume in layout `b` from those tensors, and compare
+/// every loss with one process (the parity contract's 1e-4 on losses).
+inline void check_lora_resume(const ParityCase& c, const parallel::Layout& a,
+                              const parallel::Layout& b, int split) {
+  const RunResult ref =
+      lora_run(c, parallel::make_grid(comm::make_local_communicator(), parallel::Layout{}), false);
+  std::vector<double> losses;
+  auto steps = [&](parallel::ParallelEngine& engine, train::AdamW& adam,
+                   const parallel::Grid& grid, int from, int to) {
+    for (int step = from; step < to; ++step)
+      losses.push_back(train::train_step(engine, adam, dp_share(global_rows(c, step), grid),
+                                         parity_step_options()).loss);
+  };
+  parallel::ParallelEngine probe(c.model, parallel::make_grid(comm::make_local_communicator(),
+                                                              parallel::Layout{}), 42, c.P);
+  model::Params<float> params(probe.train_full_layout()), m(probe.train_full_layout()),
+      v(probe.train_full_layout());
+  int64_t adam_step = 0;
+  {
+    parallel::Grid grid = parallel::make_grid(world(), a);
+    parallel::ParallelEngine engine(c.model, grid, 42, c.P);
+    set_adapters(engine);
+    train::AdamW adam(engine.train_layout(), parity_optimizer(), grid.zero1);
+    steps(engine, adam, grid, 0, split);
+    model::Params<float> lm(engine.train_layout()), lv(engine.train_layout());
+    adam.gather_state(lm, lv);
+    engine.gather_train_full(params, engine.train_params());
+    engine.gather_train_full(m, lm);
+    engine.gather_train_full(v, lv);
+    adam_step = adam.step();
+  }
+  parallel::Grid grid = parallel::make_grid(world(), b);
+  parallel::ParallelEngine engine(c.model, grid, 42, c.P);  // the same base (seed 42)
+  train::AdamW adam(engine.train_layout(), parity_optimizer(), grid.zero1);
+  engine.scatter_train_full(engine.train_params(), params);
+  {
+    model::Params<float> lm(engine.train_layout()), lv(engine.train_layout());
+    engine.scatter_train_full(lm, m);
+    engine.scatter_train_full(lv, v);
+    adam.load_state(lm, lv);
+  }
+  adam.set_step(adam_step);
+  steps(engine, adam, grid, split, c.steps);
+  double err = 0;
+  for (int s = 0; s < c.steps; ++s)
+    err = std::max(err, rel(losses[size_t(s)], ref.losses[size_t(s)]));
+  if (world()->rank() == 0)
+    std::printf("[lora resume] %s: %d steps in one layout, %d in the other: loss max rel err %.2e\n",
+                c.name.c_str(), split, c.steps - split, err);
+  EXPECT_LT(err, 1e-4) << c.name;
 }
 
 inline ParityCase lora_case(const std::string& name, parallel::Layout l, const std::string& type,

@@ -1,7 +1,7 @@
 // LoRA on 2 ranks against one process (lora_parity.h): data parallel (ZeRO-1 off and on) and
 // tensor parallel in each Megatron mode, InternLM2 (one wqkv adapter) and Llama (q/k/v adapters
-// on the fused, kv-group-split wqkv), with recomputation; and the layouts not yet supported
-// refused naming themselves.
+// on the fused, kv-group-split wqkv), with recomputation; ISP, 2D-Attention and 2D tensor
+// parallel.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // as engine_np2_test.cpp (GCC 12)
 #include "lora_parity.h"
 #include "bf16_here.h"
@@ -35,9 +35,40 @@ TEST(LoraNp2, Msp2Bf16Checkpoint) {
   check_lora_parity(c, /*bf16=*/true);
 }
 
+// ISP: the adapters sharded on rows over the weight group (weight 2: A's 3 rows as 2 + 1, w1's
+// and w3's B 85 rows as 43 + 42) or whole (weight 1), with recomputation and bf16; the sharded
+// adapters resume under MSP and back.
 TEST(LoraNp2, Isp2) {
   check_lora_parity(lora_case("isp2 w2 llama", lora_isp(2, 2), "llama"));
   check_lora_parity(lora_case("isp2 w1 internlm2", lora_isp(2, 1), "internlm2"));
+  ParityCase c = lora_case("isp2 w2 internlm2 checkpoint", lora_isp(2, 2), "internlm2");
+  c.model.checkpoint = true;
+  check_lora_parity(c);
+}
+// The gathers of the sharded adapters join the base's prefetch order (parallel.weight.overlap);
+// each element of the adapter table is held by exactly one of the two weight ranks.
+TEST(LoraNp2, Isp2OverlapAdaptersShardedOnce) {
+  parallel::Layout l = lora_isp(2, 2);
+  l.weight_overlap = true;
+  check_lora_parity(lora_case("isp2 w2 overlap llama", l, "llama"));
+  parallel::ParallelEngine engine(lora_model("llama"), parallel::make_grid(world(), l), 42, 16);
+  double held[2] = {double(engine.train_layout().numel()), 0};
+  world()->all_reduce(held, 1);
+  held[1] = double(engine.train_full_layout().numel());
+  EXPECT_EQ(held[0], held[1]);
+  EXPECT_LT(double(engine.train_layout().numel()), held[1]);
+}
+TEST(LoraNp2, Isp2Bf16) {
+  if (!ops::cpu_has_avx512_bf16() || !ops::gemm_backend().native_bf16)
+    GTEST_SKIP() << "this CPU has no native bf16";
+  check_lora_parity(lora_case("isp2 w2 llama bf16", lora_isp(2, 2), "llama"), /*bf16=*/true);
+}
+TEST(LoraNp2, IspSaveW2ResumeMsp2AndBack) {
+  ParityCase c = lora_case("isp2 w2 -> msp2", lora_isp(2, 2), "llama");
+  c.steps = 4;
+  check_lora_resume(c, lora_isp(2, 2), layout(2, TensorMode::kMsp), 2);
+  c.name = "msp2 -> isp2 w2";
+  check_lora_resume(c, layout(2, TensorMode::kMsp), lora_isp(2, 2), 2);
 }
 // 2D-Attention: context parallel over 2 ranks (zigzag: each rank holds two non-adjacent chunks),
 // with recomputation and bf16.
@@ -50,12 +81,33 @@ TEST(LoraNp2, ContextParallel2Bf16Checkpoint) {
   c.name = "cp2 llama bf16 checkpoint";
   check_lora_parity(c, /*bf16=*/true);
 }
-TEST(LoraNp2, Tp2dIsRefusedNamingTheLayout) {
-  parallel::Layout l;
-  l.tensor_2d_x = 2;
-  l.tensor_2d_y = 1;
-  const std::string e = engine_error(lora_model("llama"), l, 16);
-  EXPECT_NE(e.find("[lora] under the '2d' parallel layout is not implemented"), std::string::npos) << e;
+// 2D tensor parallel: x2×y1 (B of wqkv/w1/w3 split on rows over X, A of wo/w2 on columns over
+// X) and x1×y2 (the other way round), with recomputation and bf16; the adapters saved under one
+// 2D layout resume under the other and under dp2.
+TEST(LoraNp2, Tp2dX2Y1) {
+  check_lora_parity(lora_case("2d x2 y1 llama", lora_2d(2, 1), "llama"));
+  parallel::Layout overlapped = lora_2d(2, 1);  // the base's chunked forms; the adapters' u as is
+  overlapped.tensor_2d_overlap = "matmul_with_rs";
+  check_lora_parity(lora_case("2d x2 y1 matmul_with_rs", overlapped, "internlm2"));
+}
+TEST(LoraNp2, Tp2dX1Y2Checkpoint) {
+  ParityCase c = lora_case("2d x1 y2 internlm2 checkpoint", lora_2d(1, 2), "internlm2");
+  c.model.checkpoint = true;
+  check_lora_parity(c);
+}
+TEST(LoraNp2, Tp2dX2Y1Bf16Checkpoint) {
+  if (!ops::cpu_has_avx512_bf16() || !ops::gemm_backend().native_bf16)
+    GTEST_SKIP() << "this CPU has no native bf16";
+  ParityCase c = lora_case("2d x2 y1 llama bf16 checkpoint", lora_2d(2, 1), "llama");
+  c.model.checkpoint = true;
+  check_lora_parity(c, /*bf16=*/true);
+}
+TEST(LoraNp2, Tp2dSaveX1Y2ResumeX2Y1AndDp2) {
+  ParityCase c = lora_case("2d x1 y2 -> 2d x2 y1", lora_2d(1, 2), "llama");
+  c.steps = 4;
+  check_lora_resume(c, lora_2d(1, 2), lora_2d(2, 1), 2);
+  c.name = "2d x2 y1 -> dp2 zero1";
+  check_lora_resume(c, lora_2d(2, 1), layout(1, TensorMode::kMtp, -1), 2);
 }
 
 }  // namespace

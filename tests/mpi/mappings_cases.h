@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "mpi_test_main.h"
 #include "ops/ops.h"
+#include "parallel/activation_blocks.h"
 #include "parallel/vocab_parallel.h"
 #include "parallel/mappings.h"
 #include "parallel/tp_linear.h"
@@ -100,6 +101,34 @@ TEST(Mappings, AdjointPairs) {
       "ulysses_scatter_heads", m, false, m, false,
       [&](float* o, const float* i) { ulysses_scatter_heads(o, i, n_local, heads, d, *world()); },
       [&](float* o, const float* i) { ulysses_gather_heads(o, i, n_local, heads, d, *world()); });
+}
+
+// The blocks of a sequence-parallel activation, for every x × y grid of the group: gather's adjoint
+// is reduce_scatter (per-rank result) and take (replicated result), and take undoes gather.
+TEST(Mappings, ActivationBlocksAdjointAndRoundTrip) {
+  Communicator& c = *world();
+  const int T = c.size();
+  const int64_t N = 4 * T, H = 3 * T;
+  for (int x = 1; x <= T; ++x) {
+    if (T % x != 0) continue;
+    const ActivationBlocks b = ActivationBlocks::grid(world(), x, T / x);
+    const int64_t mine = b.block_rows(N) * (H / b.y);
+    Scratch scratch;
+    const Map gather = [&](float* out, const float* in) { b.gather(out, scratch, in, N, H); };
+    const Map reduce_scatter = [&](float* out, const float* in) {
+      b.reduce_scatter(out, scratch, in, N, H);
+    };
+    const Map take = [&](float* out, const float* in) { b.take(out, in, N, H); };
+    expect_adjoint("blocks gather / reduce_scatter", mine, false, N * H, false, gather,
+                   reduce_scatter);
+    expect_adjoint("blocks gather / take", mine, false, N * H, true, gather, take);
+    const Vec block = random_vec(mine, 7u + unsigned(c.rank()));
+    Vec full(static_cast<size_t>(N * H)), back(static_cast<size_t>(mine));
+    gather(full.data(), block.data());
+    take(back.data(), full.data());
+    EXPECT_EQ(back, block) << "x" << x << " y" << b.y;
+  }
+  EXPECT_THROW(ActivationBlocks::rows(world()).block_rows(4 * T + 1), Error);
 }
 
 TEST(Mappings, LastDimGatherLayout) {

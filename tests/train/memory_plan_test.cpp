@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/phase.h"
 #include "model/internlm2.h"
+#include "model/lora.h"
 #include "model/params.h"
 #include "ops/precision.h"
 #include "train/config.h"
@@ -109,6 +110,33 @@ TEST(MemoryPlan, LayoutsShardWhatTheyShould) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("parallel.tensor"), std::string::npos) << e.what();
   }
+}
+
+// LoRA's gradient line is the adapters as a rank holds them: whole in one process, rank 0's row
+// shards under ISP (shard_range over the weight group: 3 rows of A as 2 + 1), split like their
+// linears under 2D tensor parallel.
+TEST(MemoryPlan, LoraAdaptersAsEachRankHoldsThem) {
+  const std::vector<std::string> lora = {"lora.rank=3"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), lora.begin(), lora.end());
+    return tiny(more);
+  };
+  train::MemoryPlanInputs one, two;
+  two.world_size = 2;
+  const train::TrainConfig c = with({});
+  const model::ParamTable full(c.model);
+  const model::ParamTable adapters =
+      model::lora_table(full, model::lora_modules(full, c.model.lora), 3);
+  double shard0 = 0;
+  for (const auto& v : adapters.views())
+    shard0 += double((v.shape[0] + 1) / 2 * v.shape[1]) * 4;  // rank 0 holds the larger half
+  EXPECT_EQ(item(train::plan_memory(c, one).resident, "gradients"), double(adapters.numel()) * 4);
+  const auto isp = train::plan_memory(
+      with({"parallel.tensor={size = 2, mode = \"isp\"}", "parallel.weight.size=2"}), two);
+  EXPECT_EQ(item(isp.resident, "gradients"), shard0);
+  const auto tp2d = train::plan_memory(with({"parallel.tensor_2d={x = 2, y = 1}"}), two);
+  EXPECT_LT(item(tp2d.resident, "gradients"), double(adapters.numel()) * 4);
+  EXPECT_GT(item(tp2d.resident, "gradients"), double(adapters.numel()) * 4 / 2);
 }
 
 // 2D-Attention (hp1 x cp4) holds the gathered row's K/V, the key buffer and its gradient on top
