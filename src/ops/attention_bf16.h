@@ -25,8 +25,8 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
                                     bool add_dq = false);
 
 // The two compilations, each with the contracts above. native needs AVX512-BF16; emulated needs
-// AVX-512F/BW/VL/DQ and gives native's bits wherever native runs vdpbf16ps (not where it runs AMX tiles:
-// TDPBF16PS sums each pair's products in another order).
+// AVX-512F/BW/VL/DQ and gives native's bits wherever native runs vdpbf16ps (not where it runs
+// AMX tiles: TDPBF16PS sums each pair's products in another order).
 namespace native {
 void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
                                    const float* v, const AttentionShape& s);

@@ -36,7 +36,8 @@ LONGTRON_AVX512_EMU_TARGET __attribute__((always_inline)) inline __m512 flush_de
 
 /// The odd (upper) bf16 of each 32-bit word of w as fp32 lanes, denormals read as zero.
 LONGTRON_AVX512_EMU_TARGET __attribute__((always_inline)) inline __m512 odd_bf16(__m512i w) {
-  return flush_denormals(_mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(int(0xFFFF0000u)))));
+  const __m512i upper = _mm512_and_si512(w, _mm512_set1_epi32(int(0xFFFF0000u)));
+  return flush_denormals(_mm512_castsi512_ps(upper));
 }
 
 /// The even (lower) bf16 of each 32-bit word of w as fp32 lanes, denormals read as zero.
@@ -73,7 +74,8 @@ LONGTRON_AVX512_EMU_TARGET __attribute__((always_inline)) inline __m512i cvtneps
 }
 
 /// _mm512_cvtneps_pbh(x) (VCVTNEPS2BF16): 16 bf16 values.
-LONGTRON_AVX512_EMU_TARGET __attribute__((always_inline)) inline __m256i cvtneps_emulated(__m512 x) {
+LONGTRON_AVX512_EMU_TARGET __attribute__((always_inline)) inline __m256i cvtneps_emulated(
+    __m512 x) {
   return _mm512_cvtepi32_epi16(cvtneps_bf16_lanes(x));
 }
 

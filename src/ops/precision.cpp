@@ -58,9 +58,9 @@ bool cpu_has_avx512_bf16() {
 void set_bf16_emulation_for_tests(bool on) { emulation_for_tests = on; }
 
 bool bf16_emulated() {
-  static const bool avx512 = __builtin_cpu_supports("avx512f") &&
-                             __builtin_cpu_supports("avx512bw") &&
-                             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  static const bool avx512 =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   return emulation_for_tests && avx512 && !(cpu_has_avx512_bf16() && gemm_backend().native_bf16);
 }
 

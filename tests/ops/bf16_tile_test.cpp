@@ -94,8 +94,10 @@ void expect_blocks_match(int64_t M, int64_t N, int64_t K2, std::mt19937& rng) {
 
 #ifdef LONGTRON_BF16_EMULATED
 #define BF16_TILE_SUITE Bf16TileBlocksEmulated
-bool runs_here() { return __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512dq"); }
+bool runs_here() {
+  return __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq");
+}
 #else
 #define BF16_TILE_SUITE Bf16TileBlocks
 // The instructions themselves (whatever LONGTRON_CPU_FEATURES_MASK hides from the dtype rule).
@@ -103,7 +105,7 @@ bool runs_here() { return __builtin_cpu_supports("avx512bf16"); }
 #endif
 
 TEST(BF16_TILE_SUITE, BlocksMatchTheStoredProduct) {
-  if (!runs_here()) GTEST_SKIP() << "this CPU lacks the instructions of this build (the other one runs)";
+  if (!runs_here()) GTEST_SKIP() << "this CPU lacks this build's instructions (the other build runs)";
   std::mt19937 rng(3);
   for (int64_t M : {1, 2, 5, 6, 7, 13, 64})
     for (int64_t N : {1, 16, 17, 64, 65, 100, 128})
