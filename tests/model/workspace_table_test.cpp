@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/internlm2.h"
+#include "bf16_here.h"
 #include "model_testing.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
@@ -69,10 +70,9 @@ TEST(WorkspaceTable, IsWhatTheChunkedModelAllocates) {
   check_chunked<float>(false);
 }
 
-bool native_bf16() { return ops::cpu_has_avx512_bf16() && ops::gemm_backend().native_bf16; }
-
 TEST(WorkspaceTable, IsWhatTheChunkedModelAllocatesInBf16) {
-  if (!native_bf16()) GTEST_SKIP() << "this CPU has no native bf16";
+  const testing::Bf16Here here;
+  if (!here.runs()) GTEST_SKIP() << "this CPU cannot run bf16, not even emulated";
   const ops::ComputeTypeScope scope(ops::ComputeType::kBFloat16);
   check_chunked<float>(true);
 }
@@ -105,7 +105,8 @@ void check_unchunked(bool bf16) {
 TEST(WorkspaceTable, IsWhatTheUnchunkedModelAllocates) {
   check_unchunked<double>(false);
   check_unchunked<float>(false);
-  if (!native_bf16()) GTEST_SKIP() << "this CPU has no native bf16";
+  const testing::Bf16Here here;
+  if (!here.runs()) GTEST_SKIP() << "this CPU cannot run bf16, not even emulated";
   const ops::ComputeTypeScope scope(ops::ComputeType::kBFloat16);
   check_unchunked<float>(true);
 }
