@@ -609,6 +609,10 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     if (run.engine.has_lora()) {
       resume_lora(run, dir, state);
     } else {
+    check(!state.extra.is_object() || !state.extra.contains("lora"),
+          "--resume {}: a LoRA checkpoint (the adapter only: state.json's extra.lora names its "
+          "base), but lora.rank = 0; resume it with its [lora] section, or start a full "
+          "fine-tune from `longtron export --merge-lora` of it", dir.string());
     run.load_full(dir, run.params);
     {
       // HF tensors → this layout's local tensors (read straight into them) → this rank's ZeRO-1

@@ -109,6 +109,9 @@ TEST(LoraTrainer, ResumeGivesTheUninterruptedLossesAndStepFolderIsPeft) {
   ASSERT_EQ(rest.losses.size(), 2u);
   EXPECT_NEAR(rest.losses[0], whole.losses[2], 1e-6 * whole.losses[2]);
   EXPECT_NEAR(rest.losses[1], whole.losses[3], 1e-6 * whole.losses[3]);
+  // Without [lora] (rank 0) the step folder, which holds no model, is refused as a LoRA one.
+  testing::expect_error([&] { b.run(with(save, {"lora.rank=0"}), o); },
+                        {step2.string(), "LoRA checkpoint", "lora.rank = 0", "--merge-lora"});
   // A moved base is refused naming the folder state.json records.
   const fs::path recorded = state.extra["lora"]["base"].get<std::string>();
   fs::rename(b.base, b.dir / "moved");
