@@ -628,6 +628,13 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
           options.resume.string(), start, config.train.total_steps);
     if (run.rank0) fmt::print(stderr, "train: resumed from step {} ({})\n", start, dir.string());
   } else if (!options.init_from.empty()) {
+    if (fs::is_regular_file(options.init_from / "state.json")) {
+      const CheckpointState from = read_checkpoint_state(options.init_from);
+      check(!from.extra.is_object() || !from.extra.contains("lora"),
+            "--init-from {}: a LoRA checkpoint (the adapter only, not a model): start from "
+            "`longtron export --merge-lora` of it, or from its base with --init-adapter {}",
+            options.init_from.string(), options.init_from.string());
+    }
     run.load_full(options.init_from, run.params);
     if (run.engine.has_lora()) {
       run.lora_base = fs::absolute(options.init_from).lexically_normal();
