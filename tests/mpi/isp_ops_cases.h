@@ -22,6 +22,7 @@
 #include "mpi_test_main.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
+#include "bf16_here.h"
 #include "parallel/isp_attention.h"
 #include "parallel/layout.h"
 #include "parallel/mappings.h"
@@ -270,7 +271,8 @@ inline double max_abs_diff(const float* a, const float* b, int64_t n) {
 /// and rounds inside the GEMM (the dense ops on the full fp32 weight and this rank's rows), with
 /// the shards taken from the step's bf16 copy (ops::Bf16WeightScope) or rounded at the gather.
 inline void check_bf16_gathers(const Layout& layout, bool step_copy, bool overlap) {
-  if (!ops::cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16";
+  const longtron::testing::Bf16Here bf16_here;
+  if (!bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
   const int r = world()->rank();
   IspCase setup(layout, 13);
   auto& [grid, full, params, local, grads, plan] = setup;

@@ -14,6 +14,7 @@
 #include "ops/ops.h"
 #include "ops/precision.h"
 #include "test_util.h"
+#include "bf16_here.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/peft.h"
@@ -155,8 +156,8 @@ TEST(LoraTrainer, InitAdapterAndDumpGrads) {
 // base, are rounded anyway as the first block's input (the bf16 residual stream starts from
 // each block's input rounded to bf16), so the two runs give the same losses.
 TEST(LoraTrainer, Bf16BaseAgreesWithFp32Base) {
-  if (!ops::cpu_has_avx512_bf16() || !ops::gemm_backend().native_bf16)
-    GTEST_SKIP() << "this CPU has no native bf16";
+  const longtron::testing::Bf16Here bf16_here;
+  if (!bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
   Base b("llama");
   const auto keys = with(kLora, {"model.dtype=\"bfloat16\"", "train.total_steps=3"});
   const train::TrainSummary fp32 = b.run(with(keys, {"lora.base_dtype=\"float32\""}), testing::quiet());
