@@ -65,6 +65,9 @@ def read_folder(folder):
 
 
 def main():
+    if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return
     if len(sys.argv) != 4:
         raise SystemExit(__doc__)
     adapter_dir, base_dir, merged_dir = sys.argv[1:]

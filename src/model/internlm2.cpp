@@ -45,32 +45,6 @@ void check_batch(const data::MicroBatch& b, int64_t sp) {
     check(b.indexes[n] >= 0, "indexes[{}] = {} is negative", n, b.indexes[n]);
 }
 
-/// The bf16 mode's pool of fp32 temporaries (InternLM2::Bf16Pool), in elements, each buffer
-/// padded to 16: rh = R×H (residual-stream rows), nq = N×Q, sq = saved qkv, na = N×A, nf = N×F.
-/// Every phase starts with dres's slot; the pool is as long as the longest phase.
-template <typename I>
-struct PoolSizes {
-  I rh, nq, sq, na, nf;
-  /// The FFN backward's g, dg (later da, db), also holding the widened h.
-  I u() const { return std::max(2 * nf, rh); }
-  /// dres | xn | res | the norm's widened input, then qkv, qs, att or ga, gb. The head phase
-  /// (dres | xf | res | dxf) fits.
-  I forward() const { return 3 * rh + std::max({nq + sq + na, 2 * nf, rh}); }
-  /// dres | g, dg | s1 | s2.
-  I ffn_backward() const { return 3 * rh + u(); }
-  /// dres | dqkv | datt, attn_w, qkv_w, dqs (then xw, xn2, dxn2 in their place).
-  I attention_backward() const { return rh + nq + std::max(2 * na + 2 * sq, 3 * rh); }
-  I total() const {
-    return std::max({forward(), 4 * rh, ffn_backward(), attention_backward()});
-  }
-};
-
-template <typename I>
-PoolSizes<I> pool_sizes(I R, I N, I H, I Q, I F, I A, I sq) {
-  const auto pad = [](I n) { return static_cast<I>(std::ceil(static_cast<double>(n) / 16) * 16); };
-  return PoolSizes<I>{pad(R * H), pad(N * Q), pad(sq), pad(N * A), pad(N * F)};
-}
-
 }  // namespace
 
 template <typename T>
@@ -102,124 +76,101 @@ bool InternLM2<T>::bf16_mode() const {
 }
 
 template <typename T>
+WorkspaceShape InternLM2<T>::workspace_shape(int64_t N, bool want_all, bool bf16) const {
+  const AttentionOp<T>& att = *ops_.blocks.front().attention;
+  // R: rows of the residual stream (N, or this rank's share under sequence parallel).
+  const int64_t R = (N + ops_.residual_split - 1) / ops_.residual_split;
+  return WorkspaceShape{double(ops_.blocks.size()), double(N), double(R), double(H_), double(Q_),
+                        double(F_), double(A_), double(att.saved_qkv_size(N)),
+                        double(att.saved_lse_size(N)), want_all, bf16};
+}
+
+template <typename T>
 void InternLM2<T>::reserve(int64_t N, bool want_all, bool bf16) {
   if (N <= capacity_ && want_all == saved_all_ && bf16 == bf16_) return;
   ck_ = Chunked{};  // the chunked path's buffers (model.checkpoint switched off, generation)
   // Grow geometrically so generation (one token longer per call) reallocates O(log n) times.
   if (N > capacity_ && capacity_ > 0) N = std::max(N, capacity_ + capacity_ / 2);
   N = std::max(N, capacity_);
-  const int64_t L = static_cast<int64_t>(ops_.blocks.size());
-  const AttentionOp<T>& att = *ops_.blocks.front().attention;
-  const int64_t sq = att.saved_qkv_size(N), sl = att.saved_lse_size(N);
-  // R: rows of the residual stream (N, or this rank's share under sequence parallel).
-  const int64_t R = (N + ops_.residual_split - 1) / ops_.residual_split;
-  const int64_t nacts = want_all ? L : 1;
-  const auto pad = [](int64_t n) { return (n + 15) / 16 * 16; };
-  const WorkspaceShape shape{double(L), double(N),  double(R),  double(H_), double(Q_), double(F_),
-                             double(A_), double(sq), double(sl), want_all,  bf16};
-  const auto total = static_cast<int64_t>(workspace_elements(shape));
-  const auto total16 = static_cast<int64_t>(workspace_bf16_elements(shape));
-  arena_.assign(0, T(0));
-  arena_.shrink_to_fit();
-  arena16_.assign(0, 0);
-  arena16_.shrink_to_fit();
-  arena_.assign(static_cast<size_t>(total), T(0));
-  arena16_.assign(static_cast<size_t>(total16), 0);
+  const WorkspaceShape shape = workspace_shape(N, want_all, bf16);
+  arena_ = {}, arena16_ = {};
+  arena_.assign(static_cast<size_t>(workspace_elements(shape)), T(0));
+  arena16_.assign(static_cast<size_t>(workspace_bf16_elements(shape)), 0);
+  const size_t L = ops_.blocks.size();
+  acts_.assign(want_all ? L : 1, BlockActs{});
+  xs_.assign(bf16 ? (want_all ? 0 : L) : L + 1, nullptr);
+  xs16_.assign(bf16 && want_all ? L : 0, nullptr);
   T* p = arena_.data();
   uint16_t* p16 = arena16_.data();
-  const auto take = [&](int64_t n) { T* r = p; p += pad(n); return r; };
-  const auto take16 = [&](int64_t n) { uint16_t* r = p16; p16 += (n + 31) / 32 * 32; return r; };
-  acts_.assign(static_cast<size_t>(nacts), BlockActs{});
-  if (bf16) {
-    // Block inputs in bf16 with per-block acts; in fp32 when recomputing (checkpoint), so the
-    // recomputed block sees the forward's x. The last block's output stays in the pool.
-    xs_.assign(want_all ? 0 : static_cast<size_t>(L), nullptr);
-    xs16_.assign(want_all ? static_cast<size_t>(L) : 0, nullptr);
-    for (auto& x : xs_) x = take(R * H_);
-    for (auto& x : xs16_) x = take16(R * H_);
-    for (auto& a : acts_) {
-      a.lse = take(sl);
-      a.h16 = take16(R * H_);
-      a.qkv16 = take16(sq);
-      a.attn16 = take16(N * A_);
-      a.a16 = take16(N * F_);
-      a.b16 = take16(N * F_);
-    }
-    rstdf_ = take(R), rstd_scratch_ = take(R);
-    const PoolSizes<int64_t> z = pool_sizes<int64_t>(R, N, H_, Q_, F_, A_, sq);
-    T* const base = take(z.total());
-    Bf16Pool& q = pool_;
-    q.dres = base;
-    T* const after = base + z.rh;  // every phase's area after dres
-    q.xn = after, q.res = after + z.rh;
-    T* const zf = after + 2 * z.rh;
-    q.wide = zf, q.qkv = zf, q.qs = zf + z.nq, q.att = zf + z.nq + z.sq;
-    q.ga = zf, q.gb = zf + z.nf;
-    q.xf = q.xn, q.dxf = zf;
-    q.g = after, q.dg = after + z.nf, q.hw = after;
-    q.s1 = after + z.u(), q.s2 = after + z.u() + z.rh;
-    q.dqkv = after;
-    T* const za = after + z.nq;
-    q.datt = za, q.attn_w = za + z.na, q.qkv_w = za + 2 * z.na, q.dqs = za + 2 * z.na + z.sq;
-    q.xw = za, q.xn2 = za + z.rh, q.dxn2 = za + 2 * z.rh;
-  } else {
-    xs16_.clear();
-    xs_.assign(static_cast<size_t>(L + 1), nullptr);
-    for (auto& x : xs_) x = take(R * H_);
-    for (auto& a : acts_) {
-      a.qkv_s = take(sq);
-      a.attn = take(N * A_);
-      a.a = take(N * F_);
-      a.b = take(N * F_);
-      a.lse = take(sl);
-      a.h = take(R * H_);
-      a.rstd1 = take(R);
-      a.rstd2 = take(R);
-    }
-    xn_ = take(R * H_), qkv_ = take(N * Q_), tmp_ = take(R * H_), g_ = take(N * F_);
-    xf_ = take(R * H_), rstdf_ = take(R), rstd_scratch_ = take(R);
-    dres_ = take(R * H_), dtmp_ = take(R * H_), dxn_ = take(R * H_);
-    dg_ = take(N * F_), da_ = take(N * F_), db_ = take(N * F_);
-    dattn_ = take(N * A_), dqkv_s_ = take(sq);
+  for (const WorkspaceBuffer& b : workspace_table(shape)) {
+    bind(b, p, p16, N);
+    if (b.bf16) p16 += static_cast<int64_t>(b.elements);
+    else p += static_cast<int64_t>(b.elements);
   }
-  check(p <= arena_.data() + arena_.size() && p16 <= arena16_.data() + arena16_.size(),
-        "internal: model workspace overflow");
   capacity_ = N;
   saved_all_ = want_all;
   bf16_ = bf16;
 }
 
-double workspace_elements(const WorkspaceShape& s) {
-  const double N = s.N, R = s.R, H = s.H, F = s.F, A = s.A, sq = s.saved_qkv;
-  if (s.chunk > 0) {  // InternLM2::chunk_reserve
-    const double C = std::min(N, s.chunk), slots = s.train ? s.L : 1;
-    return (s.bf16 ? 0 : slots * N * H) + sq + N * A + s.saved_lse +
-           (s.train ? N * A + N * H : 0) + 5 * C * H + C + 4 * C * F;
+template <typename T>
+void InternLM2<T>::bind(const WorkspaceBuffer& b, T* at, uint16_t* at16, int64_t N) {
+  using S = WorkspaceSlot;
+  BlockActs& a = acts_[b.slot >= S::kQkvSaved && b.slot <= S::kB16 ? size_t(b.index) : 0];
+  switch (b.slot) {
+    case S::kInput: xs_[size_t(b.index)] = at; break;
+    case S::kInput16: xs16_[size_t(b.index)] = at16; break;
+    case S::kQkvSaved: a.qkv_s = at; break;
+    case S::kAttn: a.attn = at; break;
+    case S::kA: a.a = at; break;
+    case S::kB: a.b = at; break;
+    case S::kLse: a.lse = at; break;
+    case S::kH: a.h = at; break;
+    case S::kRstd1: a.rstd1 = at; break;
+    case S::kRstd2: a.rstd2 = at; break;
+    case S::kH16: a.h16 = at16; break;
+    case S::kQkv16: a.qkv16 = at16; break;
+    case S::kAttn16: a.attn16 = at16; break;
+    case S::kA16: a.a16 = at16; break;
+    case S::kB16: a.b16 = at16; break;
+    case S::kXn: xn_ = at; break;
+    case S::kQkv: qkv_ = at; break;
+    case S::kTmp: tmp_ = at; break;
+    case S::kG: g_ = at; break;
+    case S::kXf: xf_ = at; break;
+    case S::kRstdF: rstdf_ = at; break;
+    case S::kRstdScratch: rstd_scratch_ = at; break;
+    case S::kDres: dres_ = at; break;
+    case S::kDtmp: dtmp_ = at; break;
+    case S::kDxn: dxn_ = at; break;
+    case S::kDg: dg_ = at; break;
+    case S::kDa: da_ = at; break;
+    case S::kDb: db_ = at; break;
+    case S::kDattn: dattn_ = at; break;
+    case S::kDqkvSaved: dqkv_s_ = at; break;
+    case S::kPool: bind_pool(at, N); break;
+    default: check(false, "internal: {} is not a buffer of the unchunked workspace", b.name);
   }
-  const double nacts = s.per_layer ? s.L : 1;
-  // Each buffer is padded to 16 elements (64-byte boundaries for float).
-  const auto pad = [](double n) { return std::ceil(n / 16) * 16; };
-  if (s.bf16) {  // fp32 block inputs (checkpoint only), lse, two rstd, the pool
-    return (s.per_layer ? 0 : s.L * pad(R * H)) + nacts * pad(s.saved_lse) + 2 * pad(R) +
-           pool_sizes<double>(R, N, H, s.Q, F, A, sq).total();
-  }
-  // Saved per block: qkv_s, attn, a, b, lse, h, two rstd.
-  const double per_acts = sq + N * A + 2 * N * F + s.saved_lse + R * H + 2 * R;
-  // Backward temporaries of the FFN: dg, da, db.
-  const double ffn = pad(N * F) * 3;
-  return (s.L + 1) * pad(R * H) + nacts * (per_acts + 8 * 16) + pad(R * H) * 3 + pad(N * s.Q) +
-         pad(N * F) + pad(R) * 2 + pad(R * H) * 3 + ffn + pad(N * A) + pad(sq) + 16 * 16;
 }
 
-double workspace_bf16_elements(const WorkspaceShape& s) {
-  if (!s.bf16) return 0;
-  if (s.chunk > 0)  // the block inputs and the chunk's a, b
-    return (s.train ? s.L : 1) * s.N * s.H + 2 * std::min(s.N, s.chunk) * s.F;
-  const double nacts = s.per_layer ? s.L : 1;
-  const auto pad = [](double n) { return std::ceil(n / 32) * 32; };  // 64 bytes
-  // Block inputs (per layer, unless checkpoint keeps them fp32); per acts h, qkv_s, attn, a, b.
-  return (s.per_layer ? s.L * pad(s.R * s.H) : 0) +
-         nacts * (pad(s.R * s.H) + pad(s.saved_qkv) + pad(s.N * s.A) + 2 * pad(s.N * s.F));
+template <typename T>
+void InternLM2<T>::bind_pool(T* base, int64_t N) {
+  const int64_t R = (N + ops_.residual_split - 1) / ops_.residual_split;
+  const int64_t sq = ops_.blocks.front().attention->saved_qkv_size(N);
+  const PoolSizes<int64_t> z = pool_sizes<int64_t>(R, N, H_, Q_, F_, A_, sq);
+  Bf16Pool& q = pool_;
+  q.dres = base;
+  T* const after = base + z.rh;  // every phase's area after dres
+  q.xn = after, q.res = after + z.rh;
+  T* const zf = after + 2 * z.rh;
+  q.wide = zf, q.qkv = zf, q.qs = zf + z.nq, q.att = zf + z.nq + z.sq;
+  q.ga = zf, q.gb = zf + z.nf;
+  q.xf = q.xn, q.dxf = zf;
+  q.g = after, q.dg = after + z.nf, q.hw = after;
+  q.s1 = after + z.u(), q.s2 = after + z.u() + z.rh;
+  q.dqkv = after;
+  T* const za = after + z.nq;
+  q.datt = za, q.attn_w = za + z.na, q.qkv_w = za + 2 * z.na, q.dqs = za + 2 * z.na + z.sq;
+  q.xw = za, q.xn2 = za + z.rh, q.dxn2 = za + 2 * z.rh;
 }
 
 template <typename T>
@@ -230,31 +181,49 @@ void InternLM2<T>::chunk_reserve(int64_t N, bool train) {
   // The old layout's workspace (another path's, or a shorter row's) goes first.
   arena_ = {}, arena16_ = {}, capacity_ = 0;
   ck_ = Chunked{};
-  const AttentionOp<T>& att = *ops_.blocks.front().attention;
-  const int64_t L = static_cast<int64_t>(ops_.blocks.size());
   const int64_t C = std::min(N, chunk_tokens(layout_.config()));
-  const int64_t slots = train ? L : 1;
   ck_.N = N, ck_.C = C, ck_.train = train, ck_.bf16 = bf16;
-  if (bf16) ck_.x16.resize(static_cast<size_t>(slots * N * H_));
-  else ck_.x.resize(static_cast<size_t>(slots * N * H_));
-  ck_.qkv.resize(static_cast<size_t>(att.saved_qkv_size(N)));
-  ck_.out.resize(static_cast<size_t>(N * A_));
-  ck_.lse.resize(static_cast<size_t>(att.saved_lse_size(N)));
-  if (train) {
-    ck_.dout.resize(static_cast<size_t>(N * A_));
-    ck_.dres.resize(static_cast<size_t>(N * H_));
+  WorkspaceShape shape = workspace_shape(N, false, bf16);
+  shape.chunk = double(C), shape.train = train;
+  for (const WorkspaceBuffer& b : workspace_table(shape)) {
+    const auto n = static_cast<size_t>(b.elements);
+    switch (b.slot) {
+      case WorkspaceSlot::kChunkInputs: ck_.x.resize(n); break;
+      case WorkspaceSlot::kChunkInputs16: ck_.x16.resize(n); break;
+      case WorkspaceSlot::kChunkQkv: ck_.qkv.resize(n); break;
+      case WorkspaceSlot::kChunkOut: ck_.out.resize(n); break;
+      case WorkspaceSlot::kChunkOut16: ck_.out16.resize(n); break;
+      case WorkspaceSlot::kChunkLse: ck_.lse.resize(n); break;
+      case WorkspaceSlot::kChunkDout: ck_.dout.resize(n); break;
+      case WorkspaceSlot::kChunkDres: ck_.dres.resize(n); break;
+      case WorkspaceSlot::kChunkTemps: ck_.c.resize(n); break;
+      case WorkspaceSlot::kChunkTemps16: ck_.c16.resize(n); break;
+      default: check(false, "internal: {} is not a buffer of the chunked workspace", b.name);
+    }
   }
+  // The chunk temporaries' views (workspace_table: xw, xn, h, hw, t, rstd, g1…g4, ow).
   const int64_t ch = C * H_, cf = C * F_;
-  ck_.c.resize(static_cast<size_t>(5 * ch + C + 4 * cf));
   T* p = ck_.c.data();
   ck_.xw = p, ck_.xn = p + ch, ck_.h = p + 2 * ch, ck_.hw = p + 3 * ch, ck_.t = p + 4 * ch;
   ck_.rstd = p + 5 * ch;
   T* const f = p + 5 * ch + C;
   ck_.g1 = f, ck_.g2 = f + cf, ck_.g3 = f + 2 * cf, ck_.g4 = f + 3 * cf;
-  if (bf16) {
-    ck_.c16.resize(static_cast<size_t>(2 * cf));
-    ck_.a16 = ck_.c16.data(), ck_.b16 = ck_.c16.data() + cf;
-  }
+  ck_.ow = bf16 ? f + 4 * cf : nullptr;
+  ck_.a16 = bf16 ? ck_.c16.data() : nullptr, ck_.b16 = bf16 ? ck_.c16.data() + cf : nullptr;
+}
+
+template <typename T>
+std::vector<std::pair<WorkspaceSlot, int64_t>> InternLM2<T>::chunk_buffers() const {
+  using S = WorkspaceSlot;
+  std::vector<std::pair<WorkspaceSlot, int64_t>> r;
+  const auto add = [&](S slot, const auto& v) {
+    if (!v.empty()) r.emplace_back(slot, int64_t(v.size() * sizeof(v.front())));
+  };
+  add(S::kChunkInputs, ck_.x), add(S::kChunkInputs16, ck_.x16), add(S::kChunkQkv, ck_.qkv);
+  add(S::kChunkOut, ck_.out), add(S::kChunkOut16, ck_.out16), add(S::kChunkLse, ck_.lse);
+  add(S::kChunkDout, ck_.dout), add(S::kChunkDres, ck_.dres), add(S::kChunkTemps, ck_.c);
+  add(S::kChunkTemps16, ck_.c16);
+  return r;
 }
 
 template <typename T>
@@ -290,19 +259,13 @@ void InternLM2<T>::chunk_attention(int layer, int64_t slot, const AttentionBatch
     o.attention_norm->forward(ck_.xn, ck_.rstd, ck_.xw, n, params_);
     o.wqkv->forward(ck_.qkv.data() + n0 * Q_, ck_.xn, n, params_);
   }
-  o.attention->forward(ck_.out.data(), ck_.qkv.data(), ck_.lse.data(), ck_.qkv.data(), ab);
-  if constexpr (std::is_same_v<T, float>) {
-    // wo's GEMM and the attention backward's D read the output rounded to bf16 (as saved by the
-    // unchunked bf16 path).
-    if (ck_.bf16) {
-      uint16_t* const tmp = reinterpret_cast<uint16_t*>(ck_.g1);
-      for (int64_t n0 = 0; n0 < N; n0 += C) {
-        const int64_t n = std::min(C, N - n0);
-        ops::round_to_bf16(ck_.out.data() + n0 * A_, n * A_, tmp);
-        ops::widen_bf16(tmp, n * A_, ck_.out.data() + n0 * A_);
-      }
-    }
-  }
+  // Under bf16, wo's GEMM and the attention backward's D read the output rounded to bf16 (as
+  // saved by the unchunked bf16 path), so it is kept so.
+  if (ck_.bf16)
+    o.attention->forward_bf16_out(ck_.out16.data(), ck_.qkv.data(), ck_.lse.data(),
+                                  ck_.qkv.data(), ab);
+  else
+    o.attention->forward(ck_.out.data(), ck_.qkv.data(), ck_.lse.data(), ck_.qkv.data(), ab);
 }
 
 template <typename T>
@@ -310,7 +273,10 @@ void InternLM2<T>::chunk_tail(int layer, int64_t slot, int64_t n0, int64_t n, bo
   BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
   at_chunk(n0);  // also for the FFN and wo backward that follow in the backward pass
   chunk_load(slot, n0, n, ck_.xw);
-  o.wo->forward(ck_.t, ck_.out.data() + n0 * A_, n, params_);
+  if constexpr (std::is_same_v<T, float>) {
+    if (ck_.bf16) ops::widen_bf16(ck_.out16.data() + n0 * A_, n * A_, ck_.ow);
+  }
+  o.wo->forward(ck_.t, chunk_out(n0), n, params_);
   add_into(ck_.h, ck_.xw, ck_.t, n * H_);  // h = x + wo(attn)
   const int64_t nf = n * F_;
   if constexpr (std::is_same_v<T, float>) {
@@ -405,11 +371,14 @@ LossSum InternLM2<T>::chunked_pass(const data::MicroBatch& batch, Params<T>* gra
       o.gate_up->backward(ck_.t, da, db, ck_.xn, n, params_, grads);
       o.ffn_norm->backward(ck_.xn, ck_.t, ck_.hw, ck_.rstd, n, params_, grads);
       accumulate(dr, ck_.xn, n * H_);  // dres = dL/dh
-      o.wo->backward(dout + n0 * A_, dr, ck_.out.data() + n0 * A_, n, params_, grads, false);
+      o.wo->backward(dout + n0 * A_, dr, chunk_out(n0), n, params_, grads, false);
     }
     backward_point(i, false);
     // In place: qkv becomes dqkv (ModelOps::token_chunks).
-    o.attention->backward(qkv, qkv, dout, qkv, ck_.out.data(), ck_.lse.data(), ab);
+    if (ck_.bf16)
+      o.attention->backward_bf16_out(qkv, qkv, dout, qkv, ck_.out16.data(), ck_.lse.data(), ab);
+    else
+      o.attention->backward(qkv, qkv, dout, qkv, ck_.out.data(), ck_.lse.data(), ab);
     for (int64_t n0 = 0; n0 < N; n0 += C) {
       const int64_t n = std::min(C, N - n0);
       T* const dr = dres + n0 * H_;

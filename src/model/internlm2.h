@@ -6,41 +6,16 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "data/balance.h"
 #include "data/batch.h"
 #include "model/layers.h"
 #include "model/params.h"
+#include "model/workspace.h"
 
 namespace longtron::model {
-
-/// The local sizes that fix InternLM2's activation workspace (reserve): L blocks, N tokens per
-/// call, R residual-stream rows (N, or N / residual_split under Megatron sequence parallel), local
-/// hidden H, qkv features Q, FFN width F, attention output features A, and the attention op's
-/// saved qkv / lse elements for N tokens. `per_layer` = one set of saved block state per layer
-/// (training without recomputation), else one shared set.
-/// Counted in double so a plan of an absurd length cannot overflow.
-/// `bf16` = mixed precision (a bfloat16 compute type, ops/precision.h): every tensor saved for
-/// backward but lse lives in a second arena of bf16 values (see InternLM2), and one block's fp32
-/// temporaries share one pool laid out per phase of the step.
-/// `chunk` > 0: the chunked recomputation (InternLM2::chunked(), chunks of `chunk` tokens): the L
-/// block inputs (bf16 arena under bf16), the attention's qkv, output and lse, with `train` its
-/// output's gradient and dL/d(residual), and one chunk's temporaries; `train` = false keeps one
-/// block input and no gradients (forward only).
-struct WorkspaceShape {
-  double L = 0, N = 0, R = 0, H = 0, Q = 0, F = 0, A = 0, saved_qkv = 0, saved_lse = 0;
-  bool per_layer = false;
-  bool bf16 = false;
-  double chunk = 0;
-  bool train = true;
-};
-
-/// Elements of the float workspace arena InternLM2 allocates for `s` (the memory plan,
-/// train/memory_plan.h, uses the same count so it cannot drift from the model).
-double workspace_elements(const WorkspaceShape& s);
-/// Elements of the bf16 arena (2 bytes each) for `s`; 0 unless s.bf16.
-double workspace_bf16_elements(const WorkspaceShape& s);
 
 /// One InternLM2 model over a parameter buffer it does not own (the optimizer updates it in
 /// place between calls). Activations live in workspace buffers allocated on the first call and
@@ -82,6 +57,11 @@ class InternLM2 {
   /// whole prefix (no KV cache). ids must be non-empty and inside the vocabulary.
   std::vector<T> logits_last(std::span<const int32_t> ids);
 
+  /// The chunked recomputation's buffers as allocated (after a chunked() call; empty before),
+  /// bytes each, by their workspace_table slot: read from the allocation itself, so a test can
+  /// hold the table (and the memory plan that sums it) to what the model holds.
+  std::vector<std::pair<WorkspaceSlot, int64_t>> chunk_buffers() const;
+
   /// Bytes of activation workspace currently allocated (head chunk buffers excluded).
   int64_t workspace_bytes() const {
     return static_cast<int64_t>(arena_.size() * sizeof(T) + arena16_.size() * sizeof(uint16_t) +
@@ -113,22 +93,25 @@ class InternLM2 {
   /// and Megatron-LM's selective recomputation, arXiv 2205.05198). Row-sized: the L block inputs
   /// (bf16 under a bf16 compute type, since the forward itself reads them so rounded: the residual
   /// stream is rounded at each block's input; else T), and for the block being run the
-  /// attention's qkv (split after RoPE; in backward its gradient, in place), output, lse, the
-  /// output's gradient and dL/d(residual) (training). Everything else lives in chunk buffers of
-  /// C = chunk_tokens(config) tokens: each token-wise part runs chunk by chunk.
+  /// attention's qkv (split after RoPE; in backward its gradient, in place), output (bf16 under
+  /// bf16: every reader reads it rounded), lse, the output's gradient and dL/d(residual)
+  /// (training). Everything else lives in chunk buffers of C = chunk_tokens(config) tokens: each
+  /// token-wise part runs chunk by chunk. Sized by workspace_table (model/workspace.h).
   struct Chunked {
     int64_t N = 0, C = 0;
     bool train = false, bf16 = false;
     std::vector<uint16_t> x16;  ///< [L][N, H] block inputs (bf16)
     std::vector<T> x;           ///< [L][N, H] block inputs (not bf16)
     std::vector<T> qkv, out, lse, dout, dres;
+    std::vector<uint16_t> out16;  ///< [N, A] the attention output (bf16; else `out`)
     std::vector<T> c;           ///< chunk buffers (views below)
     std::vector<uint16_t> c16;  ///< bf16 chunk buffers: a, b rounded
     T *xw, *xn, *h, *hw, *t, *rstd, *g1, *g2, *g3, *g4;
+    T* ow;                      ///< bf16: the chunk's attention output, widened
     uint16_t *a16, *b16;
     int64_t bytes() const {
       return static_cast<int64_t>(
-          (x16.size() + c16.size()) * sizeof(uint16_t) +
+          (x16.size() + out16.size() + c16.size()) * sizeof(uint16_t) +
           (x.size() + qkv.size() + out.size() + lse.size() + dout.size() + dres.size() +
            c.size()) * sizeof(T));
     }
@@ -143,6 +126,8 @@ class InternLM2 {
   /// The attention of block `layer` from block input `slot`: chunks of norm and wqkv into ck_.qkv,
   /// then the attention op over the row (ck_.out, ck_.lse).
   void chunk_attention(int layer, int64_t slot, const AttentionBatch& ab);
+  /// The attention output of rows [n0, …) of the chunk chunk_tail last ran (widened from bf16).
+  const T* chunk_out(int64_t n0) const { return ck_.bf16 ? ck_.ow : ck_.out.data() + n0 * A_; }
   /// Rows [n0, n0 + n) of block `layer` after its attention: h = x + wo(out) in ck_.h, the FFN's
   /// norm input in ck_.hw, z in ck_.xn (rstd in ck_.rstd), a and b in g1, g2 (and a16, b16);
   /// with `output`, y = h + w2(silu(a) ⊙ b) in ck_.h.
@@ -176,8 +161,14 @@ class InternLM2 {
     T *dqkv, *datt, *attn_w, *qkv_w, *dqs, *xw, *xn2, *dxn2;
   };
   /// Workspace for N tokens; want_all = one set of block acts per layer (else one shared set);
-  /// bf16 = the bf16 layout (see the class comment).
+  /// bf16 = the bf16 layout (see the class comment). Allocated and bound from workspace_table.
   void reserve(int64_t N, bool want_all, bool bf16);
+  /// The shape of this model's workspace for N tokens (the table's input).
+  WorkspaceShape workspace_shape(int64_t N, bool want_all, bool bf16) const;
+  /// Points the view of table entry `b` (unchunked layouts) at `at`.
+  void bind(const WorkspaceBuffer& b, T* at, uint16_t* at16, int64_t N);
+  /// Lays out the bf16 pool's views (Bf16Pool) over `base`, for N tokens.
+  void bind_pool(T* base, int64_t N);
   /// Whether this call keeps its saved inputs in bf16: a float model whose ops compute in bf16
   /// (ModelOps::compute).
   bool bf16_mode() const;

@@ -83,29 +83,58 @@ class DenseAttention final : public AttentionOp<T> {
   /// dqkv_s and qkv_s may be one buffer (ops/attention_groups.h): the model's chunked
   /// recomputation keeps one row-sized qkv buffer (ModelOps::token_chunks).
   void forward(T* out, T* qkv_s, T* lse, const T* qkv, const AttentionBatch& b) override {
-    const int64_t N = b.num_tokens;
-    permute(qkv_s, qkv, N, /*to_split=*/true);
-    // q and k heads are adjacent in the split layout: one RoPE call rotates both.
-    check_rope_positions(config_, b.indexes, N);
-    ops::rope_forward(qkv_s, b.indexes, N, hq_ + hkv_, d_, q_, inv_freq_.data());
-    const ops::AttentionShape s = shape(b);
+    prepare_forward(qkv_s, qkv, b);
     ops::varlen_attention_forward_groups(cc_, out, lse, qkv_s, qkv_s + hq_ * d_,
-                                         qkv_s + (hq_ + hkv_) * d_, s, group_tokens_);
+                                         qkv_s + (hq_ + hkv_) * d_, shape(b), group_tokens_);
   }
 
   void backward(T* dqkv, T* dqkv_s, const T* dout, const T* qkv_s, const T* out, const T* lse,
                 const AttentionBatch& b) override {
-    const int64_t N = b.num_tokens;
     const ops::AttentionShape s = shape(b);
     ops::varlen_attention_backward_groups(cc_, dqkv_s, dqkv_s + hq_ * d_,
                                           dqkv_s + (hq_ + hkv_) * d_,
                                           dout, qkv_s, qkv_s + hq_ * d_,
                                           qkv_s + (hq_ + hkv_) * d_, out, lse, s, group_tokens_);
-    ops::rope_backward(dqkv_s, b.indexes, N, hq_ + hkv_, d_, q_, inv_freq_.data());
-    permute(dqkv, dqkv_s, N, /*to_split=*/false);
+    finish_backward(dqkv, dqkv_s, b);
+  }
+
+  void forward_bf16_out(uint16_t* out16, T* qkv_s, T* lse, const T* qkv,
+                        const AttentionBatch& b) override {
+    if constexpr (std::is_same_v<T, float>) {
+      prepare_forward(qkv_s, qkv, b);
+      ops::varlen_attention_forward_groups_bf16_out(cc_, out16, lse, qkv_s, qkv_s + hq_ * d_,
+                                                    qkv_s + (hq_ + hkv_) * d_, shape(b),
+                                                    group_tokens_);
+    } else {
+      AttentionOp<T>::forward_bf16_out(out16, qkv_s, lse, qkv, b);
+    }
+  }
+
+  void backward_bf16_out(T* dqkv, T* dqkv_s, const T* dout, const T* qkv_s, const uint16_t* out16,
+                         const T* lse, const AttentionBatch& b) override {
+    if constexpr (std::is_same_v<T, float>) {
+      ops::varlen_attention_backward_groups_bf16_out(
+          cc_, dqkv_s, dqkv_s + hq_ * d_, dqkv_s + (hq_ + hkv_) * d_, dout, qkv_s,
+          qkv_s + hq_ * d_, qkv_s + (hq_ + hkv_) * d_, out16, lse, shape(b), group_tokens_);
+      finish_backward(dqkv, dqkv_s, b);
+    } else {
+      AttentionOp<T>::backward_bf16_out(dqkv, dqkv_s, dout, qkv_s, out16, lse, b);
+    }
   }
 
  private:
+  /// qkv → qkv_s: split, then RoPE on the q and k heads (adjacent in the split layout: one call).
+  void prepare_forward(T* qkv_s, const T* qkv, const AttentionBatch& b) const {
+    const int64_t N = b.num_tokens;
+    permute(qkv_s, qkv, N, /*to_split=*/true);
+    check_rope_positions(config_, b.indexes, N);
+    ops::rope_forward(qkv_s, b.indexes, N, hq_ + hkv_, d_, q_, inv_freq_.data());
+  }
+  /// dqkv_s (the kernels' gradients of the split q, k, v) → dqkv: RoPE backward, then regroup.
+  void finish_backward(T* dqkv, T* dqkv_s, const AttentionBatch& b) const {
+    ops::rope_backward(dqkv_s, b.indexes, b.num_tokens, hq_ + hkv_, d_, q_, inv_freq_.data());
+    permute(dqkv, dqkv_s, b.num_tokens, /*to_split=*/false);
+  }
   ops::AttentionShape shape(const AttentionBatch& b) const {
     ops::AttentionShape s{b.num_tokens, hq_, hkv_, d_, q_, q_, b.cu_seqlens, b.num_segments,
                           1.0 / std::sqrt(static_cast<double>(d_))};

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "model/params.h"
 #include "core/grow_buffer.h"
 #include "ops/compute_context.h"
@@ -109,6 +110,21 @@ class AttentionOp {
   /// dqkv[N, Q] (grouped layout, overwritten) from dout[N, Hq·d]; scratch has saved_qkv_size(N).
   virtual void backward(T* dqkv, T* scratch, const T* dout, const T* saved_qkv, const T* out,
                         const T* lse, const AttentionBatch& b) = 0;
+  /// forward and backward with the output kept as bf16 bits out16 [N, Hq·d] (the forward's output
+  /// rounded by round_to_bf16, the backward reading it widened): the chunked recomputation under
+  /// a bf16 compute type, where every reader of the output reads it so rounded. Same aliasing as
+  /// the ops of ModelOps::token_chunks. Throws longtron::Error unless the op implements it (the
+  /// dense op in float).
+  virtual void forward_bf16_out(uint16_t* out16, T* saved_qkv, T* lse, const T* qkv,
+                                const AttentionBatch& b) {
+    (void)out16, (void)saved_qkv, (void)lse, (void)qkv, (void)b;
+    check(false, "internal: this attention op keeps no bf16 output");
+  }
+  virtual void backward_bf16_out(T* dqkv, T* scratch, const T* dout, const T* saved_qkv,
+                                 const uint16_t* out16, const T* lse, const AttentionBatch& b) {
+    (void)dqkv, (void)scratch, (void)dout, (void)saved_qkv, (void)out16, (void)lse, (void)b;
+    check(false, "internal: this attention op keeps no bf16 output");
+  }
 };
 
 /// Token embedding: x[N, H] = table[ids].

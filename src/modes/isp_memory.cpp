@@ -51,10 +51,20 @@ void isp_memory(const ModeMemoryInputs& in, ModeMemory& s) {
   }
   const double slots = l.weight_overlap ? 2 : 1;
   s.layout_scratch = slots * gathered + 3 * largest + N * (w.Q + Th * local_heads * d) * 2;
-  // Context parallel (cp_attention.h): this rank's K/V, the gathered row's, the key buffer and
-  // its gradient (at most about twice the row: a rank's two zigzag pieces of a document both
-  // copy its start).
-  if (C > 1) s.layout_scratch += (N * Th + P + 2 * 2 * P) * 2 * h.kv * d;
+  // Context parallel over C ranks, M = N·Th local tokens, K/V rows of 2·kv·d floats.
+  const double M = N * Th, kv_row = 2 * h.kv * d;
+  if (C > 1 && l.seq2d_ring) {
+    // Ring attention (cp_ring.h), backward (the larger pass): this rank's packed K/V, the block
+    // received, one pass's key rows and their gradient, its own dK/dV sum and the one it adds
+    // into, one incoming sum, and the sums it sent (kept until the pass ends; at most C − 1),
+    // each at most M rows.
+    s.layout_scratch += (6 + (C - 1)) * M * kv_row;
+  } else if (C > 1) {
+    // The all-gather form (cp_attention.h): this rank's K/V, the gathered row's, the key buffer
+    // and its gradient (at most about twice the row: a rank's two zigzag pieces of a document
+    // both copy its start).
+    s.layout_scratch += (M + P + 2 * 2 * P) * kv_row;
+  }
   s.bf16_operands = Bf16Operands::kHeadRows;
   s.sizes = fmt::format(", tensor {}, weight {}", l.tensor_size, l.weight_size);
   if (l.seq2d)

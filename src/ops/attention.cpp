@@ -78,7 +78,7 @@ void forward_item_f32(float* out, float* lse, const float* q, const float* kt_al
   if (it.first == it.last) std::fill(w.o.begin(), w.o.begin() + M * d, 0.0f);
   std::fill(w.m.begin(), w.m.end(), -std::numeric_limits<float>::infinity());
   std::fill(w.l.begin(), w.l.end(), 0.0f);
-  detail::F32RescaleAdd rescale{w.o.data(), d, w.alpha.data(), true};
+  detail::RescaleAdd rescale{w.o.data(), d, w.alpha.data(), true};
   for (int64_t j = it.first; j < it.last; ++j) {
     const int64_t c0 = j * kAttnBlock, bj = std::min(kAttnBlock, g.k_len - c0);
     const int64_t index = (g.k_block0 + j) * s.num_kv_heads + it.kv_head;
@@ -190,7 +190,7 @@ template <typename T>
 void varlen_attention_forward(const ComputeContext& cc, T* out, T* lse, const T* q, const T* k,
                               const T* v, const AttentionShape& s) {
   if constexpr (std::is_same_v<T, float>) {
-    if (cc.bf16() && attention_bf16_native()) {
+    if (cc.bf16() && attention_bf16_runs()) {
       detail::varlen_attention_forward_bf16(out, lse, q, k, v, s);
       return;
     }

@@ -5,7 +5,9 @@
 // reduction dimension); the softmax, lse, D and all accumulators stay fp32, and P and dS are
 // rounded to bf16 only as GEMM inputs, as in FlashAttention-2's bf16 kernels (Dao 2023). The
 // scores never reach memory: each register block of S = QKᵀ goes straight into the online softmax
-// or into P and dS (bf16_tile_blocks.h, attention_rows_bf16.h).
+// or into P and dS (bf16_tile_blocks.h, attention_rows_bf16.h). This file is compiled twice: as
+// itself (namespace native) and through attention_bf16_emulated.cpp (namespace emulated, the bf16
+// instructions emulated in AVX-512F, no AMX).
 #include "ops/attention_bf16.h"
 
 #include <cpuid.h>
@@ -28,7 +30,7 @@
 #include "ops/bf16_tile_gemm.h"
 #include "ops/precision.h"
 
-namespace longtron::ops::detail {
+namespace longtron::ops::detail::LONGTRON_BF16_ISA {
 namespace {
 
 constexpr int64_t B = kAttnBlock;
@@ -91,15 +93,15 @@ struct TileVisibility {
   const AttnSegment* g;
   int64_t c0, n;
   bool full;          // key_lo is non-decreasing and key_hi increasing in the query position
-  VisibleLanes all;
+  KeyLanes all;
   TileVisibility(const AttnPlan& p, const AttnSegment& seg, int64_t r0, int64_t bi, int64_t c0_,
                  int64_t n_)
       : plan(&p), g(&seg), c0(c0_), n(n_),
         full(p.key_lo(seg, r0 + bi - 1) <= c0_ && p.key_hi(seg, r0) >= c0_ + n_), all(0, n_) {}
   /// Lanes of query r (segment position).
-  VisibleLanes row(int64_t r) const {
+  KeyLanes row(int64_t r) const {
     if (full) return all;
-    return VisibleLanes(std::clamp<int64_t>(plan->key_lo(*g, r) - c0, 0, n),
+    return KeyLanes(std::clamp<int64_t>(plan->key_lo(*g, r) - c0, 0, n),
                         std::clamp<int64_t>(plan->key_hi(*g, r) - c0, 0, n));
   }
 };
@@ -128,31 +130,6 @@ struct OnlineSoftmax {
     }
   }
 };
-
-// O = diag(alpha) · O + P V: the rescale of the output accumulator (FlashAttention-2, Algorithm 1
-// line 10) folded into the store of the PV product's register blocks. o [rows, n] fp32. On the
-// item's first key block (`first`) O = P V is written, so O needs no zero fill.
-struct RescaleAdd {
-  float* o;
-  int64_t n;
-  const float* alpha;
-  bool first;
-  template <int R, int NV>
-  LONGTRON_BF16_TARGET void block(int64_t i, int64_t j, const __m512 (&acc)[R][NV]) {
-#pragma GCC unroll 6
-    for (int r = 0; r < R; ++r) {
-      const __m512 a = _mm512_set1_ps(alpha[i + r]);
-      for (int v = 0; v < NV; ++v) {
-        const int64_t cols = std::clamp<int64_t>(n - j - 16 * v, 0, 16);
-        const __mmask16 k = static_cast<__mmask16>((1u << cols) - 1);
-        float* c = o + (i + r) * n + j + 16 * v;
-        _mm512_mask_storeu_ps(
-            c, k, first ? acc[r][v] : _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, c), a, acc[r][v]));
-      }
-    }
-  }
-};
-
 
 // Kᵀ words and V pairs of rows of every (key block, kv head), once per call.
 void pack_forward_keys(uint32_t* kw_all, uint32_t* vp_all, const float* k, const float* v,
@@ -520,6 +497,12 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
   }
 }
 
+}  // namespace longtron::ops::detail::LONGTRON_BF16_ISA
+
+#ifndef LONGTRON_BF16_EMULATED
+namespace longtron::ops::detail {
+
+namespace native {
 bool amx_available() {
   static const bool available = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
@@ -533,6 +516,28 @@ bool amx_available() {
   return available;
 }
 
+}  // namespace native
+
+void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
+                                   const float* v, const AttentionShape& s) {
+  if (attention_bf16_native()) {
+    native::varlen_attention_forward_bf16(out, lse, q, k, v, s);
+  } else {
+    emulated::varlen_attention_forward_bf16(out, lse, q, k, v, s);
+  }
+}
+
+void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
+                                    const float* q, const float* k, const float* v,
+                                    const float* out, const float* lse, const AttentionShape& s,
+                                    bool add_dq) {
+  if (attention_bf16_native()) {
+    native::varlen_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s, add_dq);
+  } else {
+    emulated::varlen_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s, add_dq);
+  }
+}
+
 }  // namespace longtron::ops::detail
 
 namespace longtron::ops {
@@ -542,4 +547,7 @@ bool attention_bf16_native() {
   return native && cpu_has_avx512_bf16();  // the latter honours kCpuFeaturesMaskEnv
 }
 
+bool attention_bf16_runs() { return attention_bf16_native() || bf16_emulated(); }
+
 }  // namespace longtron::ops
+#endif  // LONGTRON_BF16_EMULATED

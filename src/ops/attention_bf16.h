@@ -1,5 +1,8 @@
 // The bf16 varlen attention kernel (AVX512-BF16), behind the float entry points of ops.h: used
-// when the calling thread's compute type is kBFloat16 and attention_bf16_native() holds.
+// when the calling thread's compute type is kBFloat16 and attention_bf16_runs() holds. One source
+// (attention_bf16.cpp) compiled twice: `native` (vdpbf16ps, AMX tiles where available) and
+// `emulated` (the bf16 instructions emulated in AVX-512F with vdpbf16ps's bits; for tests on a CPU
+// without AVX512-BF16, see set_bf16_emulation_for_tests).
 #pragma once
 #include "ops/ops.h"
 
@@ -7,16 +10,38 @@ namespace longtron::ops::detail {
 
 /// varlen_attention_forward<float>'s contract with q, k, v rounded to bf16 and the QKᵀ and PV
 /// products in bf16 × bf16 → fp32 (P rounded to bf16 as FlashAttention-2's bf16 kernels do);
-/// softmax, lse and the output accumulator in fp32.
+/// softmax, lse and the output accumulator in fp32. Runs `native`'s kernel where
+/// attention_bf16_native(), else `emulated`'s (the caller checks attention_bf16_runs()).
 void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
                                    const float* v, const AttentionShape& s);
 /// varlen_attention_backward<float>'s contract with q, k, v and dout rounded to bf16 and the five
 /// tile products in bf16 × bf16 → fp32 (P and dS rounded to bf16); D, lse, dS and every
 /// accumulation (dq, dk, dv) in fp32. With `add_dq`, dq is added to (dq += this call's dQ, in
-/// fp32) as varlen_attention_backward_add_dq does; dk, dv are always overwritten.
+/// fp32) as varlen_attention_backward_add_dq does; dk, dv are always overwritten. Picks the
+/// kernel as the forward does.
 void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
                                     const float* q, const float* k, const float* v,
                                     const float* out, const float* lse, const AttentionShape& s,
                                     bool add_dq = false);
+
+// The two compilations, each with the contracts above. native needs AVX512-BF16; emulated needs
+// AVX-512F/BW/VL/DQ and gives native's bits wherever native runs vdpbf16ps (not where it runs
+// AMX tiles: TDPBF16PS sums each pair's products in another order).
+namespace native {
+void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
+                                   const float* v, const AttentionShape& s);
+void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
+                                    const float* q, const float* k, const float* v,
+                                    const float* out, const float* lse, const AttentionShape& s,
+                                    bool add_dq = false);
+}  // namespace native
+namespace emulated {
+void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
+                                   const float* v, const AttentionShape& s);
+void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
+                                    const float* q, const float* k, const float* v,
+                                    const float* out, const float* lse, const AttentionShape& s,
+                                    bool add_dq = false);
+}  // namespace emulated
 
 }  // namespace longtron::ops::detail

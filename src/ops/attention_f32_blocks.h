@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "ops/attention_blocks.h"
 #include "ops/attention_plan.h"
 #include "ops/prefetch.h"
 
@@ -42,17 +43,6 @@ inline __m512 exp2_f32(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0000000717e+00f));
   return _mm512_scalef_ps(p, n);
 }
-
-/// Lane masks of the keys [lo, hi) of a 64-key tile, 16 keys per vector.
-struct KeyLanes {
-  __mmask16 v[4];
-  KeyLanes(int64_t lo, int64_t hi) {
-    const uint64_t below_hi = hi >= 64 ? ~uint64_t(0) : (uint64_t(1) << hi) - 1;
-    const uint64_t below_lo = lo >= 64 ? ~uint64_t(0) : (uint64_t(1) << lo) - 1;
-    const uint64_t bits = lo < hi ? below_hi & ~below_lo : 0;
-    for (int i = 0; i < 4; ++i) v[i] = static_cast<__mmask16>(bits >> (16 * i));
-  }
-};
 
 /// acc[r][v] = Σ_k A(r, k) · B[k·ldb + 16v + lane] for R rows and NV vectors of 16 columns.
 template <int R, int NV>
@@ -203,29 +193,6 @@ inline void finish_online_softmax_f32(int64_t n, const float* m, float* m_old_al
     _mm512_mask_storeu_ps(l + i, k, vl);
   }
 }
-
-/// O = diag(alpha) · O + P V folded into the store of the PV blocks (o [rows, n] fp32); on the
-/// item's first key block (`first`) O = P V is written.
-struct F32RescaleAdd {
-  float* o;
-  int64_t n;
-  const float* alpha;
-  bool first;
-  template <int R, int NV>
-  void block(int64_t i, int64_t j, const __m512 (&acc)[R][NV]) {
-#pragma GCC unroll 6
-    for (int r = 0; r < R; ++r) {
-      const __m512 a = _mm512_set1_ps(alpha[i + r]);
-      for (int v = 0; v < NV; ++v) {
-        const int64_t cols = std::clamp<int64_t>(n - j - 16 * v, 0, 16);
-        const __mmask16 k = static_cast<__mmask16>((1u << cols) - 1);
-        float* c = o + (i + r) * n + j + 16 * v;
-        _mm512_mask_storeu_ps(
-            c, k, first ? acc[r][v] : _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, c), a, acc[r][v]));
-      }
-    }
-  }
-};
 
 /// The backward's P and dS (FlashAttention-2, Algorithm 2) on the register blocks of S = QKᵀ for
 /// keys [k0, k0 + nb) of a key block (k0 relative to the block's first key c0): per row, P =

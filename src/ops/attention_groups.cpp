@@ -43,26 +43,44 @@ AttentionShape sub_shape(const AttentionShape& s, int64_t t0, int64_t t1,
   return g;
 }
 
+/// Calls f(t0, t1, shape) for each group [t0, t1) of `s`, in order (the whole shape itself when
+/// it is one group).
+template <typename F>
+void for_each_group(const AttentionShape& s, int64_t group_tokens, F&& f) {
+  const std::vector<int64_t> b = group_bounds(s, group_tokens);
+  if (b.size() == 2) return f(int64_t{0}, s.num_tokens, s);
+  std::vector<int32_t> cu;
+  for (size_t i = 0; i + 1 < b.size(); ++i) f(b[i], b[i + 1], sub_shape(s, b[i], b[i + 1], cu));
+}
+
+/// A group's lse [Hq, n] (tokens from t0) into the row's head-major lse [Hq, N].
+template <typename T>
+void scatter_lse(T* row, const T* group, int64_t Hq, int64_t N, int64_t t0, int64_t n) {
+  for (int64_t h = 0; h < Hq; ++h) std::copy(group + h * n, group + (h + 1) * n, row + h * N + t0);
+}
+
+/// The inverse: the row's lse of tokens [t0, t0 + n) into a group's [Hq, n].
+template <typename T>
+void gather_lse(T* group, const T* row, int64_t Hq, int64_t N, int64_t t0, int64_t n) {
+  for (int64_t h = 0; h < Hq; ++h) std::copy(row + h * N + t0, row + h * N + t0 + n, group + h * n);
+}
+
 }  // namespace
 
 template <typename T>
 void varlen_attention_forward_groups(const ComputeContext& cc, T* out, T* lse, const T* q,
                                      const T* k, const T* v,
                                      const AttentionShape& s, int64_t group_tokens) {
-  const std::vector<int64_t> b = group_bounds(s, group_tokens);
-  if (b.size() == 2) return varlen_attention_forward(cc, out, lse, q, k, v, s);
-  std::vector<int32_t> cu;
   std::vector<T> lse_g;
   const int64_t N = s.num_tokens, Hq = s.num_heads, d = s.head_dim;
-  for (size_t i = 0; i + 1 < b.size(); ++i) {
-    const int64_t t0 = b[i], n = b[i + 1] - t0;
-    const AttentionShape g = sub_shape(s, t0, b[i + 1], cu);
+  for_each_group(s, group_tokens, [&](int64_t t0, int64_t t1, const AttentionShape& g) {
+    if (t1 - t0 == N) return varlen_attention_forward(cc, out, lse, q, k, v, g);
+    const int64_t n = t1 - t0;
     lse_g.resize(static_cast<size_t>(Hq * n));
     varlen_attention_forward(cc, out + t0 * Hq * d, lse_g.data(), q + t0 * s.q_stride,
                              k + t0 * s.kv_stride, v + t0 * s.kv_stride, g);
-    for (int64_t h = 0; h < Hq; ++h)
-      std::copy(lse_g.begin() + h * n, lse_g.begin() + (h + 1) * n, lse + h * N + t0);
-  }
+    scatter_lse(lse, lse_g.data(), Hq, N, t0, n);
+  });
 }
 
 template <typename T>
@@ -70,21 +88,57 @@ void varlen_attention_backward_groups(const ComputeContext& cc, T* dq, T* dk, T*
                                       const T* dout, const T* q, const T* k,
                                       const T* v, const T* out, const T* lse,
                                       const AttentionShape& s, int64_t group_tokens) {
-  const std::vector<int64_t> b = group_bounds(s, group_tokens);
-  if (b.size() == 2) return varlen_attention_backward(cc, dq, dk, dv, dout, q, k, v, out, lse, s);
-  std::vector<int32_t> cu;
   std::vector<T> lse_g;
   const int64_t N = s.num_tokens, Hq = s.num_heads, d = s.head_dim;
-  for (size_t i = 0; i + 1 < b.size(); ++i) {
-    const int64_t t0 = b[i], n = b[i + 1] - t0;
-    const AttentionShape g = sub_shape(s, t0, b[i + 1], cu);
+  for_each_group(s, group_tokens, [&](int64_t t0, int64_t t1, const AttentionShape& g) {
+    if (t1 - t0 == N) return varlen_attention_backward(cc, dq, dk, dv, dout, q, k, v, out, lse, g);
+    const int64_t n = t1 - t0;
     lse_g.resize(static_cast<size_t>(Hq * n));
-    for (int64_t h = 0; h < Hq; ++h)
-      std::copy(lse + h * N + t0, lse + h * N + t0 + n, lse_g.begin() + h * n);
+    gather_lse(lse_g.data(), lse, Hq, N, t0, n);
     const int64_t qo = t0 * s.q_stride, ko = t0 * s.kv_stride, oo = t0 * Hq * d;
     varlen_attention_backward(cc, dq + qo, dk + ko, dv + ko, dout + oo, q + qo, k + ko, v + ko,
                               out + oo, lse_g.data(), g);
-  }
+  });
+}
+
+void varlen_attention_forward_groups_bf16_out(const ComputeContext& cc, uint16_t* out16,
+                                              float* lse, const float* q,
+                                              const float* k, const float* v,
+                                              const AttentionShape& s, int64_t group_tokens) {
+  std::vector<float> out_g, lse_g;
+  const int64_t N = s.num_tokens, Hq = s.num_heads, d = s.head_dim;
+  for_each_group(s, group_tokens, [&](int64_t t0, int64_t t1, const AttentionShape& g) {
+    const int64_t n = t1 - t0;
+    out_g.resize(static_cast<size_t>(n * Hq * d));
+    lse_g.resize(static_cast<size_t>(Hq * n));
+    varlen_attention_forward(cc, out_g.data(), n == N ? lse : lse_g.data(), q + t0 * s.q_stride,
+                             k + t0 * s.kv_stride, v + t0 * s.kv_stride, g);
+    if (n != N) scatter_lse(lse, lse_g.data(), Hq, N, t0, n);
+    round_to_bf16(out_g.data(), n * Hq * d, out16 + t0 * Hq * d);
+  });
+}
+
+void varlen_attention_backward_groups_bf16_out(const ComputeContext& cc, float* dq, float* dk,
+                                               float* dv, const float* dout,
+                                               const float* q, const float* k, const float* v,
+                                               const uint16_t* out16, const float* lse,
+                                               const AttentionShape& s, int64_t group_tokens) {
+  std::vector<float> out_g, lse_g;
+  const int64_t N = s.num_tokens, Hq = s.num_heads, d = s.head_dim;
+  for_each_group(s, group_tokens, [&](int64_t t0, int64_t t1, const AttentionShape& g) {
+    const int64_t n = t1 - t0;
+    out_g.resize(static_cast<size_t>(n * Hq * d));
+    widen_bf16(out16 + t0 * Hq * d, n * Hq * d, out_g.data());
+    const float* lg = lse;
+    if (n != N) {
+      lse_g.resize(static_cast<size_t>(Hq * n));
+      gather_lse(lse_g.data(), lse, Hq, N, t0, n);
+      lg = lse_g.data();
+    }
+    const int64_t qo = t0 * s.q_stride, ko = t0 * s.kv_stride;
+    varlen_attention_backward(cc, dq + qo, dk + ko, dv + ko, dout + t0 * Hq * d, q + qo, k + ko,
+                              v + ko, out_g.data(), lg, g);
+  });
 }
 
 #define LONGTRON_INSTANTIATE(T)                                                               \

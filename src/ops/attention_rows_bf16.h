@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "ops/attention_blocks.h"
 #include "ops/bf16_tile_gemm.h"
 
 // GCC 12 reports the unmasked AVX-512 intrinsics' _mm512_undefined_ps() pass-through operand as
@@ -17,7 +18,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-namespace longtron::ops::detail {
+namespace longtron::ops::detail::LONGTRON_BF16_ISA {
 
 /// log2(e) and ln(2): the bf16 kernel keeps scores, running maxima and lse in base 2 inside its
 /// row steps (exp(x) = 2^(x·log2 e)), which saves the Cody–Waite split of every exp.
@@ -39,20 +40,9 @@ LONGTRON_BF16_TARGET inline __m512 exp2_ps(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-/// Lane masks of the visible keys [lo, hi) of a 64-key tile, 16 keys per vector.
-struct VisibleLanes {
-  __mmask16 v[4];
-  VisibleLanes(int64_t lo, int64_t hi) {
-    const uint64_t below_hi = hi >= 64 ? ~uint64_t(0) : (uint64_t(1) << hi) - 1;
-    const uint64_t below_lo = lo >= 64 ? ~uint64_t(0) : (uint64_t(1) << lo) - 1;
-    const uint64_t bits = lo < hi ? below_hi & ~below_lo : 0;
-    for (int i = 0; i < 4; ++i) v[i] = static_cast<__mmask16>(bits >> (16 * i));
-  }
-};
-
 /// Two fp32 vectors (a: keys 0–15 of the pair, b: 16–31) as 32 bf16 values in key order.
 LONGTRON_BF16_TARGET inline __m512i round_two(__m512 a, __m512 b) {
-  return (__m512i)_mm512_cvtne2ps_pbh(b, a);
+  return round_32(b, a);
 }
 
 /// Words (row a key j, row b key j) for 16 keys: row a in the low halves (pairs along K).
@@ -60,7 +50,7 @@ LONGTRON_BF16_TARGET inline __m512i pair_words(__m512 a, __m512 b) {
   const __m512i interleave =
       _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
                        6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  return _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+  return _mm512_permutexvar_epi16(interleave, round_32(b, a));
 }
 
 /// The row step of softmax_row_update on a row of at most 64 scores x (visible lanes vis), in
@@ -69,7 +59,7 @@ LONGTRON_BF16_TARGET inline __m512i pair_words(__m512 a, __m512 b) {
 /// visible keys), and sum gets the row sum of the fp32 P (as FlashAttention-2's bf16 kernels sum
 /// it). The factor 2^(m_old − m) and l are left to finish_online_softmax, 16 rows at a time. The
 /// max stays in all lanes (no round trip through a scalar register).
-LONGTRON_BF16_TARGET inline void softmax_row_bf16(const __m512 (&x)[4], const VisibleLanes& vis,
+LONGTRON_BF16_TARGET inline void softmax_row_bf16(const __m512 (&x)[4], const KeyLanes& vis,
                                                   float scale2, float& m, float& m_old,
                                                   float& sum, bf16_t* prow) {
   const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
@@ -122,7 +112,7 @@ LONGTRON_BF16_TARGET inline void finish_online_softmax(int64_t n, const float* m
 /// visible lanes, lse in base 2 (lse · log2 e) and D.
 struct ScoreRow {
   const float* dp;
-  VisibleLanes vis;
+  KeyLanes vis;
   float lse2, delta;
   float scale;  // the softmax scale (dS = P ∘ (dP·scale − D·scale))
 };
@@ -162,6 +152,6 @@ LONGTRON_BF16_TARGET inline void dscores_rows_bf16(const __m512 (&sa)[4], const 
   _mm512_storeu_si512(ds_b + 32, round_two(ds_b_v[2], ds_b_v[3]));
 }
 
-}  // namespace longtron::ops::detail
+}  // namespace longtron::ops::detail::LONGTRON_BF16_ISA
 
 #pragma GCC diagnostic pop

@@ -11,7 +11,7 @@
 
 #include "ops/bf16_tile_gemm.h"
 
-namespace longtron::ops::detail {
+namespace longtron::ops::detail::LONGTRON_BF16_ISA {
 
 template <int R, int NV, typename Epilogue>
 LONGTRON_BF16_TARGET __attribute__((always_inline)) inline void bf16_block_to(
@@ -97,14 +97,17 @@ LONGTRON_BF16_TARGET inline void bf16_row_range_to(int64_t i0, int64_t i1, int64
 template <typename Epilogue>
 LONGTRON_BF16_TARGET inline void bf16_gemm_to(int64_t M, int64_t N, int64_t K2, const bf16_t* A,
                                               int64_t lda, const uint32_t* B, int64_t ldb,
-                                              Epilogue& epi, int64_t a_rows, float* spill,
-                                              int64_t ldc) {
+                                              Epilogue& epi, [[maybe_unused]] int64_t a_rows,
+                                              [[maybe_unused]] float* spill,
+                                              [[maybe_unused]] int64_t ldc) {
+#ifndef LONGTRON_BF16_EMULATED
   if (K2 % 16 == 0 && (M + 15) / 16 * 16 <= a_rows && amx_available()) {
     amx_gemm(M, N, K2, A, lda, B, ldb, spill, ldc, false);
     bf16_blocks_from(M, N, spill, ldc, epi);
     return;
   }
+#endif
   bf16_row_range_to(0, M, N, K2, A, lda, B, ldb, epi);
 }
 
-}  // namespace longtron::ops::detail
+}  // namespace longtron::ops::detail::LONGTRON_BF16_ISA

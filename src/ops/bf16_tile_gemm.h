@@ -1,9 +1,13 @@
 // bf16 micro-GEMMs for attention tiles: AMX tiles (TDPBF16PS) where the CPU and the kernel allow
 // them, else register-blocked AVX512-BF16 (vdpbf16ps: each fp32 lane accumulates the dot product
-// of one pair of bf16 values). Measured on the development machine (Sapphire Rapids class, one
-// core, dependency-free loops): vdpbf16ps ~108 GFLOP/s, i.e. one per cycle and no faster than
-// fp32 FMAs (~208), AMX ~895. Compiled with target attributes, so the build needs no -march flag;
-// the caller checks the CPU at run time (attention_bf16_native, amx_available).
+// of one pair of bf16 values). Compiled with LONGTRON_BF16_EMULATED defined (before the first
+// include), the same code lands in namespace `emulated` instead of `native`, with the bf16
+// instructions emulated in AVX-512F (bf16_emulation.h: vdpbf16ps's bits) and no AMX: the path
+// that tests the kernel on a CPU without AVX512-BF16. Measured on the development machine
+// (Sapphire Rapids class, one core, dependency-free loops): vdpbf16ps ~108 GFLOP/s, i.e. one per
+// cycle and no faster than fp32 FMAs (~208), AMX ~895. Compiled with target attributes, so the
+// build needs no -march flag; the caller checks the CPU at run time (attention_bf16_native,
+// bf16_emulated, amx_available).
 //
 // Layouts (all "pairs" run along the reduction dimension K, padded to even with zeros):
 //  - A: bf16 rows, A(i, 2k2 + t) = A[i·lda + 2k2 + t], lda even;
@@ -17,31 +21,88 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ops/bf16_emulation.h"
 #include "ops/prefetch.h"
 
+#ifdef LONGTRON_BF16_EMULATED
+#define LONGTRON_BF16_ISA emulated
+#define LONGTRON_BF16_TARGET LONGTRON_AVX512_EMU_TARGET
+#else
+#define LONGTRON_BF16_ISA native
 #define LONGTRON_BF16_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define LONGTRON_AMX_TARGET \
   __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#endif
 
 namespace longtron::ops::detail {
 
 using bf16_t = uint16_t;
+
+/// Rounds up to a multiple of m.
+constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+}  // namespace longtron::ops::detail
+
+namespace longtron::ops::detail::LONGTRON_BF16_ISA {
+
+/// 16 fp32 lanes rounded to bf16 (VCVTNEPS2BF16, or its emulation).
+LONGTRON_BF16_TARGET __attribute__((always_inline)) inline __m256i round_16(__m512 x) {
+#ifdef LONGTRON_BF16_EMULATED
+  return cvtneps_emulated(x);
+#else
+  return (__m256i)_mm512_cvtneps_pbh(x);
+#endif
+}
+
+/// Two fp32 vectors rounded to 32 bf16 values, lo's first (VCVTNE2PS2BF16, or its emulation).
+LONGTRON_BF16_TARGET __attribute__((always_inline)) inline __m512i round_32(__m512 hi, __m512 lo) {
+#ifdef LONGTRON_BF16_EMULATED
+  return cvtne2ps_emulated(hi, lo);
+#else
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+#endif
+}
+
+/// An operand vector of 16 words (pairs of bf16) as the dot product reads it: the words
+/// themselves for vdpbf16ps, their two halves widened to fp32 for the emulation (split once per
+/// vector, reused by every row of a register block).
+#ifdef LONGTRON_BF16_EMULATED
+struct PairOperand {
+  __m512 odd, even;
+};
+LONGTRON_BF16_TARGET __attribute__((always_inline)) inline PairOperand pair_operand(__m512i w) {
+  return PairOperand{odd_bf16(w), even_bf16(w)};
+}
+/// acc + the pairwise dot products of a and b, lane by lane (vdpbf16ps's bits).
+LONGTRON_BF16_TARGET __attribute__((always_inline)) inline __m512 dot_pairs(__m512 acc,
+                                                                             PairOperand a,
+                                                                             PairOperand b) {
+  return dpbf16_split(acc, a.odd, a.even, b.odd, b.even);
+}
+#else
+using PairOperand = __m512bh;
+LONGTRON_BF16_TARGET __attribute__((always_inline)) inline PairOperand pair_operand(__m512i w) {
+  return (__m512bh)w;
+}
+/// acc + the pairwise dot products of a and b, lane by lane (vdpbf16ps).
+LONGTRON_BF16_TARGET __attribute__((always_inline)) inline __m512 dot_pairs(__m512 acc,
+                                                                             PairOperand a,
+                                                                             PairOperand b) {
+  return _mm512_dpbf16_ps(acc, a, b);
+}
+#endif
 
 /// Rounds n floats to bf16 with vcvtneps2bf16 into dst: round to nearest even as core/bf16.h's
 /// float_to_bf16, except that subnormals are flushed to signed zero (the instruction's rule).
 LONGTRON_BF16_TARGET inline void to_bf16(bf16_t* dst, const float* src, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
-    std::memcpy(dst + i, &v, 32);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), round_16(_mm512_loadu_ps(src + i)));
   }
   if (i < n) {
     const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i));
-    __m256i bits;
-    std::memcpy(&bits, &v, 32);
-    _mm256_mask_storeu_epi16(dst + i, m, bits);
+    _mm256_mask_storeu_epi16(dst + i, m, round_16(_mm512_maskz_loadu_ps(m, src + i)));
   }
 }
 
@@ -57,16 +118,16 @@ LONGTRON_BF16_TARGET __attribute__((always_inline)) inline void bf16_block_produ
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
   for (int64_t k2 = 0; k2 < K2; ++k2) {
-    __m512bh b[NV];
+    PairOperand b[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) b[v] = (__m512bh)_mm512_loadu_si512(B + k2 * ldb + v * 16);
+    for (int v = 0; v < NV; ++v) b[v] = pair_operand(_mm512_loadu_si512(B + k2 * ldb + v * 16));
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       int32_t pair;
       std::memcpy(&pair, A + r * lda + 2 * k2, 4);
-      const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+      const PairOperand a = pair_operand(_mm512_set1_epi32(pair));
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = dot_pairs(acc[r][v], a, b[v]);
     }
   }
 }
@@ -112,6 +173,10 @@ LONGTRON_BF16_TARGET inline void bf16_rows(int64_t M, int64_t K2, const bf16_t* 
   }
 }
 
+#ifdef LONGTRON_BF16_EMULATED
+/// The emulation has no AMX path.
+constexpr bool amx_available() { return false; }
+#else
 /// Whether this process may use AMX tiles: the CPU has AMX-BF16 and the kernel granted the tile
 /// data state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once). Defined in attention_bf16.cpp.
 bool amx_available();
@@ -178,16 +243,21 @@ LONGTRON_AMX_TARGET inline void amx_gemm(int64_t M, int64_t N, int64_t K2, const
   }
 }
 
+#endif  // LONGTRON_BF16_EMULATED
+
 /// C[M, N] = A · B (+ C if accumulate), K = 2·K2 (see the layouts above). `a_rows`: rows of A
 /// that may be read (at least M); AMX tiles run when amx_gemm's conditions hold, vdpbf16ps
 /// otherwise.
 LONGTRON_BF16_TARGET inline void bf16_gemm(int64_t M, int64_t N, int64_t K2, const bf16_t* A,
                                            int64_t lda, const uint32_t* B, int64_t ldb, float* C,
-                                           int64_t ldc, bool accumulate, int64_t a_rows) {
+                                           int64_t ldc, bool accumulate,
+                                           [[maybe_unused]] int64_t a_rows) {
+#ifndef LONGTRON_BF16_EMULATED
   if (K2 % 16 == 0 && (M + 15) / 16 * 16 <= a_rows && amx_available()) {
     amx_gemm(M, N, K2, A, lda, B, ldb, C, ldc, accumulate);
     return;
   }
+#endif
   int64_t j = 0;
   for (; j + 64 <= N; j += 64)
     bf16_rows<4>(M, K2, A, lda, B + j, ldb, C + j, ldc, accumulate, 0xFFFF);
@@ -220,7 +290,4 @@ inline void pack_pairs_of_rows(uint32_t* dst, int64_t ldb, const bf16_t* Y, int6
   }
 }
 
-/// Rounds up to a multiple of m.
-constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-}  // namespace longtron::ops::detail
+}  // namespace longtron::ops::detail::LONGTRON_BF16_ISA

@@ -237,7 +237,7 @@ constexpr int64_t visible_pairs(int64_t len, int64_t window = 0) {
 /// longtron::Error on an inconsistent shape, cu_seqlens, cu_seqlens_k or window. Float uses a
 /// vectorised exp with ≈1e-7 relative error. Method: FlashAttention-2 (Dao 2023), varlen and
 /// windows as flash_attn_varlen_func (window_size = (W − 1, 0)). In float under a kBFloat16
-/// context `cc` with attention_bf16_native(), q, k, v are rounded to bf16 and QKᵀ, PV run as
+/// context `cc` with attention_bf16_runs(), q, k, v are rounded to bf16 and QKᵀ, PV run as
 /// bf16 × bf16 → fp32 products (AMX tiles where the CPU has them and Linux grants them, else
 /// vdpbf16ps; P rounded to bf16); softmax and lse stay fp32. The kernel rounds its tiles with
 /// VCVTNEPS2BF16, which flushes subnormals to zero (core/bf16.h keeps them).
@@ -271,6 +271,11 @@ void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
 /// effective ISA includes it (so ONEDNN_MAX_CPU_ISA=avx512_core masks it for the GEMMs and
 /// attention alike). Otherwise float attention stays fp32.
 bool attention_bf16_native();
+
+/// Whether float attention runs a bf16 kernel under a kBFloat16 compute type:
+/// attention_bf16_native(), or else the kernel with its bf16 instructions emulated in AVX-512F
+/// where bf16_emulated() (ops/precision.h; a test-only switch).
+bool attention_bf16_runs();
 
 // ---- Cross-entropy with ignore_index -100 -----------------------------------------------------
 /// Over logits[N,V] and labels[N] (-100 = ignored): returns Σ over valid rows of

@@ -2,6 +2,7 @@
 
 #include <cpuid.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -10,6 +11,10 @@
 #include "ops/ops.h"
 
 namespace longtron::ops {
+namespace {
+std::atomic<bool> emulation_for_tests{false};
+}  // namespace
+
 bool cpu_feature_masked(const std::string& feature) {
   const char* env = std::getenv(kCpuFeaturesMaskEnv);
   if (env == nullptr) return false;
@@ -41,6 +46,15 @@ const char* compute_type_name(ComputeType type) {
 bool cpu_has_avx512_bf16() {
   static const bool cpu = cpuid_avx512_bf16();
   return cpu && !cpu_feature_masked("avx512_bf16");
+}
+
+void set_bf16_emulation_for_tests(bool on) { emulation_for_tests = on; }
+
+bool bf16_emulated() {
+  static const bool avx512 =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return emulation_for_tests && avx512 && !(cpu_has_avx512_bf16() && gemm_backend().native_bf16);
 }
 
 std::string canonical_dtype(const std::string& name) {
@@ -95,6 +109,10 @@ ComputeType resolve_dtype(const std::string& dtype, const std::string& where, st
   if (d == "auto") {
     if (note) *note = native ? "auto: this CPU has AVX512-BF16" : "auto: this CPU lacks " + missing;
     return native ? ComputeType::kBFloat16 : ComputeType::kFloat32;
+  }
+  if (!native && bf16_emulated()) {
+    if (note) *note = "bf16 emulated (a test-only switch): this CPU lacks " + missing;
+    return ComputeType::kBFloat16;
   }
   check(native, "{}: \"bfloat16\" needs native bf16 dot products, and this CPU lacks {} (bf16 "
         "emulated in fp32 would be slower than float32); use \"auto\" or \"float32\"", where, missing);

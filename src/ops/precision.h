@@ -32,6 +32,18 @@ bool cpu_feature_masked(const std::string& feature);
 /// environment on every call.
 bool cpu_has_avx512_bf16();
 
+/// Test-only switch (no command or config sets it; process-wide): with it on, bf16 also runs where
+/// native bf16 is missing (bf16_emulated()), so that the bf16 kernels and trainer are tested on
+/// such CPUs, or on any under kCpuFeaturesMaskEnv. Users keep resolve_dtype's rule.
+void set_bf16_emulation_for_tests(bool on);
+
+/// Whether bf16 runs emulated: the test-only switch is on, native bf16 is missing (no
+/// cpu_has_avx512_bf16(), or oneDNN's ISA lacks AVX512-BF16) and the CPU has AVX-512F, BW, VL and
+/// DQ. Then resolve_dtype accepts an explicit "bfloat16" ("auto" still picks float32), attention
+/// runs its bf16 kernel with the instructions emulated bit for bit (ops/bf16_emulation.h), and
+/// oneDNN runs its bf16 matmul on whatever ISA it has (avx512_core: converted to fp32).
+bool bf16_emulated();
+
 /// The canonical spelling of a dtype name: "float32", "bfloat16" or "auto" for those names and
 /// InternEvo's "torch.float32" / "torch.bfloat16"; "" for anything else.
 std::string canonical_dtype(const std::string& name);

@@ -67,7 +67,7 @@ struct CheckpointData {
   std::function<void(const std::filesystem::path& dir)> write_extra;
   /// false: `params` are not written as model.safetensors (a LoRA step folder holds the adapter
   /// through write_extra instead; the base is not re-saved). They still give the optimizer
-  /// tensors' names and shapes.
+  /// tensors' names and shapes; their data is then not read.
   bool write_model = true;
 };
 

@@ -253,8 +253,12 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   const double chunk = chunked ? apply_chunks(s, c.model) : 0;
   const double acts = activation_bytes(s.ws);
   const double segments = static_cast<double>(c.data.micro_bsz);
-  const double attn =
+  double attn =
       attention_workspace_elements(s, static_cast<double>(c.model.head_dim()), segments) * kFloat;
+  // The chunked bf16 path keeps the attention output in bf16 (in the activations): one group's
+  // fp32 output and lse pass through (ops/attention_groups.h).
+  if (chunked && in.bf16)
+    attn += s.attn_tokens * s.attn_hq * (static_cast<double>(c.model.head_dim()) + 1) * kFloat;
   const double head = head_elements(s) * kFloat;
   // Per micro-batch: input_ids, labels, indexes (int32) of the row, as read and as fed.
   const double batches = static_cast<double>(c.data.micro_num) * P * 3 * 4 * 2;

@@ -241,6 +241,14 @@ PeftAdapter read_peft_adapter(const std::string& dir_name) {
     if (const json* flag = get(key))
       check(flag->is_boolean() && !flag->get<bool>(), "{}: {} is {}; not supported", cf, key,
             json_excerpt(*flag));
+  // PEFT adapts only the listed layers (layers_to_transform), leaves out modules
+  // (exclude_modules), or repeats layers (layer_replication): longtron adapts every layer's
+  // targets of the model as it is, so the same folder would mean another model here.
+  for (const char* key : {"layers_to_transform", "exclude_modules", "layer_replication"})
+    if (const json* p = get(key))
+      check((p->is_array() || p->is_string()) && p->empty(), "{}: {} is {}; longtron adapts every "
+            "layer's target_modules and reads no adapter restricted to some layers or modules",
+            cf, key, json_excerpt(*p));
   if (const json* save = get("modules_to_save"))
     check(save->is_array() && save->empty(), "{}: modules_to_save is {}; an adapter with fully "
           "trained modules besides LoRA is not supported", cf, json_excerpt(*save));

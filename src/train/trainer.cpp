@@ -607,6 +607,10 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     if (run.engine.has_lora()) {
       resume_lora(run, dir, state);
     } else {
+    check(!state.extra.is_object() || !state.extra.contains("lora"),
+          "--resume {}: a LoRA checkpoint (the adapter only: state.json's extra.lora names its "
+          "base), but lora.rank = 0; resume it with its [lora] section, or start a full "
+          "fine-tune from `longtron export --merge-lora` of it", dir.string());
     run.load_full(dir, run.engine.params());
     {
       // HF tensors → this layout's local tensors (read straight into them) → this rank's ZeRO-1
@@ -622,6 +626,13 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
           options.resume.string(), start, config.train.total_steps);
     if (run.rank0) fmt::print(stderr, "train: resumed from step {} ({})\n", start, dir.string());
   } else if (!options.init_from.empty()) {
+    if (fs::is_regular_file(options.init_from / "state.json")) {
+      const CheckpointState from = read_checkpoint_state(options.init_from);
+      check(!from.extra.is_object() || !from.extra.contains("lora"),
+            "--init-from {}: a LoRA checkpoint (the adapter only, not a model): start from "
+            "`longtron export --merge-lora` of it, or from its base with --init-adapter {}",
+            options.init_from.string(), options.init_from.string());
+    }
     run.load_full(options.init_from, run.engine.params());
     if (run.engine.has_lora()) {
       run.lora_base = fs::absolute(options.init_from).lexically_normal();

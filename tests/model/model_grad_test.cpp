@@ -11,6 +11,7 @@
 #include "ops/ops.h"
 #include "ops/precision.h"
 #include "model_testing.h"
+#include "bf16_here.h"
 #include "ops/fd_check.h"
 
 namespace longtron::model {
@@ -115,8 +116,8 @@ TEST(ModelGrad, CheckpointGivesIdenticalGradients) {
 // with it (so the recomputed block matches its forward); both round x the same way for the
 // norm's backward, so the gradients agree bitwise, and forward_loss runs the same forward.
 TEST(ModelGrad, CheckpointGivesIdenticalGradientsInBf16) {
-  if (!ops::cpu_has_avx512_bf16() || !ops::gemm_backend().native_bf16)
-    GTEST_SKIP() << "this CPU has no native bf16";
+  const longtron::testing::Bf16Here bf16_here;
+  if (!bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
   ModelConfig c = testing::tiny_config();
   const ParamTable layout(c);
   Params<double> wide(layout);
@@ -212,8 +213,8 @@ TEST(ModelGrad, ChunksGiveUnchunkedValues) {
 // every chunk size gives the gradients and token losses of the unchunked bf16 path (no
 // recomputation) within float rounding of the sums' order.
 TEST(ModelGrad, ChunksGiveUnchunkedValuesInBf16) {
-  if (!ops::cpu_has_avx512_bf16() || !ops::gemm_backend().native_bf16)
-    GTEST_SKIP() << "this CPU has no native bf16";
+  const longtron::testing::Bf16Here bf16_here;
+  if (!bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
   ModelConfig c = testing::tiny_config();
   const ParamTable layout(c);
   Params<double> wide(layout);

@@ -22,6 +22,7 @@
 #include "mpi_test_main.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
+#include "bf16_here.h"
 #include "parallel/isp_attention.h"
 #include "parallel/layout.h"
 #include "parallel/mappings.h"
@@ -271,7 +272,8 @@ inline double max_abs_diff(const float* a, const float* b, int64_t n) {
 /// the shards taken from the context's bf16 weight copy (ops::ComputeContext) or rounded at the
 /// gather.
 inline void check_bf16_gathers(const Layout& layout, bool step_copy, bool overlap) {
-  if (!ops::cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16";
+  const longtron::testing::Bf16Here bf16_here;
+  if (!bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
   const int r = world()->rank();
   IspCase setup(layout, 13);
   auto& [grid, full, params, local, grads, plan] = setup;

@@ -4,6 +4,7 @@
 // parallel.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // as engine_np2_test.cpp (GCC 12)
 #include "lora_parity.h"
+#include "bf16_here.h"
 
 namespace longtron::testing {
 namespace {
@@ -27,8 +28,8 @@ TEST(LoraNp2, Fsp2WithCheckpoint) {
   check_lora_parity(c);
 }
 TEST(LoraNp2, Msp2Bf16Checkpoint) {
-  if (!ops::cpu_has_avx512_bf16() || !ops::gemm_backend().native_bf16)
-    GTEST_SKIP() << "this CPU has no native bf16";
+  const longtron::testing::Bf16Here bf16_here;
+  if (!bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
   ParityCase c = lora_case("msp2 llama bf16 checkpoint", layout(2, TensorMode::kMsp), "llama");
   c.model.checkpoint = true;
   check_lora_parity(c, /*bf16=*/true);
@@ -58,8 +59,8 @@ TEST(LoraNp2, Isp2OverlapAdaptersShardedOnce) {
   EXPECT_LT(double(engine.train_layout().numel()), held[1]);
 }
 TEST(LoraNp2, Isp2Bf16) {
-  if (!ops::cpu_has_avx512_bf16() || !ops::gemm_backend().native_bf16)
-    GTEST_SKIP() << "this CPU has no native bf16";
+  const longtron::testing::Bf16Here bf16_here;
+  if (!bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
   check_lora_parity(lora_case("isp2 w2 llama bf16", lora_isp(2, 2), "llama"), /*bf16=*/true);
 }
 TEST(LoraNp2, IspSaveW2ResumeMsp2AndBack) {
@@ -75,7 +76,8 @@ TEST(LoraNp2, ContextParallel2Bf16Checkpoint) {
   ParityCase c = lora_case("cp2 llama checkpoint", lora_isp(2, 1, 2), "llama");
   c.model.checkpoint = true;
   check_lora_parity(c);
-  if (!ops::cpu_has_avx512_bf16() || !ops::gemm_backend().native_bf16) return;
+  const longtron::testing::Bf16Here bf16_here;
+  if (!bf16_here.runs()) return;
   c.name = "cp2 llama bf16 checkpoint";
   check_lora_parity(c, /*bf16=*/true);
 }
@@ -94,8 +96,8 @@ TEST(LoraNp2, Tp2dX1Y2Checkpoint) {
   check_lora_parity(c);
 }
 TEST(LoraNp2, Tp2dX2Y1Bf16Checkpoint) {
-  if (!ops::cpu_has_avx512_bf16() || !ops::gemm_backend().native_bf16)
-    GTEST_SKIP() << "this CPU has no native bf16";
+  const longtron::testing::Bf16Here bf16_here;
+  if (!bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
   ParityCase c = lora_case("2d x2 y1 llama bf16 checkpoint", lora_2d(2, 1), "llama");
   c.model.checkpoint = true;
   check_lora_parity(c, /*bf16=*/true);

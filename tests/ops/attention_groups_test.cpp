@@ -69,5 +69,41 @@ TEST(AttentionGroups, EveryGroupingGivesTheOneCallValues) {
   }
 }
 
+// The bf16-output variants (the chunked recomputation under bf16): the forward stores each
+// group's output rounded, the backward reads it widened a group at a time, and both equal the
+// float calls on the rounded output bit for bit, in place too.
+TEST(AttentionGroups, Bf16OutputIsTheRoundedOutput) {
+  const Row r = make_row();
+  const std::vector<float> qkv(r.qkv.begin(), r.qkv.end()), dout(r.dout.begin(), r.dout.end());
+  const int64_t qo = 0, ko = r.Hq * r.d, vo = (r.Hq + r.Hkv) * r.d;
+  const int64_t n_out = static_cast<int64_t>(dout.size());
+  for (int64_t window : {0, 17}) {
+    const AttentionShape s = r.shape(window);
+    const float* x = qkv.data();
+    for (int64_t group : {1, 71, 200, 0}) {
+      std::vector<float> out(dout.size()), lse(static_cast<size_t>(r.Hq * r.N));
+      varlen_attention_forward_groups(ComputeContext::fp32(), out.data(), lse.data(), x + qo, x + ko, x + vo, s, group);
+      std::vector<uint16_t> want16(out.size()), out16(out.size());
+      round_to_bf16(out.data(), n_out, want16.data());
+      std::vector<float> lse16(lse.size());
+      varlen_attention_forward_groups_bf16_out(ComputeContext::fp32(), out16.data(), lse16.data(), x + qo, x + ko,
+                                               x + vo, s, group);
+      EXPECT_EQ(out16, want16) << "group " << group << " window " << window;
+      EXPECT_EQ(lse16, lse) << "group " << group << " window " << window;
+      std::vector<float> rounded(out.size());
+      widen_bf16(want16.data(), n_out, rounded.data());
+      std::vector<float> want = qkv, got = qkv;
+      float* w = want.data();
+      varlen_attention_backward_groups(ComputeContext::fp32(), w + qo, w + ko, w + vo, dout.data(), w + qo, w + ko,
+                                       w + vo, rounded.data(), lse.data(), s, group);
+      float* g = got.data();
+      varlen_attention_backward_groups_bf16_out(ComputeContext::fp32(), g + qo, g + ko, g + vo, dout.data(), g + qo,
+                                                g + ko, g + vo, out16.data(), lse.data(), s,
+                                                group);
+      EXPECT_EQ(got, want) << "group " << group << " window " << window;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace longtron::ops

@@ -1,7 +1,8 @@
 // The bf16 tile GEMMs of the attention kernel (bf16_tile_blocks.h): bf16_gemm's stored product
 // agrees with the product summed in double, and every block handed to an epilogue, directly from
 // the products' registers or from a product in memory (the AMX path), covers the product exactly
-// once and agrees with the stored product bit for bit.
+// once and agrees with the stored product bit for bit. bf16_tile_emulated_test.cpp compiles this
+// file once more with the bf16 instructions emulated (LONGTRON_BF16_EMULATED).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 
 namespace {
 
+namespace isa = longtron::ops::detail::LONGTRON_BF16_ISA;
 using longtron::ops::detail::bf16_t;
 using longtron::safetensors::bf16_to_float;
 
@@ -55,7 +57,7 @@ void expect_blocks_match(int64_t M, int64_t N, int64_t K2, std::mt19937& rng) {
     for (int64_t j = 0; j < N; ++j)
       B[k * ldb + j] = uint32_t(bits(rng)) | (uint32_t(bits(rng)) << 16);
   std::vector<float> want(M * ldc), spill(M * ldc);
-  longtron::ops::detail::bf16_gemm(M, N, K2, A.data(), lda, B.data(), ldb, want.data(), ldc,
+  isa::bf16_gemm(M, N, K2, A.data(), lda, B.data(), ldb, want.data(), ldc,
                                    false, a_rows);
   // The stored product against the sum in double: at most two roundings per pair of products.
   const double u = std::ldexp(1.0, -24);
@@ -77,10 +79,10 @@ void expect_blocks_match(int64_t M, int64_t N, int64_t K2, std::mt19937& rng) {
     std::vector<int> seen(M * ldc, 0);
     StoreBlocks epi{got.data(), seen.data(), ldc, N};
     if (path == 0) {
-      longtron::ops::detail::bf16_gemm_to(M, N, K2, A.data(), lda, B.data(), ldb, epi, a_rows,
+      isa::bf16_gemm_to(M, N, K2, A.data(), lda, B.data(), ldb, epi, a_rows,
                                           spill.data(), ldc);
     } else {
-      longtron::ops::detail::bf16_blocks_from(M, N, want.data(), ldc, epi);
+      isa::bf16_blocks_from(M, N, want.data(), ldc, epi);
     }
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) {
@@ -90,8 +92,20 @@ void expect_blocks_match(int64_t M, int64_t N, int64_t K2, std::mt19937& rng) {
   }
 }
 
-TEST(Bf16TileBlocks, BlocksMatchTheStoredProduct) {
-  if (!longtron::ops::attention_bf16_native()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+#ifdef LONGTRON_BF16_EMULATED
+#define BF16_TILE_SUITE Bf16TileBlocksEmulated
+bool runs_here() {
+  return __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq");
+}
+#else
+#define BF16_TILE_SUITE Bf16TileBlocks
+// The instructions themselves (whatever LONGTRON_CPU_FEATURES_MASK hides from the dtype rule).
+bool runs_here() { return __builtin_cpu_supports("avx512bf16"); }
+#endif
+
+TEST(BF16_TILE_SUITE, BlocksMatchTheStoredProduct) {
+  if (!runs_here()) GTEST_SKIP() << "this CPU lacks this build's instructions (the other build runs)";
   std::mt19937 rng(3);
   for (int64_t M : {1, 2, 5, 6, 7, 13, 64})
     for (int64_t N : {1, 16, 17, 64, 65, 100, 128})

@@ -85,6 +85,33 @@ TEST(Precision, ExplicitBfloat16WithoutAvx512Bf16IsAnErrorNamingIt) {
   }
 }
 
+// The test-only emulation switch lets an explicit bfloat16 run without AVX512-BF16 (the kernels'
+// emulation), leaves auto at float32, and once off restores the user's rule; where native bf16
+// runs it changes nothing.
+TEST(Precision, EmulationSwitchAdmitsBfloat16OnlyWhileOn) {
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+      !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq"))
+    GTEST_SKIP() << "no AVX-512 on this CPU";
+  const bool native = native_here();
+  {
+    MaskedFeatures mask("avx512_bf16");
+    ops::set_bf16_emulation_for_tests(true);
+    EXPECT_TRUE(ops::bf16_emulated());
+    std::string note;
+    EXPECT_EQ(ops::resolve_dtype("bfloat16", "model.dtype", &note), ops::ComputeType::kBFloat16);
+    EXPECT_NE(note.find("emulated"), std::string::npos) << note;
+    EXPECT_EQ(ops::resolve_dtype("auto", "model.dtype"), ops::ComputeType::kFloat32);
+    ops::set_bf16_emulation_for_tests(false);
+    EXPECT_FALSE(ops::bf16_emulated());
+    EXPECT_THROW(ops::resolve_dtype("bfloat16", "model.dtype"), longtron::Error);
+  }
+  if (!native) return;
+  ops::set_bf16_emulation_for_tests(true);
+  EXPECT_FALSE(ops::bf16_emulated());  // native bf16 runs: nothing to emulate
+  EXPECT_TRUE(ops::attention_bf16_native());
+  ops::set_bf16_emulation_for_tests(false);
+}
+
 TEST(Precision, MisspeltMaskedFeatureIsAnErrorNamingIt) {
   MaskedFeatures mask("amx_bf16, avx512bf16");  // "avx512bf16" hides nothing: say so
   for (const char* dtype : {"float32", "auto", "bfloat16"}) {

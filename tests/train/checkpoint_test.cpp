@@ -3,6 +3,7 @@
 #include "train/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <limits>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -105,6 +106,30 @@ TEST(Checkpoint, FailingWriteLeavesNoStepFolderAndLatestUnchanged) {
   mismatch.adam_m.pop_back();
   expect_error([&] { tr::save_checkpoint(dir.path(), mismatch); }, {"adam_m", "1 tensors", "2"});
   EXPECT_FALSE(fs::exists(dir / "step_4"));
+}
+
+// Without model.safetensors (a LoRA step folder) the params give only names and shapes: the
+// trainer points them at a rank's shard of each adapter, whose values (and what lies past them)
+// must not be read, and write_extra writes the adapter.
+TEST(Checkpoint, WithoutModelTheParamsDataIsNotRead) {
+  TempDir dir;
+  const Fake f;
+  auto d = f.data(5);
+  const std::vector<float> unread(6, std::numeric_limits<float>::quiet_NaN());
+  for (auto& p : d.params) p.data = unread.data();  // as a shard's garbage would read
+  d.write_model = false;
+  d.write_extra = [](const fs::path& tmp) { longtron::testing::write_file(tmp / "extra.txt", "x"); };
+  const fs::path step = tr::save_checkpoint(dir.path(), d);
+  EXPECT_FALSE(fs::exists(step / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(step / "optimizer.safetensors"));
+  EXPECT_TRUE(fs::exists(step / "extra.txt"));
+  // The optimizer state is still checked.
+  auto bad = d;
+  const std::vector<float> nan_m(6, std::numeric_limits<float>::quiet_NaN());
+  bad.adam_m[0].data = nan_m.data();
+  bad.state.step = 6;
+  expect_error([&] { tr::save_checkpoint(dir.path(), bad); }, {"adam_m", "wo.weight", "nan"});
+  EXPECT_FALSE(fs::exists(dir / "step_6"));
 }
 
 TEST(Checkpoint, LoadErrorsNameTensorAndShapes) {

@@ -14,6 +14,7 @@
 #include "ops/ops.h"
 #include "ops/precision.h"
 #include "test_util.h"
+#include "bf16_here.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/peft.h"
@@ -109,6 +110,9 @@ TEST(LoraTrainer, ResumeGivesTheUninterruptedLossesAndStepFolderIsPeft) {
   ASSERT_EQ(rest.losses.size(), 2u);
   EXPECT_NEAR(rest.losses[0], whole.losses[2], 1e-6 * whole.losses[2]);
   EXPECT_NEAR(rest.losses[1], whole.losses[3], 1e-6 * whole.losses[3]);
+  // Without [lora] (rank 0) the step folder, which holds no model, is refused as a LoRA one.
+  testing::expect_error([&] { b.run(with(save, {"lora.rank=0"}), o); },
+                        {step2.string(), "LoRA checkpoint", "lora.rank = 0", "--merge-lora"});
   // A moved base is refused naming the folder state.json records.
   const fs::path recorded = state.extra["lora"]["base"].get<std::string>();
   fs::rename(b.base, b.dir / "moved");
@@ -133,6 +137,12 @@ TEST(LoraTrainer, InitAdapterAndDumpGrads) {
   EXPECT_NE(std::find(names.begin(), names.end(),
                       "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"),
             names.end());
+  // A LoRA step folder is not a model to start from.
+  train::TrainOptions from_adapter = testing::quiet();
+  from_adapter.init_from = ck / "step_4";
+  for (const char* rank : {"lora.rank=0", "lora.rank=4"})
+    testing::expect_error([&] { b.run(with(kLora, {rank, "train.total_steps=1"}), from_adapter, false); },
+                          {(ck / "step_4").string(), "LoRA checkpoint", "--merge-lora", "--init-adapter"});
   // A disagreeing adapter_config.json is refused naming both values.
   testing::expect_error([&] { b.run(with(kLora, {"lora.rank=8", "train.total_steps=1"}), o); },
                         {"adapter_config.json", "r = 4", "lora.rank = 8"});
@@ -146,8 +156,8 @@ TEST(LoraTrainer, InitAdapterAndDumpGrads) {
 // base, are rounded anyway as the first block's input (the bf16 residual stream starts from
 // each block's input rounded to bf16), so the two runs give the same losses.
 TEST(LoraTrainer, Bf16BaseAgreesWithFp32Base) {
-  if (!ops::cpu_has_avx512_bf16() || !ops::gemm_backend().native_bf16)
-    GTEST_SKIP() << "this CPU has no native bf16";
+  const longtron::testing::Bf16Here bf16_here;
+  if (!bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
   Base b("llama");
   const auto keys = with(kLora, {"model.dtype=\"bfloat16\"", "train.total_steps=3"});
   const train::TrainSummary fp32 = b.run(with(keys, {"lora.base_dtype=\"float32\""}), testing::quiet());

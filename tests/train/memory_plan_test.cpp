@@ -14,6 +14,7 @@
 #include "model/params.h"
 #include "ops/precision.h"
 #include "train/config.h"
+#include "bf16_here.h"
 
 using namespace longtron;
 
@@ -40,9 +41,10 @@ double item(const std::vector<train::MemoryItem>& items, const std::string& pref
 // native bf16) in bfloat16, whose saved tensors take half the bytes.
 TEST(MemoryPlan, ActivationsAreTheModelsWorkspace) {
   double fp32_bytes = 0;
+  const longtron::testing::Bf16Here bf16_here;
   for (const bool bf16 : {false, true}) {
     for (const bool recompute : {false, true}) {
-      if (bf16 && !ops::cpu_has_avx512_bf16()) GTEST_SKIP() << "this CPU has no native bf16";
+      if (bf16 && !bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
       const train::TrainConfig c =
           tiny({std::string("model.checkpoint=") + (recompute ? "true" : "false")});
       train::MemoryPlanInputs in;

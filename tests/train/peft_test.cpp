@@ -222,6 +222,25 @@ TEST(Peft, RefusalsNameTheFileAndTensor) {
     write_adapter_files(dir.path(), c, {{qa, {2, 3}, st::DType::F32, A.data()}, {qb, {4, 2}, st::DType::F32, B.data()}});
     expect_error([&] { tr::read_peft_adapter(dir.path().string()); }, {"rank_pattern"});
   }
+  {  // an adapter of some layers or modules only means another model here
+    for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+             {"layers_to_transform", {0}}, {"layers_to_transform", 0},
+             {"exclude_modules", {"k_proj"}}, {"exclude_modules", ".*k_proj"},
+             {"layer_replication", {{0, 1}}}}) {
+      TempDir dir;
+      nlohmann::json c = minimal_config(2);
+      c[key] = value;
+      write_adapter_files(dir.path(), c, {{qa, {2, 3}, st::DType::F32, A.data()}, {qb, {4, 2}, st::DType::F32, B.data()}});
+      expect_error([&] { tr::read_peft_adapter(dir.path().string()); }, {"adapter_config.json", key});
+    }
+    TempDir dir;  // PEFT's defaults (null, empty) are read
+    nlohmann::json c = minimal_config(2);
+    c["layers_to_transform"] = nullptr;
+    c["exclude_modules"] = nlohmann::json::array();
+    c["layers_pattern"] = nullptr;
+    write_adapter_files(dir.path(), c, {{qa, {2, 3}, st::DType::F32, A.data()}, {qb, {4, 2}, st::DType::F32, B.data()}});
+    EXPECT_EQ(tr::read_peft_adapter(dir.path().string()).modules.size(), 1u);
+  }
   {  // writing a non-finite value
     TempDir dir;
     tr::PeftAdapter a;

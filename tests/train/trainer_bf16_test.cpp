@@ -6,10 +6,12 @@
 #include <stdlib.h>
 
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include "../test_util.h"
 #include "trainer_fixture.h"
+#include "bf16_here.h"
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/safetensors.h"
@@ -90,7 +92,8 @@ TEST(TrainerBf16, ConfigSpellingsAndBadValue) {
 // Mixed precision's contract: the first step's loss within 1e-3 relative and its gradients within
 // 2e-2 relative (‖g_bf16 − g_fp32‖ / ‖g_fp32‖) of the fp32 run on the same batch and weights.
 TEST(TrainerBf16, FirstStepLossAndGradientsNearFp32) {
-  if (!native_bf16()) GTEST_SKIP() << "this CPU has no native bf16";
+  const longtron::testing::Bf16Here bf16_here;
+  if (!bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
   Small s;
   train::TrainSummary runs[2];
   std::vector<float> grads[2];
@@ -122,7 +125,8 @@ TEST(TrainerBf16, FirstStepLossAndGradientsNearFp32) {
 // A resumed bf16 run reproduces the uninterrupted one exactly (the bf16 copies are made from the
 // fp32 master weights, which the checkpoint holds in fp32).
 TEST(TrainerBf16, ResumeGivesTheLossesOfAnUninterruptedRun) {
-  if (!native_bf16()) GTEST_SKIP() << "this CPU has no native bf16";
+  std::optional<longtron::testing::Bf16Here> bf16_here(std::in_place);
+  if (!bf16_here->runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
   Small s;
   const std::string a = (s.dir / "a").string(), b = (s.dir / "b").string();
   const auto full = train_run(s.config({"model.dtype=bfloat16", "train.save_every=2",
@@ -140,6 +144,7 @@ TEST(TrainerBf16, ResumeGivesTheLossesOfAnUninterruptedRun) {
   const train::LoadedModel m = train::load_model_dir(b);
   EXPECT_EQ(train::loaded_compute_type(m, ""), ops::ComputeType::kBFloat16);
   EXPECT_EQ(train::loaded_compute_type(m, "float32"), ops::ComputeType::kFloat32);
+  bf16_here.reset();  // the user's rule again
   MaskedFeatures mask("avx512_bf16");
   try {
     train::loaded_compute_type(m, "");
