@@ -583,6 +583,14 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
                                             : fmt::format("drawn from train.seed = {}", config.train.seed),
                format_bytes(plan.peak_bytes));
   Run run(config, options, std::move(grid));
+  if (rank0 && run.engine.has_lora()) {
+    const model::LoraConfig& l = config.model.lora;
+    const int64_t trainable = run.engine.train_full_layout().numel();
+    fmt::print(stderr, "train: LoRA rank {}, alpha {}{} on {} modules: {} trainable parameters "
+               "({:.2f}% of the model's {}), the base frozen\n", l.rank, l.alpha,
+               l.use_rslora ? " (rsLoRA)" : "", run.engine.lora_modules().size(), trainable,
+               100.0 * double(trainable) / double(plan.params_full), plan.params_full);
+  }
   run.compute = compute;
   run.engine.set_compute_type(compute);
   phase.emplace("timing the GEMMs");

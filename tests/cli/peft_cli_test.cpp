@@ -263,6 +263,8 @@ TEST(PeftCli, TrainedLoraCheckpointEvaluatesAsTraining) {
                  "\"\n[lora]\nrank = 4\nalpha = 8\ndropout = 0.1\n");
   r = run_longtron("train --config " + (p.dir / "lora.toml").string() + " --init-from " + base.string());
   ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "train: LoRA rank 4, alpha 8 on ") &&
+              contains(r.output, " trainable parameters (")) << r.output;
   EXPECT_FALSE(fs::exists(p.dir / "lck" / "step_3" / "model.safetensors"));
   double logged = 0;
   {
