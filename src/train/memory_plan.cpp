@@ -223,6 +223,7 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   double param_bytes = local_bytes, grad_bytes = local_bytes, copy_bytes = 0.5 * local_bytes;
   double save_bytes = 3 * static_cast<double>(p.params_full) * kFloat + 2 * local_bytes;
   double adam_state = adam;
+  double lora_scratch_per_token = 0;  // the adapters' grow-only scratch (model/lora.cpp), per row
   if (c.model.lora.enabled()) {
     // The adapters as this rank holds them (split like their linears, sharded under ISP).
     const auto modules = model::lora_modules(full, c.model.lora);
@@ -246,6 +247,15 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
     p.resident[3] = {"gradients (adapters only)", grad_bytes, "lora.rank, lora.targets"};
     p.resident[4].bytes = adam_state;
     p.resident[4].key = "lora.rank, lora.targets, parallel.zero1";
+    // Per row: u, du and their row-layout twins (r each); B's rows of a module that adds into
+    // part of its base's output (t and dy's rows); dropout's copy of the input.
+    double partial_out = 0, in_max = 0;
+    for (const model::LoraModule& m : modules) {
+      if (m.out < full.view(m.base_view).shape[0]) partial_out = std::max(partial_out, double(m.out));
+      in_max = std::max(in_max, double(m.in));
+    }
+    lora_scratch_per_token = kFloat * (4.0 * double(c.model.lora.rank) + 2 * partial_out +
+                                       (c.model.lora.dropout > 0 ? in_max : 0));
   }
 
   s.ws.bf16 = in.bf16;
@@ -284,6 +294,9 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
       {"head logits (chunked)", head, "model.vocab_size"},
       {"micro-batches", batches, "data.micro_num, data.seq_len, data.micro_bsz"},
   };
+  if (lora_scratch_per_token > 0)  // the linears see a chunk of the row, or (at most) all of it
+    p.step.push_back({"LoRA adapter scratch", lora_scratch_per_token * (chunked ? std::min(P, chunk) : P),
+                      "lora.rank, lora.targets, lora.dropout"});
   // Under ISP the copy is of the local shards, which the weight all-gathers send as bf16.
   if (in.bf16)
     p.step.push_back({"bf16 weight copy (one a step)", copy_bytes, "model.*"});

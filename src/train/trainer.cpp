@@ -196,6 +196,9 @@ struct Run {
 
   /// The base folder of a LoRA run (absolute): --init-from, or the one a resumed checkpoint names.
   fs::path lora_base;
+  /// Its base_fingerprint, hashed once when the base is loaded (each save would otherwise read
+  /// the whole base again).
+  std::string lora_base_fingerprint;
 
   /// PEFT's adapter_config.json fields of this run.
   PeftLoraConfig peft_config() const {
@@ -250,7 +253,7 @@ struct Run {
   nlohmann::json lora_state_json() const {
     const model::LoraConfig& l = config.model.lora;
     return {{"base", lora_base.string()},
-            {"base_fingerprint", base_fingerprint(lora_base.string())},
+            {"base_fingerprint", lora_base_fingerprint},
             {"rank", l.rank},
             {"alpha", l.alpha},
             {"dropout", l.dropout},
@@ -511,6 +514,7 @@ void resume_lora(Run& run, const fs::path& dir, const CheckpointState& state) {
         "(lora.rank = {})", dir.string(), run.config.model.lora.rank);
   const fs::path base = lora_checkpoint_base(dir);  // refused when moved or changed, naming it
   run.lora_base = base;
+  run.lora_base_fingerprint = state.extra["lora"]["base_fingerprint"].get<std::string>();  // checked
   run.load_full(base, run.engine.params());
   const PeftAdapter a = read_peft_adapter(dir.string());
   check_adapter_matches(a.config, run.config.model.lora, run.config.model.type, dir.string());
@@ -644,6 +648,7 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     run.load_full(options.init_from, run.engine.params());
     if (run.engine.has_lora()) {
       run.lora_base = fs::absolute(options.init_from).lexically_normal();
+      run.lora_base_fingerprint = base_fingerprint(run.lora_base.string());
       if (!options.init_adapter.empty()) {
         const PeftAdapter a = read_peft_adapter(options.init_adapter.string());
         check_adapter_matches(a.config, config.model.lora, config.model.type,
