@@ -251,7 +251,8 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
     // part of its base's output (t and dy's rows); dropout's copy of the input.
     double partial_out = 0, in_max = 0;
     for (const model::LoraModule& m : modules) {
-      if (m.out < full.view(m.base_view).shape[0]) partial_out = std::max(partial_out, double(m.out));
+      if (m.out < full.view(m.base_view).shape[0])
+        partial_out = std::max(partial_out, double(m.out));
       in_max = std::max(in_max, double(m.in));
     }
     lora_scratch_per_token = kFloat * (4.0 * double(c.model.lora.rank) + 2 * partial_out +
@@ -294,9 +295,11 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
       {"head logits (chunked)", head, "model.vocab_size"},
       {"micro-batches", batches, "data.micro_num, data.seq_len, data.micro_bsz"},
   };
-  if (lora_scratch_per_token > 0)  // the linears see a chunk of the row, or (at most) all of it
-    p.step.push_back({"LoRA adapter scratch", lora_scratch_per_token * (chunked ? std::min(P, chunk) : P),
+  if (lora_scratch_per_token > 0) {  // the linears see a chunk of the row, or at most all of it
+    const double rows = chunked ? std::min(P, chunk) : P;
+    p.step.push_back({"LoRA adapter scratch", lora_scratch_per_token * rows,
                       "lora.rank, lora.targets, lora.dropout"});
+  }
   // Under ISP the copy is of the local shards, which the weight all-gathers send as bf16.
   if (in.bf16)
     p.step.push_back({"bf16 weight copy (one a step)", copy_bytes, "model.*"});
