@@ -168,7 +168,15 @@ class Communicator {
   template <typename T>
   void reduce_scatter_v(T* recv, const T* send, const std::vector<int64_t>& counts,
                         ReduceOp op = ReduceOp::kSum) {
-    issue({Kind::kReduceScatter, dtype_of<T>(), -1, op, 0}, send, recv, &counts).wait();
+    reduce_scatter_v_async(recv, send, counts, op).wait();
+  }
+  /// The non-blocking reduce_scatter_v (MPI_Ireduce_scatter): the handle keeps its own copy of
+  /// `counts`; send and recv stay untouched until wait().
+  template <typename T>
+  [[nodiscard]] Work reduce_scatter_v_async(T* recv, const T* send,
+                                            const std::vector<int64_t>& counts,
+                                            ReduceOp op = ReduceOp::kSum) {
+    return issue({Kind::kReduceScatter, dtype_of<T>(), -1, op, 0}, send, recv, &counts);
   }
   template <typename T>
   [[nodiscard]] Work reduce_scatter_async(T* recv, const T* send, int64_t count,

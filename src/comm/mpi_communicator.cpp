@@ -47,6 +47,7 @@ bool mpi_finalized() {
 // An MPI request behind a Work handle.
 struct MpiWork final : Work::Impl {
   MPI_Request request = MPI_REQUEST_NULL;
+  std::vector<int> counts;  // a non-blocking _v collective's count array, alive until completion
   void wait() override {
     if (request != MPI_REQUEST_NULL) MPI_Wait(&request, MPI_STATUS_IGNORE);
   }
@@ -151,18 +152,21 @@ class MpiCommunicator final : public Communicator {
     return Work();
   }
 
-  // Blocking MPI_Reduce_scatter (uneven chunks); send and recv do not overlap (the header's rule).
+  // MPI_Ireduce_scatter (uneven chunks); send and recv do not overlap (the header's rule). The
+  // count array lives in the handle: MPI reads it until the operation completes.
   Work reduce_scatter_v(const Op& op, const void* send, void* recv,
                         const std::vector<int64_t>& counts) {
-    std::vector<int> n(static_cast<size_t>(size_));
+    auto work = std::make_unique<MpiWork>();
+    work->counts.resize(static_cast<size_t>(size_));
     int64_t total = 0;
     for (int r = 0; r < size_; ++r) {
-      n[r] = mpi_count(counts[r], op.kind);
-      total += counts[r];
+      work->counts[size_t(r)] = mpi_count(counts[size_t(r)], op.kind);
+      total += counts[size_t(r)];
     }
     mpi_count(total, op.kind);
-    MPI_Reduce_scatter(send, recv, n.data(), mpi_type(op.dtype), mpi_op(op.reduce), comm_);
-    return Work();
+    MPI_Ireduce_scatter(send, recv, work->counts.data(), mpi_type(op.dtype), mpi_op(op.reduce),
+                        comm_, &work->request);
+    return Work(std::move(work));
   }
 
   MPI_Comm comm_;

@@ -40,6 +40,22 @@ ShardPlan build_plan(const model::ParamTable& full, const Grid& grid,
   return plan;
 }
 
+// [begin, end) of this zero1 rank's slice under `counts`, checked against the local buffer.
+std::pair<int64_t, int64_t> slice_of(const std::vector<int64_t>& counts, int rank, int size,
+                                            int64_t numel) {
+  check(int64_t(counts.size()) == size, "ZeRO-1 gradient slices: {} counts for {} zero1 ranks",
+        counts.size(), size);
+  int64_t total = 0, begin = 0;
+  for (int r = 0; r < size; ++r) {
+    check(counts[size_t(r)] >= 0, "ZeRO-1 gradient slices: negative count {}", counts[size_t(r)]);
+    if (r == rank) begin = total;
+    total += counts[size_t(r)];
+  }
+  check(total == numel, "ZeRO-1 gradient slices: counts sum to {}, the local buffer has {}", total,
+        numel);
+  return {begin, begin + counts[size_t(rank)]};
+}
+
 double sum_squares(const float* x, int64_t n) {
   double s = 0.0;
 #pragma omp parallel for reduction(+ : s) schedule(static) if (n > kParallelMinWorkLarge)
@@ -149,7 +165,7 @@ model::LossSum ParallelEngine::forward_backward(const data::MicroBatch& row, dou
   } unhook;
   if (last) reduction_times_ = ReductionTimes{};
   if (last && overlaps_gradient_reduction()) {
-    buckets_->start(*grid_.get(factory_->data_group), tgrads().data());
+    arm_buckets();
     model_->set_backward_hook([this](int layer, bool complete) {
       const auto t0 = std::chrono::steady_clock::now();
       buckets_->on_backward(layer, complete);
@@ -163,12 +179,37 @@ model::LossSum ParallelEngine::forward_backward(const data::MicroBatch& row, dou
 }
 
 bool ParallelEngine::overlaps_gradient_reduction() {
-  if (!overlap_ || grid_.get(factory_->data_group)->size() != 2) return false;
+  if (!overlap_) return false;
+  if (slice_counts_.empty() ? grid_.get(factory_->data_group)->size() != 2
+                            : grid_.zero1->size() != 2 || grid_.zero1_replica->size() > 2)
+    return false;
   if (!buckets_)  // views whose gradient takes a plan SUM first are reduced after backward
     buckets_ = std::make_unique<GradientBuckets>(tgrads().layout(), [this](int v) {
       return tplan().tensor(v).grad_sum_groups.empty();
     });
   return true;
+}
+
+void ParallelEngine::arm_buckets() {
+  if (slice_counts_.empty()) {
+    buckets_->start(*grid_.get(factory_->data_group), tgrads().data());
+    return;
+  }
+  const comm::Communicator& z = *grid_.zero1;
+  const auto [begin, end] = slice_of(slice_counts_, z.rank(), z.size(), tgrads().numel());
+  slice_scratch_.resize(size_t(end - begin));
+  buckets_->start_slices(*grid_.zero1, *grid_.zero1_replica, tgrads().data(), slice_counts_,
+                         slice_scratch_.data());
+}
+
+void ParallelEngine::set_gradient_slices(std::vector<int64_t> counts) {
+  check(counts.empty() || shards_gradients(),
+        "set_gradient_slices: this grid has no ZeRO-1 gradient slices");
+  if (!counts.empty()) {
+    const comm::Communicator& z = *grid_.zero1;
+    slice_of(counts, z.rank(), z.size(), tgrads().numel());  // checks them
+  }
+  slice_counts_ = std::move(counts);
 }
 
 model::LossSum ParallelEngine::forward_loss(const data::MicroBatch& row,
@@ -192,6 +233,8 @@ void ParallelEngine::set_lora_positions(const data::MicroBatch& row) {
 }
 
 void ParallelEngine::finish_gradients() {
+  check(!buckets_ || !buckets_->slices(), "finish_gradients: the last backward reduce-scattered "
+        "its gradients into ZeRO-1 slices (set_gradient_slices): call finish_gradient_slices()");
   const auto t0 = std::chrono::steady_clock::now();
   plan_gradient_sums();
   // 2. Data parallel: each dp rank saw its own micro-batches; the step gradient is their SUM
@@ -200,8 +243,8 @@ void ParallelEngine::finish_gradients() {
   // A rank whose step had no last micro-batch (no rows) issues the same buckets here, so every
   // rank runs the same collectives.
   comm::Communicator& dp = *grid_.get(factory_->data_group);
-  if (overlaps_gradient_reduction()) {
-    if (!buckets_->armed()) buckets_->start(dp, tgrads().data());
+  if (slice_counts_.empty() && overlaps_gradient_reduction()) {
+    if (!buckets_->armed()) arm_buckets();
     buckets_->finish();
   } else if (dp.size() > 1) {
     dp.all_reduce(tgrads().data(), tgrads().numel());
@@ -241,35 +284,30 @@ bool ParallelEngine::shards_gradients() const {
          grid_.zero1->size() * grid_.zero1_replica->size() == dp.size();
 }
 
-// [begin, end) of this zero1 rank's slice under `counts`, checked against the local buffer.
-static std::pair<int64_t, int64_t> slice_of(const std::vector<int64_t>& counts, int rank, int size,
-                                            int64_t numel) {
-  check(int64_t(counts.size()) == size, "ZeRO-1 gradient slices: {} counts for {} zero1 ranks",
-        counts.size(), size);
-  int64_t total = 0, begin = 0;
-  for (int r = 0; r < size; ++r) {
-    check(counts[size_t(r)] >= 0, "ZeRO-1 gradient slices: negative count {}", counts[size_t(r)]);
-    if (r == rank) begin = total;
-    total += counts[size_t(r)];
-  }
-  check(total == numel, "ZeRO-1 gradient slices: counts sum to {}, the local buffer has {}", total,
-        numel);
-  return {begin, begin + counts[size_t(rank)]};
-}
-
 void ParallelEngine::finish_gradient_slices(const std::vector<int64_t>& counts) {
   check(shards_gradients(), "finish_gradient_slices: this grid has no ZeRO-1 gradient slices");
-  check(!buckets_ || !buckets_->armed(), "finish_gradient_slices: the last backward all-reduced "
-        "its gradients in buckets (forward_backward with last = true): call finish_gradients()");
+  check(!buckets_ || !buckets_->armed() || (buckets_->slices() && buckets_->slice_counts() == counts),
+        "finish_gradient_slices: the last backward {} (forward_backward with last = true): call {}",
+        buckets_ && buckets_->slices() ? "reduce-scattered its buckets into other slices"
+                                       : "all-reduced its gradients in buckets",
+        buckets_ && buckets_->slices() ? "it with the counts given to set_gradient_slices"
+                                       : "finish_gradients()");
   const auto t0 = std::chrono::steady_clock::now();
   comm::Communicator& z = *grid_.zero1;
   const auto [begin, end] = slice_of(counts, z.rank(), z.size(), tgrads().numel());
   plan_gradient_sums();
-  slice_scratch_.resize(size_t(end - begin));
-  z.reduce_scatter_v(slice_scratch_.data(), tgrads().data(), counts);
-  std::copy(slice_scratch_.begin(), slice_scratch_.end(), tgrads().data() + begin);
-  comm::Communicator& replica = *grid_.zero1_replica;
-  if (replica.size() > 1) replica.all_reduce(tgrads().data() + begin, end - begin);
+  if (counts == slice_counts_ && overlaps_gradient_reduction()) {
+    // The buckets the last backward started (all of them on a rank without rows), then the
+    // views of the plan's SUMs.
+    if (!buckets_->armed()) arm_buckets();
+    buckets_->finish();
+  } else {
+    slice_scratch_.resize(size_t(end - begin));
+    z.reduce_scatter_v(slice_scratch_.data(), tgrads().data(), counts);
+    std::copy(slice_scratch_.begin(), slice_scratch_.end(), tgrads().data() + begin);
+    comm::Communicator& replica = *grid_.zero1_replica;
+    if (replica.size() > 1) replica.all_reduce(tgrads().data() + begin, end - begin);
+  }
   gradients_finished_ = true;
   reduction_times_.after_backward =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

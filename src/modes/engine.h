@@ -204,7 +204,15 @@ class ParallelEngine {
   /// unreduced contributions until gather_gradient_slices(). A ring moves (Z−1)/Z of the buffer
   /// per rank instead of all_reduce's 2(Z−1)/Z. Collective over the grid. Throws Error unless
   /// shards_gradients() and counts has one entry per zero1 rank summing to the local numel.
+  /// When the step's last backward reduce-scattered its buckets (set_gradient_slices(counts)
+  /// before it, overlaps_gradient_reduction()), this completes them and reduce-scatters the
+  /// rest; `counts` must then be the armed ones (else Error).
   void finish_gradient_slices(const std::vector<int64_t>& counts);
+  /// The data-parallel reduction the next steps' last backward overlaps: empty = the all-reduce
+  /// of finish_gradients; else ZeRO-1's reduce-scatter into these slices (one count per zero1
+  /// rank, as finish_gradient_slices takes them), completed by finish_gradient_slices(counts).
+  /// Throws Error for non-empty counts unless shards_gradients().
+  void set_gradient_slices(std::vector<int64_t> counts);
   /// grad_norm() after finish_gradient_slices: each rank squares its slice only, weighted so the
   /// all-reduce over the world counts every element of the full model once. Collective (world).
   double grad_norm_of_slices(const std::vector<int64_t>& counts) const;
@@ -212,11 +220,12 @@ class ParallelEngine {
   /// the full reduced gradient again (as after finish_gradients). Collective over zero1.
   void gather_gradient_slices(const std::vector<int64_t>& counts);
   /// Whether forward_backward(row, scale, last = true) overlaps the data-parallel gradient
-  /// all-reduce with backward: set_overlap_gradient_reduction(true) (the default) and a
-  /// data-parallel group of exactly 2 ranks, where a bucketed reduction sums every element as the
-  /// whole-buffer one does (a + b; with more ranks an all-reduce may sum an element in an order
-  /// set by its place in the message, as Open MPI's ring algorithm does, so buckets could change
-  /// the last bits).
+  /// reduction with backward: set_overlap_gradient_reduction(true) (the default) and every group
+  /// the reduction sums over has exactly 2 ranks (the data-parallel group for the all-reduce; for
+  /// ZeRO-1's slices the zero1 group, with a replica group of at most 2), where a bucketed
+  /// reduction sums every element as the whole-buffer one does (a + b; with more ranks a
+  /// collective may sum an element in an order set by its place in the message, as Open MPI's
+  /// ring algorithm does, so buckets could change the last bits).
   /// Builds the buckets at its first true answer.
   bool overlaps_gradient_reduction();
   void set_overlap_gradient_reduction(bool on) { overlap_ = on; }
@@ -268,6 +277,9 @@ class ParallelEngine {
   ModeContext context() const { return ModeContext{full_, local_, plan_, grid_, compute_}; }
   /// Step 1 of finish_gradients: the plan's SUMs over the model-parallel groups.
   void plan_gradient_sums();
+  /// Arms the buckets for this step's last backward: the all-reduce over the data-parallel
+  /// group, or the reduce-scatter into slice_counts_.
+  void arm_buckets();
 
   Grid grid_;  // validated against the model first (initialiser order matters)
   std::string mode_;
@@ -278,7 +290,8 @@ class ParallelEngine {
   model::Params<float> params_, grads_;
   ops::ComputeContext compute_;  // before model_: the ops hold references to it
   bool gradients_finished_ = false;  ///< finish_gradients ran since grads_ last changed
-  std::vector<float> slice_scratch_;  // finish_gradient_slices' receive buffer (kept between steps)
+  std::vector<float> slice_scratch_;  // the reduce-scatters' receive buffer (kept between steps)
+  std::vector<int64_t> slice_counts_;  // set_gradient_slices: empty = all-reduce
   std::unique_ptr<model::InternLM2<float>> model_;
 
  public:

@@ -38,7 +38,6 @@ GradientBuckets::GradientBuckets(const model::ParamTable& layout,
     else
       buckets_.push_back({begin, end, stage});
   }
-  work_.resize(buckets_.size());
   issued_.assign(buckets_.size(), false);
 }
 
@@ -46,25 +45,101 @@ void GradientBuckets::start(comm::Communicator& comm, float* data) {
   check(!armed(), "gradient buckets: a backward pass starts while the last one's reduction is "
         "still in flight (finish_gradients was not called)");
   comm_ = &comm;
+  replica_ = nullptr;
   data_ = data;
+  scratch_ = nullptr;
+  counts_.clear();
   std::fill(issued_.begin(), issued_.end(), false);
+  flights_.clear();
+  flights_.reserve(buckets_.size() + rest_.size());
+  cursor_ = 0;
 }
 
-void GradientBuckets::issue(size_t b) {
-  const Bucket& k = buckets_[b];
-  work_[b] = comm_->all_reduce_async(data_ + k.begin, k.end - k.begin);
-  issued_[b] = true;
+void GradientBuckets::start_slices(comm::Communicator& zero1, comm::Communicator& replica,
+                                   float* data, std::vector<int64_t> counts, float* scratch) {
+  check(int64_t(counts.size()) == zero1.size() && zero1.size() > 1,
+        "gradient buckets: {} slice counts for a zero1 group of {} ranks", counts.size(),
+        zero1.size());
+  int64_t total = 0;
+  for (int r = 0; r < zero1.size(); ++r) {
+    check(counts[size_t(r)] >= 0, "gradient buckets: negative slice count {}", counts[size_t(r)]);
+    if (r == zero1.rank()) slice_begin_ = total;
+    total += counts[size_t(r)];
+  }
+  const int64_t covered = std::max(buckets_.empty() ? 0 : buckets_.back().end,
+                                   rest_.empty() ? 0 : rest_.back().second);
+  check(total >= covered, "gradient buckets: slices of {} elements for a buffer of {}", total,
+        covered);
+  start(zero1, data);
+  slice_end_ = slice_begin_ + counts[size_t(zero1.rank())];
+  counts_ = std::move(counts);
+  replica_ = &replica;
+  scratch_ = scratch;
+}
+
+void GradientBuckets::launch(int64_t begin, int64_t end) {
+  Flight& f = flights_.emplace_back();
+  f.begin = begin;
+  f.end = end;
+  f.phase = 1;
+  if (!slices()) {
+    f.work = comm_->all_reduce_async(data_ + f.begin, f.end - f.begin);
+    return;
+  }
+  // Chunk r of this range: its intersection with slice r.
+  std::vector<int64_t> chunk(counts_.size());
+  int64_t slice = 0;
+  for (size_t r = 0; r < counts_.size(); ++r) {
+    const int64_t lo = std::max(f.begin, slice), hi = std::min(f.end, slice + counts_[r]);
+    chunk[r] = std::max<int64_t>(0, hi - lo);
+    slice += counts_[r];
+  }
+  float* recv = scratch_ + std::clamp(f.begin, slice_begin_, slice_end_) - slice_begin_;
+  f.work = comm_->reduce_scatter_v_async(recv, data_ + f.begin, chunk);
+}
+
+void GradientBuckets::advance(bool blocking) {
+  bool in_order = true;  // every earlier flight's first collective is complete and handled
+  for (size_t i = cursor_; i < flights_.size(); ++i) {
+    Flight& f = flights_[i];
+    if (f.phase == 1) {
+      if (blocking) f.work.wait();
+      else f.work.test();  // progresses it, and releases it when complete
+      if (f.work.pending() || !in_order) {
+        in_order = false;
+        continue;
+      }
+      f.phase = 3;
+      if (slices()) {  // the received part of this rank's slice goes home, then to the replicas
+        const int64_t lo = std::clamp(f.begin, slice_begin_, slice_end_);
+        const int64_t hi = std::clamp(f.end, slice_begin_, slice_end_);
+        std::copy(scratch_ + (lo - slice_begin_), scratch_ + (hi - slice_begin_), data_ + lo);
+        if (replica_->size() > 1 && hi > lo) {
+          f.work = replica_->all_reduce_async(data_ + lo, hi - lo);
+          f.phase = 2;
+        }
+      }
+    }
+    if (f.phase == 2) {
+      if (blocking) f.work.wait();
+      else f.work.test();
+      if (!f.work.pending()) f.phase = 3;
+    }
+    if (i == cursor_ && f.phase == 3) ++cursor_;
+  }
 }
 
 void GradientBuckets::on_backward(int layer, bool complete) {
   if (!armed()) return;
   if (complete)
     for (size_t b = 0; b < buckets_.size(); ++b)
-      if (!issued_[b] && buckets_[b].stage == layer) issue(b);
+      if (!issued_[b] && buckets_[b].stage == layer) {
+        issued_[b] = true;
+        launch(buckets_[b].begin, buckets_[b].end);
+      }
   // Progress: any MPI call advances every pending non-blocking collective; testing each also
   // releases the finished ones.
-  for (comm::Work& w : work_)
-    if (w.pending()) w.test();
+  advance(false);
 }
 
 void GradientBuckets::finish() {
@@ -75,17 +150,28 @@ void GradientBuckets::finish() {
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return buckets_[a].stage > buckets_[b].stage; });
   for (size_t b : order)
-    if (!issued_[b]) issue(b);
-  for (const auto& [begin, end] : rest_) comm_->all_reduce(data_ + begin, end - begin);
-  for (comm::Work& w : work_) w.wait();
-  comm_ = nullptr;
-  data_ = nullptr;
+    if (!issued_[b]) {
+      issued_[b] = true;
+      launch(buckets_[b].begin, buckets_[b].end);
+    }
+  for (const auto& [begin, end] : rest_) launch(begin, end);
+  advance(true);
+  disarm();
 }
 
 void GradientBuckets::abandon() {
-  for (comm::Work& w : work_) w.wait();
+  if (armed()) advance(true);  // the same chains on every rank: nothing is left half-issued
+  disarm();
+}
+
+void GradientBuckets::disarm() {
+  flights_.clear();
+  cursor_ = 0;
   comm_ = nullptr;
+  replica_ = nullptr;
   data_ = nullptr;
+  scratch_ = nullptr;
+  counts_.clear();
 }
 
 }  // namespace longtron::parallel

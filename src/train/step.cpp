@@ -67,14 +67,15 @@ static StepResult gradients(parallel::ParallelEngine& engine, const std::vector<
     dp.all_reduce(&sum_l2, 1);
   }
   engine.zero_grads();
+  engine.set_gradient_slices(slices ? *slices : std::vector<int64_t>{});
   double loss_part = 0;  // token: Σ loss_sum; micro_mean: Σ micro-batch means
   for (size_t i = 0; i < rows.size(); ++i) {
     const data::MicroBatch& b = rows[i];
     const double scale = micro_loss_scale(options.loss_reduction, count_labels(b), counts[0],
                                           micro_num, dp.size());
-    // The last micro-batch's backward may start the data-parallel all-reduce bucket by bucket
-    // (ParallelEngine::overlaps_gradient_reduction); ZeRO-1's reduce-scatter runs after backward.
-    const bool last = i + 1 == rows.size() && slices == nullptr;
+    // The last micro-batch's backward may start the data-parallel reduction bucket by bucket
+    // (ParallelEngine::overlaps_gradient_reduction): the all-reduce, or ZeRO-1's reduce-scatter.
+    const bool last = i + 1 == rows.size();
     const model::LossSum ls = engine.forward_backward(b, scale, last);
     if (micro_mean)
       loss_part += ls.count > 0 ? ls.sum / static_cast<double>(ls.count) : 0.0;

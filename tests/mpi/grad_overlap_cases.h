@@ -1,11 +1,13 @@
-// The data-parallel gradient all-reduce overlapped with backward (modes/grad_buckets.h), shared by
-// grad_overlap_np2_test.cpp and grad_overlap_np4_test.cpp: steps with the overlap on and off from
-// the same start must give bitwise the same parameters, gradients, losses and norms, and the
-// overlapped step must really start its buckets inside backward.
+// The data-parallel gradient reduction overlapped with backward (modes/grad_buckets.h): the
+// all-reduce, or ZeRO-1's reduce-scatter into the optimizer's slices when the layout has a zero1
+// group. Shared by grad_overlap_np2_test.cpp and grad_overlap_np4_test.cpp: steps with the overlap
+// on and off from the same start must give bitwise the same parameters, gradients, losses and
+// norms, and the overlapped step must really start its buckets inside backward. Under LoRA the
+// trainable table (the adapters) is compared.
 #pragma once
 #include <cstring>
 
-#include "engine_parity.h"
+#include "lora_parity.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
 
@@ -24,7 +26,9 @@ inline OverlapRun run_overlap(const ParityCase& c, bool overlap, bool bf16) {
   parallel::ParallelEngine engine(c.model, grid, 42, c.P);
   engine.set_overlap_gradient_reduction(overlap);
   engine.set_compute_type(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
-  train::AdamW adam(engine.local_layout(), parity_optimizer());
+  if (engine.has_lora()) set_adapters(engine);
+  // ZeRO-1 over the grid's zero1 group (one rank: no sharding): its gradients are reduce-scattered.
+  train::AdamW adam(engine.train_layout(), parity_optimizer(), grid.zero1);
   OverlapRun out;
   for (int step = 0; step < c.steps; ++step) {
     const train::StepResult r = train::train_step(engine, adam, dp_share(global_rows(c, step), grid),
@@ -35,8 +39,10 @@ inline OverlapRun run_overlap(const ParityCase& c, bool overlap, bool bf16) {
     out.overlapped = engine.overlaps_gradient_reduction();
     out.in_backward += engine.reduction_times().in_backward;
   }
-  out.params.assign(engine.params().data(), engine.params().data() + engine.params().numel());
-  out.grads.assign(engine.grads().data(), engine.grads().data() + engine.grads().numel());
+  const model::Params<float>& params = engine.train_params();
+  const model::Params<float>& grads = engine.train_grads();
+  out.params.assign(params.data(), params.data() + params.numel());
+  out.grads.assign(grads.data(), grads.data() + grads.numel());
   return out;
 }
 
