@@ -5,7 +5,8 @@
 // On configs/small.toml's model (V 8192, H 384, 6 layers, 6 heads / 2 kv heads, P = 4 × 512) with
 // rows packed by the real loader from synthetic documents (log-normal lengths, median ≈ 200), each
 // rank prints: mean step time (forward+backward, reductions, clipping, AdamW), payload bytes it
-// sent per step by collective kind (the communicator's counters), its peak RSS (getrusage) and
+// sent per step by collective kind and the ring-algorithm bytes it sent (the communicator's
+// counters, CommStats::bytes and ::sent), its peak RSS (getrusage) and
 // the model's activation workspace, and the seconds of the data-parallel gradient reduction spent
 // inside backward and after it (--overlap-ab: steps alternate overlapping it with backward and
 // not, each setting reported on its own line). Fixed iteration counts (no Google Benchmark timing loop):
@@ -143,7 +144,8 @@ int main(int argc, char** argv) {
     parallel::ParallelEngine engine(small_model(), grid, 1, dc.pack.packed_length());
     train::OptimizerConfig oc;
     train::AdamW adam(engine.local_layout(), oc, grid.zero1);
-    // --overlap-ab: odd steps overlap the dp gradient all-reduce with backward, even ones do not
+    // --overlap-ab: odd steps overlap the dp gradient reduction (the all-reduce, or ZeRO-1's
+    // reduce-scatter with --zero1) with backward, even ones do not
     // (same process, interleaved, so the machine's load hits both alike).
     const bool ab = flag(argc, argv, "--overlap-ab");
     const bool bf16 = arg(argc, argv, "--dtype", "float32") == "bfloat16";
@@ -196,7 +198,8 @@ int main(int argc, char** argv) {
           std::printf(" %s %.2f MB (%.0f calls)", comm::kind_name(comm::Kind(k)), bytes * 1e-6,
                       calls);
       }
-      std::printf("\n");
+      std::printf("; ring bytes sent/step: %.2f MB\n",
+                  double(delta.total_sent() - before.total_sent()) / steps * 1e-6);
       for (int k = 0; k < 2; ++k)
         if (ab_steps[k] > 0)
           std::printf("rank %d dp gradient reduction %s: %d steps, step %.3f s, reduction in "

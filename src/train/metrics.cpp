@@ -27,6 +27,7 @@ std::string to_json_line(const TrainRow& r) {
             {"mfu", number(r.mfu)}, {"step_time_s", number(r.step_time_s)},
             {"dtype", r.dtype},     {"imbalance", number(r.imbalance)}};
   if (r.cp_imbalance > 0) j["cp_imbalance"] = number(r.cp_imbalance);
+  if (r.sent_mb > 0) j["sent_mb"] = number(r.sent_mb);
   return j.dump();
 }
 
@@ -58,6 +59,7 @@ void read_metrics(const fs::path& path, std::vector<TrainRow>& train, std::vecto
       r.dtype = j.value("dtype", std::string("float32"));
       r.imbalance = as_double(j.value("imbalance", json(1.0)));
       r.cp_imbalance = as_double(j.value("cp_imbalance", json(0.0)));
+      r.sent_mb = as_double(j.value("sent_mb", json(0.0)));
       train.push_back(r);
     } else {
       fail("{}:{}: row has neither 'loss' nor 'valid_loss'", path.string(), n);
@@ -142,9 +144,10 @@ void MetricsWriter::train(const TrainRow& r) {
   const bool last = options_.total_steps > 0 && r.step >= options_.total_steps;
   if (r.step % std::max<int64_t>(options_.log_every, 1) == 0 || last) {
     emit(r.step, fmt::format("step {}/{}  loss {:.4f}  grad_norm {:.3f}  lr {:.3e}  tokens {}  tgs {:.1f}  "
-                     "mfu {:.3f}  step_time_s {:.3f}  imbalance {:.3f}  {}", r.step,
+                     "mfu {:.3f}  step_time_s {:.3f}  imbalance {:.3f}  {}{}", r.step,
                      options_.total_steps, r.loss, r.grad_norm, r.lr, r.tokens, r.tgs, r.mfu,
-                     r.step_time_s, r.imbalance, r.dtype),
+                     r.step_time_s, r.imbalance, r.dtype,
+                     r.sent_mb > 0 ? fmt::format("  sent_mb {:.1f}", r.sent_mb) : ""),
          to_json_line(r));
   }
   if (tty_) {

@@ -33,6 +33,9 @@ struct TrainRow {
   /// 2D-Attention only (0 = not context parallel, not written): Σ over the step's rows of the
   /// slowest context rank's attention work ÷ Σ of the mean (parallel.sequence_2D.balance).
   double cp_imbalance = 0;
+  /// Bytes rank 0 sent in the step's collectives, in MB (1e6 bytes), counted as a ring algorithm
+  /// sends them (comm::CommStats::sent); 0 = one process (not written).
+  double sent_mb = 0;
 };
 
 /// A validation row: token-weighted loss over the valid set.

@@ -360,7 +360,9 @@ struct Run {
     // The GEMMs of forward and backward in the engine's compute context (the run's dtype; the
     // reductions and AdamW have no GEMM). bf16: one bf16 copy of this rank's weights, which the
     // update refreshes in its own pass.
+    const uint64_t sent_before = comm::global_stats().total_sent();
     const StepResult r = train_step(engine, optimizer, batches, so);
+    const uint64_t sent = comm::global_stats().total_sent() - sent_before;
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int64_t processed = static_cast<int64_t>(batches.size()) *
@@ -378,6 +380,7 @@ struct Run {
     row.dtype = ops::compute_type_name(compute);
     row.tgs = static_cast<double>(r.tokens) / static_cast<double>(grid.world_size) / seconds;
     row.cp_imbalance = cp_imbalance(batches);
+    row.sent_mb = double(sent) * 1e-6;
     // Model FLOPs of every position the ranks computed (pad included: it is computed) over the
     // GEMM speed of the step's dtype on all ranks together.
     row.mfu = model::model_flops(config.model, processed, r.sum_l2) / seconds /
