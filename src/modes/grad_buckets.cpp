@@ -2,6 +2,7 @@
 #include "modes/grad_buckets.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 
@@ -98,14 +99,19 @@ void GradientBuckets::launch(int64_t begin, int64_t end) {
   f.work = comm_->reduce_scatter_v_async(recv, data_ + f.begin, chunk);
 }
 
-void GradientBuckets::advance(bool blocking) {
+void GradientBuckets::advance(Progress how) {
+  // With replica groups the replica all-reduces are issued only at points every rank passes in
+  // the same order (before each stage's buckets, and in finish), so that every rank issues the
+  // collectives of both groups in one order (the order check, LONGTRON_COMM_CHECK, blocks at each
+  // issue: orders that differ between ranks could wait on each other in a cycle).
+  const bool chained = slices() && replica_->size() > 1;
   bool in_order = true;  // every earlier flight's first collective is complete and handled
   for (size_t i = cursor_; i < flights_.size(); ++i) {
     Flight& f = flights_[i];
     if (f.phase == 1) {
-      if (blocking) f.work.wait();
-      else f.work.test();  // progresses it, and releases it when complete
-      if (f.work.pending() || !in_order) {
+      if (how == Progress::kPoll) f.work.test();  // progresses it, releases it when complete
+      else f.work.wait();
+      if (f.work.pending() || !in_order || (chained && how == Progress::kPoll)) {
         in_order = false;
         continue;
       }
@@ -114,14 +120,14 @@ void GradientBuckets::advance(bool blocking) {
         const int64_t lo = std::clamp(f.begin, slice_begin_, slice_end_);
         const int64_t hi = std::clamp(f.end, slice_begin_, slice_end_);
         std::copy(scratch_ + (lo - slice_begin_), scratch_ + (hi - slice_begin_), data_ + lo);
-        if (replica_->size() > 1 && hi > lo) {
+        if (chained && hi > lo) {
           f.work = replica_->all_reduce_async(data_ + lo, hi - lo);
           f.phase = 2;
         }
       }
     }
     if (f.phase == 2) {
-      if (blocking) f.work.wait();
+      if (how == Progress::kAll) f.work.wait();
       else f.work.test();
       if (!f.work.pending()) f.phase = 3;
     }
@@ -131,36 +137,45 @@ void GradientBuckets::advance(bool blocking) {
 
 void GradientBuckets::on_backward(int layer, bool complete) {
   if (!armed()) return;
-  if (complete)
+  if (complete) {
+    bool first = true;
     for (size_t b = 0; b < buckets_.size(); ++b)
       if (!issued_[b] && buckets_[b].stage == layer) {
+        if (first) advance(Progress::kIssue);  // the replica all-reduces of earlier stages
+        first = false;
         issued_[b] = true;
         launch(buckets_[b].begin, buckets_[b].end);
       }
+  }
   // Progress: any MPI call advances every pending non-blocking collective; testing each also
   // releases the finished ones.
-  advance(false);
+  advance(Progress::kPoll);
 }
 
 void GradientBuckets::finish() {
   if (!armed()) return;
-  // Stages in backward order: num_layers, ..., 0, -1.
+  // Stages in backward order: num_layers, ..., 0, -1; each stage's buckets issued as its
+  // backward point does (a rank without rows issues them all here, in the same order).
   std::vector<size_t> order(buckets_.size());
   for (size_t b = 0; b < order.size(); ++b) order[b] = b;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return buckets_[a].stage > buckets_[b].stage; });
+  int stage = std::numeric_limits<int>::max();
   for (size_t b : order)
     if (!issued_[b]) {
+      if (buckets_[b].stage != stage) advance(Progress::kIssue);
+      stage = buckets_[b].stage;
       issued_[b] = true;
       launch(buckets_[b].begin, buckets_[b].end);
     }
+  if (!rest_.empty()) advance(Progress::kIssue);
   for (const auto& [begin, end] : rest_) launch(begin, end);
-  advance(true);
+  advance(Progress::kAll);
   disarm();
 }
 
 void GradientBuckets::abandon() {
-  if (armed()) advance(true);  // the same chains on every rank: nothing is left half-issued
+  if (armed()) advance(Progress::kAll);  // the same chains on every rank: nothing half-issued
   disarm();
 }
 

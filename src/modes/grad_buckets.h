@@ -30,7 +30,8 @@ namespace longtron::parallel {
 /// distributed optimizer reduce-scatters its buckets; the ring bytes of all buckets together are
 /// those of one reduce-scatter of the buffer. With replica groups (a zero1 group smaller than the
 /// data-parallel group), each received part is then all-reduced over the replica group, issued
-/// in the buckets' issue order on every rank.
+/// in the buckets' order at the next stage's backward point (waiting for its reduce-scatter
+/// there), so that every rank issues the collectives of both groups in one order.
 class GradientBuckets {
  public:
   /// One contiguous range [begin, end) of the flat buffer that one collective reduces.
@@ -87,10 +88,11 @@ class GradientBuckets {
   };
   // Appends the flight of [begin, end) and issues its first collective.
   void launch(int64_t begin, int64_t end);
-  // Moves the flights in issue order as far as they go (blocking: to the end): a finished
-  // reduce-scatter is copied home and its replica all-reduce issued, in the same order on every
-  // rank.
-  void advance(bool blocking);
+  // How far advance() moves the flights: kPoll tests them (a finished reduce-scatter is copied
+  // home unless it has a replica all-reduce to issue); kIssue waits for every first collective
+  // and issues the replica all-reduces, in flight order; kAll waits for everything.
+  enum class Progress { kPoll, kIssue, kAll };
+  void advance(Progress how);
   void disarm();
   std::vector<Bucket> buckets_;
   std::vector<std::pair<int64_t, int64_t>> rest_;
