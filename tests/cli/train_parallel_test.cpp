@@ -96,10 +96,13 @@ TEST(TrainParallel, TensorParallelMatchesOneProcessAndResumesInAnotherLayout) {
 // dp2 with ZeRO-1 reduce-scatters the gradients into the optimizer slices; --dump-grads gathers
 // the full gradient, so the dump equals the all-reduce run's (ZeRO-1 off) byte for byte (a sum of
 // two contributions has one order), and so does the step-1 loss; step 2 may differ in the last
-// bits (the norm's double sum runs over the slices in another order).
+// bits (the norm's double sum runs over the slices in another order). The step line gives the
+// bytes sent: at step 2 (no dump) ZeRO-1's reduce-scatter and parameter all-gather send what the
+// all-reduce alone sends (S/2 + S/2 = 2·(1/2)·S, ring bytes), and the console shows it.
 TEST(TrainParallel, Dp2Zero1DumpsTheSameGradientsAsTheAllReduce) {
   Prepared p;
   std::map<std::string, std::map<int64_t, double>> runs;  // step → loss
+  std::map<std::string, double> sent;                       // step 2's sent_mb
   for (const std::string z : {"-1", "1"}) {
     const std::string run = "z" + z;
     auto r = mpirun_longtron(2, p.args(run, "--set train.total_steps=2 --set data.micro_num=1 "
@@ -108,7 +111,15 @@ TEST(TrainParallel, Dp2Zero1DumpsTheSameGradientsAsTheAllReduce) {
     ASSERT_EQ(r.status, 0) << r.output;
     runs[z] = losses(p.dir / run / "metrics.jsonl");
     ASSERT_EQ(runs[z].size(), 2u);
+    EXPECT_TRUE(longtron::testing::contains(r.output, "sent_mb ")) << r.output;
+    std::istringstream in(read_file(p.dir / run / "metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("loss") && j["step"] == 2) sent[z] = j["sent_mb"].get<double>();
+    }
+    EXPECT_GT(sent[z], 0.0);
   }
+  EXPECT_NEAR(sent["-1"], sent["1"], 1e-3 * sent["1"]);
   EXPECT_EQ(runs["-1"][1], runs["1"][1]);
   EXPECT_NEAR(runs["-1"][2], runs["1"][2], 1e-6 * std::abs(runs["1"][2]));
   size_t files = 0;

@@ -127,6 +127,21 @@ TEST(Metrics, NonFiniteBecomesNullAndReadsBack) {
   }
 }
 
+// Under more than one rank the row carries the bytes rank 0 sent in the step (sent_mb); a
+// one-process row (0) has no such key.
+TEST(Metrics, SentMegabytesOnlyWhenSomethingWasSent) {
+  tr::TrainRow r = row(1, 3.0);
+  EXPECT_FALSE(nlohmann::json::parse(tr::to_json_line(r)).contains("sent_mb"));
+  r.sent_mb = 62.93;
+  TempDir dir;
+  longtron::testing::write_file(dir / "m.jsonl", tr::to_json_line(r) + "\n");
+  std::vector<tr::TrainRow> t;
+  std::vector<tr::ValidRow> v;
+  tr::read_metrics(dir / "m.jsonl", t, v);
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_DOUBLE_EQ(t[0].sent_mb, 62.93);
+}
+
 TEST(Metrics, ResumeKeepsRowsUpToTheCheckpoint) {
   TempDir dir;
   const auto path = dir / "m.jsonl";
