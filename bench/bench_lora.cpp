@@ -100,6 +100,12 @@ int arg_int(int argc, char** argv, const char* name, int def) {
   return def;
 }
 
+std::string arg_str(int argc, char** argv, const char* name, const char* def) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  return def;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -115,17 +121,22 @@ int main(int argc, char** argv) {
     const int rounds = arg_int(argc, argv, "--rounds", 6);
     const std::vector<data::MicroBatch> rows = {random_row(2048, c.vocab_size, 3)};
     const bool native = ops::cpu_has_avx512_bf16() && ops::gemm_backend().native_bf16;
+    // --dtype fp32|bf16 runs one type; --only full|lora times one kind (for a profiler).
+    const std::string dtype = arg_str(argc, argv, "--dtype", ""), only = arg_str(argc, argv, "--only", "");
     for (bool bf16 : {false, true}) {
       if (bf16 && !native) continue;
+      if (!dtype.empty() && dtype != (bf16 ? "bf16" : "fp32")) continue;
       model::ModelConfig l = c;
       l.lora.rank = 16;
       l.lora.alpha = 32;
       Job full = make_job(c, bf16), lora = make_job(l, bf16);
-      step(full, rows, bf16), step(lora, rows, bf16);  // warm-up (workspaces, primitives)
+      const bool run_full = only != "lora", run_lora = only != "full";
+      if (run_full) step(full, rows, bf16);  // warm-up (workspaces, primitives)
+      if (run_lora) step(lora, rows, bf16);
       std::vector<double> tf, tl;
       for (int r = 0; r < rounds; ++r) {
-        tf.push_back(step(full, rows, bf16));
-        tl.push_back(step(lora, rows, bf16));
+        tf.push_back(run_full ? step(full, rows, bf16) : 0.0);
+        tl.push_back(run_lora ? step(lora, rows, bf16) : 0.0);
       }
       std::printf("%s: full fine-tuning %.3f s/step, LoRA r16 all linears %.3f s/step (median of "
                   "%d alternating rounds): ratio %.3f\n",
