@@ -1,9 +1,12 @@
 // LoRA against full fine-tuning (docs/lora_performance.md), one process:
-//   bench_lora speed [--rounds 6] [--threads 2]
+//   bench_lora speed [--rounds 6] [--threads 2] [--dtype fp32|bf16] [--only full|lora]
 //     configs/small.toml's model (V 8192, H 384, 6 layers, 6 / 2 heads, P = 4 × 512), LoRA rank 16
 //     on every linear against full fine-tuning, fp32 and bf16 (if the CPU has native bf16): each
 //     round times one full step then one LoRA step (train::train_step, the trainer's step, in the
-//     trainer's scopes), on the same rows; prints the median step times and their ratio.
+//     trainer's scopes), on the same rows; prints the median step times and their ratio, the
+//     median CPU time of each (all threads; includes OpenMP's idle spinning unless
+//     OMP_WAIT_POLICY=passive) and the ratio of the fastest rounds. --dtype fp32|bf16 runs one
+//     type, --only full|lora times one kind (for a profiler).
 //   bench_lora memory full|lora [--steps 3] [--threads 2]
 //     bf16, dropout 0, P = 2048, a Llama of hidden 1024, 8 layers, 16 / 8 heads, vocab 32000, no
 //     checkpoint saving: the peak resident set of the training steps (VmHWM reset after set-up
