@@ -15,8 +15,6 @@
 #include "ops/vocab_check.h"
 #include "ops/threads.h"
 
-#include <omp.h>
-
 namespace longtron::model {
 namespace {
 
@@ -144,7 +142,6 @@ class Adapters {
 
   void forward(T* y, const T* x, int64_t N) {
     if (pieces_.empty()) return;
-    if (fused()) return forward_rows(y, x, N);
     // The adapters' thin GEMMs (one side r wide) in fp32 whatever the compute type (the
     // context-free ops::gemm): under bf16 they would round their [N, in] input once per adapter,
     // which costs more than it saves.
@@ -168,7 +165,6 @@ class Adapters {
 
   void backward(T* dx, const T* dy, const T* x, int64_t N) {
     if (pieces_.empty()) return;
-    if (fused()) return backward_rows(dx, dy, x, N);
     LoraState<T>& st = *state_;
     const int64_t nx = rows_x(N), ny = rows_y(N);
     const T s = T(st.config.scale());
@@ -216,152 +212,6 @@ class Adapters {
   }
 
  private:
-  // The fused path (a linear whose adapters need no communication: one process, data
-  // parallelism): each adapter's GEMMs are thin (one side r wide) and cheap, so rather than one
-  // threaded GEMM each (seven OpenMP teams an adapter, each a barrier that a loaded machine makes
-  // wait for a descheduled thread), the rows are cut into blocks of kBlockRows and each thread
-  // runs every GEMM of its blocks on its own (oneDNN runs a GEMM called inside a team on the
-  // calling thread): one team for the forward of all the linear's adapters, one for the backward.
-  // A's and B's gradients, sums over the rows, are summed per slot (a fixed run of blocks, the
-  // same whatever the thread count) and the slots added in order: the result does not depend on
-  // the number of threads.
-  static constexpr int64_t kBlockRows = 128;
-  static constexpr int64_t kMaxSlots = 8;
-
-  /// Per-thread scratch of one row block.
-  struct BlockScratch {
-    std::vector<T> xd, u, t, dym, du, g;
-  };
-  static BlockScratch& block_scratch() {
-    thread_local BlockScratch scratch;
-    return scratch;
-  }
-  /// The team of the fused loops: every thread for float (oneDNN GEMMs run on the calling thread
-  /// inside a team); one for double (OpenBLAS, whose pthread build is not called from a team).
-  static int team() { return std::is_same_v<T, float> ? std::max(1, omp_get_max_threads()) : 1; }
-
-  bool fused() const {
-    return !spec_.gather && !spec_.reduce && !spec_.forward_u && !spec_.backward_du &&
-           !spec_.x_rows && !spec_.y_rows;
-  }
-
-  /// Rows [n0, n0 + m) of dropout(x) for piece `p`: x's rows, or the masked copy in `w.xd`.
-  const T* block_input(BlockScratch& w, const T* x, int64_t n0, int64_t m, int64_t N,
-                       const Piece& p) {
-    const LoraState<T>& st = *state_;
-    if (!st.training || st.config.dropout <= 0.0) return x + n0 * in_;
-    T* xd = grow(w.xd, m * in_);
-    mask_rows(xd, x + n0 * in_, n0, m, N, p, /*accumulate=*/false);
-    return xd;
-  }
-
-  void forward_rows(T* y, const T* x, int64_t N) {
-    const T s = T(state_->config.scale());
-    const int64_t blocks = (N + kBlockRows - 1) / kBlockRows;
-#pragma omp parallel for schedule(static) num_threads(team())
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t n0 = b * kBlockRows, m = std::min(kBlockRows, N - n0);
-      BlockScratch& w = block_scratch();
-      for (const Piece& p : pieces_) {
-        if (p.b_rows == 0) continue;
-        const T* xd = block_input(w, x, n0, m, N, p);
-        T* u = grow(w.u, m * r_);
-        ops::gemm<T>(false, true, m, r_, in_, T(1), xd, weight(p.a_view, false), T(0), u);
-        const T* B = weight(p.b_view, false);
-        if (whole(p)) {
-          ops::gemm<T>(false, true, m, out_, r_, s, u, B, T(1), y + n0 * out_);
-        } else {
-          T* t = grow(w.t, m * p.b_rows);
-          ops::gemm<T>(false, true, m, p.b_rows, r_, s, u, B, T(0), t);
-          add_segment_rows(y + n0 * out_, t, m, p);
-        }
-      }
-    }
-  }
-
-  void backward_rows(T* dx, const T* dy, const T* x, int64_t N) {
-    LoraState<T>& st = *state_;
-    const T s = T(st.config.scale());
-    const int64_t blocks = (N + kBlockRows - 1) / kBlockRows;
-    const int64_t slots = std::min(blocks, kMaxSlots);
-    int64_t per_slot = 0;  // each piece's dA [r, in] then dB [b_rows, r]
-    for (const Piece& p : pieces_) per_slot += r_ * in_ + p.b_rows * r_;
-    T* partial = grow(st.partial, slots * per_slot);
-#pragma omp parallel for schedule(static) num_threads(team())
-    for (int64_t k = 0; k < slots; ++k) {
-      BlockScratch& w = block_scratch();
-      const int64_t first = k * blocks / slots, last = (k + 1) * blocks / slots;
-      for (int64_t b = first; b < last; ++b) {
-        const int64_t n0 = b * kBlockRows, m = std::min(kBlockRows, N - n0);
-        const T beta = b == first ? T(0) : T(1);
-        T* slot = partial + k * per_slot;
-        for (const Piece& p : pieces_) {
-          T* dA = slot;
-          T* dB = slot + r_ * in_;
-          slot += r_ * in_ + p.b_rows * r_;
-          const T* A = weight(p.a_view, true);
-          const T* xd = block_input(w, x, n0, m, N, p);
-          T* du = grow(w.du, m * r_);
-          if (p.b_rows > 0) {
-            T* u = grow(w.u, m * r_);  // recomputed: the GEMM costs less than keeping u
-            ops::gemm<T>(false, true, m, r_, in_, T(1), xd, A, T(0), u);
-            const T* dym = whole(p) ? dy + n0 * out_ : gather_segment_rows(w, dy + n0 * out_, m, p);
-            // dB += s · dymᵀ u; du = s · dym B.
-            ops::gemm<T>(true, false, p.b_rows, r_, m, s, dym, u, beta, dB);
-            ops::gemm<T>(false, false, m, r_, p.b_rows, s, dym, weight(p.b_view, true), T(0), du);
-          } else {
-            std::fill(du, du + m * r_, T(0));
-          }
-          // dA += duᵀ dropout(x); dx += dropout'(du A).
-          ops::gemm<T>(true, false, r_, in_, m, T(1), du, xd, beta, dA);
-          if (xd == x + n0 * in_) {
-            ops::gemm<T>(false, false, m, in_, r_, T(1), du, A, T(1), dx + n0 * in_);
-          } else {
-            T* g = grow(w.g, m * in_);
-            ops::gemm<T>(false, false, m, in_, r_, T(1), du, A, T(0), g);
-            mask_rows(dx + n0 * in_, g, n0, m, N, p, /*accumulate=*/true);
-          }
-        }
-      }
-    }
-    // The slots' sums, added in slot order.
-    int64_t at = 0;
-    for (const Piece& p : pieces_) {
-      add_slots(st.grads->ptr(p.a_view), partial + at, r_ * in_, slots, per_slot);
-      add_slots(st.grads->ptr(p.b_view), partial + at + r_ * in_, p.b_rows * r_, slots, per_slot);
-      at += r_ * in_ + p.b_rows * r_;
-    }
-  }
-
-  /// grad[i] += Σ_k part[k·stride + i] over slots k in order (summed into slot 0 in place).
-  static void add_slots(T* grad, T* part, int64_t n, int64_t slots, int64_t stride) {
-    constexpr int64_t kRun = 4096;  // elements a thread sums over every slot at a time
-#pragma omp parallel for schedule(static) if (n * slots > kParallelMinWork)
-    for (int64_t i0 = 0; i0 < n; i0 += kRun) {
-      const int64_t i1 = std::min(n, i0 + kRun);
-      for (int64_t k = 1; k < slots; ++k)
-        for (int64_t i = i0; i < i1; ++i) part[i] += part[k * stride + i];
-      for (int64_t i = i0; i < i1; ++i) grad[i] += part[i];
-    }
-  }
-
-  /// dy's columns of piece p for m rows (dy at the first), as [m, b_rows] in w.dym.
-  const T* gather_segment_rows(BlockScratch& w, const T* dy, int64_t m, const Piece& p) {
-    T* rows = grow(w.dym, m * p.b_rows);
-    for (int64_t n = 0; n < m; ++n)
-      for (const Piece::Seg& g : p.segs)
-        std::copy(dy + n * out_ + g.y_col, dy + n * out_ + g.y_col + g.count,
-                  rows + n * p.b_rows + g.b_row);
-    return rows;
-  }
-  /// y[n, segment columns] += t[n, B's rows] for m rows (y at the first).
-  void add_segment_rows(T* y, const T* t, int64_t m, const Piece& p) const {
-    const int64_t out = out_, br = p.b_rows;
-    for (int64_t n = 0; n < m; ++n)
-      for (const Piece::Seg& g : p.segs)
-        for (int64_t j = 0; j < g.count; ++j) y[n * out + g.y_col + j] += t[n * br + g.b_row + j];
-  }
-
   /// u = dropout(x)·Aᵀ over y's rows ([ny, r]); *xd is the (dropped) input it read.
   T* down_project(const T* x, int64_t N, int64_t nx, int64_t ny, const Piece& p, const T* A,
                   const T** xd) {
@@ -423,17 +273,6 @@ class Adapters {
 
   /// out = (or +=) mask ⊙ in / (1 − p) over [nx, in_] local rows and columns.
   void apply_mask(T* out, const T* src, int64_t nx, int64_t N, const Piece& p, bool accumulate) {
-    const int64_t blocks = (nx + kBlockRows - 1) / kBlockRows;
-#pragma omp parallel for schedule(static) if (nx * in_ > kParallelMinWork)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t n0 = b * kBlockRows, m = std::min(kBlockRows, nx - n0);
-      mask_rows(out + n0 * in_, src + n0 * in_, n0, m, N, p, accumulate);
-    }
-  }
-
-  /// The same over local rows [n0, n0 + m) (out and src at row n0), on the calling thread.
-  void mask_rows(T* out, const T* src, int64_t n0, int64_t m, int64_t N, const Piece& p,
-                 bool accumulate) const {
     const LoraState<T>& st = *state_;
     const double prob = st.config.dropout;
     const T keep_scale = T(1.0 / (1.0 - prob));
@@ -441,25 +280,25 @@ class Adapters {
     const int64_t pos0 = spec_.x_position ? spec_.x_position(N) : 0;
     const int32_t* positions = st.positions.empty() ? nullptr : st.positions.data();
     const int64_t col0 = spec_.col0, in = in_;
-    for (int64_t i = 0; i < m; ++i) {
-      const int64_t k = st.token_offset + n0 + i;
-      const int64_t position = positions ? int64_t(positions[k]) : pos0 + k;
+    const T* x = src;
+#pragma omp parallel for schedule(static) if (nx * in > kParallelMinWork)
+    for (int64_t n = 0; n < nx; ++n) {
       for (int64_t j = 0; j < in; ++j) {
-        const T v = lora_keep(key, position, col0 + j, prob) ? src[i * in + j] * keep_scale : T(0);
-        if (accumulate) out[i * in + j] += v;
-        else out[i * in + j] = v;
+        const int64_t k = st.token_offset + n;
+        const int64_t position = positions ? int64_t(positions[k]) : pos0 + k;
+        const T v = lora_keep(key, position, col0 + j, prob) ? x[n * in + j] * keep_scale : T(0);
+        if (accumulate) out[n * in + j] += v;
+        else out[n * in + j] = v;
       }
     }
   }
 
-  /// y[n, segment columns] += t[n, B's rows] over ny rows.
   void add_segments(T* y, const T* t, int64_t ny, const Piece& p) const {
-    const int64_t blocks = (ny + kBlockRows - 1) / kBlockRows;
-#pragma omp parallel for schedule(static) if (ny * p.b_rows > kParallelMinWork)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t n0 = b * kBlockRows;
-      add_segment_rows(y + n0 * out_, t + n0 * p.b_rows, std::min(kBlockRows, ny - n0), p);
-    }
+    const int64_t out = out_, br = p.b_rows;
+#pragma omp parallel for schedule(static) if (ny * br > kParallelMinWork)
+    for (int64_t n = 0; n < ny; ++n)
+      for (const Piece::Seg& g : p.segs)
+        for (int64_t j = 0; j < g.count; ++j) y[n * out + g.y_col + j] += t[n * br + g.b_row + j];
   }
 
   std::vector<Piece> pieces_;

@@ -90,7 +90,6 @@ struct LoraState {
   /// is read from its fp32 parameters through the wrapped ops.
   std::vector<const uint16_t*> base16;
   std::vector<T> xd, u, uy, t, dym, du, dux, a;  // scratch (a: a gathered A)
-  std::vector<T> partial;  // the fused backward's per-slot sums of A's and B's gradients
 };
 
 /// Where the frozen base's matrices are read from under LoRA: the engine's fp32 parameters, or

@@ -12,7 +12,6 @@
 #include "model/lora.h"
 #include "model_testing.h"
 #include "ops/fd_check.h"
-#include "ops/threads.h"
 
 namespace longtron::model {
 namespace {
@@ -206,70 +205,6 @@ TEST(LoraModel, InitAndDropoutMask) {
   EXPECT_NEAR(kept, 5000, 300);
   EXPECT_NEAR(same_step, 5000, 300);
   EXPECT_NEAR(same_module, 5000, 300);
-}
-
-// The float path of a linear whose adapters need no communication runs every GEMM of a block of
-// rows on one thread and sums A's and B's gradients per fixed run of blocks: it gives the
-// layered path's (one threaded GEMM each, taken when a layout communicates u) loss and adapter
-// gradients within float rounding, and the same bits whatever the number of threads.
-TEST(LoraModel, FloatRowBlocksMatchLayeredPathAndIgnoreThreadCount) {
-  for (const double dropout : {0.0, 0.25}) {
-    ModelConfig c = lora_config("llama", dropout, false);
-    c.lora.rank = 4;
-    std::mt19937_64 rng(5);
-    data::MicroBatch batch;  // 700 tokens: several row blocks and gradient slots
-    while (batch.input_ids.size() < 690)
-      testing::append_document(batch, testing::random_document(rng, 23, c.vocab_size));
-    const ParamTable base(c);
-    const std::vector<LoraModule> modules = lora_modules(base, c.lora);
-    const ParamTable table = lora_table(base, modules, c.lora.rank);
-    Params<float> params(base), adapter(table);
-    std::mt19937_64 gen(3);
-    std::normal_distribution<float> normal(0.f, 0.4f);
-    for (int64_t i = 0; i < base.numel(); ++i) params.data()[i] = normal(gen);
-    for (const auto& v : base.views())
-      if (v.is_norm)
-        for (int64_t i = 0; i < v.numel; ++i) params.data()[v.offset + i] += 1.f;
-    for (int64_t i = 0; i < table.numel(); ++i) adapter.data()[i] = normal(gen);
-    auto run = [&](bool layered, int threads) {
-      set_num_threads(threads);
-      auto state = std::make_shared<LoraState<float>>();
-      state->config = c.lora;
-      state->step = 2;
-      state->training = true;
-      state->params = &adapter;
-      Params<float> grads(base), adapter_grads(table);
-      state->grads = &adapter_grads;
-      ModelOps<float> ops = make_dense_ops<float>(base);
-      apply_lora<float>(ops, base, modules, table, state, [layered](int, int) {
-        LoraLinearSpec<float> sp;
-        if (layered)  // a one-rank "communication" of u and du: the layered path
-          sp.forward_u = sp.backward_du = [](float* to, float* from, int64_t N, int64_t r) {
-            std::copy(from, from + N * r, to);
-          };
-        return sp;
-      });
-      InternLM2<float> model(base, params, std::move(ops));
-      const double loss = model.forward_backward(batch, grads, 1.0).sum;
-      return std::make_pair(loss, std::vector<float>(adapter_grads.data(),
-                                                     adapter_grads.data() + table.numel()));
-    };
-    const auto [loss1, g1] = run(false, 1);
-    const auto [loss2, g2] = run(false, 2);
-    const auto [layered_loss, layered] = run(true, 2);
-    set_num_threads(0);
-    EXPECT_EQ(loss1, loss2);
-    ASSERT_EQ(g1.size(), g2.size());
-    for (size_t i = 0; i < g1.size(); ++i) ASSERT_EQ(g1[i], g2[i]) << i;
-    EXPECT_NEAR(loss1, layered_loss, 1e-5 * std::abs(layered_loss));
-    double norm = 0, diff = 0;
-    for (size_t i = 0; i < g1.size(); ++i) {
-      norm += double(layered[i]) * layered[i];
-      diff += (double(g1[i]) - layered[i]) * (double(g1[i]) - layered[i]);
-    }
-    EXPECT_GT(norm, 0.0);
-    EXPECT_LT(std::sqrt(diff / norm), 1e-5) << "dropout " << dropout;
-  }
 }
 
 TEST(LoraModel, BadTargets) {
