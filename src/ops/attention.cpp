@@ -18,6 +18,7 @@
 #include "ops/attention_plan.h"
 #include "ops/attention_rows.h"
 #include "ops/attention_skeleton.h"
+#include "ops/attention_transpose.h"
 #include "ops/fast_math.h"
 #include "ops/ops.h"
 #include "ops/compute_context.h"
@@ -67,9 +68,7 @@ class ForwardTile {
     const int64_t c0 = it.block * kAttnBlock, bj = std::min(kAttnBlock, g.k_len - c0);
     const T* kb = c_.k + (g.k_begin + c0) * s.kv_stride + it.kv_head * d;
     const int64_t index = (g.k_block0 + it.block) * s.num_kv_heads + it.kv_head;
-    T* kt = c_.kt_all + index * d * kAttnBlock;
-    for (int64_t c = 0; c < bj; ++c)
-      for (int64_t x = 0; x < d; ++x) kt[x * bj + c] = kb[c * s.kv_stride + x];
+    detail::transpose(c_.kt_all + index * d * kAttnBlock, bj, kb, s.kv_stride, bj, d);
     const T* vb = c_.v + (g.k_begin + c0) * s.kv_stride + it.kv_head * d;
     T* vt = c_.v_all + index * d * kAttnBlock;
     for (int64_t c = 0; c < bj; ++c) std::memcpy(vt + c * d, vb + c * s.kv_stride, sizeof(T) * d);
