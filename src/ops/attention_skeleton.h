@@ -7,7 +7,8 @@
 //
 // A forward policy `Tile` (one per thread, made from the call `C`) provides:
 //   Tile(const C&); pack_keys(item of p.k_side); pack_query_row(row, src);
-//   begin(M, no_keys); key_block(ForwardBlock); o(), m(), l() and base2() for the output rows.
+//   begin(M, no_keys); groups() (room for 4·G RowGroups); key_block(ForwardBlock); o(), m(),
+//   l() and base2() for the output rows.
 // The call C: out, lse, q (the caller's element type T), s (AttentionShape), p (AttnPlan).
 // A backward policy: the call C (BackwardCall below plus pack_row(row, n, head) and
 // pack_tile(tile, base, M)), and its Tile: Tile(C&); begin(segment, item, c0, k0, bj);
