@@ -170,8 +170,10 @@ class ParallelEngine {
   /// loss_scale · loss_sum into grads(). Returns the row's (loss_sum, count), identical on every
   /// rank of the model replica. `last` = the step's last micro-batch on this rank (the same on
   /// every rank): when overlaps_gradient_reduction(), the data-parallel all-reduce of each
-  /// gradient bucket starts during this backward as soon as the bucket is final (grad_buckets.h),
-  /// and finish_gradients() completes it; grads() must then not be touched until it has.
+  /// gradient bucket (or, after set_gradient_slices(counts), its reduce-scatter into the ZeRO-1
+  /// slices) starts during this backward as soon as the bucket is final (grad_buckets.h), and
+  /// finish_gradients() (finish_gradient_slices(counts)) completes it; grads() must then not be
+  /// touched until it has.
   model::LossSum forward_backward(const data::MicroBatch& row, double loss_scale, bool last = false);
   /// Loss only (evaluation), identical on every rank of the model replica. token_losses (when not
   /// nullptr) receives the loss of each token of the FULL row (0 where the label is ignored) in
