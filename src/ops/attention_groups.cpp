@@ -53,6 +53,17 @@ void for_each_group(const AttentionShape& s, int64_t group_tokens, F&& f) {
   for (size_t i = 0; i + 1 < b.size(); ++i) f(b[i], b[i + 1], sub_shape(s, b[i], b[i + 1], cu));
 }
 
+/// for_each_group, giving f(t0, n, shape, out_g) a float buffer for the group's attention output
+/// [n, Hq·d], for the bf16-output forms to round from or widen into.
+template <typename F>
+void for_each_group_out(const AttentionShape& s, int64_t group_tokens, F&& f) {
+  std::vector<float> out_g;
+  for_each_group(s, group_tokens, [&](int64_t t0, int64_t t1, const AttentionShape& g) {
+    out_g.resize(static_cast<size_t>((t1 - t0) * s.num_heads * s.head_dim));
+    f(t0, t1 - t0, g, out_g.data());
+  });
+}
+
 /// The lse of one group [t0, t0 + n) of a row whose lse is head-major [Hq, N]: the row's own
 /// when the group is the whole row, else a [Hq, n] buffer that is copied from the row before a
 /// backward reads it (in) or into the row after a forward wrote it (out, then store).
@@ -120,16 +131,14 @@ void varlen_attention_forward_groups_bf16_out(const ComputeContext& cc, uint16_t
                                               float* lse, const float* q,
                                               const float* k, const float* v,
                                               const AttentionShape& s, int64_t group_tokens) {
-  std::vector<float> out_g;
   GroupLse<float> lg(s);
-  const int64_t Hq = s.num_heads, d = s.head_dim;
-  for_each_group(s, group_tokens, [&](int64_t t0, int64_t t1, const AttentionShape& g) {
-    const int64_t n = t1 - t0;
-    out_g.resize(static_cast<size_t>(n * Hq * d));
-    varlen_attention_forward(cc, out_g.data(), lg.out(lse, n), q + t0 * s.q_stride,
+  const int64_t od = s.num_heads * s.head_dim;  // output features
+  for_each_group_out(s, group_tokens, [&](int64_t t0, int64_t n, const AttentionShape& g,
+                                          float* out_g) {
+    varlen_attention_forward(cc, out_g, lg.out(lse, n), q + t0 * s.q_stride,
                              k + t0 * s.kv_stride, v + t0 * s.kv_stride, g);
     lg.store(lse, t0, n);
-    round_to_bf16(out_g.data(), n * Hq * d, out16 + t0 * Hq * d);
+    round_to_bf16(out_g, n * od, out16 + t0 * od);
   });
 }
 
@@ -138,16 +147,14 @@ void varlen_attention_backward_groups_bf16_out(const ComputeContext& cc, float* 
                                                const float* q, const float* k, const float* v,
                                                const uint16_t* out16, const float* lse,
                                                const AttentionShape& s, int64_t group_tokens) {
-  std::vector<float> out_g;
   GroupLse<float> lg(s);
-  const int64_t Hq = s.num_heads, d = s.head_dim;
-  for_each_group(s, group_tokens, [&](int64_t t0, int64_t t1, const AttentionShape& g) {
-    const int64_t n = t1 - t0;
-    out_g.resize(static_cast<size_t>(n * Hq * d));
-    widen_bf16(out16 + t0 * Hq * d, n * Hq * d, out_g.data());
+  const int64_t od = s.num_heads * s.head_dim;  // output features
+  for_each_group_out(s, group_tokens, [&](int64_t t0, int64_t n, const AttentionShape& g,
+                                          float* out_g) {
+    widen_bf16(out16 + t0 * od, n * od, out_g);
     const int64_t qo = t0 * s.q_stride, ko = t0 * s.kv_stride;
-    varlen_attention_backward(cc, dq + qo, dk + ko, dv + ko, dout + t0 * Hq * d, q + qo, k + ko,
-                              v + ko, out_g.data(), lg.in(lse, t0, n), g);
+    varlen_attention_backward(cc, dq + qo, dk + ko, dv + ko, dout + t0 * od, q + qo, k + ko,
+                              v + ko, out_g, lg.in(lse, t0, n), g);
   });
 }
 
