@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/adamw.h"
+
 namespace longtron::ops {
 
 class ComputeContext;  // ops/compute_context.h
@@ -289,21 +291,5 @@ double cross_entropy_forward(T* lse, int64_t* count, const T* logits, const int3
 template <typename T>
 void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int32_t* labels,
                             int64_t N, int64_t V, T scale);
-
-// ---- AdamW --------------------------------------------------------------------------------------
-/// One AdamW update (Loshchilov & Hutter 2019, PyTorch's formulation) of n parameters with
-/// decoupled weight decay; step is 1-based (bias correction). m, v updated in place. When param16
-/// is not nullptr, param16[i] receives the bf16 rounding of the new param[i] (float_to_bf16,
-/// core/bf16.h) in the same pass: the refresh of a bf16 weight copy without reading the weights
-/// again (ops/compute_context.h).
-void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t step,
-                  uint16_t* param16 = nullptr);
-/// Whether adamw_update with the same arguments would leave every parameter and moment finite.
-/// Reads only (the same arithmetic, nothing stored): a step that would make the model non-finite
-/// is refused before anything changes.
-bool adamw_update_is_finite(const float* param, const float* m, const float* v, const float* grad,
-                            int64_t n, float lr, float beta1, float beta2, float eps,
-                            float weight_decay, int64_t step);
 
 }  // namespace longtron::ops
