@@ -242,6 +242,68 @@ void DenseChunkCrossEntropy<T>::backward(T* dlogits, const T* logits, const T* l
 }
 
 template <typename T>
+bool DenseChunkCrossEntropy<T>::forward_backward_bf16(double* loss, uint16_t* dlogits16, T* lse,
+                                                      int64_t* count, const T* logits,
+                                                      const int32_t* labels, int64_t rows,
+                                                      T scale) {
+  if constexpr (std::is_same_v<T, float>) {
+    *loss = ops::cross_entropy_forward_backward_bf16(dlogits16, lse, count, logits, labels, rows,
+                                                     V_, scale);
+    return true;
+  }
+  (void)loss, (void)dlogits16, (void)lse, (void)count, (void)logits, (void)labels, (void)rows,
+      (void)scale;
+  return false;
+}
+
+namespace {
+// chunked_head_loss under a bf16 context: each chunk's xf rounded once (the logits GEMM and the
+// weight gradient read it), the gradient of the logits made in bf16 (fused with the
+// cross-entropy where ce can, else rounded once; the float path's GEMMs round it twice). The
+// same roundings and products as the float path under bf16, so the same bits.
+LossSum chunked_head_loss_bf16(const ops::ComputeContext& cc, HeadChunks<float>& s,
+                               ChunkCrossEntropy<float>& ce, float* dxf, float* dW,
+                               const float* xf, const float* W, const int32_t* labels, int64_t N,
+                               int64_t V, int64_t H, int64_t chunk, double loss_scale,
+                               double* token_losses, const uint16_t* W16) {
+  const int64_t C = std::max<int64_t>(1, std::min(chunk, N));
+  float* const logits = s.logits.get(C * V + 1);
+  float* const lse = s.lse.get(C);
+  uint16_t* const dlogits16 = dxf ? s.dlogits16.get(C * V + 1) : nullptr;
+  LossSum loss;
+  for (int64_t n0 = 0; n0 < N; n0 += C) {
+    const int64_t rows = std::min(C, N - n0);
+    check(W16 != nullptr || W != nullptr, "chunked_head_loss: no head weight");
+    // x16 stays in this thread's operand buffer: only gemm_bf16 runs until dW has read it.
+    const auto r = ops::bf16_operands(cc, {ops::Bf16Operand{xf + n0 * H, rows * H},
+                                           ops::Bf16Operand{W16 ? nullptr : W, V * H}});
+    const uint16_t* const x16 = r[0];
+    const uint16_t* const w16 = W16 ? W16 : r[1];
+    ops::gemm_bf16(false, true, rows, V, H, 1.f, x16, w16, 0.f, logits);
+    int64_t count = 0;
+    double sum = 0;
+    const float scale = static_cast<float>(loss_scale);
+    const bool fused =
+        dxf && ce.forward_backward_bf16(&sum, dlogits16, lse, &count, logits, labels + n0, rows,
+                                        scale);
+    if (!fused) sum = ce.forward(lse, &count, logits, labels + n0, rows);
+    loss.sum += sum;
+    loss.count += count;
+    if (token_losses) ce.token_losses(token_losses + n0, logits, lse, labels + n0, rows);
+    if (!dxf) continue;
+    if (!fused) {
+      float* const dlogits = s.dlogits.get(C * V + 1);
+      ce.backward(dlogits, logits, lse, labels + n0, rows, scale);
+      ops::round_to_bf16(dlogits, rows * V, dlogits16);
+    }
+    ops::gemm_bf16(false, false, rows, H, V, 1.f, dlogits16, w16, 0.f, dxf + n0 * H);
+    if (dW) ops::gemm_bf16(true, false, V, H, rows, 1.f, dlogits16, x16, 1.f, dW);
+  }
+  return loss;
+}
+}  // namespace
+
+template <typename T>
 LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s, T* dxf, T* dW,
                           const T* xf, const T* W, const int32_t* labels, int64_t N, int64_t V,
                           int64_t H, int64_t chunk, double loss_scale, double* token_losses,
@@ -257,6 +319,11 @@ LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s,
                           const T* xf, const T* W, const int32_t* labels, int64_t N, int64_t V,
                           int64_t H, int64_t chunk, double loss_scale, double* token_losses,
                           const uint16_t* W16) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (cc.bf16() && N > 0 && H > 0)
+      return chunked_head_loss_bf16(cc, s, ce, dxf, dW, xf, W, labels, N, V, H, chunk, loss_scale,
+                                    token_losses, W16);
+  }
   // C = A·op(W): from the bf16 weight when given (float only), else gemm.
   auto weight_gemm = [&](bool tb, int64_t M, int64_t Nc, int64_t K, const T* A, T* C) {
     if constexpr (std::is_same_v<T, float>) {

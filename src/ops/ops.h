@@ -7,6 +7,7 @@
 // gradients (dx, dq, ...) and ACCUMULATE (+=) parameter gradients (dW, dweight, dtable); any
 // gradient pointer may be nullptr to skip it. No kernel communicates.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -53,6 +54,19 @@ void round_to_bf16_serial(const float* x, int64_t n, uint16_t* out);
 /// any float B whose rounding is B16. Needs no context; errors as gemm_bf16.
 void gemm_bf16_weight(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                       const float* A, const uint16_t* B16, float beta, float* C);
+
+/// One float GEMM operand x[0..n) for bf16_operands (x = nullptr: none).
+struct Bf16Operand {
+  const float* x = nullptr;
+  int64_t n = 0;
+};
+/// The bf16 roundings of float operands that several GEMMs share, so that each is rounded once
+/// (then gemm_bf16): an operand inside the context's weights comes from its bf16 copy, the others
+/// are rounded as gemm rounds them (nearest even) in one parallel region into the calling
+/// thread's operand buffer, the one gemm rounds into, so the pointers stay valid until the next
+/// gemm, gemm_bf16_weight or bf16_operands on this thread. nullptr for an absent operand.
+std::array<const uint16_t*, 3> bf16_operands(const ComputeContext& cc,
+                                             std::array<Bf16Operand, 3> operands);
 
 /// out[i] = the float value of the bf16 bits x[i] (exact: bf16 is the top half of an fp32);
 /// i < n. OpenMP threads. The inverse of round_to_bf16 on its outputs.
@@ -291,5 +305,12 @@ double cross_entropy_forward(T* lse, int64_t* count, const T* logits, const int3
 template <typename T>
 void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int32_t* labels,
                             int64_t N, int64_t V, T scale);
+/// cross_entropy_forward and then cross_entropy_backward, with the gradient rounded to bf16
+/// (float_to_bf16 of cross_entropy_backward's values) into dlogits16[N,V]: each row's logits
+/// are read once from memory and no fp32 gradient is stored. The same loss, lse and bits as the
+/// two calls and round_to_bf16. Errors as cross_entropy_forward.
+double cross_entropy_forward_backward_bf16(uint16_t* dlogits16, float* lse, int64_t* count,
+                                           const float* logits, const int32_t* labels, int64_t N,
+                                           int64_t V, float scale);
 
 }  // namespace longtron::ops
