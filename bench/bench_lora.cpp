@@ -1,9 +1,12 @@
 // LoRA against full fine-tuning (docs/lora_performance.md), one process:
-//   bench_lora speed [--rounds 6] [--threads 2]
+//   bench_lora speed [--rounds 6] [--threads 2] [--dtype fp32|bf16] [--only full|lora]
 //     configs/small.toml's model (V 8192, H 384, 6 layers, 6 / 2 heads, P = 4 × 512), LoRA rank 16
 //     on every linear against full fine-tuning, fp32 and bf16 (if the CPU has native bf16): each
 //     round times one full step then one LoRA step (train::train_step, the trainer's step, in the
-//     trainer's scopes), on the same rows; prints the median step times and their ratio.
+//     trainer's scopes), on the same rows; prints the median step times and their ratio, the
+//     median CPU time of each (all threads; includes OpenMP's idle spinning unless
+//     OMP_WAIT_POLICY=passive) and the ratio of the fastest rounds. --dtype fp32|bf16 runs one
+//     type, --only full|lora times one kind (for a profiler).
 //   bench_lora memory full|lora [--steps 3] [--threads 2]
 //     bf16, dropout 0, P = 2048, a Llama of hidden 1024, 8 layers, 16 / 8 heads, vocab 32000, no
 //     checkpoint saving: the peak resident set of the training steps (VmHWM reset after set-up
@@ -15,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <random>
 #include <string>
@@ -70,7 +74,16 @@ Job make_job(const model::ModelConfig& c, bool bf16) {
   return j;
 }
 
-double step(Job& j, const std::vector<data::MicroBatch>& rows, bool bf16) {
+/// The CPU time of the process so far (every thread), seconds.
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+/// The wall time of one step; `cpu` receives its CPU time (all threads, idle spinning included).
+double step(Job& j, const std::vector<data::MicroBatch>& rows, bool bf16, double* cpu = nullptr) {
+  const double c0 = cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   if (j.engine->compute().bf16() != bf16)
     j.engine->set_compute_type(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
@@ -78,6 +91,7 @@ double step(Job& j, const std::vector<data::MicroBatch>& rows, bool bf16) {
   so.lr = 1e-4;
   so.clip_grad_norm = 1.0;
   train::train_step(*j.engine, *j.adam, rows, so);
+  if (cpu) *cpu = cpu_seconds() - c0;
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -100,6 +114,12 @@ int arg_int(int argc, char** argv, const char* name, int def) {
   return def;
 }
 
+std::string arg_str(int argc, char** argv, const char* name, const char* def) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  return def;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -115,22 +135,33 @@ int main(int argc, char** argv) {
     const int rounds = arg_int(argc, argv, "--rounds", 6);
     const std::vector<data::MicroBatch> rows = {random_row(2048, c.vocab_size, 3)};
     const bool native = ops::cpu_has_avx512_bf16() && ops::gemm_backend().native_bf16;
+    // --dtype fp32|bf16 runs one type; --only full|lora times one kind (for a profiler).
+    const std::string dtype = arg_str(argc, argv, "--dtype", ""), only = arg_str(argc, argv, "--only", "");
     for (bool bf16 : {false, true}) {
       if (bf16 && !native) continue;
+      if (!dtype.empty() && dtype != (bf16 ? "bf16" : "fp32")) continue;
       model::ModelConfig l = c;
       l.lora.rank = 16;
       l.lora.alpha = 32;
       Job full = make_job(c, bf16), lora = make_job(l, bf16);
-      step(full, rows, bf16), step(lora, rows, bf16);  // warm-up (workspaces, primitives)
-      std::vector<double> tf, tl;
+      const bool run_full = only != "lora", run_lora = only != "full";
+      if (run_full) step(full, rows, bf16);  // warm-up (workspaces, primitives)
+      if (run_lora) step(lora, rows, bf16);
+      std::vector<double> tf, tl, cf(static_cast<size_t>(rounds)), cl(static_cast<size_t>(rounds));
       for (int r = 0; r < rounds; ++r) {
-        tf.push_back(step(full, rows, bf16));
-        tl.push_back(step(lora, rows, bf16));
+        tf.push_back(run_full ? step(full, rows, bf16, &cf[size_t(r)]) : 0.0);
+        tl.push_back(run_lora ? step(lora, rows, bf16, &cl[size_t(r)]) : 0.0);
       }
       std::printf("%s: full fine-tuning %.3f s/step, LoRA r16 all linears %.3f s/step (median of "
                   "%d alternating rounds): ratio %.3f\n",
                   bf16 ? "bf16" : "fp32", median(tf), median(tl), rounds, median(tl) / median(tf));
-      for (int r = 0; r < rounds; ++r) std::printf("  round %d: full %.3f s, LoRA %.3f s\n", r, tf[size_t(r)], tl[size_t(r)]);
+      std::printf("  CPU time: full %.3f s/step, LoRA %.3f s/step (medians): ratio %.3f; fastest "
+                  "rounds: ratio %.3f\n",
+                  median(cf), median(cl), median(cl) / median(cf),
+                  *std::min_element(tl.begin(), tl.end()) / *std::min_element(tf.begin(), tf.end()));
+      for (int r = 0; r < rounds; ++r)
+        std::printf("  round %d: full %.3f s (CPU %.3f s), LoRA %.3f s (CPU %.3f s)\n", r,
+                    tf[size_t(r)], cf[size_t(r)], tl[size_t(r)], cl[size_t(r)]);
       std::fflush(stdout);
     }
     return 0;

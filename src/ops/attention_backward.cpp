@@ -8,11 +8,13 @@
 // one tile from each key block, the CPU counterpart of FA2's atomic adds: accumulated into the
 // shared tile in key-block order (attention_dq_order.h), so dQ does not depend on the number of
 // threads. Extra memory:
-// the packed q, dO and dq of the call, O(N · Hq · d), never O(N²).
+// the packed q, dO and dq of the call, O(N · Hq · d), never O(N²). The loops are those of
+// attention_skeleton.h, shared with the bf16 kernel; this file holds the fp32/double tile math.
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ops/attention_add_dq.h"
@@ -21,6 +23,7 @@
 #include "ops/attention_f32_blocks.h"
 #include "ops/attention_plan.h"
 #include "ops/attention_rows.h"
+#include "ops/attention_skeleton.h"
 #include "ops/attention_transpose.h"
 #include "ops/fast_math.h"
 #include "ops/ops.h"
@@ -33,164 +36,124 @@ namespace {
 using detail::kAttnBlock;
 constexpr int64_t kKeyBlock = detail::kAttnBackwardKeyBlock;
 
-// Query-side rows packed once per call in tile order: the tile of (query block b, kv head g)
-// starts at row (b·Hkv + g)·G·64 and holds row h·bi + r for query head g·G + h at token q0 + r.
-// Every key block of the segment reads the same tile, so packing once (instead of per key block)
-// removes the copies from the inner loop; dq is accumulated in the same layout and scattered into
-// the caller's (possibly strided) dq at the end, which also makes it overwrite rather than add
+// The call. Query-side rows are packed once per call in tile order (BackwardCall): every key
+// block of the segment reads the same tile, so packing once (instead of per key block) removes
+// the copies from the inner loop; dq is accumulated in the same layout and moved into the
+// caller's (possibly strided) dq at the end, which also makes it overwrite rather than add
 // (varlen_attention_backward_add_dq adds it there instead).
 template <typename T>
-struct PackedQueries {
-  int64_t tile_rows;  // G · 64
-  T *q, *dout, *dq, *lse, *delta;
-  // Per tile: whether a key block has written its dq yet. The first add writes instead of adding
-  // (no zero fill of dq); read and set only on the tile's turn (DqOrder), so never concurrently.
-  uint8_t* dq_written;
-  int64_t row(int64_t block_id, int64_t num_kv_heads, int64_t g) const {
-    return (block_id * num_kv_heads + g) * tile_rows;
+struct Call : detail::BackwardCall<T, T> {
+  T *dk, *dv;
+  const T *q, *k, *v, *dout, *out, *lse_in;
+  T *pq, *pdout, *lse, *delta;  // packed q and dO [rows, d]; lse and D [rows]
+  void pack_row(int64_t row, int64_t n, int64_t head) {
+    const AttentionShape& s = this->s;
+    const int64_t d = s.head_dim;
+    const T* o = out + (n * s.num_heads + head) * d;
+    const T* g_o = dout + (n * s.num_heads + head) * d;
+    std::memcpy(&pq[row * d], q + n * s.q_stride + head * d, sizeof(T) * d);
+    std::memcpy(&pdout[row * d], g_o, sizeof(T) * d);
+    T sum = 0;  // D = rowsum(dO ∘ O)
+#pragma omp simd reduction(+ : sum)
+    for (int64_t x = 0; x < d; ++x) sum += o[x] * g_o[x];
+    delta[row] = sum;
+    lse[row] = lse_in[head * s.num_tokens + n];
   }
+  void pack_tile(int64_t, int64_t, int64_t) {}
 };
 
-// Per-thread tiles of one item, kept in the thread's workspace between calls.
+// The tile math of one thread, its tiles kept in the thread's workspace between calls. For
+// float on AVX-512, S goes from the register blocks straight into P and dS
+// (attention_f32_blocks.h).
 template <typename T>
-struct BackwardScratch {
-  detail::ScratchTile<T> kt, vt, kc, s, dp, dk, dv;
-  BackwardScratch(int64_t rows, int64_t d) {
-    const int64_t kd = d * kKeyBlock, rk = rows * kKeyBlock;
+class BackwardTile {
+ public:
+  explicit BackwardTile(Call<T>& c) : c_(c), d_(c.s.head_dim) {
+    const int64_t kd = d_ * kKeyBlock, rk = c.tile_rows * kKeyBlock;
     const auto t = detail::scratch_tiles<T, 7>({kd, kd, kd, rk, rk, kd, kd});
-    kt = t[0], vt = t[1], kc = t[2], s = t[3], dp = t[4], dk = t[5], dv = t[6];
+    kt_ = t[0], vt_ = t[1], kc_ = t[2], s_ = t[3], dp_ = t[4], dk_ = t[5], dv_ = t[6];
   }
-};
-
-enum class Move { kPack, kStore, kAdd };
-
-// Copies (kPack) the query block of `it` into PackedQueries with its lse and D, or scatters its
-// accumulated dq back to the caller's layout, overwriting (kStore) or adding to (kAdd) it.
-template <typename T>
-void move_query_block(PackedQueries<T>& pq, T* dq, const T* q, const T* dout, const T* out,
-                      const T* lse, const AttentionShape& s, const detail::AttnPlan& p,
-                      const detail::AttnItem& it, Move move) {
-  const detail::AttnSegment& sg = p.segments[it.seg];
-  const int64_t d = s.head_dim, G = s.num_heads / s.num_kv_heads, g = it.kv_head;
-  const int64_t q0 = sg.q_begin + it.block * kAttnBlock;
-  const int64_t bi = std::min(kAttnBlock, sg.q_len - it.block * kAttnBlock);
-  const int64_t tile = (sg.q_block0 + it.block) * s.num_kv_heads + g;
-  const int64_t base = pq.row(sg.q_block0 + it.block, s.num_kv_heads, g);
-  // A tile no key block added into (queries that see no key; not possible for valid shapes).
-  if (move != Move::kPack && !pq.dq_written[tile]) std::fill_n(&pq.dq[base * d], G * bi * d, T(0));
-  for (int64_t h = 0; h < G; ++h) {
-    const int64_t head = g * G + h;
-    for (int64_t r = 0; r < bi; ++r) {
-      const int64_t row = base + h * bi + r, n = q0 + r;
-      if (move == Move::kStore) {
-        std::memcpy(dq + n * s.q_stride + head * d, &pq.dq[row * d], sizeof(T) * d);
-        continue;
-      }
-      if (move == Move::kAdd) {
-        T* dst = dq + n * s.q_stride + head * d;
-        const T* src = &pq.dq[row * d];
-        for (int64_t x = 0; x < d; ++x) dst[x] += src[x];
-        continue;
-      }
-      const T* o = out + (n * s.num_heads + head) * d;
-      const T* g_o = dout + (n * s.num_heads + head) * d;
-      std::memcpy(&pq.q[row * d], q + n * s.q_stride + head * d, sizeof(T) * d);
-      std::memcpy(&pq.dout[row * d], g_o, sizeof(T) * d);
-      T delta = 0;  // D = rowsum(dO ∘ O)
-#pragma omp simd reduction(+ : delta)
-      for (int64_t x = 0; x < d; ++x) delta += o[x] * g_o[x];
-      pq.delta[row] = delta;
-      pq.lse[row] = lse[head * s.num_tokens + n];
-    }
-  }
-}
-
-// P = exp(scale·S − lse) (0 where masked) into w.s; dS = P ∘ (dP − D) · scale into w.dp. Row
-// `row` is query r0 + row % bi of the segment; the tile's keys start at key c0.
-template <typename T>
-void probabilities_and_dscores(BackwardScratch<T>& w, const T* lse, const T* delta,
-                               const detail::AttnPlan& p, const detail::AttnSegment& sg,
-                               int64_t M, int64_t bi, int64_t bj, int64_t r0, int64_t c0,
-                               T scale) {
-  for (int64_t row = 0; row < M; ++row) {
-    const int64_t r = r0 + row % bi;
-    const int64_t lo = std::clamp<int64_t>(p.key_lo(sg, r) - c0, 0, bj);
-    const int64_t hi = std::clamp<int64_t>(p.key_hi(sg, r) - c0, 0, bj);
-    detail::dscores_row(&w.s[row * bj], &w.dp[row * bj], bj, lo, hi, lse[row], delta[row],
-                        scale);
-  }
-}
-
-template <typename T>
-void backward_item(T* dk, T* dv, const T* k, const T* v, PackedQueries<T>& pq,
-                   detail::DqOrder& order, const AttentionShape& s, const detail::AttnPlan& p,
-                   const detail::AttnItem& it, BackwardScratch<T>& w) {
-  const detail::AttnSegment& sg = p.segments[it.seg];
-  const int64_t d = s.head_dim, G = s.num_heads / s.num_kv_heads, g = it.kv_head;
-  const int64_t c0 = it.block * kKeyBlock, k0 = sg.k_begin + c0;
-  const int64_t bj = std::min(kKeyBlock, sg.k_len - c0);
-  const T scale = static_cast<T>(s.scale);
-  const T* kb = k + k0 * s.kv_stride + g * d;
-  const T* vb = v + k0 * s.kv_stride + g * d;
   // Kᵀ and Vᵀ tiles [d, bj] so the score GEMMs read rows, and K contiguous for dQ (see
   // attention.cpp's V).
-  detail::transpose(w.kt.data(), bj, kb, s.kv_stride, bj, d);
-  detail::transpose(w.vt.data(), bj, vb, s.kv_stride, bj, d);
-  for (int64_t c = 0; c < bj; ++c) std::memcpy(&w.kc[c * d], kb + c * s.kv_stride, sizeof(T) * d);
-  // Keys no query sees (before a window, or of a segment without queries) keep zero gradients.
-  std::fill_n(w.dk.data(), bj * d, T(0));
-  std::fill_n(w.dv.data(), bj * d, T(0));
-  for (int64_t i = it.first; i < it.last; ++i) {
-    const int64_t r0 = i * kAttnBlock;
-    const int64_t bi = std::min(kAttnBlock, sg.q_len - r0), M = G * bi;
-    // Only the keys [klo, khi) of the block are visible to this query block (on the diagonal
-    // and at a window's edge the rest are masked for every row): the products skip the others.
-    const int64_t klo = std::clamp<int64_t>(p.key_lo(sg, r0) - c0, 0, bj);
-    const int64_t khi = std::clamp<int64_t>(p.key_hi(sg, r0 + bi - 1) - c0, 0, bj);
-    const int64_t tile = detail::DqOrder::tile(p, s.num_kv_heads, it, i);
-    if (klo >= khi) {  // nothing to add, but the turn still passes through this block
-      order.wait(tile, it.block);
-      order.pass(tile, it.block);
-      continue;
-    }
-    const int64_t nb = khi - klo;
-    const int64_t base = pq.row(sg.q_block0 + i, s.num_kv_heads, g);
-    const T* qt = &pq.q[base * d];
-    const T* dot = &pq.dout[base * d];
-    T* sk = w.s.data() + klo;    // columns klo.. of P (rows of stride bj)
-    T* dsk = w.dp.data() + klo;  // and of dS
+  void begin(const detail::AttnSegment&, const detail::AttnItem& it, int64_t, int64_t k0,
+             int64_t bj) {
+    const AttentionShape& s = c_.s;
+    const int64_t d = d_;
+    const T* kb = c_.k + k0 * s.kv_stride + it.kv_head * d;
+    const T* vb = c_.v + k0 * s.kv_stride + it.kv_head * d;
+    detail::transpose(kt_.data(), bj, kb, s.kv_stride, bj, d);
+    detail::transpose(vt_.data(), bj, vb, s.kv_stride, bj, d);
+    for (int64_t c = 0; c < bj; ++c) std::memcpy(&kc_[c * d], kb + c * s.kv_stride, sizeof(T) * d);
+    // Keys no query sees (before a window, or of a segment without queries) keep zero gradients.
+    std::fill_n(dk_.data(), bj * d, T(0));
+    std::fill_n(dv_.data(), bj * d, T(0));
+  }
+  // Only the keys [lo, hi) of the block are visible to the query block (on the diagonal and at
+  // a window's edge the rest are masked for every row): the products skip the others.
+  static std::pair<int64_t, int64_t> key_range(const detail::AttnPlan& p,
+                                               const detail::AttnSegment& sg, int64_t r0,
+                                               int64_t bi, int64_t c0, int64_t bj) {
+    return {std::clamp<int64_t>(p.key_lo(sg, r0) - c0, 0, bj),
+            std::clamp<int64_t>(p.key_hi(sg, r0 + bi - 1) - c0, 0, bj)};
+  }
+  void products(const detail::BackwardBlock& b) {
+    const int64_t d = d_, bj = b.bj, klo = b.lo, nb = b.hi - b.lo, M = b.M;
+    const T* qt = &c_.pq[b.base * d];
+    const T* dot = &c_.pdout[b.base * d];
+    T* sk = s_.data() + klo;    // columns klo.. of P (rows of stride bj)
+    T* dsk = dp_.data() + klo;  // and of dS
     bool fused = false;
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<T, float>) {
-      // dP stored, then S on register blocks straight into P and dS (attention_f32_blocks.h).
-      detail::tile_gemm<T>(M, nb, d, dot, d, 1, w.vt.data() + klo, bj, dsk, bj, false);
-      detail::F32Dscores dscores{&p, &sg, r0, bi, c0, klo, nb, bj, scale, &pq.lse[base],
-                                 &pq.delta[base], sk, dsk};
-      detail::f32_row_range_to(0, M, nb, d, qt, d, w.kt.data() + klo, bj, dscores);
+      // dP stored, then S on register blocks straight into P and dS.
+      detail::tile_gemm<T>(M, nb, d, dot, d, 1, vt_.data() + klo, bj, dsk, bj, false);
+      detail::F32Dscores dscores{b.p,  b.g, b.r0, b.bi, b.c0, klo, nb, bj, scale(),
+                                 &c_.lse[b.base], &c_.delta[b.base], sk, dsk};
+      detail::f32_row_range_to(0, M, nb, d, qt, d, kt_.data() + klo, bj, dscores);
       fused = true;
     }
 #endif
     if (!fused) {
-      detail::tile_gemm<T>(M, nb, d, qt, d, 1, w.kt.data() + klo, bj, sk, bj, false);
-      detail::tile_gemm<T>(M, nb, d, dot, d, 1, w.vt.data() + klo, bj, dsk, bj, false);
-      probabilities_and_dscores(w, &pq.lse[base], &pq.delta[base], p, sg, M, bi, bj, r0, c0,
-                                scale);
+      detail::tile_gemm<T>(M, nb, d, qt, d, 1, kt_.data() + klo, bj, sk, bj, false);
+      detail::tile_gemm<T>(M, nb, d, dot, d, 1, vt_.data() + klo, bj, dsk, bj, false);
+      probabilities_and_dscores(b);
     }
     // dV += Pᵀ dO and dK += dSᵀ Q (the transposes are strides of A, nothing is copied).
-    detail::tile_gemm<T>(nb, d, M, sk, 1, bj, dot, d, w.dv.data() + klo * d, d, true);
-    detail::tile_gemm<T>(nb, d, M, dsk, 1, bj, qt, d, w.dk.data() + klo * d, d, true);
-    // dQ += dS K, straight into the shared tile on this block's turn.
-    const T* kc = w.kc.data() + klo * d;
-    order.wait(tile, it.block);
-    detail::tile_gemm<T>(M, d, nb, dsk, bj, 1, kc, d, &pq.dq[base * d], d, pq.dq_written[tile]);
-    pq.dq_written[tile] = 1;
-    order.pass(tile, it.block);
+    detail::tile_gemm<T>(nb, d, M, sk, 1, bj, dot, d, dv_.data() + klo * d, d, true);
+    detail::tile_gemm<T>(nb, d, M, dsk, 1, bj, qt, d, dk_.data() + klo * d, d, true);
   }
-  for (int64_t c = 0; c < bj; ++c) {
-    std::memcpy(dk + (k0 + c) * s.kv_stride + g * d, &w.dk[c * d], sizeof(T) * d);
-    std::memcpy(dv + (k0 + c) * s.kv_stride + g * d, &w.dv[c * d], sizeof(T) * d);
+  void add_dq(const detail::BackwardBlock& b, bool accumulate) {
+    const int64_t d = d_;
+    detail::tile_gemm<T>(b.M, d, b.hi - b.lo, dp_.data() + b.lo, b.bj, 1, kc_.data() + b.lo * d,
+                         d, &c_.dq_tiles[b.base * d], d, accumulate);
   }
-}
+  void end(int64_t offset, int64_t bj) {
+    const int64_t d = d_, stride = c_.s.kv_stride;
+    for (int64_t c = 0; c < bj; ++c) {
+      std::memcpy(c_.dk + offset + c * stride, &dk_[c * d], sizeof(T) * d);
+      std::memcpy(c_.dv + offset + c * stride, &dv_[c * d], sizeof(T) * d);
+    }
+  }
+
+ private:
+  T scale() const { return static_cast<T>(c_.s.scale); }
+  // P = exp(scale·S − lse) (0 where masked) into s_; dS = P ∘ (dP − D) · scale into dp_. Row
+  // `row` is query r0 + row % bi of the segment; the tile's keys start at key c0.
+  void probabilities_and_dscores(const detail::BackwardBlock& b) {
+    const int64_t bj = b.bj;
+    for (int64_t row = 0; row < b.M; ++row) {
+      const int64_t r = b.r0 + row % b.bi;
+      const int64_t lo = std::clamp<int64_t>(b.p->key_lo(*b.g, r) - b.c0, 0, bj);
+      const int64_t hi = std::clamp<int64_t>(b.p->key_hi(*b.g, r) - b.c0, 0, bj);
+      detail::dscores_row(&s_[row * bj], &dp_[row * bj], bj, lo, hi, c_.lse[b.base + row],
+                          c_.delta[b.base + row], scale());
+    }
+  }
+
+  Call<T>& c_;
+  int64_t d_;
+  detail::ScratchTile<T> kt_, vt_, kc_, s_, dp_, dk_, dv_;
+};
 
 template <typename T>
 void backward(const ComputeContext& cc, T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
@@ -202,7 +165,6 @@ void backward(const ComputeContext& cc, T* dq, T* dk, T* dv, const T* dout, cons
     }
   }
   const detail::AttnPlan p = detail::plan_attention(s, true, kKeyBlock);
-  const int64_t n_queries = static_cast<int64_t>(p.q_side.size());
   const int64_t tile_rows = (s.num_heads / s.num_kv_heads) * kAttnBlock;
   const int64_t rows = p.q_blocks * s.num_kv_heads * tile_rows;  // ≤ (N + 64·segments)·Hq
   const size_t values = static_cast<size_t>(rows * s.head_dim);
@@ -211,28 +173,10 @@ void backward(const ComputeContext& cc, T* dq, T* dk, T* dv, const T* dout, cons
   const int64_t tiles = p.q_blocks * s.num_kv_heads;
   uint8_t* written =
       detail::workspace<uint8_t>(detail::Arena::kDqWritten, static_cast<size_t>(tiles));
-  std::fill_n(written, tiles, uint8_t(0));
-  PackedQueries<T> pq{tile_rows,           buffer,
-                      buffer + values,     buffer + 2 * values,
-                      buffer + 3 * values, buffer + 3 * values + rows,
-                      written};
-  detail::DqOrder order(p, s.num_kv_heads);
-  detail::ChainClaim items(p);  // chains in block order (what DqOrder needs), largest first
-#pragma omp parallel
-  {
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < n_queries; ++i)
-      move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], Move::kPack);
-    BackwardScratch<T> scratch(tile_rows, s.head_dim);
-    int64_t chain = -1;
-    for (int64_t i = items.claim(chain); i >= 0; i = items.claim(chain))
-      backward_item(dk, dv, k, v, pq, order, s, p, p.items[i], scratch);
-#pragma omp barrier
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < n_queries; ++i)
-      move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i],
-                       add_dq ? Move::kAdd : Move::kStore);
-  }
+  Call<T> call{{s, p, tile_rows, buffer + 2 * values, written},
+               dk, dv, q, k, v, dout, out, lse,
+               buffer, buffer + values, buffer + 3 * values, buffer + 3 * values + rows};
+  detail::run_backward<BackwardTile<T>>(call, dq, add_dq);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// bf16 varlen attention on AVX512-BF16 (and AMX tiles where available): the loop structure of
-// attention.cpp (forward, FA2 Algorithm 1) and attention_backward.cpp (backward, Algorithm 2, with
-// 128-key blocks) with every tile product in bf16 × bf16 → fp32 (bf16_tile_gemm.h). Inputs are
+// bf16 varlen attention on AVX512-BF16 (and AMX tiles where available): the loops that the fp32
+// kernels share (attention_skeleton.h: forward FA2 Algorithm 1, backward Algorithm 2 with 128-key
+// blocks) over tile math with every product in bf16 × bf16 → fp32 (bf16_tile_gemm.h). Inputs are
 // rounded to bf16 once, while they are packed into the layouts vdpbf16ps reads (pairs along the
 // reduction dimension); the softmax, lse, D and all accumulators stay fp32, and P and dS are
 // rounded to bf16 only as GEMM inputs, as in FlashAttention-2's bf16 kernels (Dao 2023). The
@@ -19,12 +19,14 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "ops/attention_dq_order.h"
 #include "ops/attention_plan.h"
 #include "ops/attention_rows.h"
 #include "ops/attention_rows_bf16.h"
+#include "ops/attention_skeleton.h"
 #include "ops/attention_transpose.h"
 #include "ops/bf16_tile_blocks.h"
 #include "ops/bf16_tile_gemm.h"
@@ -72,45 +74,10 @@ LONGTRON_BF16_TARGET void pack_words_transposed_fast(uint32_t* dst, int64_t ldb,
 
 // ---- Forward ---------------------------------------------------------------------------------
 
-// Per-thread tiles of one item, kept in the thread's workspace between calls (s: where AMX
-// products spill, bf16_gemm_to; the S and PV products take turns in it).
-struct ForwardScratch {
-  ScratchTile<bf16_t> q, p;
-  ScratchTile<float> s, o, m, l, alpha, sum;
-  ForwardScratch(int64_t rows, const Dims& dm) {
-    const auto h = scratch_tiles<bf16_t, 2>({rows * dm.dp, rows * B});
-    const auto f = scratch_tiles<float, 6>(
-        {rows * std::max(B, dm.d16), rows * dm.d, rows, rows, rows, rows});
-    q = h[0], p = h[1], s = f[0], o = f[1], m = f[2], l = f[3], alpha = f[4], sum = f[5];
-  }
-};
-
-// Which of the keys [c0, c0 + n) (n ≤ 64) the queries [r0, r0 + bi) of a segment see, as lanes.
-// Where every query sees all of them (most tiles off the diagonal), one set of lanes serves all
-// rows and the per-row bounds are skipped.
-struct TileVisibility {
-  const AttnPlan* plan;
-  const AttnSegment* g;
-  int64_t c0, n;
-  bool full;          // key_lo is non-decreasing and key_hi increasing in the query position
-  KeyLanes all;
-  TileVisibility(const AttnPlan& p, const AttnSegment& seg, int64_t r0, int64_t bi, int64_t c0_,
-                 int64_t n_)
-      : plan(&p), g(&seg), c0(c0_), n(n_),
-        full(p.key_lo(seg, r0 + bi - 1) <= c0_ && p.key_hi(seg, r0) >= c0_ + n_), all(0, n_) {}
-  /// Lanes of query r (segment position).
-  KeyLanes row(int64_t r) const {
-    if (full) return all;
-    return KeyLanes(std::clamp<int64_t>(plan->key_lo(*g, r) - c0, 0, n),
-                        std::clamp<int64_t>(plan->key_hi(*g, r) - c0, 0, n));
-  }
-};
-
-// The online softmax (FlashAttention-2, Algorithm 1) on register blocks of S = QKᵀ for one key
-// block, in base 2 (scale2 = scale · log2 e, maxima of scale2 · S): per row, P in bf16 into p
-// (stride 64), the new max into m, the previous one into m_old and P's row sum into sum.
-// finish_online_softmax then turns m_old into the output accumulator's factor (applied by
-// RescaleAdd) and updates l.
+// The online softmax (online_softmax_row, attention_blocks.h) on register blocks of S = QKᵀ for
+// one key block: per row, P rounded to bf16 into p (stride 64), the new max into m, the previous
+// one into m_old and P's row sum into sum. finish_online_softmax then turns m_old into the
+// output accumulator's factor (applied by RescaleAdd) and updates l.
 struct OnlineSoftmax {
   TileVisibility vis;
   int64_t r0, bi;  // the item's first query, rows per head (row h·bi + r is query r0 + r)
@@ -123,104 +90,102 @@ struct OnlineSoftmax {
 #pragma GCC unroll 6
     for (int k = 0; k < R; ++k) {
       const int64_t row = i + k;
-      __m512 x[4];
-      for (int v = 0; v < 4; ++v) x[v] = v < NV ? acc[k][v] : _mm512_setzero_ps();
-      softmax_row_bf16(x, vis.row(r0 + r), scale2, m[row], m_old[row], sum[row], p + row * B);
+      __m512 y[4];
+      for (int v = 0; v < NV; ++v) y[v] = acc[k][v];
+      online_softmax_row<4, NV>(y, vis.row(r0 + r), scale2, m[row], m_old[row], sum[row]);
+      _mm512_storeu_si512(p + row * B, round_two(y[0], y[1]));
+      _mm512_storeu_si512(p + row * B + 32, round_two(y[2], y[3]));
       if (++r == bi) r = 0;
     }
   }
 };
 
-// Kᵀ words and V pairs of rows of every (key block, kv head), once per call.
-void pack_forward_keys(uint32_t* kw_all, uint32_t* vp_all, const float* k, const float* v,
-                       const AttentionShape& s, const AttnPlan& p, const AttnItem& it,
-                       const Dims& m, bf16_t* rows) {
-  const AttnSegment& g = p.segments[it.seg];
-  const int64_t c0 = it.block * B, bj = std::min(B, g.k_len - c0);
-  const int64_t index = (g.k_block0 + it.block) * s.num_kv_heads + it.kv_head;
-  const int64_t offset = (g.k_begin + c0) * s.kv_stride + it.kv_head * m.d;
-  key_rows(rows, k + offset, s.kv_stride, bj, m);
-  pack_words_transposed_fast(kw_all + index * m.words_t(), B, rows, m.dp, bj, m.d2);
-  key_rows(rows, v + offset, s.kv_stride, bj, m);
-  pack_pairs_of_rows(vp_all + index * m.words_rows(), m.d16, rows, m.dp, bj, m.d);
-}
-
-void forward_item(float* out, float* lse, const float* q, const uint32_t* kw_all,
-                  const uint32_t* vp_all, const AttentionShape& s, const AttnPlan& p,
-                  const AttnItem& it, const Dims& m, ForwardScratch& w) {
-  const AttnSegment& g = p.segments[it.seg];
-  const int64_t d = m.d, G = m.G, N = s.num_tokens;
-  const int64_t r0 = it.block * B, q0 = g.q_begin + r0;
-  const int64_t bi = std::min(B, g.q_len - r0), M = G * bi;
-  const float scale2 = static_cast<float>(s.scale) * kLog2e;
-  for (int64_t h = 0; h < G; ++h)
-    for (int64_t r = 0; r < bi; ++r)
-      row_to_bf16(&w.q[(h * bi + r) * m.dp],
-                  q + (q0 + r) * s.q_stride + (it.kv_head * G + h) * d, d, m.dp);
-  if (it.first == it.last) std::fill(w.o.begin(), w.o.begin() + M * d, 0.0f);
-  std::fill(w.m.begin(), w.m.end(), -std::numeric_limits<float>::infinity());
-  std::fill(w.l.begin(), w.l.end(), 0.0f);
-  RescaleAdd rescale{w.o.data(), d, w.alpha.data(), true};
-  RowGroup groups[4 * B];  // ≤ 4 per head (64 keys = 4 vectors), G ≤ 64 heads per kv head
-  const bool amx = amx_available();
-  for (int64_t j = it.first; j < it.last; ++j) {
-    const int64_t c0 = j * B, bj = std::min(B, g.k_len - c0), bjp = round_up(bj, 2);
-    const int64_t index = (g.k_block0 + j) * s.num_kv_heads + it.kv_head;
-    OnlineSoftmax softmax{TileVisibility(p, g, r0, bi, c0, bj),
-                          r0,
-                          bi,
-                          scale2,
-                          w.m.data(),
-                          w.alpha.data(),
-                          w.sum.data(),
-                          w.p.data()};
-    rescale.first = j == it.first;
-    const uint32_t* kw = kw_all + index * m.words_t();
-    const uint32_t* vp = vp_all + index * m.words_rows();
-    if (softmax.vis.full || amx || G > 64) {
-      bf16_gemm_to(M, bj, m.d2, w.q.data(), m.dp, kw, B, softmax, m.G * B, w.s.data(), B);
-      finish_online_softmax(M, w.m.data(), w.alpha.data(), w.sum.data(), w.l.data());
-      bf16_gemm_to(M, d, bjp / 2, w.p.data(), B, vp, m.d16, rescale, m.G * B, w.s.data(), m.d16);
-      continue;
-    }
-    // The causal edge: each group of rows stops its PV product at the last 16-key vector it
-    // sees. The same values as the whole tile's product (the keys left out hold P = 0), fewer
-    // products. (Stopping the S product too needs narrower register blocks, which ran slower.)
-    const int64_t n_groups = edge_row_groups(groups, p, g, r0, bi, G, c0, bj);
-    bf16_gemm_to(M, bj, m.d2, w.q.data(), m.dp, kw, B, softmax, m.G * B, w.s.data(), B);
-    finish_online_softmax(M, w.m.data(), w.alpha.data(), w.sum.data(), w.l.data());
-    for (int64_t k = 0; k < n_groups; ++k)
-      bf16_row_range_to(groups[k].i0, groups[k].i1, d, std::min(16 * groups[k].nv, bjp) / 2,
-                        w.p.data(), B, vp, m.d16, rescale);
-  }
-  for (int64_t h = 0; h < G; ++h) {
-    const int64_t head = it.kv_head * G + h;
-    for (int64_t r = 0; r < bi; ++r) {
-      const int64_t row = h * bi + r;
-      const float inv = w.l[row] > 0.0f ? 1.0f / w.l[row] : 0.0f;
-      float* orow = out + (q0 + r) * s.num_heads * d + head * d;
-      for (int64_t x = 0; x < d; ++x) orow[x] = w.o[row * d + x] * inv;
-      lse[head * N + q0 + r] = w.l[row] > 0.0f ? w.m[row] * kLn2 + std::log(w.l[row])
-                                               : -std::numeric_limits<float>::infinity();
-    }
-  }
-}
-
-// ---- Backward --------------------------------------------------------------------------------
-
-// Query-side tiles of the call, packed once (tile of (query block b, kv head g) at index
-// b·Hkv + g, rows h·bi + r as in the forward): q and dO as bf16 rows (A of S = QKᵀ, dP = dO Vᵀ)
-// and transposed (A of dKᵀ = Qᵀ dS and dVᵀ = dOᵀ P: computing the transposed gradients lets P and
-// dS enter as B, pairs of rows, built without a transpose); lse, D and the fp32 dq accumulator.
-struct PackedQueries {
-  int64_t tile_rows;
-  bf16_t *q, *dout;      // [tile_rows, dp] per tile
-  bf16_t *q_t, *dout_t;  // [d, tile_rows] per tile, zero column after an odd row count
-  float *lse2, *delta, *dq;  // [tile_rows], [tile_rows], [tile_rows, d] per tile (lse · log2 e)
-  uint8_t* dq_written;      // per tile: whether a key block has written its dq yet
+// The call: inputs, outputs and Kᵀ words and V pairs of rows of every (key block, kv head).
+struct ForwardCall {
+  const AttentionShape& s;
+  const AttnPlan& p;
+  float *out, *lse;
+  const float *q, *k, *v;
+  Dims m;
+  uint32_t *kw_all, *vp_all;
 };
 
-enum class Move { kPack, kStore, kAdd };
+// The tile math of one thread, its tiles kept in the thread's workspace between calls (s: where
+// AMX products spill, bf16_gemm_to; the S and PV products take turns in it).
+class ForwardTile {
+ public:
+  explicit ForwardTile(const ForwardCall& c)
+      : c_(c), m_(c.m), rows_(B * c.m.dp), groups_(4 * c.m.G), amx_(amx_available()) {
+    const int64_t rows = m_.G * B;
+    const auto h = scratch_tiles<bf16_t, 2>({rows * m_.dp, rows * B});
+    const auto f = scratch_tiles<float, 6>(
+        {rows * std::max(B, m_.d16), rows * m_.d, rows, rows, rows, rows});
+    q_ = h[0], p_ = h[1], s_ = f[0], o_ = f[1], mx_ = f[2], l_ = f[3], alpha_ = f[4], sum_ = f[5];
+  }
+  // Kᵀ words and V pairs of rows of one (key block, kv head), once per call.
+  void pack_keys(const AttnItem& it) {
+    const AttentionShape& s = c_.s;
+    const AttnSegment& g = c_.p.segments[it.seg];
+    const int64_t c0 = it.block * B, bj = std::min(B, g.k_len - c0);
+    const int64_t index = (g.k_block0 + it.block) * s.num_kv_heads + it.kv_head;
+    const int64_t offset = (g.k_begin + c0) * s.kv_stride + it.kv_head * m_.d;
+    key_rows(rows_.data(), c_.k + offset, s.kv_stride, bj, m_);
+    pack_words_transposed_fast(c_.kw_all + index * m_.words_t(), B, rows_.data(), m_.dp, bj,
+                               m_.d2);
+    key_rows(rows_.data(), c_.v + offset, s.kv_stride, bj, m_);
+    pack_pairs_of_rows(c_.vp_all + index * m_.words_rows(), m_.d16, rows_.data(), m_.dp, bj,
+                       m_.d);
+  }
+  void pack_query_row(int64_t row, const float* src) {
+    row_to_bf16(&q_[row * m_.dp], src, m_.d, m_.dp);
+  }
+  void begin(int64_t M, bool no_keys) {
+    if (no_keys) std::fill(o_.begin(), o_.begin() + M * m_.d, 0.0f);
+    std::fill(mx_.begin(), mx_.end(), -std::numeric_limits<float>::infinity());
+    std::fill(l_.begin(), l_.end(), 0.0f);
+  }
+  void key_block(const ForwardBlock& b) {
+    const int64_t d = m_.d, M = b.M, bj = b.bj, bjp = round_up(bj, 2);
+    OnlineSoftmax softmax{TileVisibility(*b.p, *b.g, b.r0, b.bi, b.c0, bj),
+                          b.r0,
+                          b.bi,
+                          static_cast<float>(c_.s.scale) * kLog2e,
+                          mx_.data(),
+                          alpha_.data(),
+                          sum_.data(),
+                          p_.data()};
+    RescaleAdd rescale{o_.data(), d, alpha_.data(), b.first};
+    const uint32_t* kw = c_.kw_all + b.index * m_.words_t();
+    const uint32_t* vp = c_.vp_all + b.index * m_.words_rows();
+    bf16_gemm_to(M, bj, m_.d2, q_.data(), m_.dp, kw, B, softmax, m_.G * B, s_.data(), B);
+    finish_online_softmax<4>(M, mx_.data(), alpha_.data(), sum_.data(), l_.data());
+    if (softmax.vis.full || amx_) {
+      bf16_gemm_to(M, d, bjp / 2, p_.data(), B, vp, m_.d16, rescale, m_.G * B, s_.data(), m_.d16);
+      return;
+    }
+    // The causal edge: each group of rows stops its PV product at the last 16-key vector it
+    // sees (the skeleton's groups).
+    for (int64_t k = 0; k < b.n_groups; ++k)
+      bf16_row_range_to(b.groups[k].i0, b.groups[k].i1, d, std::min(16 * b.groups[k].nv, bjp) / 2,
+                        p_.data(), B, vp, m_.d16, rescale);
+  }
+  RowGroup* groups() { return groups_.data(); }
+  const float* o() const { return o_.data(); }
+  const float* m() const { return mx_.data(); }
+  const float* l() const { return l_.data(); }
+  bool base2() const { return true; }
+
+ private:
+  const ForwardCall& c_;
+  const Dims& m_;
+  std::vector<bf16_t> rows_;  // a key block's rows in bf16, while packing
+  std::vector<RowGroup> groups_;
+  bool amx_;
+  ScratchTile<bf16_t> q_, p_;
+  ScratchTile<float> s_, o_, mx_, l_, alpha_, sum_;
+};
+
+// ---- Backward --------------------------------------------------------------------------------
 
 // P and dS (FlashAttention-2, Algorithm 2) on register blocks of S = QKᵀ for one key block and
 // query tile, two rows at a time: dS rows in bf16 into ds (A of dQ = dS K) and words of row pairs
@@ -257,23 +222,6 @@ struct Dscores {
                         ds + ia * KB + j, ds + (ia + 1) * KB + j, p_pairs + ia / 2 * KB + j,
                         ds_pairs + ia / 2 * KB + j);
     }
-  }
-};
-
-// Per-thread tiles of one item (a key block of KB keys), kept in the thread's workspace between
-// calls. Score-shaped tiles have KB columns (s: where AMX products spill, bf16_gemm_to).
-struct BackwardScratch {
-  ScratchTile<bf16_t> rows, ds;
-  ScratchTile<uint32_t> kw, vw, kp, p_pairs, ds_pairs;
-  ScratchTile<float> s, dp, dk_t, dv_t;
-  BackwardScratch(int64_t tile_rows, const Dims& m) {
-    const auto h = scratch_tiles<bf16_t, 2>({KB * m.dp, tile_rows * KB});
-    const auto u = scratch_tiles<uint32_t, 5>(
-        {m.d2 * KB, m.d2 * KB, KB / 2 * m.d16, tile_rows / 2 * KB, tile_rows / 2 * KB});
-    const auto f = scratch_tiles<float, 4>({tile_rows * KB, tile_rows * KB, m.d * KB, m.d * KB});
-    rows = h[0], ds = h[1];
-    kw = u[0], vw = u[1], kp = u[2], p_pairs = u[3], ds_pairs = u[4];
-    s = f[0], dp = f[1], dk_t = f[2], dv_t = f[3];
   }
 };
 
@@ -325,113 +273,112 @@ LONGTRON_BF16_TARGET float dot_bf16(const bf16_t* g, const float* o, int64_t n) 
   return sum;
 }
 
-// Packs (kPack) the query block of `it` into PackedQueries with its lse and D, or moves its fp32
-// dq into the caller's layout, overwriting (kStore) or adding to (kAdd) it.
-void move_query_block(PackedQueries& pq, float* dq, const float* q, const float* dout,
-                      const float* out, const float* lse, const AttentionShape& s,
-                      const AttnPlan& p, const AttnItem& it, const Dims& m, Move move) {
-  const AttnSegment& sg = p.segments[it.seg];
-  const int64_t d = m.d, G = m.G, g = it.kv_head;
-  const int64_t q0 = sg.q_begin + it.block * B, bi = std::min(B, sg.q_len - it.block * B);
-  const int64_t tile = (sg.q_block0 + it.block) * s.num_kv_heads + g;
-  const int64_t base = tile * pq.tile_rows;
-  // A tile no key block added into: its queries see no key (possible with key_offsets).
-  if (move != Move::kPack && !pq.dq_written[tile])
-    std::fill_n(&pq.dq[base * d], G * bi * d, 0.0f);
-  for (int64_t h = 0; h < G; ++h) {
-    const int64_t head = g * G + h;
-    for (int64_t r = 0; r < bi; ++r) {
-      const int64_t row = base + h * bi + r, n = q0 + r;
-      float* dst = dq + n * s.q_stride + head * d;
-      if (move == Move::kStore) {
-        std::memcpy(dst, &pq.dq[row * d], sizeof(float) * d);
-        continue;
-      }
-      if (move == Move::kAdd) {
-        const float* src = &pq.dq[row * d];
-#pragma omp simd
-        for (int64_t x = 0; x < d; ++x) dst[x] += src[x];
-        continue;
-      }
-      bf16_t* go = &pq.dout[row * m.dp];
-      row_to_bf16(&pq.q[row * m.dp], q + n * s.q_stride + head * d, d, m.dp);
-      row_to_bf16(go, dout + (n * s.num_heads + head) * d, d, m.dp);
-      // D = rowsum(dO ∘ O) with the rounded dO the products use.
-      pq.delta[row] = dot_bf16(go, out + (n * s.num_heads + head) * d, d);
-      pq.lse2[row] = lse[head * s.num_tokens + n] * kLog2e;
+// The call. Query-side tiles are packed once (BackwardCall's tile order): q and dO as bf16 rows
+// (A of S = QKᵀ, dP = dO Vᵀ) and transposed (A of dKᵀ = Qᵀ dS and dVᵀ = dOᵀ P: computing the
+// transposed gradients lets P and dS enter as B, pairs of rows, built without a transpose); lse,
+// D and the fp32 dq accumulator (dq_tiles).
+struct Call : BackwardCall<float, float> {
+  float *dk, *dv;
+  const float *q, *k, *v, *dout, *out, *lse;
+  Dims m;
+  bf16_t *pq, *pdout;      // [tile_rows, dp] per tile
+  bf16_t *q_t, *dout_t;    // [d, tile_rows] per tile, zero column after an odd row count
+  float *lse2, *delta;     // [tile_rows] per tile (lse · log2 e)
+  void pack_row(int64_t row, int64_t n, int64_t head) {
+    bf16_t* go = &pdout[row * m.dp];
+    row_to_bf16(&pq[row * m.dp], q + n * s.q_stride + head * m.d, m.d, m.dp);
+    row_to_bf16(go, dout + (n * s.num_heads + head) * m.d, m.d, m.dp);
+    // D = rowsum(dO ∘ O) with the rounded dO the products use.
+    delta[row] = dot_bf16(go, out + (n * s.num_heads + head) * m.d, m.d);
+    lse2[row] = lse[head * s.num_tokens + n] * kLog2e;
+  }
+  void pack_tile(int64_t tile, int64_t base, int64_t M) {
+    const int64_t size = m.d * tile_rows;
+    transpose_rows(q_t + tile * size, tile_rows, &pq[base * m.dp], m.dp, M, m.d);
+    transpose_rows(dout_t + tile * size, tile_rows, &pdout[base * m.dp], m.dp, M, m.d);
+  }
+};
+
+// The tile math of one thread (a key block of KB keys against its query tiles), its tiles kept
+// in the thread's workspace between calls. Score-shaped tiles have KB columns (s: where AMX
+// products spill, bf16_gemm_to).
+class BackwardTile {
+ public:
+  explicit BackwardTile(Call& c) : c_(c), m_(c.m) {
+    const int64_t tile_rows = c.tile_rows;
+    const auto h = scratch_tiles<bf16_t, 2>({KB * m_.dp, tile_rows * KB});
+    const auto u = scratch_tiles<uint32_t, 5>(
+        {m_.d2 * KB, m_.d2 * KB, KB / 2 * m_.d16, tile_rows / 2 * KB, tile_rows / 2 * KB});
+    const auto f = scratch_tiles<float, 4>({tile_rows * KB, tile_rows * KB, m_.d * KB, m_.d * KB});
+    rows_ = h[0], ds_ = h[1];
+    kw_ = u[0], vw_ = u[1], kp_ = u[2], p_pairs_ = u[3], ds_pairs_ = u[4];
+    s_ = f[0], dp_ = f[1], dk_t_ = f[2], dv_t_ = f[3];
+  }
+  void begin(const AttnSegment&, const AttnItem& it, int64_t, int64_t k0, int64_t bj) {
+    const AttentionShape& s = c_.s;
+    const int64_t offset = k0 * s.kv_stride + it.kv_head * m_.d;
+    key_rows(rows_.data(), c_.k + offset, s.kv_stride, bj, m_);
+    pack_words_transposed_fast(kw_.data(), KB, rows_.data(), m_.dp, bj, m_.d2);
+    pack_pairs_of_rows(kp_.data(), m_.d16, rows_.data(), m_.dp, bj, m_.d);
+    key_rows(rows_.data(), c_.v + offset, s.kv_stride, bj, m_);
+    pack_words_transposed_fast(vw_.data(), KB, rows_.data(), m_.dp, bj, m_.d2);
+    if (it.first == it.last) {  // keys no query sees
+      std::fill(dk_t_.begin(), dk_t_.end(), 0.0f);
+      std::fill(dv_t_.begin(), dv_t_.end(), 0.0f);
     }
   }
-  if (move != Move::kPack) return;
-  const int64_t M = G * bi, size = d * pq.tile_rows;
-  transpose_rows(pq.q_t + tile * size, pq.tile_rows, &pq.q[base * m.dp], m.dp, M, d);
-  transpose_rows(pq.dout_t + tile * size, pq.tile_rows, &pq.dout[base * m.dp], m.dp, M, d);
-}
-
-void backward_item(float* dk, float* dv, const float* k, const float* v, PackedQueries& pq,
-                   DqOrder& order, const AttentionShape& s, const AttnPlan& p,
-                   const AttnItem& it, const Dims& m, BackwardScratch& w) {
-  const AttnSegment& sg = p.segments[it.seg];
-  const int64_t d = m.d, G = m.G, g = it.kv_head;
-  const int64_t c0 = it.block * KB, k0 = sg.k_begin + c0;
-  const int64_t bj = std::min(KB, sg.k_len - c0);
-  const float scale = static_cast<float>(s.scale);
-  const int64_t offset = k0 * s.kv_stride + g * d;
-  key_rows(w.rows.data(), k + offset, s.kv_stride, bj, m);
-  pack_words_transposed_fast(w.kw.data(), KB, w.rows.data(), m.dp, bj, m.d2);
-  pack_pairs_of_rows(w.kp.data(), m.d16, w.rows.data(), m.dp, bj, d);
-  key_rows(w.rows.data(), v + offset, s.kv_stride, bj, m);
-  pack_words_transposed_fast(w.vw.data(), KB, w.rows.data(), m.dp, bj, m.d2);
-  if (it.first == it.last) {  // keys no query sees
-    std::fill(w.dk_t.begin(), w.dk_t.end(), 0.0f);
-    std::fill(w.dv_t.begin(), w.dv_t.end(), 0.0f);
+  // Keys [0, n) of the block are all the query tile sees (the causal edge); its products stop
+  // there, which saves half of them where a 64-query tile meets the diagonal of a 128-key block.
+  // (Starting past the keys a window hides would move the pairs along K and change the bits.)
+  static std::pair<int64_t, int64_t> key_range(const AttnPlan& p, const AttnSegment& sg,
+                                               int64_t r0, int64_t bi, int64_t c0, int64_t bj) {
+    return {0, std::clamp<int64_t>(p.key_hi(sg, r0 + bi - 1) - c0, 0, bj)};
   }
-  const int64_t size = d * pq.tile_rows;
-  for (int64_t i = it.first; i < it.last; ++i) {
-    const int64_t r0 = i * B, bi = std::min(B, sg.q_len - r0), M = G * bi;
-    const int64_t Mp = round_up(M, 2);
-    const int64_t tile = (sg.q_block0 + i) * s.num_kv_heads + g;
-    const int64_t base = tile * pq.tile_rows;
-    const bool first = i == it.first;
-    const int64_t rows = pq.tile_rows;
-    // Keys [0, n) of the block are all this tile sees (the causal edge); its products stop there,
-    // which saves half of them where a 64-query tile meets the diagonal of a 128-key block.
-    const int64_t n = std::clamp<int64_t>(p.key_hi(sg, r0 + bi - 1) - c0, 0, bj);
-    bf16_gemm(M, n, m.d2, &pq.dout[base * m.dp], m.dp, w.vw.data(), KB, w.dp.data(), KB, false,
-              rows);
-    Dscores dscores{{TileVisibility(p, sg, r0, bi, c0, std::min(n, B)),
-                     TileVisibility(p, sg, r0, bi, c0 + B, std::max<int64_t>(n - B, 0))},
-                    r0,
-                    bi,
-                    scale,
-                    w.dp.data(),
-                    &pq.lse2[base],
-                    &pq.delta[base],
-                    w.ds.data(),
-                    w.p_pairs.data(),
-                    w.ds_pairs.data()};
-    bf16_gemm_to(M, n, m.d2, &pq.q[base * m.dp], m.dp, w.kw.data(), KB, dscores, rows,
-                 w.s.data(), KB);
-    bf16_gemm(d, n, Mp / 2, pq.dout_t + tile * size, pq.tile_rows, w.p_pairs.data(), KB,
-              w.dv_t.data(), KB, !first, d);
-    bf16_gemm(d, n, Mp / 2, pq.q_t + tile * size, pq.tile_rows, w.ds_pairs.data(), KB,
-              w.dk_t.data(), KB, !first, d);
-    if (first && n < bj)  // the block's later tiles add into the columns this one did not write
+  void products(const BackwardBlock& b) {
+    const int64_t d = m_.d, M = b.M, Mp = round_up(M, 2), n = b.hi, rows = c_.tile_rows;
+    const int64_t size = d * rows;
+    bf16_gemm(M, n, m_.d2, &c_.pdout[b.base * m_.dp], m_.dp, vw_.data(), KB, dp_.data(), KB,
+              false, rows);
+    Dscores dscores{{TileVisibility(*b.p, *b.g, b.r0, b.bi, b.c0, std::min(n, B)),
+                     TileVisibility(*b.p, *b.g, b.r0, b.bi, b.c0 + B, std::max<int64_t>(n - B, 0))},
+                    b.r0,
+                    b.bi,
+                    static_cast<float>(c_.s.scale),
+                    dp_.data(),
+                    &c_.lse2[b.base],
+                    &c_.delta[b.base],
+                    ds_.data(),
+                    p_pairs_.data(),
+                    ds_pairs_.data()};
+    bf16_gemm_to(M, n, m_.d2, &c_.pq[b.base * m_.dp], m_.dp, kw_.data(), KB, dscores, rows,
+                 s_.data(), KB);
+    bf16_gemm(d, n, Mp / 2, c_.dout_t + b.tile * size, rows, p_pairs_.data(), KB, dv_t_.data(),
+              KB, !b.first, d);
+    bf16_gemm(d, n, Mp / 2, c_.q_t + b.tile * size, rows, ds_pairs_.data(), KB, dk_t_.data(), KB,
+              !b.first, d);
+    if (b.first && n < b.bj)  // the block's later tiles add into the columns this one did not write
       for (int64_t x = 0; x < d; ++x) {
-        std::fill(&w.dv_t[x * KB + n], &w.dv_t[x * KB + bj], 0.0f);
-        std::fill(&w.dk_t[x * KB + n], &w.dk_t[x * KB + bj], 0.0f);
+        std::fill(&dv_t_[x * KB + n], &dv_t_[x * KB + b.bj], 0.0f);
+        std::fill(&dk_t_[x * KB + n], &dk_t_[x * KB + b.bj], 0.0f);
       }
-    // dQ += dS K, straight into the shared tile on this block's turn (attention_dq_order.h).
-    // The tile's first add writes (no zero fill of dq); dq_written is read and set only on the
-    // tile's turn, so never concurrently.
-    order.wait(tile, it.block);
-    bf16_gemm(M, d, round_up(n, 2) / 2, w.ds.data(), KB, w.kp.data(), m.d16, &pq.dq[base * d], d,
-              pq.dq_written[tile] != 0, rows);
-    pq.dq_written[tile] = 1;
-    order.pass(tile, it.block);
   }
-  transpose_floats_avx512(dk + offset, s.kv_stride, w.dk_t.data(), KB, d, bj);
-  transpose_floats_avx512(dv + offset, s.kv_stride, w.dv_t.data(), KB, d, bj);
-}
+  // The tile's first add writes (no zero fill of dq).
+  void add_dq(const BackwardBlock& b, bool accumulate) {
+    bf16_gemm(b.M, m_.d, round_up(b.hi, 2) / 2, ds_.data(), KB, kp_.data(), m_.d16,
+              &c_.dq_tiles[b.base * m_.d], m_.d, accumulate, c_.tile_rows);
+  }
+  void end(int64_t offset, int64_t bj) {
+    transpose_floats_avx512(c_.dk + offset, c_.s.kv_stride, dk_t_.data(), KB, m_.d, bj);
+    transpose_floats_avx512(c_.dv + offset, c_.s.kv_stride, dv_t_.data(), KB, m_.d, bj);
+  }
+
+ private:
+  Call& c_;
+  const Dims& m_;
+  ScratchTile<bf16_t> rows_, ds_;
+  ScratchTile<uint32_t> kw_, vw_, kp_, p_pairs_, ds_pairs_;
+  ScratchTile<float> s_, dp_, dk_t_, dv_t_;
+};
 
 }  // namespace
 
@@ -442,19 +389,8 @@ void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const
   const int64_t blocks = p.k_blocks * s.num_kv_heads;
   uint32_t* kw_all = workspace<uint32_t>(Arena::kKeys, blocks * m.words_t());
   uint32_t* vp_all = workspace<uint32_t>(Arena::kValues, blocks * m.words_rows());
-  const int64_t n_items = static_cast<int64_t>(p.items.size());
-  const int64_t n_keys = static_cast<int64_t>(p.k_side.size());
-#pragma omp parallel
-  {
-    std::vector<bf16_t> rows(B * m.dp);
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < n_keys; ++i)
-      pack_forward_keys(kw_all, vp_all, k, v, s, p, p.k_side[i], m, rows.data());
-    ForwardScratch scratch(m.G * B, m);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n_items; ++i)
-      forward_item(out, lse, q, kw_all, vp_all, s, p, p.items[i], m, scratch);
-  }
+  const ForwardCall call{s, p, out, lse, q, k, v, m, kw_all, vp_all};
+  run_forward<ForwardTile>(call);
 }
 
 void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
@@ -467,34 +403,13 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
   const size_t rows = static_cast<size_t>(tiles * tile_rows);
   bf16_t* halves = workspace<bf16_t>(Arena::kQueries, 2 * rows * (m.dp + m.d));
   float* floats = workspace<float>(Arena::kQueryFloats, rows * (2 + m.d));
-  PackedQueries pq{tile_rows,
-                   halves,
-                   halves + rows * m.dp,
-                   halves + 2 * rows * m.dp,
-                   halves + 2 * rows * m.dp + rows * m.d,
-                   floats,
-                   floats + rows,
-                   floats + 2 * rows,
-                   workspace<uint8_t>(Arena::kDqWritten, static_cast<size_t>(tiles))};
-  std::fill_n(pq.dq_written, tiles, uint8_t(0));
-  DqOrder order(p, s.num_kv_heads);
-  ChainClaim items(p);  // chains in block order (what DqOrder needs), largest first
-  const int64_t n_queries = static_cast<int64_t>(p.q_side.size());
-#pragma omp parallel
-  {
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < n_queries; ++i)
-      move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], m, Move::kPack);
-    BackwardScratch scratch(tile_rows, m);
-    int64_t chain = -1;
-    for (int64_t i = items.claim(chain); i >= 0; i = items.claim(chain))
-      backward_item(dk, dv, k, v, pq, order, s, p, p.items[i], m, scratch);
-#pragma omp barrier
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < n_queries; ++i)
-      move_query_block(pq, dq, q, dout, out, lse, s, p, p.q_side[i], m,
-                       add_dq ? Move::kAdd : Move::kStore);
-  }
+  Call call{{s, p, tile_rows, floats + 2 * rows,
+             workspace<uint8_t>(Arena::kDqWritten, static_cast<size_t>(tiles))},
+            dk, dv, q, k, v, dout, out, lse, m,
+            halves, halves + rows * m.dp,
+            halves + 2 * rows * m.dp, halves + 2 * rows * m.dp + rows * m.d,
+            floats, floats + rows};
+  run_backward<BackwardTile>(call, dq, add_dq);
 }
 
 }  // namespace longtron::ops::detail::LONGTRON_BF16_ISA

@@ -26,24 +26,6 @@
 
 namespace longtron::ops::detail {
 
-/// log2(e) and ln(2) (the forward keeps maxima in base 2: exp(x) = 2^(x·log2 e)).
-constexpr float kF32Log2e = 1.44269504088896341f, kF32Ln2 = 0.693147180559945309f;
-
-/// 2^x on 16 lanes: n = round(x), 2^(x − n) by a degree-5 polynomial fitted for least relative
-/// error on [−½, ½] (≤ 2.1e-7 evaluated in fp32, as Cephes exp2f's degree 6), 2ⁿ by vscalefps
-/// (below 2^-149: 0). −inf lanes give NaN: callers mask the invisible keys afterwards.
-inline __m512 exp2_f32(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.3276471484e-3f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.6755413263e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.5507132750e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022119724e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9314696706e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0000000717e+00f));
-  return _mm512_scalef_ps(p, n);
-}
-
 /// acc[r][v] = Σ_k A(r, k) · B[k·ldb + 16v + lane] for R rows and NV vectors of 16 columns.
 template <int R, int NV>
 __attribute__((always_inline)) inline void f32_block_products(int64_t K, const float* A,
@@ -114,85 +96,30 @@ inline void f32_row_range_to(int64_t i0, int64_t i1, int64_t N, int64_t K, const
   }
 }
 
-/// The online-softmax step of the S blocks of one key block (keys [c0, c0 + n), n ≤ 64) of a
-/// query tile (queries [r0, r0 + bi) of segment g, row h·bi + r = query r0 + r), in base 2
-/// (scale2 = scale · log2 e): per row, P = 2^(scale2·s − m) into p (fp32, stride 64, zeros
-/// outside the visible keys), the new running max into m, the old one into m_old, P's row sum
-/// into sum. finish_online_softmax_f32 then makes the factors and updates l.
+/// The online-softmax step (online_softmax_row, attention_blocks.h) of the S blocks of one key
+/// block (keys [c0, c0 + n), n ≤ 64) of a query tile (queries [r0, r0 + bi) of segment g, row
+/// h·bi + r = query r0 + r), in base 2 (scale2 = scale · log2 e): per row, P in fp32 into p
+/// (stride 64, zeros outside the visible keys), the new running max into m, the old one into
+/// m_old, P's row sum into sum. finish_online_softmax<5> then makes the factors and updates l.
 struct F32OnlineSoftmax {
-  const AttnPlan* plan;
-  const AttnSegment* g;
-  int64_t r0, bi, c0, n;
-  bool full;  // every query of the tile sees all n keys
-  KeyLanes all;
+  TileVisibility vis;
+  int64_t r0, bi;
   float scale2;
   float *m, *m_old, *sum, *p;
-  F32OnlineSoftmax(const AttnPlan& pl, const AttnSegment& seg, int64_t r0_, int64_t bi_,
-                   int64_t c0_, int64_t n_, float scale2_, float* m_, float* m_old_, float* sum_,
-                   float* p_)
-      : plan(&pl), g(&seg), r0(r0_), bi(bi_), c0(c0_), n(n_),
-        full(pl.key_lo(seg, r0_ + bi_ - 1) <= c0_ && pl.key_hi(seg, r0_) >= c0_ + n_),
-        all(0, n_), scale2(scale2_), m(m_), m_old(m_old_), sum(sum_), p(p_) {}
-  KeyLanes lanes(int64_t r) const {
-    if (full) return all;
-    return KeyLanes(std::clamp<int64_t>(plan->key_lo(*g, r0 + r) - c0, 0, n),
-                    std::clamp<int64_t>(plan->key_hi(*g, r0 + r) - c0, 0, n));
-  }
   template <int R, int NV>
   void block(int64_t i, int64_t, const __m512 (&acc)[R][NV]) {
     int64_t r = i % bi;
 #pragma GCC unroll 6
     for (int k = 0; k < R; ++k) {
       const int64_t row = i + k;
-      const KeyLanes vis = lanes(r);
-      const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
       __m512 y[4];
-      for (int v = 0; v < 4; ++v)
-        y[v] = v < NV ? _mm512_mask_mov_ps(neg_inf, vis.v[v], acc[k][v]) : neg_inf;
-      __m512 mx = _mm512_max_ps(_mm512_max_ps(y[0], y[1]), _mm512_max_ps(y[2], y[3]));
-      mx = _mm512_max_ps(mx, _mm512_shuffle_f32x4(mx, mx, 0x4E));
-      mx = _mm512_max_ps(mx, _mm512_shuffle_f32x4(mx, mx, 0xB1));
-      mx = _mm512_max_ps(mx, _mm512_permute_ps(mx, 0x4E));
-      mx = _mm512_max_ps(mx, _mm512_permute_ps(mx, 0xB1));
-      const __m512 vscale = _mm512_set1_ps(scale2);
-      const __m512 vm = _mm512_max_ps(_mm512_set1_ps(m[row]), _mm512_mul_ps(mx, vscale));
-      __m512 total = _mm512_setzero_ps();
-      float* prow = p + row * 64;
-      for (int v = 0; v < 4; ++v) {
-        if (v < NV) {
-          y[v] = _mm512_maskz_mov_ps(vis.v[v], exp2_f32(_mm512_fmsub_ps(y[v], vscale, vm)));
-          total = _mm512_add_ps(total, y[v]);
-        }
-        _mm512_storeu_ps(prow + 16 * v, v < NV ? y[v] : _mm512_setzero_ps());
-      }
-      m_old[row] = m[row];
-      m[row] = _mm_cvtss_f32(_mm512_castps512_ps128(vm));
-      sum[row] = _mm512_reduce_add_ps(total);
+      for (int v = 0; v < NV; ++v) y[v] = acc[k][v];
+      online_softmax_row<5, NV>(y, vis.row(r0 + r), scale2, m[row], m_old[row], sum[row]);
+      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(p + row * 64 + 16 * v, y[v]);
       if (++r == bi) r = 0;
     }
   }
 };
-
-/// Rows [0, n): alpha = 2^(m_old − m) (0 on a row's first visible block, 1 while a row has seen
-/// nothing) into m_old_alpha, and l = l · alpha + sum.
-inline void finish_online_softmax_f32(int64_t n, const float* m, float* m_old_alpha,
-                                      const float* sum, float* l) {
-  const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 k =
-        n - i >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 vm = _mm512_maskz_loadu_ps(k, m + i);
-    const __m512 seen = _mm512_maskz_loadu_ps(k, m_old_alpha + i);
-    const __mmask16 any = _mm512_cmp_ps_mask(vm, neg_inf, _CMP_NEQ_OQ);
-    const __mmask16 before = _mm512_cmp_ps_mask(seen, neg_inf, _CMP_NEQ_OQ);
-    const __m512 alpha = _mm512_mask_mov_ps(
-        _mm512_set1_ps(1.0f), any, _mm512_maskz_mov_ps(before, exp2_f32(_mm512_sub_ps(seen, vm))));
-    const __m512 vl = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, l + i), alpha,
-                                      _mm512_maskz_loadu_ps(k, sum + i));
-    _mm512_mask_storeu_ps(m_old_alpha + i, k, alpha);
-    _mm512_mask_storeu_ps(l + i, k, vl);
-  }
-}
 
 /// The backward's P and dS (FlashAttention-2, Algorithm 2) on the register blocks of S = QKᵀ for
 /// keys [k0, k0 + nb) of a key block (k0 relative to the block's first key c0): per row, P =
@@ -208,7 +135,7 @@ struct F32Dscores {
   float *p, *ds;  // ds holds dP on entry
   template <int R, int NV>
   void block(int64_t i, int64_t j, const __m512 (&acc)[R][NV]) {
-    const __m512 vscale = _mm512_set1_ps(scale), vscale2 = _mm512_set1_ps(scale * kF32Log2e);
+    const __m512 vscale = _mm512_set1_ps(scale), vscale2 = _mm512_set1_ps(scale * kLog2e);
     int64_t r = i % bi;
 #pragma GCC unroll 6
     for (int k = 0; k < R; ++k) {
@@ -216,16 +143,15 @@ struct F32Dscores {
       const KeyLanes vis(std::clamp<int64_t>(plan->key_lo(*g, r0 + r) - first, 0, 64),
                          std::clamp<int64_t>(plan->key_hi(*g, r0 + r) - first, 0, 64));
       const KeyLanes cols(0, nb - j);
-      const __m512 lse2 = _mm512_set1_ps(lse[row] * kF32Log2e);
+      const __m512 lse2 = _mm512_set1_ps(lse[row] * kLog2e);
       const __m512 d = _mm512_set1_ps(delta[row] * scale);
       float* prow = p + row * ld + j;
       float* dsrow = ds + row * ld + j;
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) {
-        const __m512 dp = _mm512_maskz_loadu_ps(cols.v[v], dsrow + 16 * v);
-        const __m512 pv = _mm512_maskz_mov_ps(
-            vis.v[v], exp2_f32(_mm512_fmsub_ps(acc[k][v], vscale2, lse2)));
-        const __m512 dsv = _mm512_mul_ps(pv, _mm512_fmsub_ps(dp, vscale, d));
+        __m512 pv, dsv;
+        dscores_vector<5>(acc[k][v], _mm512_maskz_loadu_ps(cols.v[v], dsrow + 16 * v), vis.v[v],
+                          vscale2, vscale, lse2, d, pv, dsv);
         _mm512_mask_storeu_ps(prow + 16 * v, cols.v[v], pv);
         _mm512_mask_storeu_ps(dsrow + 16 * v, cols.v[v], dsv);
       }

@@ -207,9 +207,13 @@ PeftAdapter read_peft_adapter(const std::string& dir_name) {
   check(!alpha || alpha->is_number(), "{}: lora_alpha must be a number, got {}", cf,
         alpha ? json_excerpt(*alpha) : "");
   c.lora_alpha = alpha ? alpha->get<double>() : 8.0;  // PEFT's default
+  check(std::isfinite(c.lora_alpha), "{}: lora_alpha is {}, not a finite number", cf, c.lora_alpha);
   const json* dropout = get("lora_dropout");
-  check(!dropout || dropout->is_number(), "{}: lora_dropout must be a number", cf);
+  check(!dropout || dropout->is_number(), "{}: lora_dropout must be a number, got {}", cf,
+        dropout ? json_excerpt(*dropout) : "");
   c.lora_dropout = dropout ? dropout->get<double>() : 0.0;
+  check(c.lora_dropout >= 0.0 && c.lora_dropout < 1.0, "{}: lora_dropout is {}, outside [0, 1)",
+        cf, c.lora_dropout);
   const json* rslora = get("use_rslora");
   check(!rslora || rslora->is_boolean(), "{}: use_rslora must be true or false", cf);
   c.use_rslora = rslora && rslora->get<bool>();

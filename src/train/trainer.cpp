@@ -210,8 +210,11 @@ struct Run {
   fs::path save_lora(int64_t step) {
     const PeftLoraConfig pc = peft_config();
     const PeftAdapter adapter = gather_peft_adapter(engine, engine.train_params(), pc);
-    std::unique_ptr<model::Params<float>> full_m, full_v;
+    std::unique_ptr<model::Params<float>> full_p, full_m, full_v;
     {
+      // The whole adapters (of the full shapes the writer is given), not this rank's shards.
+      full_p = std::make_unique<model::Params<float>>(engine.train_full_layout());
+      engine.gather_train_full(*full_p, engine.train_params());
       model::Params<float> m(engine.train_layout()), v(engine.train_layout());
       optimizer.gather_state(m, v);
       full_m = std::make_unique<model::Params<float>>(engine.train_full_layout());
@@ -225,7 +228,7 @@ struct Run {
     for (int i = 0; i < int(table.views().size()); ++i) {
       const model::ParamView& view = table.view(i);
       const std::string name = std::string(kPeftPrefix) + view.name;
-      d.params.push_back({name, view.shape, engine.train_params().ptr(i)});  // names, shapes only
+      d.params.push_back({name, view.shape, full_p->ptr(i)});  // not written (write_model false)
       d.adam_m.push_back({name, view.shape, full_m->ptr(i)});
       d.adam_v.push_back({name, view.shape, full_v->ptr(i)});
     }
@@ -517,7 +520,19 @@ void resume_lora(Run& run, const fs::path& dir, const CheckpointState& state) {
   run.lora_base_fingerprint = state.extra["lora"]["base_fingerprint"].get<std::string>();  // checked
   run.load_full(base, run.engine.params());
   const PeftAdapter a = read_peft_adapter(dir.string());
+  // rank, alpha, use_rslora and targets define the adapter: a change is refused naming both.
   check_adapter_matches(a.config, run.config.model.lora, run.config.model.type, dir.string());
+  // Dropout and its seed are training settings (as in PEFT, whose resumed runs take the
+  // script's LoraConfig): they may change, and the run says so.
+  const nlohmann::json& saved = state.extra["lora"];
+  const model::LoraConfig& l = run.config.model.lora;
+  if (run.rank0 && saved.contains("dropout") && saved["dropout"].get<double>() != l.dropout)
+    fmt::print(stderr, "train: --resume {}: lora.dropout = {} (the checkpoint trained with {})\n",
+               dir.string(), l.dropout, saved["dropout"].get<double>());
+  if (run.rank0 && saved.contains("seed") && saved["seed"].get<int64_t>() != l.seed)
+    fmt::print(stderr, "train: --resume {}: lora.seed = {} (the checkpoint trained with {}): "
+               "other dropout masks from here\n", dir.string(), l.seed,
+               saved["seed"].get<int64_t>());
   load_peft_adapter(run.engine, a, run.engine.train_params(), dir.string());
   const model::ParamTable& table = run.engine.train_full_layout();
   model::Params<float> m(table), v(table);

@@ -110,6 +110,20 @@ TEST(LoraTrainer, ResumeGivesTheUninterruptedLossesAndStepFolderIsPeft) {
   ASSERT_EQ(rest.losses.size(), 2u);
   EXPECT_NEAR(rest.losses[0], whole.losses[2], 1e-6 * whole.losses[2]);
   EXPECT_NEAR(rest.losses[1], whole.losses[3], 1e-6 * whole.losses[3]);
+  // What defines the adapter may not change on resume: refused naming both values.
+  testing::expect_error([&] { b.run(with(save, {"lora.alpha=16.0"}), o); },
+                        {"adapter_config.json", "lora_alpha = 8", "lora.alpha = 16"});
+  testing::expect_error([&] { b.run(with(save, {"lora.rank=2"}), o); },
+                        {"adapter_config.json", "r = 4", "lora.rank = 2"});
+  testing::expect_error([&] { b.run(with(save, {"lora.use_rslora=true"}), o); },
+                        {"adapter_config.json", "use_rslora = false", "lora.use_rslora = true"});
+  testing::expect_error([&] { b.run(with(save, {"lora.targets=[\"wqkv\", \"wo\"]"}), o); },
+                        {"adapter_config.json", "target_modules", "lora.targets = [wo, wqkv]"});
+  // Dropout is a training setting (PEFT's resumed runs take the script's LoraConfig): it may
+  // change, and the run continues from the saved adapter.
+  const train::TrainSummary other = b.run(with(save, {"lora.dropout=0.3"}), o);
+  ASSERT_EQ(other.losses.size(), 2u);
+  EXPECT_NEAR(other.losses[0], whole.losses[2], 0.05 * whole.losses[2]);
   // Without [lora] (rank 0) the step folder, which holds no model, is refused as a LoRA one.
   testing::expect_error([&] { b.run(with(save, {"lora.rank=0"}), o); },
                         {step2.string(), "LoRA checkpoint", "lora.rank = 0", "--merge-lora"});

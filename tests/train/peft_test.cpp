@@ -3,6 +3,7 @@
 // between InternLM2's fused wqkv adapter and Llama's q/k/v adapters, and merging W + s·B·A.
 #include "train/peft.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -214,6 +215,16 @@ TEST(Peft, RefusalsNameTheFileAndTensor) {
     TempDir dir;
     write_adapter_files(dir.path(), minimal_config(0), {{qa, {2, 3}, st::DType::F32, A.data()}});
     expect_error([&] { tr::read_peft_adapter(dir.path().string()); }, {"adapter_config.json", "r must be a positive"});
+  }
+  {  // lora_dropout outside [0, 1): refused naming the file and the value
+    for (double p : {1.0, -0.25, 1.5}) {
+      TempDir dir;
+      nlohmann::json c = minimal_config(2);
+      c["lora_dropout"] = p;
+      write_adapter_files(dir.path(), c, {{qa, {2, 3}, st::DType::F32, A.data()}, {qb, {4, 2}, st::DType::F32, B.data()}});
+      expect_error([&] { tr::read_peft_adapter(dir.path().string()); },
+                   {"adapter_config.json", "lora_dropout", fmt::format("{}", p), "[0, 1)"});
+    }
   }
   {  // per-module ranks are not represented
     TempDir dir;
