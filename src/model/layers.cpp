@@ -123,17 +123,19 @@ class DenseAttention final : public AttentionOp<T> {
   }
 
  private:
-  /// qkv → qkv_s: split, then RoPE on the q and k heads (adjacent in the split layout: one call).
+  /// qkv → qkv_s: split, and RoPE on the q and k heads (adjacent in the split layout) of each
+  /// token as it is split, while its row is in cache.
   void prepare_forward(T* qkv_s, const T* qkv, const AttentionBatch& b) const {
     const int64_t N = b.num_tokens;
-    permute(qkv_s, qkv, N, /*to_split=*/true);
     check_rope_positions(config_, b.indexes, N);
-    ops::rope_forward(qkv_s, b.indexes, N, hq_ + hkv_, d_, q_, inv_freq_.data());
+    const ops::RopeRotation<T> rope(b.indexes, N, d_, inv_freq_.data(), 1.0);
+    permute(qkv_s, qkv, b, /*to_split=*/true, rope);
   }
-  /// dqkv_s (the kernels' gradients of the split q, k, v) → dqkv: RoPE backward, then regroup.
+  /// dqkv_s (the kernels' gradients of the split q, k, v) → dqkv: each token's RoPE backward,
+  /// then its regrouping (dqkv_s itself is left as the kernels wrote it, or is dqkv).
   void finish_backward(T* dqkv, T* dqkv_s, const AttentionBatch& b) const {
-    ops::rope_backward(dqkv_s, b.indexes, b.num_tokens, hq_ + hkv_, d_, q_, inv_freq_.data());
-    permute(dqkv, dqkv_s, b.num_tokens, /*to_split=*/false);
+    const ops::RopeRotation<T> rope(b.indexes, b.num_tokens, d_, inv_freq_.data(), -1.0);
+    permute(dqkv, dqkv_s, b, /*to_split=*/false, rope);
   }
   ops::AttentionShape shape(const AttentionBatch& b) const {
     ops::AttentionShape s{b.num_tokens, hq_, hkv_, d_, q_, q_, b.cu_seqlens, b.num_segments,
@@ -142,8 +144,11 @@ class DenseAttention final : public AttentionOp<T> {
     return s;
   }
   /// grouped → split (to_split) or split → grouped; dst and src are [N, Q] (they may be the
-  /// same buffer: each token's row goes through a copy).
-  void permute(T* dst, const T* src, int64_t N, bool to_split) const {
+  /// same buffer: each token's row goes through a copy). The q and k heads of the split row are
+  /// rotated by `rope` (after the split; before the regrouping).
+  void permute(T* dst, const T* src, const AttentionBatch& b, bool to_split,
+               const ops::RopeRotation<T>& rope) const {
+    const int64_t N = b.num_tokens;
     const int64_t qpk = hq_ / hkv_;
 #pragma omp parallel if (N * q_ > kParallelMinWork)
     {
@@ -151,6 +156,7 @@ class DenseAttention final : public AttentionOp<T> {
 #pragma omp for schedule(static)
       for (int64_t n = 0; n < N; ++n) {
         std::copy(src + n * q_, src + (n + 1) * q_, row.begin());
+        if (!to_split) rope.rotate(row.data(), hq_ + hkv_, b.indexes[n]);
         for (int64_t g = 0; g < hkv_; ++g) {
           for (int64_t j = 0; j < qpk + 2; ++j) {
             const int64_t grouped = (g * (qpk + 2) + j) * d_;
@@ -161,6 +167,7 @@ class DenseAttention final : public AttentionOp<T> {
             std::copy(s, s + d_, o);
           }
         }
+        if (to_split) rope.rotate(dst + n * q_, hq_ + hkv_, b.indexes[n]);
       }
     }
   }

@@ -166,6 +166,26 @@ template <typename T>
 void rope_backward(T* dx, const int32_t* indexes, int64_t N, int64_t heads, int64_t d,
                    int64_t row_stride, double base);
 /// base^(−2i/d) for i < d/2: the inverse frequencies of plain RoPE.
+/// RoPE's rotation one token at a time (rope_forward with sign +1, rope_backward with −1, the
+/// same values bit for bit), for a caller that rotates a token's heads while it moves them, so
+/// the row is rotated while in cache. Built on the calling thread for the positions
+/// indexes[0..N) (d even, else Error); rotate() may then run on any thread until the next
+/// RopeRotation or rope_* call of the building thread (which may regrow its table).
+template <typename T>
+class RopeRotation {
+ public:
+  RopeRotation(const int32_t* indexes, int64_t N, int64_t d, const double* inv_freq, double sign);
+  /// Rotates heads [0, heads) of x, each d long and consecutive, at position pos.
+  void rotate(T* x, int64_t heads, int32_t pos) const;
+
+ private:
+  int64_t half_;
+  double sign_;
+  const double* inv_freq_;
+  const T* cos_ = nullptr;  // the building thread's table, [positions, d/2]; nullptr: none
+  const T* sin_ = nullptr;
+};
+
 std::vector<double> rope_inv_freq(double base, int64_t d);
 /// The same rotations with given inverse frequencies inv_freq[d/2] (angle(n, i) = indexes[n] ·
 /// inv_freq[i]): the scaled RoPE variants (model/rope_scaling.h).
