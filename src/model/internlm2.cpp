@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "model/saved.h"
 #include "ops/ops.h"
 #include "ops/compute_context.h"
 #include "ops/threads.h"
@@ -100,6 +101,7 @@ void InternLM2<T>::reserve(int64_t N, bool want_all, bool bf16) {
   acts_.assign(want_all ? L : 1, BlockActs{});
   xs_.assign(bf16 ? (want_all ? 0 : L) : L + 1, nullptr);
   xs16_.assign(bf16 && want_all ? L : 0, nullptr);
+  s_ = Scratch{};
   T* p = arena_.data();
   uint16_t* p16 = arena16_.data();
   for (const WorkspaceBuffer& b : workspace_table(shape)) {
@@ -107,6 +109,8 @@ void InternLM2<T>::reserve(int64_t N, bool want_all, bool bf16) {
     if (b.bf16) p16 += static_cast<int64_t>(b.elements);
     else p += static_cast<int64_t>(b.elements);
   }
+  if (bf16)  // both norms' rstd: recomputed in backward before each read
+    for (BlockActs& a : acts_) a.rstd1 = a.rstd2 = rstd_scratch_;
   capacity_ = N;
   saved_all_ = want_all;
   bf16_ = bf16;
@@ -116,37 +120,39 @@ template <typename T>
 void InternLM2<T>::bind(const WorkspaceBuffer& b, T* at, uint16_t* at16, int64_t N) {
   using S = WorkspaceSlot;
   BlockActs& a = acts_[b.slot >= S::kQkvSaved && b.slot <= S::kB16 ? size_t(b.index) : 0];
+  Scratch& s = s_;
   switch (b.slot) {
     case S::kInput: xs_[size_t(b.index)] = at; break;
     case S::kInput16: xs16_[size_t(b.index)] = at16; break;
-    case S::kQkvSaved: a.qkv_s = at; break;
-    case S::kAttn: a.attn = at; break;
-    case S::kA: a.a = at; break;
-    case S::kB: a.b = at; break;
+    case S::kQkvSaved: a.qkv.f = at; break;
+    case S::kAttn: a.attn.f = at; break;
+    case S::kA: a.a.f = at; break;
+    case S::kB: a.b.f = at; break;
     case S::kLse: a.lse = at; break;
-    case S::kH: a.h = at; break;
+    case S::kH: a.h.f = at; break;
     case S::kRstd1: a.rstd1 = at; break;
     case S::kRstd2: a.rstd2 = at; break;
-    case S::kH16: a.h16 = at16; break;
-    case S::kQkv16: a.qkv16 = at16; break;
-    case S::kAttn16: a.attn16 = at16; break;
-    case S::kA16: a.a16 = at16; break;
-    case S::kB16: a.b16 = at16; break;
-    case S::kXn: xn_ = at; break;
-    case S::kQkv: qkv_ = at; break;
-    case S::kTmp: tmp_ = at; break;
-    case S::kG: g_ = at; break;
-    case S::kXf: xf_ = at; break;
+    case S::kH16: a.h.b = at16; break;
+    case S::kQkv16: a.qkv.b = at16; break;
+    case S::kAttn16: a.attn.b = at16; break;
+    case S::kA16: a.a.b = at16; break;
+    case S::kB16: a.b.b = at16; break;
+    // The float layout's temporaries; a name shares a buffer where its life fits in a gap.
+    case S::kXn: s.fwd.xn = s.ffn.z = s.att.xn = at; break;
+    case S::kQkv: s.fwd.qkv = s.att.dqkv = at; break;
+    case S::kTmp: s.fwd.tmp = at; break;
+    case S::kG: s.fwd.g = s.ffn.g = at; break;
+    case S::kXf: s.head.xf = at; break;
     case S::kRstdF: rstdf_ = at; break;
     case S::kRstdScratch: rstd_scratch_ = at; break;
-    case S::kDres: dres_ = at; break;
-    case S::kDtmp: dtmp_ = at; break;
-    case S::kDxn: dxn_ = at; break;
-    case S::kDg: dg_ = at; break;
-    case S::kDa: da_ = at; break;
-    case S::kDb: db_ = at; break;
-    case S::kDattn: dattn_ = at; break;
-    case S::kDqkvSaved: dqkv_s_ = at; break;
+    case S::kDres: s.dres = at; break;
+    case S::kDtmp: s.ffn.dh = s.att.dx = at; break;
+    case S::kDxn: s.head.dxf = s.ffn.dz = s.att.dxn = at; break;
+    case S::kDg: s.ffn.dg = at; break;
+    case S::kDa: s.ffn.da = at; break;
+    case S::kDb: s.ffn.db = at; break;
+    case S::kDattn: s.att.datt = at; break;
+    case S::kDqkvSaved: s.att.dqs = at; break;
     case S::kPool: bind_pool(at, N); break;
     default: check(false, "internal: {} is not a buffer of the unchunked workspace", b.name);
   }
@@ -157,20 +163,26 @@ void InternLM2<T>::bind_pool(T* base, int64_t N) {
   const int64_t R = (N + ops_.residual_split - 1) / ops_.residual_split;
   const int64_t sq = ops_.blocks.front().attention->saved_qkv_size(N);
   const PoolSizes<int64_t> z = pool_sizes<int64_t>(R, N, H_, Q_, F_, A_, sq);
-  Bf16Pool& q = pool_;
-  q.dres = base;
+  Scratch& s = s_;
+  s.dres = base;
   T* const after = base + z.rh;  // every phase's area after dres
-  q.xn = after, q.res = after + z.rh;
+  // Forward: xn (then the linears' output) | res | the norm's widened input, then qkv | qs | att,
+  // or a | b (g over a).
+  s.fwd.xn = s.fwd.tmp = after, s.fwd.res = after + z.rh;
   T* const zf = after + 2 * z.rh;
-  q.wide = zf, q.qkv = zf, q.qs = zf + z.nq, q.att = zf + z.nq + z.sq;
-  q.ga = zf, q.gb = zf + z.nf;
-  q.xf = q.xn, q.dxf = zf;
-  q.g = after, q.dg = after + z.nf, q.hw = after;
-  q.s1 = after + z.u(), q.s2 = after + z.u() + z.rh;
-  q.dqkv = after;
+  s.fwd.wide = zf, s.fwd.qkv = zf, s.fwd.qs = zf + z.nq, s.fwd.att = zf + z.nq + z.sq;
+  s.fwd.a = s.fwd.g = zf, s.fwd.b = zf + z.nf;
+  s.head.xf = after, s.head.dxf = zf;  // res stays where the forward left it
+  // FFN backward: g (then da, then h again) | dg (then db) | h widened (then dz) | z (then dh).
+  s.ffn.g = s.ffn.da = s.ffn.h2 = after, s.ffn.dg = s.ffn.db = after + z.nf;
+  s.ffn.h1 = s.ffn.dz = after + z.u(), s.ffn.z = s.ffn.dh = after + z.u() + z.rh;
+  // Attention backward: dqkv | datt | att_w | qkv_w | dqs, then xw | xn (then dx) | dxn over
+  // datt's place.
+  s.att.dqkv = after;
   T* const za = after + z.nq;
-  q.datt = za, q.attn_w = za + z.na, q.qkv_w = za + 2 * z.na, q.dqs = za + 2 * z.na + z.sq;
-  q.xw = za, q.xn2 = za + z.rh, q.dxn2 = za + 2 * z.rh;
+  s.att.datt = za, s.att.att_w = za + z.na, s.att.qkv_w = za + 2 * z.na;
+  s.att.dqs = za + 2 * z.na + z.sq;
+  s.att.xw = za, s.att.xn = s.att.dx = za + z.rh, s.att.dxn = za + 2 * z.rh;
 }
 
 template <typename T>
@@ -238,13 +250,8 @@ void InternLM2<T>::chunk_load(int64_t slot, int64_t n0, int64_t n, T* dst) const
 template <typename T>
 void InternLM2<T>::chunk_store(int64_t slot, int64_t n0, int64_t n, T* src) {
   const int64_t off = (slot * ck_.N + n0) * H_;
-  if constexpr (std::is_same_v<T, float>) {
-    if (ck_.bf16) {
-      // The forward reads the block input as stored: the residual stream is rounded here.
-      ops::round_to_bf16(src, n * H_, ck_.x16.data() + off);
-      return ops::widen_bf16(ck_.x16.data() + off, n * H_, src);
-    }
-  }
+  // The forward reads the block input as stored: under bf16 the residual stream is rounded here.
+  if (ck_.bf16) return keep_rounded(src, n * H_, ck_.x16.data() + off);
   std::copy(src, src + n * H_, ck_.x.data() + off);
 }
 
@@ -278,30 +285,21 @@ void InternLM2<T>::chunk_tail(int layer, int64_t slot, int64_t n0, int64_t n, bo
   }
   o.wo->forward(ck_.t, chunk_out(n0), n, params_);
   add_into(ck_.h, ck_.xw, ck_.t, n * H_);  // h = x + wo(attn)
-  const int64_t nf = n * F_;
-  if constexpr (std::is_same_v<T, float>) {
-    if (ck_.bf16) {
-      // The FFN's norm reads h rounded to bf16; a and b are kept rounded (the bf16 path's saves).
-      ops::round_to_bf16(ck_.h, n * H_, ck_.a16);
-      ops::widen_bf16(ck_.a16, n * H_, ck_.hw);
-      o.ffn_norm->forward(ck_.xn, ck_.rstd, ck_.hw, n, params_);
-      o.gate_up->forward(ck_.g1, ck_.g2, ck_.xn, n, params_);
-      ops::round_to_bf16(ck_.g1, nf, ck_.a16);
-      ops::round_to_bf16(ck_.g2, nf, ck_.b16);
-      if (!output) return;
-      ops::swiglu_forward_bf16(ck_.g3, ck_.a16, ck_.b16, nf);
-      o.w2->forward(ck_.t, ck_.g3, n, params_);
-      accumulate(ck_.h, ck_.t, n * H_);  // y = h + w2(g)
-      return;
-    }
-  }
-  std::copy(ck_.h, ck_.h + n * H_, ck_.hw);
-  o.ffn_norm->forward(ck_.xn, ck_.rstd, ck_.hw, n, params_);
+  // As the unchunked path: the FFN's norm reads h as saved (under bf16 rounded, through a16's
+  // place before a is kept there), a and b are saved.
+  const Saved<T> hs = ck_.bf16 ? Saved<T>{nullptr, ck_.a16} : Saved<T>{ck_.h, nullptr};
+  hs.save(ck_.h, n * H_);
+  ck_.hn = hs.load(n * H_, ck_.hw);
+  o.ffn_norm->forward(ck_.xn, ck_.rstd, ck_.hn, n, params_);
   o.gate_up->forward(ck_.g1, ck_.g2, ck_.xn, n, params_);
+  const int64_t nf = n * F_;
+  const Saved<T> a = chunk_a(), b = chunk_b();
+  a.save(ck_.g1, nf);
+  b.save(ck_.g2, nf);
   if (!output) return;
-  ops::swiglu_forward(ck_.g3, ck_.g1, ck_.g2, nf);
+  swiglu_saved(ck_.g3, a, b, nf);
   o.w2->forward(ck_.t, ck_.g3, n, params_);
-  accumulate(ck_.h, ck_.t, n * H_);
+  accumulate(ck_.h, ck_.t, n * H_);  // y = h + w2(g)
 }
 
 template <typename T>
@@ -353,23 +351,13 @@ LossSum InternLM2<T>::chunked_pass(const data::MicroBatch& batch, Params<T>* gra
       const int64_t n = std::min(C, N - n0), nf = n * F_;
       T* const dr = dres + n0 * H_;
       chunk_tail(i, i, n0, n, false);
-      // FFN: y = h + w2(silu(a) ⊙ b); da, db end in (g3, g4) or, bf16, in (g1, g2).
-      T *da = ck_.g3, *db = ck_.g4;
-      if constexpr (std::is_same_v<T, float>) {
-        if (ck_.bf16) {
-          ops::swiglu_forward_bf16(ck_.g1, ck_.a16, ck_.b16, nf);
-          o.w2->backward(ck_.g2, dr, ck_.g1, n, params_, grads, false);
-          ops::swiglu_backward_bf16(ck_.g1, ck_.g2, ck_.g2, ck_.a16, ck_.b16, nf);
-          da = ck_.g1, db = ck_.g2;
-        }
-      }
-      if (!ck_.bf16) {
-        ops::swiglu_forward(ck_.g3, ck_.g1, ck_.g2, nf);
-        o.w2->backward(ck_.g4, dr, ck_.g3, n, params_, grads, false);
-        ops::swiglu_backward(ck_.g3, ck_.g4, ck_.g4, ck_.g1, ck_.g2, nf);
-      }
-      o.gate_up->backward(ck_.t, da, db, ck_.xn, n, params_, grads);
-      o.ffn_norm->backward(ck_.xn, ck_.t, ck_.hw, ck_.rstd, n, params_, grads);
+      // FFN: y = h + w2(silu(a) ⊙ b); g, then da, in g3; dg, then db, in g4.
+      const Saved<T> a = chunk_a(), b = chunk_b();
+      swiglu_saved(ck_.g3, a, b, nf);
+      o.w2->backward(ck_.g4, dr, ck_.g3, n, params_, grads, false);
+      swiglu_backward_saved(ck_.g3, ck_.g4, ck_.g4, a, b, nf);
+      o.gate_up->backward(ck_.t, ck_.g3, ck_.g4, ck_.xn, n, params_, grads);
+      o.ffn_norm->backward(ck_.xn, ck_.t, ck_.hn, ck_.rstd, n, params_, grads);
       accumulate(dr, ck_.xn, n * H_);  // dres = dL/dh
       o.wo->backward(dout + n0 * A_, dr, chunk_out(n0), n, params_, grads, false);
     }
@@ -410,130 +398,66 @@ typename InternLM2<T>::BlockActs& InternLM2<T>::acts(int layer, bool save) {
 }
 
 template <typename T>
-void InternLM2<T>::block_forward(int layer, BlockActs& A, T* y, const T* x,
+void InternLM2<T>::block_forward(int layer, BlockActs& A, const T* x, T* y,
                                  const AttentionBatch& ab) {
   BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
+  const typename Scratch::Fwd& s = s_.fwd;
   const int64_t N = ab.num_tokens;
-  o.attention_norm->forward(xn_, A.rstd1, x, N, params_);
-  o.wqkv->forward(qkv_, xn_, N, params_);
-  o.attention->forward(A.attn, A.qkv_s, A.lse, qkv_, ab);
-  o.wo->forward(tmp_, A.attn, N, params_);
   const int64_t R = N / ops_.residual_split;  // residual-stream rows
-  add_into(A.h, x, tmp_, R * H_);
-  o.ffn_norm->forward(xn_, A.rstd2, A.h, N, params_);
-  o.gate_up->forward(A.a, A.b, xn_, N, params_);
-  ops::swiglu_forward(g_, A.a, A.b, N * F_);
-  o.w2->forward(tmp_, g_, N, params_);
-  add_into(y, A.h, tmp_, R * H_);
+  const int64_t sq = o.attention->saved_qkv_size(N);
+  o.attention_norm->forward(s.xn, A.rstd1, x, N, params_);
+  o.wqkv->forward(s.qkv, s.xn, N, params_);
+  T* const qs = A.qkv.out(s.qs);
+  T* const att = A.attn.out(s.att);
+  o.attention->forward(att, qs, A.lse, s.qkv, ab);
+  A.qkv.save(qs, sq);
+  A.attn.save(att, N * A_);  // under bf16 wo's GEMM rounds att to the same values
+  o.wo->forward(s.tmp, att, N, params_);
+  // h = x + wo(attn), kept unrounded for the residual sum; the FFN's norm reads it as saved
+  // (under bf16 rounded and widened), so backward recomputes exactly the forward's z and rstd.
+  T* const h = A.h.out(y);
+  add_into(h, x, s.tmp, R * H_);
+  A.h.save(h, R * H_);
+  o.ffn_norm->forward(s.xn, A.rstd2, A.h.load(R * H_, s.wide), N, params_);
+  T* const a = A.a.out(s.a);
+  T* const b = A.b.out(s.b);
+  o.gate_up->forward(a, b, s.xn, N, params_);
+  A.a.save(a, N * F_);
+  A.b.save(b, N * F_);
+  swiglu_saved(s.g, A.a, A.b, N * F_);  // g from a and b as saved
+  o.w2->forward(s.tmp, s.g, N, params_);
+  add_into(y, h, s.tmp, R * H_);  // y = h + w2(g)
 }
 
 template <typename T>
-void InternLM2<T>::block_backward(int layer, BlockActs& A, const T* x, const AttentionBatch& ab,
-                                  Params<T>& grads) {
+void InternLM2<T>::block_backward(int layer, BlockActs& A, const Saved<T>& x,
+                                  const AttentionBatch& ab, Params<T>& grads) {
   BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
+  T* const dres = s_.dres;
   const int64_t N = ab.num_tokens;
+  const int64_t R = N / ops_.residual_split;  // residual-stream rows
   // FFN branch: y = h + w2(silu(a) ⊙ b), a = w1 z, b = w3 z, z = RMSNorm(h). g and z are cheap
   // elementwise recomputations rather than saved tensors.
-  ops::swiglu_forward(g_, A.a, A.b, N * F_);
-  o.w2->backward(dg_, dres_, g_, N, params_, &grads, false);
-  ops::swiglu_backward(da_, db_, dg_, A.a, A.b, N * F_);
-  o.ffn_norm->forward(xn_, rstd_scratch_, A.h, N, params_);
-  o.gate_up->backward(dxn_, da_, db_, xn_, N, params_, &grads);
-  o.ffn_norm->backward(dtmp_, dxn_, A.h, A.rstd2, N, params_, &grads);
-  const int64_t R = N / ops_.residual_split;  // residual-stream rows
-  accumulate(dres_, dtmp_, R * H_);  // dres = dL/dh
+  const typename Scratch::Ffn& f = s_.ffn;
+  swiglu_saved(f.g, A.a, A.b, N * F_);
+  o.w2->backward(f.dg, dres, f.g, N, params_, &grads, false);
+  swiglu_backward_saved(f.da, f.db, f.dg, A.a, A.b, N * F_);
+  o.ffn_norm->forward(f.z, rstd_scratch_, A.h.load(R * H_, f.h1), N, params_);
+  o.gate_up->backward(f.dz, f.da, f.db, f.z, N, params_, &grads);
+  o.ffn_norm->backward(f.dh, f.dz, A.h.load(R * H_, f.h2), A.rstd2, N, params_, &grads);
+  accumulate(dres, f.dh, R * H_);  // dres = dL/dh
   backward_point(layer, false);
   // Attention branch: h = x + wo(Attn(qkv)), qkv = wqkv(RMSNorm(x)).
-  o.wo->backward(dattn_, dres_, A.attn, N, params_, &grads, false);
-  o.attention->backward(qkv_, dqkv_s_, dattn_, A.qkv_s, A.attn, A.lse, ab);
-  o.attention_norm->forward(xn_, rstd_scratch_, x, N, params_);
-  o.wqkv->backward(dxn_, qkv_, xn_, N, params_, &grads, false);
-  o.attention_norm->backward(dtmp_, dxn_, x, A.rstd1, N, params_, &grads);
-  accumulate(dres_, dtmp_, R * H_);  // dres = dL/dx
-}
-
-template <typename T>
-void InternLM2<T>::block_forward_bf16(int layer, BlockActs& A, const AttentionBatch& ab,
-                                      uint16_t* x16) {
-  if constexpr (std::is_same_v<T, float>) {
-    BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
-    const Bf16Pool& q = pool_;
-    const int64_t N = ab.num_tokens;
-    const int64_t R = N / ops_.residual_split;  // residual-stream rows
-    // The residual sum runs in q.res (fp32, the float32 path's values). The norms read it as
-    // saved, rounded to bf16 (x16, A.h16) and widened into q.wide, so that backward recomputes
-    // exactly the forward's normalised inputs and rstd from the saved values (and a layout that
-    // keeps its forward input for the weight gradient, Megatron's MSP, agrees with one that
-    // recomputes it).
-    // The residual stream itself continues from the rounded input, so that a block input kept
-    // in bf16 (the chunked recomputation) is exactly what the forward read.
-    ops::round_to_bf16(q.res, R * H_, x16);
-    ops::widen_bf16(x16, R * H_, q.wide);
-    std::copy(q.wide, q.wide + R * H_, q.res);
-    o.attention_norm->forward(q.xn, rstd_scratch_, q.wide, N, params_);
-    o.wqkv->forward(q.qkv, q.xn, N, params_);
-    o.attention->forward(q.att, q.qs, A.lse, q.qkv, ab);
-    ops::round_to_bf16(q.qs, o.attention->saved_qkv_size(N), A.qkv16);
-    ops::round_to_bf16(q.att, N * A_, A.attn16);  // wo's GEMM rounds attn to the same values
-    o.wo->forward(q.xn, q.att, N, params_);
-    accumulate(q.res, q.xn, R * H_);  // h = x + wo(attn)
-    ops::round_to_bf16(q.res, R * H_, A.h16);
-    ops::widen_bf16(A.h16, R * H_, q.wide);
-    o.ffn_norm->forward(q.xn, rstd_scratch_, q.wide, N, params_);
-    o.gate_up->forward(q.ga, q.gb, q.xn, N, params_);
-    ops::round_to_bf16(q.ga, N * F_, A.a16);
-    ops::round_to_bf16(q.gb, N * F_, A.b16);
-    ops::swiglu_forward_bf16(q.ga, A.a16, A.b16, N * F_);  // g from the bf16 a, b
-    o.w2->forward(q.xn, q.ga, N, params_);
-    accumulate(q.res, q.xn, R * H_);  // y = h + w2(g)
-  } else {
-    (void)layer, (void)A, (void)ab, (void)x16;
-    check(false, "internal: bf16 workspace in a double model");
-  }
-}
-
-template <typename T>
-void InternLM2<T>::block_backward_bf16(int layer, BlockActs& A, const AttentionBatch& ab,
-                                       Params<T>& grads) {
-  if constexpr (std::is_same_v<T, float>) {
-    BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
-    const Bf16Pool& q = pool_;
-    const int64_t N = ab.num_tokens;
-    const int64_t R = N / ops_.residual_split;  // residual-stream rows
-    // FFN branch, as block_backward: g from the bf16 a, b; da and db overwrite g and dg.
-    ops::swiglu_forward_bf16(q.g, A.a16, A.b16, N * F_);
-    o.w2->backward(q.dg, q.dres, q.g, N, params_, &grads, false);
-    ops::swiglu_backward_bf16(q.g, q.dg, q.dg, A.a16, A.b16, N * F_);
-    // z = RMSNorm(h) from the widened h, whose rstd serves the norm's backward too.
-    ops::widen_bf16(A.h16, R * H_, q.s1);
-    o.ffn_norm->forward(q.s2, rstd_scratch_, q.s1, N, params_);
-    o.gate_up->backward(q.s1, q.g, q.dg, q.s2, N, params_, &grads);
-    ops::widen_bf16(A.h16, R * H_, q.hw);  // h again, where da and db were
-    o.ffn_norm->backward(q.s2, q.s1, q.hw, rstd_scratch_, N, params_, &grads);
-    accumulate(q.dres, q.s2, R * H_);  // dres = dL/dh
-    backward_point(layer, false);
-    // Attention branch.
-    ops::widen_bf16(A.attn16, N * A_, q.attn_w);
-    ops::widen_bf16(A.qkv16, o.attention->saved_qkv_size(N), q.qkv_w);
-    o.wo->backward(q.datt, q.dres, q.attn_w, N, params_, &grads, false);
-    o.attention->backward(q.dqkv, q.dqs, q.datt, q.qkv_w, q.attn_w, A.lse, ab);
-    // x as the forward's norm read it: saved in bf16, or (checkpoint) its fp32 copy rounded
-    // again here, through xn2's slot.
-    const uint16_t* x16 = xs16_.empty() ? nullptr : xs16_[static_cast<size_t>(layer)];
-    if (x16 == nullptr) {
-      uint16_t* const rounded = reinterpret_cast<uint16_t*>(q.xn2);
-      ops::round_to_bf16(xs_[static_cast<size_t>(layer)], R * H_, rounded);
-      x16 = rounded;
-    }
-    ops::widen_bf16(x16, R * H_, q.xw);
-    o.attention_norm->forward(q.xn2, rstd_scratch_, q.xw, N, params_);
-    o.wqkv->backward(q.dxn2, q.dqkv, q.xn2, N, params_, &grads, false);
-    o.attention_norm->backward(q.xn2, q.dxn2, q.xw, rstd_scratch_, N, params_, &grads);
-    accumulate(q.dres, q.xn2, R * H_);  // dres = dL/dx
-  } else {
-    (void)layer, (void)A, (void)ab, (void)grads;
-    check(false, "internal: bf16 workspace in a double model");
-  }
+  const typename Scratch::Att& t = s_.att;
+  const T* const att = A.attn.load(N * A_, t.att_w);
+  const T* const qs = A.qkv.load(o.attention->saved_qkv_size(N), t.qkv_w);
+  o.wo->backward(t.datt, dres, att, N, params_, &grads, false);
+  o.attention->backward(t.dqkv, t.dqs, t.datt, qs, att, A.lse, ab);
+  const T* const xv = x.load(R * H_, t.xw);
+  o.attention_norm->forward(t.xn, rstd_scratch_, xv, N, params_);
+  o.wqkv->backward(t.dxn, t.dqkv, t.xn, N, params_, &grads, false);
+  o.attention_norm->backward(t.dx, t.dxn, xv, A.rstd1, N, params_, &grads);
+  accumulate(dres, t.dx, R * H_);  // dres = dL/dx
 }
 
 template <typename T>
@@ -546,22 +470,24 @@ void InternLM2<T>::forward_blocks(const data::MicroBatch& batch, bool save) {
   else if (N > capacity_ || bf16 != bf16_) reserve(N, capacity_ > 0 && saved_all_, bf16);
   const AttentionBatch ab = attention_batch(batch);
   const int L = static_cast<int>(ops_.blocks.size());
-  if (bf16_) {
-    ops_.embedding->forward(pool_.res, batch.input_ids.data(), N, params_);
-    const int64_t RH = N / ops_.residual_split * H_;
-    for (int i = 0; i < L; ++i) {
-      const size_t l = static_cast<size_t>(i);
-      // Checkpoint: the fp32 input the backward's recomputation starts from (a forward-only
-      // call never recomputes, so it keeps none).
-      if (save && xs16_.empty()) std::copy(pool_.res, pool_.res + RH, xs_[l]);
-      block_forward_bf16(i, acts(i, save), ab, block_input16(i));
+  const int64_t RH = N / ops_.residual_split * H_;
+  T* const res = s_.fwd.res;
+  ops_.embedding->forward(bf16_ ? res : xs_[0], batch.input_ids.data(), N, params_);
+  for (int i = 0; i < L; ++i) {
+    const auto l = static_cast<size_t>(i);
+    if (!bf16_) {
+      block_forward(i, acts(i, save), xs_[l], xs_[l + 1], ab);
+      continue;
     }
-    return;
+    // The stream continues from the block input rounded to bf16, so the input kept for
+    // backward is exactly what the forward read: in bf16 with per-block acts; under checkpoint
+    // in fp32 (the recomputation's start; rounded through xn's place, free until the block's
+    // first norm), which a forward-only call, never recomputing, does not keep.
+    const bool kept16 = !xs16_.empty();
+    keep_rounded(res, RH, kept16 ? xs16_[l] : reinterpret_cast<uint16_t*>(s_.fwd.xn));
+    if (save && !kept16) std::copy(res, res + RH, xs_[l]);
+    block_forward(i, acts(i, save), res, res, ab);
   }
-  ops_.embedding->forward(xs_[0], batch.input_ids.data(), N, params_);
-  for (int i = 0; i < L; ++i)
-    block_forward(i, acts(i, save), xs_[static_cast<size_t>(i) + 1], xs_[static_cast<size_t>(i)],
-                  ab);
 }
 
 template <typename T>
@@ -575,34 +501,29 @@ LossSum InternLM2<T>::forward_backward(const data::MicroBatch& batch, Params<T>&
   const int L = static_cast<int>(ops_.blocks.size());
   forward_blocks(batch, true);
   const AttentionBatch ab = attention_batch(batch);
-  T* const xf = bf16_ ? pool_.xf : xf_;
-  T* const dxf = bf16_ ? pool_.dxf : dxn_;
-  T* const dres = bf16_ ? pool_.dres : dres_;
-  ops_.norm->forward(xf, rstdf_, final_residual(), N, params_);
-  const LossSum loss = ops_.head->forward_backward(dxf, xf, batch.labels.data(), N, params_,
-                                                   &grads, loss_scale, nullptr);
-  ops_.norm->backward(dres, dxf, final_residual(), rstdf_, N, params_, &grads);
+  ops_.norm->forward(s_.head.xf, rstdf_, final_residual(), N, params_);
+  const LossSum loss = ops_.head->forward_backward(s_.head.dxf, s_.head.xf, batch.labels.data(),
+                                                   N, params_, &grads, loss_scale, nullptr);
+  ops_.norm->backward(s_.dres, s_.head.dxf, final_residual(), rstdf_, N, params_, &grads);
   backward_point(L, true);
   const int64_t RH = N / ops_.residual_split * H_;
   for (int i = L - 1; i >= 0; --i) {
-    if (bf16_) {
-      // Recompute the block from its fp32 input; dres keeps the pool's first slot.
-      if (checkpoint_ && i != L - 1) {
-        const T* x = xs_[static_cast<size_t>(i)];
-        std::copy(x, x + RH, pool_.res);
-        block_forward_bf16(i, acts_.front(), ab, block_input16(i));
+    const Saved<T> x = saved_input(i);
+    // Checkpoint: recompute the block from its saved input (the shared acts still hold the last
+    // block's); its output is not needed: the float layout writes it to a free temporary, the
+    // bf16 layout runs on the stream, in place, from the input's fp32 copy.
+    if (checkpoint_ && i != L - 1) {
+      if (bf16_) {
+        std::copy(x.f, x.f + RH, s_.fwd.res);
+        block_forward(i, acts_.front(), s_.fwd.res, s_.fwd.res, ab);
+      } else {
+        block_forward(i, acts_.front(), x.f, s_.ffn.dh, ab);
       }
-      block_backward_bf16(i, acts(i, true), ab, grads);
-      backward_point(i, true);
-      continue;
     }
-    const T* x = xs_[static_cast<size_t>(i)];
-    // Recompute the block (y discarded); the shared acts still hold the last block's state.
-    if (checkpoint_ && i != L - 1) block_forward(i, acts_.front(), dtmp_, x, ab);
     block_backward(i, acts(i, true), x, ab, grads);
     backward_point(i, true);
   }
-  ops_.embedding->backward(dres, batch.input_ids.data(), N, &grads);
+  ops_.embedding->backward(s_.dres, batch.input_ids.data(), N, &grads);
   backward_point(-1, true);
   return loss;
 }
@@ -618,7 +539,7 @@ LossSum InternLM2<T>::forward_loss(const data::MicroBatch& batch,
   }
   const int64_t N = static_cast<int64_t>(batch.input_ids.size());
   forward_blocks(batch, false);
-  T* const xf = bf16_ ? pool_.xf : xf_;
+  T* const xf = s_.head.xf;
   ops_.norm->forward(xf, rstdf_, final_residual(), N, params_);
   if (token_losses) token_losses->assign(static_cast<size_t>(N), 0.0);
   return ops_.head->forward_backward(nullptr, xf, batch.labels.data(), N, params_, nullptr, 0.0,
@@ -637,7 +558,7 @@ std::vector<T> InternLM2<T>::logits_last(std::span<const int32_t> ids) {
   b.cu_seqlens = {0, n};
   b.max_seqlen = n;
   forward_blocks(b, false);
-  T* const xf = bf16_ ? pool_.xf : xf_;
+  T* const xf = s_.head.xf;
   ops_.norm->forward(xf, rstdf_, final_residual() + (n - 1) * H_, 1, params_);
   std::vector<T> logits(static_cast<size_t>(layout_.config().vocab_size));
   ops_.head->logits_row(logits.data(), xf, params_);

@@ -13,6 +13,7 @@
 #include "data/batch.h"
 #include "model/layers.h"
 #include "model/params.h"
+#include "model/saved.h"
 #include "model/workspace.h"
 
 namespace longtron::model {
@@ -31,10 +32,13 @@ namespace longtron::model {
 /// The forward's residual sum runs in fp32 within a block and continues from the block's input
 /// rounded to bf16; each norm reads its input as saved (rounded to bf16, widened), so backward
 /// recomputes exactly the forward's normalised values. With
-/// checkpoint (chunked(): the block inputs kept in bf16, as read; else in fp32, rounded the same
-/// way where read) gradients are identical with and without checkpoint here too. The fp32
+/// checkpoint (chunked(): the block inputs kept in bf16, as read; else in fp32, holding the
+/// rounded values) gradients are identical with and without checkpoint here too. The fp32
 /// temporaries of one block share one pool laid out per phase (forward, head, FFN backward,
 /// attention backward): see workspace_elements.
+/// Both dtypes run one block path (block_forward, block_backward, after llm.c's one forward over
+/// one activation table): only the Saved helpers of model/saved.h, by which the block saves a
+/// tensor and reads it back, and the workspace layout look at the dtype.
 template <typename T>
 class InternLM2 {
  public:
@@ -109,6 +113,7 @@ class InternLM2 {
     T *xw, *xn, *h, *hw, *t, *rstd, *g1, *g2, *g3, *g4;
     T* ow;                      ///< bf16: the chunk's attention output, widened
     uint16_t *a16, *b16;
+    const T* hn;                ///< h as the FFN's norm read it: h, or (bf16) rounded in hw
     int64_t bytes() const {
       return static_cast<int64_t>(
           (x16.size() + out16.size() + c16.size()) * sizeof(uint16_t) +
@@ -129,36 +134,48 @@ class InternLM2 {
   /// The attention output of rows [n0, …) of the chunk chunk_tail last ran (widened from bf16).
   const T* chunk_out(int64_t n0) const { return ck_.bf16 ? ck_.ow : ck_.out.data() + n0 * A_; }
   /// Rows [n0, n0 + n) of block `layer` after its attention: h = x + wo(out) in ck_.h, the FFN's
-  /// norm input in ck_.hw, z in ck_.xn (rstd in ck_.rstd), a and b in g1, g2 (and a16, b16);
+  /// norm input at ck_.hn, z in ck_.xn (rstd in ck_.rstd), a and b saved (chunk_a, chunk_b);
   /// with `output`, y = h + w2(silu(a) ⊙ b) in ck_.h.
   void chunk_tail(int layer, int64_t slot, int64_t n0, int64_t n, bool output);
+  /// The chunk's FFN a and b as saved: in g1, g2, or (bf16) rounded in a16, b16.
+  Saved<T> chunk_a() const {
+    return ck_.bf16 ? Saved<T>{nullptr, ck_.a16} : Saved<T>{ck_.g1, nullptr};
+  }
+  Saved<T> chunk_b() const {
+    return ck_.bf16 ? Saved<T>{nullptr, ck_.b16} : Saved<T>{ck_.g2, nullptr};
+  }
   /// Training (grads) or the loss (and token_losses) of one micro-batch, chunked.
   LossSum chunked_pass(const data::MicroBatch& batch, Params<T>* grads, double loss_scale,
                        double* token_losses);
 
-  /// Saved state of one block: the split qkv after RoPE, attention output and lse, the residual
-  /// after attention, both norms' rstd, and the FFN's a = w1 z and b = w3 z. In bf16 mode only
-  /// lse is float, and qkv16, attn16, a16, b16, h16 are kept instead of the rest.
+  /// Saved state of one block (Saved: kept as computed, or in bf16): the split qkv after RoPE,
+  /// the attention output, the residual after attention h, and the FFN's a = w1 z and b = w3 z;
+  /// the attention lse (float in both layouts) and both norms' rstd (the bf16 layout keeps no
+  /// rstd: both point at the recomputed one, rstd_scratch_, which backward's norm recomputation
+  /// refills before each read).
   struct BlockActs {
-    T *qkv_s, *attn, *lse, *h, *rstd1, *rstd2, *a, *b;
-    uint16_t *qkv16, *attn16, *a16, *b16, *h16;
+    Saved<T> qkv, attn, h, a, b;
+    T *lse, *rstd1, *rstd2;
   };
-  /// bf16 mode: the fp32 temporaries, views into one pool laid out per phase (R×H buffers are
-  /// residual-stream rows, the rest token rows). dres (dL/d residual) has the pool's first slot
-  /// in every phase, so a recomputed forward (checkpoint) leaves it intact.
-  struct Bf16Pool {
+  /// One block's temporaries by phase, under the names the one block path uses. The float
+  /// layout gives them their own buffers (names whose lives do not overlap share one); the bf16
+  /// layout lays each phase over one pool (bind_pool). dres (dL/d residual) keeps its own buffer
+  /// in every phase, so a recomputed forward (checkpoint) leaves it intact. A name the layout
+  /// does not need (a bf16 stage or widened copy under float) is nullptr.
+  struct Scratch {
     T* dres;
-    // forward: xn (also the linears' output tmp), res (the fp32 residual stream; at the end the
-    // last block's output), then wide (a norm's input as saved, widened), qkv, qs (split qkv),
-    // att (attention output) or ga, gb (a, b).
-    T *xn, *res, *wide, *qkv, *qs, *att, *ga, *gb;
-    // head: xf in xn's slot, the head's input gradient dxf at the start of the phase area.
-    T *xf, *dxf;
-    // FFN backward: g / da, dg / db, then s1, s2 (R×H each); hw (the widened h, second read).
-    T *g, *dg, *s1, *s2, *hw;
-    // attention backward: dqkv, datt, the widened attn and qkv_s, attention's scratch; then
-    // the widened x, its norm xn2 (later dL/dx of the norm), the norm's input gradient dxn2.
-    T *dqkv, *datt, *attn_w, *qkv_w, *dqs, *xw, *xn2, *dxn2;
+    /// Forward: xn (a norm's output), qkv, the bf16 stages of the split qkv (qs), attention
+    /// output (att), a and b, the linears' output tmp, g = silu(a) ⊙ b, the FFN norm's input
+    /// widened from its bf16 save (wide); res, the bf16 layout's residual stream.
+    struct Fwd { T *xn, *qkv, *qs, *att, *a, *b, *tmp, *g, *wide, *res; } fwd;
+    /// The final norm's output and the head's input gradient.
+    struct Head { T *xf, *dxf; } head;
+    /// FFN backward: g, dg, da, db; h as saved (h1, then again h2, where bf16's first copy was
+    /// overwritten by dz), z = RMSNorm(h) recomputed, dz, and the norm's input gradient dh.
+    struct Ffn { T *g, *dg, *da, *db, *h1, *z, *dz, *h2, *dh; } ffn;
+    /// Attention backward: the saved output and qkv widened (att_w, qkv_w), dqkv, datt, the
+    /// attention's own scratch dqs, x widened (xw), its norm recomputed (xn), dxn and dx.
+    struct Att { T *att_w, *qkv_w, *dqkv, *datt, *dqs, *xw, *xn, *dxn, *dx; } att;
   };
   /// Workspace for N tokens; want_all = one set of block acts per layer (else one shared set);
   /// bf16 = the bf16 layout (see the class comment). Allocated and bound from workspace_table.
@@ -167,7 +184,7 @@ class InternLM2 {
   WorkspaceShape workspace_shape(int64_t N, bool want_all, bool bf16) const;
   /// Points the view of table entry `b` (unchunked layouts) at `at`.
   void bind(const WorkspaceBuffer& b, T* at, uint16_t* at16, int64_t N);
-  /// Lays out the bf16 pool's views (Bf16Pool) over `base`, for N tokens.
+  /// Lays out the bf16 layout's Scratch over one pool at `base`, for N tokens.
   void bind_pool(T* base, int64_t N);
   /// Whether this call keeps its saved inputs in bf16: a float model whose ops compute in bf16
   /// (ModelOps::compute).
@@ -177,22 +194,19 @@ class InternLM2 {
   /// per-block acts.
   void forward_blocks(const data::MicroBatch& batch, bool save);
   /// The last block's output [R, H] after forward_blocks.
-  T* final_residual() { return bf16_ ? pool_.res : xs_.back(); }
-  void block_forward(int layer, BlockActs& A, T* y, const T* x, const AttentionBatch& ab);
-  /// On entry dres_ = dL/dy of the block; on exit dL/dx.
-  void block_backward(int layer, BlockActs& A, const T* x, const AttentionBatch& ab,
+  T* final_residual() { return bf16_ ? s_.fwd.res : xs_.back(); }
+  /// The one block path (both layouts): block `layer` from its input x (as stored) to y, saving
+  /// A. The float layout runs it from xs_[layer] to xs_[layer + 1] (a recomputation: y into a
+  /// free temporary); the bf16 layout in place on the residual stream s_.fwd.res (x = y).
+  void block_forward(int layer, BlockActs& A, const T* x, T* y, const AttentionBatch& ab);
+  /// On entry s_.dres = dL/dy of the block; on exit dL/dx. x: the block's input as saved.
+  void block_backward(int layer, BlockActs& A, const Saved<T>& x, const AttentionBatch& ab,
                       Params<T>& grads);
-  /// bf16 mode: the block on pool_.res in place (x on entry, y on exit); saves A, and x rounded
-  /// to bf16 into x16.
-  void block_forward_bf16(int layer, BlockActs& A, const AttentionBatch& ab, uint16_t* x16);
-  /// Where block `layer`'s input goes in bf16: its saved copy, or (checkpoint, whose inputs are
-  /// kept in fp32) a staging area in the pool's xn slot, free when the block starts.
-  uint16_t* block_input16(int layer) {
-    return xs16_.empty() ? reinterpret_cast<uint16_t*>(pool_.xn)
-                         : xs16_[static_cast<size_t>(layer)];
+  /// Block `layer`'s input as saved: xs_[layer] in fp32, or its bf16 copy.
+  Saved<T> saved_input(int layer) const {
+    const auto l = static_cast<size_t>(layer);
+    return xs16_.empty() ? Saved<T>{xs_[l], nullptr} : Saved<T>{nullptr, xs16_[l]};
   }
-  /// bf16 mode: pool_.dres = dL/dy on entry, dL/dx on exit.
-  void block_backward_bf16(int layer, BlockActs& A, const AttentionBatch& ab, Params<T>& grads);
   BlockActs& acts(int layer, bool save);
 
   const ParamTable& layout_;
@@ -214,14 +228,14 @@ class InternLM2 {
   bool bf16_ = false;       // workspace laid out for bf16 saved inputs
   std::vector<T> arena_;
   std::vector<uint16_t> arena16_;   // bf16 saved tensors (bf16 mode only)
-  // Residual stream: block inputs [L+1][R,H] (fp32 mode); bf16 mode: the L block inputs, in
-  // xs16_ with per-block acts, else in xs_ (fp32, so recomputation starts from the forward's x).
+  // Residual stream: the float layout keeps the block inputs and the last output, xs_[L+1][R,H];
+  // the bf16 layout runs it in s_.fwd.res and keeps the L block inputs rounded, in xs16_ with
+  // per-block acts, else (checkpoint) in xs_, fp32 (the rounded values).
   std::vector<T*> xs_;
   std::vector<uint16_t*> xs16_;
   std::vector<BlockActs> acts_;     // L entries (checkpoint off) or 1 (shared)
-  T *xn_, *qkv_, *tmp_, *g_, *xf_, *rstdf_, *rstd_scratch_;       // forward temporaries
-  T *dres_, *dtmp_, *dxn_, *dg_, *da_, *db_, *dattn_, *dqkv_s_;   // backward temporaries
-  Bf16Pool pool_{};  // bf16 mode only (the fp32 temporaries above are then unused)
+  T *rstdf_, *rstd_scratch_;        // the final norm's rstd; a norm's rstd recomputed
+  Scratch s_{};                     // one block's temporaries (either layout)
   Chunked ck_;       // chunked() only
 };
 

@@ -15,11 +15,7 @@ namespace longtron::parallel {
 void isp_memory(const ModeMemoryInputs& in, ModeMemory& s) {
   const model::ModelConfig& m = in.model;
   const model::ParamTable& full = in.full;
-  const double P = in.packed_length, d = static_cast<double>(m.head_dim()),
-               Hq = static_cast<double>(m.num_attention_heads),
-               Hkv = static_cast<double>(m.num_kv_attention_heads),
-               Hid = static_cast<double>(m.hidden_size);
-  const double T = in.grid.tp;
+  const auto [P, d, Hq, Hkv, Hid, V, T] = memory_sizes(in);
   model::WorkspaceShape& w = s.ws;
   // 2D-Attention: Ulysses over the head group of Th = head_size ranks, the context share of
   // M = P / C tokens after it (docs/isp.md); without it Th = T, C = 1.

@@ -9,6 +9,14 @@
 
 namespace longtron::parallel {
 
+MemorySizes memory_sizes(const ModeMemoryInputs& in) {
+  const model::ModelConfig& m = in.model;
+  return {in.packed_length, static_cast<double>(m.head_dim()),
+          static_cast<double>(m.num_attention_heads), static_cast<double>(m.num_kv_attention_heads),
+          static_cast<double>(m.hidden_size), static_cast<double>(m.vocab_size),
+          static_cast<double>(in.grid.tp)};
+}
+
 ModeMemory ModeMemory::defaults(const ModeMemoryInputs& in) {
   const model::ModelConfig& m = in.model;
   const model::BlockParamIds& b = in.local.layers.front();
@@ -31,12 +39,7 @@ ModeMemory ModeMemory::defaults(const ModeMemoryInputs& in) {
 }
 
 void megatron_memory(const ModeMemoryInputs& in, ModeMemory& s) {
-  const model::ModelConfig& m = in.model;
-  const double P = in.packed_length, d = static_cast<double>(m.head_dim()),
-               Hq = static_cast<double>(m.num_attention_heads),
-               Hkv = static_cast<double>(m.num_kv_attention_heads),
-               Hid = static_cast<double>(m.hidden_size), V = static_cast<double>(m.vocab_size);
-  const double T = in.grid.tp;
+  const auto [P, d, Hq, Hkv, Hid, V, T] = memory_sizes(in);
   const std::string mode = mode_name(in.grid.layout);
   model::WorkspaceShape& w = s.ws;
   w.A = Hq / T * d;

@@ -54,6 +54,14 @@ inline UlyssesShare ulysses_share(double hq, double hkv, double T) {
   return {hq / T, hkv >= T ? hkv / T : 1.0};
 }
 
+/// The sizes every mode's memory terms start from, as doubles: P (tokens of one packed row),
+/// head dim d, query and key/value heads Hq, Hkv, hidden Hid, vocabulary V, tensor-parallel
+/// size T (`const auto [P, d, Hq, Hkv, Hid, V, T] = memory_sizes(in);`).
+struct MemorySizes {
+  double P, d, Hq, Hkv, Hid, V, T;
+};
+MemorySizes memory_sizes(const ModeMemoryInputs& in);
+
 /// The memory terms of the dense and Megatron modes ("dense", "mtp", "msp", "fsp").
 void megatron_memory(const ModeMemoryInputs& in, ModeMemory& m);
 /// The memory terms of "isp" (with 2D-Attention's context parallel).

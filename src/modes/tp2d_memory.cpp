@@ -38,12 +38,7 @@ double linear_2d_elements(const model::ParamTable& local, const model::BlockPara
 }  // namespace
 
 void tp2d_memory(const ModeMemoryInputs& in, ModeMemory& s) {
-  const model::ModelConfig& m = in.model;
-  const double P = in.packed_length, d = static_cast<double>(m.head_dim()),
-               Hq = static_cast<double>(m.num_attention_heads),
-               Hkv = static_cast<double>(m.num_kv_attention_heads),
-               Hid = static_cast<double>(m.hidden_size), V = static_cast<double>(m.vocab_size);
-  const double T = in.grid.tp;
+  const auto [P, d, Hq, Hkv, Hid, V, T] = memory_sizes(in);
   model::WorkspaceShape& w = s.ws;
   const double x = in.grid.layout.tensor_2d_x, y = in.grid.layout.tensor_2d_y;
   const double hqx = Hq / x, hkvx = Hkv / x;

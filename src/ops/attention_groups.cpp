@@ -53,17 +53,48 @@ void for_each_group(const AttentionShape& s, int64_t group_tokens, F&& f) {
   for (size_t i = 0; i + 1 < b.size(); ++i) f(b[i], b[i + 1], sub_shape(s, b[i], b[i + 1], cu));
 }
 
-/// A group's lse [Hq, n] (tokens from t0) into the row's head-major lse [Hq, N].
-template <typename T>
-void scatter_lse(T* row, const T* group, int64_t Hq, int64_t N, int64_t t0, int64_t n) {
-  for (int64_t h = 0; h < Hq; ++h) std::copy(group + h * n, group + (h + 1) * n, row + h * N + t0);
+/// for_each_group, giving f(t0, n, shape, out_g) a float buffer for the group's attention output
+/// [n, Hq·d], for the bf16-output forms to round from or widen into.
+template <typename F>
+void for_each_group_out(const AttentionShape& s, int64_t group_tokens, F&& f) {
+  std::vector<float> out_g;
+  for_each_group(s, group_tokens, [&](int64_t t0, int64_t t1, const AttentionShape& g) {
+    out_g.resize(static_cast<size_t>((t1 - t0) * s.num_heads * s.head_dim));
+    f(t0, t1 - t0, g, out_g.data());
+  });
 }
 
-/// The inverse: the row's lse of tokens [t0, t0 + n) into a group's [Hq, n].
+/// The lse of one group [t0, t0 + n) of a row whose lse is head-major [Hq, N]: the row's own
+/// when the group is the whole row, else a [Hq, n] buffer that is copied from the row before a
+/// backward reads it (in) or into the row after a forward wrote it (out, then store).
 template <typename T>
-void gather_lse(T* group, const T* row, int64_t Hq, int64_t N, int64_t t0, int64_t n) {
-  for (int64_t h = 0; h < Hq; ++h) std::copy(row + h * N + t0, row + h * N + t0 + n, group + h * n);
-}
+class GroupLse {
+ public:
+  explicit GroupLse(const AttentionShape& s) : Hq_(s.num_heads), N_(s.num_tokens) {}
+  /// Where a forward writes the group's lse; store() then puts it in the row.
+  T* out(T* row, int64_t n) { return n == N_ ? row : sized(n); }
+  void store(T* row, int64_t t0, int64_t n) const {
+    if (n == N_) return;
+    for (int64_t h = 0; h < Hq_; ++h)
+      std::copy(buf_.data() + h * n, buf_.data() + (h + 1) * n, row + h * N_ + t0);
+  }
+  /// The group's lse as a backward reads it.
+  const T* in(const T* row, int64_t t0, int64_t n) {
+    if (n == N_) return row;
+    T* const g = sized(n);
+    for (int64_t h = 0; h < Hq_; ++h)
+      std::copy(row + h * N_ + t0, row + h * N_ + t0 + n, g + h * n);
+    return g;
+  }
+
+ private:
+  T* sized(int64_t n) {
+    buf_.resize(static_cast<size_t>(Hq_ * n));
+    return buf_.data();
+  }
+  int64_t Hq_, N_;
+  std::vector<T> buf_;
+};
 
 }  // namespace
 
@@ -71,15 +102,13 @@ template <typename T>
 void varlen_attention_forward_groups(const ComputeContext& cc, T* out, T* lse, const T* q,
                                      const T* k, const T* v,
                                      const AttentionShape& s, int64_t group_tokens) {
-  std::vector<T> lse_g;
-  const int64_t N = s.num_tokens, Hq = s.num_heads, d = s.head_dim;
+  GroupLse<T> lg(s);
+  const int64_t Hq = s.num_heads, d = s.head_dim;
   for_each_group(s, group_tokens, [&](int64_t t0, int64_t t1, const AttentionShape& g) {
-    if (t1 - t0 == N) return varlen_attention_forward(cc, out, lse, q, k, v, g);
     const int64_t n = t1 - t0;
-    lse_g.resize(static_cast<size_t>(Hq * n));
-    varlen_attention_forward(cc, out + t0 * Hq * d, lse_g.data(), q + t0 * s.q_stride,
+    varlen_attention_forward(cc, out + t0 * Hq * d, lg.out(lse, n), q + t0 * s.q_stride,
                              k + t0 * s.kv_stride, v + t0 * s.kv_stride, g);
-    scatter_lse(lse, lse_g.data(), Hq, N, t0, n);
+    lg.store(lse, t0, n);
   });
 }
 
@@ -88,16 +117,13 @@ void varlen_attention_backward_groups(const ComputeContext& cc, T* dq, T* dk, T*
                                       const T* dout, const T* q, const T* k,
                                       const T* v, const T* out, const T* lse,
                                       const AttentionShape& s, int64_t group_tokens) {
-  std::vector<T> lse_g;
-  const int64_t N = s.num_tokens, Hq = s.num_heads, d = s.head_dim;
+  GroupLse<T> lg(s);
+  const int64_t Hq = s.num_heads, d = s.head_dim;
   for_each_group(s, group_tokens, [&](int64_t t0, int64_t t1, const AttentionShape& g) {
-    if (t1 - t0 == N) return varlen_attention_backward(cc, dq, dk, dv, dout, q, k, v, out, lse, g);
     const int64_t n = t1 - t0;
-    lse_g.resize(static_cast<size_t>(Hq * n));
-    gather_lse(lse_g.data(), lse, Hq, N, t0, n);
     const int64_t qo = t0 * s.q_stride, ko = t0 * s.kv_stride, oo = t0 * Hq * d;
     varlen_attention_backward(cc, dq + qo, dk + ko, dv + ko, dout + oo, q + qo, k + ko, v + ko,
-                              out + oo, lse_g.data(), g);
+                              out + oo, lg.in(lse, t0, n), g);
   });
 }
 
@@ -105,16 +131,14 @@ void varlen_attention_forward_groups_bf16_out(const ComputeContext& cc, uint16_t
                                               float* lse, const float* q,
                                               const float* k, const float* v,
                                               const AttentionShape& s, int64_t group_tokens) {
-  std::vector<float> out_g, lse_g;
-  const int64_t N = s.num_tokens, Hq = s.num_heads, d = s.head_dim;
-  for_each_group(s, group_tokens, [&](int64_t t0, int64_t t1, const AttentionShape& g) {
-    const int64_t n = t1 - t0;
-    out_g.resize(static_cast<size_t>(n * Hq * d));
-    lse_g.resize(static_cast<size_t>(Hq * n));
-    varlen_attention_forward(cc, out_g.data(), n == N ? lse : lse_g.data(), q + t0 * s.q_stride,
+  GroupLse<float> lg(s);
+  const int64_t od = s.num_heads * s.head_dim;  // output features
+  for_each_group_out(s, group_tokens, [&](int64_t t0, int64_t n, const AttentionShape& g,
+                                          float* out_g) {
+    varlen_attention_forward(cc, out_g, lg.out(lse, n), q + t0 * s.q_stride,
                              k + t0 * s.kv_stride, v + t0 * s.kv_stride, g);
-    if (n != N) scatter_lse(lse, lse_g.data(), Hq, N, t0, n);
-    round_to_bf16(out_g.data(), n * Hq * d, out16 + t0 * Hq * d);
+    lg.store(lse, t0, n);
+    round_to_bf16(out_g, n * od, out16 + t0 * od);
   });
 }
 
@@ -123,21 +147,14 @@ void varlen_attention_backward_groups_bf16_out(const ComputeContext& cc, float* 
                                                const float* q, const float* k, const float* v,
                                                const uint16_t* out16, const float* lse,
                                                const AttentionShape& s, int64_t group_tokens) {
-  std::vector<float> out_g, lse_g;
-  const int64_t N = s.num_tokens, Hq = s.num_heads, d = s.head_dim;
-  for_each_group(s, group_tokens, [&](int64_t t0, int64_t t1, const AttentionShape& g) {
-    const int64_t n = t1 - t0;
-    out_g.resize(static_cast<size_t>(n * Hq * d));
-    widen_bf16(out16 + t0 * Hq * d, n * Hq * d, out_g.data());
-    const float* lg = lse;
-    if (n != N) {
-      lse_g.resize(static_cast<size_t>(Hq * n));
-      gather_lse(lse_g.data(), lse, Hq, N, t0, n);
-      lg = lse_g.data();
-    }
+  GroupLse<float> lg(s);
+  const int64_t od = s.num_heads * s.head_dim;  // output features
+  for_each_group_out(s, group_tokens, [&](int64_t t0, int64_t n, const AttentionShape& g,
+                                          float* out_g) {
+    widen_bf16(out16 + t0 * od, n * od, out_g);
     const int64_t qo = t0 * s.q_stride, ko = t0 * s.kv_stride;
-    varlen_attention_backward(cc, dq + qo, dk + ko, dv + ko, dout + t0 * Hq * d, q + qo, k + ko,
-                              v + ko, out_g.data(), lg, g);
+    varlen_attention_backward(cc, dq + qo, dk + ko, dv + ko, dout + t0 * od, q + qo, k + ko,
+                              v + ko, out_g, lg.in(lse, t0, n), g);
   });
 }
 

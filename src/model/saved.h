@@ -1,0 +1,73 @@
+// The dtype policy of InternLM2's one block path: how a tensor is saved for backward and read
+// back. Under float32 a saved tensor is the buffer its op wrote; under mixed precision (a
+// bfloat16 compute type) it is rounded into a bf16 slot and widened back where read, as
+// torch.autocast keeps its bf16 linears' outputs. llm.c's single forward over one activation
+// table is the model: the block's code is the same, only these helpers look at the dtype.
+#pragma once
+#include <cstdint>
+#include <type_traits>
+
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace longtron::model {
+
+/// One tensor saved for backward: kept as computed in `f` (float layout), or rounded to bf16
+/// in `b` (bf16 layout, a float model only). Exactly one is set once the workspace is bound.
+template <typename T>
+struct Saved {
+  T* f = nullptr;
+  uint16_t* b = nullptr;
+
+  /// Where the op producing the tensor writes it: its own buffer, or (bf16) `stage`, a
+  /// temporary that save() then rounds from.
+  T* out(T* stage) const { return f ? f : stage; }
+
+  /// Keeps v (written at out()) for backward, n elements: nothing for `f`, rounded into `b`.
+  void save(const T* v, int64_t n) const {
+    if (f) return;
+    if constexpr (std::is_same_v<T, float>) ops::round_to_bf16(v, n, b);
+    else (void)v, (void)n, check(false, "internal: a bf16 save in a double model");
+  }
+
+  /// The saved values as T, n elements: `f` itself, or `b` widened into `wide` (returned).
+  const T* load(int64_t n, T* wide) const {
+    if (f) return f;
+    if constexpr (std::is_same_v<T, float>) ops::widen_bf16(b, n, wide);
+    else (void)n, check(false, "internal: a bf16 load in a double model");
+    return wide;
+  }
+};
+
+/// v ← v rounded to bf16, its bits kept in b (n elements): a value read by later ops exactly as
+/// it is stored. A float model only.
+template <typename T>
+void keep_rounded(T* v, int64_t n, uint16_t* b) {
+  if constexpr (std::is_same_v<T, float>) {
+    ops::round_to_bf16(v, n, b);
+    ops::widen_bf16(b, n, v);
+  } else {
+    (void)v, (void)n, (void)b;
+    check(false, "internal: bf16 rounding in a double model");
+  }
+}
+
+/// g = silu(a) ⊙ b over the FFN's a and b as saved (the bf16 kernel reads the bf16 bits).
+template <typename T>
+void swiglu_saved(T* g, const Saved<T>& a, const Saved<T>& b, int64_t n) {
+  if (a.f) return ops::swiglu_forward(g, a.f, b.f, n);
+  if constexpr (std::is_same_v<T, float>) ops::swiglu_forward_bf16(g, a.b, b.b, n);
+  else check(false, "internal: a bf16 SwiGLU in a double model");
+}
+
+/// da, db (overwritten) from dg over a and b as saved; db may alias dg (both kernels write db[i]
+/// last).
+template <typename T>
+void swiglu_backward_saved(T* da, T* db, const T* dg, const Saved<T>& a, const Saved<T>& b,
+                           int64_t n) {
+  if (a.f) return ops::swiglu_backward(da, db, dg, a.f, b.f, n);
+  if constexpr (std::is_same_v<T, float>) ops::swiglu_backward_bf16(da, db, dg, a.b, b.b, n);
+  else check(false, "internal: a bf16 SwiGLU in a double model");
+}
+
+}  // namespace longtron::model
