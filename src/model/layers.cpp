@@ -123,17 +123,19 @@ class DenseAttention final : public AttentionOp<T> {
   }
 
  private:
-  /// qkv → qkv_s: split, then RoPE on the q and k heads (adjacent in the split layout: one call).
+  /// qkv → qkv_s: split, and RoPE on the q and k heads (adjacent in the split layout) of each
+  /// token as it is split, while its row is in cache.
   void prepare_forward(T* qkv_s, const T* qkv, const AttentionBatch& b) const {
     const int64_t N = b.num_tokens;
-    permute(qkv_s, qkv, N, /*to_split=*/true);
     check_rope_positions(config_, b.indexes, N);
-    ops::rope_forward(qkv_s, b.indexes, N, hq_ + hkv_, d_, q_, inv_freq_.data());
+    const ops::RopeRotation<T> rope(b.indexes, N, d_, inv_freq_.data(), 1.0);
+    permute(qkv_s, qkv, b, /*to_split=*/true, rope);
   }
-  /// dqkv_s (the kernels' gradients of the split q, k, v) → dqkv: RoPE backward, then regroup.
+  /// dqkv_s (the kernels' gradients of the split q, k, v) → dqkv: each token's RoPE backward,
+  /// then its regrouping (dqkv_s itself is left as the kernels wrote it, or is dqkv).
   void finish_backward(T* dqkv, T* dqkv_s, const AttentionBatch& b) const {
-    ops::rope_backward(dqkv_s, b.indexes, b.num_tokens, hq_ + hkv_, d_, q_, inv_freq_.data());
-    permute(dqkv, dqkv_s, b.num_tokens, /*to_split=*/false);
+    const ops::RopeRotation<T> rope(b.indexes, b.num_tokens, d_, inv_freq_.data(), -1.0);
+    permute(dqkv, dqkv_s, b, /*to_split=*/false, rope);
   }
   ops::AttentionShape shape(const AttentionBatch& b) const {
     ops::AttentionShape s{b.num_tokens, hq_, hkv_, d_, q_, q_, b.cu_seqlens, b.num_segments,
@@ -142,8 +144,11 @@ class DenseAttention final : public AttentionOp<T> {
     return s;
   }
   /// grouped → split (to_split) or split → grouped; dst and src are [N, Q] (they may be the
-  /// same buffer: each token's row goes through a copy).
-  void permute(T* dst, const T* src, int64_t N, bool to_split) const {
+  /// same buffer: each token's row goes through a copy). The q and k heads of the split row are
+  /// rotated by `rope` (after the split; before the regrouping).
+  void permute(T* dst, const T* src, const AttentionBatch& b, bool to_split,
+               const ops::RopeRotation<T>& rope) const {
+    const int64_t N = b.num_tokens;
     const int64_t qpk = hq_ / hkv_;
 #pragma omp parallel if (N * q_ > kParallelMinWork)
     {
@@ -151,6 +156,7 @@ class DenseAttention final : public AttentionOp<T> {
 #pragma omp for schedule(static)
       for (int64_t n = 0; n < N; ++n) {
         std::copy(src + n * q_, src + (n + 1) * q_, row.begin());
+        if (!to_split) rope.rotate(row.data(), hq_ + hkv_, b.indexes[n]);
         for (int64_t g = 0; g < hkv_; ++g) {
           for (int64_t j = 0; j < qpk + 2; ++j) {
             const int64_t grouped = (g * (qpk + 2) + j) * d_;
@@ -161,6 +167,7 @@ class DenseAttention final : public AttentionOp<T> {
             std::copy(s, s + d_, o);
           }
         }
+        if (to_split) rope.rotate(dst + n * q_, hq_ + hkv_, b.indexes[n]);
       }
     }
   }
@@ -242,6 +249,68 @@ void DenseChunkCrossEntropy<T>::backward(T* dlogits, const T* logits, const T* l
 }
 
 template <typename T>
+bool DenseChunkCrossEntropy<T>::forward_backward_bf16(double* loss, uint16_t* dlogits16, T* lse,
+                                                      int64_t* count, const T* logits,
+                                                      const int32_t* labels, int64_t rows,
+                                                      T scale) {
+  if constexpr (std::is_same_v<T, float>) {
+    *loss = ops::cross_entropy_forward_backward_bf16(dlogits16, lse, count, logits, labels, rows,
+                                                     V_, scale);
+    return true;
+  }
+  (void)loss, (void)dlogits16, (void)lse, (void)count, (void)logits, (void)labels, (void)rows,
+      (void)scale;
+  return false;
+}
+
+namespace {
+// chunked_head_loss under a bf16 context: each chunk's xf rounded once (the logits GEMM and the
+// weight gradient read it), the gradient of the logits made in bf16 (fused with the
+// cross-entropy where ce can, else rounded once; the float path's GEMMs round it twice). The
+// same roundings and products as the float path under bf16, so the same bits.
+LossSum chunked_head_loss_bf16(const ops::ComputeContext& cc, HeadChunks<float>& s,
+                               ChunkCrossEntropy<float>& ce, float* dxf, float* dW,
+                               const float* xf, const float* W, const int32_t* labels, int64_t N,
+                               int64_t V, int64_t H, int64_t chunk, double loss_scale,
+                               double* token_losses, const uint16_t* W16) {
+  const int64_t C = std::max<int64_t>(1, std::min(chunk, N));
+  float* const logits = s.logits.get(C * V + 1);
+  float* const lse = s.lse.get(C);
+  uint16_t* const dlogits16 = dxf ? s.dlogits16.get(C * V + 1) : nullptr;
+  LossSum loss;
+  for (int64_t n0 = 0; n0 < N; n0 += C) {
+    const int64_t rows = std::min(C, N - n0);
+    check(W16 != nullptr || W != nullptr, "chunked_head_loss: no head weight");
+    // x16 stays in this thread's operand buffer: only gemm_bf16 runs until dW has read it.
+    const auto r = ops::bf16_operands(cc, {ops::Bf16Operand{xf + n0 * H, rows * H},
+                                           ops::Bf16Operand{W16 ? nullptr : W, V * H}});
+    const uint16_t* const x16 = r[0];
+    const uint16_t* const w16 = W16 ? W16 : r[1];
+    ops::gemm_bf16(false, true, rows, V, H, 1.f, x16, w16, 0.f, logits);
+    int64_t count = 0;
+    double sum = 0;
+    const float scale = static_cast<float>(loss_scale);
+    const bool fused =
+        dxf && ce.forward_backward_bf16(&sum, dlogits16, lse, &count, logits, labels + n0, rows,
+                                        scale);
+    if (!fused) sum = ce.forward(lse, &count, logits, labels + n0, rows);
+    loss.sum += sum;
+    loss.count += count;
+    if (token_losses) ce.token_losses(token_losses + n0, logits, lse, labels + n0, rows);
+    if (!dxf) continue;
+    if (!fused) {
+      float* const dlogits = s.dlogits.get(C * V + 1);
+      ce.backward(dlogits, logits, lse, labels + n0, rows, scale);
+      ops::round_to_bf16(dlogits, rows * V, dlogits16);
+    }
+    ops::gemm_bf16(false, false, rows, H, V, 1.f, dlogits16, w16, 0.f, dxf + n0 * H);
+    if (dW) ops::gemm_bf16(true, false, V, H, rows, 1.f, dlogits16, x16, 1.f, dW);
+  }
+  return loss;
+}
+}  // namespace
+
+template <typename T>
 LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s, T* dxf, T* dW,
                           const T* xf, const T* W, const int32_t* labels, int64_t N, int64_t V,
                           int64_t H, int64_t chunk, double loss_scale, double* token_losses,
@@ -257,6 +326,11 @@ LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s,
                           const T* xf, const T* W, const int32_t* labels, int64_t N, int64_t V,
                           int64_t H, int64_t chunk, double loss_scale, double* token_losses,
                           const uint16_t* W16) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (cc.bf16() && N > 0 && H > 0)
+      return chunked_head_loss_bf16(cc, s, ce, dxf, dW, xf, W, labels, N, V, H, chunk, loss_scale,
+                                    token_losses, W16);
+  }
   // C = A·op(W): from the bf16 weight when given (float only), else gemm.
   auto weight_gemm = [&](bool tb, int64_t M, int64_t Nc, int64_t K, const T* A, T* C) {
     if constexpr (std::is_same_v<T, float>) {

@@ -180,6 +180,7 @@ inline int64_t head_chunk_rows(int64_t V, int64_t N) {
 template <typename T>
 struct HeadChunks {
   GrowBuffer<T, GrowFill::kZeroed> logits, dlogits, lse;
+  GrowBuffer<uint16_t> dlogits16;  // under bf16: the gradient as the GEMMs read it
 };
 
 /// The cross-entropy of one chunk of a chunked head, over logits[rows, Vc] (Vc: the vocabulary
@@ -200,6 +201,14 @@ class ChunkCrossEntropy {
   /// dlogits[rows, Vc] = scale · d(loss sum)/dlogits (overwritten).
   virtual void backward(T* dlogits, const T* logits, const T* lse, const int32_t* labels,
                         int64_t rows, T scale) = 0;
+  /// forward, then backward with dlogits rounded to bf16 (float_to_bf16) into dlogits16, in one
+  /// pass over the logits, where the cross-entropy fuses them; returns false (nothing done) where
+  /// it does not, the default: the caller then runs forward, backward and the rounding.
+  virtual bool forward_backward_bf16(double* /*loss*/, uint16_t* /*dlogits16*/, T* /*lse*/,
+                                     int64_t* /*count*/, const T* /*logits*/,
+                                     const int32_t* /*labels*/, int64_t /*rows*/, T /*scale*/) {
+    return false;
+  }
 };
 
 /// ChunkCrossEntropy over the whole vocabulary (ops::cross_entropy_forward / _backward).
@@ -213,6 +222,10 @@ class DenseChunkCrossEntropy final : public ChunkCrossEntropy<T> {
                     int64_t rows) override;
   void backward(T* dlogits, const T* logits, const T* lse, const int32_t* labels, int64_t rows,
                 T scale) override;
+  /// ops::cross_entropy_forward_backward_bf16 (float only).
+  bool forward_backward_bf16(double* loss, uint16_t* dlogits16, T* lse, int64_t* count,
+                             const T* logits, const int32_t* labels, int64_t rows,
+                             T scale) override;
 
  private:
   int64_t V_;

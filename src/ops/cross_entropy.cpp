@@ -1,7 +1,9 @@
 // Cross-entropy over the vocabulary with ignore_index −100 (PyTorch semantics), carried as
 // (loss sum, valid-token count) until the step ends (Marian). Rows are independent, so threads
 // split the rows; the loss sum is reduced in double.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/error.h"
 #include "core/ignore_index.h"
@@ -63,6 +65,45 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
     for (int64_t v = 0; v < V; ++v) d[v] = scale * detail::fast_exp(row[v] - l);
     d[labels[n]] -= scale;
   }
+}
+
+double cross_entropy_forward_backward_bf16(uint16_t* dlogits16, float* lse, int64_t* count,
+                                           const float* logits, const int32_t* labels, int64_t N,
+                                           int64_t V, float scale) {
+  for (int64_t n = 0; n < N; ++n) {
+    check(labels[n] == kIgnoreIndex || (labels[n] >= 0 && labels[n] < V),
+          "cross_entropy: label {} at token {} is outside [0, {}) and is not -100", labels[n], n,
+          V);
+  }
+  double loss = 0.0;
+  int64_t valid = 0;
+  // The rows split as in cross_entropy_forward (so the same partial sums of the loss); each
+  // row's gradient is made in an fp32 row of this thread's (cache-resident) and rounded from it.
+#pragma omp parallel reduction(+ : loss, valid)
+  {
+    thread_local std::vector<float> grad;
+    grad.resize(static_cast<size_t>(V));
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* row = logits + n * V;
+      uint16_t* d16 = dlogits16 + n * V;
+      lse[n] = row_logsumexp(row, V);
+      if (labels[n] == kIgnoreIndex) {
+        std::fill(d16, d16 + V, uint16_t{0});
+        continue;
+      }
+      loss += static_cast<double>(lse[n]) - static_cast<double>(row[labels[n]]);
+      ++valid;
+      float* d = grad.data();
+      const float l = lse[n];
+#pragma omp simd
+      for (int64_t v = 0; v < V; ++v) d[v] = scale * detail::fast_exp(row[v] - l);
+      d[labels[n]] -= scale;
+      round_to_bf16_serial(d, V, d16);
+    }
+  }
+  if (count != nullptr) *count = valid;
+  return loss;
 }
 
 #define LONGTRON_INSTANTIATE(T)                                                                \

@@ -4,8 +4,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/bf16.h"
@@ -52,24 +54,38 @@ bool has_avx512f() {
   return yes;
 }
 
-/// Rounds x[0..nx) into ox and y[0..ny) into oy in one parallel region (one fork and barrier for
-/// both GEMM operands: on small GEMMs the threads' synchronisation costs more than the rounding).
-void round_pair(const float* x, int64_t nx, uint16_t* ox, const float* y, int64_t ny,
-                uint16_t* oy) {
+/// One rounding job: x[0..n) into out.
+struct RoundJob {
+  const float* x;
+  int64_t n;
+  uint16_t* out;
+};
+
+/// Rounds every job in one parallel region (one fork and barrier for all of a GEMM's operands: on
+/// small GEMMs the threads' synchronisation costs more than the rounding).
+void round_jobs(std::span<const RoundJob> jobs) {
   const auto round = has_avx512f() ? round_avx512 : round_scalar;
   constexpr int64_t kChunk = int64_t{1} << 16;
-  const int64_t cx = (nx + kChunk - 1) / kChunk, cy = (ny + kChunk - 1) / kChunk;
-  if (cx + cy <= 1) {
-    round(x, nx, ox);
-    round(y, ny, oy);
+  int64_t chunks = 0;
+  for (const RoundJob& j : jobs) chunks += (j.n + kChunk - 1) / kChunk;
+  if (chunks <= 1) {
+    for (const RoundJob& j : jobs) round(j.x, j.n, j.out);
     return;
   }
 #pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < cx + cy; ++c) {
-    const bool first = c < cx;
-    const int64_t begin = (first ? c : c - cx) * kChunk, n = first ? nx : ny;
-    round((first ? x : y) + begin, std::min(kChunk, n - begin), (first ? ox : oy) + begin);
+  for (int64_t c = 0; c < chunks; ++c) {
+    int64_t k = c;  // the chunk's job and its index there
+    size_t j = 0;
+    for (; k >= (jobs[j].n + kChunk - 1) / kChunk; ++j) k -= (jobs[j].n + kChunk - 1) / kChunk;
+    const int64_t begin = k * kChunk;
+    round(jobs[j].x + begin, std::min(kChunk, jobs[j].n - begin), jobs[j].out + begin);
   }
+}
+
+void round_pair(const float* x, int64_t nx, uint16_t* ox, const float* y, int64_t ny,
+                uint16_t* oy) {
+  const RoundJob jobs[] = {{x, nx, ox}, {y, ny, oy}};
+  round_jobs(jobs);
 }
 
 // The per-thread buffer rounded GEMM operands live in, reused from call to call (shared by
@@ -113,6 +129,29 @@ void backend_gemm(const ComputeContext&, bool ta, bool tb, int64_t M, int64_t N,
               K, alpha, A, ta ? M : K, B, tb ? K : N, beta, C, N);
 }
 }  // namespace
+
+std::array<const uint16_t*, 3> bf16_operands(const ComputeContext& cc,
+                                             std::array<Bf16Operand, 3> operands) {
+  std::array<const uint16_t*, 3> out{};
+  std::array<int64_t, 3> at{};  // each rounded operand's place in the buffer
+  int64_t total = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    const Bf16Operand& o = operands[i];
+    out[i] = o.x != nullptr ? cc.weights().of(o.x, o.n) : nullptr;
+    at[i] = total;
+    if (o.x != nullptr && out[i] == nullptr) total += o.n;
+  }
+  uint16_t* const buffer = operand_buffer().get(total);
+  RoundJob jobs[3];
+  size_t count = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    if (operands[i].x == nullptr || out[i] != nullptr) continue;
+    jobs[count++] = {operands[i].x, operands[i].n, buffer + at[i]};
+    out[i] = buffer + at[i];
+  }
+  round_jobs({jobs, count});
+  return out;
+}
 
 void round_to_bf16(const float* x, int64_t n, uint16_t* out) {
   round_pair(x, n, out, nullptr, 0, nullptr);

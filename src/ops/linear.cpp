@@ -1,4 +1,6 @@
 // Linear layer in the Hugging Face layout W[out, in], through ops::gemm (oneDNN for float).
+#include <type_traits>
+
 #include "ops/compute_context.h"
 #include "ops/ops.h"
 #include "ops/threads.h"
@@ -43,9 +45,29 @@ void linear_weight_grad(const ComputeContext& cc, T* dW, const T* dy, const T* x
   gemm<T>(cc, true, false, out, in, N, T(1), dy, x, beta, dW);
 }
 
+namespace {
+// Both GEMMs of a backward under bf16 from dy and x rounded once (each GEMM would round dy
+// again): the same roundings and the same matmuls as linear_input_grad and linear_weight_grad,
+// so the same bits. W16: the weight already in bf16, or nullptr to take W's rounding.
+void mixed_backward(const ComputeContext& cc, float* dx, float* dW, const float* dy,
+                    const float* x, const float* W, const uint16_t* W16, int64_t N, int64_t in,
+                    int64_t out, float dx_beta, float dW_beta) {
+  const auto r = bf16_operands(cc, {Bf16Operand{dy, N * out}, Bf16Operand{x, N * in},
+                                    Bf16Operand{W16 ? nullptr : W, out * in}});
+  gemm_bf16(false, false, N, in, out, 1.f, r[0], W16 ? W16 : r[2], dx_beta, dx);
+  gemm_bf16(true, false, out, in, N, 1.f, r[0], r[1], dW_beta, dW);
+}
+}  // namespace
+
 template <typename T>
 void linear_backward(const ComputeContext& cc, T* dx, T* dW, T* dbias, const T* dy, const T* x,
                      const T* W, int64_t N, int64_t in, int64_t out, T dx_beta, T dW_beta) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (cc.bf16() && dx != nullptr && dW != nullptr && N > 0 && in > 0 && out > 0) {
+      mixed_backward(cc, dx, dW, dy, x, W, nullptr, N, in, out, dx_beta, dW_beta);
+      return bias_grad(dbias, dy, N, out);
+    }
+  }
   if (dx != nullptr) linear_input_grad(cc, dx, dy, W, N, in, out, dx_beta);
   if (dW != nullptr) linear_weight_grad(cc, dW, dy, x, N, in, out, dW_beta);
   bias_grad(dbias, dy, N, out);
@@ -54,6 +76,10 @@ void linear_backward(const ComputeContext& cc, T* dx, T* dW, T* dbias, const T* 
 void linear_backward_bf16(const ComputeContext& cc, float* dx, float* dW, float* dbias,
                           const float* dy, const float* x, const uint16_t* W16, int64_t N,
                           int64_t in, int64_t out, float dx_beta, float dW_beta) {
+  if (cc.bf16() && dx != nullptr && dW != nullptr && N > 0 && in > 0 && out > 0) {
+    mixed_backward(cc, dx, dW, dy, x, nullptr, W16, N, in, out, dx_beta, dW_beta);
+    return bias_grad(dbias, dy, N, out);
+  }
   if (dx != nullptr) gemm_bf16_weight(false, false, N, in, out, 1.f, dy, W16, dx_beta, dx);
   if (dW != nullptr) linear_weight_grad(cc, dW, dy, x, N, in, out, dW_beta);
   bias_grad(dbias, dy, N, out);

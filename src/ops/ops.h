@@ -7,9 +7,12 @@
 // gradients (dx, dq, ...) and ACCUMULATE (+=) parameter gradients (dW, dweight, dtable); any
 // gradient pointer may be nullptr to skip it. No kernel communicates.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "ops/adamw.h"
 
 namespace longtron::ops {
 
@@ -51,6 +54,19 @@ void round_to_bf16_serial(const float* x, int64_t n, uint16_t* out);
 /// any float B whose rounding is B16. Needs no context; errors as gemm_bf16.
 void gemm_bf16_weight(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                       const float* A, const uint16_t* B16, float beta, float* C);
+
+/// One float GEMM operand x[0..n) for bf16_operands (x = nullptr: none).
+struct Bf16Operand {
+  const float* x = nullptr;
+  int64_t n = 0;
+};
+/// The bf16 roundings of float operands that several GEMMs share, so that each is rounded once
+/// (then gemm_bf16): an operand inside the context's weights comes from its bf16 copy, the others
+/// are rounded as gemm rounds them (nearest even) in one parallel region into the calling
+/// thread's operand buffer, the one gemm rounds into, so the pointers stay valid until the next
+/// gemm, gemm_bf16_weight or bf16_operands on this thread. nullptr for an absent operand.
+std::array<const uint16_t*, 3> bf16_operands(const ComputeContext& cc,
+                                             std::array<Bf16Operand, 3> operands);
 
 /// out[i] = the float value of the bf16 bits x[i] (exact: bf16 is the top half of an fp32);
 /// i < n. OpenMP threads. The inverse of round_to_bf16 on its outputs.
@@ -150,6 +166,26 @@ template <typename T>
 void rope_backward(T* dx, const int32_t* indexes, int64_t N, int64_t heads, int64_t d,
                    int64_t row_stride, double base);
 /// base^(−2i/d) for i < d/2: the inverse frequencies of plain RoPE.
+/// RoPE's rotation one token at a time (rope_forward with sign +1, rope_backward with −1, the
+/// same values bit for bit), for a caller that rotates a token's heads while it moves them, so
+/// the row is rotated while in cache. Built on the calling thread for the positions
+/// indexes[0..N) (d even, else Error); rotate() may then run on any thread until the next
+/// RopeRotation or rope_* call of the building thread (which may regrow its table).
+template <typename T>
+class RopeRotation {
+ public:
+  RopeRotation(const int32_t* indexes, int64_t N, int64_t d, const double* inv_freq, double sign);
+  /// Rotates heads [0, heads) of x, each d long and consecutive, at position pos.
+  void rotate(T* x, int64_t heads, int32_t pos) const;
+
+ private:
+  int64_t half_;
+  double sign_;
+  const double* inv_freq_;
+  const T* cos_ = nullptr;  // the building thread's table, [positions, d/2]; nullptr: none
+  const T* sin_ = nullptr;
+};
+
 std::vector<double> rope_inv_freq(double base, int64_t d);
 /// The same rotations with given inverse frequencies inv_freq[d/2] (angle(n, i) = indexes[n] ·
 /// inv_freq[i]): the scaled RoPE variants (model/rope_scaling.h).
@@ -289,21 +325,12 @@ double cross_entropy_forward(T* lse, int64_t* count, const T* logits, const int3
 template <typename T>
 void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int32_t* labels,
                             int64_t N, int64_t V, T scale);
-
-// ---- AdamW --------------------------------------------------------------------------------------
-/// One AdamW update (Loshchilov & Hutter 2019, PyTorch's formulation) of n parameters with
-/// decoupled weight decay; step is 1-based (bias correction). m, v updated in place. When param16
-/// is not nullptr, param16[i] receives the bf16 rounding of the new param[i] (float_to_bf16,
-/// core/bf16.h) in the same pass: the refresh of a bf16 weight copy without reading the weights
-/// again (ops/compute_context.h).
-void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t step,
-                  uint16_t* param16 = nullptr);
-/// Whether adamw_update with the same arguments would leave every parameter and moment finite.
-/// Reads only (the same arithmetic, nothing stored): a step that would make the model non-finite
-/// is refused before anything changes.
-bool adamw_update_is_finite(const float* param, const float* m, const float* v, const float* grad,
-                            int64_t n, float lr, float beta1, float beta2, float eps,
-                            float weight_decay, int64_t step);
+/// cross_entropy_forward and then cross_entropy_backward, with the gradient rounded to bf16
+/// (float_to_bf16 of cross_entropy_backward's values) into dlogits16[N,V]: each row's logits
+/// are read once from memory and no fp32 gradient is stored. The same loss, lse and bits as the
+/// two calls and round_to_bf16. Errors as cross_entropy_forward.
+double cross_entropy_forward_backward_bf16(uint16_t* dlogits16, float* lse, int64_t* count,
+                                           const float* logits, const int32_t* labels, int64_t N,
+                                           int64_t V, float scale);
 
 }  // namespace longtron::ops

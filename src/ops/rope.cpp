@@ -71,46 +71,57 @@ const RopeTable<T>* rope_table(const double* inv_freq, int64_t half, double sign
 template <typename T>
 void rope_rotate(T* x, const int32_t* indexes, int64_t N, int64_t heads, int64_t d,
                  int64_t row_stride, const double* inv_freq, double sign) {
+  const RopeRotation<T> rotation(indexes, N, d, inv_freq, sign);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) rotation.rotate(x + n * row_stride, heads, indexes[n]);
+}
+
+}  // namespace
+
+template <typename T>
+RopeRotation<T>::RopeRotation(const int32_t* indexes, int64_t N, int64_t d,
+                              const double* inv_freq, double sign)
+    : half_(d / 2), sign_(sign), inv_freq_(inv_freq) {
   check(d % 2 == 0, "rope: head_dim must be even, got {}", d);
-  const int64_t half = d / 2;
   int32_t lo_pos = 0, hi_pos = -1;
   if (N > 0) {
     const auto [lo_it, hi_it] = std::minmax_element(indexes, indexes + N);
     lo_pos = *lo_it, hi_pos = *hi_it;
   }
-  const RopeTable<T>* table =
-      lo_pos >= 0 ? rope_table<T>(inv_freq, half, sign, int64_t{hi_pos} + 1) : nullptr;
-#pragma omp parallel
-  {
-    std::vector<T> cos_own, sin_own;
-    if (table == nullptr) cos_own.resize(static_cast<size_t>(half)), sin_own.resize(static_cast<size_t>(half));
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      const T* cos_t;
-      const T* sin_t;
-      if (table != nullptr) {
-        cos_t = &table->cos[static_cast<size_t>(indexes[n] * half)];
-        sin_t = &table->sin[static_cast<size_t>(indexes[n] * half)];
-      } else {
-        angles_at(cos_own.data(), sin_own.data(), static_cast<double>(indexes[n]), inv_freq, half,
-                  sign);
-        cos_t = cos_own.data(), sin_t = sin_own.data();
-      }
-      for (int64_t h = 0; h < heads; ++h) {
-        T* lo = x + n * row_stride + h * d;
-        T* hi = lo + half;
+  if (lo_pos < 0) return;
+  if (const RopeTable<T>* t = rope_table<T>(inv_freq, half_, sign, int64_t{hi_pos} + 1)) {
+    cos_ = t->cos.data(), sin_ = t->sin.data();
+  }
+}
+
+template <typename T>
+void RopeRotation<T>::rotate(T* x, int64_t heads, int32_t pos) const {
+  const T* cos_t;
+  const T* sin_t;
+  thread_local std::vector<T> cos_own, sin_own;  // angles per token beyond the table
+  if (cos_ != nullptr) {
+    cos_t = cos_ + static_cast<size_t>(pos) * static_cast<size_t>(half_);
+    sin_t = sin_ + static_cast<size_t>(pos) * static_cast<size_t>(half_);
+  } else {
+    cos_own.resize(static_cast<size_t>(half_)), sin_own.resize(static_cast<size_t>(half_));
+    angles_at(cos_own.data(), sin_own.data(), static_cast<double>(pos), inv_freq_, half_, sign_);
+    cos_t = cos_own.data(), sin_t = sin_own.data();
+  }
+  const int64_t half = half_;
+  for (int64_t h = 0; h < heads; ++h) {
+    T* lo = x + h * 2 * half;
+    T* hi = lo + half;
 #pragma omp simd
-        for (int64_t i = 0; i < half; ++i) {
-          const T a = lo[i], b = hi[i];
-          lo[i] = a * cos_t[i] - b * sin_t[i];
-          hi[i] = b * cos_t[i] + a * sin_t[i];
-        }
-      }
+    for (int64_t i = 0; i < half; ++i) {
+      const T a = lo[i], b = hi[i];
+      lo[i] = a * cos_t[i] - b * sin_t[i];
+      hi[i] = b * cos_t[i] + a * sin_t[i];
     }
   }
 }
 
-}  // namespace
+template class RopeRotation<float>;
+template class RopeRotation<double>;
 
 std::vector<double> rope_inv_freq(double base, int64_t d) {
   std::vector<double> inv_freq(static_cast<size_t>(d / 2));

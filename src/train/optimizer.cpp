@@ -19,6 +19,19 @@ AdamW::AdamW(const model::ParamTable& layout, const OptimizerConfig& config, com
   end_ = std::min<int64_t>(n, begin_ + chunk_);
   m_ = ZeroedBuffer<float>(static_cast<size_t>(end_ - begin_));
   v_ = ZeroedBuffer<float>(static_cast<size_t>(end_ - begin_));
+  // The views that intersect this rank's slice, from begin_: weight decay differs per view.
+  for (const auto& view : layout_.views()) {
+    const int64_t lo = std::max(begin_, view.offset);
+    const int64_t hi = std::min(end_, view.offset + view.numel);
+    if (lo < hi) ranges_.push_back({lo - begin_, hi - begin_, view.is_matrix});
+    covered_ += std::max<int64_t>(0, hi - lo);
+  }
+}
+
+ops::AdamWArgs AdamW::args(double lr, int64_t step) const {
+  return ops::AdamWArgs{static_cast<float>(lr), static_cast<float>(config_.beta1),
+                        static_cast<float>(config_.beta2), static_cast<float>(config_.eps),
+                        static_cast<float>(config_.weight_decay), step};
 }
 
 std::vector<int64_t> AdamW::shard_counts() const {
@@ -35,27 +48,16 @@ void AdamW::update(model::Params<float>& params, const model::Params<float>& gra
   ++step_;
   // The bf16 copy's bits of the whole buffer when `copy` mirrors it (stale until end_update).
   uint16_t* const bits = copy.begin_update(params.data(), params.numel());
-  // Walk the views that intersect this rank's slice: weight decay differs per view. The moments
-  // are indexed from begin_.
-  int64_t updated = 0;
-  for (const auto& view : layout_.views()) {
-    const int64_t lo = std::max(begin_, view.offset);
-    const int64_t hi = std::min(end_, view.offset + view.numel);
-    if (lo >= hi) continue;
-    const float decay = view.is_matrix ? static_cast<float>(config_.weight_decay) : 0.0f;
-    ops::adamw_update(params.data() + lo, m_.data() + (lo - begin_), v_.data() + (lo - begin_),
-                      grads.data() + lo, hi - lo, static_cast<float>(lr),
-                      static_cast<float>(config_.beta1), static_cast<float>(config_.beta2),
-                      static_cast<float>(config_.eps), decay, step_, bits ? bits + lo : nullptr);
-    updated += hi - lo;
-  }
+  // One pass over the slice (every view, decay per view); the moments are indexed from begin_.
+  last_ = ops::adamw_update(params.data() + begin_, m_.data(), v_.data(), grads.data() + begin_,
+                            ranges_, args(lr, step_), bits ? bits + begin_ : nullptr);
   // In place: each rank's slice already sits at its offset of the flat buffer, so no scratch.
   const bool sharded = zero1_ && zero1_->size() > 1;
   if (sharded) zero1_->all_gather_v(params.data(), params.data() + begin_, shard_counts());
   if (bits == nullptr) return;
   // The rest of the copy: the other ranks' slices (just gathered) and any element of this slice
   // no view covers (none in a ParamTable, whose views tile the buffer: kept safe).
-  if (updated != end_ - begin_)
+  if (covered_ != end_ - begin_)
     ops::round_to_bf16(params.data() + begin_, end_ - begin_, bits + begin_);
   if (sharded) {
     ops::round_to_bf16(params.data(), begin_, bits);
@@ -65,20 +67,13 @@ void AdamW::update(model::Params<float>& params, const model::Params<float>& gra
 }
 
 bool AdamW::update_is_finite(const model::Params<float>& params, const model::Params<float>& grads,
-                             double lr) const {
-  for (const auto& view : layout_.views()) {
-    const int64_t lo = std::max(begin_, view.offset);
-    const int64_t hi = std::min(end_, view.offset + view.numel);
-    if (lo >= hi) continue;
-    const float decay = view.is_matrix ? static_cast<float>(config_.weight_decay) : 0.0f;
-    if (!ops::adamw_update_is_finite(params.data() + lo, m_.data() + (lo - begin_),
-                                     v_.data() + (lo - begin_), grads.data() + lo, hi - lo,
-                                     static_cast<float>(lr), static_cast<float>(config_.beta1),
-                                     static_cast<float>(config_.beta2),
-                                     static_cast<float>(config_.eps), decay, step_ + 1))
-      return false;
-  }
-  return true;
+                             double lr, double grad_max_abs) const {
+  const ops::AdamWArgs a = args(lr, step_ + 1);
+  // What the last update wrote bounds what this one can reach: no pass over the buffers when
+  // that proves every value finite (the usual step); else the exact check.
+  if (last_ && ops::adamw_bounds_imply_finite(*last_, grad_max_abs, a)) return true;
+  return ops::adamw_update_is_finite(params.data() + begin_, m_.data(), v_.data(),
+                                     grads.data() + begin_, ranges_, a);
 }
 
 void AdamW::gather_state(model::Params<float>& exp_avg, model::Params<float>& exp_avg_sq) const {
@@ -98,6 +93,7 @@ void AdamW::load_state(const model::Params<float>& exp_avg, const model::Params<
         exp_avg_sq.numel(), layout_.numel());
   std::copy(exp_avg.data() + begin_, exp_avg.data() + end_, m_.begin());
   std::copy(exp_avg_sq.data() + begin_, exp_avg_sq.data() + end_, v_.begin());
+  last_.reset();  // moments not written by an update: the next check reads them
 }
 
 std::vector<NamedTensor> named_tensors(const model::Params<float>& buffer, const std::string& prefix) {

@@ -4,11 +4,14 @@
 // clip: train_step (step.h) clips the gradients by their global norm before update().
 #pragma once
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "core/zeroed_buffer.h"
 #include "model/params.h"
+#include "ops/adamw.h"
 #include "ops/compute_context.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -42,9 +45,15 @@ class AdamW {
 
   /// Whether update(params, grads, lr) would leave this rank's slice of the parameters and its
   /// moments finite. Changes nothing and communicates nothing: the caller agrees the verdict
-  /// over every rank that holds a slice (train_step does, over the world).
+  /// over every rank that holds a slice (train_step does, over the world). `grad_max_abs` bounds
+  /// |g| of every gradient the update reads (the clipped global L2 norm does): with it, what the
+  /// last update wrote (ops::AdamWStats) usually proves the verdict without reading the buffers;
+  /// otherwise (the first update, after load_state, an unproven bound) the update's arithmetic is
+  /// run on every element. The bound assumes the parameters were written only by update() since
+  /// the last update (a caller that writes them otherwise passes no grad_max_abs).
   bool update_is_finite(const model::Params<float>& params, const model::Params<float>& grads,
-                        double lr) const;
+                        double lr,
+                        double grad_max_abs = std::numeric_limits<double>::infinity()) const;
 
   /// Number of updates taken (AdamW's bias-correction step).
   int64_t step() const { return step_; }
@@ -77,7 +86,13 @@ class AdamW {
 
   const model::ParamTable& layout_;
   OptimizerConfig config_;
+  /// The update's arguments at learning rate lr and 1-based step.
+  ops::AdamWArgs args(double lr, int64_t step) const;
+
   comm::CommPtr zero1_;
+  std::vector<ops::AdamWRange> ranges_;  // the views within the slice, from begin_
+  int64_t covered_ = 0;                  // elements of the slice the views cover
+  std::optional<ops::AdamWStats> last_;  // what the last update wrote (none yet, or loaded since)
   ZeroedBuffer<float> m_, v_;  // moments of [begin_, end_) only (zero, unwritten until used)
   int64_t step_ = 0;
   int64_t begin_ = 0, end_ = 0, chunk_ = 0;

@@ -133,7 +133,9 @@ StepResult train_step(parallel::ParallelEngine& engine, AdamW& optimizer,
     // An update that would make a parameter or moment non-finite (too high a learning rate, a
     // gradient whose square overflows) is not applied either. Each rank checks its own slice
     // (its tensor shards, its ZeRO-1 slice); the verdict is agreed by all ranks.
-    int64_t nonfinite = !optimizer.update_is_finite(engine.train_params(), grads, options.lr);
+    // The clipped norm bounds every clipped gradient: the check reads no buffer when it can.
+    int64_t nonfinite = !optimizer.update_is_finite(engine.train_params(), grads, options.lr,
+                                                    clip.grad_norm * clip.scale);
     if (grid.world_size > 1) grid.world->all_reduce(&nonfinite, 1, comm::ReduceOp::kMax);
     r.update_nonfinite = nonfinite != 0;
     r.skipped = r.update_nonfinite;
