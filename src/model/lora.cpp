@@ -142,23 +142,23 @@ class Adapters {
 
   void forward(T* y, const T* x, int64_t N) {
     if (pieces_.empty()) return;
-    // The adapters' thin GEMMs (one side r wide) in fp32 whatever the compute type (the
-    // context-free ops::gemm): under bf16 they would round their [N, in] input once per adapter,
-    // which costs more than it saves.
+    // Under bf16 compute the GEMMs read bf16 operands (torch.autocast's rule): x is rounded once
+    // for all of the linear's adapters (once per adapter under dropout), A, B and u at each use.
     LoraState<T>& st = *state_;
     const int64_t nx = rows_x(N), ny = rows_y(N);
     const T s = T(st.config.scale());
+    const T* rounded = nullptr;  // the input x16 holds
     for (const Piece& p : pieces_) {
-      const T* xd = nullptr;
-      T* u = down_project(x, N, nx, ny, p, weight_a(p, false), &xd);
+      Operand xd;
+      T* u = down_project(x, N, nx, ny, p, weight_a(p, false), &xd, &rounded);
       if (p.b_rows == 0) continue;
-      const T* B = weight(p.b_view, false);
+      const Operand B{weight(p.b_view, false)};
       if (whole(p)) {  // B covers every output column: y += s·u·Bᵀ in place
-        ops::gemm<T>(false, true, ny, out_, r_, s, u, B, T(1), y);
+        mm(false, true, ny, out_, r_, s, {u}, B, T(1), y);
         continue;
       }
       T* t = grow(st.t, ny * p.b_rows);
-      ops::gemm<T>(false, true, ny, p.b_rows, r_, s, u, B, T(0), t);
+      mm(false, true, ny, p.b_rows, r_, s, {u}, B, T(0), t);
       add_segments(y, t, ny, p);
     }
   }
@@ -168,27 +168,30 @@ class Adapters {
     LoraState<T>& st = *state_;
     const int64_t nx = rows_x(N), ny = rows_y(N);
     const T s = T(st.config.scale());
+    const T* rounded = nullptr;  // the input x16 holds
     for (const Piece& p : pieces_) {
-      const T* xd = nullptr;
+      Operand xd;
       const T* A = weight_a(p, true);
-      T* u = down_project(x, N, nx, ny, p, A, &xd);  // recomputed: nothing kept since forward
+      // u recomputed: nothing kept since forward.
+      T* u = down_project(x, N, nx, ny, p, A, &xd, &rounded);
       T* du = grow(st.du, ny * r_);
       if (p.b_rows > 0) {
-        const T* dym = dy;  // B covers every output column: dy itself
+        Operand dym{dy};  // B covers every output column: dy itself
         if (!whole(p)) {
           T* rows = grow(st.dym, ny * p.b_rows);
           for (const Piece::Seg& g : p.segs)
             for (int64_t n = 0; n < ny; ++n)
               std::copy(dy + n * out_ + g.y_col, dy + n * out_ + g.y_col + g.count,
                         rows + n * p.b_rows + g.b_row);
-          dym = rows;
+          dym.f = rows;
         }
+        if (bf16()) dym.h = round(st.dy16, dym.f, ny * p.b_rows);  // read by both GEMMs
         // dB += s · dymᵀ u; du = s · dym B.
-        const T* B = weight(p.b_view, true);
+        const Operand B{weight(p.b_view, true)};
         add_gradient(p.b_view, p.b_rows * r_, [&](T* dB, T beta) {
-          ops::gemm<T>(true, false, p.b_rows, r_, ny, s, dym, u, beta, dB);
+          mm(true, false, p.b_rows, r_, ny, s, dym, {u}, beta, dB);
         });
-        ops::gemm<T>(false, false, ny, r_, p.b_rows, s, dym, B, T(0), du);
+        mm(false, false, ny, r_, p.b_rows, s, dym, B, T(0), du);
       } else {
         std::fill(du, du + ny * r_, T(0));
       }
@@ -199,25 +202,73 @@ class Adapters {
       }
       // dA += duᵀ dropout(x); dx += dropout'(du A).
       add_gradient(p.a_view, r_ * in_, [&](T* dA, T beta) {
-        ops::gemm<T>(true, false, r_, in_, nx, T(1), dux, xd, beta, dA);
+        mm(true, false, r_, in_, nx, T(1), {dux}, xd, beta, dA);
       });
-      if (xd == x) {
-        ops::gemm<T>(false, false, nx, in_, r_, T(1), dux, A, T(1), dx);
+      if (xd.f == x) {
+        mm(false, false, nx, in_, r_, T(1), {dux}, {A}, T(1), dx);
       } else {
         T* g = grow(st.xd, nx * in_);  // xd is no longer needed
-        ops::gemm<T>(false, false, nx, in_, r_, T(1), dux, A, T(0), g);
+        mm(false, false, nx, in_, r_, T(1), {dux}, {A}, T(0), g);
         apply_mask(dx, g, nx, N, p, /*accumulate=*/true);
       }
     }
   }
 
  private:
-  /// u = dropout(x)·Aᵀ over y's rows ([ny, r]); *xd is the (dropped) input it read.
+  /// A GEMM operand: its values, and under bf16 compute its bf16 bits where already rounded.
+  struct Operand {
+    const T* f = nullptr;
+    const uint16_t* h = nullptr;
+  };
+
+  /// Float under a kBFloat16 compute context: the adapters' GEMMs take bf16 operands.
+  bool bf16() const {
+    if constexpr (std::is_same_v<T, float>)
+      return state_->compute != nullptr && state_->compute->bf16();
+    return false;
+  }
+
+  /// The bf16 bits of src[0..n) in `bits` (grown as needed).
+  static const uint16_t* round(std::vector<uint16_t>& bits, const T* src, int64_t n) {
+    if constexpr (std::is_same_v<T, float>) {
+      uint16_t* out = grow(bits, n);
+      ops::round_to_bf16(src, n, out);
+      return out;
+    }
+    (void)bits, (void)src, (void)n;
+    fail("lora: bf16 operands of a double GEMM");
+  }
+
+  /// C = alpha·op(A)·op(B) + beta·C as ops::gemm: in fp32, or under bf16 compute on bf16 operands
+  /// with fp32 accumulation (an operand without bits is rounded here; small ones only: A, B, u).
+  void mm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, Operand a, Operand b, T beta,
+          T* C) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (bf16()) {
+        if (a.h == nullptr && b.h == nullptr)
+          return ops::gemm<T>(*state_->compute, ta, tb, M, N, K, alpha, a.f, b.f, beta, C);
+        if (a.h == nullptr) a.h = round(state_->w16, a.f, M * K);
+        if (b.h == nullptr) b.h = round(state_->w16, b.f, K * N);
+        if (M == 0 || N == 0 || K == 0)  // as ops::gemm's edge cases
+          return ops::gemm<T>(ta, tb, M, N, K, alpha, a.f, b.f, beta, C);
+        return ops::gemm_bf16(ta, tb, M, N, K, alpha, a.h, b.h, beta, C);
+      }
+    }
+    ops::gemm<T>(ta, tb, M, N, K, alpha, a.f, b.f, beta, C);
+  }
+
+  /// u = dropout(x)·Aᵀ over y's rows ([ny, r]); *xd is the (dropped) input it read, with its bf16
+  /// bits under bf16 compute (x16; *rounded: the input x16 already holds, reused across pieces).
   T* down_project(const T* x, int64_t N, int64_t nx, int64_t ny, const Piece& p, const T* A,
-                  const T** xd) {
-    *xd = dropped(x, nx, N, p);
+                  Operand* xd, const T** rounded) {
+    xd->f = dropped(x, nx, N, p);
+    if (bf16()) {
+      if (*rounded != x || xd->f != x) round(state_->x16, xd->f, nx * in_);
+      *rounded = xd->f == x ? x : nullptr;
+      xd->h = state_->x16.data();
+    }
     T* ux = grow(state_->u, nx * r_);
-    ops::gemm<T>(false, true, nx, r_, in_, T(1), *xd, A, T(0), ux);
+    mm(false, true, nx, r_, in_, T(1), *xd, {A}, T(0), ux);
     return to_y(ux, N, nx, ny);
   }
 

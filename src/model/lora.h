@@ -89,7 +89,12 @@ struct LoraState {
   /// index, its bf16 bits (nullptr: read the fp32 parameter, e.g. a norm weight). Empty: the base
   /// is read from its fp32 parameters through the wrapped ops.
   std::vector<const uint16_t*> base16;
+  /// The engine's compute context. Under kBFloat16 (float only) the adapters' GEMMs run as
+  /// torch.autocast runs PEFT's lora_A and lora_B: operands rounded to bf16 (nearest even), fp32
+  /// accumulation, fp32 outputs and gradients. nullptr or float32: fp32 GEMMs.
+  const ops::ComputeContext* compute = nullptr;
   std::vector<T> xd, u, uy, t, dym, du, dux, a;  // scratch (a: a gathered A)
+  std::vector<uint16_t> x16, dy16, w16;          // bf16 scratch: x, dy (or its rows), A or B
 };
 
 /// Where the frozen base's matrices are read from under LoRA: the engine's fp32 parameters, or

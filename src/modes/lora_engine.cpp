@@ -152,6 +152,7 @@ void ParallelEngine::build_lora(model::ModelOps<float>& ops) {
   L.state->config = config;
   L.state->params = L.params.get();
   L.state->grads = L.grads.get();
+  L.state->compute = &compute_;  // bf16 compute: the adapters' GEMMs on bf16 operands
 
   // ISP: the adapters join the base's weight store (each pass begun by the embedding, gathers
   // prefetched in the recorded order): gathered whole before each use, gradients reduce-scattered.

@@ -248,15 +248,18 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
     p.resident[4].bytes = adam_state;
     p.resident[4].key = "lora.rank, lora.targets, parallel.zero1";
     // Per row: u, du and their row-layout twins (r each); B's rows of a module that adds into
-    // part of its base's output (t and dy's rows); dropout's copy of the input.
-    double partial_out = 0, in_max = 0;
+    // part of its base's output (t and dy's rows); dropout's copy of the input; under bf16 the
+    // bf16 bits of the input and of the output gradient (or its rows) the adapters' GEMMs read.
+    double partial_out = 0, in_max = 0, out_max = 0;
     for (const model::LoraModule& m : modules) {
       if (m.out < full.view(m.base_view).shape[0])
         partial_out = std::max(partial_out, double(m.out));
       in_max = std::max(in_max, double(m.in));
+      out_max = std::max(out_max, double(full.view(m.base_view).shape[0]));
     }
     lora_scratch_per_token = kFloat * (4.0 * double(c.model.lora.rank) + 2 * partial_out +
-                                       (c.model.lora.dropout > 0 ? in_max : 0));
+                                       (c.model.lora.dropout > 0 ? in_max : 0)) +
+                             (in.bf16 ? 2.0 * (in_max + out_max) : 0.0);
   }
 
   s.ws.bf16 = in.bf16;

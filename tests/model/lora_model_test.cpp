@@ -4,13 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 #include "core/error.h"
+#include "bf16_here.h"
 #include "expect_error.h"
 #include "model/internlm2.h"
 #include "model/lora.h"
 #include "model_testing.h"
+#include "ops/compute_context.h"
 #include "ops/fd_check.h"
 
 namespace longtron::model {
@@ -166,6 +169,64 @@ TEST(LoraModel, MergedForwardEqualsAdapted) {
       EXPECT_NEAR(adapted, direct, 1e-11 * std::abs(direct)) << type << " rslora " << rslora;
       for (size_t i = 0; i < merged_tokens.size(); ++i)
         EXPECT_NEAR(adapted_tokens[i], merged_tokens[i], 1e-10) << i;
+    }
+  }
+}
+
+/// The adapters' gradients of one float step of the tiny model (base under `base_cc`); with
+/// `adapter_cc` the adapters' GEMMs see that context (nullptr: fp32 adapters).
+std::vector<float> float_adapter_grads(const ModelConfig& c, const ops::ComputeContext& base_cc,
+                                       const ops::ComputeContext* adapter_cc) {
+  const ParamTable base(c);
+  const std::vector<LoraModule> modules = lora_modules(base, c.lora);
+  const ParamTable table = lora_table(base, modules, c.lora.rank);
+  Params<double> params64(base), adapter64(table);
+  for (const auto& v : base.views()) {
+    double* x = params64.data() + v.offset;
+    randomize(x, v.numel, 11 + uint64_t(v.offset), 0.4);
+    if (v.is_norm)
+      for (int64_t i = 0; i < v.numel; ++i) x[i] += 1.0;
+  }
+  randomize(adapter64.data(), table.numel(), 5, 0.3);
+  Params<float> params(base), grads(base), adapter(table), adapter_grads(table);
+  for (int64_t i = 0; i < base.numel(); ++i) params.data()[i] = float(params64.data()[i]);
+  for (int64_t i = 0; i < table.numel(); ++i) adapter.data()[i] = float(adapter64.data()[i]);
+  auto state = std::make_shared<LoraState<float>>();
+  state->config = c.lora;
+  state->step = 3;
+  state->training = true;
+  state->params = &adapter;
+  state->grads = &adapter_grads;
+  state->compute = adapter_cc;
+  ModelOps<float> ops = make_dense_ops<float>(base, base_cc);
+  apply_lora<float>(ops, base, modules, table, state, [](int, int) { return LoraLinearSpec<float>{}; });
+  InternLM2<float> model(base, params, std::move(ops));
+  model.forward_backward(tiny_row(c.vocab_size), grads, 1.0);
+  return {adapter_grads.data(), adapter_grads.data() + table.numel()};
+}
+
+// Under bf16 compute the adapters' GEMMs take bf16 operands with fp32 accumulation (as
+// torch.autocast runs PEFT's lora_A and lora_B): their gradients move off the fp32 adapters' by
+// bf16's rounding carried through two layers, not more; under float32 the context changes no bit.
+TEST(LoraModel, Bf16AdaptersRoundTheirOperandsOnly) {
+  const testing::Bf16Here bf16_here;
+  if (!bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  for (const char* type : {"internlm2", "llama"}) {
+    for (double dropout : {0.0, 0.25}) {
+      const ModelConfig c = lora_config(type, dropout, false);
+      const ops::ComputeContext bf16(ops::ComputeType::kBFloat16), fp32;
+      const std::vector<float> exact = float_adapter_grads(c, bf16, nullptr);
+      const std::vector<float> rounded = float_adapter_grads(c, bf16, &bf16);
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < exact.size(); ++i) {
+        diff += (double(rounded[i]) - exact[i]) * (double(rounded[i]) - exact[i]);
+        norm += double(exact[i]) * exact[i];
+      }
+      EXPECT_GT(diff, 0.0) << type << " dropout " << dropout;  // the bf16 path ran
+      std::printf("%s dropout %.2f: relative distance %.4f\n", type, dropout, std::sqrt(diff / norm));
+      EXPECT_LT(std::sqrt(diff / norm), 5e-2) << type << " dropout " << dropout;
+      const std::vector<float> f32 = float_adapter_grads(c, fp32, nullptr);
+      EXPECT_EQ(float_adapter_grads(c, fp32, &fp32), f32) << type << " dropout " << dropout;
     }
   }
 }
