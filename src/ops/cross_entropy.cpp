@@ -25,16 +25,20 @@ T row_logsumexp(const T* row, int64_t V) {
   for (int64_t v = 0; v < V; ++v) sum += static_cast<double>(detail::fast_exp(row[v] - max));
   return static_cast<T>(static_cast<double>(max) + std::log(sum));
 }
-}  // namespace
-
-template <typename T>
-double cross_entropy_forward(T* lse, int64_t* count, const T* logits, const int32_t* labels,
-                             int64_t N, int64_t V) {
+// Every label is a vocabulary index or the ignore index; errors name the first bad token.
+void check_labels(const int32_t* labels, int64_t N, int64_t V) {
   for (int64_t n = 0; n < N; ++n) {
     check(labels[n] == kIgnoreIndex || (labels[n] >= 0 && labels[n] < V),
           "cross_entropy: label {} at token {} is outside [0, {}) and is not -100", labels[n], n,
           V);
   }
+}
+}  // namespace
+
+template <typename T>
+double cross_entropy_forward(T* lse, int64_t* count, const T* logits, const int32_t* labels,
+                             int64_t N, int64_t V) {
+  check_labels(labels, N, V);
   double loss = 0.0;
   int64_t valid = 0;
 #pragma omp parallel for schedule(static) reduction(+ : loss, valid)
@@ -70,11 +74,7 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
 double cross_entropy_forward_backward_bf16(uint16_t* dlogits16, float* lse, int64_t* count,
                                            const float* logits, const int32_t* labels, int64_t N,
                                            int64_t V, float scale) {
-  for (int64_t n = 0; n < N; ++n) {
-    check(labels[n] == kIgnoreIndex || (labels[n] >= 0 && labels[n] < V),
-          "cross_entropy: label {} at token {} is outside [0, {}) and is not -100", labels[n], n,
-          V);
-  }
+  check_labels(labels, N, V);
   double loss = 0.0;
   int64_t valid = 0;
   // The rows split as in cross_entropy_forward (so the same partial sums of the loss); each
