@@ -34,6 +34,18 @@ T* grow(std::vector<T>& v, int64_t n) {
   return v.data();
 }
 
+/// The bf16 bits of src[0..n) in `bits` (grown as needed; float only).
+template <typename T>
+const uint16_t* round_bits(std::vector<uint16_t>& bits, const T* src, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    uint16_t* out = grow(bits, n);
+    ops::round_to_bf16(src, n, out);
+    return out;
+  }
+  (void)bits, (void)src, (void)n;
+  fail("lora: bf16 operands of a double GEMM");
+}
+
 /// The frozen versions of the parameter-holding ops: the base op with no gradient buffer.
 template <typename T>
 class FrozenNorm final : public NormOp<T> {
@@ -140,14 +152,16 @@ class Adapters {
 
   bool empty() const { return pieces_.empty(); }
 
-  void forward(T* y, const T* x, int64_t N) {
+  /// y += the adapters' outputs. x_rounded: x16 already holds x's bf16 bits (under bf16 compute,
+  /// rounded by the caller for the base's GEMM too).
+  void forward(T* y, const T* x, int64_t N, bool x_rounded = false) {
     if (pieces_.empty()) return;
     // Under bf16 compute the GEMMs read bf16 operands (torch.autocast's rule): x is rounded once
     // for all of the linear's adapters (once per adapter under dropout), A, B and u at each use.
     LoraState<T>& st = *state_;
     const int64_t nx = rows_x(N), ny = rows_y(N);
     const T s = T(st.config.scale());
-    const T* rounded = nullptr;  // the input x16 holds
+    const T* rounded = x_rounded ? x : nullptr;  // the input x16 holds
     for (const Piece& p : pieces_) {
       Operand xd;
       T* u = down_project(x, N, nx, ny, p, weight_a(p, false), &xd, &rounded);
@@ -163,12 +177,15 @@ class Adapters {
     }
   }
 
-  void backward(T* dx, const T* dy, const T* x, int64_t N) {
+  /// dx += the adapters' input gradients, their A and B gradients accumulated. x_rounded: x16
+  /// holds x's bf16 bits; dy16: dy's bf16 bits (nullptr: rounded here), both under bf16 compute.
+  void backward(T* dx, const T* dy, const T* x, int64_t N, bool x_rounded = false,
+                const uint16_t* dy16 = nullptr) {
     if (pieces_.empty()) return;
     LoraState<T>& st = *state_;
     const int64_t nx = rows_x(N), ny = rows_y(N);
     const T s = T(st.config.scale());
-    const T* rounded = nullptr;  // the input x16 holds
+    const T* rounded = x_rounded ? x : nullptr;  // the input x16 holds
     for (const Piece& p : pieces_) {
       Operand xd;
       const T* A = weight_a(p, true);
@@ -177,15 +194,12 @@ class Adapters {
       T* du = grow(st.du, ny * r_);
       if (p.b_rows > 0) {
         Operand dym{dy};  // B covers every output column: dy itself
-        if (!whole(p)) {
-          T* rows = grow(st.dym, ny * p.b_rows);
-          for (const Piece::Seg& g : p.segs)
-            for (int64_t n = 0; n < ny; ++n)
-              std::copy(dy + n * out_ + g.y_col, dy + n * out_ + g.y_col + g.count,
-                        rows + n * p.b_rows + g.b_row);
-          dym.f = rows;
+        if (bf16() && dy16 != nullptr) {  // B's rows of the caller's rounding (the same bits)
+          dym.h = whole(p) ? dy16 : rows_of(st.dym16, dy16, ny, p);
+        } else {
+          if (!whole(p)) dym.f = rows_of(st.dym, dy, ny, p);
+          if (bf16()) dym.h = round(st.dy16, dym.f, ny * p.b_rows);  // read by both GEMMs
         }
-        if (bf16()) dym.h = round(st.dy16, dym.f, ny * p.b_rows);  // read by both GEMMs
         // dB += s · dymᵀ u; du = s · dym B.
         const Operand B{weight(p.b_view, true)};
         add_gradient(p.b_view, p.b_rows * r_, [&](T* dB, T beta) {
@@ -228,15 +242,8 @@ class Adapters {
     return false;
   }
 
-  /// The bf16 bits of src[0..n) in `bits` (grown as needed).
   static const uint16_t* round(std::vector<uint16_t>& bits, const T* src, int64_t n) {
-    if constexpr (std::is_same_v<T, float>) {
-      uint16_t* out = grow(bits, n);
-      ops::round_to_bf16(src, n, out);
-      return out;
-    }
-    (void)bits, (void)src, (void)n;
-    fail("lora: bf16 operands of a double GEMM");
+    return round_bits(bits, src, n);
   }
 
   /// C = alpha·op(A)·op(B) + beta·C as ops::gemm: in fp32, or under bf16 compute on bf16 operands
@@ -344,6 +351,17 @@ class Adapters {
     }
   }
 
+  /// B's rows of y-shaped `src` ([ny, out_] → [ny, b_rows] in `rows`).
+  template <typename E>
+  const E* rows_of(std::vector<E>& rows, const E* src, int64_t ny, const Piece& p) const {
+    E* out = grow(rows, ny * p.b_rows);
+    for (const Piece::Seg& g : p.segs)
+      for (int64_t n = 0; n < ny; ++n)
+        std::copy(src + n * out_ + g.y_col, src + n * out_ + g.y_col + g.count,
+                  out + n * p.b_rows + g.b_row);
+    return out;
+  }
+
   void add_segments(T* y, const T* t, int64_t ny, const Piece& p) const {
     const int64_t out = out_, br = p.b_rows;
 #pragma omp parallel for schedule(static) if (ny * br > kParallelMinWork)
@@ -383,6 +401,21 @@ class FrozenLinear {
     }
     base_->backward(dx, dy, x, N, p, nullptr, accumulate);
   }
+  /// A bf16 base under bf16 compute: the GEMMs below read operands the caller rounded once for
+  /// the base and its adapters (the bits linear_forward_bf16 and linear_backward_bf16 round).
+  bool shares_bf16() const {
+    return std::is_same_v<T, float> && bf16_weight() != nullptr && state_->compute != nullptr &&
+           state_->compute->bf16();
+  }
+  void forward(T* y, const uint16_t* x16, int64_t N, const Params<T>& p) {
+    if constexpr (std::is_same_v<T, float>)
+      ops::linear_forward_bf16(y, x16, bf16_weight(), p.ptr(bias_), N, base_->in(), base_->out());
+  }
+  void backward(T* dx, const uint16_t* dy16, int64_t N, bool accumulate) {
+    if constexpr (std::is_same_v<T, float>)
+      ops::gemm_bf16(false, false, N, base_->in(), base_->out(), 1.f, dy16, bf16_weight(),
+                     accumulate ? 1.f : 0.f, dx);
+  }
 
  private:
   const uint16_t* bf16_weight() const {
@@ -396,16 +429,25 @@ class FrozenLinear {
 template <typename T>
 class LoraLinear final : public LinearOp<T> {
  public:
-  LoraLinear(FrozenLinear<T> base, Adapters<T> adapters)
-      : base_(std::move(base)), adapters_(std::move(adapters)) {}
+  LoraLinear(FrozenLinear<T> base, Adapters<T> adapters, LoraState<T>* state)
+      : base_(std::move(base)), adapters_(std::move(adapters)), state_(state) {}
   int64_t in() const override { return base_.op().in(); }
   int64_t out() const override { return base_.op().out(); }
   void forward(T* y, const T* x, int64_t N, const Params<T>& p) override {
+    if (base_.shares_bf16()) {  // x rounded once for the base and the adapters
+      base_.forward(y, round_bits(state_->x16, x, N * in()), N, p);
+      return adapters_.forward(y, x, N, /*x_rounded=*/true);
+    }
     base_.forward(y, x, N, p);
     adapters_.forward(y, x, N);
   }
   void backward(T* dx, const T* dy, const T* x, int64_t N, const Params<T>& p, Params<T>*,
                 bool accumulate_dx) override {
+    if (base_.shares_bf16()) {  // dy rounded once for the base and the adapters
+      const uint16_t* dy16 = round_bits(state_->dy16, dy, N * out());
+      base_.backward(dx, dy16, N, accumulate_dx);
+      return adapters_.backward(dx, dy, x, N, /*x_rounded=*/false, dy16);
+    }
     base_.backward(dx, dy, x, N, p, accumulate_dx);
     adapters_.backward(dx, dy, x, N);
   }
@@ -413,6 +455,7 @@ class LoraLinear final : public LinearOp<T> {
  private:
   mutable FrozenLinear<T> base_;
   Adapters<T> adapters_;
+  LoraState<T>* state_;
 };
 
 template <typename T>
@@ -420,11 +463,19 @@ class LoraGateUp final : public GateUpOp<T> {
  public:
   /// ids: w1, w1 bias, w3, w3 bias views (for a bf16 base, read directly; H the input width).
   LoraGateUp(std::unique_ptr<GateUpOp<T>> base, Adapters<T> w1, Adapters<T> w3,
-             const LoraState<T>* state, std::array<int, 4> ids, int64_t H)
+             LoraState<T>* state, std::array<int, 4> ids, int64_t H)
       : base_(std::move(base)), w1_(std::move(w1)), w3_(std::move(w3)), state_(state), ids_(ids),
         H_(H) {}
   int64_t out() const override { return base_->out(); }
   void forward(T* a, T* b, const T* x, int64_t N, const Params<T>& p) override {
+    if (shares_bf16()) {  // x rounded once for both base GEMMs and both adapters
+      const int64_t F = base_->out();
+      const uint16_t* x16 = round_bits(state_->x16, x, N * H_);
+      forward16(a, x16, ids_[0], ids_[1], N, F, p);
+      forward16(b, x16, ids_[2], ids_[3], N, F, p);
+      w1_.forward(a, x, N, /*x_rounded=*/true);
+      return w3_.forward(b, x, N, /*x_rounded=*/true);  // under dropout each rounds its own
+    }
     if constexpr (std::is_same_v<T, float>) {
       if (!state_->base16.empty()) {
         const int64_t F = base_->out();
@@ -441,6 +492,17 @@ class LoraGateUp final : public GateUpOp<T> {
   }
   void backward(T* dx, const T* da, const T* db, const T* x, int64_t N, const Params<T>& p,
                 Params<T>*) override {
+    if (shares_bf16()) {  // da, db and x rounded once for the base GEMMs and the adapters
+      const int64_t F = base_->out();
+      const uint16_t* da16 = round_bits(state_->dy16, da, N * F);
+      const uint16_t* db16 = round_bits(state_->dy16b, db, N * F);
+      backward16(dx, da16, ids_[0], N, F, 0.f);
+      backward16(dx, db16, ids_[2], N, F, 1.f);
+      const bool rounded = !w1_.empty() || !w3_.empty();
+      if (rounded) round_bits(state_->x16, x, N * H_);
+      w1_.backward(dx, da, x, N, rounded, da16);
+      return w3_.backward(dx, db, x, N, rounded, db16);
+    }
     if constexpr (std::is_same_v<T, float>) {
       if (!state_->base16.empty()) {
         const int64_t F = base_->out();
@@ -459,9 +521,25 @@ class LoraGateUp final : public GateUpOp<T> {
 
  private:
   const uint16_t* bf16(int view) const { return state_->base16.at(size_t(view)); }
+  /// As FrozenLinear::shares_bf16.
+  bool shares_bf16() const {
+    return std::is_same_v<T, float> && !state_->base16.empty() && state_->compute != nullptr &&
+           state_->compute->bf16();
+  }
+  /// out = x16·W16ᵀ + bias of views (weight, bias), the same bits as linear_forward_bf16 on x.
+  void forward16(T* out, const uint16_t* x16, int weight, int bias, int64_t N, int64_t F,
+                 const Params<T>& p) {
+    if constexpr (std::is_same_v<T, float>)
+      ops::linear_forward_bf16(out, x16, bf16(weight), p.ptr(bias), N, H_, F);
+  }
+  /// dx = beta·dx + dy16·W16 of view `weight` (no weight gradient).
+  void backward16(T* dx, const uint16_t* dy16, int weight, int64_t N, int64_t F, float beta) {
+    if constexpr (std::is_same_v<T, float>)
+      ops::gemm_bf16(false, false, N, H_, F, 1.f, dy16, bf16(weight), beta, dx);
+  }
   std::unique_ptr<GateUpOp<T>> base_;
   Adapters<T> w1_, w3_;
-  const LoraState<T>* state_;
+  LoraState<T>* state_;
   std::array<int, 4> ids_;
   int64_t H_;
 };
@@ -657,7 +735,7 @@ void apply_lora(ModelOps<T>& ops, const ParamTable& base_local, const std::vecto
     auto wrap = [&](std::unique_ptr<LinearOp<T>>& op, int view, int bias) {
       Adapters<T> a = adapters_of(layer, view, op->in(), op->out());
       FrozenLinear<T> frozen(std::move(op), state.get(), view, bias);
-      op = std::make_unique<LoraLinear<T>>(std::move(frozen), std::move(a));
+      op = std::make_unique<LoraLinear<T>>(std::move(frozen), std::move(a), state.get());
     };
     wrap(o.wqkv, b.wqkv, b.wqkv_bias);
     wrap(o.wo, b.wo, b.wo_bias);

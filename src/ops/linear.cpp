@@ -33,6 +33,12 @@ void linear_forward_bf16(float* y, const float* x, const uint16_t* W16, const fl
   add_bias(y, bias, N, out);
 }
 
+void linear_forward_bf16(float* y, const uint16_t* x16, const uint16_t* W16, const float* bias,
+                         int64_t N, int64_t in, int64_t out) {
+  gemm_bf16(false, true, N, out, in, 1.f, x16, W16, 0.f, y);
+  add_bias(y, bias, N, out);
+}
+
 template <typename T>
 void linear_input_grad(const ComputeContext& cc, T* dx, const T* dy, const T* W, int64_t N,
                        int64_t in, int64_t out, T beta) {

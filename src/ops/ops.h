@@ -97,6 +97,10 @@ void linear_forward(T* y, const T* x, const T* W, const T* bias, int64_t N, int6
 /// kBFloat16 context on a float W whose rounding is W16.
 void linear_forward_bf16(float* y, const float* x, const uint16_t* W16, const float* bias,
                          int64_t N, int64_t in, int64_t out);
+/// linear_forward_bf16 on an input already rounded (x16: round_to_bf16 of x, [N,in]), for a caller
+/// that shares the rounding with other GEMMs: the same bits.
+void linear_forward_bf16(float* y, const uint16_t* x16, const uint16_t* W16, const float* bias,
+                         int64_t N, int64_t in, int64_t out);
 /// The one linear backward (dense, weight-parallel and, between its communications, the
 /// tensor-parallel linears all run these GEMMs): dx[N,in] = dx_beta·dx + dy·W (dx_beta 0
 /// overwrites, 1 accumulates); dW[out,in] = dW_beta·dW + dyᵀ·x (1 accumulates into a parameter
