@@ -203,7 +203,14 @@ class Adapters {
         // dB += s · dymᵀ u; du = s · dym B.
         const Operand B{weight(p.b_view, true)};
         add_gradient(p.b_view, p.b_rows * r_, [&](T* dB, T beta) {
-          mm(true, false, p.b_rows, r_, ny, s, dym, {u}, beta, dB);
+          if (!bf16()) return mm(true, false, p.b_rows, r_, ny, s, dym, {u}, beta, dB);
+          // Under bf16 as dBᵀ = s · uᵀ dym: oneDNN runs this shape in one parallel region where
+          // dymᵀ u takes two (each costs a synchronisation of the threads, dear on a busy CPU).
+          T* t = grow(st.t, r_ * p.b_rows);
+          mm(true, false, r_, p.b_rows, ny, s, {u}, dym, T(0), t);
+          for (int64_t i = 0; i < p.b_rows; ++i)
+            for (int64_t k = 0; k < r_; ++k)
+              dB[i * r_ + k] = (beta == T(0) ? T(0) : dB[i * r_ + k]) + t[k * p.b_rows + i];
         });
         mm(false, false, ny, r_, p.b_rows, s, dym, B, T(0), du);
       } else {
