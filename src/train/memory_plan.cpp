@@ -249,7 +249,9 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
     p.resident[4].key = "lora.rank, lora.targets, parallel.zero1";
     // Per row: u, du and their row-layout twins (r each); B's rows of a module that adds into
     // part of its base's output (t and dy's rows); dropout's copy of the input; under bf16 the
-    // bf16 bits of the input and of the output gradient (or its rows) the adapters' GEMMs read.
+    // bf16 bits of the input and of the output gradient (or its rows) the adapters' GEMMs read;
+    // with a bf16 base, whose GEMMs share those bits, also the gate/up pair's second output
+    // gradient and B's rows of a shared one.
     double partial_out = 0, in_max = 0, out_max = 0;
     for (const model::LoraModule& m : modules) {
       if (m.out < full.view(m.base_view).shape[0])
@@ -259,7 +261,8 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
     }
     lora_scratch_per_token = kFloat * (4.0 * double(c.model.lora.rank) + 2 * partial_out +
                                        (c.model.lora.dropout > 0 ? in_max : 0)) +
-                             (in.bf16 ? 2.0 * (in_max + out_max) : 0.0);
+                             (in.bf16 ? 2.0 * (in_max + out_max) : 0.0) +
+                             (in.bf16 && bf16_base ? 2.0 * (out_max + partial_out) : 0.0);
   }
 
   s.ws.bf16 = in.bf16;
