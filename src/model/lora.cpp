@@ -151,6 +151,10 @@ class Adapters {
         state_(std::move(state)), r_(state_->config.rank) {}
 
   bool empty() const { return pieces_.empty(); }
+  /// Whether the GEMMs read x itself (not dropout(x), which each adapter rounds for itself).
+  bool reads_x() const {
+    return !pieces_.empty() && !(state_->training && state_->config.dropout > 0.0);
+  }
 
   /// y += the adapters' outputs. x_rounded: x16 already holds x's bf16 bits (under bf16 compute,
   /// rounded by the caller for the base's GEMM too).
@@ -450,16 +454,24 @@ class LoraLinear final : public LinearOp<T> {
   }
   void backward(T* dx, const T* dy, const T* x, int64_t N, const Params<T>& p, Params<T>*,
                 bool accumulate_dx) override {
-    if (base_.shares_bf16()) {  // dy rounded once for the base and the adapters
-      const uint16_t* dy16 = round_bits(state_->dy16, dy, N * out());
-      base_.backward(dx, dy16, N, accumulate_dx);
-      return adapters_.backward(dx, dy, x, N, /*x_rounded=*/false, dy16);
+    if constexpr (std::is_same_v<T, float>) {
+      if (base_.shares_bf16()) return backward_shared(dx, dy, x, N, accumulate_dx);
     }
     base_.backward(dx, dy, x, N, p, accumulate_dx);
     adapters_.backward(dx, dy, x, N);
   }
 
  private:
+  /// dy (and x) rounded once, in one region, for the base's GEMM and the adapters'.
+  void backward_shared(float* dx, const float* dy, const float* x, int64_t N, bool accumulate_dx) {
+    uint16_t* dy16 = grow(state_->dy16, N * out());
+    const bool x_rounded = adapters_.reads_x();
+    const int64_t nx = x_rounded ? N * in() : 0;
+    ops::round_to_bf16_all({{dy, N * out(), dy16}, {x, nx, grow(state_->x16, nx)}});
+    base_.backward(dx, dy16, N, accumulate_dx);
+    adapters_.backward(dx, dy, x, N, x_rounded, dy16);
+  }
+
   mutable FrozenLinear<T> base_;
   Adapters<T> adapters_;
   LoraState<T>* state_;
@@ -499,16 +511,8 @@ class LoraGateUp final : public GateUpOp<T> {
   }
   void backward(T* dx, const T* da, const T* db, const T* x, int64_t N, const Params<T>& p,
                 Params<T>*) override {
-    if (shares_bf16()) {  // da, db and x rounded once for the base GEMMs and the adapters
-      const int64_t F = base_->out();
-      const uint16_t* da16 = round_bits(state_->dy16, da, N * F);
-      const uint16_t* db16 = round_bits(state_->dy16b, db, N * F);
-      backward16(dx, da16, ids_[0], N, F, 0.f);
-      backward16(dx, db16, ids_[2], N, F, 1.f);
-      const bool rounded = !w1_.empty() || !w3_.empty();
-      if (rounded) round_bits(state_->x16, x, N * H_);
-      w1_.backward(dx, da, x, N, rounded, da16);
-      return w3_.backward(dx, db, x, N, rounded, db16);
+    if constexpr (std::is_same_v<T, float>) {
+      if (shares_bf16()) return backward_shared(dx, da, db, x, N);
     }
     if constexpr (std::is_same_v<T, float>) {
       if (!state_->base16.empty()) {
@@ -528,6 +532,19 @@ class LoraGateUp final : public GateUpOp<T> {
 
  private:
   const uint16_t* bf16(int view) const { return state_->base16.at(size_t(view)); }
+  /// da, db and x rounded once, in one region, for the base's GEMMs and the adapters'.
+  void backward_shared(float* dx, const float* da, const float* db, const float* x, int64_t N) {
+    const int64_t F = base_->out();
+    uint16_t* da16 = grow(state_->dy16, N * F);
+    uint16_t* db16 = grow(state_->dy16b, N * F);
+    const bool rounded = w1_.reads_x() || w3_.reads_x();
+    const int64_t nx = rounded ? N * H_ : 0;
+    ops::round_to_bf16_all({{da, N * F, da16}, {db, N * F, db16}, {x, nx, grow(state_->x16, nx)}});
+    backward16(dx, da16, ids_[0], N, F, 0.f);
+    backward16(dx, db16, ids_[2], N, F, 1.f);
+    w1_.backward(dx, da, x, N, rounded, da16);
+    w3_.backward(dx, db, x, N, rounded, db16);
+  }
   /// As FrozenLinear::shares_bf16.
   bool shares_bf16() const {
     return std::is_same_v<T, float> && !state_->base16.empty() && state_->compute != nullptr &&

@@ -157,6 +157,12 @@ void round_to_bf16(const float* x, int64_t n, uint16_t* out) {
   round_pair(x, n, out, nullptr, 0, nullptr);
 }
 
+void round_to_bf16_all(std::initializer_list<Bf16Rounding> jobs) {
+  std::vector<RoundJob> all;
+  for (const Bf16Rounding& j : jobs) all.push_back({j.x, j.n, j.out});
+  round_jobs(all);
+}
+
 void round_to_bf16_serial(const float* x, int64_t n, uint16_t* out) {
   (has_avx512f() ? round_avx512 : round_scalar)(x, n, out);
 }

@@ -9,6 +9,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,15 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 void round_to_bf16(const float* x, int64_t n, uint16_t* out);
 /// round_to_bf16 on the calling thread alone (the same bits), for use inside a parallel region.
 void round_to_bf16_serial(const float* x, int64_t n, uint16_t* out);
+/// One array for round_to_bf16_all: x[0..n) into out.
+struct Bf16Rounding {
+  const float* x = nullptr;
+  int64_t n = 0;
+  uint16_t* out = nullptr;
+};
+/// round_to_bf16 of every array of `jobs` in one parallel region (one fork and barrier for all;
+/// the same bits).
+void round_to_bf16_all(std::initializer_list<Bf16Rounding> jobs);
 
 /// gemm<float> under kBFloat16 with B already in bf16 (raw bits: a weight rounded once, e.g. an
 /// all-gathered bf16 weight): A is rounded to bf16 (nearest even) and the product is gemm_bf16's,
