@@ -2,6 +2,11 @@
 // kernel) costs far more than a training-size GEMM, so primitives are kept in a map keyed by
 // everything the primitive descriptor depends on. A given key always runs the same kernel with the
 // same blocking, so a GEMM of a given shape and thread count is deterministic.
+// Where many blocks of rows share B (M >= kPackBRows), B is reordered once per call into the
+// blocked layout the kernel reads (oneDNN's "any" weights format) and the primitive runs on that:
+// its brgemm kernels otherwise copy B into that layout again for every block of rows they take.
+// The kernel, its blocking and its order of summation are the same either way, so the bits are
+// (checked for every GEMM shape of a training step).
 #include "ops/onednn_matmul.h"
 
 #include <map>
@@ -10,6 +15,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "core/grow_buffer.h"
 #include "ops/ops.h"
 
 namespace longtron::ops::detail {
@@ -17,11 +23,17 @@ namespace longtron::ops::detail {
 namespace {
 using dnnl::memory;
 
+/// Rows of op(A) from which B is packed once per call (the layer GEMMs of a step: M is the row's
+/// tokens, or a weight gradient's output features; not the head's chunks of 256 rows, where the
+/// reorder of the [V, H] weight costs about what the kernel's own copies do).
+constexpr int64_t kPackBRows = 512;
+
 struct Key {
   MatmulInput input;
   int64_t M, N, K;
   bool ta, tb;
   float alpha, beta;
+  bool pack_b() const { return M >= kPackBRows; }
   bool operator<(const Key& o) const {
     return std::tie(input, M, N, K, ta, tb, alpha, beta) <
            std::tie(o.input, o.M, o.N, o.K, o.ta, o.tb, o.alpha, o.beta);
@@ -44,12 +56,19 @@ memory::desc c_desc(const Key& k) {
   return memory::desc({k.M, k.N}, memory::data_type::f32, memory::dims{k.N, 1});
 }
 
+/// A cached GEMM: the matmul, and with a packed B the reorder of the caller's B into its layout.
+struct Gemm {
+  dnnl::matmul matmul;
+  dnnl::reorder pack;         // empty unless the key packs B
+  memory::desc packed;        // B's layout for `matmul` when packed
+};
+
 class MatmulCache {
  public:
   const dnnl::engine& engine() const { return engine_; }
 
-  /// The primitive of `k` (a reference-counted handle: valid even if the cache is cleared).
-  dnnl::matmul get(const Key& k) {
+  /// The primitives of `k` (reference-counted handles: valid even if the cache is cleared).
+  Gemm get(const Key& k) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = cache_.find(k);
     if (it != cache_.end()) return it->second;
@@ -65,7 +84,7 @@ class MatmulCache {
   /// primitive holds no weights).
   static constexpr size_t kMaxCachedPrimitives = 512;
 
-  dnnl::matmul create(const Key& k) {
+  Gemm create(const Key& k) {
     dnnl::primitive_attr attr;
     if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
     if (k.beta != 0.0f) {
@@ -74,8 +93,15 @@ class MatmulCache {
       attr.set_post_ops(po);
     }
     try {
-      return dnnl::matmul(dnnl::matmul::primitive_desc(
-          dnnl::matmul::desc(a_desc(k), b_desc(k), c_desc(k)), attr, engine_));
+      const memory::desc b = k.pack_b() ? memory::desc({k.K, k.N}, input_type(k),
+                                                       memory::format_tag::any)
+                                        : b_desc(k);
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_desc(k), b, c_desc(k)), attr,
+                                            engine_);
+      Gemm g{dnnl::matmul(pd), {}, pd.weights_desc()};
+      if (k.pack_b())
+        g.pack = dnnl::reorder(dnnl::reorder::primitive_desc(engine_, b_desc(k), engine_, g.packed));
+      return g;
     } catch (const dnnl::error& e) {
       fail("{} GEMM M={} N={} K={}: oneDNN has no {} matmul on this CPU (ISA {}; bf16 needs at "
            "least avx512_core): {}", k.input == MatmulInput::kF32 ? "fp32" : "bf16", k.M, k.N, k.K,
@@ -84,7 +110,7 @@ class MatmulCache {
   }
 
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
-  std::map<Key, dnnl::matmul> cache_;
+  std::map<Key, Gemm> cache_;
   std::mutex mutex_;
 };
 
@@ -98,13 +124,22 @@ void onednn_matmul(MatmulInput input, bool trans_a, bool trans_b, int64_t M, int
                    float alpha, const void* A, const void* B, float beta, float* C) {
   const Key k{input, M, N, K, trans_a, trans_b, alpha, beta};
   MatmulCache& cache = matmul_cache();
-  const dnnl::matmul prim = cache.get(k);
+  const Gemm g = cache.get(k);
   // Executing a primitive is thread-safe; a stream is not shared between threads.
   thread_local dnnl::stream stream(cache.engine());
   memory a(a_desc(k), cache.engine(), const_cast<void*>(A));
   memory b(b_desc(k), cache.engine(), const_cast<void*>(B));
   memory c(c_desc(k), cache.engine(), C);
-  prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  if (k.pack_b()) {
+    // This thread's packed B, grown without a fill: the reorder writes all of it.
+    struct alignas(64) Line { unsigned char bytes[64]; };
+    thread_local GrowBuffer<Line> packed;
+    const auto lines = static_cast<int64_t>((g.packed.get_size() + sizeof(Line) - 1) / sizeof(Line));
+    memory bp(g.packed, cache.engine(), packed.get(lines));
+    g.pack.execute(stream, b, bp);
+    b = bp;
+  }
+  g.matmul.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
   stream.wait();
 }
 
