@@ -63,6 +63,7 @@ const std::vector<Case>& cases() {
         v.push_back({37, 29, 53, ta, tb, 1.0f, 0.0f});
         v.push_back({64, 96, 300, ta, tb, 1.0f, 1.0f});  // gradient accumulation: beta = 1
         v.push_back({5, 7, 3, ta, tb, 2.0f, 0.5f});
+        v.push_back({600, 40, 70, ta, tb, 1.0f, 1.0f});  // M >= 512: B packed once per call
       }
     return v;
   }();
