@@ -2,7 +2,7 @@
 // kernel) costs far more than a training-size GEMM, so primitives are kept in a map keyed by
 // everything the primitive descriptor depends on. A given key always runs the same kernel with the
 // same blocking, so a GEMM of a given shape and thread count is deterministic.
-// Where many blocks of rows share B (M >= kPackBRows), B is reordered once per call into the
+// Where many blocks of rows share B (ops/gemm_packing.h), B is reordered once per call into the
 // blocked layout the kernel reads (oneDNN's "any" weights format) and the primitive runs on that:
 // its brgemm kernels otherwise copy B into that layout again for every block of rows they take.
 // The kernel, its blocking and its order of summation are the same either way, so the bits are
@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/grow_buffer.h"
+#include "ops/gemm_packing.h"
 #include "ops/ops.h"
 
 namespace longtron::ops::detail {
@@ -23,18 +24,13 @@ namespace longtron::ops::detail {
 namespace {
 using dnnl::memory;
 
-/// Rows of op(A) from which B is packed once per call (the layer GEMMs of a step: M is the row's
-/// tokens, or a weight gradient's output features). Below it the reorder cost about what it
-/// saved on the shapes measured (the head's chunks of 256 rows, reordering the [V, H] weight each
-/// time; weight gradients with M = 384).
-constexpr int64_t kPackBRows = 512;
-
 struct Key {
   MatmulInput input;
   int64_t M, N, K;
   bool ta, tb;
   float alpha, beta;
-  bool pack_b() const { return M >= kPackBRows; }
+  /// Whether B may be packed once per call (ops/gemm_packing.h): enough rows of op(A).
+  bool pack_rows() const { return M >= kGemmPackBRows; }
   bool operator<(const Key& o) const {
     return std::tie(input, M, N, K, ta, tb, alpha, beta) <
            std::tie(o.input, o.M, o.N, o.K, o.ta, o.tb, o.alpha, o.beta);
@@ -60,8 +56,9 @@ memory::desc c_desc(const Key& k) {
 /// A cached GEMM: the matmul, and with a packed B the reorder of the caller's B into its layout.
 struct Gemm {
   dnnl::matmul matmul;
-  dnnl::reorder pack;         // empty unless the key packs B
-  memory::desc packed;        // B's layout for `matmul` when packed
+  bool packs_b = false;
+  dnnl::reorder pack;         // when packs_b
+  memory::desc packed;        // B's layout for `matmul` when packs_b
 };
 
 class MatmulCache {
@@ -94,15 +91,20 @@ class MatmulCache {
       attr.set_post_ops(po);
     }
     try {
-      const memory::desc b = k.pack_b() ? memory::desc({k.K, k.N}, input_type(k),
-                                                       memory::format_tag::any)
-                                        : b_desc(k);
-      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_desc(k), b, c_desc(k)), attr,
-                                            engine_);
-      Gemm g{dnnl::matmul(pd), {}, pd.weights_desc()};
-      if (k.pack_b())
-        g.pack = dnnl::reorder(dnnl::reorder::primitive_desc(engine_, b_desc(k), engine_, g.packed));
-      return g;
+      if (k.pack_rows()) {
+        const memory::desc any({k.K, k.N}, input_type(k), memory::format_tag::any);
+        const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_desc(k), any, c_desc(k)), attr,
+                                              engine_);
+        const memory::desc packed = pd.weights_desc();
+        if (static_cast<int64_t>(packed.get_size()) <= kGemmPackedBMaxBytes)
+          return Gemm{dnnl::matmul(pd), true,
+                      dnnl::reorder(dnnl::reorder::primitive_desc(engine_, b_desc(k), engine_,
+                                                                  packed)),
+                      packed};
+      }
+      return Gemm{dnnl::matmul(dnnl::matmul::primitive_desc(
+                      dnnl::matmul::desc(a_desc(k), b_desc(k), c_desc(k)), attr, engine_)),
+                  false, {}, {}};
     } catch (const dnnl::error& e) {
       fail("{} GEMM M={} N={} K={}: oneDNN has no {} matmul on this CPU (ISA {}; bf16 needs at "
            "least avx512_core): {}", k.input == MatmulInput::kF32 ? "fp32" : "bf16", k.M, k.N, k.K,
@@ -131,7 +133,7 @@ void onednn_matmul(MatmulInput input, bool trans_a, bool trans_b, int64_t M, int
   memory a(a_desc(k), cache.engine(), const_cast<void*>(A));
   memory b(b_desc(k), cache.engine(), const_cast<void*>(B));
   memory c(c_desc(k), cache.engine(), C);
-  if (k.pack_b()) {
+  if (g.packs_b) {
     // This thread's packed B, grown without a fill: the reorder writes all of it.
     struct alignas(64) Line { unsigned char bytes[64]; };
     thread_local GrowBuffer<Line> packed;

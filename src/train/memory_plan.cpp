@@ -16,6 +16,7 @@
 #include "model/params.h"
 #include "modes/engine.h"
 #include "modes/lora_plan.h"
+#include "ops/gemm_packing.h"
 #include "parallel/layout.h"
 #include "parallel/shard_plan.h"
 
@@ -164,6 +165,17 @@ double chunked_bf16_operand_bytes(const parallel::ModeMemory& s) {
   return bf16_operand_bytes(c);
 }
 
+/// The GEMMs' packed B (ops/gemm_packing.h: one call's, in a buffer kept at the largest seen): a
+/// weight, at most the head's, or a weight gradient's activations (the rows the GEMMs see times
+/// the widest feature count), in the compute type, at most kGemmPackedBMaxBytes. Bytes.
+double packed_b_bytes(const parallel::ModeMemory& s, bool bf16) {
+  const model::WorkspaceShape& w = s.ws;
+  const double rows = w.chunk > 0 ? std::min(w.N, w.chunk) : w.N;
+  const double widest = std::max({w.H, w.Q, w.A, w.F});
+  const double elements = std::max(rows * widest, s.head_vocab * w.H);
+  return std::min(elements * (bf16 ? 2.0 : kFloat), double(ops::kGemmPackedBMaxBytes));
+}
+
 std::string layout_text(const parallel::Grid& g, const std::string& mode,
                         const parallel::ModeMemory& s) {
   return fmt::format("{}: {} rank{}, data {}{}, zero1 {}", mode, g.world_size,
@@ -310,6 +322,8 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
     p.step.push_back({"bf16 GEMM operands (rounded activations)",
                       chunked_bf16_operand_bytes(s),
                       "data.seq_len, data.micro_bsz"});
+  p.step.push_back({"GEMM packed B operand (one call's)", packed_b_bytes(s, in.bf16),
+                    "data.seq_len, data.micro_bsz"});
   if (s.layout_scratch > 0)
     p.step.push_back({"layout buffers (gathers, all-to-all)", s.layout_scratch * kFloat,
                       "data.seq_len, " + s.scratch_key});
