@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -327,8 +328,10 @@ struct PlainHeadStep {
 
 /// The chunk step under a bf16 context: each chunk's xf rounded once (the logits GEMM and the
 /// weight gradient read it), the gradient of the logits made in bf16 (fused with the
-/// cross-entropy where ce can, else rounded once; the float step's GEMMs would round it twice).
-/// The same roundings and products as the float step under bf16, so the same bits.
+/// cross-entropy where ce can, else rounded once; the float step's GEMMs would round it twice),
+/// the weight packed once for its two GEMMs (ops::SharedBf16B; oneDNN's kernels would copy it
+/// again for each chunk). The same roundings and products as the float step under bf16, so the
+/// same bits.
 struct Bf16HeadStep {
   const ops::ComputeContext& cc;
   ChunkCrossEntropy<float>& ce;
@@ -346,15 +349,21 @@ struct Bf16HeadStep {
   uint16_t* dlogits16;
   const uint16_t* x16 = nullptr;  // this chunk's rows, in this thread's operand buffer
   const uint16_t* w16 = nullptr;
+  // The weight packed at the first chunk for the two GEMMs that read it (the same bits).
+  std::optional<ops::SharedBf16B> w_logits{}, w_dxf{};
 
   void make_logits(int64_t n0, int64_t rows) {
     check(W16 != nullptr || W != nullptr, "chunked_head_loss: no head weight");
-    // x16 stays in this thread's operand buffer: only gemm_bf16 runs until dW has read it.
+    // x16 stays in this thread's operand buffer: only GEMMs run until dW has read it.
     const auto r = ops::bf16_operands(cc, {ops::Bf16Operand{xf + n0 * H, rows * H},
                                            ops::Bf16Operand{W16 ? nullptr : W, V * H}});
     x16 = r[0];
     w16 = W16 ? W16 : r[1];
-    ops::gemm_bf16(false, true, rows, V, H, 1.f, x16, w16, 0.f, logits);
+    if (!w_logits) {  // the first chunk has the chunk's full rows
+      w_logits.emplace(s.weight_logits, false, true, rows, V, H, 1.f, 0.f, w16);
+      if (dxf) w_dxf.emplace(s.weight_dxf, false, false, rows, H, V, 1.f, 0.f, w16);
+    }
+    w_logits->gemm(rows, x16, w16, logits);
   }
   bool fused_forward_backward(double* sum, int64_t* count, const int32_t* labels, int64_t rows) {
     return ce.forward_backward_bf16(sum, dlogits16, lse, count, logits, labels, rows,
@@ -366,7 +375,7 @@ struct Bf16HeadStep {
       ce.backward(dlogits, logits, lse, labels, rows, static_cast<float>(loss_scale));
       ops::round_to_bf16(dlogits, rows * V, dlogits16);
     }
-    ops::gemm_bf16(false, false, rows, H, V, 1.f, dlogits16, w16, 0.f, dxf + n0 * H);
+    w_dxf->gemm(rows, dlogits16, w16, dxf + n0 * H);
     if (dW) ops::gemm_bf16(true, false, V, H, rows, 1.f, dlogits16, x16, 1.f, dW);
   }
 };

@@ -29,11 +29,12 @@ struct Key {
   int64_t M, N, K;
   bool ta, tb;
   float alpha, beta;
-  /// Whether B may be packed once per call (ops/gemm_packing.h): enough rows of op(A).
-  bool pack_rows() const { return M >= kGemmPackBRows; }
+  bool shared_b = false;  // B packed by the caller (SharedBf16B), whatever M
+  /// Whether B may be packed (ops/gemm_packing.h): enough rows of op(A), or packed by the caller.
+  bool pack_rows() const { return shared_b || M >= kGemmPackBRows; }
   bool operator<(const Key& o) const {
-    return std::tie(input, M, N, K, ta, tb, alpha, beta) <
-           std::tie(o.input, o.M, o.N, o.K, o.ta, o.tb, o.alpha, o.beta);
+    return std::tie(input, M, N, K, ta, tb, alpha, beta, shared_b) <
+           std::tie(o.input, o.M, o.N, o.K, o.ta, o.tb, o.alpha, o.beta, o.shared_b);
   }
 };
 
@@ -123,32 +124,68 @@ MatmulCache& matmul_cache() {
 }
 }  // namespace
 
+namespace {
+// Executing a primitive is thread-safe; a stream is not shared between threads.
+dnnl::stream& thread_stream() {
+  thread_local dnnl::stream stream(matmul_cache().engine());
+  return stream;
+}
+
+// B packed by g's reorder into `buffer` (grown without a fill: the reorder writes all of it).
+memory pack_b(const Gemm& g, const Key& k, const void* B, GrowBuffer<PackedLine>& buffer) {
+  const dnnl::engine& e = matmul_cache().engine();
+  const auto lines =
+      static_cast<int64_t>((g.packed.get_size() + sizeof(PackedLine) - 1) / sizeof(PackedLine));
+  memory bp(g.packed, e, buffer.get(lines));
+  memory b(b_desc(k), e, const_cast<void*>(B));
+  g.pack.execute(thread_stream(), b, bp);
+  return bp;
+}
+
+void run(const Gemm& g, const Key& k, const void* A, const memory& b, float* C) {
+  const dnnl::engine& e = matmul_cache().engine();
+  g.matmul.execute(thread_stream(), {{DNNL_ARG_SRC, memory(a_desc(k), e, const_cast<void*>(A))},
+                                     {DNNL_ARG_WEIGHTS, b},
+                                     {DNNL_ARG_DST, memory(c_desc(k), e, C)}});
+  thread_stream().wait();
+}
+}  // namespace
+
 void onednn_matmul(MatmulInput input, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                    float alpha, const void* A, const void* B, float beta, float* C) {
   const Key k{input, M, N, K, trans_a, trans_b, alpha, beta};
-  MatmulCache& cache = matmul_cache();
-  const Gemm g = cache.get(k);
-  // Executing a primitive is thread-safe; a stream is not shared between threads.
-  thread_local dnnl::stream stream(cache.engine());
-  memory a(a_desc(k), cache.engine(), const_cast<void*>(A));
-  memory b(b_desc(k), cache.engine(), const_cast<void*>(B));
-  memory c(c_desc(k), cache.engine(), C);
-  if (g.packs_b) {
-    // This thread's packed B, grown without a fill: the reorder writes all of it.
-    struct alignas(64) Line { unsigned char bytes[64]; };
-    thread_local GrowBuffer<Line> packed;
-    const auto lines = static_cast<int64_t>((g.packed.get_size() + sizeof(Line) - 1) / sizeof(Line));
-    memory bp(g.packed, cache.engine(), packed.get(lines));
-    g.pack.execute(stream, b, bp);
-    b = bp;
-  }
-  g.matmul.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
-  stream.wait();
+  const Gemm g = matmul_cache().get(k);
+  thread_local GrowBuffer<PackedLine> packed;  // this thread's packed B
+  run(g, k, A,
+      g.packs_b ? pack_b(g, k, B, packed)
+                : memory(b_desc(k), matmul_cache().engine(), const_cast<void*>(B)),
+      C);
 }
 
 }  // namespace longtron::ops::detail
 
 namespace longtron::ops {
+
+SharedBf16B::SharedBf16B(GrowBuffer<PackedLine>& buffer, bool ta, bool tb, int64_t M, int64_t N,
+                         int64_t K, float alpha, float beta, const uint16_t* B)
+    : ta_(ta), tb_(tb), M_(M), N_(N), K_(K), alpha_(alpha), beta_(beta) {
+  if (M <= 0 || N <= 0 || K <= 0) return;
+  using namespace detail;
+  const Key k{MatmulInput::kBF16, M, N, K, ta, tb, alpha, beta, true};
+  const Gemm g = matmul_cache().get(k);
+  if (!g.packs_b) return;
+  const memory bp = pack_b(g, k, B, buffer);
+  thread_stream().wait();
+  packed_ = static_cast<const PackedLine*>(bp.get_data_handle());
+}
+
+void SharedBf16B::gemm(int64_t M, const uint16_t* A, const uint16_t* B, float* C) const {
+  if (packed_ == nullptr || M != M_) return gemm_bf16(ta_, tb_, M, N_, K_, alpha_, A, B, beta_, C);
+  using namespace detail;
+  const Key k{MatmulInput::kBF16, M, N_, K_, ta_, tb_, alpha_, beta_, true};
+  const Gemm g = matmul_cache().get(k);
+  run(g, k, A, memory(g.packed, matmul_cache().engine(), const_cast<PackedLine*>(packed_)), C);
+}
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const uint16_t* A, const uint16_t* B, float beta, float* C) {
