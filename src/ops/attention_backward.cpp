@@ -127,19 +127,27 @@ class BackwardTile {
       detail::tile_gemm<T>(nb, d, M, dsk, 1, bj, qt, d, dk_.data() + klo * d, d, true);
       return;
     }
-    // One pass per query head (the K panel of ≤ 64 rows stays in L1), each key's rows only
-    // from the first query that sees it (P and dS are 0 above the causal edge).
-    for (int64_t h = 0; h < M / b.bi; ++h) {
+    // The K passes of tile_gemm (one when M ≤ kPanelSplit, else kPanelRows rows each, so the
+    // sums are grouped as in the full product), each block of keys taking only its rows from
+    // the first query that sees its first key to the last that sees its last key, per head
+    // (the hull over the heads of the pass): P and dS are 0 outside.
+    const int64_t step = M <= detail::kPanelSplit ? M : detail::kPanelRows;
+    for (int64_t p0 = 0; p0 < M; p0 += step) {
+      const int64_t p1 = std::min(M, p0 + step);
       const auto rows = [&](int64_t i, int64_t R) {
         const int64_t c = b.c0 + klo + i;  // the block's first key (segment position)
-        return std::pair<int64_t, int64_t>(
-            std::clamp<int64_t>(b.p->query_lo(*b.g, c) - b.r0, 0, b.bi),
-            std::clamp<int64_t>(b.p->query_hi(*b.g, c + R - 1) - b.r0, 0, b.bi));
+        const int64_t lo = std::clamp<int64_t>(b.p->query_lo(*b.g, c) - b.r0, 0, b.bi);
+        const int64_t hi = std::clamp<int64_t>(b.p->query_hi(*b.g, c + R - 1) - b.r0, 0, b.bi);
+        int64_t k0 = p1, k1 = p0;
+        for (int64_t h = p0 / b.bi; lo < hi && h * b.bi < p1; ++h) {
+          const int64_t first = std::max(p0, h * b.bi + lo), end = std::min(p1, h * b.bi + hi);
+          if (first < end) k0 = std::min(k0, first), k1 = std::max(k1, end);
+        }
+        return std::pair<int64_t, int64_t>(k0 - p0, k1 - p0);
       };
-      const int64_t at = h * b.bi;
-      detail::tile_gemm_ranged<T>(nb, d, sk + at * bj, 1, bj, dot + at * d, d,
+      detail::tile_gemm_ranged<T>(nb, d, sk + p0 * bj, 1, bj, dot + p0 * d, d,
                                   dv_.data() + klo * d, d, true, rows);
-      detail::tile_gemm_ranged<T>(nb, d, dsk + at * bj, 1, bj, qt + at * d, d,
+      detail::tile_gemm_ranged<T>(nb, d, dsk + p0 * bj, 1, bj, qt + p0 * d, d,
                                   dk_.data() + klo * d, d, true, rows);
     }
   }
@@ -175,9 +183,10 @@ class BackwardTile {
  private:
   T scale() const { return static_cast<T>(c_.s.scale); }
   // The dV, dK and dQ products skip the masked zeros of P and dS (tile_gemm_ranged: columns in
-  // whole vectors, K ≤ 128 per pass).
+  // whole vectors, K ≤ kPanelSplit per pass).
   bool ranged() const {
-    return d_ % (detail::kVecBytes / int64_t(sizeof(T))) == 0 && kKeyBlock <= detail::kPanelSplit;
+    return d_ % (detail::kVecBytes / int64_t(sizeof(T))) == 0 &&
+           kKeyBlock <= detail::kPanelSplit && detail::kPanelRows <= detail::kPanelSplit;
   }
   // P = exp(scale·S − lse) (0 where masked) into s_; dS = P ∘ (dP − D) · scale into dp_. Row
   // `row` is query r0 + row % bi of the segment; the tile's keys start at key c0.
