@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -264,50 +265,120 @@ bool DenseChunkCrossEntropy<T>::forward_backward_bf16(double* loss, uint16_t* dl
 }
 
 namespace {
-// chunked_head_loss under a bf16 context: each chunk's xf rounded once (the logits GEMM and the
-// weight gradient read it), the gradient of the logits made in bf16 (fused with the
-// cross-entropy where ce can, else rounded once; the float path's GEMMs round it twice). The
-// same roundings and products as the float path under bf16, so the same bits.
-LossSum chunked_head_loss_bf16(const ops::ComputeContext& cc, HeadChunks<float>& s,
-                               ChunkCrossEntropy<float>& ce, float* dxf, float* dW,
-                               const float* xf, const float* W, const int32_t* labels, int64_t N,
-                               int64_t V, int64_t H, int64_t chunk, double loss_scale,
-                               double* token_losses, const uint16_t* W16) {
-  const int64_t C = std::max<int64_t>(1, std::min(chunk, N));
-  float* const logits = s.logits.get(C * V + 1);
-  float* const lse = s.lse.get(C);
-  uint16_t* const dlogits16 = dxf ? s.dlogits16.get(C * V + 1) : nullptr;
+/// The one chunk loop of chunked_head_loss: for each chunk of rows, `step` makes the logits,
+/// the cross-entropy's forward (fused with its backward where the step can), the token losses,
+/// then with a backward the step's input and weight gradients. `Step` is one dtype's GEMMs:
+///   void make_logits(int64_t n0, int64_t rows);            // logits of rows [n0, n0 + rows)
+///   bool fused_forward_backward(double* sum, int64_t* count, const int32_t* labels,
+///                               int64_t rows);             // false: not fused, nothing done
+///   void backward(int64_t n0, int64_t rows, const int32_t* labels, bool fused);
+template <typename T, typename Step>
+LossSum drive_head_chunks(Step& step, ChunkCrossEntropy<T>& ce, const T* logits, T* lse,
+                          const int32_t* labels, int64_t N, int64_t C, bool backward,
+                          double* token_losses) {
   LossSum loss;
   for (int64_t n0 = 0; n0 < N; n0 += C) {
     const int64_t rows = std::min(C, N - n0);
-    check(W16 != nullptr || W != nullptr, "chunked_head_loss: no head weight");
-    // x16 stays in this thread's operand buffer: only gemm_bf16 runs until dW has read it.
-    const auto r = ops::bf16_operands(cc, {ops::Bf16Operand{xf + n0 * H, rows * H},
-                                           ops::Bf16Operand{W16 ? nullptr : W, V * H}});
-    const uint16_t* const x16 = r[0];
-    const uint16_t* const w16 = W16 ? W16 : r[1];
-    ops::gemm_bf16(false, true, rows, V, H, 1.f, x16, w16, 0.f, logits);
+    step.make_logits(n0, rows);
     int64_t count = 0;
     double sum = 0;
-    const float scale = static_cast<float>(loss_scale);
-    const bool fused =
-        dxf && ce.forward_backward_bf16(&sum, dlogits16, lse, &count, logits, labels + n0, rows,
-                                        scale);
+    const bool fused = backward && step.fused_forward_backward(&sum, &count, labels + n0, rows);
     if (!fused) sum = ce.forward(lse, &count, logits, labels + n0, rows);
     loss.sum += sum;
     loss.count += count;
     if (token_losses) ce.token_losses(token_losses + n0, logits, lse, labels + n0, rows);
-    if (!dxf) continue;
-    if (!fused) {
-      float* const dlogits = s.dlogits.get(C * V + 1);
-      ce.backward(dlogits, logits, lse, labels + n0, rows, scale);
-      ops::round_to_bf16(dlogits, rows * V, dlogits16);
-    }
-    ops::gemm_bf16(false, false, rows, H, V, 1.f, dlogits16, w16, 0.f, dxf + n0 * H);
-    if (dW) ops::gemm_bf16(true, false, V, H, rows, 1.f, dlogits16, x16, 1.f, dW);
+    if (backward) step.backward(n0, rows, labels + n0, fused);
   }
   return loss;
 }
+
+/// The chunk step in T's own precision (or the float GEMMs of `cc` rounding per call): logits =
+/// xf·Wᵀ (or from W16), dxf = dlogits·W, dW += dlogitsᵀ·xf.
+template <typename T>
+struct PlainHeadStep {
+  const ops::ComputeContext& cc;
+  ChunkCrossEntropy<T>& ce;
+  T* dxf;
+  T* dW;
+  const T* xf;
+  const T* W;
+  const uint16_t* W16;
+  int64_t V, H;
+  T* logits;
+  T* lse;
+  T* dlogits;
+  double loss_scale;
+
+  // C = A·op(W): from the bf16 weight when given (float only), else gemm.
+  void weight_gemm(bool tb, int64_t M, int64_t Nc, int64_t K, const T* A, T* C) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (W16) return ops::gemm_bf16_weight(false, tb, M, Nc, K, 1.f, A, W16, 0.f, C);
+    }
+    check(W != nullptr, "chunked_head_loss: no head weight");
+    ops::gemm<T>(cc, false, tb, M, Nc, K, T(1), A, W, T(0), C);
+  }
+  void make_logits(int64_t n0, int64_t rows) { weight_gemm(true, rows, V, H, xf + n0 * H, logits); }
+  bool fused_forward_backward(double*, int64_t*, const int32_t*, int64_t) { return false; }
+  void backward(int64_t n0, int64_t rows, const int32_t* labels, bool) {
+    ce.backward(dlogits, logits, lse, labels, rows, static_cast<T>(loss_scale));
+    weight_gemm(false, rows, H, V, dlogits, dxf + n0 * H);
+    if (dW) ops::linear_weight_grad(cc, dW, dlogits, xf + n0 * H, rows, H, V);
+  }
+};
+
+/// The chunk step under a bf16 context: each chunk's xf rounded once (the logits GEMM and the
+/// weight gradient read it), the gradient of the logits made in bf16 (fused with the
+/// cross-entropy where ce can, else rounded once; the float step's GEMMs would round it twice),
+/// the weight packed once for its two GEMMs (ops::SharedBf16B; oneDNN's kernels would copy it
+/// again for each chunk). The same roundings and products as the float step under bf16, so the
+/// same bits.
+struct Bf16HeadStep {
+  const ops::ComputeContext& cc;
+  ChunkCrossEntropy<float>& ce;
+  float* dxf;
+  float* dW;
+  const float* xf;
+  const float* W;
+  const uint16_t* W16;
+  int64_t V, H;
+  float* logits;
+  float* lse;
+  HeadChunks<float>& s;
+  int64_t C;
+  double loss_scale;
+  uint16_t* dlogits16;
+  const uint16_t* x16 = nullptr;  // this chunk's rows, in this thread's operand buffer
+  const uint16_t* w16 = nullptr;
+  // The weight packed at the first chunk for the two GEMMs that read it (the same bits).
+  std::optional<ops::SharedBf16B> w_logits{}, w_dxf{};
+
+  void make_logits(int64_t n0, int64_t rows) {
+    check(W16 != nullptr || W != nullptr, "chunked_head_loss: no head weight");
+    // x16 stays in this thread's operand buffer: only GEMMs run until dW has read it.
+    const auto r = ops::bf16_operands(cc, {ops::Bf16Operand{xf + n0 * H, rows * H},
+                                           ops::Bf16Operand{W16 ? nullptr : W, V * H}});
+    x16 = r[0];
+    w16 = W16 ? W16 : r[1];
+    if (!w_logits) {  // the first chunk has the chunk's full rows
+      w_logits.emplace(s.weight_logits, false, true, rows, V, H, 1.f, 0.f, w16);
+      if (dxf) w_dxf.emplace(s.weight_dxf, false, false, rows, H, V, 1.f, 0.f, w16);
+    }
+    w_logits->gemm(rows, x16, w16, logits);
+  }
+  bool fused_forward_backward(double* sum, int64_t* count, const int32_t* labels, int64_t rows) {
+    return ce.forward_backward_bf16(sum, dlogits16, lse, count, logits, labels, rows,
+                                    static_cast<float>(loss_scale));
+  }
+  void backward(int64_t n0, int64_t rows, const int32_t* labels, bool fused) {
+    if (!fused) {
+      float* const dlogits = s.dlogits.get(C * V + 1);
+      ce.backward(dlogits, logits, lse, labels, rows, static_cast<float>(loss_scale));
+      ops::round_to_bf16(dlogits, rows * V, dlogits16);
+    }
+    w_dxf->gemm(rows, dlogits16, w16, dxf + n0 * H);
+    if (dW) ops::gemm_bf16(true, false, V, H, rows, 1.f, dlogits16, x16, 1.f, dW);
+  }
+};
 }  // namespace
 
 template <typename T>
@@ -326,39 +397,22 @@ LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s,
                           const T* xf, const T* W, const int32_t* labels, int64_t N, int64_t V,
                           int64_t H, int64_t chunk, double loss_scale, double* token_losses,
                           const uint16_t* W16) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (cc.bf16() && N > 0 && H > 0)
-      return chunked_head_loss_bf16(cc, s, ce, dxf, dW, xf, W, labels, N, V, H, chunk, loss_scale,
-                                    token_losses, W16);
-  }
-  // C = A·op(W): from the bf16 weight when given (float only), else gemm.
-  auto weight_gemm = [&](bool tb, int64_t M, int64_t Nc, int64_t K, const T* A, T* C) {
-    if constexpr (std::is_same_v<T, float>) {
-      if (W16) return ops::gemm_bf16_weight(false, tb, M, Nc, K, 1.f, A, W16, 0.f, C);
-    }
-    check(W != nullptr, "chunked_head_loss: no head weight");
-    ops::gemm<T>(cc, false, tb, M, Nc, K, T(1), A, W, T(0), C);
-  };
   // Every rank of a vocabulary-parallel group takes the same chunks (each issues collectives).
   const int64_t C = std::max<int64_t>(1, std::min(chunk, N));
   // + 1: a rank holding no vocabulary column (Vc = 0) still gets a pointer.
   T* const logits = s.logits.get(C * V + 1);
   T* const lse = s.lse.get(C);
-  T* const dlogits = dxf ? s.dlogits.get(C * V + 1) : nullptr;
-  LossSum loss;
-  for (int64_t n0 = 0; n0 < N; n0 += C) {
-    const int64_t rows = std::min(C, N - n0);
-    weight_gemm(true, rows, V, H, xf + n0 * H, logits);
-    int64_t count = 0;
-    loss.sum += ce.forward(lse, &count, logits, labels + n0, rows);
-    loss.count += count;
-    if (token_losses) ce.token_losses(token_losses + n0, logits, lse, labels + n0, rows);
-    if (!dxf) continue;
-    ce.backward(dlogits, logits, lse, labels + n0, rows, static_cast<T>(loss_scale));
-    weight_gemm(false, rows, H, V, dlogits, dxf + n0 * H);
-    if (dW) ops::linear_weight_grad(cc, dW, dlogits, xf + n0 * H, rows, H, V);
+  const bool backward = dxf != nullptr;
+  if constexpr (std::is_same_v<T, float>) {
+    if (cc.bf16() && N > 0 && H > 0) {
+      Bf16HeadStep step{cc, ce, dxf, dW, xf, W, W16, V, H, logits, lse, s, C, loss_scale,
+                        backward ? s.dlogits16.get(C * V + 1) : nullptr};
+      return drive_head_chunks(step, ce, logits, lse, labels, N, C, backward, token_losses);
+    }
   }
-  return loss;
+  T* const dlogits = backward ? s.dlogits.get(C * V + 1) : nullptr;
+  PlainHeadStep<T> step{cc, ce, dxf, dW, xf, W, W16, V, H, logits, lse, dlogits, loss_scale};
+  return drive_head_chunks(step, ce, logits, lse, labels, N, C, backward, token_losses);
 }
 
 template <typename T>

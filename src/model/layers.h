@@ -17,6 +17,7 @@
 #include "model/params.h"
 #include "core/grow_buffer.h"
 #include "ops/compute_context.h"
+#include "ops/gemm_packing.h"
 
 namespace longtron::model {
 
@@ -181,6 +182,9 @@ template <typename T>
 struct HeadChunks {
   GrowBuffer<T, GrowFill::kZeroed> logits, dlogits, lse;
   GrowBuffer<uint16_t> dlogits16;  // under bf16: the gradient as the GEMMs read it
+  /// Under bf16: the head weight packed once a call for the chunks' logits and dxf GEMMs
+  /// (ops::SharedBf16B).
+  GrowBuffer<ops::PackedLine> weight_logits, weight_dxf;
 };
 
 /// The cross-entropy of one chunk of a chunked head, over logits[rows, Vc] (Vc: the vocabulary

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "ops/sum_squares.h"
 #include "ops/threads.h"
 
 namespace longtron::parallel {
@@ -54,13 +55,6 @@ std::pair<int64_t, int64_t> slice_of(const std::vector<int64_t>& counts, int ran
   check(total == numel, "ZeRO-1 gradient slices: counts sum to {}, the local buffer has {}", total,
         numel);
   return {begin, begin + counts[size_t(rank)]};
-}
-
-double sum_squares(const float* x, int64_t n) {
-  double s = 0.0;
-#pragma omp parallel for reduction(+ : s) schedule(static) if (n > kParallelMinWorkLarge)
-  for (int64_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
-  return s;
 }
 
 }  // namespace
@@ -326,7 +320,7 @@ double ParallelEngine::grad_norm_of_slices(const std::vector<int64_t>& counts) c
     if (lo >= hi) continue;
     const double holders =
         double(grid_.world_size) / double(tplan().tensor(v).split_parts()) / double(z.size());
-    acc += sum_squares(tgrads().data() + lo, hi - lo) / holders;
+    acc += ops::sum_squares(tgrads().data() + lo, hi - lo) / holders;
   }
   if (grid_.world_size > 1) grid_.world->all_reduce(&acc, 1);
   return std::sqrt(acc);
@@ -347,7 +341,7 @@ double ParallelEngine::grad_norm() const {
   double acc = 0.0;
   for (int v = 0; v < tplan().num_views(); ++v) {
     const double replicas = double(grid_.world_size) / double(tplan().tensor(v).split_parts());
-    acc += sum_squares(tgrads().ptr(v), tlocal().view(v).numel) / replicas;
+    acc += ops::sum_squares(tgrads().ptr(v), tlocal().view(v).numel) / replicas;
   }
   if (grid_.world_size > 1) grid_.world->all_reduce(&acc, 1);
   return std::sqrt(acc);

@@ -130,7 +130,11 @@ class ForwardTile {
     detail::F32OnlineSoftmax softmax{detail::TileVisibility(*b.p, *b.g, b.r0, b.bi, b.c0, bj),
                                      b.r0,       b.bi,        scale2,       m_.data(),
                                      alpha_.data(), sum_.data(), s_.data()};
-    detail::f32_row_range_to(0, b.M, bj, d, q_.data(), d, kt(b), bj, softmax);
+    // S for each row group only up to the last 16 keys its rows see (the causal edge): the
+    // lanes left out are invisible to those rows, so P, the row maxima and sums are the same.
+    for (int64_t k = 0; k < b.n_groups; ++k)
+      detail::f32_row_range_to(b.groups[k].i0, b.groups[k].i1, std::min(16 * b.groups[k].nv, bj),
+                               d, q_.data(), d, kt(b), bj, softmax);
     detail::finish_online_softmax<5>(b.M, m_.data(), alpha_.data(), sum_.data(), l_.data());
     detail::RescaleAdd rescale{o_.data(), d, alpha_.data(), b.first};
     for (int64_t k = 0; k < b.n_groups; ++k)

@@ -107,8 +107,11 @@ class BackwardTile {
     if constexpr (std::is_same_v<T, float>) {
       // dP stored, then S on register blocks straight into P and dS.
       detail::tile_gemm<T>(M, nb, d, dot, d, 1, vt_.data() + klo, bj, dsk, bj, false);
+      // key_lo is non-decreasing and key_hi increasing in the query position.
+      const bool all_visible = b.p->key_lo(*b.g, b.r0 + b.bi - 1) <= b.c0 + klo &&
+                               b.p->key_hi(*b.g, b.r0) >= b.c0 + klo + nb;
       detail::F32Dscores dscores{b.p,  b.g, b.r0, b.bi, b.c0, klo, nb, bj, scale(),
-                                 &c_.lse[b.base], &c_.delta[b.base], sk, dsk};
+                                 &c_.lse[b.base], &c_.delta[b.base], sk, dsk, all_visible};
       detail::f32_row_range_to(0, M, nb, d, qt, d, kt_.data() + klo, bj, dscores);
       fused = true;
     }
@@ -119,13 +122,55 @@ class BackwardTile {
       probabilities_and_dscores(b);
     }
     // dV += Pᵀ dO and dK += dSᵀ Q (the transposes are strides of A, nothing is copied).
-    detail::tile_gemm<T>(nb, d, M, sk, 1, bj, dot, d, dv_.data() + klo * d, d, true);
-    detail::tile_gemm<T>(nb, d, M, dsk, 1, bj, qt, d, dk_.data() + klo * d, d, true);
+    if (!ranged()) {
+      detail::tile_gemm<T>(nb, d, M, sk, 1, bj, dot, d, dv_.data() + klo * d, d, true);
+      detail::tile_gemm<T>(nb, d, M, dsk, 1, bj, qt, d, dk_.data() + klo * d, d, true);
+      return;
+    }
+    // The K passes of tile_gemm (one when M ≤ kPanelSplit, else kPanelRows rows each, so the
+    // sums are grouped as in the full product), each block of keys taking only its rows from
+    // the first query that sees its first key to the last that sees its last key, per head
+    // (the hull over the heads of the pass): P and dS are 0 outside.
+    const int64_t step = M <= detail::kPanelSplit ? M : detail::kPanelRows;
+    for (int64_t p0 = 0; p0 < M; p0 += step) {
+      const int64_t p1 = std::min(M, p0 + step);
+      const auto rows = [&](int64_t i, int64_t R) {
+        const int64_t c = b.c0 + klo + i;  // the block's first key (segment position)
+        const int64_t lo = std::clamp<int64_t>(b.p->query_lo(*b.g, c) - b.r0, 0, b.bi);
+        const int64_t hi = std::clamp<int64_t>(b.p->query_hi(*b.g, c + R - 1) - b.r0, 0, b.bi);
+        int64_t k0 = p1, k1 = p0;
+        for (int64_t h = p0 / b.bi; lo < hi && h * b.bi < p1; ++h) {
+          const int64_t first = std::max(p0, h * b.bi + lo), end = std::min(p1, h * b.bi + hi);
+          if (first < end) k0 = std::min(k0, first), k1 = std::max(k1, end);
+        }
+        return std::pair<int64_t, int64_t>(k0 - p0, k1 - p0);
+      };
+      detail::tile_gemm_ranged<T>(nb, d, sk + p0 * bj, 1, bj, dot + p0 * d, d,
+                                  dv_.data() + klo * d, d, true, rows);
+      detail::tile_gemm_ranged<T>(nb, d, dsk + p0 * bj, 1, bj, qt + p0 * d, d,
+                                  dk_.data() + klo * d, d, true, rows);
+    }
   }
   void add_dq(const detail::BackwardBlock& b, bool accumulate) {
-    const int64_t d = d_;
-    detail::tile_gemm<T>(b.M, d, b.hi - b.lo, dp_.data() + b.lo, b.bj, 1, kc_.data() + b.lo * d,
-                         d, &c_.dq_tiles[b.base * d], d, accumulate);
+    const int64_t d = d_, nb = b.hi - b.lo;
+    T* dq = &c_.dq_tiles[b.base * d];
+    if (!ranged()) {
+      detail::tile_gemm<T>(b.M, d, nb, dp_.data() + b.lo, b.bj, 1, kc_.data() + b.lo * d, d, dq,
+                           d, accumulate);
+      return;
+    }
+    // Each row block's keys only up to the last one its rows see (dS is 0 beyond).
+    const auto keys = [&](int64_t i, int64_t R) {
+      int64_t k0 = nb, k1 = 0;
+      for (int64_t x = i; x < i + R; ++x) {
+        const int64_t r = b.r0 + x % b.bi, first = b.c0 + b.lo;
+        k0 = std::min(k0, std::clamp<int64_t>(b.p->key_lo(*b.g, r) - first, 0, nb));
+        k1 = std::max(k1, std::clamp<int64_t>(b.p->key_hi(*b.g, r) - first, 0, nb));
+      }
+      return std::pair<int64_t, int64_t>(k0, k1);
+    };
+    detail::tile_gemm_ranged<T>(b.M, d, dp_.data() + b.lo, b.bj, 1, kc_.data() + b.lo * d, d, dq,
+                                d, accumulate, keys);
   }
   void end(int64_t offset, int64_t bj) {
     const int64_t d = d_, stride = c_.s.kv_stride;
@@ -137,6 +182,12 @@ class BackwardTile {
 
  private:
   T scale() const { return static_cast<T>(c_.s.scale); }
+  // The dV, dK and dQ products skip the masked zeros of P and dS (tile_gemm_ranged: columns in
+  // whole vectors, K ≤ kPanelSplit per pass).
+  bool ranged() const {
+    return d_ % (detail::kVecBytes / int64_t(sizeof(T))) == 0 &&
+           kKeyBlock <= detail::kPanelSplit && detail::kPanelRows <= detail::kPanelSplit;
+  }
   // P = exp(scale·S − lse) (0 where masked) into s_; dS = P ∘ (dP − D) · scale into dp_. Row
   // `row` is query r0 + row % bi of the segment; the tile's keys start at key c0.
   void probabilities_and_dscores(const detail::BackwardBlock& b) {

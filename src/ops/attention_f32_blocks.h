@@ -133,6 +133,7 @@ struct F32Dscores {
   float scale;
   const float *lse, *delta;
   float *p, *ds;  // ds holds dP on entry
+  bool all_visible;  // every query of the tile sees keys [k0, k0 + nb): no per-row bounds
   template <int R, int NV>
   void block(int64_t i, int64_t j, const __m512 (&acc)[R][NV]) {
     const __m512 vscale = _mm512_set1_ps(scale), vscale2 = _mm512_set1_ps(scale * kLog2e);
@@ -140,8 +141,10 @@ struct F32Dscores {
 #pragma GCC unroll 6
     for (int k = 0; k < R; ++k) {
       const int64_t row = i + k, first = c0 + k0 + j;  // key of lane 0 (segment position)
-      const KeyLanes vis(std::clamp<int64_t>(plan->key_lo(*g, r0 + r) - first, 0, 64),
-                         std::clamp<int64_t>(plan->key_hi(*g, r0 + r) - first, 0, 64));
+      const KeyLanes vis =
+          all_visible ? KeyLanes(0, 64)
+                      : KeyLanes(std::clamp<int64_t>(plan->key_lo(*g, r0 + r) - first, 0, 64),
+                                 std::clamp<int64_t>(plan->key_hi(*g, r0 + r) - first, 0, 64));
       const KeyLanes cols(0, nb - j);
       const __m512 lse2 = _mm512_set1_ps(lse[row] * kLog2e);
       const __m512 d = _mm512_set1_ps(delta[row] * scale);

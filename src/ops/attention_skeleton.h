@@ -85,8 +85,9 @@ void forward_item(Tile& w, const C& c, const AttnItem& it) {
     const int64_t c0 = j * kAttnBlock, bj = std::min(kAttnBlock, g.k_len - c0);
     // Where a row does not see every key of the block (the causal edge), its PV product stops
     // at the last 16 keys it sees: rows in groups, the same values (the keys left out hold
-    // P = 0). (The S product stays whole: stopping it too needs narrower register blocks, which
-    // ran slower.)
+    // P = 0). Whether the S product stops there too is the policy's choice: the fp32 one
+    // stops it by the same row groups; the bf16 one keeps it whole (its narrower register
+    // blocks ran slower).
     const bool full = p.key_hi(g, r0) >= c0 + bj;
     const int64_t n_groups = full ? 1 : edge_row_groups(groups, p, g, r0, bi, G, c0, bj);
     if (full) groups[0] = {0, M, (bj + 15) / 16};

@@ -178,4 +178,60 @@ inline void tile_gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t ars, 
   }
 }
 
+/// Row blocks of tile_gemm_ranged for one panel of NV vectors.
+template <typename T, int NV, typename Range>
+inline void tile_rows_ranged(int64_t M, const T* A, int64_t ars, int64_t acs, const T* B,
+                             int64_t ldb, T* C, int64_t ldc, bool accumulate, bool prefetch_a,
+                             const Range& range) {
+  constexpr int W = kVecBytes / sizeof(T);
+  for (int64_t i = 0; i < M; i += 6) {
+    const int64_t R = std::min<int64_t>(6, M - i);
+    const auto [k0, k1] = range(i, R);
+    T* c = C + i * ldc;
+    if (k1 <= k0) {  // A is zero on these rows: C keeps its values, or gets zeros
+      if (!accumulate)
+        for (int64_t r = 0; r < R; ++r) std::fill_n(c + r * ldc, NV * W, T(0));
+      continue;
+    }
+    if (prefetch_a && i + 6 < M)
+      prefetch_rows(A + k0 * acs, ars, i + 6, std::min<int64_t>(6, M - i - 6),
+                    (k1 - k0) * int64_t(sizeof(T)));
+    if (accumulate) prefetch_rows(C, ldc, i, R, NV * kVecBytes);
+    const T* a = A + i * ars + k0 * acs;
+    const T* b = B + k0 * ldb;
+    switch (R) {
+      case 6: tile_block<T, 6, NV>(k1 - k0, a, ars, acs, b, ldb, c, ldc, accumulate); break;
+      case 5: tile_block<T, 5, NV>(k1 - k0, a, ars, acs, b, ldb, c, ldc, accumulate); break;
+      case 4: tile_block<T, 4, NV>(k1 - k0, a, ars, acs, b, ldb, c, ldc, accumulate); break;
+      case 3: tile_block<T, 3, NV>(k1 - k0, a, ars, acs, b, ldb, c, ldc, accumulate); break;
+      case 2: tile_block<T, 2, NV>(k1 - k0, a, ars, acs, b, ldb, c, ldc, accumulate); break;
+      default: tile_block<T, 1, NV>(k1 - k0, a, ars, acs, b, ldb, c, ldc, accumulate); break;
+    }
+  }
+}
+
+/// C[M, N] = A · B (+ C if accumulate) as tile_gemm, where the rows [i, i + R) of a register
+/// block (R ≤ 6) need only k in range(i, R) = [k0, k1) ⊆ [0, K): A is zero outside it on those
+/// rows (the causal mask's zeros in P and dS), so the products skipped there add nothing and the
+/// nonzero terms are summed in the same order. N must be a multiple of the vector width; K is not
+/// split into panels (callers pass K ≤ kPanelSplit).
+template <typename T, typename Range>
+inline void tile_gemm_ranged(int64_t M, int64_t N, const T* A, int64_t ars, int64_t acs,
+                             const T* B, int64_t ldb, T* C, int64_t ldc, bool accumulate,
+                             const Range& range) {
+  constexpr int64_t W = kVecBytes / sizeof(T);
+  int64_t j = 0;
+  for (; j + kWideNV * W <= N; j += kWideNV * W)
+    tile_rows_ranged<T, kWideNV>(M, A, ars, acs, B + j, ldb, C + j, ldc, accumulate,
+                                 acs == 1, range);
+  if (kWideNV > 2 && j + 2 * W <= N) {
+    tile_rows_ranged<T, 2>(M, A, ars, acs, B + j, ldb, C + j, ldc, accumulate,
+                           acs == 1, range);
+    j += 2 * W;
+  }
+  for (; j + W <= N; j += W)
+    tile_rows_ranged<T, 1>(M, A, ars, acs, B + j, ldb, C + j, ldc, accumulate,
+                           acs == 1, range);
+}
+
 }  // namespace longtron::ops::detail

@@ -16,6 +16,7 @@
 #include "model/params.h"
 #include "modes/engine.h"
 #include "modes/lora_plan.h"
+#include "ops/gemm_packing.h"
 #include "parallel/layout.h"
 #include "parallel/shard_plan.h"
 
@@ -162,6 +163,20 @@ double chunked_bf16_operand_bytes(const parallel::ModeMemory& s) {
   parallel::ModeMemory c = s;
   c.ws.N = c.ws.R = std::min(s.ws.N, s.ws.chunk);
   return bf16_operand_bytes(c);
+}
+
+/// The GEMMs' packed B (ops/gemm_packing.h): one call's, in a buffer kept at the largest seen (a
+/// weight, at most the head's, or a weight gradient's activations: the rows the GEMMs see times
+/// the widest feature count), in the compute type, at most kGemmPackedBMaxBytes; under bf16 also
+/// the head weight packed for its two GEMMs (model::HeadChunks), each at most that. Bytes.
+double packed_b_bytes(const parallel::ModeMemory& s, bool bf16) {
+  const model::WorkspaceShape& w = s.ws;
+  const double cap = double(ops::kGemmPackedBMaxBytes);
+  const double rows = w.chunk > 0 ? std::min(w.N, w.chunk) : w.N;
+  const double widest = std::max({w.H, w.Q, w.A, w.F});
+  const double elements = std::max(rows * widest, s.head_vocab * w.H);
+  const double head = bf16 ? 2 * std::min(cap, s.head_vocab * w.H * 2) : 0.0;
+  return std::min(elements * (bf16 ? 2.0 : kFloat), cap) + head;
 }
 
 std::string layout_text(const parallel::Grid& g, const std::string& mode,
@@ -313,6 +328,8 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
     p.step.push_back({"bf16 GEMM operands (rounded activations)",
                       chunked_bf16_operand_bytes(s),
                       "data.seq_len, data.micro_bsz"});
+  p.step.push_back({"GEMM packed B operands", packed_b_bytes(s, in.bf16),
+                    "data.seq_len, data.micro_bsz"});
   if (s.layout_scratch > 0)
     p.step.push_back({"layout buffers (gathers, all-to-all)", s.layout_scratch * kFloat,
                       "data.seq_len, " + s.scratch_key});

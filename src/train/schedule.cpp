@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numbers>
 
+#include "ops/sum_squares.h"
+
 namespace longtron::train {
 
 double LrSchedule::at(int64_t step) const {
@@ -23,10 +25,7 @@ ClipResult clip_grad_norm(double squared_norm_sum, double max_norm) {
 }
 
 double squared_norm(const float* grads, size_t n) {
-  double sum = 0;
-#pragma omp parallel for reduction(+ : sum) schedule(static)
-  for (size_t i = 0; i < n; ++i) sum += double(grads[i]) * double(grads[i]);
-  return sum;
+  return ops::sum_squares(grads, static_cast<int64_t>(n));
 }
 
 void scale_grads(float* grads, size_t n, double scale) {

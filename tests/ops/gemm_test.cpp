@@ -17,6 +17,7 @@
 #include "fd_check.h"
 #include "ops/ops.h"
 #include "ops/compute_context.h"
+#include "ops/gemm_packing.h"
 
 namespace ops = longtron::ops;
 using longtron::safetensors::bf16_to_float;
@@ -63,6 +64,7 @@ const std::vector<Case>& cases() {
         v.push_back({37, 29, 53, ta, tb, 1.0f, 0.0f});
         v.push_back({64, 96, 300, ta, tb, 1.0f, 1.0f});  // gradient accumulation: beta = 1
         v.push_back({5, 7, 3, ta, tb, 2.0f, 0.5f});
+        v.push_back({600, 40, 70, ta, tb, 1.0f, 1.0f});  // M >= 512: B packed once per call
       }
     return v;
   }();
@@ -216,6 +218,28 @@ TEST(Gemm, Bf16WeightGemmIsTheFloatGemmOnTheRoundedWeight) {
 }
 
 // widen_bf16 is exact: it inverts round_to_bf16 on its outputs.
+// A B packed once for a run of GEMMs (the head's chunks) gives gemm_bf16's bits on B as given,
+// for the packed row count and (unpacked) for another one, in both layouts the head uses.
+TEST(Gemm, SharedPackedBGivesGemmBf16sBits) {
+  for (const bool tb : {false, true}) {
+    const int64_t M = 256, N = 96, K = 200;
+    const auto A = floats(M * K, 11), B = floats(K * N, 12);
+    std::vector<uint16_t> Ab(A.size()), Bb(B.size());
+    for (size_t i = 0; i < A.size(); ++i) Ab[i] = float_to_bf16(A[i]);
+    for (size_t i = 0; i < B.size(); ++i) Bb[i] = float_to_bf16(B[i]);
+    longtron::GrowBuffer<ops::PackedLine> buffer;
+    const ops::SharedBf16B shared(buffer, false, tb, M, N, K, 1.f, 0.f, Bb.data());
+    for (const int64_t rows : {M, int64_t{100}}) {
+      std::vector<float> want(size_t(rows * N)), got(size_t(rows * N), -1.f);
+      ops::gemm_bf16(false, tb, rows, N, K, 1.f, Ab.data(), Bb.data(), 0.f, want.data());
+      shared.gemm(rows, Ab.data(), Bb.data(), got.data());
+      for (size_t i = 0; i < want.size(); ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+            << "tb " << tb << " rows " << rows << " at " << i;
+    }
+  }
+}
+
 TEST(Gemm, WidenBf16InvertsRounding) {
   const auto x = floats(100003, 13);
   std::vector<uint16_t> bits(x.size()), again(x.size());
