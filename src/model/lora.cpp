@@ -202,7 +202,7 @@ class Adapters {
           dym.h = whole(p) ? dy16 : rows_of(st.dym16, dy16, ny, p);
         } else {
           if (!whole(p)) dym.f = rows_of(st.dym, dy, ny, p);
-          if (bf16()) dym.h = round(st.dy16, dym.f, ny * p.b_rows);  // read by both GEMMs
+          if (bf16()) dym.h = round_bits(st.dy16, dym.f, ny * p.b_rows);  // read by both GEMMs
         }
         // dB += s · dymᵀ u; du = s · dym B.
         const Operand B{weight(p.b_view, true)};
@@ -253,9 +253,6 @@ class Adapters {
     return false;
   }
 
-  static const uint16_t* round(std::vector<uint16_t>& bits, const T* src, int64_t n) {
-    return round_bits(bits, src, n);
-  }
 
   /// C = alpha·op(A)·op(B) + beta·C as ops::gemm: in fp32, or under bf16 compute on bf16 operands
   /// with fp32 accumulation (an operand without bits is rounded here; small ones only: A, B, u).
@@ -265,8 +262,8 @@ class Adapters {
       if (bf16()) {
         if (a.h == nullptr && b.h == nullptr)
           return ops::gemm<T>(*state_->compute, ta, tb, M, N, K, alpha, a.f, b.f, beta, C);
-        if (a.h == nullptr) a.h = round(state_->w16, a.f, M * K);
-        if (b.h == nullptr) b.h = round(state_->w16, b.f, K * N);
+        if (a.h == nullptr) a.h = round_bits(state_->w16, a.f, M * K);
+        if (b.h == nullptr) b.h = round_bits(state_->w16, b.f, K * N);
         if (M == 0 || N == 0 || K == 0)  // as ops::gemm's edge cases
           return ops::gemm<T>(ta, tb, M, N, K, alpha, a.f, b.f, beta, C);
         return ops::gemm_bf16(ta, tb, M, N, K, alpha, a.h, b.h, beta, C);
@@ -281,7 +278,7 @@ class Adapters {
                   Operand* xd, const T** rounded) {
     xd->f = dropped(x, nx, N, p);
     if (bf16()) {
-      if (*rounded != x || xd->f != x) round(state_->x16, xd->f, nx * in_);
+      if (*rounded != x || xd->f != x) round_bits(state_->x16, xd->f, nx * in_);
       *rounded = xd->f == x ? x : nullptr;
       xd->h = state_->x16.data();
     }
@@ -412,20 +409,16 @@ class FrozenLinear {
     }
     base_->backward(dx, dy, x, N, p, nullptr, accumulate);
   }
-  /// A bf16 base under bf16 compute: the GEMMs below read operands the caller rounded once for
-  /// the base and its adapters (the bits linear_forward_bf16 and linear_backward_bf16 round).
-  bool shares_bf16() const {
-    return std::is_same_v<T, float> && bf16_weight() != nullptr && state_->compute != nullptr &&
-           state_->compute->bf16();
-  }
+  /// Under LoraState::shares_bf16: the GEMMs read operands the caller rounded once for the base
+  /// and its adapters (the bits linear_forward_bf16 and linear_backward_bf16 round).
   void forward(T* y, const uint16_t* x16, int64_t N, const Params<T>& p) {
     if constexpr (std::is_same_v<T, float>)
       ops::linear_forward_bf16(y, x16, bf16_weight(), p.ptr(bias_), N, base_->in(), base_->out());
   }
   void backward(T* dx, const uint16_t* dy16, int64_t N, bool accumulate) {
     if constexpr (std::is_same_v<T, float>)
-      ops::gemm_bf16(false, false, N, base_->in(), base_->out(), 1.f, dy16, bf16_weight(),
-                     accumulate ? 1.f : 0.f, dx);
+      ops::linear_input_grad_bf16(dx, dy16, bf16_weight(), N, base_->in(), base_->out(),
+                                  accumulate ? 1.f : 0.f);
   }
 
  private:
@@ -445,7 +438,7 @@ class LoraLinear final : public LinearOp<T> {
   int64_t in() const override { return base_.op().in(); }
   int64_t out() const override { return base_.op().out(); }
   void forward(T* y, const T* x, int64_t N, const Params<T>& p) override {
-    if (base_.shares_bf16()) {  // x rounded once for the base and the adapters
+    if (state_->shares_bf16()) {  // x rounded once for the base and the adapters
       base_.forward(y, round_bits(state_->x16, x, N * in()), N, p);
       return adapters_.forward(y, x, N, /*x_rounded=*/true);
     }
@@ -455,7 +448,7 @@ class LoraLinear final : public LinearOp<T> {
   void backward(T* dx, const T* dy, const T* x, int64_t N, const Params<T>& p, Params<T>*,
                 bool accumulate_dx) override {
     if constexpr (std::is_same_v<T, float>) {
-      if (base_.shares_bf16()) return backward_shared(dx, dy, x, N, accumulate_dx);
+      if (state_->shares_bf16()) return backward_shared(dx, dy, x, N, accumulate_dx);
     }
     base_.backward(dx, dy, x, N, p, accumulate_dx);
     adapters_.backward(dx, dy, x, N);
@@ -487,7 +480,7 @@ class LoraGateUp final : public GateUpOp<T> {
         H_(H) {}
   int64_t out() const override { return base_->out(); }
   void forward(T* a, T* b, const T* x, int64_t N, const Params<T>& p) override {
-    if (shares_bf16()) {  // x rounded once for both base GEMMs and both adapters
+    if (state_->shares_bf16()) {  // x rounded once for both base GEMMs and both adapters
       const int64_t F = base_->out();
       const uint16_t* x16 = round_bits(state_->x16, x, N * H_);
       forward16(a, x16, ids_[0], ids_[1], N, F, p);
@@ -512,7 +505,7 @@ class LoraGateUp final : public GateUpOp<T> {
   void backward(T* dx, const T* da, const T* db, const T* x, int64_t N, const Params<T>& p,
                 Params<T>*) override {
     if constexpr (std::is_same_v<T, float>) {
-      if (shares_bf16()) return backward_shared(dx, da, db, x, N);
+      if (state_->shares_bf16()) return backward_shared(dx, da, db, x, N);
     }
     if constexpr (std::is_same_v<T, float>) {
       if (!state_->base16.empty()) {
@@ -545,11 +538,6 @@ class LoraGateUp final : public GateUpOp<T> {
     w1_.backward(dx, da, x, N, rounded, da16);
     w3_.backward(dx, db, x, N, rounded, db16);
   }
-  /// As FrozenLinear::shares_bf16.
-  bool shares_bf16() const {
-    return std::is_same_v<T, float> && !state_->base16.empty() && state_->compute != nullptr &&
-           state_->compute->bf16();
-  }
   /// out = x16·W16ᵀ + bias of views (weight, bias), the same bits as linear_forward_bf16 on x.
   void forward16(T* out, const uint16_t* x16, int weight, int bias, int64_t N, int64_t F,
                  const Params<T>& p) {
@@ -559,7 +547,7 @@ class LoraGateUp final : public GateUpOp<T> {
   /// dx = beta·dx + dy16·W16 of view `weight` (no weight gradient).
   void backward16(T* dx, const uint16_t* dy16, int weight, int64_t N, int64_t F, float beta) {
     if constexpr (std::is_same_v<T, float>)
-      ops::gemm_bf16(false, false, N, H_, F, 1.f, dy16, bf16(weight), beta, dx);
+      ops::linear_input_grad_bf16(dx, dy16, bf16(weight), N, H_, F, beta);
   }
   std::unique_ptr<GateUpOp<T>> base_;
   Adapters<T> w1_, w3_;

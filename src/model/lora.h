@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -93,6 +94,11 @@ struct LoraState {
   /// torch.autocast runs PEFT's lora_A and lora_B: operands rounded to bf16 (nearest even), fp32
   /// accumulation, fp32 outputs and gradients. nullptr or float32: fp32 GEMMs.
   const ops::ComputeContext* compute = nullptr;
+  /// A bf16 base under bf16 compute (float only): the base's GEMMs and the adapters' read x and
+  /// dy rounded once (x16, dy16 below), the bits the base's own GEMMs would round.
+  bool shares_bf16() const {
+    return std::is_same_v<T, float> && !base16.empty() && compute != nullptr && compute->bf16();
+  }
   std::vector<T> xd, u, uy, t, dym, du, dux, a;  // scratch (a: a gathered A)
   std::vector<uint16_t> x16, dy16, w16;          // bf16 scratch: x, dy (or its rows), A or B
   // With a bf16 base under bf16 compute, x and dy are rounded once for the base's GEMMs and the

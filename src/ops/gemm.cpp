@@ -54,22 +54,15 @@ bool has_avx512f() {
   return yes;
 }
 
-/// One rounding job: x[0..n) into out.
-struct RoundJob {
-  const float* x;
-  int64_t n;
-  uint16_t* out;
-};
-
 /// Rounds every job in one parallel region (one fork and barrier for all of a GEMM's operands: on
 /// small GEMMs the threads' synchronisation costs more than the rounding).
-void round_jobs(std::span<const RoundJob> jobs) {
+void round_jobs(std::span<const Bf16Rounding> jobs) {
   const auto round = has_avx512f() ? round_avx512 : round_scalar;
   constexpr int64_t kChunk = int64_t{1} << 16;
   int64_t chunks = 0;
-  for (const RoundJob& j : jobs) chunks += (j.n + kChunk - 1) / kChunk;
+  for (const Bf16Rounding& j : jobs) chunks += (j.n + kChunk - 1) / kChunk;
   if (chunks <= 1) {
-    for (const RoundJob& j : jobs) round(j.x, j.n, j.out);
+    for (const Bf16Rounding& j : jobs) round(j.x, j.n, j.out);
     return;
   }
 #pragma omp parallel for schedule(static)
@@ -84,7 +77,7 @@ void round_jobs(std::span<const RoundJob> jobs) {
 
 void round_pair(const float* x, int64_t nx, uint16_t* ox, const float* y, int64_t ny,
                 uint16_t* oy) {
-  const RoundJob jobs[] = {{x, nx, ox}, {y, ny, oy}};
+  const Bf16Rounding jobs[] = {{x, nx, ox}, {y, ny, oy}};
   round_jobs(jobs);
 }
 
@@ -142,7 +135,7 @@ std::array<const uint16_t*, 3> bf16_operands(const ComputeContext& cc,
     if (o.x != nullptr && out[i] == nullptr) total += o.n;
   }
   uint16_t* const buffer = operand_buffer().get(total);
-  RoundJob jobs[3];
+  Bf16Rounding jobs[3];
   size_t count = 0;
   for (size_t i = 0; i < 3; ++i) {
     if (operands[i].x == nullptr || out[i] != nullptr) continue;
@@ -158,9 +151,7 @@ void round_to_bf16(const float* x, int64_t n, uint16_t* out) {
 }
 
 void round_to_bf16_all(std::initializer_list<Bf16Rounding> jobs) {
-  std::vector<RoundJob> all;
-  for (const Bf16Rounding& j : jobs) all.push_back({j.x, j.n, j.out});
-  round_jobs(all);
+  round_jobs({jobs.begin(), jobs.size()});
 }
 
 void round_to_bf16_serial(const float* x, int64_t n, uint16_t* out) {

@@ -39,6 +39,11 @@ void linear_forward_bf16(float* y, const uint16_t* x16, const uint16_t* W16, con
   add_bias(y, bias, N, out);
 }
 
+void linear_input_grad_bf16(float* dx, const uint16_t* dy16, const uint16_t* W16, int64_t N,
+                            int64_t in, int64_t out, float beta) {
+  gemm_bf16(false, false, N, in, out, 1.f, dy16, W16, beta, dx);
+}
+
 template <typename T>
 void linear_input_grad(const ComputeContext& cc, T* dx, const T* dy, const T* W, int64_t N,
                        int64_t in, int64_t out, T beta) {

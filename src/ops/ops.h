@@ -111,6 +111,11 @@ void linear_forward_bf16(float* y, const float* x, const uint16_t* W16, const fl
 /// that shares the rounding with other GEMMs: the same bits.
 void linear_forward_bf16(float* y, const uint16_t* x16, const uint16_t* W16, const float* bias,
                          int64_t N, int64_t in, int64_t out);
+/// dx[N,in] = beta·dx + dy16·W16 on an output gradient already rounded (dy16, [N,out]; W16
+/// [out,in]), for a caller that shares the rounding with other GEMMs: the input gradient
+/// linear_backward_bf16 makes from dy, the same bits; no weight gradient.
+void linear_input_grad_bf16(float* dx, const uint16_t* dy16, const uint16_t* W16, int64_t N,
+                            int64_t in, int64_t out, float beta);
 /// The one linear backward (dense, weight-parallel and, between its communications, the
 /// tensor-parallel linears all run these GEMMs): dx[N,in] = dx_beta·dx + dy·W (dx_beta 0
 /// overwrites, 1 accumulates); dW[out,in] = dW_beta·dW + dyᵀ·x (1 accumulates into a parameter
