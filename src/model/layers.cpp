@@ -292,10 +292,10 @@ LossSum drive_head_chunks(Step& step, ChunkCrossEntropy<T>& ce, const T* logits,
   return loss;
 }
 
-/// The chunk step in T's own precision (or the float GEMMs of `cc` rounding per call): logits =
-/// xf·Wᵀ (or from W16), dxf = dlogits·W, dW += dlogitsᵀ·xf.
+/// What every chunk step reads and writes: the head's input xf [N, H], its weight W [V, H] (or
+/// its bf16 bits W16), the gradients dxf and dW (nullptr: none), one chunk's logits and lse.
 template <typename T>
-struct PlainHeadStep {
+struct HeadStepArgs {
   const ops::ComputeContext& cc;
   ChunkCrossEntropy<T>& ce;
   T* dxf;
@@ -306,23 +306,32 @@ struct PlainHeadStep {
   int64_t V, H;
   T* logits;
   T* lse;
-  T* dlogits;
   double loss_scale;
+};
+
+/// The chunk step in T's own precision (or the float GEMMs of `cc` rounding per call): logits =
+/// xf·Wᵀ (or from W16), dxf = dlogits·W, dW += dlogitsᵀ·xf.
+template <typename T>
+struct PlainHeadStep {
+  HeadStepArgs<T> a;
+  T* dlogits;
 
   // C = A·op(W): from the bf16 weight when given (float only), else gemm.
   void weight_gemm(bool tb, int64_t M, int64_t Nc, int64_t K, const T* A, T* C) const {
     if constexpr (std::is_same_v<T, float>) {
-      if (W16) return ops::gemm_bf16_weight(false, tb, M, Nc, K, 1.f, A, W16, 0.f, C);
+      if (a.W16) return ops::gemm_bf16_weight(false, tb, M, Nc, K, 1.f, A, a.W16, 0.f, C);
     }
-    check(W != nullptr, "chunked_head_loss: no head weight");
-    ops::gemm<T>(cc, false, tb, M, Nc, K, T(1), A, W, T(0), C);
+    check(a.W != nullptr, "chunked_head_loss: no head weight");
+    ops::gemm<T>(a.cc, false, tb, M, Nc, K, T(1), A, a.W, T(0), C);
   }
-  void make_logits(int64_t n0, int64_t rows) { weight_gemm(true, rows, V, H, xf + n0 * H, logits); }
+  void make_logits(int64_t n0, int64_t rows) {
+    weight_gemm(true, rows, a.V, a.H, a.xf + n0 * a.H, a.logits);
+  }
   bool fused_forward_backward(double*, int64_t*, const int32_t*, int64_t) { return false; }
   void backward(int64_t n0, int64_t rows, const int32_t* labels, bool) {
-    ce.backward(dlogits, logits, lse, labels, rows, static_cast<T>(loss_scale));
-    weight_gemm(false, rows, H, V, dlogits, dxf + n0 * H);
-    if (dW) ops::linear_weight_grad(cc, dW, dlogits, xf + n0 * H, rows, H, V);
+    a.ce.backward(dlogits, a.logits, a.lse, labels, rows, static_cast<T>(a.loss_scale));
+    weight_gemm(false, rows, a.H, a.V, dlogits, a.dxf + n0 * a.H);
+    if (a.dW) ops::linear_weight_grad(a.cc, a.dW, dlogits, a.xf + n0 * a.H, rows, a.H, a.V);
   }
 };
 
@@ -333,19 +342,9 @@ struct PlainHeadStep {
 /// again for each chunk). The same roundings and products as the float step under bf16, so the
 /// same bits.
 struct Bf16HeadStep {
-  const ops::ComputeContext& cc;
-  ChunkCrossEntropy<float>& ce;
-  float* dxf;
-  float* dW;
-  const float* xf;
-  const float* W;
-  const uint16_t* W16;
-  int64_t V, H;
-  float* logits;
-  float* lse;
+  HeadStepArgs<float> a;
   HeadChunks<float>& s;
   int64_t C;
-  double loss_scale;
   uint16_t* dlogits16;
   const uint16_t* x16 = nullptr;  // this chunk's rows, in this thread's operand buffer
   const uint16_t* w16 = nullptr;
@@ -353,30 +352,32 @@ struct Bf16HeadStep {
   std::optional<ops::SharedBf16B> w_logits{}, w_dxf{};
 
   void make_logits(int64_t n0, int64_t rows) {
-    check(W16 != nullptr || W != nullptr, "chunked_head_loss: no head weight");
+    const int64_t V = a.V, H = a.H;
+    check(a.W16 != nullptr || a.W != nullptr, "chunked_head_loss: no head weight");
     // x16 stays in this thread's operand buffer: only GEMMs run until dW has read it.
-    const auto r = ops::bf16_operands(cc, {ops::Bf16Operand{xf + n0 * H, rows * H},
-                                           ops::Bf16Operand{W16 ? nullptr : W, V * H}});
+    const auto r = ops::bf16_operands(a.cc, {ops::Bf16Operand{a.xf + n0 * H, rows * H},
+                                             ops::Bf16Operand{a.W16 ? nullptr : a.W, V * H}});
     x16 = r[0];
-    w16 = W16 ? W16 : r[1];
+    w16 = a.W16 ? a.W16 : r[1];
     if (!w_logits) {  // the first chunk has the chunk's full rows
       w_logits.emplace(s.weight_logits, false, true, rows, V, H, 1.f, 0.f, w16);
-      if (dxf) w_dxf.emplace(s.weight_dxf, false, false, rows, H, V, 1.f, 0.f, w16);
+      if (a.dxf) w_dxf.emplace(s.weight_dxf, false, false, rows, H, V, 1.f, 0.f, w16);
     }
-    w_logits->gemm(rows, x16, w16, logits);
+    w_logits->gemm(rows, x16, w16, a.logits);
   }
   bool fused_forward_backward(double* sum, int64_t* count, const int32_t* labels, int64_t rows) {
-    return ce.forward_backward_bf16(sum, dlogits16, lse, count, logits, labels, rows,
-                                    static_cast<float>(loss_scale));
+    return a.ce.forward_backward_bf16(sum, dlogits16, a.lse, count, a.logits, labels, rows,
+                                      static_cast<float>(a.loss_scale));
   }
   void backward(int64_t n0, int64_t rows, const int32_t* labels, bool fused) {
+    const int64_t V = a.V, H = a.H;
     if (!fused) {
       float* const dlogits = s.dlogits.get(C * V + 1);
-      ce.backward(dlogits, logits, lse, labels, rows, static_cast<float>(loss_scale));
+      a.ce.backward(dlogits, a.logits, a.lse, labels, rows, static_cast<float>(a.loss_scale));
       ops::round_to_bf16(dlogits, rows * V, dlogits16);
     }
-    w_dxf->gemm(rows, dlogits16, w16, dxf + n0 * H);
-    if (dW) ops::gemm_bf16(true, false, V, H, rows, 1.f, dlogits16, x16, 1.f, dW);
+    w_dxf->gemm(rows, dlogits16, w16, a.dxf + n0 * H);
+    if (a.dW) ops::gemm_bf16(true, false, V, H, rows, 1.f, dlogits16, x16, 1.f, a.dW);
   }
 };
 }  // namespace
@@ -403,15 +404,14 @@ LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s,
   T* const logits = s.logits.get(C * V + 1);
   T* const lse = s.lse.get(C);
   const bool backward = dxf != nullptr;
+  const HeadStepArgs<T> args{cc, ce, dxf, dW, xf, W, W16, V, H, logits, lse, loss_scale};
   if constexpr (std::is_same_v<T, float>) {
     if (cc.bf16() && N > 0 && H > 0) {
-      Bf16HeadStep step{cc, ce, dxf, dW, xf, W, W16, V, H, logits, lse, s, C, loss_scale,
-                        backward ? s.dlogits16.get(C * V + 1) : nullptr};
+      Bf16HeadStep step{args, s, C, backward ? s.dlogits16.get(C * V + 1) : nullptr};
       return drive_head_chunks(step, ce, logits, lse, labels, N, C, backward, token_losses);
     }
   }
-  T* const dlogits = backward ? s.dlogits.get(C * V + 1) : nullptr;
-  PlainHeadStep<T> step{cc, ce, dxf, dW, xf, W, W16, V, H, logits, lse, dlogits, loss_scale};
+  PlainHeadStep<T> step{args, backward ? s.dlogits.get(C * V + 1) : nullptr};
   return drive_head_chunks(step, ce, logits, lse, labels, N, C, backward, token_losses);
 }
 
