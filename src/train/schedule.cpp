@@ -4,8 +4,6 @@
 #include <cmath>
 #include <numbers>
 
-#include "ops/sum_squares.h"
-
 namespace longtron::train {
 
 double LrSchedule::at(int64_t step) const {
@@ -22,10 +20,6 @@ ClipResult clip_grad_norm(double squared_norm_sum, double max_norm) {
   r.finite = std::isfinite(r.grad_norm);
   if (r.finite && max_norm > 0) r.scale = std::min(1.0, max_norm / (r.grad_norm + 1e-6));
   return r;
-}
-
-double squared_norm(const float* grads, size_t n) {
-  return ops::sum_squares(grads, static_cast<int64_t>(n));
 }
 
 void scale_grads(float* grads, size_t n, double scale) {

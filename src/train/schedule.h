@@ -33,9 +33,6 @@ struct ClipResult {
 /// already all-reduced by the caller. max_norm ≤ 0 disables clipping.
 ClipResult clip_grad_norm(double squared_norm_sum, double max_norm);
 
-/// Σ g² of a buffer, accumulated in double in a fixed order (ops::sum_squares).
-double squared_norm(const float* grads, size_t n);
-
 /// grads *= scale (no-op when scale == 1).
 void scale_grads(float* grads, size_t n, double scale);
 

@@ -8,6 +8,8 @@
 #include <numbers>
 #include <vector>
 
+#include "ops/sum_squares.h"
+
 using longtron::train::clip_grad_norm;
 using longtron::train::LrSchedule;
 
@@ -61,8 +63,8 @@ TEST(Clip, NormAndScaleOfABuffer) {
     g[i] = float(std::sin(double(i))) * 3.0f;
     want += double(g[i]) * double(g[i]);
   }
-  EXPECT_NEAR(longtron::train::squared_norm(g.data(), g.size()), want, 1e-9 * want);
+  EXPECT_NEAR(longtron::ops::sum_squares(g.data(), int64_t(g.size())), want, 1e-9 * want);
   const auto r = clip_grad_norm(want, 1.0);
   longtron::train::scale_grads(g.data(), g.size(), r.scale);
-  EXPECT_NEAR(std::sqrt(longtron::train::squared_norm(g.data(), g.size())), 1.0, 1e-5);
+  EXPECT_NEAR(std::sqrt(longtron::ops::sum_squares(g.data(), int64_t(g.size()))), 1.0, 1e-5);
 }

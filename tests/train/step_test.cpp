@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "model/model_testing.h"
 #include "modes/engine.h"
+#include "ops/sum_squares.h"
 #include "parallel/layout.h"
 #include "train/schedule.h"
 #include "train/step.h"
@@ -47,7 +48,7 @@ TEST(TrainStep, CountsAndTheGradientHookBeforeClipping) {
   int calls = 0;
   o.on_gradients = [&](parallel::ParallelEngine& e) {
     ++calls;
-    hook_norm = std::sqrt(train::squared_norm(e.grads().data(), size_t(e.grads().numel())));
+    hook_norm = std::sqrt(ops::sum_squares(e.grads().data(), e.grads().numel()));
   };
   const auto rows = two_rows();
   const train::StepResult r = train::train_step(d.engine, d.adam, rows, o);
@@ -59,7 +60,7 @@ TEST(TrainStep, CountsAndTheGradientHookBeforeClipping) {
   EXPECT_GT(r.grad_norm, 1e-2);
   EXPECT_NEAR(hook_norm, r.grad_norm, 1e-9 * r.grad_norm);  // the norm is taken before clipping
   // After the step the gradients are the clipped ones: norm · max / (norm + 1e-6).
-  const double after = std::sqrt(train::squared_norm(d.engine.grads().data(), size_t(d.engine.grads().numel())));
+  const double after = std::sqrt(ops::sum_squares(d.engine.grads().data(), d.engine.grads().numel()));
   EXPECT_NEAR(after, r.grad_norm * 1e-3 / (r.grad_norm + 1e-6), 1e-6 * after);
   EXPECT_EQ(d.adam.step(), 1);
 }
