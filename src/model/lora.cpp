@@ -10,6 +10,7 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "model/hf_names.h"
+#include "ops/lora_kernels.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
 #include "ops/vocab_check.h"
@@ -167,6 +168,14 @@ class Adapters {
     const T s = T(st.config.scale());
     const T* rounded = x_rounded ? x : nullptr;  // the input x16 holds
     for (const Piece& p : pieces_) {
+      if (fused(p)) {
+        if constexpr (std::is_same_v<T, float>) {
+          const T* xd = dropped(x, nx, N, p);
+          ops::lora_forward(y, xd, weight(p.a_view, false), weight(p.b_view, false), s, nx, in_,
+                            out_, r_, bf16(), bits_of(xd, x, rounded == x));
+        }
+        continue;
+      }
       Operand xd;
       T* u = down_project(x, N, nx, ny, p, weight_a(p, false), &xd, &rounded);
       if (p.b_rows == 0) continue;
@@ -191,6 +200,10 @@ class Adapters {
     const T s = T(st.config.scale());
     const T* rounded = x_rounded ? x : nullptr;  // the input x16 holds
     for (const Piece& p : pieces_) {
+      if (fused(p)) {
+        backward_fused(dx, dy, x, N, p, rounded == x, bf16() ? dy16 : nullptr);
+        continue;
+      }
       Operand xd;
       const T* A = weight_a(p, true);
       // u recomputed: nothing kept since forward.
@@ -245,6 +258,43 @@ class Adapters {
     const T* f = nullptr;
     const uint16_t* h = nullptr;
   };
+
+  /// Whether `p` runs as the fused kernels (ops/lora_kernels.h; float, fp32 or bf16 compute): B
+  /// over every output column, rows where they are (no redistribution of u or du) and whole
+  /// adapters in the table (no weight-parallel gather or reduction). Elsewhere the GEMMs below.
+  bool fused(const Piece& p) const {
+    return std::is_same_v<T, float> && whole(p) && !spec_.forward_u &&
+           !spec_.backward_du && !spec_.gather && !spec_.reduce && p.b_rows > 0;
+  }
+
+  /// x16's bits when the adapter reads x itself and the caller rounded it there, else nullptr.
+  const uint16_t* bits_of(const T* xd, const T* x, bool x_rounded) const {
+    return bf16() && x_rounded && xd == x ? state_->x16.data() : nullptr;
+  }
+
+  /// The fused backward of `p`: dA, dB into the table's gradients, dx += its input gradient
+  /// (under dropout computed into scratch, then masked). dy16: dy's bits, or nullptr.
+  void backward_fused(T* dx, const T* dy, const T* x, int64_t N, const Piece& p, bool x_rounded,
+                      const uint16_t* dy16) {
+    if constexpr (std::is_same_v<T, float>) {
+      LoraState<T>& st = *state_;
+      const int64_t nx = rows_x(N);
+      const T* xd = dropped(x, nx, N, p);
+      T* dA = st.grads->ptr(p.a_view);
+      T* dB = st.grads->ptr(p.b_view);
+      const T* A = weight(p.a_view, true);
+      const T* B = weight(p.b_view, true);
+      const T s = T(st.config.scale());
+      const uint16_t* x16 = bits_of(xd, x, x_rounded);
+      if (xd == x)
+        return ops::lora_backward(dx, true, dA, dB, dy, x, A, B, s, nx, in_, out_, r_, bf16(),
+                                  x16, dy16);
+      T* g = grow(st.t, nx * in_);
+      ops::lora_backward(g, false, dA, dB, dy, xd, A, B, s, nx, in_, out_, r_, bf16(), x16, dy16);
+      apply_mask(dx, g, nx, N, p, /*accumulate=*/true);
+    }
+    (void)dx, (void)dy, (void)x, (void)N, (void)p, (void)x_rounded, (void)dy16;
+  }
 
   /// Float under a kBFloat16 compute context: the adapters' GEMMs take bf16 operands.
   bool bf16() const {

@@ -17,6 +17,7 @@
 #include "modes/engine.h"
 #include "modes/lora_plan.h"
 #include "ops/gemm_packing.h"
+#include "ops/lora_kernels.h"
 #include "parallel/layout.h"
 #include "parallel/shard_plan.h"
 
@@ -239,6 +240,7 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   double save_bytes = 3 * static_cast<double>(p.params_full) * kFloat + 2 * local_bytes;
   double adam_state = adam;
   double lora_scratch_per_token = 0;  // the adapters' grow-only scratch (model/lora.cpp), per row
+  double lora_kernel_bytes = 0;       // and the fused kernels' (ops/lora_kernels.h), per linear
   if (c.model.lora.enabled()) {
     // The adapters as this rank holds them (split like their linears, sharded under ISP).
     const auto modules = model::lora_modules(full, c.model.lora);
@@ -278,6 +280,8 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
                                        (c.model.lora.dropout > 0 ? in_max : 0)) +
                              (in.bf16 ? 2.0 * (in_max + out_max) : 0.0) +
                              (in.bf16 && bf16_base ? 2.0 * (out_max + partial_out) : 0.0);
+    lora_kernel_bytes = ops::lora_kernel_scratch_bytes(int64_t(in_max), int64_t(out_max),
+                                                       c.model.lora.rank, in.bf16);
   }
 
   s.ws.bf16 = in.bf16;
@@ -318,7 +322,7 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   };
   if (lora_scratch_per_token > 0) {  // the linears see a chunk of the row, or at most all of it
     const double rows = chunked ? std::min(P, chunk) : P;
-    p.step.push_back({"LoRA adapter scratch", lora_scratch_per_token * rows,
+    p.step.push_back({"LoRA adapter scratch", lora_scratch_per_token * rows + lora_kernel_bytes,
                       "lora.rank, lora.targets, lora.dropout"});
   }
   // Under ISP the copy is of the local shards, which the weight all-gathers send as bf16.

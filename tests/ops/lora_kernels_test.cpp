@@ -1,0 +1,187 @@
+// ops::lora_forward / lora_backward against the products computed in double, on shapes that cross
+// the kernels' row blocks and chunks and the micro-GEMM's vector widths; the same bits at any
+// thread count.
+#include "ops/lora_kernels.h"
+
+#include "core/bf16.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace {
+
+using longtron::ops::lora_backward;
+using longtron::ops::lora_forward;
+
+std::vector<float> random_values(int64_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+struct Case {
+  int64_t N, in, out, r;
+};
+
+struct Data {
+  std::vector<float> x, dy, A, B, y, dx, dA, dB;
+  Data(const Case& c, unsigned seed)
+      : x(random_values(c.N * c.in, seed)), dy(random_values(c.N * c.out, seed + 1)),
+        A(random_values(c.r * c.in, seed + 2)), B(random_values(c.out * c.r, seed + 3)),
+        y(random_values(c.N * c.out, seed + 4)), dx(random_values(c.N * c.in, seed + 5)),
+        dA(random_values(c.r * c.in, seed + 6)), dB(random_values(c.out * c.r, seed + 7)) {}
+};
+
+/// |got − want| within fp32 rounding of a sum of `terms` products of unit normals.
+void expect_close(const std::vector<float>& got, const std::vector<double>& want, int64_t terms,
+                  const char* what) {
+  ASSERT_EQ(got.size(), want.size());
+  const double tol = 4e-7 * std::sqrt(double(terms)) * 8.0 + 1e-6;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], tol * (1.0 + std::fabs(want[i]))) << what << "[" << i << "]";
+}
+
+const std::vector<Case> kCases = {{1, 16, 16, 16},   {7, 24, 40, 8},     {64, 384, 640, 16},
+                                  {65, 100, 37, 13}, {300, 96, 160, 32}, {5000, 48, 80, 4}};
+
+TEST(LoraKernels, ForwardMatchesDouble) {
+  for (const Case& c : kCases) {
+    Data d(c, unsigned(c.N + c.r));
+    const float s = 0.75f;
+    std::vector<double> want(d.y.begin(), d.y.end());
+    for (int64_t n = 0; n < c.N; ++n)
+      for (int64_t k = 0; k < c.r; ++k) {
+        double u = 0;
+        for (int64_t i = 0; i < c.in; ++i) u += double(d.x[n * c.in + i]) * d.A[k * c.in + i];
+        for (int64_t o = 0; o < c.out; ++o) want[n * c.out + o] += double(s) * u * d.B[o * c.r + k];
+      }
+    lora_forward(d.y.data(), d.x.data(), d.A.data(), d.B.data(), s, c.N, c.in, c.out, c.r);
+    expect_close(d.y, want, c.in * c.r, "y");
+  }
+}
+
+TEST(LoraKernels, BackwardMatchesDouble) {
+  for (const Case& c : kCases) {
+    for (const bool accumulate : {true, false}) {
+      Data d(c, unsigned(3 * c.N + c.r));
+      const float s = 2.f;
+      std::vector<double> u(c.N * c.r, 0.0), du(c.N * c.r, 0.0);
+      for (int64_t n = 0; n < c.N; ++n)
+        for (int64_t k = 0; k < c.r; ++k) {
+          for (int64_t i = 0; i < c.in; ++i) u[n * c.r + k] += double(d.x[n * c.in + i]) * d.A[k * c.in + i];
+          for (int64_t o = 0; o < c.out; ++o)
+            du[n * c.r + k] += double(s) * d.dy[n * c.out + o] * d.B[o * c.r + k];
+        }
+      std::vector<double> dx(d.dx.begin(), d.dx.end()), dA(d.dA.begin(), d.dA.end()),
+          dB(d.dB.begin(), d.dB.end());
+      if (!accumulate) std::fill(dx.begin(), dx.end(), 0.0);
+      for (int64_t n = 0; n < c.N; ++n)
+        for (int64_t k = 0; k < c.r; ++k) {
+          for (int64_t i = 0; i < c.in; ++i) {
+            dx[n * c.in + i] += du[n * c.r + k] * d.A[k * c.in + i];
+            dA[k * c.in + i] += du[n * c.r + k] * d.x[n * c.in + i];
+          }
+          for (int64_t o = 0; o < c.out; ++o)
+            dB[o * c.r + k] += double(s) * d.dy[n * c.out + o] * u[n * c.r + k];
+        }
+      lora_backward(d.dx.data(), accumulate, d.dA.data(), d.dB.data(), d.dy.data(), d.x.data(),
+                    d.A.data(), d.B.data(), s, c.N, c.in, c.out, c.r);
+      // dA and dB sum over N rows of products that are themselves sums of in / out terms.
+      expect_close(d.dx, dx, c.out * c.r, "dx");
+      expect_close(d.dA, dA, c.N * c.out, "dA");
+      expect_close(d.dB, dB, c.N * c.in, "dB");
+    }
+  }
+}
+
+double rounded(double v) { return longtron::bf16_to_float(longtron::float_to_bf16(float(v))); }
+
+// Under bf16 every product reads rounded operands: the reference rounds x, dy, A, B, u and du the
+// same way and sums in double, so only the fp32 accumulation (and a rare tie of u or du's rounding)
+// separates them.
+TEST(LoraKernels, Bf16OperandsMatchRoundedDouble) {
+  const Case c{300, 96, 160, 16};
+  Data d(c, 5);
+  const float s = 2.f;
+  auto r = [](const std::vector<float>& v) {
+    std::vector<double> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = rounded(v[i]);
+    return out;
+  };
+  const std::vector<double> x = r(d.x), dy = r(d.dy), A = r(d.A), B = r(d.B);
+  std::vector<double> u(c.N * c.r, 0.0), du(c.N * c.r, 0.0);
+  for (int64_t n = 0; n < c.N; ++n)
+    for (int64_t k = 0; k < c.r; ++k) {
+      for (int64_t i = 0; i < c.in; ++i) u[n * c.r + k] += x[n * c.in + i] * A[k * c.in + i];
+      for (int64_t o = 0; o < c.out; ++o) du[n * c.r + k] += s * dy[n * c.out + o] * B[o * c.r + k];
+      u[n * c.r + k] = rounded(u[n * c.r + k]);
+      du[n * c.r + k] = rounded(du[n * c.r + k]);
+    }
+  std::vector<double> y(d.y.begin(), d.y.end()), dx(d.dx.begin(), d.dx.end()),
+      dA(d.dA.begin(), d.dA.end()), dB(d.dB.begin(), d.dB.end());
+  for (int64_t n = 0; n < c.N; ++n)
+    for (int64_t k = 0; k < c.r; ++k) {
+      for (int64_t o = 0; o < c.out; ++o) {
+        y[n * c.out + o] += s * u[n * c.r + k] * B[o * c.r + k];
+        dB[o * c.r + k] += s * dy[n * c.out + o] * u[n * c.r + k];
+      }
+      for (int64_t i = 0; i < c.in; ++i) {
+        dx[n * c.in + i] += du[n * c.r + k] * A[k * c.in + i];
+        dA[k * c.in + i] += du[n * c.r + k] * x[n * c.in + i];
+      }
+    }
+  lora_forward(d.y.data(), d.x.data(), d.A.data(), d.B.data(), s, c.N, c.in, c.out, c.r, true);
+  lora_backward(d.dx.data(), true, d.dA.data(), d.dB.data(), d.dy.data(), d.x.data(), d.A.data(),
+                d.B.data(), s, c.N, c.in, c.out, c.r, true);
+  // Where fp32 and double accumulation put u or du on either side of a bf16 rounding boundary,
+  // that value moves by a bf16 ulp (2⁻⁸ relative): a few elements may differ by that much, the
+  // rest only by fp32 accumulation. Unrounded operands would miss the tight bound almost everywhere.
+  const double ulp = 1.0 / 256;
+  auto near = [&](const std::vector<float>& got, const std::vector<double>& want, int64_t terms,
+                  const char* what) {
+    size_t loose = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double scale = 1.0 + std::fabs(want[i]), err = std::fabs(got[i] - want[i]);
+      ASSERT_LE(err, (ulp * 4 + 1e-5 * std::sqrt(double(terms))) * scale) << what << "[" << i << "]";
+      if (err > 1e-5 * std::sqrt(double(terms)) * scale) ++loose;
+    }
+    EXPECT_LE(loose, got.size() / 100) << what;
+  };
+  near(d.y, y, c.r, "y");
+  near(d.dx, dx, c.r, "dx");
+  near(d.dA, dA, c.N, "dA");
+  near(d.dB, dB, c.N, "dB");
+}
+
+TEST(LoraKernels, SameBitsForAnyThreadCount) {
+  const Case c{3000, 96, 160, 16};
+  const int saved = omp_get_max_threads();
+  std::vector<std::vector<float>> first;
+  for (const int threads : {1, 2, 3, 5}) {
+    omp_set_num_threads(threads);
+    Data d(c, 11);
+    lora_forward(d.y.data(), d.x.data(), d.A.data(), d.B.data(), 0.5f, c.N, c.in, c.out, c.r);
+    lora_backward(d.dx.data(), true, d.dA.data(), d.dB.data(), d.dy.data(), d.x.data(), d.A.data(),
+                  d.B.data(), 0.5f, c.N, c.in, c.out, c.r);
+    const std::vector<std::vector<float>> got = {d.y, d.dx, d.dA, d.dB};
+    if (first.empty()) first = got;
+    for (size_t t = 0; t < got.size(); ++t) EXPECT_EQ(got[t], first[t]) << threads << " threads, tensor " << t;
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST(LoraKernels, NoRowsLeaveEverythingButAnOverwrittenDx) {
+  std::vector<float> dA = {1.f, 2.f}, dB = {3.f, 4.f};
+  lora_backward(nullptr, false, dA.data(), dB.data(), nullptr, nullptr, nullptr, nullptr, 1.f, 0,
+                2, 2, 1);
+  EXPECT_EQ(dA, (std::vector<float>{1.f, 2.f}));
+  EXPECT_EQ(dB, (std::vector<float>{3.f, 4.f}));
+}
+
+}  // namespace
