@@ -1,4 +1,5 @@
-// Fused LoRA adapter kernels (see lora_kernels.h).
+// Fused LoRA adapter kernels (see lora_kernels.h): one driver over chunks and blocks of rows,
+// two ways to run a block's products (fp32 tiles, or AVX512-BF16 dot products on bf16 operands).
 #include "ops/lora_kernels.h"
 
 #include <omp.h>
@@ -7,12 +8,16 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "ops/bf16_tile_gemm.h"
+#include "ops/ops.h"
 #include "ops/threads.h"
 #include "ops/tile_gemm.h"
 
 namespace longtron::ops {
 namespace {
 
+using detail::bf16_t;
+using detail::round_up;
 using detail::tile_gemm;
 
 constexpr int64_t kBlockRows = 64;   // rows whose x and dy stay in L2 while all products run
@@ -25,6 +30,34 @@ int64_t chunk_rows(int64_t N) {
   const int64_t even = (N + kMaxChunks - 1) / kMaxChunks;
   return std::max(kMinChunkRows, (even + kBlockRows - 1) / kBlockRows * kBlockRows);
 }
+
+bool parallel_worth(int64_t chunks, int64_t N, int64_t in, int64_t out, int64_t r) {
+  return chunks > 1 && N * (in + out) * r > kParallelMinWork;
+}
+
+/// Grow-only scratch of the calling thread, handed out in 64-byte aligned pieces.
+class Arena {
+ public:
+  explicit Arena(int64_t bytes) {
+    thread_local std::vector<char> buffer;
+    if (int64_t(buffer.size()) < bytes + 64) buffer.resize(size_t(bytes + 64));
+    next_ = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t(63));
+  }
+  template <typename E>
+  E* take(int64_t n) {
+    E* p = reinterpret_cast<E*>(next_);
+    next_ += round_up(n * int64_t(sizeof(E)), 64);
+    return p;
+  }
+  /// Bytes take() uses for n elements of E.
+  template <typename E>
+  static int64_t size(int64_t n) {
+    return round_up(n * int64_t(sizeof(E)), 64);
+  }
+
+ private:
+  char* next_;
+};
 
 /// v as the nearest bf16 value (core/bf16.h's rounding) when bf16, else v.
 inline float operand(float v, bool bf16) { return bf16 ? bf16_to_float(float_to_bf16(v)) : v; }
@@ -41,74 +74,308 @@ void transpose_operands(float* dst, const float* src, int64_t rows, int64_t cols
     for (int64_t j = 0; j < cols; ++j) dst[j * rows + i] = scale * operand(src[i * cols + j], bf16);
 }
 
-/// The calling thread's scratch, grown to n floats.
-float* scratch(int64_t n) {
-  thread_local std::vector<float> buffer;
-  if (int64_t(buffer.size()) < n) buffer.resize(size_t(n));
-  return buffer.data();
-}
+/// What both ways of running a block share: the call's operands and shapes.
+struct Call {
+  const float *x, *dy, *A, *B;
+  const uint16_t *x16, *dy16;  // x's and dy's bf16 bits, when the caller has them
+  float s;
+  int64_t in, out, r;
+  bool bf16;
+};
 
-/// The m rows of src (width `width`) as the products read them: src itself in fp32; under bf16
-/// the rows of `bits` (src's rounding, when the caller has it) widened, else src rounded, into
-/// `room`. Rows start at row offset `row`.
-const float* block_operand(float* room, const float* src, const uint16_t* bits, int64_t row,
-                           int64_t m, int64_t width, bool bf16) {
-  if (!bf16) return src + row * width;
-  if (bits == nullptr) {
-    copy_operands(room, src + row * width, m * width, true);
+/// fp32 tiles (ops/tile_gemm.h). Under bf16 the operands are rounded to bf16 values first, so
+/// the products are exact and only the fp32 accumulation remains: the same arithmetic as bf16
+/// dot products, on any CPU.
+class TileProducts {
+ public:
+  explicit TileProducts(const Call& c) : c_(c) {}
+
+  int64_t scratch_bytes(int threads) const {
+    const int64_t in = c_.in, out = c_.out, r = c_.r;
+    const int64_t per_thread =
+        2 * Arena::size<float>(kBlockRows * r) +
+        (c_.bf16 ? Arena::size<float>(kBlockRows * in) + Arena::size<float>(kBlockRows * out) : 0);
+    return 2 * Arena::size<float>(r * in) + Arena::size<float>(r * out) + threads * per_thread;
+  }
+
+  /// Aᵀ, A and s·B (or (s·B)ᵀ for the forward), rounded under bf16; per-thread rooms.
+  void prepare(Arena& arena, int threads, bool backward) {
+    const int64_t in = c_.in, out = c_.out, r = c_.r;
+    At_ = arena.take<float>(r * in);
+    Ar_ = arena.take<float>(r * in);
+    sB_ = arena.take<float>(r * out);
+    transpose_operands(At_, c_.A, r, in, 1.f, c_.bf16);
+    copy_operands(Ar_, c_.A, r * in, c_.bf16);
+    if (backward) {
+      for (int64_t i = 0; i < out * r; ++i) sB_[i] = c_.s * operand(c_.B[i], c_.bf16);
+    } else {
+      transpose_operands(sB_, c_.B, out, r, c_.s, c_.bf16);  // (s·B)ᵀ [r, out]
+    }
+    rooms_.resize(size_t(threads));
+    for (Room& room : rooms_) {
+      room.u = arena.take<float>(kBlockRows * r);
+      room.du = arena.take<float>(kBlockRows * r);
+      room.x = c_.bf16 ? arena.take<float>(kBlockRows * in) : nullptr;
+      room.dy = c_.bf16 ? arena.take<float>(kBlockRows * out) : nullptr;
+    }
+  }
+
+  /// y rows [n0, n0 + m) += u (s·B)ᵀ.
+  void forward(int thread, float* y, int64_t n0, int64_t m) {
+    Room& room = rooms_[size_t(thread)];
+    const float* xb = rows(room.x, c_.x, c_.x16, n0, m, c_.in);
+    down_project(room.u, xb, m);
+    tile_gemm<float>(m, c_.out, c_.r, room.u, c_.r, 1, sB_, c_.out, y + n0 * c_.out, c_.out, true);
+  }
+
+  /// The block's terms: dBt [r, out] (+)= uᵀ dy, dA_c [r, in] (+)= duᵀ x, dx rows (+)= du A.
+  void backward(int thread, float* dBt, float* dA_c, bool first, float* dx, bool accumulate_dx,
+                int64_t n0, int64_t m) {
+    Room& room = rooms_[size_t(thread)];
+    const int64_t in = c_.in, out = c_.out, r = c_.r;
+    const float* xb = rows(room.x, c_.x, c_.x16, n0, m, in);
+    const float* dyb = rows(room.dy, c_.dy, c_.dy16, n0, m, out);
+    down_project(room.u, xb, m);
+    tile_gemm<float>(m, r, out, dyb, out, 1, sB_, r, room.du, r, false);  // du = dy (s B)
+    if (c_.bf16) copy_operands(room.du, room.du, m * r, true);
+    tile_gemm<float>(r, out, m, room.u, 1, r, dyb, out, dBt, out, !first);
+    tile_gemm<float>(r, in, m, room.du, 1, r, xb, in, dA_c, in, !first);
+    tile_gemm<float>(m, in, r, room.du, r, 1, Ar_, in, dx + n0 * in, in, accumulate_dx);
+  }
+
+ private:
+  struct Room {
+    float *u, *du, *x, *dy;
+  };
+
+  /// Rows [n0, n0 + m) of src (width w) as the products read them: src itself in fp32; under
+  /// bf16 `bits` widened (src's rounding, when the caller has it), else src rounded, into room.
+  const float* rows(float* room, const float* src, const uint16_t* bits, int64_t n0, int64_t m,
+                    int64_t w) const {
+    if (!c_.bf16) return src + n0 * w;
+    if (bits == nullptr) {
+      copy_operands(room, src + n0 * w, m * w, true);
+    } else {
+      for (int64_t i = 0; i < m * w; ++i) room[i] = bf16_to_float(bits[n0 * w + i]);
+    }
     return room;
   }
-  const uint16_t* b = bits + row * width;
-  for (int64_t i = 0; i < m * width; ++i) room[i] = bf16_to_float(b[i]);
-  return room;
+
+  /// u [m, r] = x Aᵀ, then rounded to bf16 values under bf16 (the next products' operand).
+  void down_project(float* u, const float* xb, int64_t m) const {
+    tile_gemm<float>(m, c_.r, c_.in, xb, c_.in, 1, At_, c_.r, u, c_.r, false);
+    if (c_.bf16) copy_operands(u, u, m * c_.r, true);
+  }
+
+  Call c_;
+  float *At_ = nullptr, *Ar_ = nullptr, *sB_ = nullptr;
+  std::vector<Room> rooms_;
+};
+
+/// AVX512-BF16 dot products (vdpbf16ps, ops/bf16_tile_gemm.h) on bf16 operands with fp32
+/// accumulation: x and dy read as bits, A, s·B, u and du rounded to bf16 (s·B exact when s is a
+/// power of two). Needs r, in and out even and a CPU with AVX512-BF16 (attention_bf16_native).
+class Bf16Products {
+ public:
+  static bool runs(const Call& c) {
+    return c.bf16 && c.r % 2 == 0 && c.in % 2 == 0 && c.out % 2 == 0 && attention_bf16_native();
+  }
+  explicit Bf16Products(const Call& c)
+      : c_(c), ldr_(round_up(c.r, 16)), ldi_(round_up(c.in, 16)), ldo_(round_up(c.out, 16)) {}
+
+  int64_t scratch_bytes(int threads) const {
+    const int64_t in = c_.in, out = c_.out, r = c_.r;
+    const int64_t weights = Arena::size<uint32_t>(in / 2 * ldr_) +
+                            Arena::size<uint32_t>(out / 2 * ldr_) +
+                            Arena::size<uint32_t>(r / 2 * ldi_) + Arena::size<uint32_t>(r / 2 * ldo_) +
+                            Arena::size<bf16_t>(std::max(in, out) * r);
+    const int64_t per_thread =
+        2 * Arena::size<float>(kBlockRows * r) + 4 * Arena::size<bf16_t>(kBlockRows * r) +
+        Arena::size<bf16_t>(kBlockRows * in) + Arena::size<bf16_t>(kBlockRows * out) +
+        Arena::size<uint32_t>(kBlockRows / 2 * std::max(ldi_, ldo_));
+    return weights + threads * per_thread;
+  }
+
+  /// The weights packed as pairs along each product's K: Aᵀ [in, r], s·B [out, r], A [r, in],
+  /// (s·B)ᵀ [r, out]; per-thread rooms.
+  void prepare(Arena& arena, int threads, bool) {
+    const int64_t in = c_.in, out = c_.out, r = c_.r;
+    bf16_t* tmp = arena.take<bf16_t>(std::max(in, out) * r);
+    At_ = arena.take<uint32_t>(in / 2 * ldr_);
+    sB_ = arena.take<uint32_t>(out / 2 * ldr_);
+    A_ = arena.take<uint32_t>(r / 2 * ldi_);
+    sBt_ = arena.take<uint32_t>(r / 2 * ldo_);
+    for (int64_t k = 0; k < r; ++k)
+      for (int64_t i = 0; i < in; ++i) tmp[i * r + k] = float_to_bf16(c_.A[k * in + i]);
+    detail::native::pack_pairs_of_rows(At_, ldr_, tmp, r, in, r);
+    for (int64_t i = 0; i < r * in; ++i) tmp[i] = float_to_bf16(c_.A[i]);
+    detail::native::pack_pairs_of_rows(A_, ldi_, tmp, in, r, in);
+    for (int64_t i = 0; i < out * r; ++i) tmp[i] = scaled_b(i);
+    detail::native::pack_pairs_of_rows(sB_, ldr_, tmp, r, out, r);
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t k = 0; k < r; ++k) tmp[k * out + o] = scaled_b(o * r + k);
+    detail::native::pack_pairs_of_rows(sBt_, ldo_, tmp, out, r, out);
+    rooms_.resize(size_t(threads));
+    for (Room& room : rooms_) {
+      room.u = arena.take<float>(kBlockRows * r);
+      room.du = arena.take<float>(kBlockRows * r);
+      room.u16 = arena.take<bf16_t>(kBlockRows * r);
+      room.du16 = arena.take<bf16_t>(kBlockRows * r);
+      room.ut = arena.take<bf16_t>(kBlockRows * r);
+      room.dut = arena.take<bf16_t>(kBlockRows * r);
+      room.x16 = arena.take<bf16_t>(kBlockRows * in);
+      room.dy16 = arena.take<bf16_t>(kBlockRows * out);
+      room.pairs = arena.take<uint32_t>(kBlockRows / 2 * std::max(ldi_, ldo_));
+    }
+  }
+
+  void forward(int thread, float* y, int64_t n0, int64_t m) { forward_native(thread, y, n0, m); }
+  void backward(int thread, float* dBt, float* dA_c, bool first, float* dx, bool accumulate_dx,
+                int64_t n0, int64_t m) {
+    backward_native(thread, dBt, dA_c, first, dx, accumulate_dx, n0, m);
+  }
+
+ private:
+  struct Room {
+    float *u, *du;
+    bf16_t *u16, *du16, *ut, *dut, *x16, *dy16;  // ut, dut: [r, m rounded up to even]
+    uint32_t* pairs;                             // x's or dy's rows packed as pairs
+  };
+
+  bf16_t scaled_b(int64_t i) const {
+    return float_to_bf16(c_.s * bf16_to_float(float_to_bf16(c_.B[i])));
+  }
+
+  /// Rows [n0, n0 + m) of x or dy as bits: the caller's, or rounded into room.
+  static const bf16_t* bits(bf16_t* room, const float* src, const uint16_t* given, int64_t n0,
+                            int64_t m, int64_t w) {
+    if (given != nullptr) return given + n0 * w;
+    for (int64_t i = 0; i < m * w; ++i) room[i] = float_to_bf16(src[n0 * w + i]);
+    return room;
+  }
+
+  /// v [m, r] rounded into v16 [m, r] and its transpose vt [r, me] (me = m rounded up to even,
+  /// the odd row's pair partner zero).
+  void round_rows(bf16_t* v16, bf16_t* vt, const float* v, int64_t m) const {
+    const int64_t r = c_.r, me = round_up(m, 2);
+    for (int64_t n = 0; n < m; ++n)
+      for (int64_t k = 0; k < r; ++k) {
+        const bf16_t b = float_to_bf16(v[n * r + k]);
+        v16[n * r + k] = b;
+        vt[k * me + n] = b;
+      }
+    if (me != m)
+      for (int64_t k = 0; k < r; ++k) vt[k * me + m] = 0;
+  }
+
+  LONGTRON_BF16_TARGET void forward_native(int thread, float* y, int64_t n0, int64_t m) {
+    using detail::native::bf16_gemm;
+    Room& room = rooms_[size_t(thread)];
+    const int64_t in = c_.in, out = c_.out, r = c_.r;
+    const bf16_t* xb = bits(room.x16, c_.x, c_.x16, n0, m, in);
+    bf16_gemm(m, r, in / 2, xb, in, At_, ldr_, room.u, r, false, m);
+    round_rows(room.u16, room.ut, room.u, m);
+    bf16_gemm(m, out, r / 2, room.u16, r, sBt_, ldo_, y + n0 * out, out, true, m);
+  }
+
+  LONGTRON_BF16_TARGET void backward_native(int thread, float* dBt, float* dA_c, bool first,
+                                            float* dx, bool accumulate_dx, int64_t n0, int64_t m) {
+    using detail::native::bf16_gemm;
+    Room& room = rooms_[size_t(thread)];
+    const int64_t in = c_.in, out = c_.out, r = c_.r, me = round_up(m, 2);
+    const bf16_t* xb = bits(room.x16, c_.x, c_.x16, n0, m, in);
+    const bf16_t* dyb = bits(room.dy16, c_.dy, c_.dy16, n0, m, out);
+    bf16_gemm(m, r, in / 2, xb, in, At_, ldr_, room.u, r, false, m);         // u = x Aᵀ
+    round_rows(room.u16, room.ut, room.u, m);
+    bf16_gemm(m, r, out / 2, dyb, out, sB_, ldr_, room.du, r, false, m);     // du = dy (s B)
+    round_rows(room.du16, room.dut, room.du, m);
+    detail::native::pack_pairs_of_rows(room.pairs, ldo_, dyb, out, m, out);
+    bf16_gemm(r, out, me / 2, room.ut, me, room.pairs, ldo_, dBt, out, !first, r);   // uᵀ dy
+    detail::native::pack_pairs_of_rows(room.pairs, ldi_, xb, in, m, in);
+    bf16_gemm(r, in, me / 2, room.dut, me, room.pairs, ldi_, dA_c, in, !first, r);   // duᵀ x
+    bf16_gemm(m, in, r / 2, room.du16, r, A_, ldi_, dx + n0 * in, in, accumulate_dx, m);
+  }
+
+  Call c_;
+  int64_t ldr_, ldi_, ldo_;
+  uint32_t *At_ = nullptr, *sB_ = nullptr, *A_ = nullptr, *sBt_ = nullptr;
+  std::vector<Room> rooms_;
+};
+
+template <typename Products>
+void forward_rows(Products& p, float* y, int64_t N, const Call& c) {
+  const int64_t rows = chunk_rows(N), chunks = (N + rows - 1) / rows;
+  const int threads = omp_get_max_threads();
+  Arena arena(p.scratch_bytes(threads));
+  p.prepare(arena, threads, false);
+#pragma omp parallel if (parallel_worth(chunks, N, c.in, c.out, c.r))
+  {
+    const int thread = omp_get_thread_num();
+#pragma omp for schedule(static)
+    for (int64_t ch = 0; ch < chunks; ++ch)
+      for (int64_t n0 = ch * rows; n0 < std::min(N, (ch + 1) * rows); n0 += kBlockRows)
+        p.forward(thread, y, n0, std::min(kBlockRows, N - n0));
+  }
 }
 
-/// u [m, r] = x [m, in] · Aᵀ (At = Aᵀ [in, r]), then rounded to bf16 values under bf16 (the
-/// operand of the next product).
-void down_project(float* u, const float* x, const float* At, int64_t m, int64_t in, int64_t r,
-                  bool bf16) {
-  tile_gemm<float>(m, r, in, x, in, 1, At, r, u, r, false);
-  if (bf16) copy_operands(u, u, m * r, true);
-}
-
-bool parallel_worth(int64_t chunks, int64_t N, int64_t in, int64_t out, int64_t r) {
-  return chunks > 1 && N * (in + out) * r > kParallelMinWork;
+template <typename Products>
+void backward_rows(Products& p, float* dx, bool accumulate_dx, float* dA, float* dB, int64_t N,
+                   const Call& c) {
+  const int64_t in = c.in, out = c.out, r = c.r;
+  const int64_t rows = chunk_rows(N), chunks = (N + rows - 1) / rows;
+  const int64_t per_chunk = r * (out + in);  // Σ uᵀ dy [r, out], then Σ duᵀ x [r, in]
+  const int threads = omp_get_max_threads();
+  Arena arena(p.scratch_bytes(threads) + Arena::size<float>(chunks * per_chunk));
+  float* partials = arena.take<float>(chunks * per_chunk);
+  p.prepare(arena, threads, true);
+#pragma omp parallel if (parallel_worth(chunks, N, in, out, r))
+  {
+    const int thread = omp_get_thread_num();
+#pragma omp for schedule(static)
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      float* dBt = partials + ch * per_chunk;
+      for (int64_t n0 = ch * rows; n0 < std::min(N, (ch + 1) * rows); n0 += kBlockRows)
+        p.backward(thread, dBt, dBt + r * out, n0 == ch * rows, dx, accumulate_dx, n0,
+                   std::min(kBlockRows, N - n0));
+    }
+    // The chunks' partials in chunk order: dB += s · Σ (uᵀ dy)ᵀ, dA += Σ duᵀ x.
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t k = 0; k < r; ++k) {
+        float sum = 0.f;
+        for (int64_t ch = 0; ch < chunks; ++ch) sum += partials[ch * per_chunk + k * out + o];
+        dB[o * r + k] += c.s * sum;
+      }
+#pragma omp for schedule(static)
+    for (int64_t k = 0; k < r; ++k)
+      for (int64_t i = 0; i < in; ++i) {
+        float sum = 0.f;
+        for (int64_t ch = 0; ch < chunks; ++ch) sum += partials[ch * per_chunk + r * out + k * in + i];
+        dA[k * in + i] += sum;
+      }
+  }
 }
 
 }  // namespace
 
 double lora_kernel_scratch_bytes(int64_t in, int64_t out, int64_t r, bool bf16) {
-  // Aᵀ, s·B and a rounded A; per chunk the partial dBᵀ and dA; per thread u and du of one block
-  // and, under bf16, its rows of x and dy rounded.
-  const double threads = double(omp_get_max_threads());
-  const double per_thread = double(2 * kBlockRows * r + (bf16 ? kBlockRows * (in + out) : 0));
-  return 4.0 * (double(2 * r * in + r * out) + double(kMaxChunks * r * (in + out)) +
-                threads * per_thread);
+  const Call c{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1.f, in, out, r, bf16};
+  const int threads = omp_get_max_threads();
+  const double products = double(Bf16Products::runs(c) ? Bf16Products(c).scratch_bytes(threads)
+                                                       : TileProducts(c).scratch_bytes(threads));
+  return products + double(kMaxChunks * r * (in + out)) * sizeof(float);
 }
 
 void lora_forward(float* y, const float* x, const float* A, const float* B, float s, int64_t N,
                   int64_t in, int64_t out, int64_t r, bool bf16, const uint16_t* x16) {
   if (N <= 0 || r <= 0) return;
-  const int64_t rows = chunk_rows(N), chunks = (N + rows - 1) / rows;
-  const int64_t per_thread = kBlockRows * (r + (bf16 ? in : 0));
-  float* At = scratch(r * (in + out) + omp_get_max_threads() * per_thread);
-  float* sBt = At + r * in;       // (s·B)ᵀ [r, out]
-  float* threads = sBt + r * out;  // per thread: u [kBlockRows, r], x's rounded rows
-  transpose_operands(At, A, r, in, 1.f, bf16);
-  transpose_operands(sBt, B, out, r, s, bf16);
-#pragma omp parallel if (parallel_worth(chunks, N, in, out, r))
-  {
-    float* u = threads + omp_get_thread_num() * per_thread;
-    float* xr = u + kBlockRows * r;
-#pragma omp for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c) {
-      for (int64_t n0 = c * rows; n0 < std::min(N, (c + 1) * rows); n0 += kBlockRows) {
-        const int64_t m = std::min(kBlockRows, N - n0);
-        down_project(u, block_operand(xr, x, x16, n0, m, in, bf16), At, m, in, r, bf16);
-        tile_gemm<float>(m, out, r, u, r, 1, sBt, out, y + n0 * out, out, true);
-      }
-    }
+  const Call c{x, nullptr, A, B, x16, nullptr, s, in, out, r, bf16};
+  if (Bf16Products::runs(c)) {
+    Bf16Products p(c);
+    return forward_rows(p, y, N, c);
   }
+  TileProducts p(c);
+  forward_rows(p, y, N, c);
 }
 
 void lora_backward(float* dx, bool accumulate_dx, float* dA, float* dB, const float* dy,
@@ -119,57 +386,13 @@ void lora_backward(float* dx, bool accumulate_dx, float* dA, float* dB, const fl
     if (N > 0 && !accumulate_dx) std::fill(dx, dx + N * in, 0.f);
     return;
   }
-  const int64_t rows = chunk_rows(N), chunks = (N + rows - 1) / rows;
-  const int64_t per_chunk = r * (out + in);
-  const int64_t per_thread = kBlockRows * (2 * r + (bf16 ? in + out : 0));
-  float* At = scratch(2 * r * in + r * out + chunks * per_chunk +
-                      omp_get_max_threads() * per_thread);
-  float* Ar = At + r * in;   // A as the products read it [r, in]
-  float* sB = Ar + r * in;   // s·B [out, r]
-  float* partials = sB + out * r;  // per chunk: Σ uᵀ dy [r, out], then Σ duᵀ x [r, in]
-  float* threads = partials + chunks * per_chunk;
-  transpose_operands(At, A, r, in, 1.f, bf16);
-  copy_operands(Ar, A, r * in, bf16);
-  for (int64_t i = 0; i < out * r; ++i) sB[i] = s * operand(B[i], bf16);
-#pragma omp parallel if (parallel_worth(chunks, N, in, out, r))
-  {
-    float* u = threads + omp_get_thread_num() * per_thread;
-    float* du = u + kBlockRows * r;
-    float* xr = du + kBlockRows * r;  // rounded rows of x and dy (bf16)
-    float* dyr = xr + kBlockRows * in;
-#pragma omp for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c) {
-      float* dBt = partials + c * per_chunk;
-      float* dA_c = dBt + r * out;
-      for (int64_t n0 = c * rows; n0 < std::min(N, (c + 1) * rows); n0 += kBlockRows) {
-        const int64_t m = std::min(kBlockRows, N - n0);
-        const float* xb = block_operand(xr, x, x16, n0, m, in, bf16);
-        const float* dyb = block_operand(dyr, dy, dy16, n0, m, out, bf16);
-        const bool first = n0 == c * rows;
-        down_project(u, xb, At, m, in, r, bf16);
-        tile_gemm<float>(m, r, out, dyb, out, 1, sB, r, du, r, false);     // du = dy (s B)
-        if (bf16) copy_operands(du, du, m * r, true);
-        tile_gemm<float>(r, out, m, u, 1, r, dyb, out, dBt, out, !first);  // + uᵀ dy
-        tile_gemm<float>(r, in, m, du, 1, r, xb, in, dA_c, in, !first);    // + duᵀ x
-        tile_gemm<float>(m, in, r, du, r, 1, Ar, in, dx + n0 * in, in, accumulate_dx);
-      }
-    }
-    // The chunks' partials in chunk order: dB += s · Σ (uᵀ dy)ᵀ, dA += Σ duᵀ x.
-#pragma omp for schedule(static)
-    for (int64_t o = 0; o < out; ++o)
-      for (int64_t k = 0; k < r; ++k) {
-        float sum = 0.f;
-        for (int64_t c = 0; c < chunks; ++c) sum += partials[c * per_chunk + k * out + o];
-        dB[o * r + k] += s * sum;
-      }
-#pragma omp for schedule(static)
-    for (int64_t k = 0; k < r; ++k)
-      for (int64_t i = 0; i < in; ++i) {
-        float sum = 0.f;
-        for (int64_t c = 0; c < chunks; ++c) sum += partials[c * per_chunk + r * out + k * in + i];
-        dA[k * in + i] += sum;
-      }
+  const Call c{x, dy, A, B, x16, dy16, s, in, out, r, bf16};
+  if (Bf16Products::runs(c)) {
+    Bf16Products p(c);
+    return backward_rows(p, dx, accumulate_dx, dA, dB, N, c);
   }
+  TileProducts p(c);
+  backward_rows(p, dx, accumulate_dx, dA, dB, N, c);
 }
 
 }  // namespace longtron::ops

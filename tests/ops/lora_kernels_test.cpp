@@ -105,8 +105,16 @@ double rounded(double v) { return longtron::bf16_to_float(longtron::float_to_bf1
 // Under bf16 every product reads rounded operands: the reference rounds x, dy, A, B, u and du the
 // same way and sums in double, so only the fp32 accumulation (and a rare tie of u or du's rounding)
 // separates them.
-TEST(LoraKernels, Bf16OperandsMatchRoundedDouble) {
-  const Case c{300, 96, 160, 16};
+// Cases: AVX512-BF16 dot products where the CPU has them (even widths; 301 rows end in an odd
+// block), the fp32 tiles on rounded values otherwise (odd in), and x's and dy's bits given.
+struct Bf16Case {
+  Case shape;
+  bool bits;
+};
+class LoraKernelsBf16 : public ::testing::TestWithParam<Bf16Case> {};
+
+TEST_P(LoraKernelsBf16, OperandsMatchRoundedDouble) {
+  const Case c = GetParam().shape;
   Data d(c, 5);
   const float s = 2.f;
   auto r = [](const std::vector<float>& v) {
@@ -136,9 +144,15 @@ TEST(LoraKernels, Bf16OperandsMatchRoundedDouble) {
         dA[k * c.in + i] += du[n * c.r + k] * x[n * c.in + i];
       }
     }
-  lora_forward(d.y.data(), d.x.data(), d.A.data(), d.B.data(), s, c.N, c.in, c.out, c.r, true);
+  std::vector<uint16_t> x16(d.x.size()), dy16(d.dy.size());
+  for (size_t i = 0; i < x16.size(); ++i) x16[i] = longtron::float_to_bf16(d.x[i]);
+  for (size_t i = 0; i < dy16.size(); ++i) dy16[i] = longtron::float_to_bf16(d.dy[i]);
+  const bool bits = GetParam().bits;
+  lora_forward(d.y.data(), d.x.data(), d.A.data(), d.B.data(), s, c.N, c.in, c.out, c.r, true,
+               bits ? x16.data() : nullptr);
   lora_backward(d.dx.data(), true, d.dA.data(), d.dB.data(), d.dy.data(), d.x.data(), d.A.data(),
-                d.B.data(), s, c.N, c.in, c.out, c.r, true);
+                d.B.data(), s, c.N, c.in, c.out, c.r, true, bits ? x16.data() : nullptr,
+                bits ? dy16.data() : nullptr);
   // Where fp32 and double accumulation put u or du on either side of a bf16 rounding boundary,
   // that value moves by a bf16 ulp (2⁻⁸ relative): a few elements may differ by that much, the
   // rest only by fp32 accumulation. Unrounded operands would miss the tight bound almost everywhere.
@@ -159,19 +173,30 @@ TEST(LoraKernels, Bf16OperandsMatchRoundedDouble) {
   near(d.dB, dB, c.N, "dB");
 }
 
+INSTANTIATE_TEST_SUITE_P(Shapes, LoraKernelsBf16,
+                         ::testing::Values(Bf16Case{{301, 96, 160, 16}, false},
+                                           Bf16Case{{301, 96, 160, 16}, true},
+                                           Bf16Case{{70, 33, 48, 16}, false},
+                                           Bf16Case{{70, 33, 48, 16}, true},
+                                           Bf16Case{{9, 64, 64, 8}, true}));
+
 TEST(LoraKernels, SameBitsForAnyThreadCount) {
   const Case c{3000, 96, 160, 16};
   const int saved = omp_get_max_threads();
-  std::vector<std::vector<float>> first;
-  for (const int threads : {1, 2, 3, 5}) {
-    omp_set_num_threads(threads);
-    Data d(c, 11);
-    lora_forward(d.y.data(), d.x.data(), d.A.data(), d.B.data(), 0.5f, c.N, c.in, c.out, c.r);
-    lora_backward(d.dx.data(), true, d.dA.data(), d.dB.data(), d.dy.data(), d.x.data(), d.A.data(),
-                  d.B.data(), 0.5f, c.N, c.in, c.out, c.r);
-    const std::vector<std::vector<float>> got = {d.y, d.dx, d.dA, d.dB};
-    if (first.empty()) first = got;
-    for (size_t t = 0; t < got.size(); ++t) EXPECT_EQ(got[t], first[t]) << threads << " threads, tensor " << t;
+  for (const bool bf16 : {false, true}) {
+    std::vector<std::vector<float>> first;
+    for (const int threads : {1, 2, 3, 5}) {
+      omp_set_num_threads(threads);
+      Data d(c, 11);
+      lora_forward(d.y.data(), d.x.data(), d.A.data(), d.B.data(), 0.5f, c.N, c.in, c.out, c.r,
+                   bf16);
+      lora_backward(d.dx.data(), true, d.dA.data(), d.dB.data(), d.dy.data(), d.x.data(),
+                    d.A.data(), d.B.data(), 0.5f, c.N, c.in, c.out, c.r, bf16);
+      const std::vector<std::vector<float>> got = {d.y, d.dx, d.dA, d.dB};
+      if (first.empty()) first = got;
+      for (size_t t = 0; t < got.size(); ++t)
+        EXPECT_EQ(got[t], first[t]) << threads << " threads, tensor " << t << ", bf16 " << bf16;
+    }
   }
   omp_set_num_threads(saved);
 }
