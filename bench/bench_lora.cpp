@@ -1,4 +1,4 @@
-// LoRA against full fine-tuning (docs/lora_performance.md), one process:
+// LoRA against full fine-tuning (docs/lora.md, "Memory and speed"), one process:
 //   bench_lora speed [--rounds 6] [--threads 2] [--dtype fp32|bf16] [--only full|lora]
 //     configs/small.toml's model (V 8192, H 384, 6 layers, 6 / 2 heads, P = 4 × 512), LoRA rank 16
 //     on every linear against full fine-tuning, fp32 and bf16 (if the CPU has native bf16): each
