@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -106,47 +107,76 @@ inline void tile_block(int64_t K, const T* A, int64_t ars, int64_t acs, const T*
   }
 }
 
-template <typename T, int NV>
-inline void tile_rows(int64_t M, int64_t K, const T* A, int64_t ars, int64_t acs, const T* B,
-                      int64_t ldb, T* C, int64_t ldc, bool accumulate) {
-  int64_t i = 0;
-  for (; i + 6 <= M; i += 6) {
+/// The k range every row block of a dense product needs: all of [0, K).
+struct FullRange {
+  int64_t K;
+  std::pair<int64_t, int64_t> operator()(int64_t, int64_t) const { return {0, K}; }
+};
+
+/// One panel of NV vectors of C in register blocks of 6 rows (then the rest), the rows [i, i + R)
+/// of a block summing k over range(i, R) = [k0, k1) only (A is zero outside it on those rows).
+template <typename T, int NV, typename Range>
+inline void tile_rows(int64_t M, const T* A, int64_t ars, int64_t acs, const T* B, int64_t ldb,
+                      T* C, int64_t ldc, bool accumulate, const Range& range) {
+  constexpr int W = kVecBytes / sizeof(T);
+  for (int64_t i = 0; i < M; i += 6) {
+    const int64_t R = std::min<int64_t>(6, M - i);
+    const auto [k0, k1] = range(i, R);
+    T* c = C + i * ldc;
+    if (k1 <= k0) {  // A is zero on these rows: C keeps its values, or gets zeros
+      if (!accumulate)
+        for (int64_t r = 0; r < R; ++r) std::fill_n(c + r * ldc, NV * W, T(0));
+      continue;
+    }
     // A's next rows where they are rows (acs = 1), and the C rows this block adds into.
-    if (acs == 1) prefetch_rows(A, ars, i + 6, std::min<int64_t>(6, M - i - 6), K * sizeof(T));
-    if (accumulate) prefetch_rows(C, ldc, i, 6, NV * kVecBytes);
-    tile_block<T, 6, NV>(K, A + i * ars, ars, acs, B, ldb, C + i * ldc, ldc, accumulate);
-  }
-  const T* a = A + i * ars;
-  T* c = C + i * ldc;
-  switch (M - i) {
-    case 5: tile_block<T, 5, NV>(K, a, ars, acs, B, ldb, c, ldc, accumulate); break;
-    case 4: tile_block<T, 4, NV>(K, a, ars, acs, B, ldb, c, ldc, accumulate); break;
-    case 3: tile_block<T, 3, NV>(K, a, ars, acs, B, ldb, c, ldc, accumulate); break;
-    case 2: tile_block<T, 2, NV>(K, a, ars, acs, B, ldb, c, ldc, accumulate); break;
-    case 1: tile_block<T, 1, NV>(K, a, ars, acs, B, ldb, c, ldc, accumulate); break;
-    default: break;
+    if (acs == 1 && i + 6 < M)
+      prefetch_rows(A + k0 * acs, ars, i + 6, std::min<int64_t>(6, M - i - 6),
+                    (k1 - k0) * int64_t(sizeof(T)));
+    if (accumulate) prefetch_rows(C, ldc, i, R, NV * kVecBytes);
+    const T* a = A + i * ars + k0 * acs;
+    const T* b = B + k0 * ldb;
+    switch (R) {
+      case 6: tile_block<T, 6, NV>(k1 - k0, a, ars, acs, b, ldb, c, ldc, accumulate); break;
+      case 5: tile_block<T, 5, NV>(k1 - k0, a, ars, acs, b, ldb, c, ldc, accumulate); break;
+      case 4: tile_block<T, 4, NV>(k1 - k0, a, ars, acs, b, ldb, c, ldc, accumulate); break;
+      case 3: tile_block<T, 3, NV>(k1 - k0, a, ars, acs, b, ldb, c, ldc, accumulate); break;
+      case 2: tile_block<T, 2, NV>(k1 - k0, a, ars, acs, b, ldb, c, ldc, accumulate); break;
+      default: tile_block<T, 1, NV>(k1 - k0, a, ars, acs, b, ldb, c, ldc, accumulate); break;
+    }
   }
 }
 
-template <typename T>
-inline void tile_gemm_panel(int64_t M, int64_t N, int64_t K, const T* A, int64_t ars, int64_t acs,
-                            const T* B, int64_t ldb, T* C, int64_t ldc, bool accumulate) {
+/// C[M, N] = A · B (+ C if accumulate) with A(i, k) = A[i·ars + k·acs] and B[k·ldb + j], where
+/// the rows [i, i + R) of a register block (R ≤ 6) need only k in range(i, R) = [k0, k1): A is
+/// zero outside it on those rows (the causal mask's zeros in P and dS), so the products skipped
+/// there add nothing and the nonzero terms are summed in the same order (FullRange{K}: a dense
+/// product). Panels of the widest vector count, then narrower ones, then columns left over one at
+/// a time (odd head_dim in tests). K is not split into panels (tile_gemm splits a long K).
+template <typename T, typename Range>
+inline void tile_gemm_ranged(int64_t M, int64_t N, const T* A, int64_t ars, int64_t acs,
+                            const T* B, int64_t ldb, T* C, int64_t ldc, bool accumulate,
+                            const Range& range) {
   constexpr int64_t W = kVecBytes / sizeof(T);
   int64_t j = 0;
   for (; j + kWideNV * W <= N; j += kWideNV * W)
-    tile_rows<T, kWideNV>(M, K, A, ars, acs, B + j, ldb, C + j, ldc, accumulate);
+    tile_rows<T, kWideNV>(M, A, ars, acs, B + j, ldb, C + j, ldc, accumulate, range);
   if (kWideNV > 2 && j + 2 * W <= N) {
-    tile_rows<T, 2>(M, K, A, ars, acs, B + j, ldb, C + j, ldc, accumulate);
+    tile_rows<T, 2>(M, A, ars, acs, B + j, ldb, C + j, ldc, accumulate, range);
     j += 2 * W;
   }
-  for (; j + W <= N; j += W) tile_rows<T, 1>(M, K, A, ars, acs, B + j, ldb, C + j, ldc, accumulate);
+  for (; j + W <= N; j += W)
+    tile_rows<T, 1>(M, A, ars, acs, B + j, ldb, C + j, ldc, accumulate, range);
   if (j == N) return;
-  for (int64_t i = 0; i < M; ++i) {  // columns left over (odd head_dim in tests)
-    if (!accumulate)
-      for (int64_t jj = j; jj < N; ++jj) C[i * ldc + jj] = T(0);
-    for (int64_t k = 0; k < K; ++k) {
-      const T a = A[i * ars + k * acs];
-      for (int64_t jj = j; jj < N; ++jj) C[i * ldc + jj] += a * B[k * ldb + jj];
+  for (int64_t i0 = 0; i0 < M; i0 += 6) {
+    const int64_t R = std::min<int64_t>(6, M - i0);
+    const auto [k0, k1] = range(i0, R);
+    for (int64_t i = i0; i < i0 + R; ++i) {
+      if (!accumulate)
+        for (int64_t jj = j; jj < N; ++jj) C[i * ldc + jj] = T(0);
+      for (int64_t k = k0; k < k1; ++k) {
+        const T a = A[i * ars + k * acs];
+        for (int64_t jj = j; jj < N; ++jj) C[i * ldc + jj] += a * B[k * ldb + jj];
+      }
     }
   }
 }
@@ -169,69 +199,13 @@ template <typename T>
 inline void tile_gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t ars, int64_t acs,
                       const T* B, int64_t ldb, T* C, int64_t ldc, bool accumulate) {
   if (K <= kPanelSplit) {
-    tile_gemm_panel(M, N, K, A, ars, acs, B, ldb, C, ldc, accumulate);
+    tile_gemm_ranged(M, N, A, ars, acs, B, ldb, C, ldc, accumulate, FullRange{K});
     return;
   }
   for (int64_t k = 0; k < K; k += kPanelRows) {
-    tile_gemm_panel(M, N, std::min(kPanelRows, K - k), A + k * acs, ars, acs, B + k * ldb, ldb, C,
-                    ldc, accumulate || k > 0);
+    tile_gemm_ranged(M, N, A + k * acs, ars, acs, B + k * ldb, ldb, C, ldc, accumulate || k > 0,
+                     FullRange{std::min(kPanelRows, K - k)});
   }
-}
-
-/// Row blocks of tile_gemm_ranged for one panel of NV vectors.
-template <typename T, int NV, typename Range>
-inline void tile_rows_ranged(int64_t M, const T* A, int64_t ars, int64_t acs, const T* B,
-                             int64_t ldb, T* C, int64_t ldc, bool accumulate, bool prefetch_a,
-                             const Range& range) {
-  constexpr int W = kVecBytes / sizeof(T);
-  for (int64_t i = 0; i < M; i += 6) {
-    const int64_t R = std::min<int64_t>(6, M - i);
-    const auto [k0, k1] = range(i, R);
-    T* c = C + i * ldc;
-    if (k1 <= k0) {  // A is zero on these rows: C keeps its values, or gets zeros
-      if (!accumulate)
-        for (int64_t r = 0; r < R; ++r) std::fill_n(c + r * ldc, NV * W, T(0));
-      continue;
-    }
-    if (prefetch_a && i + 6 < M)
-      prefetch_rows(A + k0 * acs, ars, i + 6, std::min<int64_t>(6, M - i - 6),
-                    (k1 - k0) * int64_t(sizeof(T)));
-    if (accumulate) prefetch_rows(C, ldc, i, R, NV * kVecBytes);
-    const T* a = A + i * ars + k0 * acs;
-    const T* b = B + k0 * ldb;
-    switch (R) {
-      case 6: tile_block<T, 6, NV>(k1 - k0, a, ars, acs, b, ldb, c, ldc, accumulate); break;
-      case 5: tile_block<T, 5, NV>(k1 - k0, a, ars, acs, b, ldb, c, ldc, accumulate); break;
-      case 4: tile_block<T, 4, NV>(k1 - k0, a, ars, acs, b, ldb, c, ldc, accumulate); break;
-      case 3: tile_block<T, 3, NV>(k1 - k0, a, ars, acs, b, ldb, c, ldc, accumulate); break;
-      case 2: tile_block<T, 2, NV>(k1 - k0, a, ars, acs, b, ldb, c, ldc, accumulate); break;
-      default: tile_block<T, 1, NV>(k1 - k0, a, ars, acs, b, ldb, c, ldc, accumulate); break;
-    }
-  }
-}
-
-/// C[M, N] = A · B (+ C if accumulate) as tile_gemm, where the rows [i, i + R) of a register
-/// block (R ≤ 6) need only k in range(i, R) = [k0, k1) ⊆ [0, K): A is zero outside it on those
-/// rows (the causal mask's zeros in P and dS), so the products skipped there add nothing and the
-/// nonzero terms are summed in the same order. N must be a multiple of the vector width; K is not
-/// split into panels (callers pass K ≤ kPanelSplit).
-template <typename T, typename Range>
-inline void tile_gemm_ranged(int64_t M, int64_t N, const T* A, int64_t ars, int64_t acs,
-                             const T* B, int64_t ldb, T* C, int64_t ldc, bool accumulate,
-                             const Range& range) {
-  constexpr int64_t W = kVecBytes / sizeof(T);
-  int64_t j = 0;
-  for (; j + kWideNV * W <= N; j += kWideNV * W)
-    tile_rows_ranged<T, kWideNV>(M, A, ars, acs, B + j, ldb, C + j, ldc, accumulate,
-                                 acs == 1, range);
-  if (kWideNV > 2 && j + 2 * W <= N) {
-    tile_rows_ranged<T, 2>(M, A, ars, acs, B + j, ldb, C + j, ldc, accumulate,
-                           acs == 1, range);
-    j += 2 * W;
-  }
-  for (; j + W <= N; j += W)
-    tile_rows_ranged<T, 1>(M, A, ars, acs, B + j, ldb, C + j, ldc, accumulate,
-                           acs == 1, range);
 }
 
 }  // namespace longtron::ops::detail
