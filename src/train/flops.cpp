@@ -53,4 +53,19 @@ double measure_gemm_bf16_flops(int64_t n, int repeats) {
   }
 }
 
+double step_mfu(double flops_per_s, double& gemm_flops, int& retimes_left,
+                const std::function<double()>& retime) {
+  double mfu = flops_per_s / gemm_flops;
+  if (mfu > 1.0 && retimes_left > 0) {
+    --retimes_left;
+    gemm_flops = std::max(gemm_flops, retime());
+    mfu = flops_per_s / gemm_flops;
+  }
+  return mfu;
+}
+
+double measure_gemm_flops(ops::ComputeType compute, int64_t n) {
+  return compute == ops::ComputeType::kBFloat16 ? measure_gemm_bf16_flops(n) : measure_sgemm_flops(n);
+}
+
 }  // namespace longtron::train

@@ -142,6 +142,7 @@ struct Run {
   double sgemm_flops = 0;
   ops::ComputeType compute = ops::ComputeType::kFloat32;  // model.dtype on this CPU
   double gemm_flops = 0;  // GEMM FLOP/s of `compute` (the MFU denominator)
+  int gemm_retimes_left = 3;  // re-timings of gemm_flops allowed (step_mfu)
 
   Run(const TrainConfig& c, const TrainOptions& o, parallel::Grid g)
       : config(c), options(o), grid(std::move(g)), dp(grid.data), rank0(grid.world_rank == 0),
@@ -386,8 +387,11 @@ struct Run {
     row.sent_mb = double(sent) * 1e-6;
     // Model FLOPs of every position the ranks computed (pad included: it is computed) over the
     // GEMM speed of the step's dtype on all ranks together.
-    row.mfu = model::model_flops(config.model, processed, r.sum_l2) / seconds /
-              (gemm_flops * static_cast<double>(grid.world_size));
+    const double flops = model::model_flops(config.model, processed, r.sum_l2) / seconds /
+                         static_cast<double>(grid.world_size);
+    // No collective in the re-timing: each rank keeps its own rate.
+    row.mfu = step_mfu(flops, gemm_flops, gemm_retimes_left,
+                       [&] { return measure_gemm_flops(compute, options.sgemm_size); });
     return row;
   }
 };
