@@ -172,7 +172,7 @@ class Adapters {
         if constexpr (std::is_same_v<T, float>) {
           const T* xd = dropped(x, nx, N, p);
           ops::lora_forward(y, xd, weight(p.a_view, false), weight(p.b_view, false), s, nx, in_,
-                            out_, r_, bf16(), bits_of(xd, x, rounded == x));
+                            p.b_rows, r_, bf16(), bits_of(xd, x, rounded == x), outputs(p));
         }
         continue;
       }
@@ -259,12 +259,21 @@ class Adapters {
     const uint16_t* h = nullptr;
   };
 
-  /// Whether `p` runs as the fused kernels (ops/lora_kernels.h; float, fp32 or bf16 compute): B
-  /// over every output column, rows where they are (no redistribution of u or du) and whole
-  /// adapters in the table (no weight-parallel gather or reduction). Elsewhere the GEMMs below.
+  /// Whether `p` runs as the fused kernels (ops/lora_kernels.h; float, fp32 or bf16 compute): rows
+  /// where they are (no redistribution of u or du) and whole adapters in the table (no
+  /// weight-parallel gather or reduction). Elsewhere the GEMMs below.
   bool fused(const Piece& p) const {
-    return std::is_same_v<T, float> && whole(p) && !spec_.forward_u &&
+    return std::is_same_v<T, float> && !spec_.forward_u &&
            !spec_.backward_du && !spec_.gather && !spec_.reduce && p.b_rows > 0;
+  }
+
+  /// Where B's rows land in y for the fused kernels: all of y's columns (whole), else p's segments.
+  ops::LoraOutputs outputs(const Piece& p) const {
+    ops::LoraOutputs o;
+    if (whole(p)) return o;
+    o.ldy = out_;
+    for (const Piece::Seg& g : p.segs) o.segments.push_back({g.y_col, g.b_row, g.count});
+    return o;
   }
 
   /// x16's bits when the adapter reads x itself and the caller rounded it there, else nullptr.
@@ -286,11 +295,13 @@ class Adapters {
       const T* B = weight(p.b_view, true);
       const T s = T(st.config.scale());
       const uint16_t* x16 = bits_of(xd, x, x_rounded);
+      const int64_t out = p.b_rows;
       if (xd == x)
-        return ops::lora_backward(dx, true, dA, dB, dy, x, A, B, s, nx, in_, out_, r_, bf16(),
-                                  x16, dy16);
+        return ops::lora_backward(dx, true, dA, dB, dy, x, A, B, s, nx, in_, out, r_, bf16(), x16,
+                                  dy16, outputs(p));
       T* g = grow(st.t, nx * in_);
-      ops::lora_backward(g, false, dA, dB, dy, xd, A, B, s, nx, in_, out_, r_, bf16(), x16, dy16);
+      ops::lora_backward(g, false, dA, dB, dy, xd, A, B, s, nx, in_, out, r_, bf16(), x16, dy16,
+                         outputs(p));
       apply_mask(dx, g, nx, N, p, /*accumulate=*/true);
     }
     (void)dx, (void)dy, (void)x, (void)N, (void)p, (void)x_rounded, (void)dy16;

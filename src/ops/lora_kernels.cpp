@@ -74,13 +74,26 @@ void transpose_operands(float* dst, const float* src, int64_t rows, int64_t cols
     for (int64_t j = 0; j < cols; ++j) dst[j * rows + i] = scale * operand(src[i * cols + j], bf16);
 }
 
-/// What both ways of running a block share: the call's operands and shapes.
+using Segment = LoraOutputs::Segment;
+
+/// What both ways of running a block share: the call's operands and shapes. out: B's rows; y's
+/// and dy's rows are ldy wide, B's rows landing in them as `segments` say.
 struct Call {
   const float *x, *dy, *A, *B;
   const uint16_t *x16, *dy16;  // x's and dy's bf16 bits, when the caller has them
   float s;
   int64_t in, out, r;
   bool bf16;
+  int64_t ldy;
+  std::vector<Segment> segments;
+
+  Call(const float* x_, const float* dy_, const float* A_, const float* B_, const uint16_t* x16_,
+       const uint16_t* dy16_, float s_, int64_t in_, int64_t out_, int64_t r_, bool bf16_,
+       const LoraOutputs& outputs)
+      : x(x_), dy(dy_), A(A_), B(B_), x16(x16_), dy16(dy16_), s(s_), in(in_), out(out_), r(r_),
+        bf16(bf16_), ldy(outputs.segments.empty() ? out_ : outputs.ldy),
+        segments(outputs.segments.empty() ? std::vector<Segment>{{0, 0, out_}}
+                                          : outputs.segments) {}
 };
 
 /// fp32 tiles (ops/tile_gemm.h). Under bf16 the operands are rounded to bf16 values first, so
@@ -94,7 +107,8 @@ class TileProducts {
     const int64_t in = c_.in, out = c_.out, r = c_.r;
     const int64_t per_thread =
         2 * Arena::size<float>(kBlockRows * r) +
-        (c_.bf16 ? Arena::size<float>(kBlockRows * in) + Arena::size<float>(kBlockRows * out) : 0);
+        (c_.bf16 ? Arena::size<float>(kBlockRows * in) + Arena::size<float>(kBlockRows * c_.ldy)
+                 : 0);
     return 2 * Arena::size<float>(r * in) + Arena::size<float>(r * out) + threads * per_thread;
   }
 
@@ -116,16 +130,18 @@ class TileProducts {
       room.u = arena.take<float>(kBlockRows * r);
       room.du = arena.take<float>(kBlockRows * r);
       room.x = c_.bf16 ? arena.take<float>(kBlockRows * in) : nullptr;
-      room.dy = c_.bf16 ? arena.take<float>(kBlockRows * out) : nullptr;
+      room.dy = c_.bf16 ? arena.take<float>(kBlockRows * c_.ldy) : nullptr;
     }
   }
 
-  /// y rows [n0, n0 + m) += u (s·B)ᵀ.
+  /// y rows [n0, n0 + m) += u (s·B)ᵀ, each segment into its columns.
   void forward(int thread, float* y, int64_t n0, int64_t m) {
     Room& room = rooms_[size_t(thread)];
     const float* xb = rows(room.x, c_.x, c_.x16, n0, m, c_.in);
     down_project(room.u, xb, m);
-    tile_gemm<float>(m, c_.out, c_.r, room.u, c_.r, 1, sB_, c_.out, y + n0 * c_.out, c_.out, true);
+    for (const Segment& g : c_.segments)
+      tile_gemm<float>(m, g.count, c_.r, room.u, c_.r, 1, sB_ + g.b_row, c_.out,
+                       y + n0 * c_.ldy + g.y_col, c_.ldy, true);
   }
 
   /// The block's terms: dBt [r, out] (+)= uᵀ dy, dA_c [r, in] (+)= duᵀ x, dx rows (+)= du A.
@@ -133,12 +149,18 @@ class TileProducts {
                 int64_t n0, int64_t m) {
     Room& room = rooms_[size_t(thread)];
     const int64_t in = c_.in, out = c_.out, r = c_.r;
+    const int64_t ldy = c_.ldy;
     const float* xb = rows(room.x, c_.x, c_.x16, n0, m, in);
-    const float* dyb = rows(room.dy, c_.dy, c_.dy16, n0, m, out);
+    const float* dyb = rows(room.dy, c_.dy, c_.dy16, n0, m, ldy);
     down_project(room.u, xb, m);
-    tile_gemm<float>(m, r, out, dyb, out, 1, sB_, r, room.du, r, false);  // du = dy (s B)
+    for (size_t i = 0; i < c_.segments.size(); ++i) {  // du = dy (s B), dBt (+)= uᵀ dy
+      const Segment& g = c_.segments[i];
+      tile_gemm<float>(m, r, g.count, dyb + g.y_col, ldy, 1, sB_ + g.b_row * r, r, room.du, r,
+                       i > 0);
+      tile_gemm<float>(r, g.count, m, room.u, 1, r, dyb + g.y_col, ldy, dBt + g.b_row, out,
+                       !first);
+    }
     if (c_.bf16) copy_operands(room.du, room.du, m * r, true);
-    tile_gemm<float>(r, out, m, room.u, 1, r, dyb, out, dBt, out, !first);
     tile_gemm<float>(r, in, m, room.du, 1, r, xb, in, dA_c, in, !first);
     tile_gemm<float>(m, in, r, room.du, r, 1, Ar_, in, dx + n0 * in, in, accumulate_dx);
   }
@@ -178,7 +200,10 @@ class TileProducts {
 class Bf16Products {
  public:
   static bool runs(const Call& c) {
-    return c.bf16 && c.r % 2 == 0 && c.in % 2 == 0 && c.out % 2 == 0 && attention_bf16_native();
+    const bool even = std::all_of(c.segments.begin(), c.segments.end(), [](const Segment& g) {
+      return g.b_row % 2 == 0 && g.count % 2 == 0;
+    });
+    return c.bf16 && c.r % 2 == 0 && c.in % 2 == 0 && even && attention_bf16_native();
   }
   explicit Bf16Products(const Call& c)
       : c_(c), ldr_(round_up(c.r, 16)), ldi_(round_up(c.in, 16)), ldo_(round_up(c.out, 16)) {}
@@ -187,11 +212,12 @@ class Bf16Products {
     const int64_t in = c_.in, out = c_.out, r = c_.r;
     const int64_t weights = Arena::size<uint32_t>(in / 2 * ldr_) +
                             Arena::size<uint32_t>(out / 2 * ldr_) +
-                            Arena::size<uint32_t>(r / 2 * ldi_) + Arena::size<uint32_t>(r / 2 * ldo_) +
+                            Arena::size<uint32_t>(r / 2 * ldi_) +
+                            Arena::size<uint32_t>(r / 2 * ldo_ + 16) +
                             Arena::size<bf16_t>(std::max(in, out) * r);
     const int64_t per_thread =
         2 * Arena::size<float>(kBlockRows * r) + 4 * Arena::size<bf16_t>(kBlockRows * r) +
-        Arena::size<bf16_t>(kBlockRows * in) + Arena::size<bf16_t>(kBlockRows * out) +
+        Arena::size<bf16_t>(kBlockRows * in) + Arena::size<bf16_t>(kBlockRows * c_.ldy) +
         Arena::size<uint32_t>(kBlockRows / 2 * std::max(ldi_, ldo_));
     return weights + threads * per_thread;
   }
@@ -204,7 +230,7 @@ class Bf16Products {
     At_ = arena.take<uint32_t>(in / 2 * ldr_);
     sB_ = arena.take<uint32_t>(out / 2 * ldr_);
     A_ = arena.take<uint32_t>(r / 2 * ldi_);
-    sBt_ = arena.take<uint32_t>(r / 2 * ldo_);
+    sBt_ = arena.take<uint32_t>(r / 2 * ldo_ + 16);  // a segment's last vector may read past
     for (int64_t k = 0; k < r; ++k)
       for (int64_t i = 0; i < in; ++i) tmp[i * r + k] = float_to_bf16(c_.A[k * in + i]);
     detail::native::pack_pairs_of_rows(At_, ldr_, tmp, r, in, r);
@@ -224,7 +250,7 @@ class Bf16Products {
       room.ut = arena.take<bf16_t>(kBlockRows * r);
       room.dut = arena.take<bf16_t>(kBlockRows * r);
       room.x16 = arena.take<bf16_t>(kBlockRows * in);
-      room.dy16 = arena.take<bf16_t>(kBlockRows * out);
+      room.dy16 = arena.take<bf16_t>(kBlockRows * c_.ldy);
       room.pairs = arena.take<uint32_t>(kBlockRows / 2 * std::max(ldi_, ldo_));
     }
   }
@@ -271,26 +297,35 @@ class Bf16Products {
   LONGTRON_BF16_TARGET void forward_native(int thread, float* y, int64_t n0, int64_t m) {
     using detail::native::bf16_gemm;
     Room& room = rooms_[size_t(thread)];
-    const int64_t in = c_.in, out = c_.out, r = c_.r;
+    const int64_t in = c_.in, r = c_.r;
     const bf16_t* xb = bits(room.x16, c_.x, c_.x16, n0, m, in);
     bf16_gemm(m, r, in / 2, xb, in, At_, ldr_, room.u, r, false, m);
     round_rows(room.u16, room.ut, room.u, m);
-    bf16_gemm(m, out, r / 2, room.u16, r, sBt_, ldo_, y + n0 * out, out, true, m);
+    for (const Segment& g : c_.segments)
+      bf16_gemm(m, g.count, r / 2, room.u16, r, sBt_ + g.b_row, ldo_, y + n0 * c_.ldy + g.y_col,
+                c_.ldy, true, m);
   }
 
   LONGTRON_BF16_TARGET void backward_native(int thread, float* dBt, float* dA_c, bool first,
                                             float* dx, bool accumulate_dx, int64_t n0, int64_t m) {
     using detail::native::bf16_gemm;
     Room& room = rooms_[size_t(thread)];
-    const int64_t in = c_.in, out = c_.out, r = c_.r, me = round_up(m, 2);
+    const int64_t in = c_.in, out = c_.out, r = c_.r, ldy = c_.ldy, me = round_up(m, 2);
     const bf16_t* xb = bits(room.x16, c_.x, c_.x16, n0, m, in);
-    const bf16_t* dyb = bits(room.dy16, c_.dy, c_.dy16, n0, m, out);
+    const bf16_t* dyb = bits(room.dy16, c_.dy, c_.dy16, n0, m, ldy);
     bf16_gemm(m, r, in / 2, xb, in, At_, ldr_, room.u, r, false, m);         // u = x Aᵀ
     round_rows(room.u16, room.ut, room.u, m);
-    bf16_gemm(m, r, out / 2, dyb, out, sB_, ldr_, room.du, r, false, m);     // du = dy (s B)
+    for (size_t i = 0; i < c_.segments.size(); ++i) {  // du = dy (s B)
+      const Segment& g = c_.segments[i];
+      bf16_gemm(m, r, g.count / 2, dyb + g.y_col, ldy, sB_ + g.b_row / 2 * ldr_, ldr_, room.du,
+                r, i > 0, m);
+    }
     round_rows(room.du16, room.dut, room.du, m);
-    detail::native::pack_pairs_of_rows(room.pairs, ldo_, dyb, out, m, out);
-    bf16_gemm(r, out, me / 2, room.ut, me, room.pairs, ldo_, dBt, out, !first, r);   // uᵀ dy
+    for (const Segment& g : c_.segments) {  // dBt (+)= uᵀ dy
+      const int64_t ldp = round_up(g.count, 16);
+      detail::native::pack_pairs_of_rows(room.pairs, ldp, dyb + g.y_col, ldy, m, g.count);
+      bf16_gemm(r, g.count, me / 2, room.ut, me, room.pairs, ldp, dBt + g.b_row, out, !first, r);
+    }
     detail::native::pack_pairs_of_rows(room.pairs, ldi_, xb, in, m, in);
     bf16_gemm(r, in, me / 2, room.dut, me, room.pairs, ldi_, dA_c, in, !first, r);   // duᵀ x
     bf16_gemm(m, in, r / 2, room.du16, r, A_, ldi_, dx + n0 * in, in, accumulate_dx, m);
@@ -359,7 +394,7 @@ void backward_rows(Products& p, float* dx, bool accumulate_dx, float* dA, float*
 }  // namespace
 
 double lora_kernel_scratch_bytes(int64_t in, int64_t out, int64_t r, bool bf16) {
-  const Call c{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1.f, in, out, r, bf16};
+  const Call c(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1.f, in, out, r, bf16, {});
   const int threads = omp_get_max_threads();
   const double products = double(Bf16Products::runs(c) ? Bf16Products(c).scratch_bytes(threads)
                                                        : TileProducts(c).scratch_bytes(threads));
@@ -367,9 +402,10 @@ double lora_kernel_scratch_bytes(int64_t in, int64_t out, int64_t r, bool bf16) 
 }
 
 void lora_forward(float* y, const float* x, const float* A, const float* B, float s, int64_t N,
-                  int64_t in, int64_t out, int64_t r, bool bf16, const uint16_t* x16) {
+                  int64_t in, int64_t out, int64_t r, bool bf16, const uint16_t* x16,
+                  const LoraOutputs& outputs) {
   if (N <= 0 || r <= 0) return;
-  const Call c{x, nullptr, A, B, x16, nullptr, s, in, out, r, bf16};
+  const Call c(x, nullptr, A, B, x16, nullptr, s, in, out, r, bf16, outputs);
   if (Bf16Products::runs(c)) {
     Bf16Products p(c);
     return forward_rows(p, y, N, c);
@@ -381,12 +417,12 @@ void lora_forward(float* y, const float* x, const float* A, const float* B, floa
 void lora_backward(float* dx, bool accumulate_dx, float* dA, float* dB, const float* dy,
                    const float* x, const float* A, const float* B, float s, int64_t N, int64_t in,
                    int64_t out, int64_t r, bool bf16, const uint16_t* x16,
-                   const uint16_t* dy16) {
+                   const uint16_t* dy16, const LoraOutputs& outputs) {
   if (N <= 0 || r <= 0) {
     if (N > 0 && !accumulate_dx) std::fill(dx, dx + N * in, 0.f);
     return;
   }
-  const Call c{x, dy, A, B, x16, dy16, s, in, out, r, bf16};
+  const Call c(x, dy, A, B, x16, dy16, s, in, out, r, bf16, outputs);
   if (Bf16Products::runs(c)) {
     Bf16Products p(c);
     return backward_rows(p, dx, accumulate_dx, dA, dB, N, c);

@@ -11,9 +11,24 @@
 #pragma once
 #include <cstdint>
 
+#include <vector>
+
 namespace longtron::ops {
 
-/// y[N, out] += s · (x Aᵀ) Bᵀ, x [N, in], A [r, in], B [out, r] (row-major, PEFT's shapes).
+/// Where an adapter's output lands when B covers only some of its linear's output columns (Llama's
+/// q_proj, k_proj, v_proj in the fused, grouped qkv projection): rows [b_row, b_row + count) of B
+/// are columns [y_col, y_col + count) of y and dy, whose rows are ldy wide. Default (ldy 0, no
+/// segments): B's out rows are all of y's out columns, in order.
+struct LoraOutputs {
+  struct Segment {
+    int64_t y_col, b_row, count;
+  };
+  int64_t ldy = 0;
+  std::vector<Segment> segments;
+};
+
+/// y[N, out] += s · (x Aᵀ) Bᵀ, x [N, in], A [r, in], B [out, r] (row-major, PEFT's shapes); with
+/// `outputs`, into the columns its segments name.
 /// Each row of y in a fixed order (the same bits for any thread count); s is applied to B
 /// (y += (x Aᵀ)(s B)ᵀ), exact when s is a power of two.
 /// bf16: every product reads bf16 operands (x, A, B and u rounded to nearest even, as
@@ -21,18 +36,19 @@ namespace longtron::ops {
 /// x's rounding (core/bf16.h) already made, read instead of rounding x again.
 void lora_forward(float* y, const float* x, const float* A, const float* B, float s, int64_t N,
                   int64_t in, int64_t out, int64_t r, bool bf16 = false,
-                  const uint16_t* x16 = nullptr);
+                  const uint16_t* x16 = nullptr, const LoraOutputs& outputs = {});
 
 /// The backward of lora_forward (u = x Aᵀ recomputed): with du = s · dy B [N, r],
 ///   dB [out, r] += s · dyᵀ u,   dA [r, in] += duᵀ x,   dx [N, in] = (accumulate_dx ? dx : 0) + du A.
 /// The sums over rows run in at most 16 fixed chunks of rows added in order: the same bits for any
 /// thread count. bf16: the products read bf16 operands (x, dy, A, B, u and du rounded) with fp32
 /// accumulation, as lora_forward (x16, dy16: x's and dy's roundings when the caller has them).
+/// With `outputs`, dy's columns are read where its segments name them.
 /// Holds lora_kernel_scratch_bytes of grow-only scratch on the calling thread.
 void lora_backward(float* dx, bool accumulate_dx, float* dA, float* dB, const float* dy,
                    const float* x, const float* A, const float* B, float s, int64_t N, int64_t in,
                    int64_t out, int64_t r, bool bf16 = false, const uint16_t* x16 = nullptr,
-                   const uint16_t* dy16 = nullptr);
+                   const uint16_t* dy16 = nullptr, const LoraOutputs& outputs = {});
 
 /// The most scratch lora_forward and lora_backward hold for widths in, out and rank r at the
 /// current OpenMP thread count: the chunks' partial sums, A and B as the products read them, and

@@ -210,3 +210,73 @@ TEST(LoraKernels, NoRowsLeaveEverythingButAnOverwrittenDx) {
 }
 
 }  // namespace
+
+namespace {
+
+// An adapter covering some of its linear's output columns (Llama's q/k/v in the fused qkv
+// projection): B's rows land in y's and dy's columns where the segments say, fp32 and bf16.
+TEST(LoraKernels, SegmentsLandInTheirColumns) {
+  const int64_t N = 150, in = 48, r = 16, ldy = 56, out = 32;
+  longtron::ops::LoraOutputs outputs;
+  outputs.ldy = ldy;
+  // B rows 0..32 out of order; the odd counts take the bf16 fallback (fp32 tiles, rounded values).
+  for (const auto& segments : {std::vector<longtron::ops::LoraOutputs::Segment>{
+                                   {40, 0, 16}, {0, 16, 8}, {16, 24, 8}},
+                               std::vector<longtron::ops::LoraOutputs::Segment>{
+                                   {40, 0, 15}, {0, 15, 9}, {16, 24, 8}}})
+  for (const bool bf16 : {false, true}) {
+    outputs.segments = segments;
+    auto op = [&](float v) { return bf16 ? rounded(v) : double(v); };
+    const std::vector<float> x = random_values(N * in, 1), dy = random_values(N * ldy, 2),
+                             A = random_values(r * in, 3), B = random_values(out * r, 4);
+    std::vector<float> y = random_values(N * ldy, 5), dx = random_values(N * in, 6),
+                       dA(r * in, 0.f), dB(out * r, 0.f);
+    const float s = 0.5f;
+    std::vector<double> wy(y.begin(), y.end()), wdx(dx.begin(), dx.end()), wdA(r * in, 0.0),
+        wdB(out * r, 0.0);
+    for (int64_t n = 0; n < N; ++n) {
+      std::vector<double> u(r, 0.0), du(r, 0.0);
+      for (int64_t k = 0; k < r; ++k) {
+        for (int64_t i = 0; i < in; ++i) u[k] += op(x[n * in + i]) * op(A[k * in + i]);
+        for (const auto& g : outputs.segments)
+          for (int64_t j = 0; j < g.count; ++j)
+            du[k] += op(dy[n * ldy + g.y_col + j]) * op(s * op(B[(g.b_row + j) * r + k]));
+        u[k] = bf16 ? rounded(u[k]) : u[k];
+        du[k] = bf16 ? rounded(du[k]) : du[k];
+      }
+      for (const auto& g : outputs.segments)
+        for (int64_t j = 0; j < g.count; ++j)
+          for (int64_t k = 0; k < r; ++k) {
+            wy[n * ldy + g.y_col + j] += s * u[k] * op(B[(g.b_row + j) * r + k]);
+            wdB[(g.b_row + j) * r + k] += s * op(dy[n * ldy + g.y_col + j]) * u[k];
+          }
+      for (int64_t k = 0; k < r; ++k)
+        for (int64_t i = 0; i < in; ++i) {
+          wdx[n * in + i] += du[k] * op(A[k * in + i]);
+          wdA[k * in + i] += du[k] * op(x[n * in + i]);
+        }
+    }
+    lora_forward(y.data(), x.data(), A.data(), B.data(), s, N, in, out, r, bf16, nullptr, outputs);
+    lora_backward(dx.data(), true, dA.data(), dB.data(), dy.data(), x.data(), A.data(), B.data(),
+                  s, N, in, out, r, bf16, nullptr, nullptr, outputs);
+    // Columns of y outside every segment ([24, 40)) keep their values exactly.
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 24; c < 40; ++c) ASSERT_EQ(double(y[n * ldy + c]), wy[n * ldy + c]);
+    const double tight = 2e-4, loose = bf16 ? 4.0 / 256 : tight;  // bf16: rare rounding ties
+    auto near = [&](const std::vector<float>& got, const std::vector<double>& want, const char* what) {
+      size_t off = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double scale = 1.0 + std::fabs(want[i]), err = std::fabs(got[i] - want[i]);
+        ASSERT_LE(err, (loose + tight) * scale) << what << "[" << i << "], bf16 " << bf16;
+        if (err > tight * scale) ++off;
+      }
+      EXPECT_LE(off, got.size() / 100) << what << ", bf16 " << bf16;
+    };
+    near(y, wy, "y");
+    near(dx, wdx, "dx");
+    near(dA, wdA, "dA");
+    near(dB, wdB, "dB");
+  }
+}
+
+}  // namespace
