@@ -195,8 +195,9 @@ class TileProducts {
 };
 
 /// AVX512-BF16 dot products (vdpbf16ps, ops/bf16_tile_gemm.h) on bf16 operands with fp32
-/// accumulation: x and dy read as bits, A, s·B, u and du rounded to bf16 (s·B exact when s is a
-/// power of two). Needs r, in and out even and a CPU with AVX512-BF16 (attention_bf16_native).
+/// accumulation: x and dy read as bits, A, B, u and du rounded to bf16, s applied to the fp32
+/// products (as the GEMM path's alpha). Needs r, in and the segments' rows even and a CPU with
+/// AVX512-BF16 (attention_bf16_native).
 class Bf16Products {
  public:
   static bool runs(const Call& c) {
@@ -218,29 +219,30 @@ class Bf16Products {
     const int64_t per_thread =
         2 * Arena::size<float>(kBlockRows * r) + 4 * Arena::size<bf16_t>(kBlockRows * r) +
         Arena::size<bf16_t>(kBlockRows * in) + Arena::size<bf16_t>(kBlockRows * c_.ldy) +
-        Arena::size<uint32_t>(kBlockRows / 2 * std::max(ldi_, ldo_));
+        Arena::size<uint32_t>(kBlockRows / 2 * std::max(ldi_, ldo_)) +
+        Arena::size<float>(kBlockRows * out);
     return weights + threads * per_thread;
   }
 
-  /// The weights packed as pairs along each product's K: Aᵀ [in, r], s·B [out, r], A [r, in],
-  /// (s·B)ᵀ [r, out]; per-thread rooms.
+  /// The weights rounded and packed as pairs along each product's K: Aᵀ [in, r], B [out, r],
+  /// A [r, in], Bᵀ [r, out]; per-thread rooms.
   void prepare(Arena& arena, int threads, bool) {
     const int64_t in = c_.in, out = c_.out, r = c_.r;
     bf16_t* tmp = arena.take<bf16_t>(std::max(in, out) * r);
     At_ = arena.take<uint32_t>(in / 2 * ldr_);
-    sB_ = arena.take<uint32_t>(out / 2 * ldr_);
+    B_ = arena.take<uint32_t>(out / 2 * ldr_);
     A_ = arena.take<uint32_t>(r / 2 * ldi_);
-    sBt_ = arena.take<uint32_t>(r / 2 * ldo_ + 16);  // a segment's last vector may read past
+    Bt_ = arena.take<uint32_t>(r / 2 * ldo_ + 16);  // a segment's last vector may read past
     for (int64_t k = 0; k < r; ++k)
       for (int64_t i = 0; i < in; ++i) tmp[i * r + k] = float_to_bf16(c_.A[k * in + i]);
     detail::native::pack_pairs_of_rows(At_, ldr_, tmp, r, in, r);
     for (int64_t i = 0; i < r * in; ++i) tmp[i] = float_to_bf16(c_.A[i]);
     detail::native::pack_pairs_of_rows(A_, ldi_, tmp, in, r, in);
-    for (int64_t i = 0; i < out * r; ++i) tmp[i] = scaled_b(i);
-    detail::native::pack_pairs_of_rows(sB_, ldr_, tmp, r, out, r);
+    for (int64_t i = 0; i < out * r; ++i) tmp[i] = float_to_bf16(c_.B[i]);
+    detail::native::pack_pairs_of_rows(B_, ldr_, tmp, r, out, r);
     for (int64_t o = 0; o < out; ++o)
-      for (int64_t k = 0; k < r; ++k) tmp[k * out + o] = scaled_b(o * r + k);
-    detail::native::pack_pairs_of_rows(sBt_, ldo_, tmp, out, r, out);
+      for (int64_t k = 0; k < r; ++k) tmp[k * out + o] = float_to_bf16(c_.B[o * r + k]);
+    detail::native::pack_pairs_of_rows(Bt_, ldo_, tmp, out, r, out);
     rooms_.resize(size_t(threads));
     for (Room& room : rooms_) {
       room.u = arena.take<float>(kBlockRows * r);
@@ -252,6 +254,7 @@ class Bf16Products {
       room.x16 = arena.take<bf16_t>(kBlockRows * in);
       room.dy16 = arena.take<bf16_t>(kBlockRows * c_.ldy);
       room.pairs = arena.take<uint32_t>(kBlockRows / 2 * std::max(ldi_, ldo_));
+      room.t = arena.take<float>(kBlockRows * out);
     }
   }
 
@@ -266,11 +269,8 @@ class Bf16Products {
     float *u, *du;
     bf16_t *u16, *du16, *ut, *dut, *x16, *dy16;  // ut, dut: [r, m rounded up to even]
     uint32_t* pairs;                             // x's or dy's rows packed as pairs
+    float* t;                                    // a segment's u Bᵀ [m, count], before s
   };
-
-  bf16_t scaled_b(int64_t i) const {
-    return float_to_bf16(c_.s * bf16_to_float(float_to_bf16(c_.B[i])));
-  }
 
   /// Rows [n0, n0 + m) of x or dy as bits: the caller's, or rounded into room.
   static const bf16_t* bits(bf16_t* room, const float* src, const uint16_t* given, int64_t n0,
@@ -301,9 +301,14 @@ class Bf16Products {
     const bf16_t* xb = bits(room.x16, c_.x, c_.x16, n0, m, in);
     bf16_gemm(m, r, in / 2, xb, in, At_, ldr_, room.u, r, false, m);
     round_rows(room.u16, room.ut, room.u, m);
-    for (const Segment& g : c_.segments)
-      bf16_gemm(m, g.count, r / 2, room.u16, r, sBt_ + g.b_row, ldo_, y + n0 * c_.ldy + g.y_col,
-                c_.ldy, true, m);
+    for (const Segment& g : c_.segments) {  // y += s · (u Bᵀ)
+      bf16_gemm(m, g.count, r / 2, room.u16, r, Bt_ + g.b_row, ldo_, room.t, g.count, false, m);
+      for (int64_t n = 0; n < m; ++n) {
+        float* yn = y + (n0 + n) * c_.ldy + g.y_col;
+        const float* tn = room.t + n * g.count;
+        for (int64_t j = 0; j < g.count; ++j) yn[j] += c_.s * tn[j];
+      }
+    }
   }
 
   LONGTRON_BF16_TARGET void backward_native(int thread, float* dBt, float* dA_c, bool first,
@@ -315,11 +320,12 @@ class Bf16Products {
     const bf16_t* dyb = bits(room.dy16, c_.dy, c_.dy16, n0, m, ldy);
     bf16_gemm(m, r, in / 2, xb, in, At_, ldr_, room.u, r, false, m);         // u = x Aᵀ
     round_rows(room.u16, room.ut, room.u, m);
-    for (size_t i = 0; i < c_.segments.size(); ++i) {  // du = dy (s B)
+    for (size_t i = 0; i < c_.segments.size(); ++i) {  // du = s · (dy B)
       const Segment& g = c_.segments[i];
-      bf16_gemm(m, r, g.count / 2, dyb + g.y_col, ldy, sB_ + g.b_row / 2 * ldr_, ldr_, room.du,
+      bf16_gemm(m, r, g.count / 2, dyb + g.y_col, ldy, B_ + g.b_row / 2 * ldr_, ldr_, room.du,
                 r, i > 0, m);
     }
+    for (int64_t i = 0; i < m * r; ++i) room.du[i] *= c_.s;
     round_rows(room.du16, room.dut, room.du, m);
     for (const Segment& g : c_.segments) {  // dBt (+)= uᵀ dy
       const int64_t ldp = round_up(g.count, 16);
@@ -333,7 +339,7 @@ class Bf16Products {
 
   Call c_;
   int64_t ldr_, ldi_, ldo_;
-  uint32_t *At_ = nullptr, *sB_ = nullptr, *A_ = nullptr, *sBt_ = nullptr;
+  uint32_t *At_ = nullptr, *B_ = nullptr, *A_ = nullptr, *Bt_ = nullptr;
   std::vector<Room> rooms_;
 };
 
@@ -396,8 +402,9 @@ void backward_rows(Products& p, float* dx, bool accumulate_dx, float* dA, float*
 double lora_kernel_scratch_bytes(int64_t in, int64_t out, int64_t r, bool bf16) {
   const Call c(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1.f, in, out, r, bf16, {});
   const int threads = omp_get_max_threads();
-  const double products = double(Bf16Products::runs(c) ? Bf16Products(c).scratch_bytes(threads)
-                                                       : TileProducts(c).scratch_bytes(threads));
+  // The back-end depends on each linear's widths: the larger of the two.
+  const double products = double(std::max(bf16 ? Bf16Products(c).scratch_bytes(threads) : 0,
+                                           TileProducts(c).scratch_bytes(threads)));
   return products + double(kMaxChunks * r * (in + out)) * sizeof(float);
 }
 

@@ -29,8 +29,8 @@ struct LoraOutputs {
 
 /// y[N, out] += s · (x Aᵀ) Bᵀ, x [N, in], A [r, in], B [out, r] (row-major, PEFT's shapes); with
 /// `outputs`, into the columns its segments name.
-/// Each row of y in a fixed order (the same bits for any thread count); s is applied to B
-/// (y += (x Aᵀ)(s B)ᵀ), exact when s is a power of two.
+/// Each row of y in a fixed order (the same bits for any thread count); s scales fp32 values
+/// only (B in fp32, or the bf16 products' fp32 sums), never a bf16 operand.
 /// bf16: every product reads bf16 operands (x, A, B and u rounded to nearest even, as
 /// torch.autocast runs PEFT's lora_A and lora_B) with fp32 accumulation; x16, when given, is
 /// x's rounding (core/bf16.h) already made, read instead of rounding x again.

@@ -34,6 +34,16 @@ TEST(LoraNp2, Msp2Bf16Checkpoint) {
   c.model.checkpoint = true;
   check_lora_parity(c, /*bf16=*/true);
 }
+// An even rank (one process then runs the bf16 adapters as AVX512-BF16 dot products) and a scale
+// that is not a power of two (1.25): MSP's adapters run as GEMM calls and must agree.
+TEST(LoraNp2, Msp2Bf16EvenRankScaleNotPowerOfTwo) {
+  const longtron::testing::Bf16Here bf16_here;
+  if (!bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  ParityCase c = lora_case("msp2 llama bf16 rank 4 alpha 5", layout(2, TensorMode::kMsp), "llama");
+  c.model.lora.rank = 4;
+  c.model.lora.alpha = 5.0;
+  check_lora_parity(c, /*bf16=*/true);
+}
 
 // ISP: the adapters sharded on rows over the weight group (weight 2: A's 3 rows as 2 + 1, w1's
 // and w3's B 85 rows as 43 + 42) or whole (weight 1), with recomputation and bf16; the sharded

@@ -10,6 +10,9 @@
 
 #include <cmath>
 #include <random>
+#include <sstream>
+#include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -276,6 +279,216 @@ TEST(LoraKernels, SegmentsLandInTheirColumns) {
     near(dx, wdx, "dx");
     near(dA, wdA, "dA");
     near(dB, wdB, "dB");
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// More shapes (r = 1, odd r, odd widths, N around the block and chunk sizes, N > 16·256 so chunks
+// grow), overwritten dx, bf16 with and without bits, against one double reference (rounded
+// operands under bf16).
+struct Ref {
+  std::vector<double> y, dx, dA, dB;
+};
+
+/// The double reference of lora_forward then lora_backward on d (under bf16: x, dy, A, B, u, du
+/// rounded; s applied to the fp32 accumulator).
+Ref reference(const Case& c, const Data& d, float s, bool accumulate, bool bf16) {
+  auto op = [&](float v) { return bf16 ? rounded(v) : double(v); };
+  Ref ref;
+  ref.y.assign(d.y.begin(), d.y.end());
+  ref.dx.assign(d.dx.begin(), d.dx.end());
+  if (!accumulate) std::fill(ref.dx.begin(), ref.dx.end(), 0.0);
+  ref.dA.assign(d.dA.begin(), d.dA.end());
+  ref.dB.assign(d.dB.begin(), d.dB.end());
+  std::vector<double> A(d.A.size()), B(d.B.size());
+  for (size_t i = 0; i < A.size(); ++i) A[i] = op(d.A[i]);
+  for (size_t i = 0; i < B.size(); ++i) B[i] = op(d.B[i]);
+  std::vector<double> x(size_t(c.in)), dy(size_t(c.out)), u(size_t(c.r)), du(size_t(c.r));
+  for (int64_t n = 0; n < c.N; ++n) {
+    for (int64_t i = 0; i < c.in; ++i) x[i] = op(d.x[n * c.in + i]);
+    for (int64_t o = 0; o < c.out; ++o) dy[o] = op(d.dy[n * c.out + o]);
+    for (int64_t k = 0; k < c.r; ++k) {
+      double a = 0, b = 0;
+      for (int64_t i = 0; i < c.in; ++i) a += x[i] * A[k * c.in + i];
+      for (int64_t o = 0; o < c.out; ++o) b += dy[o] * B[o * c.r + k];
+      u[k] = bf16 ? rounded(a) : a;
+      du[k] = bf16 ? rounded(double(s) * b) : double(s) * b;
+    }
+    for (int64_t k = 0; k < c.r; ++k) {
+      for (int64_t o = 0; o < c.out; ++o) {
+        ref.y[n * c.out + o] += double(s) * u[k] * B[o * c.r + k];
+        ref.dB[o * c.r + k] += double(s) * dy[o] * u[k];
+      }
+      for (int64_t i = 0; i < c.in; ++i) {
+        ref.dx[n * c.in + i] += du[k] * A[k * c.in + i];
+        ref.dA[k * c.in + i] += du[k] * x[i];
+      }
+    }
+  }
+  return ref;
+}
+
+struct ShapeCase {
+  Case shape;
+  bool bf16, bits, accumulate;
+  float s;
+};
+
+std::string case_name(const ::testing::TestParamInfo<ShapeCase>& info) {
+  const ShapeCase& c = info.param;
+  std::ostringstream name;
+  name << "N" << c.shape.N << "_in" << c.shape.in << "_out" << c.shape.out << "_r" << c.shape.r
+       << (c.bf16 ? (c.bits ? "_bf16bits" : "_bf16") : "_fp32") << (c.accumulate ? "_acc" : "_over")
+       << "_s" << int(c.s * 100);
+  return name.str();
+}
+
+class LoraKernelsShapes : public ::testing::TestWithParam<ShapeCase> {};
+
+TEST_P(LoraKernelsShapes, MatchesDoubleReference) {
+  const ShapeCase rc = GetParam();
+  const Case c = rc.shape;
+  Data d(c, unsigned(7 * c.N + 3 * c.r + c.in));
+  const Ref ref = reference(c, d, rc.s, rc.accumulate, rc.bf16);
+  std::vector<uint16_t> x16(d.x.size()), dy16(d.dy.size());
+  for (size_t i = 0; i < x16.size(); ++i) x16[i] = longtron::float_to_bf16(d.x[i]);
+  for (size_t i = 0; i < dy16.size(); ++i) dy16[i] = longtron::float_to_bf16(d.dy[i]);
+  // Poison the bf16 inputs' floats where bits are given: the kernels must read the bits only.
+  std::vector<float> x = d.x, dy = d.dy;
+  if (rc.bits) {
+    for (float& v : x) v = std::nanf("");
+    for (float& v : dy) v = std::nanf("");
+  }
+  lora_forward(d.y.data(), x.data(), d.A.data(), d.B.data(), rc.s, c.N, c.in, c.out, c.r, rc.bf16,
+               rc.bits ? x16.data() : nullptr);
+  lora_backward(d.dx.data(), rc.accumulate, d.dA.data(), d.dB.data(), dy.data(), x.data(),
+                d.A.data(), d.B.data(), rc.s, c.N, c.in, c.out, c.r, rc.bf16,
+                rc.bits ? x16.data() : nullptr, rc.bits ? dy16.data() : nullptr);
+  // Magnitudes: u ~ sqrt(in), du ~ s·sqrt(out); dA sums N of du·x, dB N of s·dy·u.
+  const double su = std::sqrt(double(c.in)), sdu = std::fabs(rc.s) * std::sqrt(double(c.out));
+  const double sr = std::sqrt(double(c.r)), sn = std::sqrt(double(c.N));
+  const double rel = rc.bf16 ? 1.0 / 256 : 2e-6;  // bf16: one ulp of u or du now and then
+  // flip: what one bf16 ulp of one row's u or du moves a sum over rows by (dA, dB: every element
+  // sums all N rows, so some flips land in most elements; they only count as loose past a few).
+  auto check = [&](const std::vector<float>& got, const std::vector<double>& want, double scale,
+                   const char* what, double flip = 0) {
+    size_t bad = 0, loose = 0;
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double err = std::fabs(double(got[i]) - want[i]);
+      if (!(err <= 4 * rel * scale + 1e-5 * (1 + std::fabs(want[i])))) ++bad;
+      if (err > 1e-5 * scale + 8 * flip) ++loose;
+      worst = std::max(worst, err / scale);
+    }
+    EXPECT_EQ(bad, 0u) << what << " worst rel " << worst;
+    if (rc.bf16) {
+      EXPECT_LE(loose, got.size() / 50 + 2) << what << " worst rel " << worst;
+    }
+  };
+  check(d.y, ref.y, std::fabs(rc.s) * su * sr + 1, "y");
+  check(d.dx, ref.dx, sdu * sr + 1, "dx");
+  check(d.dA, ref.dA, sdu * sn + 1, "dA", sdu / 256);
+  check(d.dB, ref.dB, std::fabs(rc.s) * su * sn + 1, "dB", std::fabs(rc.s) * su / 256);
+}
+
+std::vector<ShapeCase> shape_cases() {
+  std::vector<ShapeCase> out;
+  const std::vector<Case> shapes = {
+      {1, 16, 16, 1},    {1, 7, 5, 3},      {63, 33, 17, 1},   {65, 32, 48, 3},
+      {64, 64, 64, 8},   {63, 130, 150, 8}, {65, 31, 45, 64},  {4097, 48, 32, 8},
+      {5000, 34, 66, 2}, {5000, 17, 9, 3},  {129, 160, 96, 64}, {2, 32, 32, 32},
+      {97, 64, 96, 16},  {4100, 64, 64, 64}};
+  for (const Case& c : shapes)
+    for (const int mode : {0, 1, 2})  // fp32, bf16 rounded here, bf16 with bits
+      for (const bool acc : {true, false})
+        out.push_back({c, mode > 0, mode == 2, acc, mode == 0 ? 0.75f : 2.f});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LoraKernelsShapes, ::testing::ValuesIn(shape_cases()),
+                         case_name);
+
+// Under bf16 with s not a power of two (alpha / rank = 16 / 12, rsLoRA's alpha / sqrt(r)), the
+// products read round(B) and apply s in fp32 (as the GEMM path's alpha and the fp32 tiles do):
+// y and du = s·dy·B match the reference within fp32 accumulation except for rare u/du rounding
+// ties. Counts elements off by more than fp32 accumulation.
+TEST(LoraKernelsScale, Bf16ScaleNotPowerOfTwoMatchesTiles) {
+  const float s = 16.f / 12.f;
+  // in = 64: AVX512-BF16 dot products where the CPU has them; in = 63: the fp32 tiles.
+  for (const Case c : {Case{256, 64, 96, 16}, Case{256, 63, 96, 16}}) {
+    Data d(c, 21);
+    const Ref ref = reference(c, d, s, true, true);
+    lora_forward(d.y.data(), d.x.data(), d.A.data(), d.B.data(), s, c.N, c.in, c.out, c.r, true);
+    lora_backward(d.dx.data(), true, d.dA.data(), d.dB.data(), d.dy.data(), d.x.data(),
+                  d.A.data(), d.B.data(), s, c.N, c.in, c.out, c.r, true);
+    // Errors relative to the typical magnitude of the adapter's term in each output.
+    auto loose = [](const std::vector<float>& got, const std::vector<double>& want, double scale,
+                    double* worst) {
+      size_t n = 0;
+      *worst = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double e = std::fabs(got[i] - want[i]) / scale;
+        *worst = std::max(*worst, e);
+        if (e > 2e-5) ++n;
+      }
+      return n;
+    };
+    double wy, wdx;
+    const size_t ly = loose(d.y, ref.y, s * std::sqrt(double(c.in * c.r)), &wy);
+    const size_t ldx = loose(d.dx, ref.dx, s * std::sqrt(double(c.out * c.r)), &wdx);
+    EXPECT_LE(ly, d.y.size() / 50) << "in " << c.in << ": y elements off by more than fp32 "
+                                   << "accumulation; worst relative " << wy;
+    EXPECT_LE(ldx, d.dx.size() / 50) << "in " << c.in << ": dx elements off by more than fp32 "
+                                     << "accumulation; worst relative " << wdx;
+  }
+}
+
+TEST(LoraKernelsThreads, SameBitsForAnyThreadCountOddShapes) {
+  const int saved = omp_get_max_threads();
+  for (const Case c : {Case{4097, 33, 17, 3}, Case{5000, 64, 96, 8}, Case{1000, 48, 30, 1}})
+    for (const bool bf16 : {false, true}) {
+      std::vector<std::vector<float>> first;
+      for (const int threads : {1, 2, 3, 7, 16}) {
+        omp_set_num_threads(threads);
+        Data d(c, 13);
+        lora_forward(d.y.data(), d.x.data(), d.A.data(), d.B.data(), 0.5f, c.N, c.in, c.out, c.r,
+                     bf16);
+        lora_backward(d.dx.data(), false, d.dA.data(), d.dB.data(), d.dy.data(), d.x.data(),
+                      d.A.data(), d.B.data(), 0.5f, c.N, c.in, c.out, c.r, bf16);
+        const std::vector<std::vector<float>> got = {d.y, d.dx, d.dA, d.dB};
+        if (first.empty()) first = got;
+        for (size_t t = 0; t < got.size(); ++t)
+          EXPECT_EQ(got[t], first[t]) << threads << " threads, tensor " << t << ", bf16 " << bf16
+                                      << ", N " << c.N;
+      }
+    }
+  omp_set_num_threads(saved);
+}
+
+// Called from several threads at once (each its own adapter call): per-thread arenas.
+TEST(LoraKernelsThreads, CallsFromInsideAParallelRegion) {
+  const Case c{300, 64, 48, 8};
+  for (const bool bf16 : {false, true}) {
+    Data d0(c, 17);
+    lora_backward(d0.dx.data(), true, d0.dA.data(), d0.dB.data(), d0.dy.data(), d0.x.data(),
+                  d0.A.data(), d0.B.data(), 0.5f, c.N, c.in, c.out, c.r, bf16);
+    std::vector<Data> ds(4, Data(c, 17));
+    std::vector<std::thread> pool;
+    for (int t = 0; t < 4; ++t)
+      pool.emplace_back([&, t] {
+        lora_backward(ds[t].dx.data(), true, ds[t].dA.data(), ds[t].dB.data(), ds[t].dy.data(),
+                      ds[t].x.data(), ds[t].A.data(), ds[t].B.data(), 0.5f, c.N, c.in, c.out,
+                      c.r, bf16);
+      });
+    for (std::thread& th : pool) th.join();
+    for (int t = 0; t < 4; ++t) {
+      EXPECT_EQ(ds[t].dx, d0.dx);
+      EXPECT_EQ(ds[t].dA, d0.dA);
+      EXPECT_EQ(ds[t].dB, d0.dB);
+    }
   }
 }
 
