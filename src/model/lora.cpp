@@ -105,9 +105,13 @@ class FrozenHead final : public HeadLossOp<T> {
     if constexpr (std::is_same_v<T, float>) {
       if (const uint16_t* W16 = bf16_weight()) {
         ops::check_labels(labels, N, V_);
-        // Every GEMM reads W16 (no weight gradient): no context precision applies.
-        return chunked_head_loss<T>(ops::ComputeContext::fp32(), chunks_, dxf, nullptr, xf,
-                                    nullptr, labels, N, V_, H_,
+        // Every GEMM reads W16 (no weight gradient). Under bf16 compute the chunk step of a bf16
+        // context: the same roundings of x and of the logits' gradient, with W16 packed once for
+        // all chunks and the cross-entropy's gradient made in bf16.
+        const ops::ComputeContext& cc = state_->compute != nullptr && state_->compute->bf16()
+                                            ? *state_->compute
+                                            : ops::ComputeContext::fp32();
+        return chunked_head_loss<T>(cc, chunks_, dxf, nullptr, xf, nullptr, labels, N, V_, H_,
                                     head_chunk_rows(V_, N), loss_scale, token_losses, W16);
       }
     }

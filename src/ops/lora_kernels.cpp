@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "core/bf16.h"
@@ -196,8 +197,9 @@ class TileProducts {
 
 /// AVX512-BF16 dot products (vdpbf16ps, ops/bf16_tile_gemm.h) on bf16 operands with fp32
 /// accumulation: x and dy read as bits, A, B, u and du rounded to bf16, s applied to the fp32
-/// products (as the GEMM path's alpha). Needs r, in and the segments' rows even and a CPU with
-/// AVX512-BF16 (attention_bf16_native).
+/// products (as the GEMM path's alpha). A power-of-two s (alpha/r usually is) scales the rounded B
+/// instead, exactly, and the sums then need no pass of their own. Needs r, in and the segments'
+/// rows even and a CPU with AVX512-BF16 (attention_bf16_native).
 class Bf16Products {
  public:
   static bool runs(const Call& c) {
@@ -207,7 +209,8 @@ class Bf16Products {
     return c.bf16 && c.r % 2 == 0 && c.in % 2 == 0 && even && attention_bf16_native();
   }
   explicit Bf16Products(const Call& c)
-      : c_(c), ldr_(round_up(c.r, 16)), ldi_(round_up(c.in, 16)), ldo_(round_up(c.out, 16)) {}
+      : c_(c), ldr_(round_up(c.r, 16)), ldi_(round_up(c.in, 16)), ldo_(round_up(c.out, 16)),
+        exact_scale_(power_of_two(c.s)) {}
 
   int64_t scratch_bytes(int threads) const {
     const int64_t in = c_.in, out = c_.out, r = c_.r;
@@ -238,10 +241,10 @@ class Bf16Products {
     detail::native::pack_pairs_of_rows(At_, ldr_, tmp, r, in, r);
     for (int64_t i = 0; i < r * in; ++i) tmp[i] = float_to_bf16(c_.A[i]);
     detail::native::pack_pairs_of_rows(A_, ldi_, tmp, in, r, in);
-    for (int64_t i = 0; i < out * r; ++i) tmp[i] = float_to_bf16(c_.B[i]);
+    for (int64_t i = 0; i < out * r; ++i) tmp[i] = b_operand(i);
     detail::native::pack_pairs_of_rows(B_, ldr_, tmp, r, out, r);
     for (int64_t o = 0; o < out; ++o)
-      for (int64_t k = 0; k < r; ++k) tmp[k * out + o] = float_to_bf16(c_.B[o * r + k]);
+      for (int64_t k = 0; k < r; ++k) tmp[k * out + o] = b_operand(o * r + k);
     detail::native::pack_pairs_of_rows(Bt_, ldo_, tmp, out, r, out);
     rooms_.resize(size_t(threads));
     for (Room& room : rooms_) {
@@ -271,6 +274,17 @@ class Bf16Products {
     uint32_t* pairs;                             // x's or dy's rows packed as pairs
     float* t;                                    // a segment's u Bᵀ [m, count], before s
   };
+
+  static bool power_of_two(float s) {
+    int e = 0;
+    return s > 0.f && std::frexp(s, &e) == 0.5f;
+  }
+
+  /// B's element i rounded (times s, exact, under exact_scale_).
+  bf16_t b_operand(int64_t i) const {
+    const float b = bf16_to_float(float_to_bf16(c_.B[i]));
+    return float_to_bf16(exact_scale_ ? c_.s * b : b);
+  }
 
   /// Rows [n0, n0 + m) of x or dy as bits: the caller's, or rounded into room.
   static const bf16_t* bits(bf16_t* room, const float* src, const uint16_t* given, int64_t n0,
@@ -302,9 +316,14 @@ class Bf16Products {
     bf16_gemm(m, r, in / 2, xb, in, At_, ldr_, room.u, r, false, m);
     round_rows(room.u16, room.ut, room.u, m);
     for (const Segment& g : c_.segments) {  // y += s · (u Bᵀ)
+      float* yb = y + n0 * c_.ldy + g.y_col;
+      if (exact_scale_) {  // B holds s·B
+        bf16_gemm(m, g.count, r / 2, room.u16, r, Bt_ + g.b_row, ldo_, yb, c_.ldy, true, m);
+        continue;
+      }
       bf16_gemm(m, g.count, r / 2, room.u16, r, Bt_ + g.b_row, ldo_, room.t, g.count, false, m);
       for (int64_t n = 0; n < m; ++n) {
-        float* yn = y + (n0 + n) * c_.ldy + g.y_col;
+        float* yn = yb + n * c_.ldy;
         const float* tn = room.t + n * g.count;
         for (int64_t j = 0; j < g.count; ++j) yn[j] += c_.s * tn[j];
       }
@@ -325,7 +344,8 @@ class Bf16Products {
       bf16_gemm(m, r, g.count / 2, dyb + g.y_col, ldy, B_ + g.b_row / 2 * ldr_, ldr_, room.du,
                 r, i > 0, m);
     }
-    for (int64_t i = 0; i < m * r; ++i) room.du[i] *= c_.s;
+    if (!exact_scale_)
+      for (int64_t i = 0; i < m * r; ++i) room.du[i] *= c_.s;
     round_rows(room.du16, room.dut, room.du, m);
     for (const Segment& g : c_.segments) {  // dBt (+)= uᵀ dy
       const int64_t ldp = round_up(g.count, 16);
@@ -339,6 +359,7 @@ class Bf16Products {
 
   Call c_;
   int64_t ldr_, ldi_, ldo_;
+  bool exact_scale_;  // s a power of two: B_ and Bt_ hold s·B (exact in bf16 barring subnormals)
   uint32_t *At_ = nullptr, *B_ = nullptr, *A_ = nullptr, *Bt_ = nullptr;
   std::vector<Room> rooms_;
 };
