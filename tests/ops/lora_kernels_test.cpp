@@ -183,27 +183,6 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LoraKernelsBf16,
                                            Bf16Case{{70, 33, 48, 16}, true},
                                            Bf16Case{{9, 64, 64, 8}, true}));
 
-TEST(LoraKernels, SameBitsForAnyThreadCount) {
-  const Case c{3000, 96, 160, 16};
-  const int saved = omp_get_max_threads();
-  for (const bool bf16 : {false, true}) {
-    std::vector<std::vector<float>> first;
-    for (const int threads : {1, 2, 3, 5}) {
-      omp_set_num_threads(threads);
-      Data d(c, 11);
-      lora_forward(d.y.data(), d.x.data(), d.A.data(), d.B.data(), 0.5f, c.N, c.in, c.out, c.r,
-                   bf16);
-      lora_backward(d.dx.data(), true, d.dA.data(), d.dB.data(), d.dy.data(), d.x.data(),
-                    d.A.data(), d.B.data(), 0.5f, c.N, c.in, c.out, c.r, bf16);
-      const std::vector<std::vector<float>> got = {d.y, d.dx, d.dA, d.dB};
-      if (first.empty()) first = got;
-      for (size_t t = 0; t < got.size(); ++t)
-        EXPECT_EQ(got[t], first[t]) << threads << " threads, tensor " << t << ", bf16 " << bf16;
-    }
-  }
-  omp_set_num_threads(saved);
-}
-
 TEST(LoraKernels, NoRowsLeaveEverythingButAnOverwrittenDx) {
   std::vector<float> dA = {1.f, 2.f}, dB = {3.f, 4.f};
   lora_backward(nullptr, false, dA.data(), dB.data(), nullptr, nullptr, nullptr, nullptr, 1.f, 0,
@@ -446,9 +425,10 @@ TEST(LoraKernelsScale, Bf16ScaleNotPowerOfTwoMatchesTiles) {
   }
 }
 
-TEST(LoraKernelsThreads, SameBitsForAnyThreadCountOddShapes) {
+TEST(LoraKernelsThreads, SameBitsForAnyThreadCount) {
   const int saved = omp_get_max_threads();
-  for (const Case c : {Case{4097, 33, 17, 3}, Case{5000, 64, 96, 8}, Case{1000, 48, 30, 1}})
+  for (const Case c : {Case{3000, 96, 160, 16}, Case{4097, 33, 17, 3}, Case{5000, 64, 96, 8},
+                       Case{1000, 48, 30, 1}})
     for (const bool bf16 : {false, true}) {
       std::vector<std::vector<float>> first;
       for (const int threads : {1, 2, 3, 7, 16}) {
