@@ -261,11 +261,10 @@ class Bf16Products {
     }
   }
 
-  void forward(int thread, float* y, int64_t n0, int64_t m) { forward_native(thread, y, n0, m); }
-  void backward(int thread, float* dBt, float* dA_c, bool first, float* dx, bool accumulate_dx,
-                int64_t n0, int64_t m) {
-    backward_native(thread, dBt, dA_c, first, dx, accumulate_dx, n0, m);
-  }
+  /// As TileProducts::forward and backward (defined below the class, in the bf16 target).
+  LONGTRON_BF16_TARGET void forward(int thread, float* y, int64_t n0, int64_t m);
+  LONGTRON_BF16_TARGET void backward(int thread, float* dBt, float* dA_c, bool first, float* dx,
+                                     bool accumulate_dx, int64_t n0, int64_t m);
 
  private:
   struct Room {
@@ -308,61 +307,62 @@ class Bf16Products {
       for (int64_t k = 0; k < r; ++k) vt[k * me + m] = 0;
   }
 
-  LONGTRON_BF16_TARGET void forward_native(int thread, float* y, int64_t n0, int64_t m) {
-    using detail::native::bf16_gemm;
-    Room& room = rooms_[size_t(thread)];
-    const int64_t in = c_.in, r = c_.r;
-    const bf16_t* xb = bits(room.x16, c_.x, c_.x16, n0, m, in);
-    bf16_gemm(m, r, in / 2, xb, in, At_, ldr_, room.u, r, false, m);
-    round_rows(room.u16, room.ut, room.u, m);
-    for (const Segment& g : c_.segments) {  // y += s · (u Bᵀ)
-      float* yb = y + n0 * c_.ldy + g.y_col;
-      if (exact_scale_) {  // B holds s·B
-        bf16_gemm(m, g.count, r / 2, room.u16, r, Bt_ + g.b_row, ldo_, yb, c_.ldy, true, m);
-        continue;
-      }
-      bf16_gemm(m, g.count, r / 2, room.u16, r, Bt_ + g.b_row, ldo_, room.t, g.count, false, m);
-      for (int64_t n = 0; n < m; ++n) {
-        float* yn = yb + n * c_.ldy;
-        const float* tn = room.t + n * g.count;
-        for (int64_t j = 0; j < g.count; ++j) yn[j] += c_.s * tn[j];
-      }
-    }
-  }
-
-  LONGTRON_BF16_TARGET void backward_native(int thread, float* dBt, float* dA_c, bool first,
-                                            float* dx, bool accumulate_dx, int64_t n0, int64_t m) {
-    using detail::native::bf16_gemm;
-    Room& room = rooms_[size_t(thread)];
-    const int64_t in = c_.in, out = c_.out, r = c_.r, ldy = c_.ldy, me = round_up(m, 2);
-    const bf16_t* xb = bits(room.x16, c_.x, c_.x16, n0, m, in);
-    const bf16_t* dyb = bits(room.dy16, c_.dy, c_.dy16, n0, m, ldy);
-    bf16_gemm(m, r, in / 2, xb, in, At_, ldr_, room.u, r, false, m);         // u = x Aᵀ
-    round_rows(room.u16, room.ut, room.u, m);
-    for (size_t i = 0; i < c_.segments.size(); ++i) {  // du = s · (dy B)
-      const Segment& g = c_.segments[i];
-      bf16_gemm(m, r, g.count / 2, dyb + g.y_col, ldy, B_ + g.b_row / 2 * ldr_, ldr_, room.du,
-                r, i > 0, m);
-    }
-    if (!exact_scale_)
-      for (int64_t i = 0; i < m * r; ++i) room.du[i] *= c_.s;
-    round_rows(room.du16, room.dut, room.du, m);
-    for (const Segment& g : c_.segments) {  // dBt (+)= uᵀ dy
-      const int64_t ldp = round_up(g.count, 16);
-      detail::native::pack_pairs_of_rows(room.pairs, ldp, dyb + g.y_col, ldy, m, g.count);
-      bf16_gemm(r, g.count, me / 2, room.ut, me, room.pairs, ldp, dBt + g.b_row, out, !first, r);
-    }
-    detail::native::pack_pairs_of_rows(room.pairs, ldi_, xb, in, m, in);
-    bf16_gemm(r, in, me / 2, room.dut, me, room.pairs, ldi_, dA_c, in, !first, r);   // duᵀ x
-    bf16_gemm(m, in, r / 2, room.du16, r, A_, ldi_, dx + n0 * in, in, accumulate_dx, m);
-  }
-
   Call c_;
   int64_t ldr_, ldi_, ldo_;
   bool exact_scale_;  // s a power of two: B_ and Bt_ hold s·B (exact in bf16 barring subnormals)
   uint32_t *At_ = nullptr, *B_ = nullptr, *A_ = nullptr, *Bt_ = nullptr;
   std::vector<Room> rooms_;
 };
+
+LONGTRON_BF16_TARGET void Bf16Products::forward(int thread, float* y, int64_t n0, int64_t m) {
+  using detail::native::bf16_gemm;
+  Room& room = rooms_[size_t(thread)];
+  const int64_t in = c_.in, r = c_.r;
+  const bf16_t* xb = bits(room.x16, c_.x, c_.x16, n0, m, in);
+  bf16_gemm(m, r, in / 2, xb, in, At_, ldr_, room.u, r, false, m);
+  round_rows(room.u16, room.ut, room.u, m);
+  for (const Segment& g : c_.segments) {  // y += s · (u Bᵀ)
+    float* yb = y + n0 * c_.ldy + g.y_col;
+    if (exact_scale_) {  // B holds s·B
+      bf16_gemm(m, g.count, r / 2, room.u16, r, Bt_ + g.b_row, ldo_, yb, c_.ldy, true, m);
+      continue;
+    }
+    bf16_gemm(m, g.count, r / 2, room.u16, r, Bt_ + g.b_row, ldo_, room.t, g.count, false, m);
+    for (int64_t n = 0; n < m; ++n) {
+      float* yn = yb + n * c_.ldy;
+      const float* tn = room.t + n * g.count;
+      for (int64_t j = 0; j < g.count; ++j) yn[j] += c_.s * tn[j];
+    }
+  }
+}
+
+LONGTRON_BF16_TARGET void Bf16Products::backward(int thread, float* dBt, float* dA_c, bool first,
+                                               float* dx, bool accumulate_dx, int64_t n0,
+                                               int64_t m) {
+  using detail::native::bf16_gemm;
+  Room& room = rooms_[size_t(thread)];
+  const int64_t in = c_.in, out = c_.out, r = c_.r, ldy = c_.ldy, me = round_up(m, 2);
+  const bf16_t* xb = bits(room.x16, c_.x, c_.x16, n0, m, in);
+  const bf16_t* dyb = bits(room.dy16, c_.dy, c_.dy16, n0, m, ldy);
+  bf16_gemm(m, r, in / 2, xb, in, At_, ldr_, room.u, r, false, m);         // u = x Aᵀ
+  round_rows(room.u16, room.ut, room.u, m);
+  for (size_t i = 0; i < c_.segments.size(); ++i) {  // du = s · (dy B)
+    const Segment& g = c_.segments[i];
+    bf16_gemm(m, r, g.count / 2, dyb + g.y_col, ldy, B_ + g.b_row / 2 * ldr_, ldr_, room.du,
+              r, i > 0, m);
+  }
+  if (!exact_scale_)
+    for (int64_t i = 0; i < m * r; ++i) room.du[i] *= c_.s;
+  round_rows(room.du16, room.dut, room.du, m);
+  for (const Segment& g : c_.segments) {  // dBt (+)= uᵀ dy
+    const int64_t ldp = round_up(g.count, 16);
+    detail::native::pack_pairs_of_rows(room.pairs, ldp, dyb + g.y_col, ldy, m, g.count);
+    bf16_gemm(r, g.count, me / 2, room.ut, me, room.pairs, ldp, dBt + g.b_row, out, !first, r);
+  }
+  detail::native::pack_pairs_of_rows(room.pairs, ldi_, xb, in, m, in);
+  bf16_gemm(r, in, me / 2, room.dut, me, room.pairs, ldi_, dA_c, in, !first, r);   // duᵀ x
+  bf16_gemm(m, in, r / 2, room.du16, r, A_, ldi_, dx + n0 * in, in, accumulate_dx, m);
+}
 
 template <typename Products>
 void forward_rows(Products& p, float* y, int64_t N, const Call& c) {
