@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "core/grow_buffer.h"
 #include "ops/bf16_tile_gemm.h"
 #include "ops/ops.h"
 #include "ops/threads.h"
@@ -36,13 +37,14 @@ bool parallel_worth(int64_t chunks, int64_t N, int64_t in, int64_t out, int64_t 
   return chunks > 1 && N * (in + out) * r > kParallelMinWork;
 }
 
-/// Grow-only scratch of the calling thread, handed out in 64-byte aligned pieces.
+/// The calling thread's grow-only scratch (core/grow_buffer.h), handed out in 64-byte aligned
+/// pieces: at least `bytes` of them.
 class Arena {
  public:
   explicit Arena(int64_t bytes) {
-    thread_local std::vector<char> buffer;
-    if (int64_t(buffer.size()) < bytes + 64) buffer.resize(size_t(bytes + 64));
-    next_ = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t(63));
+    thread_local GrowBuffer<char> buffer;
+    const uintptr_t start = reinterpret_cast<uintptr_t>(buffer.get(bytes + 64));
+    next_ = reinterpret_cast<char*>((start + 63) & ~uintptr_t(63));
   }
   template <typename E>
   E* take(int64_t n) {
