@@ -195,7 +195,9 @@ class Adapters {
   }
 
   /// dx += the adapters' input gradients, their A and B gradients accumulated. x_rounded: x16
-  /// holds x's bf16 bits; dy16: dy's bf16 bits (nullptr: rounded here), both under bf16 compute.
+  /// holds x's bf16 bits; dy16: dy's bf16 bits (nullptr: rounded where needed), both under bf16
+  /// compute, read by the fused passes (a bf16 base, which rounds them, is held in one process
+  /// or data parallelism only, where every adapter runs fused).
   void backward(T* dx, const T* dy, const T* x, int64_t N, bool x_rounded = false,
                 const uint16_t* dy16 = nullptr) {
     if (pieces_.empty()) return;
@@ -215,12 +217,8 @@ class Adapters {
       T* du = grow(st.du, ny * r_);
       if (p.b_rows > 0) {
         Operand dym{dy};  // B covers every output column: dy itself
-        if (bf16() && dy16 != nullptr) {  // B's rows of the caller's rounding (the same bits)
-          dym.h = whole(p) ? dy16 : rows_of(st.dym16, dy16, ny, p);
-        } else {
-          if (!whole(p)) dym.f = rows_of(st.dym, dy, ny, p);
-          if (bf16()) dym.h = round_bits(st.dy16, dym.f, ny * p.b_rows);  // read by both GEMMs
-        }
+        if (!whole(p)) dym.f = rows_of(st.dym, dy, ny, p);
+        if (bf16()) dym.h = round_bits(st.dy16, dym.f, ny * p.b_rows);  // read by both GEMMs
         // dB += s · dymᵀ u; du = s · dym B.
         const Operand B{weight(p.b_view, true)};
         add_gradient(p.b_view, p.b_rows * r_, [&](T* dB, T beta) {
@@ -425,9 +423,8 @@ class Adapters {
   }
 
   /// B's rows of y-shaped `src` ([ny, out_] → [ny, b_rows] in `rows`).
-  template <typename E>
-  const E* rows_of(std::vector<E>& rows, const E* src, int64_t ny, const Piece& p) const {
-    E* out = grow(rows, ny * p.b_rows);
+  const T* rows_of(std::vector<T>& rows, const T* src, int64_t ny, const Piece& p) const {
+    T* out = grow(rows, ny * p.b_rows);
     for (const Piece::Seg& g : p.segs)
       for (int64_t n = 0; n < ny; ++n)
         std::copy(src + n * out_ + g.y_col, src + n * out_ + g.y_col + g.count,

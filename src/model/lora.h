@@ -102,9 +102,8 @@ struct LoraState {
   std::vector<T> xd, u, uy, t, dym, du, dux, a;  // scratch (a: a gathered A)
   std::vector<uint16_t> x16, dy16, w16;          // bf16 scratch: x, dy (or its rows), A or B
   // With a bf16 base under bf16 compute, x and dy are rounded once for the base's GEMMs and the
-  // adapters' (x16, dy16); dy16b: the gate/up pair's second output gradient, dym16: B's rows of
-  // a shared dy16 (an adapter covering part of its linear's outputs).
-  std::vector<uint16_t> dy16b, dym16;
+  // adapters' (x16, dy16); dy16b: the gate/up pair's second output gradient.
+  std::vector<uint16_t> dy16b;
 };
 
 /// Where the frozen base's matrices are read from under LoRA: the engine's fp32 parameters, or
