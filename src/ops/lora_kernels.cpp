@@ -291,7 +291,7 @@ class Bf16Products {
   static const bf16_t* bits(bf16_t* room, const float* src, const uint16_t* given, int64_t n0,
                             int64_t m, int64_t w) {
     if (given != nullptr) return given + n0 * w;
-    for (int64_t i = 0; i < m * w; ++i) room[i] = float_to_bf16(src[n0 * w + i]);
+    round_to_bf16_serial(src + n0 * w, m * w, room);  // inside the team: this thread alone
     return room;
   }
 
