@@ -240,7 +240,7 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   double save_bytes = 3 * static_cast<double>(p.params_full) * kFloat + 2 * local_bytes;
   double adam_state = adam;
   double lora_scratch_per_token = 0;  // the adapters' grow-only scratch (model/lora.cpp), per row
-  double lora_kernel_bytes = 0;       // and the fused kernels' (ops/lora_kernels.h), per linear
+  double lora_kernel_bytes = 0;       // and the fused kernels' (ops/lora_kernels.h), once
   if (c.model.lora.enabled()) {
     // The adapters as this rank holds them (split like their linears, sharded under ISP).
     const auto modules = model::lora_modules(full, c.model.lora);
@@ -264,11 +264,6 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
     p.resident[3] = {"gradients (adapters only)", grad_bytes, "lora.rank, lora.targets"};
     p.resident[4].bytes = adam_state;
     p.resident[4].key = "lora.rank, lora.targets, parallel.zero1";
-    // Per row: u, du and their row-layout twins (r each); B's rows of a module that adds into
-    // part of its base's output (t and dy's rows); dropout's copy of the input; under bf16 the
-    // bf16 bits of the input and of the output gradient (or its rows) the adapters' GEMMs read;
-    // with a bf16 base, whose GEMMs share those bits, also the gate/up pair's second output
-    // gradient and B's rows of a shared one.
     double partial_out = 0, in_max = 0, out_max = 0;
     for (const model::LoraModule& m : modules) {
       if (m.out < full.view(m.base_view).shape[0])
@@ -276,12 +271,25 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
       in_max = std::max(in_max, double(m.in));
       out_max = std::max(out_max, double(full.view(m.base_view).shape[0]));
     }
-    lora_scratch_per_token = kFloat * (4.0 * double(c.model.lora.rank) + 2 * partial_out +
-                                       (c.model.lora.dropout > 0 ? in_max : 0)) +
-                             (in.bf16 ? 2.0 * (in_max + out_max) : 0.0) +
-                             (in.bf16 && bf16_base ? 2.0 * (out_max + partial_out) : 0.0);
-    lora_kernel_bytes = ops::lora_kernel_scratch_bytes(int64_t(in_max), int64_t(out_max),
-                                                       c.model.lora.rank, in.bf16);
+    const double dropped_in = c.model.lora.dropout > 0 ? in_max : 0;
+    if (mode == "dense") {
+      // Per row, the fused passes (model/lora.cpp, ops/lora_kernels.h): under dropout the dropped
+      // input and its masked gradient; with a bf16 base, whose GEMMs share one rounding with the
+      // adapters, the bits of the input and of the output gradient (two for the gate/up pair).
+      lora_scratch_per_token = kFloat * 2 * dropped_in +
+                               (in.bf16 && bf16_base ? 2.0 * (in_max + 2 * out_max) : 0.0);
+    } else {
+      // Per row, the GEMM path of the split layouts: u, du and their row-layout twins (r each);
+      // B's rows of a module that adds into part of its base's output (t and dy's rows);
+      // dropout's copy of the input; under bf16 the bits of the input and of the output gradient
+      // (or its rows) the adapters' GEMMs read.
+      lora_scratch_per_token =
+          kFloat * (4.0 * double(c.model.lora.rank) + 2 * partial_out + dropped_in) +
+          (in.bf16 ? 2.0 * (in_max + out_max) : 0.0);
+    }
+    if (mode == "dense")
+      lora_kernel_bytes = ops::lora_kernel_scratch_bytes(int64_t(in_max), int64_t(out_max),
+                                                         c.model.lora.rank, in.bf16);
   }
 
   s.ws.bf16 = in.bf16;
