@@ -256,6 +256,15 @@ void InternLM2<T>::chunk_store(int64_t slot, int64_t n0, int64_t n, T* src) {
 }
 
 template <typename T>
+ops::SharedRoundings::Sharing InternLM2<T>::share_out(int64_t n0, int64_t n) const {
+  if constexpr (std::is_same_v<T, float>) {
+    if (ck_.bf16) return ops_.compute->shared().share(ck_.ow, n * A_, ck_.out16.data() + n0 * A_);
+  }
+  (void)n0, (void)n;
+  return {};
+}
+
+template <typename T>
 void InternLM2<T>::chunk_attention(int layer, int64_t slot, const AttentionBatch& ab) {
   BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
   const int64_t N = ab.num_tokens, C = ck_.C;
@@ -283,13 +292,15 @@ void InternLM2<T>::chunk_tail(int layer, int64_t slot, int64_t n0, int64_t n, bo
   if constexpr (std::is_same_v<T, float>) {
     if (ck_.bf16) ops::widen_bf16(ck_.out16.data() + n0 * A_, n * A_, ck_.ow);
   }
-  o.wo->forward(ck_.t, chunk_out(n0), n, params_);
+  {
+    const auto bits = share_out(n0, n);
+    o.wo->forward(ck_.t, chunk_out(n0), n, params_);
+  }
   add_into(ck_.h, ck_.xw, ck_.t, n * H_);  // h = x + wo(attn)
   // As the unchunked path: the FFN's norm reads h as saved (under bf16 rounded, through a16's
   // place before a is kept there), a and b are saved.
   const Saved<T> hs = ck_.bf16 ? Saved<T>{nullptr, ck_.a16} : Saved<T>{ck_.h, nullptr};
-  hs.save(ck_.h, n * H_);
-  ck_.hn = hs.load(n * H_, ck_.hw);
+  ck_.hn = hs.save_load(ck_.h, n * H_, ck_.hw);
   o.ffn_norm->forward(ck_.xn, ck_.rstd, ck_.hn, n, params_);
   o.gate_up->forward(ck_.g1, ck_.g2, ck_.xn, n, params_);
   const int64_t nf = n * F_;
@@ -359,6 +370,7 @@ LossSum InternLM2<T>::chunked_pass(const data::MicroBatch& batch, Params<T>* gra
       o.gate_up->backward(ck_.t, ck_.g3, ck_.g4, ck_.xn, n, params_, grads);
       o.ffn_norm->backward(ck_.xn, ck_.t, ck_.hn, ck_.rstd, n, params_, grads);
       accumulate(dr, ck_.xn, n * H_);  // dres = dL/dh
+      const auto bits = share_out(n0, n);
       o.wo->backward(dout + n0 * A_, dr, chunk_out(n0), n, params_, grads, false);
     }
     backward_point(i, false);
@@ -411,14 +423,16 @@ void InternLM2<T>::block_forward(int layer, BlockActs& A, const T* x, T* y,
   T* const att = A.attn.out(s.att);
   o.attention->forward(att, qs, A.lse, s.qkv, ab);
   A.qkv.save(qs, sq);
-  A.attn.save(att, N * A_);  // under bf16 wo's GEMM rounds att to the same values
-  o.wo->forward(s.tmp, att, N, params_);
+  A.attn.save(att, N * A_);
+  {
+    const auto bits = share_saved(*ops_.compute, A.attn, att, N * A_);  // wo reads them
+    o.wo->forward(s.tmp, att, N, params_);
+  }
   // h = x + wo(attn), kept unrounded for the residual sum; the FFN's norm reads it as saved
   // (under bf16 rounded and widened), so backward recomputes exactly the forward's z and rstd.
   T* const h = A.h.out(y);
   add_into(h, x, s.tmp, R * H_);
-  A.h.save(h, R * H_);
-  o.ffn_norm->forward(s.xn, A.rstd2, A.h.load(R * H_, s.wide), N, params_);
+  o.ffn_norm->forward(s.xn, A.rstd2, A.h.save_load(h, R * H_, s.wide), N, params_);
   T* const a = A.a.out(s.a);
   T* const b = A.b.out(s.b);
   o.gate_up->forward(a, b, s.xn, N, params_);
@@ -451,7 +465,10 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const Saved<T>& x,
   const typename Scratch::Att& t = s_.att;
   const T* const att = A.attn.load(N * A_, t.att_w);
   const T* const qs = A.qkv.load(o.attention->saved_qkv_size(N), t.qkv_w);
-  o.wo->backward(t.datt, dres, att, N, params_, &grads, false);
+  {
+    const auto bits = share_saved(*ops_.compute, A.attn, att, N * A_);
+    o.wo->backward(t.datt, dres, att, N, params_, &grads, false);
+  }
   o.attention->backward(t.dqkv, t.dqs, t.datt, qs, att, A.lse, ab);
   const T* const xv = x.load(R * H_, t.xw);
   o.attention_norm->forward(t.xn, rstd_scratch_, xv, N, params_);

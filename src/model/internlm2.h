@@ -133,6 +133,9 @@ class InternLM2 {
   void chunk_attention(int layer, int64_t slot, const AttentionBatch& ab);
   /// The attention output of rows [n0, …) of the chunk chunk_tail last ran (widened from bf16).
   const T* chunk_out(int64_t n0) const { return ck_.bf16 ? ck_.ow : ck_.out.data() + n0 * A_; }
+  /// Under bf16: shares the attention output's bits for tokens [n0, n0 + n) with the GEMMs that
+  /// read chunk_out(n0) (wo's), while the result lives; nothing otherwise.
+  ops::SharedRoundings::Sharing share_out(int64_t n0, int64_t n) const;
   /// Rows [n0, n0 + n) of block `layer` after its attention: h = x + wo(out) in ck_.h, the FFN's
   /// norm input at ck_.hn, z in ck_.xn (rstd in ck_.rstd), a and b saved (chunk_a, chunk_b);
   /// with `output`, y = h + w2(silu(a) ⊙ b) in ck_.h.

@@ -43,6 +43,32 @@ class DenseLinear final : public LinearOp<T> {
   int64_t out_, in_;
 };
 
+/// The gate and up projections W1, W3 [F, H] (+ biases, -1 = none) of one input: under bf16 the
+/// input is rounded once for both (ops::linear_pair_forward / _backward).
+template <typename T>
+class DenseGateUp final : public GateUpOp<T> {
+ public:
+  DenseGateUp(const ops::ComputeContext& cc, const ParamTable& layout, const BlockParamIds& b)
+      : cc_(cc), w1_(b.w1), b1_(b.w1_bias), w3_(b.w3), b3_(b.w3_bias),
+        F_(layout.view(b.w1).shape[0]), H_(layout.view(b.w1).shape[1]) {}
+  int64_t out() const override { return F_; }
+  void forward(T* a, T* b, const T* x, int64_t N, const Params<T>& p) override {
+    ops::linear_pair_forward(cc_, a, b, x, p.ptr(w1_), p.ptr(b1_), p.ptr(w3_), p.ptr(b3_), N, H_,
+                             F_);
+  }
+  void backward(T* dx, const T* da, const T* db, const T* x, int64_t N, const Params<T>& p,
+                Params<T>* g) override {
+    const auto grad = [g](int view) { return g ? g->ptr(view) : nullptr; };
+    ops::linear_pair_backward(cc_, dx, grad(w1_), grad(b1_), grad(w3_), grad(b3_), da, db, x,
+                              p.ptr(w1_), p.ptr(w3_), N, H_, F_);
+  }
+
+ private:
+  const ops::ComputeContext& cc_;
+  int w1_, b1_, w3_, b3_;
+  int64_t F_, H_;
+};
+
 /// RMSNorm with weight view `weight` [H].
 template <typename T>
 class DenseNorm final : public NormOp<T> {
@@ -431,9 +457,7 @@ ModelOps<T> make_dense_ops(const ParamTable& layout, const ops::ComputeContext& 
     block.ffn_norm = std::make_unique<DenseNorm<T>>(layout, b.ffn_norm);
     block.wqkv = std::make_unique<DenseLinear<T>>(cc, layout, b.wqkv, b.wqkv_bias);
     block.wo = std::make_unique<DenseLinear<T>>(cc, layout, b.wo, b.wo_bias);
-    block.gate_up = std::make_unique<SeparateGateUp<T>>(
-        std::make_unique<DenseLinear<T>>(cc, layout, b.w1, b.w1_bias),
-        std::make_unique<DenseLinear<T>>(cc, layout, b.w3, b.w3_bias));
+    block.gate_up = std::make_unique<DenseGateUp<T>>(cc, layout, b);
     block.w2 = std::make_unique<DenseLinear<T>>(cc, layout, b.w2, b.w2_bias);
     const int64_t layer = &b - layout.layers.data();
     block.attention =

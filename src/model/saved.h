@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "ops/compute_context.h"
 #include "ops/ops.h"
 
 namespace longtron::model {
@@ -30,6 +31,14 @@ struct Saved {
     else (void)v, (void)n, check(false, "internal: a bf16 save in a double model");
   }
 
+  /// save(v, n), then load(n, wide), in one pass over v.
+  const T* save_load(const T* v, int64_t n, T* wide) const {
+    if (f) return f;
+    if constexpr (std::is_same_v<T, float>) ops::round_to_bf16_widened(v, n, b, wide);
+    else (void)v, (void)n, check(false, "internal: a bf16 save in a double model");
+    return wide;
+  }
+
   /// The saved values as T, n elements: `f` itself, or `b` widened into `wide` (returned).
   const T* load(int64_t n, T* wide) const {
     if (f) return f;
@@ -39,13 +48,25 @@ struct Saved {
   }
 };
 
+/// Shares the bits of a tensor saved in bf16 with the GEMMs that read v (the values it was saved
+/// from, or their widening) while the result lives, so they do not round v again (the same
+/// bits). Shares nothing for a tensor kept as computed.
+template <typename T>
+ops::SharedRoundings::Sharing share_saved(const ops::ComputeContext& cc, const Saved<T>& s,
+                                           const T* v, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (s.b != nullptr) return cc.shared().share(v, n, s.b);
+  }
+  (void)cc, (void)s, (void)v, (void)n;
+  return {};
+}
+
 /// v ← v rounded to bf16, its bits kept in b (n elements): a value read by later ops exactly as
 /// it is stored. A float model only.
 template <typename T>
 void keep_rounded(T* v, int64_t n, uint16_t* b) {
   if constexpr (std::is_same_v<T, float>) {
-    ops::round_to_bf16(v, n, b);
-    ops::widen_bf16(b, n, v);
+    ops::round_to_bf16_widened(v, n, b, v);
   } else {
     (void)v, (void)n, (void)b;
     check(false, "internal: bf16 rounding in a double model");

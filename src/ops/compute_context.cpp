@@ -1,5 +1,6 @@
 #include "ops/compute_context.h"
 
+#include "core/error.h"
 #include "ops/attention_plan.h"
 #include "ops/ops.h"
 
@@ -30,6 +31,14 @@ uint16_t* Bf16WeightCopy::begin_update(const float* weights, int64_t n) {
 void Bf16WeightCopy::release() {
   std::vector<uint16_t>().swap(bits_);
   valid_ = false;
+}
+
+SharedRoundings::Sharing SharedRoundings::share(const float* x, int64_t n,
+                                                const uint16_t* bits) const {
+  check(x_ == nullptr, "internal: an activation's rounding shared while another is");
+  if (x == nullptr || n <= 0) return Sharing{};
+  x_ = x, n_ = n, bits_ = bits;
+  return Sharing{this};
 }
 
 void ComputeContext::set_type(ComputeType type) {

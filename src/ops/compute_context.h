@@ -49,6 +49,43 @@ class Bf16WeightCopy {
   std::vector<uint16_t> bits_;
 };
 
+/// bf16 bits a caller already holds for a float activation (bits = round_to_bf16 of it: a tensor
+/// saved for backward in bf16, or its widening), shared with the mixed-precision GEMMs that read
+/// the activation while a Sharing lives, so that they read the bits instead of rounding it again
+/// (the same bits, so the same products). One sharing at a time; the activation must not change
+/// while it lives. Not thread-safe: GEMMs are issued from one thread.
+class SharedRoundings {
+ public:
+  /// Ends the sharing when destroyed (an empty one, default-made, shares nothing).
+  class [[nodiscard]] Sharing {
+   public:
+    Sharing() = default;
+    Sharing(const Sharing&) = delete;
+    Sharing& operator=(const Sharing&) = delete;
+    Sharing(Sharing&& o) noexcept : owner_(o.owner_) { o.owner_ = nullptr; }
+    ~Sharing() {
+      if (owner_ != nullptr) owner_->x_ = nullptr;
+    }
+
+   private:
+    friend class SharedRoundings;
+    explicit Sharing(const SharedRoundings* owner) : owner_(owner) {}
+    const SharedRoundings* owner_ = nullptr;
+  };
+  /// Shares bits[0..n) as the rounding of x[0..n). Throws longtron::Error while another lives.
+  Sharing share(const float* x, int64_t n, const uint16_t* bits) const;
+  /// The shared bits of x[0..n) when that range lies inside the shared one, else nullptr.
+  const uint16_t* of(const float* x, int64_t n) const {
+    if (x_ == nullptr || x < x_ || x + n > x_ + n_) return nullptr;
+    return bits_ + (x - x_);
+  }
+
+ private:
+  mutable const float* x_ = nullptr;
+  mutable int64_t n_ = 0;
+  mutable const uint16_t* bits_ = nullptr;
+};
+
 /// The precision of float GEMMs and attention, and its state: the compute type and the bf16 copy
 /// of the weights. Owned by the engine (parallel::ParallelEngine::compute()); the model's ops
 /// keep a reference, so a type set after they were built applies to the next call. Double ops
@@ -68,6 +105,9 @@ class ComputeContext {
   /// the copy, which is made lazily on the first read.
   Bf16WeightCopy& weights() const { return weights_; }
 
+  /// The activations' roundings a caller shares with the GEMMs (used only under kBFloat16).
+  const SharedRoundings& shared() const { return shared_; }
+
   /// Bytes held by the context's scratch: the weight copy and the attention kernels' arenas
   /// (ops/attention_plan.h), which are kept per thread between calls.
   int64_t weight_copy_bytes() const { return weights_.bytes(); }
@@ -80,6 +120,7 @@ class ComputeContext {
  private:
   ComputeType type_;
   mutable Bf16WeightCopy weights_;
+  SharedRoundings shared_;
 };
 
 }  // namespace longtron::ops

@@ -20,8 +20,13 @@
 namespace longtron::ops {
 
 namespace {
-void round_scalar(const float* x, int64_t n, uint16_t* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(x[i]);
+// out[i] = the rounding of x[i]; with kWiden also wide[i] = its value (wide may be x).
+template <bool kWiden = false>
+void round_scalar(const float* x, int64_t n, uint16_t* out, float* wide = nullptr) {
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = float_to_bf16(x[i]);
+    if constexpr (kWiden) wide[i] = bf16_to_float(out[i]);
+  }
 }
 
 // float_to_bf16's rule on 16 values per step in AVX-512F integer arithmetic (chosen at run time,
@@ -31,7 +36,9 @@ void round_scalar(const float* x, int64_t n, uint16_t* out) {
 // whose pass-through operand is _mm512_undefined_epi32() (GCC bug 105593, fixed in GCC 13).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-__attribute__((target("avx512f"))) void round_avx512(const float* x, int64_t n, uint16_t* out) {
+template <bool kWiden = false>
+__attribute__((target("avx512f"))) void round_avx512(const float* x, int64_t n, uint16_t* out,
+                                                     float* wide = nullptr) {
   const __m512i half_ulp = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1),
                 magnitude = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000),
                 quiet = _mm512_set1_epi32(0x00400000);
@@ -44,8 +51,10 @@ __attribute__((target("avx512f"))) void round_avx512(const float* x, int64_t n, 
     r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, quiet));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
                         _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+    if constexpr (kWiden)
+      _mm512_storeu_si512(wide + i, _mm512_and_si512(r, _mm512_set1_epi32(int(0xFFFF0000u))));
   }
-  round_scalar(x + i, n - i, out + i);
+  round_scalar<kWiden>(x + i, n - i, out + i, kWiden ? wide + i : nullptr);
 }
 #pragma GCC diagnostic pop
 
@@ -57,12 +66,12 @@ bool has_avx512f() {
 /// Rounds every job in one parallel region (one fork and barrier for all of a GEMM's operands: on
 /// small GEMMs the threads' synchronisation costs more than the rounding).
 void round_jobs(std::span<const Bf16Rounding> jobs) {
-  const auto round = has_avx512f() ? round_avx512 : round_scalar;
+  const auto round = has_avx512f() ? round_avx512<> : round_scalar<>;
   constexpr int64_t kChunk = int64_t{1} << 16;
   int64_t chunks = 0;
   for (const Bf16Rounding& j : jobs) chunks += (j.n + kChunk - 1) / kChunk;
   if (chunks <= 1) {
-    for (const Bf16Rounding& j : jobs) round(j.x, j.n, j.out);
+    for (const Bf16Rounding& j : jobs) round(j.x, j.n, j.out, nullptr);
     return;
   }
 #pragma omp parallel for schedule(static)
@@ -71,7 +80,7 @@ void round_jobs(std::span<const Bf16Rounding> jobs) {
     size_t j = 0;
     for (; k >= (jobs[j].n + kChunk - 1) / kChunk; ++j) k -= (jobs[j].n + kChunk - 1) / kChunk;
     const int64_t begin = k * kChunk;
-    round(jobs[j].x + begin, std::min(kChunk, jobs[j].n - begin), jobs[j].out + begin);
+    round(jobs[j].x + begin, std::min(kChunk, jobs[j].n - begin), jobs[j].out + begin, nullptr);
   }
 }
 
@@ -89,17 +98,24 @@ GrowBuffer<uint16_t>& operand_buffer() {
   return buffer;
 }
 
+// The bf16 bits x[0..n) already has: a weight's from the context's copy, or an activation's
+// that the caller shares (SharedRoundings); nullptr when x must be rounded.
+const uint16_t* known_bits(const ComputeContext& cc, const float* x, int64_t n) {
+  const uint16_t* bits = cc.weights().of(x, n);
+  return bits != nullptr ? bits : cc.shared().of(x, n);
+}
+
 // Mixed precision (torch.autocast's rule for matmuls): both operands rounded to bf16, the product
-// accumulated in fp32. Weights come from the context's bf16 copy (ComputeContext::weights);
-// other operands are rounded into one per-thread buffer (A's copy, then B's), reused from call to
+// accumulated in fp32. Weights come from the context's bf16 copy (ComputeContext::weights) and
+// shared activations from their bits (ComputeContext::shared); other operands are rounded into one per-thread buffer (A's copy, then B's), reused from call to
 // call and reallocated without copying when a call needs more, so it holds the largest pair of
 // operands one call rounds (a weight gradient's dy and x), not the largest A plus the largest B.
 void mixed_precision_gemm(const ComputeContext& cc, bool ta, bool tb, int64_t M, int64_t N,
                           int64_t K, float alpha, const float* A, const float* B, float beta,
                           float* C) {
   GrowBuffer<uint16_t>& buffer = operand_buffer();
-  const uint16_t* a = cc.weights().of(A, M * K);
-  const uint16_t* b = cc.weights().of(B, K * N);
+  const uint16_t* a = known_bits(cc, A, M * K);
+  const uint16_t* b = known_bits(cc, B, K * N);
   const int64_t na = a ? 0 : M * K, nb = b ? 0 : K * N;
   uint16_t* const a16 = buffer.get(na + nb);
   uint16_t* const b16 = a16 + na;
@@ -130,7 +146,7 @@ std::array<const uint16_t*, 3> bf16_operands(const ComputeContext& cc,
   int64_t total = 0;
   for (size_t i = 0; i < 3; ++i) {
     const Bf16Operand& o = operands[i];
-    out[i] = o.x != nullptr ? cc.weights().of(o.x, o.n) : nullptr;
+    out[i] = o.x != nullptr ? known_bits(cc, o.x, o.n) : nullptr;
     at[i] = total;
     if (o.x != nullptr && out[i] == nullptr) total += o.n;
   }
@@ -155,7 +171,18 @@ void round_to_bf16_all(std::initializer_list<Bf16Rounding> jobs) {
 }
 
 void round_to_bf16_serial(const float* x, int64_t n, uint16_t* out) {
-  (has_avx512f() ? round_avx512 : round_scalar)(x, n, out);
+  (has_avx512f() ? round_avx512<> : round_scalar<>)(x, n, out, nullptr);
+}
+
+void round_to_bf16_widened(const float* x, int64_t n, uint16_t* bits, float* wide) {
+  const auto round = has_avx512f() ? round_avx512<true> : round_scalar<true>;
+  constexpr int64_t kChunk = int64_t{1} << 14;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n > kParallelMinWorkLarge)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * kChunk, m = std::min(kChunk, n - begin);
+    round(x + begin, m, bits + begin, wide + begin);
+  }
 }
 
 void gemm_bf16_weight(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,

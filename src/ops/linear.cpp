@@ -1,4 +1,5 @@
 // Linear layer in the Hugging Face layout W[out, in], through ops::gemm (oneDNN for float).
+#include <array>
 #include <type_traits>
 
 #include "ops/compute_context.h"
@@ -96,6 +97,62 @@ void linear_backward_bf16(const ComputeContext& cc, float* dx, float* dW, float*
   bias_grad(dbias, dy, N, out);
 }
 
+namespace {
+// Both weights' bits from the context's copy under bf16 (nullptr otherwise): the pair's shared
+// rounding of x then fits the operand buffer as one linear's rounded operands do.
+std::array<const uint16_t*, 2> pair_weights(const ComputeContext& cc, const float* W1,
+                                            const float* W3, int64_t n) {
+  if (!cc.bf16()) return {};
+  const uint16_t* w1 = cc.weights().of(W1, n);
+  const uint16_t* w3 = cc.weights().of(W3, n);
+  if (w1 == nullptr || w3 == nullptr) return {};
+  return {w1, w3};
+}
+}  // namespace
+
+template <typename T>
+void linear_pair_forward(const ComputeContext& cc, T* a, T* b, const T* x, const T* W1,
+                         const T* bias1, const T* W3, const T* bias3, int64_t N, int64_t in,
+                         int64_t out) {
+  if constexpr (std::is_same_v<T, float>) {
+    const auto w = pair_weights(cc, W1, W3, out * in);
+    if (w[0] != nullptr && N > 0 && in > 0 && out > 0) {
+      const uint16_t* x16 = bf16_operands(cc, {Bf16Operand{x, N * in}, {}, {}})[0];
+      linear_forward_bf16(a, x16, w[0], bias1, N, in, out);
+      linear_forward_bf16(b, x16, w[1], bias3, N, in, out);
+      return;
+    }
+  }
+  linear_forward(cc, a, x, W1, bias1, N, in, out);
+  linear_forward(cc, b, x, W3, bias3, N, in, out);
+}
+
+template <typename T>
+void linear_pair_backward(const ComputeContext& cc, T* dx, T* dW1, T* dbias1, T* dW3, T* dbias3,
+                          const T* da, const T* db, const T* x, const T* W1, const T* W3,
+                          int64_t N, int64_t in, int64_t out) {
+  if constexpr (std::is_same_v<T, float>) {
+    const auto w = pair_weights(cc, W1, W3, out * in);
+    if (w[0] != nullptr && dx != nullptr && dW1 != nullptr && dW3 != nullptr && N > 0 &&
+        in > 0 && out > 0) {
+      // x and da rounded in one region into this thread's operand buffer, then db into da's place
+      // (the buffer is the caller's until its next GEMM; bf16_operands hands it out as const).
+      const auto r = bf16_operands(cc, {Bf16Operand{x, N * in}, Bf16Operand{da, N * out}, {}});
+      auto* const dy16 = const_cast<uint16_t*>(r[1]);
+      gemm_bf16(false, false, N, in, out, 1.f, dy16, w[0], 0.f, dx);
+      gemm_bf16(true, false, out, in, N, 1.f, dy16, r[0], 1.f, dW1);
+      bias_grad(dbias1, da, N, out);
+      round_to_bf16(db, N * out, dy16);
+      gemm_bf16(false, false, N, in, out, 1.f, dy16, w[1], 1.f, dx);
+      gemm_bf16(true, false, out, in, N, 1.f, dy16, r[0], 1.f, dW3);
+      bias_grad(dbias3, db, N, out);
+      return;
+    }
+  }
+  linear_backward(cc, dx, dW1, dbias1, da, x, W1, N, in, out, T(0), T(1));
+  linear_backward(cc, dx, dW3, dbias3, db, x, W3, N, in, out, T(1), T(1));
+}
+
 // The float32 forms.
 template <typename T>
 void linear_forward(T* y, const T* x, const T* W, const T* bias, int64_t N, int64_t in,
@@ -130,6 +187,11 @@ void bias_grad(T* dbias, const T* dy, int64_t rows, int64_t out) {
 }
 
 #define LONGTRON_INSTANTIATE(T)                                                               \
+  template void linear_pair_forward<T>(const ComputeContext&, T*, T*, const T*, const T*,      \
+                                       const T*, const T*, const T*, int64_t, int64_t, int64_t); \
+  template void linear_pair_backward<T>(const ComputeContext&, T*, T*, T*, T*, T*, const T*,   \
+                                        const T*, const T*, const T*, const T*, int64_t,       \
+                                        int64_t, int64_t);                                      \
   template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t); \
   template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t,  \
                                    int64_t, T, T);                                                \

@@ -26,7 +26,7 @@ class ComputeContext;  // ops/compute_context.h
 /// no double GEMM; double serves the finite-difference tests). Uses the OpenMP threads of
 /// set_num_threads. In float under a kBFloat16 context (ops/compute_context.h) A and B are first
 /// rounded to bf16 (nearest even; an operand inside the context's weights is read from its bf16
-/// weight copy instead) and the product runs as gemm_bf16: fp32 accumulation and fp32 C. Double
+/// weight copy instead, one inside an activation the caller shares from its bits) and the product runs as gemm_bf16: fp32 accumulation and fp32 C. Double
 /// ignores the context.
 template <typename T>
 void gemm(const ComputeContext& cc, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
@@ -48,6 +48,9 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 void round_to_bf16(const float* x, int64_t n, uint16_t* out);
 /// round_to_bf16 on the calling thread alone (the same bits), for use inside a parallel region.
 void round_to_bf16_serial(const float* x, int64_t n, uint16_t* out);
+/// round_to_bf16 of x[0..n) into bits and, in the same pass, the rounded values into wide
+/// (widen_bf16 of bits; wide may be x itself): one read of x for both. OpenMP threads.
+void round_to_bf16_widened(const float* x, int64_t n, uint16_t* bits, float* wide);
 /// One array for round_to_bf16_all: x[0..n) into out.
 struct Bf16Rounding {
   const float* x = nullptr;
@@ -71,7 +74,8 @@ struct Bf16Operand {
   int64_t n = 0;
 };
 /// The bf16 roundings of float operands that several GEMMs share, so that each is rounded once
-/// (then gemm_bf16): an operand inside the context's weights comes from its bf16 copy, the others
+/// (then gemm_bf16): an operand inside the context's weights or a shared activation comes from
+/// its bits (ComputeContext::weights, ::shared), the others
 /// are rounded as gemm rounds them (nearest even) in one parallel region into the calling
 /// thread's operand buffer, the one gemm rounds into, so the pointers stay valid until the next
 /// gemm, gemm_bf16_weight or bf16_operands on this thread. nullptr for an absent operand.
@@ -128,6 +132,22 @@ void linear_backward(const ComputeContext& cc, T* dx, T* dW, T* dbias, const T* 
 template <typename T>
 void linear_backward(T* dx, T* dW, T* dbias, const T* dy, const T* x, const T* W, int64_t N,
                      int64_t in, int64_t out, T dx_beta = T(0), T dW_beta = T(1));
+/// The gated FFN's two projections of one input (Megatron-LM's fused linear_fc1 of gated MLPs):
+/// a[N,out] = x·W1ᵀ (+ bias1), b[N,out] = x·W3ᵀ (+ bias3), as linear_forward twice; under
+/// kBFloat16 with both weights in the context's copy, x is rounded once for both GEMMs (the
+/// same bits). Biases may be nullptr.
+template <typename T>
+void linear_pair_forward(const ComputeContext& cc, T* a, T* b, const T* x, const T* W1,
+                         const T* bias1, const T* W3, const T* bias3, int64_t N, int64_t in,
+                         int64_t out);
+/// The backward of linear_pair_forward, as linear_backward for W1 (dx overwritten) then for W3
+/// (dx accumulated): dx = da·W1 + db·W3; dW1 += daᵀ·x, dW3 += dbᵀ·x; dbias1 += Σ da, dbias3 +=
+/// Σ db (gradients may be nullptr). Under kBFloat16 with both weights in the context's copy and
+/// both weight gradients wanted, x is rounded once for the two weight gradients (the same bits).
+template <typename T>
+void linear_pair_backward(const ComputeContext& cc, T* dx, T* dW1, T* dbias1, T* dW3, T* dbias3,
+                          const T* da, const T* db, const T* x, const T* W1, const T* W3,
+                          int64_t N, int64_t in, int64_t out);
 /// linear_backward with the weight already in bf16 (W16[out,in] raw bits): dx through
 /// gemm_bf16_weight (dy rounded to bf16), dW and dbias as linear_backward<float> under `cc`.
 /// Bitwise linear_backward<float> under a kBFloat16 context on a float W whose rounding is W16.

@@ -279,6 +279,106 @@ TEST(Gemm, RoundToBf16IsRoundToNearestEven) {
   }
 }
 
+// round_to_bf16_widened writes round_to_bf16's bits and their widening in one pass, in place
+// too, on the special values (vector body and scalar tail) and several threads' chunks.
+TEST(Gemm, RoundToBf16WidenedIsRoundThenWiden) {
+  const std::vector<uint32_t> specials = {0x3F808000u, 0x3F818000u, 0x7F7FFFFFu, 0x00000001u,
+                                          0x80400000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u,
+                                          0x7F800001u, 0xFFC00001u, 0x80000000u, 0x00800000u};
+  std::vector<float> x;
+  for (uint32_t bits : specials) x.push_back(std::bit_cast<float>(bits));
+  const std::vector<float> middle = floats(200003, 14);
+  x.insert(x.end(), middle.begin(), middle.end());
+  for (uint32_t bits : specials) x.push_back(std::bit_cast<float>(bits));
+  const auto n = static_cast<int64_t>(x.size());
+  std::vector<uint16_t> want(x.size()), got(x.size()), in_place(x.size());
+  std::vector<float> want_wide(x.size()), got_wide(x.size(), -1.f), v = x;
+  ops::round_to_bf16(x.data(), n, want.data());
+  ops::widen_bf16(want.data(), n, want_wide.data());
+  ops::round_to_bf16_widened(x.data(), n, got.data(), got_wide.data());
+  ops::round_to_bf16_widened(v.data(), n, in_place.data(), v.data());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(in_place, want);
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(got_wide[i]), std::bit_cast<uint32_t>(want_wide[i])) << i;
+    ASSERT_EQ(std::bit_cast<uint32_t>(v[i]), std::bit_cast<uint32_t>(want_wide[i])) << i;
+  }
+}
+
+// A shared activation's bits are what the bf16 GEMMs read for it while the sharing lives (the
+// poisoned float is never rounded), for a sub-range too, and nothing after it ends; a second
+// sharing while one lives is refused; under float32 the sharing changes nothing.
+TEST(Gemm, SharedRoundingsAreReadWhileShared) {
+  const int64_t M = 40, N = 24, K = 32;
+  const auto A = floats(2 * M * K, 31), B = floats(N * K, 32);
+  std::vector<uint16_t> A16(A.size());
+  ops::round_to_bf16(A.data(), static_cast<int64_t>(A.size()), A16.data());
+  std::vector<float> poisoned(A.size(), 1e30f);
+  ops::ComputeContext bf16(ops::ComputeType::kBFloat16);
+  const auto gemm = [&](const ops::ComputeContext& cc, const float* a) {
+    std::vector<float> C(M * N, 0.f);
+    ops::gemm<float>(cc, false, true, M, N, K, 1.f, a, B.data(), 0.f, C.data());
+    return C;
+  };
+  const auto want_first = gemm(bf16, A.data()), want_second = gemm(bf16, A.data() + M * K);
+  {
+    const auto sharing = bf16.shared().share(poisoned.data(), 2 * M * K, A16.data());
+    EXPECT_EQ(gemm(bf16, poisoned.data()), want_first);
+    EXPECT_EQ(gemm(bf16, poisoned.data() + M * K), want_second) << "a range inside the shared one";
+    const auto r = ops::bf16_operands(bf16, {ops::Bf16Operand{poisoned.data() + 8, 16}, {}, {}});
+    EXPECT_EQ(r[0], A16.data() + 8);
+    EXPECT_THROW((void)bf16.shared().share(A.data(), 4, A16.data()), longtron::Error);
+    std::vector<float> C(M * N, 0.f);
+    ops::gemm<float>(ops::ComputeContext::fp32(), false, true, M, N, K, 1.f, A.data(), B.data(),
+                     0.f, C.data());
+    std::vector<float> plain(M * N, 0.f);
+    ops::gemm<float>(false, true, M, N, K, 1.f, A.data(), B.data(), 0.f, plain.data());
+    EXPECT_EQ(C, plain);
+  }
+  EXPECT_EQ(bf16.shared().of(poisoned.data(), 1), nullptr) << "ended with its scope";
+  EXPECT_NE(gemm(bf16, poisoned.data()), want_first) << "the poison is read again";
+  const auto again = bf16.shared().share(A.data(), 4, A16.data());  // free to share once more
+  EXPECT_EQ(bf16.shared().of(A.data() + 1, 3), A16.data() + 1);
+  EXPECT_EQ(bf16.shared().of(A.data() + 1, 4), nullptr) << "runs past the shared range";
+}
+
+// The gate/up pair is bitwise two linears on the same input (forward; backward with dx
+// overwritten by W1's part and accumulated by W3's, weight and bias gradients accumulated):
+// float32, bf16 with the weights in the context's copy (x rounded once) and without it.
+TEST(Gemm, LinearPairIsTwoLinearsBitwise) {
+  const int64_t N = 70, in = 48, out = 80;
+  std::vector<float> params = floats(2 * out * in + 2 * out, 41);
+  const float* W1 = params.data();
+  const float* W3 = W1 + out * in;
+  const float* b1 = W3 + out * in;
+  const float* b3 = b1 + out;
+  const auto x = floats(N * in, 42), da = floats(N * out, 43), db = floats(N * out, 44);
+  ops::ComputeContext fp32, bf16(ops::ComputeType::kBFloat16), bf16_copy(ops::ComputeType::kBFloat16);
+  bf16_copy.weights().attach(params.data(), static_cast<int64_t>(params.size()));
+  for (const ops::ComputeContext* cc : {&fp32, &bf16, &bf16_copy}) {
+    std::vector<float> a(N * out), b(N * out), a2(N * out), b2(N * out);
+    ops::linear_forward<float>(*cc, a.data(), x.data(), W1, b1, N, in, out);
+    ops::linear_forward<float>(*cc, b.data(), x.data(), W3, b3, N, in, out);
+    ops::linear_pair_forward<float>(*cc, a2.data(), b2.data(), x.data(), W1, b1, W3, b3, N, in,
+                                    out);
+    EXPECT_EQ(a2, a);
+    EXPECT_EQ(b2, b);
+    auto grads = floats(2 * out * in + 2 * out, 45), grads2 = grads;  // accumulated into
+    std::vector<float> dx(N * in), dx2(N * in, 7.f);
+    float* g = grads.data();
+    ops::linear_backward<float>(*cc, dx.data(), g, g + 2 * out * in, da.data(), x.data(), W1, N,
+                                in, out, 0.f, 1.f);
+    ops::linear_backward<float>(*cc, dx.data(), g + out * in, g + 2 * out * in + out, db.data(),
+                                x.data(), W3, N, in, out, 1.f, 1.f);
+    float* g2 = grads2.data();
+    ops::linear_pair_backward<float>(*cc, dx2.data(), g2, g2 + 2 * out * in, g2 + out * in,
+                                     g2 + 2 * out * in + out, da.data(), db.data(), x.data(), W1,
+                                     W3, N, in, out);
+    EXPECT_EQ(dx2, dx);
+    EXPECT_EQ(grads2, grads);
+  }
+}
+
 TEST(Gemm, EmptyInnerDimensionScalesC) {
   std::vector<float> C = {1, 2, 3, 4};
   ops::gemm<float>(false, false, 2, 2, 0, 1.0f, nullptr, nullptr, 0.5f, C.data());
