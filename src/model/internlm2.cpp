@@ -154,6 +154,7 @@ void InternLM2<T>::bind(const WorkspaceBuffer& b, T* at, uint16_t* at16, int64_t
     case S::kDattn: s.att.datt = at; break;
     case S::kDqkvSaved: s.att.dqs = at; break;
     case S::kPool: bind_pool(at, N); break;
+    case S::kGemmIn16: s.in16 = at16; break;
     default: check(false, "internal: {} is not a buffer of the unchunked workspace", b.name);
   }
 }
@@ -410,6 +411,31 @@ typename InternLM2<T>::BlockActs& InternLM2<T>::acts(int layer, bool save) {
 }
 
 template <typename T>
+ops::SharedRoundings::Sharing InternLM2<T>::share_in16(const T* v, int64_t n) const {
+  if constexpr (std::is_same_v<T, float>) return ops_.compute->shared().share(v, n, s_.in16);
+  (void)v, (void)n;
+  return {};
+}
+
+template <typename T>
+ops::SharedRoundings::Sharing InternLM2<T>::norm_for_gemm(NormOp<T>& norm, T* out, T* rstd,
+                                                          const T* x, int64_t N) {
+  if (!bf16_ || s_.in16 == nullptr) {
+    norm.forward(out, rstd, x, N, params_);
+    return {};
+  }
+  if (norm.forward_rounded(out, s_.in16, rstd, x, N, params_)) return share_in16(out, N * H_);
+  return {};
+}
+
+template <typename T>
+ops::SharedRoundings::Sharing InternLM2<T>::swiglu_for_gemm(T* g, const BlockActs& A, int64_t n) {
+  const bool bits = bf16_ && swiglu_saved(g, A.a, A.b, n, s_.in16);
+  if (!bf16_) swiglu_saved(g, A.a, A.b, n);
+  return bits ? share_in16(g, n) : ops::SharedRoundings::Sharing{};
+}
+
+template <typename T>
 void InternLM2<T>::block_forward(int layer, BlockActs& A, const T* x, T* y,
                                  const AttentionBatch& ab) {
   BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
@@ -417,8 +443,10 @@ void InternLM2<T>::block_forward(int layer, BlockActs& A, const T* x, T* y,
   const int64_t N = ab.num_tokens;
   const int64_t R = N / ops_.residual_split;  // residual-stream rows
   const int64_t sq = o.attention->saved_qkv_size(N);
-  o.attention_norm->forward(s.xn, A.rstd1, x, N, params_);
-  o.wqkv->forward(s.qkv, s.xn, N, params_);
+  {
+    const auto bits = norm_for_gemm(*o.attention_norm, s.xn, A.rstd1, x, N);
+    o.wqkv->forward(s.qkv, s.xn, N, params_);
+  }
   T* const qs = A.qkv.out(s.qs);
   T* const att = A.attn.out(s.att);
   o.attention->forward(att, qs, A.lse, s.qkv, ab);
@@ -432,14 +460,19 @@ void InternLM2<T>::block_forward(int layer, BlockActs& A, const T* x, T* y,
   // (under bf16 rounded and widened), so backward recomputes exactly the forward's z and rstd.
   T* const h = A.h.out(y);
   add_into(h, x, s.tmp, R * H_);
-  o.ffn_norm->forward(s.xn, A.rstd2, A.h.save_load(h, R * H_, s.wide), N, params_);
   T* const a = A.a.out(s.a);
   T* const b = A.b.out(s.b);
-  o.gate_up->forward(a, b, s.xn, N, params_);
+  {
+    const T* const hs = A.h.save_load(h, R * H_, s.wide);
+    const auto bits = norm_for_gemm(*o.ffn_norm, s.xn, A.rstd2, hs, N);
+    o.gate_up->forward(a, b, s.xn, N, params_);
+  }
   A.a.save(a, N * F_);
   A.b.save(b, N * F_);
-  swiglu_saved(s.g, A.a, A.b, N * F_);  // g from a and b as saved
-  o.w2->forward(s.tmp, s.g, N, params_);
+  {
+    const auto bits = swiglu_for_gemm(s.g, A, N * F_);  // g from a and b as saved
+    o.w2->forward(s.tmp, s.g, N, params_);
+  }
   add_into(y, h, s.tmp, R * H_);  // y = h + w2(g)
 }
 
@@ -453,11 +486,15 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const Saved<T>& x,
   // FFN branch: y = h + w2(silu(a) ⊙ b), a = w1 z, b = w3 z, z = RMSNorm(h). g and z are cheap
   // elementwise recomputations rather than saved tensors.
   const typename Scratch::Ffn& f = s_.ffn;
-  swiglu_saved(f.g, A.a, A.b, N * F_);
-  o.w2->backward(f.dg, dres, f.g, N, params_, &grads, false);
+  {
+    const auto bits = swiglu_for_gemm(f.g, A, N * F_);
+    o.w2->backward(f.dg, dres, f.g, N, params_, &grads, false);
+  }
   swiglu_backward_saved(f.da, f.db, f.dg, A.a, A.b, N * F_);
-  o.ffn_norm->forward(f.z, rstd_scratch_, A.h.load(R * H_, f.h1), N, params_);
-  o.gate_up->backward(f.dz, f.da, f.db, f.z, N, params_, &grads);
+  {
+    const auto bits = norm_for_gemm(*o.ffn_norm, f.z, rstd_scratch_, A.h.load(R * H_, f.h1), N);
+    o.gate_up->backward(f.dz, f.da, f.db, f.z, N, params_, &grads);
+  }
   o.ffn_norm->backward(f.dh, f.dz, A.h.load(R * H_, f.h2), A.rstd2, N, params_, &grads);
   accumulate(dres, f.dh, R * H_);  // dres = dL/dh
   backward_point(layer, false);
@@ -471,8 +508,10 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const Saved<T>& x,
   }
   o.attention->backward(t.dqkv, t.dqs, t.datt, qs, att, A.lse, ab);
   const T* const xv = x.load(R * H_, t.xw);
-  o.attention_norm->forward(t.xn, rstd_scratch_, xv, N, params_);
-  o.wqkv->backward(t.dxn, t.dqkv, t.xn, N, params_, &grads, false);
+  {
+    const auto bits = norm_for_gemm(*o.attention_norm, t.xn, rstd_scratch_, xv, N);
+    o.wqkv->backward(t.dxn, t.dqkv, t.xn, N, params_, &grads, false);
+  }
   o.attention_norm->backward(t.dx, t.dxn, xv, A.rstd1, N, params_, &grads);
   accumulate(dres, t.dx, R * H_);  // dres = dL/dx
 }

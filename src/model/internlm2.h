@@ -167,6 +167,9 @@ class InternLM2 {
   /// does not need (a bf16 stage or widened copy under float) is nullptr.
   struct Scratch {
     T* dres;
+    /// Under bf16: the bits of the GEMM input a norm or SwiGLU writes with its float output
+    /// (for_gemm); nullptr otherwise.
+    uint16_t* in16 = nullptr;
     /// Forward: xn (a norm's output), qkv, the bf16 stages of the split qkv (qs), attention
     /// output (att), a and b, the linears' output tmp, g = silu(a) ⊙ b, the FFN norm's input
     /// widened from its bf16 save (wide); res, the bf16 layout's residual stream.
@@ -198,6 +201,15 @@ class InternLM2 {
   void forward_blocks(const data::MicroBatch& batch, bool save);
   /// The last block's output [R, H] after forward_blocks.
   T* final_residual() { return bf16_ ? s_.fwd.res : xs_.back(); }
+  /// `norm` of x (N rows) into out for the GEMM that reads it next: under bf16, where the op
+  /// can, with its bits written in the same pass into s_.in16 and shared with that GEMM while
+  /// the result lives.
+  ops::SharedRoundings::Sharing norm_for_gemm(NormOp<T>& norm, T* out, T* rstd, const T* x,
+                                              int64_t N);
+  /// g = silu(a) ⊙ b (n elements, A's a and b as saved) for w2's GEMMs, its bits shared likewise.
+  ops::SharedRoundings::Sharing swiglu_for_gemm(T* g, const BlockActs& A, int64_t n);
+  /// Shares s_.in16 as the bits of v[0..n) (a float model under bf16; nothing otherwise).
+  ops::SharedRoundings::Sharing share_in16(const T* v, int64_t n) const;
   /// The one block path (both layouts): block `layer` from its input x (as stored) to y, saving
   /// A. The float layout runs it from xs_[layer] to xs_[layer + 1] (a recomputation: y into a
   /// free temporary); the bf16 layout in place on the residual stream s_.fwd.res (x = y).

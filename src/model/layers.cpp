@@ -79,6 +79,12 @@ class DenseNorm final : public NormOp<T> {
   void forward(T* out, T* rstd, const T* x, int64_t N, const Params<T>& p) override {
     ops::rms_norm_forward(out, rstd, x, p.ptr(weight_), N, H_, eps_);
   }
+  bool forward_rounded(T* out, uint16_t* out16, T* rstd, const T* x, int64_t N,
+                       const Params<T>& p) override {
+    if (!std::is_same_v<T, float>) return NormOp<T>::forward_rounded(out, out16, rstd, x, N, p);
+    ops::rms_norm_forward(out, rstd, x, p.ptr(weight_), N, H_, eps_, out16);
+    return true;
+  }
   void backward(T* dx, const T* dout, const T* x, const T* rstd, int64_t N, const Params<T>& p,
                 Params<T>* g) override {
     ops::rms_norm_backward(dx, g ? g->ptr(weight_) : nullptr, dout, x, p.ptr(weight_), rstd, N,

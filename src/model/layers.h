@@ -82,6 +82,15 @@ class NormOp {
   virtual ~NormOp() = default;
   /// out[N, H] (overwritten) and rstd[N] (saved for backward).
   virtual void forward(T* out, T* rstd, const T* x, int64_t N, const Params<T>& params) = 0;
+  /// forward, and where the op can in the same pass (a float model, out[N, H] whole on this
+  /// rank) also round_to_bf16 of out into out16[N, H]: returns whether it did. The default
+  /// only runs forward.
+  virtual bool forward_rounded(T* out, uint16_t* out16, T* rstd, const T* x, int64_t N,
+                               const Params<T>& params) {
+    (void)out16;
+    forward(out, rstd, x, N, params);
+    return false;
+  }
   /// dx[N, H] overwritten; dweight += (skipped when grads is nullptr).
   virtual void backward(T* dx, const T* dout, const T* x, const T* rstd, int64_t N,
                         const Params<T>& params, Params<T>* grads) = 0;

@@ -55,6 +55,10 @@ class FrozenNorm final : public NormOp<T> {
   void forward(T* out, T* rstd, const T* x, int64_t N, const Params<T>& p) override {
     base_->forward(out, rstd, x, N, p);
   }
+  bool forward_rounded(T* out, uint16_t* out16, T* rstd, const T* x, int64_t N,
+                       const Params<T>& p) override {
+    return base_->forward_rounded(out, out16, rstd, x, N, p);
+  }
   void backward(T* dx, const T* dout, const T* x, const T* rstd, int64_t N, const Params<T>& p,
                 Params<T>*) override {
     base_->backward(dx, dout, x, rstd, N, p, nullptr);

@@ -73,12 +73,14 @@ void keep_rounded(T* v, int64_t n, uint16_t* b) {
   }
 }
 
-/// g = silu(a) ⊙ b over the FFN's a and b as saved (the bf16 kernel reads the bf16 bits).
+/// g = silu(a) ⊙ b over the FFN's a and b as saved (the bf16 kernel reads the bf16 bits). With
+/// g16, a and b saved in bf16 also write g's bits there: returns whether they were written.
 template <typename T>
-void swiglu_saved(T* g, const Saved<T>& a, const Saved<T>& b, int64_t n) {
-  if (a.f) return ops::swiglu_forward(g, a.f, b.f, n);
-  if constexpr (std::is_same_v<T, float>) ops::swiglu_forward_bf16(g, a.b, b.b, n);
+bool swiglu_saved(T* g, const Saved<T>& a, const Saved<T>& b, int64_t n, uint16_t* g16 = nullptr) {
+  if (a.f) return ops::swiglu_forward(g, a.f, b.f, n), false;
+  if constexpr (std::is_same_v<T, float>) ops::swiglu_forward_bf16(g, a.b, b.b, n, g16);
   else check(false, "internal: a bf16 SwiGLU in a double model");
+  return g16 != nullptr;
 }
 
 /// da, db (overwritten) from dg over a and b as saved; db may alias dg (both kernels write db[i]

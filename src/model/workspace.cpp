@@ -51,6 +51,8 @@ void unchunked_bf16(const WorkspaceShape& s, std::vector<WorkspaceBuffer>& t) {
   t.push_back({"norm rstd (recomputed)", S::kRstdScratch, 0, pad16(R), false, true});
   t.push_back({"fp32 pool (one block's temporaries)", S::kPool, 0,
                pool_sizes<double>(R, N, H, s.Q, s.F, s.A, s.saved_qkv).total(), false, true});
+  // The bits a norm or SwiGLU writes beside its float output for the GEMM that reads it next.
+  t.push_back({"GEMM input (bf16)", S::kGemmIn16, 0, pad32(N * std::max(H, s.F)), true, true});
 }
 
 /// The unchunked float layout (InternLM2::reserve without bf16).

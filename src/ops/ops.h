@@ -185,9 +185,12 @@ template <typename T>
 void embedding_backward(T* dtable, const T* dout, const int32_t* ids, int64_t N, int64_t H);
 
 // ---- RMSNorm ------------------------------------------------------------------------------------
-/// out[N,H] = x / sqrt(mean(x²) + eps) ⊙ weight[H]; rstd[N] saved for backward.
+/// out[N,H] = x / sqrt(mean(x²) + eps) ⊙ weight[H]; rstd[N] saved for backward. With out16
+/// (float only), also round_to_bf16 of out into out16[N,H], each row while it is in cache: the
+/// bits a bf16 GEMM reading out would make.
 template <typename T>
-void rms_norm_forward(T* out, T* rstd, const T* x, const T* weight, int64_t N, int64_t H, T eps);
+void rms_norm_forward(T* out, T* rstd, const T* x, const T* weight, int64_t N, int64_t H, T eps,
+                      uint16_t* out16 = nullptr);
 /// dx[N,H] (overwritten), dweight[H] (+=).
 template <typename T>
 void rms_norm_backward(T* dx, T* dweight, const T* dout, const T* x, const T* weight,
@@ -247,7 +250,10 @@ void swiglu_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
 /// projections for backward in bf16, as torch.autocast saves the bf16 outputs of its linears);
 /// the arithmetic is fp32 and the outputs are float. swiglu_backward_bf16 reads dout[i] before
 /// it writes da[i] and db[i], so either may alias dout.
-void swiglu_forward_bf16(float* out, const uint16_t* a, const uint16_t* b, int64_t count);
+/// With out16, swiglu_forward_bf16 also writes round_to_bf16 of out there, a block at a time
+/// while it is in cache (the bits a bf16 GEMM reading out would make).
+void swiglu_forward_bf16(float* out, const uint16_t* a, const uint16_t* b, int64_t count,
+                         uint16_t* out16 = nullptr);
 void swiglu_backward_bf16(float* da, float* db, const float* dout, const uint16_t* a,
                           const uint16_t* b, int64_t count);
 

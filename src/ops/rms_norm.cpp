@@ -1,13 +1,17 @@
 // RMSNorm (Zhang & Sennrich 2019) as in InternLM2 / Llama: y = x · rstd ⊙ weight.
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
+#include "core/error.h"
 #include "ops/ops.h"
 
 namespace longtron::ops {
 
 template <typename T>
-void rms_norm_forward(T* out, T* rstd, const T* x, const T* weight, int64_t N, int64_t H, T eps) {
+void rms_norm_forward(T* out, T* rstd, const T* x, const T* weight, int64_t N, int64_t H, T eps,
+                      uint16_t* out16) {
+  check(out16 == nullptr || std::is_same_v<T, float>, "rms_norm_forward: bf16 bits of a double");
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const T* xr = x + n * H;
@@ -19,6 +23,8 @@ void rms_norm_forward(T* out, T* rstd, const T* x, const T* weight, int64_t N, i
     T* o = out + n * H;
 #pragma omp simd
     for (int64_t i = 0; i < H; ++i) o[i] = xr[i] * r * weight[i];
+    if constexpr (std::is_same_v<T, float>)
+      if (out16 != nullptr) round_to_bf16_serial(o, H, out16 + n * H);
   }
 }
 
@@ -58,7 +64,8 @@ void rms_norm_backward(T* dx, T* dweight, const T* dout, const T* x, const T* we
 }
 
 #define LONGTRON_INSTANTIATE(T)                                                                \
-  template void rms_norm_forward<T>(T*, T*, const T*, const T*, int64_t, int64_t, T);          \
+  template void rms_norm_forward<T>(T*, T*, const T*, const T*, int64_t, int64_t, T,          \
+                                    uint16_t*);                                                \
   template void rms_norm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, \
                                      int64_t);
 LONGTRON_INSTANTIATE(float)

@@ -2,6 +2,7 @@
 // forward values that have a closed form.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 
 #include "core/error.h"
@@ -199,6 +200,41 @@ TEST(SwiGlu, Bf16InputsAreTheFloatKernelOnWidenedValues) {
     ASSERT_TRUE(near(o16[i], o[i])) << i << ": " << o16[i] << " vs " << o[i];
     ASSERT_TRUE(near(da16[i], da[i])) << i << ": " << da16[i] << " vs " << da[i];
     ASSERT_TRUE(near(db16[i], db[i])) << i << ": " << db16[i] << " vs " << db[i];
+  }
+}
+
+// The forms that also write their output's bf16 bits (for the GEMM that reads it next) give
+// the same float output, bit for bit, and the bits are round_to_bf16 of it: RMSNorm per row,
+// SwiGLU per block of 4096 (counts below, at and across the block, several threads).
+TEST(BitsForTheNextGemm, NormAndSwiGluWriteTheRoundingOfTheirOutput) {
+  const auto bits_of = [](const std::vector<float>& v) {
+    std::vector<uint16_t> b(v.size());
+    ops::round_to_bf16(v.data(), static_cast<int64_t>(v.size()), b.data());
+    return b;
+  };
+  const int64_t N = 37, H = 200;
+  const Vec xd = random_vector(N * H, 7, 3.0), wd = random_vector(H, 8);
+  const std::vector<float> x(xd.begin(), xd.end()), w(wd.begin(), wd.end());
+  std::vector<float> out(N * H), out2(N * H), rstd(N), rstd2(N);
+  std::vector<uint16_t> out16(N * H, 0xFFFF);
+  ops::rms_norm_forward<float>(out.data(), rstd.data(), x.data(), w.data(), N, H, 1e-6f);
+  ops::rms_norm_forward<float>(out2.data(), rstd2.data(), x.data(), w.data(), N, H, 1e-6f,
+                               out16.data());
+  EXPECT_EQ(out2, out);
+  EXPECT_EQ(rstd2, rstd);
+  EXPECT_EQ(out16, bits_of(out));
+  for (const int64_t count : {int64_t{1}, int64_t{4095}, int64_t{4096}, int64_t{20000}}) {
+    const Vec a = random_vector(count, 9, 4.0), b = random_vector(count, 10);
+    std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end());
+    std::vector<uint16_t> a16(count), b16(count), g16(count, 0xFFFF);
+    ops::round_to_bf16(af.data(), count, a16.data());
+    ops::round_to_bf16(bf.data(), count, b16.data());
+    std::vector<float> g(count), g2(count);
+    ops::swiglu_forward_bf16(g.data(), a16.data(), b16.data(), count);
+    ops::swiglu_forward_bf16(g2.data(), a16.data(), b16.data(), count, g16.data());
+    for (int64_t i = 0; i < count; ++i)
+      ASSERT_EQ(std::bit_cast<uint32_t>(g2[i]), std::bit_cast<uint32_t>(g[i])) << count << " " << i;
+    EXPECT_EQ(g16, bits_of(g)) << count;
   }
 }
 
