@@ -13,6 +13,9 @@
 
 namespace longtron::model {
 namespace {
+using Sharing = ops::SharedRoundings::Sharing;
+}  // namespace
+namespace {
 
 template <typename T>
 void add_into(T* out, const T* a, const T* b, int64_t n) {
@@ -490,8 +493,11 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const Saved<T>& x,
     const auto bits = swiglu_for_gemm(f.g, A, N * F_);
     o.w2->backward(f.dg, dres, f.g, N, params_, &grads, false);
   }
-  swiglu_backward_saved(f.da, f.db, f.dg, A.a, A.b, N * F_);
+  // Under bf16 the saves of a and b take the bits of da and db for gate/up's GEMMs.
+  const bool spent = swiglu_backward_saved(f.da, f.db, f.dg, A.a, A.b, N * F_, bf16_);
   {
+    const auto da16 = spent ? share_saved(*ops_.compute, A.a, f.da, N * F_) : Sharing{};
+    const auto db16 = spent ? share_saved(*ops_.compute, A.b, f.db, N * F_) : Sharing{};
     const auto bits = norm_for_gemm(*o.ffn_norm, f.z, rstd_scratch_, A.h.load(R * H_, f.h1), N);
     o.gate_up->backward(f.dz, f.da, f.db, f.z, N, params_, &grads);
   }

@@ -84,13 +84,17 @@ bool swiglu_saved(T* g, const Saved<T>& a, const Saved<T>& b, int64_t n, uint16_
 }
 
 /// da, db (overwritten) from dg over a and b as saved; db may alias dg (both kernels write db[i]
-/// last).
+/// last). With `into_saves`, a and b saved in bf16 are overwritten by the bits of da and db
+/// (their last reader: the saves are spent): returns whether they were.
 template <typename T>
-void swiglu_backward_saved(T* da, T* db, const T* dg, const Saved<T>& a, const Saved<T>& b,
-                           int64_t n) {
-  if (a.f) return ops::swiglu_backward(da, db, dg, a.f, b.f, n);
-  if constexpr (std::is_same_v<T, float>) ops::swiglu_backward_bf16(da, db, dg, a.b, b.b, n);
+bool swiglu_backward_saved(T* da, T* db, const T* dg, const Saved<T>& a, const Saved<T>& b,
+                           int64_t n, bool into_saves = false) {
+  if (a.f) return ops::swiglu_backward(da, db, dg, a.f, b.f, n), false;
+  if constexpr (std::is_same_v<T, float>)
+    ops::swiglu_backward_bf16(da, db, dg, a.b, b.b, n, into_saves ? a.b : nullptr,
+                              into_saves ? b.b : nullptr);
   else check(false, "internal: a bf16 SwiGLU in a double model");
+  return into_saves;
 }
 
 }  // namespace longtron::model

@@ -35,10 +35,13 @@ void Bf16WeightCopy::release() {
 
 SharedRoundings::Sharing SharedRoundings::share(const float* x, int64_t n,
                                                 const uint16_t* bits) const {
-  check(x_ == nullptr, "internal: an activation's rounding shared while another is");
   if (x == nullptr || n <= 0) return Sharing{};
-  x_ = x, n_ = n, bits_ = bits;
-  return Sharing{this};
+  for (int slot = 0; slot < kMax; ++slot) {
+    if (entries_[slot].x != nullptr) continue;
+    entries_[slot] = Entry{x, n, bits};
+    return Sharing{this, slot};
+  }
+  fail("internal: more than {} activations' roundings shared at once", kMax);
 }
 
 void ComputeContext::set_type(ComputeType type) {

@@ -50,40 +50,48 @@ class Bf16WeightCopy {
 };
 
 /// bf16 bits a caller already holds for a float activation (bits = round_to_bf16 of it: a tensor
-/// saved for backward in bf16, or its widening), shared with the mixed-precision GEMMs that read
-/// the activation while a Sharing lives, so that they read the bits instead of rounding it again
-/// (the same bits, so the same products). One sharing at a time; the activation must not change
-/// while it lives. Not thread-safe: GEMMs are issued from one thread.
+/// saved for backward in bf16, or its widening, or bits an op wrote beside its output), shared
+/// with the mixed-precision GEMMs that read the activation while a Sharing lives, so that they
+/// read the bits instead of rounding it again (the same bits, so the same products). At most
+/// kMax sharings at a time; the activations must not change while shared. Not thread-safe:
+/// GEMMs are issued from one thread.
 class SharedRoundings {
  public:
-  /// Ends the sharing when destroyed (an empty one, default-made, shares nothing).
+  static constexpr int kMax = 4;
+  /// Ends its sharing when destroyed (an empty one, default-made, shares nothing).
   class [[nodiscard]] Sharing {
    public:
     Sharing() = default;
     Sharing(const Sharing&) = delete;
     Sharing& operator=(const Sharing&) = delete;
-    Sharing(Sharing&& o) noexcept : owner_(o.owner_) { o.owner_ = nullptr; }
+    Sharing(Sharing&& o) noexcept : owner_(o.owner_), slot_(o.slot_) { o.owner_ = nullptr; }
     ~Sharing() {
-      if (owner_ != nullptr) owner_->x_ = nullptr;
+      if (owner_ != nullptr) owner_->entries_[slot_] = Entry{};
     }
 
    private:
     friend class SharedRoundings;
-    explicit Sharing(const SharedRoundings* owner) : owner_(owner) {}
+    Sharing(const SharedRoundings* owner, int slot) : owner_(owner), slot_(slot) {}
     const SharedRoundings* owner_ = nullptr;
+    int slot_ = 0;
   };
-  /// Shares bits[0..n) as the rounding of x[0..n). Throws longtron::Error while another lives.
+  /// Shares bits[0..n) as the rounding of x[0..n) (nothing for n <= 0). Throws longtron::Error
+  /// when kMax sharings live.
   Sharing share(const float* x, int64_t n, const uint16_t* bits) const;
-  /// The shared bits of x[0..n) when that range lies inside the shared one, else nullptr.
+  /// The shared bits of x[0..n) when that range lies inside a shared one, else nullptr.
   const uint16_t* of(const float* x, int64_t n) const {
-    if (x_ == nullptr || x < x_ || x + n > x_ + n_) return nullptr;
-    return bits_ + (x - x_);
+    for (const Entry& e : entries_)
+      if (e.x != nullptr && x >= e.x && x + n <= e.x + e.n) return e.bits + (x - e.x);
+    return nullptr;
   }
 
  private:
-  mutable const float* x_ = nullptr;
-  mutable int64_t n_ = 0;
-  mutable const uint16_t* bits_ = nullptr;
+  struct Entry {
+    const float* x = nullptr;
+    int64_t n = 0;
+    const uint16_t* bits = nullptr;
+  };
+  mutable Entry entries_[kMax];
 };
 
 /// The precision of float GEMMs and attention, and its state: the compute type and the bf16 copy

@@ -133,18 +133,23 @@ void linear_pair_backward(const ComputeContext& cc, T* dx, T* dW1, T* dbias1, T*
                           int64_t N, int64_t in, int64_t out) {
   if constexpr (std::is_same_v<T, float>) {
     const auto w = pair_weights(cc, W1, W3, out * in);
+    const uint16_t* da16 = cc.shared().of(da, N * out);
+    const uint16_t* db16 = cc.shared().of(db, N * out);
     if (w[0] != nullptr && dx != nullptr && dW1 != nullptr && dW3 != nullptr && N > 0 &&
-        in > 0 && out > 0) {
-      // x and da rounded in one region into this thread's operand buffer, then db into da's place
-      // (the buffer is the caller's until its next GEMM; bf16_operands hands it out as const).
+        in > 0 && out > 0 && (da16 == nullptr) == (db16 == nullptr)) {
+      // x (and da) rounded in one region into this thread's operand buffer, then db into da's
+      // place (the buffer is the caller's until its next GEMM; bf16_operands hands it out as
+      // const), unless the caller shares the bits of both.
+      const bool shared = da16 != nullptr;
       const auto r = bf16_operands(cc, {Bf16Operand{x, N * in}, Bf16Operand{da, N * out}, {}});
-      auto* const dy16 = const_cast<uint16_t*>(r[1]);
-      gemm_bf16(false, false, N, in, out, 1.f, dy16, w[0], 0.f, dx);
-      gemm_bf16(true, false, out, in, N, 1.f, dy16, r[0], 1.f, dW1);
+      auto* const dy16 = shared ? nullptr : const_cast<uint16_t*>(r[1]);
+      gemm_bf16(false, false, N, in, out, 1.f, r[1], w[0], 0.f, dx);
+      gemm_bf16(true, false, out, in, N, 1.f, r[1], r[0], 1.f, dW1);
       bias_grad(dbias1, da, N, out);
-      round_to_bf16(db, N * out, dy16);
-      gemm_bf16(false, false, N, in, out, 1.f, dy16, w[1], 1.f, dx);
-      gemm_bf16(true, false, out, in, N, 1.f, dy16, r[0], 1.f, dW3);
+      if (!shared) round_to_bf16(db, N * out, dy16);
+      const uint16_t* const b16 = shared ? db16 : dy16;
+      gemm_bf16(false, false, N, in, out, 1.f, b16, w[1], 1.f, dx);
+      gemm_bf16(true, false, out, in, N, 1.f, b16, r[0], 1.f, dW3);
       bias_grad(dbias3, db, N, out);
       return;
     }

@@ -143,7 +143,8 @@ void linear_pair_forward(const ComputeContext& cc, T* a, T* b, const T* x, const
 /// The backward of linear_pair_forward, as linear_backward for W1 (dx overwritten) then for W3
 /// (dx accumulated): dx = da·W1 + db·W3; dW1 += daᵀ·x, dW3 += dbᵀ·x; dbias1 += Σ da, dbias3 +=
 /// Σ db (gradients may be nullptr). Under kBFloat16 with both weights in the context's copy and
-/// both weight gradients wanted, x is rounded once for the two weight gradients (the same bits).
+/// both weight gradients wanted, x is rounded once for the two weight gradients, and da and db
+/// are read from their shared bits where the caller shares both (the same bits either way).
 template <typename T>
 void linear_pair_backward(const ComputeContext& cc, T* dx, T* dW1, T* dbias1, T* dW3, T* dbias3,
                           const T* da, const T* db, const T* x, const T* W1, const T* W3,
@@ -254,8 +255,12 @@ void swiglu_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
 /// while it is in cache (the bits a bf16 GEMM reading out would make).
 void swiglu_forward_bf16(float* out, const uint16_t* a, const uint16_t* b, int64_t count,
                          uint16_t* out16 = nullptr);
+/// With da16 and db16, swiglu_backward_bf16 also writes round_to_bf16 of da and db there, a
+/// block at a time after the block's reads (so da16 may be a and db16 may be b: their last
+/// reader overwritten in place).
 void swiglu_backward_bf16(float* da, float* db, const float* dout, const uint16_t* a,
-                          const uint16_t* b, int64_t count);
+                          const uint16_t* b, int64_t count, uint16_t* da16 = nullptr,
+                          uint16_t* db16 = nullptr);
 
 // ---- Varlen causal attention (document-masked, flash-style) -----------------------------------
 /// Shapes of one attention call. Query tokens are the rows of a packed sequence of N tokens,

@@ -57,13 +57,21 @@ void swiglu_forward_bf16(float* out, const uint16_t* a, const uint16_t* b, int64
 }
 
 void swiglu_backward_bf16(float* da, float* db, const float* dout, const uint16_t* a,
-                          const uint16_t* b, int64_t count) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < count; ++i) {
-    const float x = bf16_to_float(a[i]), y = bf16_to_float(b[i]), g = dout[i];
-    const float s = 1.0f / (1.0f + detail::fast_exp(-x));
-    da[i] = g * y * (s + x * s * (1.0f - s));
-    db[i] = g * x * s;
+                          const uint16_t* b, int64_t count, uint16_t* da16, uint16_t* db16) {
+  constexpr int64_t kBlock = 4096;  // as the forward: rounded while in L1
+  const int64_t blocks = (count + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < blocks; ++k) {
+    const int64_t begin = k * kBlock, end = std::min(count, begin + kBlock);
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) {
+      const float x = bf16_to_float(a[i]), y = bf16_to_float(b[i]), g = dout[i];
+      const float s = 1.0f / (1.0f + detail::fast_exp(-x));
+      da[i] = g * y * (s + x * s * (1.0f - s));
+      db[i] = g * x * s;
+    }
+    if (da16 != nullptr) round_to_bf16_serial(da + begin, end - begin, da16 + begin);
+    if (db16 != nullptr) round_to_bf16_serial(db + begin, end - begin, db16 + begin);
   }
 }
 

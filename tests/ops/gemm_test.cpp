@@ -306,8 +306,8 @@ TEST(Gemm, RoundToBf16WidenedIsRoundThenWiden) {
 }
 
 // A shared activation's bits are what the bf16 GEMMs read for it while the sharing lives (the
-// poisoned float is never rounded), for a sub-range too, and nothing after it ends; a second
-// sharing while one lives is refused; under float32 the sharing changes nothing.
+// poisoned float is never rounded), for a sub-range too, and nothing after it ends; up to
+// kMax sharings live at once, one more is refused; under float32 the sharing changes nothing.
 TEST(Gemm, SharedRoundingsAreReadWhileShared) {
   const int64_t M = 40, N = 24, K = 32;
   const auto A = floats(2 * M * K, 31), B = floats(N * K, 32);
@@ -327,7 +327,14 @@ TEST(Gemm, SharedRoundingsAreReadWhileShared) {
     EXPECT_EQ(gemm(bf16, poisoned.data() + M * K), want_second) << "a range inside the shared one";
     const auto r = ops::bf16_operands(bf16, {ops::Bf16Operand{poisoned.data() + 8, 16}, {}, {}});
     EXPECT_EQ(r[0], A16.data() + 8);
-    EXPECT_THROW((void)bf16.shared().share(A.data(), 4, A16.data()), longtron::Error);
+    {
+      std::vector<ops::SharedRoundings::Sharing> more;
+      for (int i = 1; i < ops::SharedRoundings::kMax; ++i)
+        more.push_back(bf16.shared().share(A.data() + i, 1, A16.data() + i));
+      EXPECT_EQ(bf16.shared().of(A.data() + 2, 1), A16.data() + 2);
+      EXPECT_THROW((void)bf16.shared().share(A.data(), 4, A16.data()), longtron::Error);
+    }
+    EXPECT_EQ(bf16.shared().of(A.data() + 2, 1), nullptr) << "the others ended";
     std::vector<float> C(M * N, 0.f);
     ops::gemm<float>(ops::ComputeContext::fp32(), false, true, M, N, K, 1.f, A.data(), B.data(),
                      0.f, C.data());
@@ -376,6 +383,23 @@ TEST(Gemm, LinearPairIsTwoLinearsBitwise) {
                                      W3, N, in, out);
     EXPECT_EQ(dx2, dx);
     EXPECT_EQ(grads2, grads);
+    if (!cc->bf16()) continue;
+    // da and db shared as bits (the model's SwiGLU backward writes them): poisoned floats are
+    // not read by the GEMMs, only by the bias gradients, so the biases are left out here.
+    std::vector<uint16_t> da16(N * out), db16(N * out);
+    ops::round_to_bf16(da.data(), N * out, da16.data());
+    ops::round_to_bf16(db.data(), N * out, db16.data());
+    std::vector<float> pa(N * out, 1e30f), pb(N * out, -1e30f), dx3(N * in);
+    auto grads3 = floats(2 * out * in + 2 * out, 45);
+    {
+      const auto sa = cc->shared().share(pa.data(), N * out, da16.data());
+      const auto sb = cc->shared().share(pb.data(), N * out, db16.data());
+      float* g3 = grads3.data();
+      ops::linear_pair_backward<float>(*cc, dx3.data(), g3, nullptr, g3 + out * in, nullptr,
+                                       pa.data(), pb.data(), x.data(), W1, W3, N, in, out);
+    }
+    EXPECT_EQ(dx3, dx);
+    EXPECT_TRUE(std::equal(grads3.begin(), grads3.begin() + 2 * out * in, grads.begin()));
   }
 }
 

@@ -205,7 +205,7 @@ TEST(SwiGlu, Bf16InputsAreTheFloatKernelOnWidenedValues) {
 
 // The forms that also write their output's bf16 bits (for the GEMM that reads it next) give
 // the same float output, bit for bit, and the bits are round_to_bf16 of it: RMSNorm per row,
-// SwiGLU per block of 4096 (counts below, at and across the block, several threads).
+// SwiGLU forward and backward per block of 4096 (counts below, at and across the block).
 TEST(BitsForTheNextGemm, NormAndSwiGluWriteTheRoundingOfTheirOutput) {
   const auto bits_of = [](const std::vector<float>& v) {
     std::vector<uint16_t> b(v.size());
@@ -235,6 +235,16 @@ TEST(BitsForTheNextGemm, NormAndSwiGluWriteTheRoundingOfTheirOutput) {
     for (int64_t i = 0; i < count; ++i)
       ASSERT_EQ(std::bit_cast<uint32_t>(g2[i]), std::bit_cast<uint32_t>(g[i])) << count << " " << i;
     EXPECT_EQ(g16, bits_of(g)) << count;
+    // The backward writes da's and db's bits over a and b (their last reader), db over dout.
+    const Vec dd = random_vector(count, 11);
+    std::vector<float> da(count), db(dd.begin(), dd.end()), da2(count), db2 = db;
+    ops::swiglu_backward_bf16(da.data(), db.data(), db.data(), a16.data(), b16.data(), count);
+    ops::swiglu_backward_bf16(da2.data(), db2.data(), db2.data(), a16.data(), b16.data(), count,
+                              a16.data(), b16.data());
+    EXPECT_EQ(da2, da) << count;
+    EXPECT_EQ(db2, db) << count;
+    EXPECT_EQ(a16, bits_of(da)) << count;
+    EXPECT_EQ(b16, bits_of(db)) << count;
   }
 }
 
