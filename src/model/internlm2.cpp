@@ -14,8 +14,6 @@
 namespace longtron::model {
 namespace {
 using Sharing = ops::SharedRoundings::Sharing;
-}  // namespace
-namespace {
 
 template <typename T>
 void add_into(T* out, const T* a, const T* b, int64_t n) {
@@ -423,19 +421,15 @@ ops::SharedRoundings::Sharing InternLM2<T>::share_in16(const T* v, int64_t n) co
 template <typename T>
 ops::SharedRoundings::Sharing InternLM2<T>::norm_for_gemm(NormOp<T>& norm, T* out, T* rstd,
                                                           const T* x, int64_t N) {
-  if (!bf16_ || s_.in16 == nullptr) {
-    norm.forward(out, rstd, x, N, params_);
-    return {};
-  }
-  if (norm.forward_rounded(out, s_.in16, rstd, x, N, params_)) return share_in16(out, N * H_);
-  return {};
+  if (!bf16_ || s_.in16 == nullptr) return norm.forward(out, rstd, x, N, params_), Sharing{};
+  const bool rounded = norm.forward_rounded(out, s_.in16, rstd, x, N, params_);
+  return rounded ? share_in16(out, N * H_) : Sharing{};
 }
 
 template <typename T>
 ops::SharedRoundings::Sharing InternLM2<T>::swiglu_for_gemm(T* g, const BlockActs& A, int64_t n) {
-  const bool bits = bf16_ && swiglu_saved(g, A.a, A.b, n, s_.in16);
-  if (!bf16_) swiglu_saved(g, A.a, A.b, n);
-  return bits ? share_in16(g, n) : ops::SharedRoundings::Sharing{};
+  const bool rounded = swiglu_saved(g, A.a, A.b, n, bf16_ ? s_.in16 : nullptr);
+  return rounded ? share_in16(g, n) : Sharing{};
 }
 
 template <typename T>

@@ -40,7 +40,7 @@ enum class WorkspaceSlot {
   kH16, kQkv16, kAttn16, kA16, kB16,                                  // saved per block (bf16)
   kXn, kQkv, kTmp, kG, kXf, kRstdF, kRstdScratch,                     // forward temporaries
   kDres, kDtmp, kDxn, kDg, kDa, kDb, kDattn, kDqkvSaved,              // backward temporaries
-  kPool, kGemmIn16,                                   // bf16: the fp32 pool, a GEMM input's bits
+  kPool, kGemmIn16,                                                   // bf16: pool, GEMM input bits
   kChunkInputs, kChunkInputs16, kChunkQkv, kChunkOut, kChunkOut16, kChunkLse, kChunkDout,
   kChunkDres, kChunkTemps, kChunkTemps16,                             // chunked recomputation
 };

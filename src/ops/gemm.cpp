@@ -107,9 +107,10 @@ const uint16_t* known_bits(const ComputeContext& cc, const float* x, int64_t n) 
 
 // Mixed precision (torch.autocast's rule for matmuls): both operands rounded to bf16, the product
 // accumulated in fp32. Weights come from the context's bf16 copy (ComputeContext::weights) and
-// shared activations from their bits (ComputeContext::shared); other operands are rounded into one per-thread buffer (A's copy, then B's), reused from call to
-// call and reallocated without copying when a call needs more, so it holds the largest pair of
-// operands one call rounds (a weight gradient's dy and x), not the largest A plus the largest B.
+// shared activations from their bits (ComputeContext::shared); other operands are rounded into
+// one per-thread buffer (A's copy, then B's), reused from call to call and reallocated without
+// copying when a call needs more, so it holds the largest pair of operands one call rounds (a
+// weight gradient's dy and x), not the largest A plus the largest B.
 void mixed_precision_gemm(const ComputeContext& cc, bool ta, bool tb, int64_t M, int64_t N,
                           int64_t K, float alpha, const float* A, const float* B, float beta,
                           float* C) {

@@ -75,10 +75,10 @@ struct Bf16Operand {
 };
 /// The bf16 roundings of float operands that several GEMMs share, so that each is rounded once
 /// (then gemm_bf16): an operand inside the context's weights or a shared activation comes from
-/// its bits (ComputeContext::weights, ::shared), the others
-/// are rounded as gemm rounds them (nearest even) in one parallel region into the calling
-/// thread's operand buffer, the one gemm rounds into, so the pointers stay valid until the next
-/// gemm, gemm_bf16_weight or bf16_operands on this thread. nullptr for an absent operand.
+/// its bits (ComputeContext::weights, ::shared), the others are rounded as gemm rounds them
+/// (nearest even) in one parallel region into the calling thread's operand buffer, the one gemm
+/// rounds into, so the pointers stay valid until the next gemm, gemm_bf16_weight or
+/// bf16_operands on this thread. nullptr for an absent operand.
 std::array<const uint16_t*, 3> bf16_operands(const ComputeContext& cc,
                                              std::array<Bf16Operand, 3> operands);
 
