@@ -255,15 +255,25 @@ TEST(Gemm, WidenBf16InvertsRounding) {
 // writer's): ordinary values, ties, overflow to infinity, infinities and NaN, and subnormals kept
 // (PyTorch's rule, not VCVTNEPS2BF16's flush). The special values sit both in the vector body and
 // in the scalar tail.
-TEST(Gemm, RoundToBf16IsRoundToNearestEven) {
-  const std::vector<uint32_t> specials = {0x3F808000u, 0x3F818000u, 0x7F7FFFFFu, 0x00000001u,
-                                          0x80400000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u,
-                                          0x7F800001u, 0x00000000u, 0x80000000u, 0x00800000u};
+// The rounding's special values, ties and edges, in the vector body (first) and in the scalar
+// tail (last) of a run of random floats long enough for several threads' chunks.
+namespace {
+const std::vector<uint32_t> kSpecials = {0x3F808000u, 0x3F818000u, 0x7F7FFFFFu, 0x00000001u,
+                                         0x80400000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u,
+                                         0x7F800001u, 0x00000000u, 0x80000000u, 0x00800000u};
+std::vector<float> specials_around(int64_t middle_count, uint32_t seed) {
   std::vector<float> x;
-  for (uint32_t bits : specials) x.push_back(std::bit_cast<float>(bits));
-  const std::vector<float> middle = floats(200000, 10);  // several threads' chunks
+  for (uint32_t bits : kSpecials) x.push_back(std::bit_cast<float>(bits));
+  const std::vector<float> middle = floats(middle_count, seed);
   x.insert(x.end(), middle.begin(), middle.end());
-  for (uint32_t bits : specials) x.push_back(std::bit_cast<float>(bits));
+  for (uint32_t bits : kSpecials) x.push_back(std::bit_cast<float>(bits));
+  return x;
+}
+}  // namespace
+
+TEST(Gemm, RoundToBf16IsRoundToNearestEven) {
+  const std::vector<uint32_t>& specials = kSpecials;
+  const std::vector<float> x = specials_around(200000, 10);
   std::vector<uint16_t> out(x.size());
   ops::round_to_bf16(x.data(), static_cast<int64_t>(x.size()), out.data());
   for (size_t i = 0; i < x.size(); ++i) {
@@ -282,14 +292,8 @@ TEST(Gemm, RoundToBf16IsRoundToNearestEven) {
 // round_to_bf16_widened writes round_to_bf16's bits and their widening in one pass, in place
 // too, on the special values (vector body and scalar tail) and several threads' chunks.
 TEST(Gemm, RoundToBf16WidenedIsRoundThenWiden) {
-  const std::vector<uint32_t> specials = {0x3F808000u, 0x3F818000u, 0x7F7FFFFFu, 0x00000001u,
-                                          0x80400000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u,
-                                          0x7F800001u, 0xFFC00001u, 0x80000000u, 0x00800000u};
-  std::vector<float> x;
-  for (uint32_t bits : specials) x.push_back(std::bit_cast<float>(bits));
-  const std::vector<float> middle = floats(200003, 14);
-  x.insert(x.end(), middle.begin(), middle.end());
-  for (uint32_t bits : specials) x.push_back(std::bit_cast<float>(bits));
+  std::vector<float> x = specials_around(200003, 14);
+  x.push_back(std::bit_cast<float>(0xFFC00001u));  // a negative quiet NaN with payload, last
   const auto n = static_cast<int64_t>(x.size());
   std::vector<uint16_t> want(x.size()), got(x.size()), in_place(x.size());
   std::vector<float> want_wide(x.size()), got_wide(x.size(), -1.f), v = x;
