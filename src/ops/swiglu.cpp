@@ -31,38 +31,33 @@ void swiglu_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
 }
 
 namespace {
-// out[i] for i in [begin, end): the one loop of swiglu_forward_bf16, so that both forms give the
-// same bits.
-inline void swiglu_bf16_range(float* out, const uint16_t* a, const uint16_t* b, int64_t begin,
-                              int64_t end) {
-#pragma omp simd
-  for (int64_t i = begin; i < end; ++i) {
-    const float x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
-    const float s = 1.0f / (1.0f + detail::fast_exp(-x));
-    out[i] = x * s * y;
-  }
+// body(begin, end) over blocks of 4096 elements (16 KiB of float output), the blocks shared out
+// by OpenMP: a kernel that also rounds its output does it per block, while the block is in L1.
+template <typename Body>
+void for_blocks(int64_t count, Body&& body) {
+  constexpr int64_t kBlock = 4096;
+  const int64_t blocks = (count + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < blocks; ++k) body(k * kBlock, std::min(count, (k + 1) * kBlock));
 }
 }  // namespace
 
 void swiglu_forward_bf16(float* out, const uint16_t* a, const uint16_t* b, int64_t count,
                          uint16_t* out16) {
-  constexpr int64_t kBlock = 4096;  // 16 KiB of out, rounded while in L1
-  const int64_t blocks = (count + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-  for (int64_t k = 0; k < blocks; ++k) {
-    const int64_t begin = k * kBlock, end = std::min(count, begin + kBlock);
-    swiglu_bf16_range(out, a, b, begin, end);
+  for_blocks(count, [&](int64_t begin, int64_t end) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) {
+      const float x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
+      const float s = 1.0f / (1.0f + detail::fast_exp(-x));
+      out[i] = x * s * y;
+    }
     if (out16 != nullptr) round_to_bf16_serial(out + begin, end - begin, out16 + begin);
-  }
+  });
 }
 
 void swiglu_backward_bf16(float* da, float* db, const float* dout, const uint16_t* a,
                           const uint16_t* b, int64_t count, uint16_t* da16, uint16_t* db16) {
-  constexpr int64_t kBlock = 4096;  // as the forward: rounded while in L1
-  const int64_t blocks = (count + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-  for (int64_t k = 0; k < blocks; ++k) {
-    const int64_t begin = k * kBlock, end = std::min(count, begin + kBlock);
+  for_blocks(count, [&](int64_t begin, int64_t end) {
 #pragma omp simd
     for (int64_t i = begin; i < end; ++i) {
       const float x = bf16_to_float(a[i]), y = bf16_to_float(b[i]), g = dout[i];
@@ -72,7 +67,7 @@ void swiglu_backward_bf16(float* da, float* db, const float* dout, const uint16_
     }
     if (da16 != nullptr) round_to_bf16_serial(da + begin, end - begin, da16 + begin);
     if (db16 != nullptr) round_to_bf16_serial(db + begin, end - begin, db16 + begin);
-  }
+  });
 }
 
 #define LONGTRON_INSTANTIATE(T)                                                \
