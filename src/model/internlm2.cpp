@@ -27,6 +27,20 @@ void accumulate(T* out, const T* a, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] += a[i];
 }
 
+// accumulate, and out's bits (round_to_bf16) into out16 a block of 4096 at a time while it is
+// in cache: the bits a bf16 GEMM reading out next would round.
+void accumulate_rounded(float* out, const float* a, int64_t n, uint16_t* out16) {
+  constexpr int64_t kBlock = 4096;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (n > kParallelMinWork)
+  for (int64_t k = 0; k < blocks; ++k) {
+    const int64_t begin = k * kBlock, end = std::min(n, begin + kBlock);
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) out[i] += a[i];
+    ops::round_to_bf16_serial(out + begin, end - begin, out16 + begin);
+  }
+}
+
 void check_batch(const data::MicroBatch& b, int64_t sp) {
   const size_t N = b.input_ids.size();
   check(N > 0, "micro-batch has no tokens");
@@ -307,10 +321,8 @@ void InternLM2<T>::chunk_tail(int layer, int64_t slot, int64_t n0, int64_t n, bo
   o.gate_up->forward(ck_.g1, ck_.g2, ck_.xn, n, params_);
   const int64_t nf = n * F_;
   const Saved<T> a = chunk_a(), b = chunk_b();
-  a.save(ck_.g1, nf);
-  b.save(ck_.g2, nf);
-  if (!output) return;
-  swiglu_saved(ck_.g3, a, b, nf);
+  if (!output) return a.save(ck_.g1, nf), b.save(ck_.g2, nf);
+  swiglu_saving(ck_.g3, ck_.g1, ck_.g2, a, b, nf);
   o.w2->forward(ck_.t, ck_.g3, n, params_);
   accumulate(ck_.h, ck_.t, n * H_);  // y = h + w2(g)
 }
@@ -427,8 +439,24 @@ ops::SharedRoundings::Sharing InternLM2<T>::norm_for_gemm(NormOp<T>& norm, T* ou
 }
 
 template <typename T>
-ops::SharedRoundings::Sharing InternLM2<T>::swiglu_for_gemm(T* g, const BlockActs& A, int64_t n) {
-  const bool rounded = swiglu_saved(g, A.a, A.b, n, bf16_ ? s_.in16 : nullptr);
+ops::SharedRoundings::Sharing InternLM2<T>::accumulate_for_gemm(T* dres, const T* d, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    // Split residual rows: the GEMM reads a gathered copy, not dres.
+    if (bf16_ && s_.in16 != nullptr && ops_.residual_split == 1) {
+      accumulate_rounded(dres, d, n, s_.in16);
+      return share_in16(dres, n);
+    }
+  }
+  accumulate(dres, d, n);
+  return {};
+}
+
+template <typename T>
+ops::SharedRoundings::Sharing InternLM2<T>::swiglu_for_gemm(T* g, const BlockActs& A, int64_t n,
+                                                            const T* a, const T* b) {
+  uint16_t* const g16 = bf16_ ? s_.in16 : nullptr;
+  const bool rounded =
+      a != nullptr ? swiglu_saving(g, a, b, A.a, A.b, n, g16) : swiglu_saved(g, A.a, A.b, n, g16);
   return rounded ? share_in16(g, n) : Sharing{};
 }
 
@@ -464,10 +492,8 @@ void InternLM2<T>::block_forward(int layer, BlockActs& A, const T* x, T* y,
     const auto bits = norm_for_gemm(*o.ffn_norm, s.xn, A.rstd2, hs, N);
     o.gate_up->forward(a, b, s.xn, N, params_);
   }
-  A.a.save(a, N * F_);
-  A.b.save(b, N * F_);
   {
-    const auto bits = swiglu_for_gemm(s.g, A, N * F_);  // g from a and b as saved
+    const auto bits = swiglu_for_gemm(s.g, A, N * F_, a, b);  // saves a and b, g from the saves
     o.w2->forward(s.tmp, s.g, N, params_);
   }
   add_into(y, h, s.tmp, R * H_);  // y = h + w2(g)
@@ -496,13 +522,15 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const Saved<T>& x,
     o.gate_up->backward(f.dz, f.da, f.db, f.z, N, params_, &grads);
   }
   o.ffn_norm->backward(f.dh, f.dz, A.h.load(R * H_, f.h2), A.rstd2, N, params_, &grads);
-  accumulate(dres, f.dh, R * H_);  // dres = dL/dh
-  backward_point(layer, false);
   // Attention branch: h = x + wo(Attn(qkv)), qkv = wqkv(RMSNorm(x)).
   const typename Scratch::Att& t = s_.att;
-  const T* const att = A.attn.load(N * A_, t.att_w);
-  const T* const qs = A.qkv.load(o.attention->saved_qkv_size(N), t.qkv_w);
+  const T* att = nullptr;
+  const T* qs = nullptr;
   {
+    const auto dy = accumulate_for_gemm(dres, f.dh, R * H_);  // dres = dL/dh: wo's dy
+    backward_point(layer, false);
+    att = A.attn.load(N * A_, t.att_w);
+    qs = A.qkv.load(o.attention->saved_qkv_size(N), t.qkv_w);
     const auto bits = share_saved(*ops_.compute, A.attn, att, N * A_);
     o.wo->backward(t.datt, dres, att, N, params_, &grads, false);
   }

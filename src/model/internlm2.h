@@ -207,7 +207,12 @@ class InternLM2 {
   ops::SharedRoundings::Sharing norm_for_gemm(NormOp<T>& norm, T* out, T* rstd, const T* x,
                                               int64_t N);
   /// g = silu(a) ⊙ b (n elements, A's a and b as saved) for w2's GEMMs, its bits shared likewise.
-  ops::SharedRoundings::Sharing swiglu_for_gemm(T* g, const BlockActs& A, int64_t n);
+  /// With a and b (the forward), saves them into A first, in the same pass.
+  ops::SharedRoundings::Sharing swiglu_for_gemm(T* g, const BlockActs& A, int64_t n,
+                                                const T* a = nullptr, const T* b = nullptr);
+  /// dres += d (n elements); under bf16 (unsplit rows) with dres's bits written in the same pass
+  /// into s_.in16 and shared with the GEMM that reads dres next.
+  ops::SharedRoundings::Sharing accumulate_for_gemm(T* dres, const T* d, int64_t n);
   /// Shares s_.in16 as the bits of v[0..n) (a float model under bf16; nothing otherwise).
   ops::SharedRoundings::Sharing share_in16(const T* v, int64_t n) const;
   /// The one block path (both layouts): block `layer` from its input x (as stored) to y, saving

@@ -83,6 +83,17 @@ bool swiglu_saved(T* g, const Saved<T>& a, const Saved<T>& b, int64_t n, uint16_
   return g16 != nullptr;
 }
 
+/// a.save(va, n), b.save(vb, n), then swiglu_saved(g, a, b, n, g16), in one pass over va and vb
+/// where a and b are saved in bf16. Returns whether g16 was written.
+template <typename T>
+bool swiglu_saving(T* g, const T* va, const T* vb, const Saved<T>& a, const Saved<T>& b,
+                   int64_t n, uint16_t* g16 = nullptr) {
+  if (a.f) return swiglu_saved(g, a, b, n, g16);  // va and vb are a.f and b.f
+  if constexpr (std::is_same_v<T, float>) ops::swiglu_forward_saving_bf16(g, va, vb, a.b, b.b, n, g16);
+  else check(false, "internal: a bf16 SwiGLU in a double model");
+  return g16 != nullptr;
+}
+
 /// da, db (overwritten) from dg over a and b as saved; db may alias dg (both kernels write db[i]
 /// last). With `into_saves`, a and b saved in bf16 are overwritten by the bits of da and db
 /// (their last reader: the saves are spent): returns whether they were.

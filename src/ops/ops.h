@@ -255,6 +255,11 @@ void swiglu_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
 /// while it is in cache (the bits a bf16 GEMM reading out would make).
 void swiglu_forward_bf16(float* out, const uint16_t* a, const uint16_t* b, int64_t count,
                          uint16_t* out16 = nullptr);
+/// a and b rounded to bf16 into a16 and b16 (round_to_bf16: keeping them for backward), then
+/// swiglu_forward_bf16(out, a16, b16, count, out16): one pass, a block at a time, instead of a
+/// rounding pass over each input and a pass over the rounded values.
+void swiglu_forward_saving_bf16(float* out, const float* a, const float* b, uint16_t* a16,
+                                uint16_t* b16, int64_t count, uint16_t* out16 = nullptr);
 /// With da16 and db16, swiglu_backward_bf16 also writes round_to_bf16 of da and db there, a
 /// block at a time after the block's reads (so da16 may be a and db16 may be b: their last
 /// reader overwritten in place).

@@ -40,18 +40,34 @@ void for_blocks(int64_t count, Body&& body) {
 #pragma omp parallel for schedule(static)
   for (int64_t k = 0; k < blocks; ++k) body(k * kBlock, std::min(count, (k + 1) * kBlock));
 }
+
+
+// swiglu_forward_bf16 of elements [begin, end).
+void swiglu_forward_bf16_block(float* out, const uint16_t* a, const uint16_t* b, int64_t begin,
+                               int64_t end, uint16_t* out16) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
+    const float x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
+    const float s = 1.0f / (1.0f + detail::fast_exp(-x));
+    out[i] = x * s * y;
+  }
+  if (out16 != nullptr) round_to_bf16_serial(out + begin, end - begin, out16 + begin);
+}
 }  // namespace
 
 void swiglu_forward_bf16(float* out, const uint16_t* a, const uint16_t* b, int64_t count,
                          uint16_t* out16) {
   for_blocks(count, [&](int64_t begin, int64_t end) {
-#pragma omp simd
-    for (int64_t i = begin; i < end; ++i) {
-      const float x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
-      const float s = 1.0f / (1.0f + detail::fast_exp(-x));
-      out[i] = x * s * y;
-    }
-    if (out16 != nullptr) round_to_bf16_serial(out + begin, end - begin, out16 + begin);
+    swiglu_forward_bf16_block(out, a, b, begin, end, out16);
+  });
+}
+
+void swiglu_forward_saving_bf16(float* out, const float* a, const float* b, uint16_t* a16,
+                                uint16_t* b16, int64_t count, uint16_t* out16) {
+  for_blocks(count, [&](int64_t begin, int64_t end) {
+    round_to_bf16_serial(a + begin, end - begin, a16 + begin);
+    round_to_bf16_serial(b + begin, end - begin, b16 + begin);
+    swiglu_forward_bf16_block(out, a16, b16, begin, end, out16);
   });
 }
 

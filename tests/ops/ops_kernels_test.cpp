@@ -235,6 +235,16 @@ TEST(BitsForTheNextGemm, NormAndSwiGluWriteTheRoundingOfTheirOutput) {
     for (int64_t i = 0; i < count; ++i)
       ASSERT_EQ(std::bit_cast<uint32_t>(g2[i]), std::bit_cast<uint32_t>(g[i])) << count << " " << i;
     EXPECT_EQ(g16, bits_of(g)) << count;
+    // Saving a and b on the way, with g written over a (the model's pool does).
+    std::vector<float> g3 = af;
+    std::vector<uint16_t> a16s(count, 0xFFFF), b16s(count, 0xFFFF), g16s(count, 0xFFFF);
+    ops::swiglu_forward_saving_bf16(g3.data(), g3.data(), bf.data(), a16s.data(), b16s.data(),
+                                    count, g16s.data());
+    EXPECT_EQ(a16s, a16) << count;
+    EXPECT_EQ(b16s, b16) << count;
+    EXPECT_EQ(g16s, g16) << count;
+    for (int64_t i = 0; i < count; ++i)
+      ASSERT_EQ(std::bit_cast<uint32_t>(g3[i]), std::bit_cast<uint32_t>(g[i])) << count << " " << i;
     // The backward writes da's and db's bits over a and b (their last reader), db over dout.
     const Vec dd = random_vector(count, 11);
     std::vector<float> da(count), db(dd.begin(), dd.end()), da2(count), db2 = db;
