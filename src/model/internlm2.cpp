@@ -474,8 +474,11 @@ void InternLM2<T>::block_forward(int layer, BlockActs& A, const T* x, T* y,
   }
   T* const qs = A.qkv.out(s.qs);
   T* const att = A.attn.out(s.att);
-  o.attention->forward(att, qs, A.lse, s.qkv, ab);
-  A.qkv.save(qs, sq);
+  // Saved in bf16: the attention writes the bits of its split q, k, v as it splits them.
+  const bool saved = A.qkv.b != nullptr
+                         ? o.attention->forward_rounded(att, qs, A.qkv.b, A.lse, s.qkv, ab)
+                         : (o.attention->forward(att, qs, A.lse, s.qkv, ab), false);
+  if (!saved) A.qkv.save(qs, sq);
   A.attn.save(att, N * A_);
   {
     const auto bits = share_saved(*ops_.compute, A.attn, att, N * A_);  // wo reads them

@@ -121,6 +121,18 @@ class DenseAttention final : public AttentionOp<T> {
                                          qkv_s + (hq_ + hkv_) * d_, shape(b), group_tokens_);
   }
 
+  bool forward_rounded(T* out, T* qkv_s, uint16_t* qkv_s16, T* lse, const T* qkv,
+                       const AttentionBatch& b) override {
+    if constexpr (!std::is_same_v<T, float>) {
+      return AttentionOp<T>::forward_rounded(out, qkv_s, qkv_s16, lse, qkv, b);
+    } else {
+      prepare_forward(qkv_s, qkv, b, qkv_s16);
+      ops::varlen_attention_forward_groups(cc_, out, lse, qkv_s, qkv_s + hq_ * d_,
+                                           qkv_s + (hq_ + hkv_) * d_, shape(b), group_tokens_);
+      return true;
+    }
+  }
+
   void backward(T* dqkv, T* dqkv_s, const T* dout, const T* qkv_s, const T* out, const T* lse,
                 const AttentionBatch& b) override {
     const ops::AttentionShape s = shape(b);
@@ -157,12 +169,14 @@ class DenseAttention final : public AttentionOp<T> {
 
  private:
   /// qkv → qkv_s: split, and RoPE on the q and k heads (adjacent in the split layout) of each
-  /// token as it is split, while its row is in cache.
-  void prepare_forward(T* qkv_s, const T* qkv, const AttentionBatch& b) const {
+  /// token as it is split, while its row is in cache; with bits (a float model), each row's
+  /// round_to_bf16 into bits too.
+  void prepare_forward(T* qkv_s, const T* qkv, const AttentionBatch& b,
+                       uint16_t* bits = nullptr) const {
     const int64_t N = b.num_tokens;
     check_rope_positions(config_, b.indexes, N);
     const ops::RopeRotation<T> rope(b.indexes, N, d_, inv_freq_.data(), 1.0);
-    permute(qkv_s, qkv, b, /*to_split=*/true, rope);
+    permute(qkv_s, qkv, b, /*to_split=*/true, rope, bits);
   }
   /// dqkv_s (the kernels' gradients of the split q, k, v) → dqkv: each token's RoPE backward,
   /// then its regrouping (dqkv_s itself is left as the kernels wrote it, or is dqkv).
@@ -178,9 +192,10 @@ class DenseAttention final : public AttentionOp<T> {
   }
   /// grouped → split (to_split) or split → grouped; dst and src are [N, Q] (they may be the
   /// same buffer: each token's row goes through a copy). The q and k heads of the split row are
-  /// rotated by `rope` (after the split; before the regrouping).
+  /// rotated by `rope` (after the split; before the regrouping). With bits, each dst row is then
+  /// rounded into them (a float model).
   void permute(T* dst, const T* src, const AttentionBatch& b, bool to_split,
-               const ops::RopeRotation<T>& rope) const {
+               const ops::RopeRotation<T>& rope, uint16_t* bits = nullptr) const {
     const int64_t N = b.num_tokens;
     const int64_t qpk = hq_ / hkv_;
 #pragma omp parallel if (N * q_ > kParallelMinWork)
@@ -201,6 +216,8 @@ class DenseAttention final : public AttentionOp<T> {
           }
         }
         if (to_split) rope.rotate(dst + n * q_, hq_ + hkv_, b.indexes[n]);
+        if constexpr (std::is_same_v<T, float>)
+          if (bits != nullptr) ops::round_to_bf16_serial(dst + n * q_, q_, bits + n * q_);
       }
     }
   }

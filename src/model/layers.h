@@ -117,6 +117,15 @@ class AttentionOp {
   virtual int64_t saved_lse_size(int64_t N) const = 0;
   /// out (overwritten); saved_qkv and lse are written for backward.
   virtual void forward(T* out, T* saved_qkv, T* lse, const T* qkv, const AttentionBatch& b) = 0;
+  /// forward, and where the op can in the same pass (a float model) also round_to_bf16 of
+  /// saved_qkv into saved16 [saved_qkv_size(N)]: returns whether it did. The default only runs
+  /// forward.
+  virtual bool forward_rounded(T* out, T* saved_qkv, uint16_t* saved16, T* lse, const T* qkv,
+                               const AttentionBatch& b) {
+    (void)saved16;
+    forward(out, saved_qkv, lse, qkv, b);
+    return false;
+  }
   /// dqkv[N, Q] (grouped layout, overwritten) from dout[N, Hq·d]; scratch has saved_qkv_size(N).
   virtual void backward(T* dqkv, T* scratch, const T* dout, const T* saved_qkv, const T* out,
                         const T* lse, const AttentionBatch& b) = 0;
