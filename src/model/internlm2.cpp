@@ -424,10 +424,16 @@ typename InternLM2<T>::BlockActs& InternLM2<T>::acts(int layer, bool save) {
 }
 
 template <typename T>
-ops::SharedRoundings::Sharing InternLM2<T>::share_in16(const T* v, int64_t n) const {
-  if constexpr (std::is_same_v<T, float>) return ops_.compute->shared().share(v, n, s_.in16);
-  (void)v, (void)n;
+ops::SharedRoundings::Sharing InternLM2<T>::share_bits(const T* v, int64_t n,
+                                                       const uint16_t* bits) const {
+  if constexpr (std::is_same_v<T, float>) return ops_.compute->shared().share(v, n, bits);
+  (void)v, (void)n, (void)bits;
   return {};
+}
+
+template <typename T>
+ops::SharedRoundings::Sharing InternLM2<T>::share_in16(const T* v, int64_t n) const {
+  return share_bits(v, n, s_.in16);
 }
 
 template <typename T>
@@ -537,9 +543,15 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const Saved<T>& x,
     const auto bits = share_saved(*ops_.compute, A.attn, att, N * A_);
     o.wo->backward(t.datt, dres, att, N, params_, &grads, false);
   }
-  o.attention->backward(t.dqkv, t.dqs, t.datt, qs, att, A.lse, ab);
+  // Under bf16 the bits of dqkv go over the save of q, k, v (read above: spent) for wqkv's GEMMs.
+  uint16_t* const dqkv16 = bf16_ ? A.qkv.b : nullptr;
+  const bool rounded =
+      dqkv16 != nullptr
+          ? o.attention->backward_rounded(t.dqkv, dqkv16, t.dqs, t.datt, qs, att, A.lse, ab)
+          : (o.attention->backward(t.dqkv, t.dqs, t.datt, qs, att, A.lse, ab), false);
   const T* const xv = x.load(R * H_, t.xw);
   {
+    const auto dy = rounded ? share_bits(t.dqkv, N * Q_, dqkv16) : Sharing{};
     const auto bits = norm_for_gemm(*o.attention_norm, t.xn, rstd_scratch_, xv, N);
     o.wqkv->backward(t.dxn, t.dqkv, t.xn, N, params_, &grads, false);
   }

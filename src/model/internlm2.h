@@ -213,7 +213,9 @@ class InternLM2 {
   /// dres += d (n elements); under bf16 (unsplit rows) with dres's bits written in the same pass
   /// into s_.in16 and shared with the GEMM that reads dres next.
   ops::SharedRoundings::Sharing accumulate_for_gemm(T* dres, const T* d, int64_t n);
-  /// Shares s_.in16 as the bits of v[0..n) (a float model under bf16; nothing otherwise).
+  /// Shares bits as the bits of v[0..n) (a float model; nothing otherwise).
+  ops::SharedRoundings::Sharing share_bits(const T* v, int64_t n, const uint16_t* bits) const;
+  /// share_bits of s_.in16.
   ops::SharedRoundings::Sharing share_in16(const T* v, int64_t n) const;
   /// The one block path (both layouts): block `layer` from its input x (as stored) to y, saving
   /// A. The float layout runs it from xs_[layer] to xs_[layer + 1] (a recomputation: y into a

@@ -135,12 +135,19 @@ class DenseAttention final : public AttentionOp<T> {
 
   void backward(T* dqkv, T* dqkv_s, const T* dout, const T* qkv_s, const T* out, const T* lse,
                 const AttentionBatch& b) override {
+    backward_rounded(dqkv, nullptr, dqkv_s, dout, qkv_s, out, lse, b);
+  }
+
+  bool backward_rounded(T* dqkv, uint16_t* dqkv16, T* dqkv_s, const T* dout, const T* qkv_s,
+                        const T* out, const T* lse, const AttentionBatch& b) override {
     const ops::AttentionShape s = shape(b);
     ops::varlen_attention_backward_groups(cc_, dqkv_s, dqkv_s + hq_ * d_,
                                           dqkv_s + (hq_ + hkv_) * d_,
                                           dout, qkv_s, qkv_s + hq_ * d_,
                                           qkv_s + (hq_ + hkv_) * d_, out, lse, s, group_tokens_);
-    finish_backward(dqkv, dqkv_s, b);
+    if constexpr (!std::is_same_v<T, float>) dqkv16 = nullptr;
+    finish_backward(dqkv, dqkv_s, b, dqkv16);
+    return dqkv16 != nullptr;
   }
 
   void forward_bf16_out(uint16_t* out16, T* qkv_s, T* lse, const T* qkv,
@@ -179,10 +186,12 @@ class DenseAttention final : public AttentionOp<T> {
     permute(qkv_s, qkv, b, /*to_split=*/true, rope, bits);
   }
   /// dqkv_s (the kernels' gradients of the split q, k, v) → dqkv: each token's RoPE backward,
-  /// then its regrouping (dqkv_s itself is left as the kernels wrote it, or is dqkv).
-  void finish_backward(T* dqkv, T* dqkv_s, const AttentionBatch& b) const {
+  /// then its regrouping (dqkv_s itself is left as the kernels wrote it, or is dqkv); with bits
+  /// (a float model), each row's round_to_bf16 into bits too.
+  void finish_backward(T* dqkv, T* dqkv_s, const AttentionBatch& b,
+                       uint16_t* bits = nullptr) const {
     const ops::RopeRotation<T> rope(b.indexes, b.num_tokens, d_, inv_freq_.data(), -1.0);
-    permute(dqkv, dqkv_s, b, /*to_split=*/false, rope);
+    permute(dqkv, dqkv_s, b, /*to_split=*/false, rope, bits);
   }
   ops::AttentionShape shape(const AttentionBatch& b) const {
     ops::AttentionShape s{b.num_tokens, hq_, hkv_, d_, q_, q_, b.cu_seqlens, b.num_segments,

@@ -129,6 +129,16 @@ class AttentionOp {
   /// dqkv[N, Q] (grouped layout, overwritten) from dout[N, Hq·d]; scratch has saved_qkv_size(N).
   virtual void backward(T* dqkv, T* scratch, const T* dout, const T* saved_qkv, const T* out,
                         const T* lse, const AttentionBatch& b) = 0;
+  /// backward, and where the op can in the same pass (a float model) also round_to_bf16 of dqkv
+  /// into dqkv16 [N, Q] (which may be saved16 of the forward: backward reads saved_qkv as given,
+  /// so its bits are spent): returns whether it did. The default only runs backward.
+  virtual bool backward_rounded(T* dqkv, uint16_t* dqkv16, T* scratch, const T* dout,
+                                const T* saved_qkv, const T* out, const T* lse,
+                                const AttentionBatch& b) {
+    (void)dqkv16;
+    backward(dqkv, scratch, dout, saved_qkv, out, lse, b);
+    return false;
+  }
   /// forward and backward with the output kept as bf16 bits out16 [N, Hq·d] (the forward's output
   /// rounded by round_to_bf16, the backward reading it widened): the chunked recomputation under
   /// a bf16 compute type, where every reader of the output reads it so rounded. Same aliasing as

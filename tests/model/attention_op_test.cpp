@@ -1,6 +1,7 @@
-// The dense attention op's forward_rounded: every output of its forward, bit for bit, and the
-// round_to_bf16 of the split q, k, v it saves (the bits a bf16 save would make of them), written
-// as the rows are split; the default (a double model) only runs forward.
+// The dense attention op's forward_rounded and backward_rounded: every output of its forward
+// and backward, bit for bit, and the round_to_bf16 of the split q, k, v it saves and of dqkv
+// (the bits a bf16 save or GEMM would make of them), written as the rows are permuted; the
+// default (a double model) only runs forward.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -56,6 +57,30 @@ TEST(AttentionOp, ForwardRoundedIsTheForwardAndTheRoundingOfItsSaves) {
   EXPECT_EQ(rounded.lse, plain.lse);
   std::vector<uint16_t> expect(plain.saved.size());
   ops::round_to_bf16(plain.saved.data(), static_cast<int64_t>(expect.size()), expect.data());
+  EXPECT_EQ(bits, expect);
+}
+
+TEST(AttentionOp, BackwardRoundedIsTheBackwardAndTheRoundingOfDqkv) {
+  const ModelConfig c = testing::tiny_config();
+  const ParamTable layout(c);
+  ModelOps<float> ops = make_dense_ops<float>(layout);
+  AttentionOp<float>& op = *ops.blocks.front().attention;
+  const data::MicroBatch row = testing::tiny_row(c.vocab_size);
+  const AttentionBatch b = batch_of(row);
+  const int64_t N = b.num_tokens, Q = op.qkv_features();
+  const std::vector<float> qkv = random_qkv<float>(N * Q);
+  AttentionCall<float> f(op, N);
+  op.forward(f.out.data(), f.saved.data(), f.lse.data(), qkv.data(), b);
+  const std::vector<float> dout = random_qkv<float>(N * op.out_features());
+  std::vector<float> dqkv(N * Q), dqkv2(N * Q), scratch(f.saved.size()), scratch2(f.saved.size());
+  op.backward(dqkv.data(), scratch.data(), dout.data(), f.saved.data(), f.out.data(), f.lse.data(),
+              b);
+  std::vector<uint16_t> bits(dqkv.size(), 0xFFFF);
+  ASSERT_TRUE(op.backward_rounded(dqkv2.data(), bits.data(), scratch2.data(), dout.data(),
+                                  f.saved.data(), f.out.data(), f.lse.data(), b));
+  EXPECT_EQ(dqkv2, dqkv);
+  std::vector<uint16_t> expect(dqkv.size());
+  ops::round_to_bf16(dqkv.data(), static_cast<int64_t>(expect.size()), expect.data());
   EXPECT_EQ(bits, expect);
 }
 
