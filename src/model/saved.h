@@ -89,7 +89,8 @@ template <typename T>
 bool swiglu_saving(T* g, const T* va, const T* vb, const Saved<T>& a, const Saved<T>& b,
                    int64_t n, uint16_t* g16 = nullptr) {
   if (a.f) return swiglu_saved(g, a, b, n, g16);  // va and vb are a.f and b.f
-  if constexpr (std::is_same_v<T, float>) ops::swiglu_forward_saving_bf16(g, va, vb, a.b, b.b, n, g16);
+  if constexpr (std::is_same_v<T, float>)
+    ops::swiglu_forward_saving_bf16(g, va, vb, a.b, b.b, n, g16);
   else check(false, "internal: a bf16 SwiGLU in a double model");
   return g16 != nullptr;
 }

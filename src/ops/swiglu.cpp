@@ -41,7 +41,6 @@ void for_blocks(int64_t count, Body&& body) {
   for (int64_t k = 0; k < blocks; ++k) body(k * kBlock, std::min(count, (k + 1) * kBlock));
 }
 
-
 // swiglu_forward_bf16 of elements [begin, end).
 void swiglu_forward_bf16_block(float* out, const uint16_t* a, const uint16_t* b, int64_t begin,
                                int64_t end, uint16_t* out16) {

@@ -16,87 +16,81 @@ namespace longtron::model {
 namespace {
 
 template <typename T>
-struct AttentionCall {
-  std::vector<T> out, saved, lse;
-  AttentionCall(const AttentionOp<T>& op, int64_t N)
-      : out(static_cast<size_t>(N * op.out_features())),
-        saved(static_cast<size_t>(op.saved_qkv_size(N))),
-        lse(static_cast<size_t>(op.saved_lse_size(N))) {}
-};
-
-template <typename T>
-std::vector<T> random_qkv(int64_t n) {
-  std::mt19937_64 rng(5);
+std::vector<T> random_values(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
   std::normal_distribution<double> normal(0.0, 1.0);
   std::vector<T> x(static_cast<size_t>(n));
   for (T& v : x) v = static_cast<T>(normal(rng));
   return x;
 }
 
-AttentionBatch batch_of(const data::MicroBatch& row) {
-  return AttentionBatch{row.indexes.data(), row.cu_seqlens.data(),
-                        static_cast<int64_t>(row.cu_seqlens.size()) - 1,
-                        static_cast<int64_t>(row.input_ids.size())};
+/// The first block's attention op of the tiny model on the tiny row, with random qkv.
+template <typename T>
+struct OnTinyRow {
+  ModelConfig c = testing::tiny_config();
+  ParamTable layout{c};
+  ModelOps<T> ops = make_dense_ops<T>(layout);
+  AttentionOp<T>& op = *ops.blocks.front().attention;
+  data::MicroBatch row = testing::tiny_row(c.vocab_size);
+  AttentionBatch b{row.indexes.data(), row.cu_seqlens.data(),
+                   static_cast<int64_t>(row.cu_seqlens.size()) - 1,
+                   static_cast<int64_t>(row.input_ids.size())};
+  int64_t N = b.num_tokens;
+  std::vector<T> qkv = random_values<T>(N * op.qkv_features(), 5);
+};
+
+/// The outputs of one forward call.
+template <typename T>
+struct Forward {
+  std::vector<T> out, saved, lse;
+  explicit Forward(const OnTinyRow<T>& t)
+      : out(static_cast<size_t>(t.N * t.op.out_features())),
+        saved(static_cast<size_t>(t.op.saved_qkv_size(t.N))),
+        lse(static_cast<size_t>(t.op.saved_lse_size(t.N))) {}
+};
+
+std::vector<uint16_t> rounding_of(const std::vector<float>& v) {
+  std::vector<uint16_t> bits(v.size());
+  ops::round_to_bf16(v.data(), static_cast<int64_t>(v.size()), bits.data());
+  return bits;
 }
 
 TEST(AttentionOp, ForwardRoundedIsTheForwardAndTheRoundingOfItsSaves) {
-  const ModelConfig c = testing::tiny_config();
-  const ParamTable layout(c);
-  ModelOps<float> ops = make_dense_ops<float>(layout);
-  AttentionOp<float>& op = *ops.blocks.front().attention;
-  const data::MicroBatch row = testing::tiny_row(c.vocab_size);
-  const AttentionBatch b = batch_of(row);
-  const std::vector<float> qkv = random_qkv<float>(b.num_tokens * op.qkv_features());
-  AttentionCall<float> plain(op, b.num_tokens), rounded(op, b.num_tokens);
-  op.forward(plain.out.data(), plain.saved.data(), plain.lse.data(), qkv.data(), b);
+  OnTinyRow<float> t;
+  Forward<float> plain(t), rounded(t);
+  t.op.forward(plain.out.data(), plain.saved.data(), plain.lse.data(), t.qkv.data(), t.b);
   std::vector<uint16_t> bits(plain.saved.size(), 0xFFFF);
-  ASSERT_TRUE(op.forward_rounded(rounded.out.data(), rounded.saved.data(), bits.data(),
-                                 rounded.lse.data(), qkv.data(), b));
+  ASSERT_TRUE(t.op.forward_rounded(rounded.out.data(), rounded.saved.data(), bits.data(),
+                                   rounded.lse.data(), t.qkv.data(), t.b));
   EXPECT_EQ(rounded.out, plain.out);
   EXPECT_EQ(rounded.saved, plain.saved);
   EXPECT_EQ(rounded.lse, plain.lse);
-  std::vector<uint16_t> expect(plain.saved.size());
-  ops::round_to_bf16(plain.saved.data(), static_cast<int64_t>(expect.size()), expect.data());
-  EXPECT_EQ(bits, expect);
+  EXPECT_EQ(bits, rounding_of(plain.saved));
 }
 
 TEST(AttentionOp, BackwardRoundedIsTheBackwardAndTheRoundingOfDqkv) {
-  const ModelConfig c = testing::tiny_config();
-  const ParamTable layout(c);
-  ModelOps<float> ops = make_dense_ops<float>(layout);
-  AttentionOp<float>& op = *ops.blocks.front().attention;
-  const data::MicroBatch row = testing::tiny_row(c.vocab_size);
-  const AttentionBatch b = batch_of(row);
-  const int64_t N = b.num_tokens, Q = op.qkv_features();
-  const std::vector<float> qkv = random_qkv<float>(N * Q);
-  AttentionCall<float> f(op, N);
-  op.forward(f.out.data(), f.saved.data(), f.lse.data(), qkv.data(), b);
-  const std::vector<float> dout = random_qkv<float>(N * op.out_features());
-  std::vector<float> dqkv(N * Q), dqkv2(N * Q), scratch(f.saved.size()), scratch2(f.saved.size());
-  op.backward(dqkv.data(), scratch.data(), dout.data(), f.saved.data(), f.out.data(), f.lse.data(),
-              b);
+  OnTinyRow<float> t;
+  Forward<float> f(t);
+  t.op.forward(f.out.data(), f.saved.data(), f.lse.data(), t.qkv.data(), t.b);
+  const std::vector<float> dout = random_values<float>(t.N * t.op.out_features(), 6);
+  std::vector<float> dqkv(t.qkv.size()), dqkv2(t.qkv.size()), scratch(f.saved.size());
+  std::vector<float> scratch2(f.saved.size());
+  t.op.backward(dqkv.data(), scratch.data(), dout.data(), f.saved.data(), f.out.data(),
+                f.lse.data(), t.b);
   std::vector<uint16_t> bits(dqkv.size(), 0xFFFF);
-  ASSERT_TRUE(op.backward_rounded(dqkv2.data(), bits.data(), scratch2.data(), dout.data(),
-                                  f.saved.data(), f.out.data(), f.lse.data(), b));
+  ASSERT_TRUE(t.op.backward_rounded(dqkv2.data(), bits.data(), scratch2.data(), dout.data(),
+                                    f.saved.data(), f.out.data(), f.lse.data(), t.b));
   EXPECT_EQ(dqkv2, dqkv);
-  std::vector<uint16_t> expect(dqkv.size());
-  ops::round_to_bf16(dqkv.data(), static_cast<int64_t>(expect.size()), expect.data());
-  EXPECT_EQ(bits, expect);
+  EXPECT_EQ(bits, rounding_of(dqkv));
 }
 
 TEST(AttentionOp, ForwardRoundedOfADoubleModelOnlyRunsForward) {
-  const ModelConfig c = testing::tiny_config();
-  const ParamTable layout(c);
-  ModelOps<double> ops = make_dense_ops<double>(layout);
-  AttentionOp<double>& op = *ops.blocks.front().attention;
-  const data::MicroBatch row = testing::tiny_row(c.vocab_size);
-  const AttentionBatch b = batch_of(row);
-  const std::vector<double> qkv = random_qkv<double>(b.num_tokens * op.qkv_features());
-  AttentionCall<double> plain(op, b.num_tokens), rounded(op, b.num_tokens);
-  op.forward(plain.out.data(), plain.saved.data(), plain.lse.data(), qkv.data(), b);
+  OnTinyRow<double> t;
+  Forward<double> plain(t), rounded(t);
+  t.op.forward(plain.out.data(), plain.saved.data(), plain.lse.data(), t.qkv.data(), t.b);
   std::vector<uint16_t> bits(plain.saved.size(), 0xFFFF);
-  EXPECT_FALSE(op.forward_rounded(rounded.out.data(), rounded.saved.data(), bits.data(),
-                                  rounded.lse.data(), qkv.data(), b));
+  EXPECT_FALSE(t.op.forward_rounded(rounded.out.data(), rounded.saved.data(), bits.data(),
+                                    rounded.lse.data(), t.qkv.data(), t.b));
   EXPECT_EQ(rounded.out, plain.out);
   EXPECT_EQ(rounded.lse, plain.lse);
   EXPECT_EQ(bits, std::vector<uint16_t>(plain.saved.size(), 0xFFFF));
