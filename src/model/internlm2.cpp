@@ -537,14 +537,16 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const Saved<T>& x,
   const T* qs = nullptr;
   {
     const auto dy = accumulate_for_gemm(dres, f.dh, R * H_);  // dres = dL/dh: wo's dy
-    backward_point(layer, false);
+    backward_point(layer, false);  // reduces gradients: dres and its bits stay as they are
     att = A.attn.load(N * A_, t.att_w);
     qs = A.qkv.load(o.attention->saved_qkv_size(N), t.qkv_w);
     const auto bits = share_saved(*ops_.compute, A.attn, att, N * A_);
     o.wo->backward(t.datt, dres, att, N, params_, &grads, false);
   }
-  // Under bf16 the bits of dqkv go over the save of q, k, v (read above: spent) for wqkv's GEMMs.
-  uint16_t* const dqkv16 = bf16_ ? A.qkv.b : nullptr;
+  // Under bf16 the bits of dqkv go over the save of q, k, v (read above: spent) for wqkv's GEMMs,
+  // where that save holds as many elements as dqkv (the dense op's [N, Q]).
+  uint16_t* const dqkv16 =
+      bf16_ && o.attention->saved_qkv_size(N) == N * Q_ ? A.qkv.b : nullptr;
   const bool rounded =
       dqkv16 != nullptr
           ? o.attention->backward_rounded(t.dqkv, dqkv16, t.dqs, t.datt, qs, att, A.lse, ab)

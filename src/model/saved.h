@@ -88,7 +88,10 @@ bool swiglu_saved(T* g, const Saved<T>& a, const Saved<T>& b, int64_t n, uint16_
 template <typename T>
 bool swiglu_saving(T* g, const T* va, const T* vb, const Saved<T>& a, const Saved<T>& b,
                    int64_t n, uint16_t* g16 = nullptr) {
-  if (a.f) return swiglu_saved(g, a, b, n, g16);  // va and vb are a.f and b.f
+  if (a.f) {  // kept as computed: nothing to save
+    check(va == a.f && vb == b.f, "internal: SwiGLU's inputs are not the kept a and b");
+    return swiglu_saved(g, a, b, n, g16);
+  }
   if constexpr (std::is_same_v<T, float>)
     ops::swiglu_forward_saving_bf16(g, va, vb, a.b, b.b, n, g16);
   else check(false, "internal: a bf16 SwiGLU in a double model");
