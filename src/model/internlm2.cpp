@@ -9,6 +9,7 @@
 #include "model/saved.h"
 #include "ops/ops.h"
 #include "ops/compute_context.h"
+#include "ops/for_blocks.h"
 #include "ops/threads.h"
 
 namespace longtron::model {
@@ -27,18 +28,14 @@ void accumulate(T* out, const T* a, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] += a[i];
 }
 
-// accumulate, and out's bits (round_to_bf16) into out16 a block of 4096 at a time while it is
-// in cache: the bits a bf16 GEMM reading out next would round.
+// accumulate, and out's bits (round_to_bf16) into out16 a block at a time while it is in cache:
+// the bits a bf16 GEMM reading out next would round.
 void accumulate_rounded(float* out, const float* a, int64_t n, uint16_t* out16) {
-  constexpr int64_t kBlock = 4096;
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (n > kParallelMinWork)
-  for (int64_t k = 0; k < blocks; ++k) {
-    const int64_t begin = k * kBlock, end = std::min(n, begin + kBlock);
+  for_blocks(n, [&](int64_t begin, int64_t end) {
 #pragma omp simd
     for (int64_t i = begin; i < end; ++i) out[i] += a[i];
     ops::round_to_bf16_serial(out + begin, end - begin, out16 + begin);
-  }
+  });
 }
 
 void check_batch(const data::MicroBatch& b, int64_t sp) {

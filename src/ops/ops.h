@@ -26,8 +26,8 @@ class ComputeContext;  // ops/compute_context.h
 /// no double GEMM; double serves the finite-difference tests). Uses the OpenMP threads of
 /// set_num_threads. In float under a kBFloat16 context (ops/compute_context.h) A and B are first
 /// rounded to bf16 (nearest even; an operand inside the context's weights is read from its bf16
-/// weight copy instead, one inside an activation the caller shares from its bits) and the product runs as gemm_bf16: fp32 accumulation and fp32 C. Double
-/// ignores the context.
+/// weight copy instead, one inside an activation the caller shares from its bits) and the
+/// product runs as gemm_bf16: fp32 accumulation and fp32 C. Double ignores the context.
 template <typename T>
 void gemm(const ComputeContext& cc, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
           T alpha, const T* A, const T* B, T beta, T* C);

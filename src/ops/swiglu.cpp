@@ -1,11 +1,11 @@
 // SwiGLU gate (Shazeer 2020): out = silu(a) ⊙ b, the InternLM2 FFN w2(silu(w1 z) ⊙ w3 z).
-#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 
 #include "core/bf16.h"
 #include "ops/fast_math.h"
+#include "ops/for_blocks.h"
 #include "ops/ops.h"
 
 namespace longtron::ops {
@@ -31,16 +31,6 @@ void swiglu_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
 }
 
 namespace {
-// body(begin, end) over blocks of 4096 elements (16 KiB of float output), the blocks shared out
-// by OpenMP: a kernel that also rounds its output does it per block, while the block is in L1.
-template <typename Body>
-void for_blocks(int64_t count, Body&& body) {
-  constexpr int64_t kBlock = 4096;
-  const int64_t blocks = (count + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-  for (int64_t k = 0; k < blocks; ++k) body(k * kBlock, std::min(count, (k + 1) * kBlock));
-}
-
 // swiglu_forward_bf16 of elements [begin, end).
 void swiglu_forward_bf16_block(float* out, const uint16_t* a, const uint16_t* b, int64_t begin,
                                int64_t end, uint16_t* out16) {
