@@ -270,11 +270,7 @@ void InternLM2<T>::chunk_store(int64_t slot, int64_t n0, int64_t n, T* src) {
 
 template <typename T>
 ops::SharedRoundings::Sharing InternLM2<T>::share_out(int64_t n0, int64_t n) const {
-  if constexpr (std::is_same_v<T, float>) {
-    if (ck_.bf16) return ops_.compute->shared().share(ck_.ow, n * A_, ck_.out16.data() + n0 * A_);
-  }
-  (void)n0, (void)n;
-  return {};
+  return ck_.bf16 ? share_bits(ck_.ow, n * A_, ck_.out16.data() + n0 * A_) : Sharing{};
 }
 
 template <typename T>
