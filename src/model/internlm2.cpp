@@ -38,6 +38,16 @@ void accumulate_rounded(float* out, const float* a, int64_t n, uint16_t* out16) 
   });
 }
 
+// The gated FFN's a and b from z: written by gate/up's GEMMs straight into their bf16 saves
+// where the op can (returns true; va and vb untouched), else computed into va, vb as T.
+template <typename T>
+bool gate_up_forward(GateUpOp<T>& op, T* va, T* vb, const Saved<T>& a, const Saved<T>& b,
+                     const T* z, int64_t N, const Params<T>& params) {
+  if (a.b != nullptr && op.forward_out16(a.b, b.b, z, N, params)) return true;
+  op.forward(va, vb, z, N, params);
+  return false;
+}
+
 void check_batch(const data::MicroBatch& b, int64_t sp) {
   const size_t N = b.input_ids.size();
   check(N > 0, "micro-batch has no tokens");
@@ -311,11 +321,15 @@ void InternLM2<T>::chunk_tail(int layer, int64_t slot, int64_t n0, int64_t n, bo
   const Saved<T> hs = ck_.bf16 ? Saved<T>{nullptr, ck_.a16} : Saved<T>{ck_.h, nullptr};
   ck_.hn = hs.save_load(ck_.h, n * H_, ck_.hw);
   o.ffn_norm->forward(ck_.xn, ck_.rstd, ck_.hn, n, params_);
-  o.gate_up->forward(ck_.g1, ck_.g2, ck_.xn, n, params_);
-  const int64_t nf = n * F_;
   const Saved<T> a = chunk_a(), b = chunk_b();
-  if (!output) return a.save(ck_.g1, nf), b.save(ck_.g2, nf);
-  swiglu_saving(ck_.g3, ck_.g1, ck_.g2, a, b, nf);
+  const bool saved = gate_up_forward(*o.gate_up, ck_.g1, ck_.g2, a, b, ck_.xn, n, params_);
+  const int64_t nf = n * F_;
+  if (!output) {
+    if (!saved) a.save(ck_.g1, nf), b.save(ck_.g2, nf);
+    return;
+  }
+  if (saved) swiglu_saved(ck_.g3, a, b, nf);
+  else swiglu_saving(ck_.g3, ck_.g1, ck_.g2, a, b, nf);
   o.w2->forward(ck_.t, ck_.g3, n, params_);
   accumulate(ck_.h, ck_.t, n * H_);  // y = h + w2(g)
 }
@@ -489,13 +503,16 @@ void InternLM2<T>::block_forward(int layer, BlockActs& A, const T* x, T* y,
   add_into(h, x, s.tmp, R * H_);
   T* const a = A.a.out(s.a);
   T* const b = A.b.out(s.b);
+  bool in_saves = false;  // a and b written into their saves by the GEMMs
   {
     const T* const hs = A.h.save_load(h, R * H_, s.wide);
     const auto bits = norm_for_gemm(*o.ffn_norm, s.xn, A.rstd2, hs, N);
-    o.gate_up->forward(a, b, s.xn, N, params_);
+    in_saves = gate_up_forward(*o.gate_up, a, b, A.a, A.b, s.xn, N, params_);
   }
   {
-    const auto bits = swiglu_for_gemm(s.g, A, N * F_, a, b);  // saves a and b, g from the saves
+    // g from the saves; with a and b in fp32, saves them in the same pass.
+    const auto bits = in_saves ? swiglu_for_gemm(s.g, A, N * F_)
+                               : swiglu_for_gemm(s.g, A, N * F_, a, b);
     o.w2->forward(s.tmp, s.g, N, params_);
   }
   add_into(y, h, s.tmp, R * H_);  // y = h + w2(g)

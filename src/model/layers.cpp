@@ -56,6 +56,14 @@ class DenseGateUp final : public GateUpOp<T> {
     ops::linear_pair_forward(cc_, a, b, x, p.ptr(w1_), p.ptr(b1_), p.ptr(w3_), p.ptr(b3_), N, H_,
                              F_);
   }
+  bool forward_out16(uint16_t* a16, uint16_t* b16, const T* x, int64_t N,
+                     const Params<T>& p) override {
+    if constexpr (std::is_same_v<T, float>)
+      return ops::linear_pair_forward_out16(cc_, a16, b16, x, p.ptr(w1_), p.ptr(b1_), p.ptr(w3_),
+                                            p.ptr(b3_), N, H_, F_);
+    (void)a16, (void)b16, (void)x, (void)N, (void)p;
+    return false;
+  }
   void backward(T* dx, const T* da, const T* db, const T* x, int64_t N, const Params<T>& p,
                 Params<T>* g) override {
     const auto grad = [g](int view) { return g ? g->ptr(view) : nullptr; };

@@ -48,6 +48,15 @@ class GateUpOp {
   virtual int64_t out() const = 0;
   /// a and b (overwritten) from x.
   virtual void forward(T* a, T* b, const T* x, int64_t N, const Params<T>& params) = 0;
+  /// Where the op can (a float model under bf16 whose GEMMs write a and b whole on this rank):
+  /// round_to_bf16 of forward's a and b into a16, b16 [N, out()] without writing a and b in
+  /// fp32, returning true; for a and b read only in bf16. The default writes nothing and returns
+  /// false (the caller then runs forward).
+  virtual bool forward_out16(uint16_t* a16, uint16_t* b16, const T* x, int64_t N,
+                             const Params<T>& params) {
+    (void)a16, (void)b16, (void)x, (void)N, (void)params;
+    return false;
+  }
   /// dx = da·W1 + db·W3 (overwritten); dW1 += daᵀ·x, dW3 += dbᵀ·x (skipped when grads is nullptr).
   virtual void backward(T* dx, const T* da, const T* db, const T* x, int64_t N,
                         const Params<T>& params, Params<T>* grads) = 0;

@@ -127,6 +127,19 @@ void linear_pair_forward(const ComputeContext& cc, T* a, T* b, const T* x, const
   linear_forward(cc, b, x, W3, bias3, N, in, out);
 }
 
+bool linear_pair_forward_out16(const ComputeContext& cc, uint16_t* a16, uint16_t* b16,
+                               const float* x, const float* W1, const float* bias1,
+                               const float* W3, const float* bias3, int64_t N, int64_t in,
+                               int64_t out) {
+  if (bias1 != nullptr || bias3 != nullptr) return false;  // the bias is added in fp32
+  const auto w = pair_weights(cc, W1, W3, out * in);
+  if (w[0] == nullptr) return false;
+  const uint16_t* x16 = bf16_operands(cc, {Bf16Operand{x, N * in}, {}, {}})[0];
+  gemm_bf16_out16(false, true, N, out, in, x16, w[0], a16);
+  gemm_bf16_out16(false, true, N, out, in, x16, w[1], b16);
+  return true;
+}
+
 template <typename T>
 void linear_pair_backward(const ComputeContext& cc, T* dx, T* dW1, T* dbias1, T* dW3, T* dbias3,
                           const T* da, const T* db, const T* x, const T* W1, const T* W3,

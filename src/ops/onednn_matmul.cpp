@@ -10,6 +10,7 @@
 // losses and checkpoints).
 #include "ops/onednn_matmul.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -31,11 +32,12 @@ struct Key {
   bool ta, tb;
   float alpha, beta;
   bool shared_b = false;  // B packed by the caller (SharedBf16B), whatever M
+  bool out16 = false;     // C in bf16 (rounded by the kernel as it stores), not fp32
   /// Whether B may be packed (ops/gemm_packing.h): enough rows of op(A), or packed by the caller.
   bool pack_rows() const { return shared_b || M >= kGemmPackBRows; }
   bool operator<(const Key& o) const {
-    return std::tie(input, M, N, K, ta, tb, alpha, beta, shared_b) <
-           std::tie(o.input, o.M, o.N, o.K, o.ta, o.tb, o.alpha, o.beta, o.shared_b);
+    return std::tie(input, M, N, K, ta, tb, alpha, beta, shared_b, out16) <
+           std::tie(o.input, o.M, o.N, o.K, o.ta, o.tb, o.alpha, o.beta, o.shared_b, o.out16);
   }
 };
 
@@ -52,7 +54,8 @@ memory::desc b_desc(const Key& k) {
   return memory::desc({k.K, k.N}, input_type(k), strides);
 }
 memory::desc c_desc(const Key& k) {
-  return memory::desc({k.M, k.N}, memory::data_type::f32, memory::dims{k.N, 1});
+  return memory::desc({k.M, k.N}, k.out16 ? memory::data_type::bf16 : memory::data_type::f32,
+                      memory::dims{k.N, 1});
 }
 
 /// A cached GEMM: the matmul, and with a packed B the reorder of the caller's B into its layout.
@@ -143,7 +146,7 @@ memory pack_b(const Gemm& g, const Key& k, const void* B, GrowBuffer<PackedLine>
   return bp;
 }
 
-void run(const Gemm& g, const Key& k, const void* A, const memory& b, float* C) {
+void run(const Gemm& g, const Key& k, const void* A, const memory& b, void* C) {
   const dnnl::engine& e = matmul_cache().engine();
   g.matmul.execute(thread_stream(), {{DNNL_ARG_SRC, memory(a_desc(k), e, const_cast<void*>(A))},
                                      {DNNL_ARG_WEIGHTS, b},
@@ -152,15 +155,27 @@ void run(const Gemm& g, const Key& k, const void* A, const memory& b, float* C) 
 }
 }  // namespace
 
-void onednn_matmul(MatmulInput input, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                   float alpha, const void* A, const void* B, float beta, float* C) {
-  const Key k{input, M, N, K, trans_a, trans_b, alpha, beta};
+namespace {
+void run_key(const Key& k, const void* A, const void* B, void* C) {
   const Gemm g = matmul_cache().get(k);
   thread_local GrowBuffer<PackedLine> packed;  // this thread's packed B
   run(g, k, A,
       g.packs_b ? pack_b(g, k, B, packed)
                 : memory(b_desc(k), matmul_cache().engine(), const_cast<void*>(B)),
       C);
+}
+}  // namespace
+
+void onednn_matmul(MatmulInput input, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                   float alpha, const void* A, const void* B, float beta, float* C) {
+  run_key(Key{input, M, N, K, trans_a, trans_b, alpha, beta}, A, B, C);
+}
+
+void onednn_matmul_bf16_out(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                            const uint16_t* A, const uint16_t* B, uint16_t* C) {
+  Key k{MatmulInput::kBF16, M, N, K, trans_a, trans_b, 1.0f, 0.0f};
+  k.out16 = true;
+  run_key(k, A, B, C);
 }
 
 }  // namespace longtron::ops::detail
@@ -186,6 +201,16 @@ void SharedBf16B::gemm(int64_t M, const uint16_t* A, const uint16_t* B, float* C
   const Key k{MatmulInput::kBF16, M, N_, K_, ta_, tb_, alpha_, beta_, true};
   const Gemm g = matmul_cache().get(k);
   run(g, k, A, memory(g.packed, matmul_cache().engine(), const_cast<PackedLine*>(packed_)), C);
+}
+
+void gemm_bf16_out16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                     const uint16_t* A, const uint16_t* B, uint16_t* C) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // a matmul with K = 0 is not defined in oneDNN: C = +0
+    std::fill_n(C, M * N, uint16_t{0});
+    return;
+  }
+  detail::onednn_matmul_bf16_out(trans_a, trans_b, M, N, K, A, B, C);
 }
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

@@ -43,6 +43,14 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const uint16_t* A, const uint16_t* B, float beta, float* C);
 
+/// C[M, N] = round_to_bf16(op(A)·op(B)) (bf16 bits) from bf16 A and B: the product gemm_bf16
+/// computes with alpha = 1 and beta = 0, rounded by oneDNN's kernel as it stores each result
+/// instead of in a pass of its own over an fp32 C (the same bits; checked in the GEMM tests), as
+/// torch.autocast's bf16 linears write bf16. For a GEMM whose output is only read in bf16. Errors
+/// as gemm_bf16.
+void gemm_bf16_out16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                     const uint16_t* A, const uint16_t* B, uint16_t* C);
+
 /// out[i] = float_to_bf16(x[i]) (core/bf16.h: nearest even, NaN kept quiet, subnormals kept);
 /// i < n. AVX-512F where the CPU has it, else scalar (the same bits); OpenMP threads.
 void round_to_bf16(const float* x, int64_t n, uint16_t* out);
@@ -140,6 +148,14 @@ template <typename T>
 void linear_pair_forward(const ComputeContext& cc, T* a, T* b, const T* x, const T* W1,
                          const T* bias1, const T* W3, const T* bias3, int64_t N, int64_t in,
                          int64_t out);
+/// round_to_bf16 of linear_pair_forward's a and b into a16, b16 [N, out] (bits), written by the
+/// GEMMs themselves (gemm_bf16_out16; the same bits), for a and b read only in bf16 (the gated
+/// FFN's saves under mixed precision). Only under kBFloat16 with both weights in the context's
+/// copy and no biases: returns false, writing nothing, otherwise.
+bool linear_pair_forward_out16(const ComputeContext& cc, uint16_t* a16, uint16_t* b16,
+                               const float* x, const float* W1, const float* bias1,
+                               const float* W3, const float* bias3, int64_t N, int64_t in,
+                               int64_t out);
 /// The backward of linear_pair_forward, as linear_backward for W1 (dx overwritten) then for W3
 /// (dx accumulated): dx = da·W1 + db·W3; dW1 += daᵀ·x, dW3 += dbᵀ·x; dbias1 += Σ da, dbias3 +=
 /// Σ db (gradients may be nullptr). Under kBFloat16 with both weights in the context's copy and

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,49 @@ TEST(Gemm, Bf16MatchesDoubleOnRoundedInputsAndFp32WithinBf16Rounding) {
       EXPECT_GT(worst_rel, 1e-5);
     }
   }
+}
+
+// A bf16 C written by the kernel is gemm_bf16's fp32 C rounded to nearest even, bit for bit: both
+// transposes, B packed (M >= 512) or not, and results that are NaN, infinite, or finite in fp32
+// but past bf16's largest finite value (they round to infinity).
+TEST(Gemm, Bf16OutIsGemmBf16Rounded) {
+  for (const Case& c : cases()) {
+    auto A = floats(c.M * c.K, 14), B = floats(c.K * c.N, 15);
+    const auto at = [&](int64_t i, int64_t k) -> float& {
+      return c.ta ? A[k * c.M + i] : A[i * c.K + k];
+    };
+    at(0, 0) = std::numeric_limits<float>::quiet_NaN();
+    at(1, 0) = std::numeric_limits<float>::infinity();
+    // Row 2 of C: bf16's largest finite value + 2¹¹⁹·1.5 ≈ 3.3995e38, finite in fp32, beyond the
+    // halfway point to bf16's infinity.
+    const auto bt = [&](int64_t k, int64_t j) -> float& {
+      return c.tb ? B[j * c.K + k] : B[k * c.N + j];
+    };
+    for (int64_t j = 0; j < c.N; ++j) bt(0, j) = 1.0f, bt(1, j) = 1.5f;
+    for (int64_t k = 0; k < c.K; ++k) at(2, k) = 0.0f;
+    at(2, 0) = bf16_to_float(0x7F7F), at(2, 1) = std::ldexp(1.0f, 119);
+    std::vector<uint16_t> Ab(A.size()), Bb(B.size());
+    for (size_t i = 0; i < A.size(); ++i) Ab[i] = float_to_bf16(A[i]);
+    for (size_t i = 0; i < B.size(); ++i) Bb[i] = float_to_bf16(B[i]);
+    std::vector<float> C(c.M * c.N);
+    ops::gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, 1.0f, Ab.data(), Bb.data(), 0.0f, C.data());
+    std::vector<uint16_t> want(C.size()), got(C.size(), 0x1234);
+    ops::round_to_bf16(C.data(), static_cast<int64_t>(C.size()), want.data());
+    ops::gemm_bf16_out16(c.ta, c.tb, c.M, c.N, c.K, Ab.data(), Bb.data(), got.data());
+    for (size_t i = 0; i < C.size(); ++i)
+      ASSERT_EQ(got[i], want[i]) << c.M << "x" << c.N << "x" << c.K << " ta " << c.ta << " tb "
+                                 << c.tb << " at " << i << " (fp32 " << C[i] << ")";
+    // The special rows are there: NaN, infinity, and a finite fp32 rounded to infinity.
+    int64_t rounded_to_inf = 0;
+    for (int64_t j = 0; j < c.N; ++j)
+      rounded_to_inf += std::isfinite(C[2 * c.N + j]) && std::isinf(bf16_to_float(got[2 * c.N + j]));
+    EXPECT_TRUE(std::isnan(bf16_to_float(got[0])));
+    EXPECT_FALSE(std::isfinite(bf16_to_float(got[c.N])));
+    EXPECT_EQ(rounded_to_inf, c.N);
+  }
+  std::vector<uint16_t> C(4, 0x1234);
+  ops::gemm_bf16_out16(false, false, 2, 2, 0, nullptr, nullptr, C.data());
+  EXPECT_EQ(C, (std::vector<uint16_t>(4, 0)));
 }
 
 // Mixed precision as the trainer runs it: ops::gemm<float> under a bf16 compute context rounds A
@@ -374,6 +418,25 @@ TEST(Gemm, LinearPairIsTwoLinearsBitwise) {
                                     out);
     EXPECT_EQ(a2, a);
     EXPECT_EQ(b2, b);
+    // Straight into bf16: a and b rounded, where the weights have their bf16 copy and there is no
+    // bias; nothing written otherwise.
+    std::vector<uint16_t> a16(N * out, 7), b16(N * out, 7), want_a(N * out), want_b(N * out);
+    EXPECT_FALSE(ops::linear_pair_forward_out16(*cc, a16.data(), b16.data(), x.data(), W1, b1,
+                                                W3, b3, N, in, out));
+    const bool copy = cc == &bf16_copy;
+    EXPECT_EQ(ops::linear_pair_forward_out16(*cc, a16.data(), b16.data(), x.data(), W1, nullptr,
+                                             W3, nullptr, N, in, out),
+              copy);
+    if (copy) {  // the float path's a and b, rounded
+      ops::linear_pair_forward<float>(*cc, a2.data(), b2.data(), x.data(), W1, nullptr, W3,
+                                      nullptr, N, in, out);
+      ops::round_to_bf16(a2.data(), N * out, want_a.data());
+      ops::round_to_bf16(b2.data(), N * out, want_b.data());
+      EXPECT_EQ(a16, want_a);
+      EXPECT_EQ(b16, want_b);
+    } else {
+      EXPECT_EQ(a16, std::vector<uint16_t>(N * out, 7));
+    }
     auto grads = floats(2 * out * in + 2 * out, 45), grads2 = grads;  // accumulated into
     std::vector<float> dx(N * in), dx2(N * in, 7.f);
     float* g = grads.data();
