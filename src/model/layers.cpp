@@ -208,28 +208,32 @@ class DenseAttention final : public AttentionOp<T> {
     return s;
   }
   /// grouped → split (to_split) or split → grouped; dst and src are [N, Q] (they may be the
-  /// same buffer: each token's row goes through a copy). The q and k heads of the split row are
-  /// rotated by `rope` (after the split; before the regrouping). With bits, each dst row is then
-  /// rounded into them (a float model).
+  /// same buffer: then each token's row goes through a copy, as it does before the regrouping,
+  /// which rotates it first). The q and k heads of the split row are rotated by `rope` (after
+  /// the split; before the regrouping). With bits, each dst row is then rounded into them (a
+  /// float model).
   void permute(T* dst, const T* src, const AttentionBatch& b, bool to_split,
                const ops::RopeRotation<T>& rope, uint16_t* bits = nullptr) const {
     const int64_t N = b.num_tokens;
     const int64_t qpk = hq_ / hkv_;
+    const bool via_row = dst == src || !to_split;
 #pragma omp parallel if (N * q_ > kParallelMinWork)
     {
-      std::vector<T> row(static_cast<size_t>(q_));
+      std::vector<T> row(via_row ? static_cast<size_t>(q_) : 0);
 #pragma omp for schedule(static)
       for (int64_t n = 0; n < N; ++n) {
-        std::copy(src + n * q_, src + (n + 1) * q_, row.begin());
+        const T* in = src + n * q_;
+        if (via_row) in = std::copy(in, in + q_, row.data()) - q_;
         if (!to_split) rope.rotate(row.data(), hq_ + hkv_, b.indexes[n]);
         for (int64_t g = 0; g < hkv_; ++g) {
           for (int64_t j = 0; j < qpk + 2; ++j) {
             const int64_t grouped = (g * (qpk + 2) + j) * d_;
             const int64_t head = j < qpk ? g * qpk + j : (j == qpk ? hq_ + g : hq_ + hkv_ + g);
             const int64_t split = head * d_;
-            const T* s = row.data() + (to_split ? grouped : split);
+            const T* s = in + (to_split ? grouped : split);
             T* o = dst + n * q_ + (to_split ? split : grouped);
-            std::copy(s, s + d_, o);
+#pragma omp simd  // a head's d elements: inline, not a library call per head
+            for (int64_t x = 0; x < d_; ++x) o[x] = s[x];
           }
         }
         if (to_split) rope.rotate(dst + n * q_, hq_ + hkv_, b.indexes[n]);
