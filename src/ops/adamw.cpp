@@ -21,9 +21,9 @@ constexpr int64_t kUpdateChunk = 4096;
 
 // The constants of step `step` shared by the update, its check and its bound.
 struct AdamWStep {
-  float beta1, beta2, eps, step_size, inv_sqrt_bc2, decay;
+  float beta1, beta2, eps, step_size, inv_sqrt_bc2, decay, grad_scale;
   AdamWStep(const AdamWArgs& a, float weight_decay)
-      : beta1(a.beta1), beta2(a.beta2), eps(a.eps) {
+      : beta1(a.beta1), beta2(a.beta2), eps(a.eps), grad_scale(a.grad_scale) {
     check(a.step >= 1, "adamw: step is 1-based, got {}", a.step);
     const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
     const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step));
@@ -31,6 +31,8 @@ struct AdamWStep {
     inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
     decay = 1.0f - a.lr * weight_decay;
   }
+  // The gradient as the update reads it (x · 1 is x: no clip, the gradient as stored).
+  float g(float g0) const { return g0 * grad_scale; }
   // The fused multiply-adds are written out (and nothing else is fused: -ffp-contract=off), so
   // the values do not depend on the compiler's contraction choices or on the CPU.
   float m(float m0, float g) const { return std::fma(beta1, m0, (1.0f - beta1) * g); }
@@ -63,7 +65,7 @@ inline void update_range(const AdamWStep& s, float* param, float* m, float* v, c
   int bad = 0;
 #pragma omp simd reduction(max : max_m, max_v) reduction(min : min_v) reduction(| : bad)
   for (int64_t i = b; i < e; ++i) {
-    const float g = grad[i];
+    const float g = s.g(grad[i]);
     const float mi = s.m(m[i], g);
     const float vi = s.v(v[i], g);
     const float pi = s.p(param[i], mi, vi);
@@ -118,7 +120,7 @@ bool adamw_update_is_finite(const float* param, const float* m, const float* v, 
     int chunk_bad = 0;
 #pragma omp simd reduction(| : chunk_bad)
     for (int64_t i = k.begin; i < k.end; ++i) {
-      const float g = grad[i];
+      const float g = s.g(grad[i]);
       const float mi = s.m(m[i], g);
       const float vi = s.v(v[i], g);
       chunk_bad |= !all_finite(mi, vi, s.p(param[i], mi, vi));

@@ -6,10 +6,13 @@
 
 namespace longtron::ops {
 
-/// The hyper-parameters of one AdamW update; step is 1-based (bias correction).
+/// The hyper-parameters of one AdamW update; step is 1-based (bias correction). The update
+/// reads each gradient as grad[i] · grad_scale (the float product: a global-norm clip's factor,
+/// applied as it is read instead of in a pass of its own over the gradients; 1 reads it as is).
 struct AdamWArgs {
   float lr, beta1, beta2, eps, weight_decay;
   int64_t step;
+  float grad_scale = 1.0f;
 };
 /// Elements [begin, end) of the buffers an update walks, with (decay) or without weight decay.
 struct AdamWRange {
@@ -47,7 +50,7 @@ bool adamw_update_is_finite(const float* param, const float* m, const float* v, 
                             float weight_decay, int64_t step);
 /// A sufficient condition for adamw_update_is_finite without reading the buffers: true when the
 /// state `last` (what the previous update wrote, and nothing else wrote since) and gradients of
-/// magnitude at most grad_max_abs (e.g. their L2 norm) cannot produce a non-finite value under
+/// magnitude at most grad_max_abs as read (after grad_scale; e.g. their clipped L2 norm) cannot produce a non-finite value under
 /// `args` — every intermediate stays far below FLT_MAX and the step below half an ulp of FLT_MAX.
 /// False means "not proven": the caller checks exactly. Never true when the exact check is false
 /// for such a state (tests/ops/adamw_test.cpp).

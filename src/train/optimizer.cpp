@@ -28,10 +28,14 @@ AdamW::AdamW(const model::ParamTable& layout, const OptimizerConfig& config, com
   }
 }
 
-ops::AdamWArgs AdamW::args(double lr, int64_t step) const {
-  return ops::AdamWArgs{static_cast<float>(lr), static_cast<float>(config_.beta1),
-                        static_cast<float>(config_.beta2), static_cast<float>(config_.eps),
-                        static_cast<float>(config_.weight_decay), step};
+ops::AdamWArgs AdamW::args(double lr, int64_t step, double grad_scale) const {
+  return ops::AdamWArgs{static_cast<float>(lr),
+                        static_cast<float>(config_.beta1),
+                        static_cast<float>(config_.beta2),
+                        static_cast<float>(config_.eps),
+                        static_cast<float>(config_.weight_decay),
+                        step,
+                        static_cast<float>(grad_scale)};
 }
 
 std::vector<int64_t> AdamW::shard_counts() const {
@@ -44,13 +48,13 @@ std::vector<int64_t> AdamW::shard_counts() const {
 }
 
 void AdamW::update(model::Params<float>& params, const model::Params<float>& grads, double lr,
-                   ops::Bf16WeightCopy& copy) {
+                   ops::Bf16WeightCopy& copy, double grad_scale) {
   ++step_;
   // The bf16 copy's bits of the whole buffer when `copy` mirrors it (stale until end_update).
   uint16_t* const bits = copy.begin_update(params.data(), params.numel());
   // One pass over the slice (every view, decay per view); the moments are indexed from begin_.
   last_ = ops::adamw_update(params.data() + begin_, m_.data(), v_.data(), grads.data() + begin_,
-                            ranges_, args(lr, step_), bits ? bits + begin_ : nullptr);
+                            ranges_, args(lr, step_, grad_scale), bits ? bits + begin_ : nullptr);
   // In place: each rank's slice already sits at its offset of the flat buffer, so no scratch.
   const bool sharded = zero1_ && zero1_->size() > 1;
   if (sharded) zero1_->all_gather_v(params.data(), params.data() + begin_, shard_counts());
@@ -67,8 +71,8 @@ void AdamW::update(model::Params<float>& params, const model::Params<float>& gra
 }
 
 bool AdamW::update_is_finite(const model::Params<float>& params, const model::Params<float>& grads,
-                             double lr, double grad_max_abs) const {
-  const ops::AdamWArgs a = args(lr, step_ + 1);
+                             double lr, double grad_max_abs, double grad_scale) const {
+  const ops::AdamWArgs a = args(lr, step_ + 1, grad_scale);
   // What the last update wrote bounds what this one can reach: no pass over the buffers when
   // that proves every value finite (the usual step); else the exact check.
   if (last_ && ops::adamw_bounds_imply_finite(*last_, grad_max_abs, a)) return true;

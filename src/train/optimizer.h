@@ -31,8 +31,9 @@ class AdamW {
   /// `zero1` may be nullptr (no sharding). Throws Error for a non-positive lr.
   AdamW(const model::ParamTable& layout, const OptimizerConfig& config, comm::CommPtr zero1 = nullptr);
 
-  /// One update of `params` with `grads` (already reduced over data parallel and clipped) at
-  /// learning rate `lr`; only this rank's slice of `grads` is read, so a gradient reduced to the
+  /// One update of `params` with `grads` (already reduced over data parallel), each read as
+  /// grad · float(grad_scale) (the global-norm clip's factor), at learning rate `lr`; only this
+  /// rank's slice of `grads` is read, so a gradient reduced to the
   /// slices (ParallelEngine::finish_gradient_slices) is enough. Increments step(). With ZeRO-1,
   /// collective over the zero1 group. `copy` is the bf16 weight copy of the compute context the
   /// weights are read in (ParallelEngine::compute().weights()): when it mirrors `params`, the
@@ -41,19 +42,20 @@ class AdamW {
   /// the next step reads the weights once instead of twice; any other buffer (LoRA's adapters)
   /// leaves it as it is. Results are bitwise those of rounding the updated weights afterwards.
   void update(model::Params<float>& params, const model::Params<float>& grads, double lr,
-              ops::Bf16WeightCopy& copy);
+              ops::Bf16WeightCopy& copy, double grad_scale = 1.0);
 
-  /// Whether update(params, grads, lr) would leave this rank's slice of the parameters and its
+  /// Whether update(params, grads, lr, copy, grad_scale) would leave this rank's slice of the parameters and its
   /// moments finite. Changes nothing and communicates nothing: the caller agrees the verdict
   /// over every rank that holds a slice (train_step does, over the world). `grad_max_abs` bounds
-  /// |g| of every gradient the update reads (the clipped global L2 norm does): with it, what the
+  /// |g| of every gradient as the update reads it (the clipped global L2 norm does): with it, what the
   /// last update wrote (ops::AdamWStats) usually proves the verdict without reading the buffers;
   /// otherwise (the first update, after load_state, an unproven bound) the update's arithmetic is
   /// run on every element. The bound assumes the parameters were written only by update() since
   /// the last update (a caller that writes them otherwise passes no grad_max_abs).
   bool update_is_finite(const model::Params<float>& params, const model::Params<float>& grads,
                         double lr,
-                        double grad_max_abs = std::numeric_limits<double>::infinity()) const;
+                        double grad_max_abs = std::numeric_limits<double>::infinity(),
+                        double grad_scale = 1.0) const;
 
   /// Number of updates taken (AdamW's bias-correction step).
   int64_t step() const { return step_; }
@@ -86,8 +88,8 @@ class AdamW {
 
   const model::ParamTable& layout_;
   OptimizerConfig config_;
-  /// The update's arguments at learning rate lr and 1-based step.
-  ops::AdamWArgs args(double lr, int64_t step) const;
+  /// The update's arguments at learning rate lr and 1-based step, gradients read · grad_scale.
+  ops::AdamWArgs args(double lr, int64_t step, double grad_scale) const;
 
   comm::CommPtr zero1_;
   std::vector<ops::AdamWRange> ranges_;  // the views within the slice, from begin_

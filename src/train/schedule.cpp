@@ -22,11 +22,4 @@ ClipResult clip_grad_norm(double squared_norm_sum, double max_norm) {
   return r;
 }
 
-void scale_grads(float* grads, size_t n, double scale) {
-  if (scale == 1.0) return;
-  const float f = float(scale);
-#pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < n; ++i) grads[i] *= f;
-}
-
 }  // namespace longtron::train

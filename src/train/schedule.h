@@ -33,7 +33,4 @@ struct ClipResult {
 /// already all-reduced by the caller. max_norm ≤ 0 disables clipping.
 ClipResult clip_grad_norm(double squared_norm_sum, double max_norm);
 
-/// grads *= scale (no-op when scale == 1).
-void scale_grads(float* grads, size_t n, double scale);
-
 }  // namespace longtron::train

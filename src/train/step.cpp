@@ -123,26 +123,24 @@ StepResult train_step(parallel::ParallelEngine& engine, AdamW& optimizer,
   const parallel::Grid& grid = engine.grid();
   if (grid.world_size > 1) grid.world->all_reduce(&bad, 1, comm::ReduceOp::kMax);
   r.skipped = bad != 0;
+  // The clip's factor is applied as AdamW reads each gradient (no pass of its own); the gradient
+  // buffer keeps the unclipped values.
   if (!r.skipped) {
-    model::Params<float>& grads = engine.train_grads();
-    if (sliced)  // only the slice is reduced (and read by AdamW)
-      scale_grads(grads.data() + optimizer.shard_begin(),
-                  static_cast<size_t>(optimizer.shard_end() - optimizer.shard_begin()), clip.scale);
-    else
-      scale_grads(grads.data(), static_cast<size_t>(grads.numel()), clip.scale);
+    const model::Params<float>& grads = engine.train_grads();
     // An update that would make a parameter or moment non-finite (too high a learning rate, a
     // gradient whose square overflows) is not applied either. Each rank checks its own slice
     // (its tensor shards, its ZeRO-1 slice); the verdict is agreed by all ranks.
     // The clipped norm bounds every clipped gradient: the check reads no buffer when it can.
     int64_t nonfinite = !optimizer.update_is_finite(engine.train_params(), grads, options.lr,
-                                                    clip.grad_norm * clip.scale);
+                                                    clip.grad_norm * clip.scale, clip.scale);
     if (grid.world_size > 1) grid.world->all_reduce(&nonfinite, 1, comm::ReduceOp::kMax);
     r.update_nonfinite = nonfinite != 0;
     r.skipped = r.update_nonfinite;
   }
   if (!r.skipped) {
     model::Params<float>& grads = engine.train_grads();
-    optimizer.update(engine.train_params(), grads, options.lr, engine.compute().weights());
+    optimizer.update(engine.train_params(), grads, options.lr, engine.compute().weights(),
+                     clip.scale);
   }
   return r;
 }

@@ -77,7 +77,8 @@ StepResult step_gradients(parallel::ParallelEngine& engine, const std::vector<da
 /// data-parallel reduction is a reduce-scatter into the optimizer's slices
 /// (ParallelEngine::finish_gradient_slices) and the norm is taken over the slices; the hook still
 /// sees the full gradient (the slices are all-gathered first), but after the step only this rank's
-/// slice of engine.grads() is the (clipped) step gradient.
+/// slice of engine.grads() is the step gradient. The gradients stay unclipped in engine.grads():
+/// AdamW applies the clip's factor as it reads them.
 StepResult train_step(parallel::ParallelEngine& engine, AdamW& optimizer,
                       const std::vector<data::MicroBatch>& rows, const StepOptions& options);
 

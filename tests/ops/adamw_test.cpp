@@ -98,6 +98,35 @@ TEST(AdamWFused, BitsDoNotDependOnThreadsOrAlignment) {
   EXPECT_TRUE(same_bits(one.p, split.p) && same_bits(one.m, split.m) && same_bits(one.v, split.v));
 }
 
+// A clip factor read with each gradient (grad_scale) is, bit for bit, the update on gradients
+// multiplied by it beforehand, and leaves the gradients as they were; so is the finiteness check.
+TEST(AdamWFused, GradScaleIsTheUpdateOnScaledGradients) {
+  const int64_t n = 2 * 4096 + 33;
+  State fused = random_state(n, 4), scaled = fused;
+  const Floats grads = fused.g;
+  const float f = 0.37f;
+  for (float& g : scaled.g) g *= f;
+  ops::AdamWArgs a{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3};
+  const ops::AdamWRange ranges[] = {{0, 4100, true}, {4100, n, false}};
+  const ops::AdamWStats want = update(scaled, ranges, a);
+  a.grad_scale = f;
+  const ops::AdamWStats got = update(fused, ranges, a);
+  EXPECT_TRUE(same_bits(fused.p, scaled.p));
+  EXPECT_TRUE(same_bits(fused.m, scaled.m));
+  EXPECT_TRUE(same_bits(fused.v, scaled.v));
+  EXPECT_TRUE(same_bits(fused.g, grads));
+  EXPECT_EQ(got.max_abs_m, want.max_abs_m);
+  EXPECT_EQ(got.max_v, want.max_v);
+  // A gradient whose square overflows only unscaled: the check reads it scaled.
+  fused.g[5] = 1e30f;
+  a.grad_scale = 1e-20f;
+  EXPECT_TRUE(ops::adamw_update_is_finite(fused.p.data(), fused.m.data(), fused.v.data(),
+                                          fused.g.data(), ranges, a));
+  a.grad_scale = 1.0f;
+  EXPECT_FALSE(ops::adamw_update_is_finite(fused.p.data(), fused.m.data(), fused.v.data(),
+                                           fused.g.data(), ranges, a));
+}
+
 TEST(AdamWFused, StatsAreThoseOfTheWrittenState) {
   const int64_t n = 4096 + 13;
   State s = random_state(n, 3);

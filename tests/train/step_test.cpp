@@ -3,6 +3,7 @@
 // non-finite step, on a dense engine over a one-rank communicator.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -59,10 +60,24 @@ TEST(TrainStep, CountsAndTheGradientHookBeforeClipping) {
   EXPECT_FALSE(r.skipped);
   EXPECT_GT(r.grad_norm, 1e-2);
   EXPECT_NEAR(hook_norm, r.grad_norm, 1e-9 * r.grad_norm);  // the norm is taken before clipping
-  // After the step the gradients are the clipped ones: norm · max / (norm + 1e-6).
+  // The gradients stay as reduced; AdamW read them clipped (· max / (norm + 1e-6)): the
+  // parameters are, bit for bit, those of an update on gradients clipped beforehand.
   const double after = std::sqrt(ops::sum_squares(d.engine.grads().data(), d.engine.grads().numel()));
-  EXPECT_NEAR(after, r.grad_norm * 1e-3 / (r.grad_norm + 1e-6), 1e-6 * after);
+  EXPECT_NEAR(after, r.grad_norm, 1e-9 * after);
   EXPECT_EQ(d.adam.step(), 1);
+  Dense ref;
+  train::StepOptions plain;
+  plain.lr = o.lr;
+  train::step_gradients(ref.engine, rows, plain);
+  const double scale = train::clip_grad_norm(std::pow(ref.engine.grad_norm(), 2), 1e-3).scale;
+  ASSERT_LT(scale, 1e-2);
+  model::Params<float>& g = ref.engine.train_grads();
+  for (int64_t i = 0; i < g.numel(); ++i) g.data()[i] *= float(scale);
+  ref.adam.update(ref.engine.train_params(), g, o.lr, ref.engine.compute().weights());
+  const model::Params<float>& p = d.engine.train_params();
+  const model::Params<float>& want = ref.engine.train_params();
+  ASSERT_EQ(p.numel(), want.numel());
+  EXPECT_TRUE(std::equal(p.data(), p.data() + p.numel(), want.data()));
 }
 
 // grad_norm needs finish_gradients after the last forward_backward (before it a rank would hold
