@@ -466,11 +466,14 @@ ops::SharedRoundings::Sharing InternLM2<T>::accumulate_for_gemm(T* dres, const T
 
 template <typename T>
 ops::SharedRoundings::Sharing InternLM2<T>::swiglu_for_gemm(T* g, const BlockActs& A, int64_t n,
-                                                            const T* a, const T* b) {
+                                                            const LinearOp<T>& w2, const T* a,
+                                                            const T* b) {
   uint16_t* const g16 = bf16_ ? s_.in16 : nullptr;
-  const bool rounded =
-      a != nullptr ? swiglu_saving(g, a, b, A.a, A.b, n, g16) : swiglu_saved(g, A.a, A.b, n, g16);
-  return rounded ? share_in16(g, n) : Sharing{};
+  if (a != nullptr)
+    return swiglu_saving(g, a, b, A.a, A.b, n, g16) ? share_in16(g, n) : Sharing{};
+  // g's floats are left unwritten where its bits are all its reader takes.
+  const bool bits_only = g16 != nullptr && A.a.b != nullptr && w2.reads_shared_input_bits_only();
+  return swiglu_saved(bits_only ? nullptr : g, A.a, A.b, n, g16) ? share_in16(g, n) : Sharing{};
 }
 
 template <typename T>
@@ -511,8 +514,8 @@ void InternLM2<T>::block_forward(int layer, BlockActs& A, const T* x, T* y,
   }
   {
     // g from the saves; with a and b in fp32, saves them in the same pass.
-    const auto bits = in_saves ? swiglu_for_gemm(s.g, A, N * F_)
-                               : swiglu_for_gemm(s.g, A, N * F_, a, b);
+    const auto bits = in_saves ? swiglu_for_gemm(s.g, A, N * F_, *o.w2)
+                               : swiglu_for_gemm(s.g, A, N * F_, *o.w2, a, b);
     o.w2->forward(s.tmp, s.g, N, params_);
   }
   add_into(y, h, s.tmp, R * H_);  // y = h + w2(g)
@@ -529,7 +532,7 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const Saved<T>& x,
   // elementwise recomputations rather than saved tensors.
   const typename Scratch::Ffn& f = s_.ffn;
   {
-    const auto bits = swiglu_for_gemm(f.g, A, N * F_);
+    const auto bits = swiglu_for_gemm(f.g, A, N * F_, *o.w2);
     o.w2->backward(f.dg, dres, f.g, N, params_, &grads, false);
   }
   // Under bf16 the saves of a and b take the bits of da and db for gate/up's GEMMs.

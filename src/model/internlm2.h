@@ -206,10 +206,12 @@ class InternLM2 {
   /// the result lives.
   ops::SharedRoundings::Sharing norm_for_gemm(NormOp<T>& norm, T* out, T* rstd, const T* x,
                                               int64_t N);
-  /// g = silu(a) ⊙ b (n elements, A's a and b as saved) for w2's GEMMs, its bits shared likewise.
-  /// With a and b (the forward), saves them into A first, in the same pass.
+  /// g = silu(a) ⊙ b (n elements, A's a and b as saved) for w2's GEMMs (`w2`), its bits shared
+  /// likewise; where w2 reads shared bits only, g's floats are not written. With a and b (the
+  /// forward), saves them into A first, in the same pass.
   ops::SharedRoundings::Sharing swiglu_for_gemm(T* g, const BlockActs& A, int64_t n,
-                                                const T* a = nullptr, const T* b = nullptr);
+                                                const LinearOp<T>& w2, const T* a = nullptr,
+                                                const T* b = nullptr);
   /// dres += d (n elements); under bf16 (unsplit rows) with dres's bits written in the same pass
   /// into s_.in16 and shared with the GEMM that reads dres next.
   ops::SharedRoundings::Sharing accumulate_for_gemm(T* dres, const T* d, int64_t n);

@@ -74,7 +74,8 @@ void keep_rounded(T* v, int64_t n, uint16_t* b) {
 }
 
 /// g = silu(a) ⊙ b over the FFN's a and b as saved (the bf16 kernel reads the bf16 bits). With
-/// g16, a and b saved in bf16 also write g's bits there: returns whether they were written.
+/// g16, a and b saved in bf16 also write g's bits there (and g = nullptr writes only them):
+/// returns whether they were written.
 template <typename T>
 bool swiglu_saved(T* g, const Saved<T>& a, const Saved<T>& b, int64_t n, uint16_t* g16 = nullptr) {
   if (a.f) return ops::swiglu_forward(g, a.f, b.f, n), false;

@@ -7,12 +7,15 @@
 
 namespace longtron {
 
-/// body(begin, end) over blocks of 4096 elements of [0, count) (16 KiB of float), the blocks
-/// shared out by OpenMP (a team only above kParallelMinWork): an elementwise pass that also
-/// rounds its output to bf16 does it per block, while the block is in L1.
+/// Elements of one block of for_blocks (16 KiB of float).
+inline constexpr int64_t kForBlock = 4096;
+
+/// body(begin, end) over blocks of kForBlock elements of [0, count), the blocks shared out by
+/// OpenMP (a team only above kParallelMinWork): an elementwise pass that also rounds its output
+/// to bf16 does it per block, while the block is in L1.
 template <typename Body>
 void for_blocks(int64_t count, Body&& body) {
-  constexpr int64_t kBlock = 4096;
+  constexpr int64_t kBlock = kForBlock;
   const int64_t blocks = (count + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (count > kParallelMinWork)
   for (int64_t k = 0; k < blocks; ++k) body(k * kBlock, std::min(count, (k + 1) * kBlock));

@@ -268,7 +268,8 @@ void swiglu_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
 /// the arithmetic is fp32 and the outputs are float. swiglu_backward_bf16 reads dout[i] before
 /// it writes da[i] and db[i], so either may alias dout.
 /// With out16, swiglu_forward_bf16 also writes round_to_bf16 of out there, a block at a time
-/// while it is in cache (the bits a bf16 GEMM reading out would make).
+/// while it is in cache (the bits a bf16 GEMM reading out would make); with out = nullptr it
+/// writes only those bits (the same bits; Error if out16 is nullptr too).
 void swiglu_forward_bf16(float* out, const uint16_t* a, const uint16_t* b, int64_t count,
                          uint16_t* out16 = nullptr);
 /// a and b rounded to bf16 into a16 and b16 (round_to_bf16: keeping them for backward), then

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "core/bf16.h"
+#include "core/error.h"
 #include "ops/fast_math.h"
 #include "ops/for_blocks.h"
 #include "ops/ops.h"
@@ -31,21 +32,27 @@ void swiglu_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
 }
 
 namespace {
-// swiglu_forward_bf16 of elements [begin, end).
+// swiglu_forward_bf16 of elements [begin, end) (at most kForBlock of them); out = nullptr: the
+// floats only in a block of this thread's stack, rounded into out16 from there.
 void swiglu_forward_bf16_block(float* out, const uint16_t* a, const uint16_t* b, int64_t begin,
                                int64_t end, uint16_t* out16) {
+  float local[kForBlock];
+  float* const o = out != nullptr ? out + begin : local;
+  const int64_t n = end - begin;
+  a += begin, b += begin;
 #pragma omp simd
-  for (int64_t i = begin; i < end; ++i) {
+  for (int64_t i = 0; i < n; ++i) {
     const float x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
     const float s = 1.0f / (1.0f + detail::fast_exp(-x));
-    out[i] = x * s * y;
+    o[i] = x * s * y;
   }
-  if (out16 != nullptr) round_to_bf16_serial(out + begin, end - begin, out16 + begin);
+  if (out16 != nullptr) round_to_bf16_serial(o, n, out16 + begin);
 }
 }  // namespace
 
 void swiglu_forward_bf16(float* out, const uint16_t* a, const uint16_t* b, int64_t count,
                          uint16_t* out16) {
+  check(out != nullptr || out16 != nullptr, "swiglu_forward_bf16: neither out nor out16");
   for_blocks(count, [&](int64_t begin, int64_t end) {
     swiglu_forward_bf16_block(out, a, b, begin, end, out16);
   });

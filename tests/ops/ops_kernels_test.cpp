@@ -235,6 +235,10 @@ TEST(BitsForTheNextGemm, NormAndSwiGluWriteTheRoundingOfTheirOutput) {
     for (int64_t i = 0; i < count; ++i)
       ASSERT_EQ(std::bit_cast<uint32_t>(g2[i]), std::bit_cast<uint32_t>(g[i])) << count << " " << i;
     EXPECT_EQ(g16, bits_of(g)) << count;
+    // The bits alone (no float output): the same bits.
+    std::vector<uint16_t> g16_only(count, 0xFFFF);
+    ops::swiglu_forward_bf16(nullptr, a16.data(), b16.data(), count, g16_only.data());
+    EXPECT_EQ(g16_only, g16) << count;
     // Saving a and b on the way, with g written over a (the model's pool does).
     std::vector<float> g3 = af;
     std::vector<uint16_t> a16s(count, 0xFFFF), b16s(count, 0xFFFF), g16s(count, 0xFFFF);
@@ -256,6 +260,7 @@ TEST(BitsForTheNextGemm, NormAndSwiGluWriteTheRoundingOfTheirOutput) {
     EXPECT_EQ(a16, bits_of(da)) << count;
     EXPECT_EQ(b16, bits_of(db)) << count;
   }
+  EXPECT_THROW(ops::swiglu_forward_bf16(nullptr, nullptr, nullptr, 5, nullptr), longtron::Error);
 }
 
 TEST(CrossEntropy, IgnoresMinus100AndBackwardMatchesFiniteDifferences) {
