@@ -50,8 +50,9 @@ bool adamw_update_is_finite(const float* param, const float* m, const float* v, 
                             float weight_decay, int64_t step);
 /// A sufficient condition for adamw_update_is_finite without reading the buffers: true when the
 /// state `last` (what the previous update wrote, and nothing else wrote since) and gradients of
-/// magnitude at most grad_max_abs as read (after grad_scale; e.g. their clipped L2 norm) cannot produce a non-finite value under
-/// `args` — every intermediate stays far below FLT_MAX and the step below half an ulp of FLT_MAX.
+/// magnitude at most grad_max_abs as read (after grad_scale; e.g. their clipped L2 norm) cannot
+/// produce a non-finite value under `args` — every intermediate stays far below FLT_MAX and the
+/// step below half an ulp of FLT_MAX.
 /// False means "not proven": the caller checks exactly. Never true when the exact check is false
 /// for such a state (tests/ops/adamw_test.cpp).
 bool adamw_bounds_imply_finite(const AdamWStats& last, double grad_max_abs, const AdamWArgs& args);

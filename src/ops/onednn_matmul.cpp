@@ -153,9 +153,7 @@ void run(const Gemm& g, const Key& k, const void* A, const memory& b, void* C) {
                                      {DNNL_ARG_DST, memory(c_desc(k), e, C)}});
   thread_stream().wait();
 }
-}  // namespace
 
-namespace {
 void run_key(const Key& k, const void* A, const void* B, void* C) {
   const Gemm g = matmul_cache().get(k);
   thread_local GrowBuffer<PackedLine> packed;  // this thread's packed B
