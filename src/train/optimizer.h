@@ -44,13 +44,13 @@ class AdamW {
   void update(model::Params<float>& params, const model::Params<float>& grads, double lr,
               ops::Bf16WeightCopy& copy, double grad_scale = 1.0);
 
-  /// Whether update(params, grads, lr, copy, grad_scale) would leave this rank's slice of the parameters and its
-  /// moments finite. Changes nothing and communicates nothing: the caller agrees the verdict
-  /// over every rank that holds a slice (train_step does, over the world). `grad_max_abs` bounds
-  /// |g| of every gradient as the update reads it (the clipped global L2 norm does): with it, what the
-  /// last update wrote (ops::AdamWStats) usually proves the verdict without reading the buffers;
-  /// otherwise (the first update, after load_state, an unproven bound) the update's arithmetic is
-  /// run on every element. The bound assumes the parameters were written only by update() since
+  /// Whether update(params, grads, lr, copy, grad_scale) would leave this rank's slice of the
+  /// parameters and its moments finite. Changes nothing and communicates nothing: the caller
+  /// agrees the verdict over every rank that holds a slice (train_step does, over the world).
+  /// `grad_max_abs` bounds |g| of every gradient as the update reads it (the clipped global L2
+  /// norm does): with it, what the last update wrote (ops::AdamWStats) usually proves the verdict
+  /// without reading the buffers; otherwise (the first update, after load_state, an unproven
+  /// bound) the update's arithmetic is run on every element. The bound assumes the parameters were written only by update() since
   /// the last update (a caller that writes them otherwise passes no grad_max_abs).
   bool update_is_finite(const model::Params<float>& params, const model::Params<float>& grads,
                         double lr,

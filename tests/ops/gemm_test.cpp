@@ -153,7 +153,8 @@ TEST(Gemm, Bf16OutIsGemmBf16Rounded) {
     // The special rows are there: NaN, infinity, and a finite fp32 rounded to infinity.
     int64_t rounded_to_inf = 0;
     for (int64_t j = 0; j < c.N; ++j)
-      rounded_to_inf += std::isfinite(C[2 * c.N + j]) && std::isinf(bf16_to_float(got[2 * c.N + j]));
+      rounded_to_inf +=
+          std::isfinite(C[2 * c.N + j]) && std::isinf(bf16_to_float(got[2 * c.N + j]));
     EXPECT_TRUE(std::isnan(bf16_to_float(got[0])));
     EXPECT_FALSE(std::isfinite(bf16_to_float(got[c.N])));
     EXPECT_EQ(rounded_to_inf, c.N);
