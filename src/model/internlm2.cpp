@@ -472,7 +472,8 @@ ops::SharedRoundings::Sharing InternLM2<T>::swiglu_for_gemm(T* g, const BlockAct
   if (a != nullptr)
     return swiglu_saving(g, a, b, A.a, A.b, n, g16) ? share_in16(g, n) : Sharing{};
   // g's floats are left unwritten where its bits are all its reader takes.
-  const bool bits_only = g16 != nullptr && A.a.b != nullptr && w2.reads_shared_input_bits_only();
+  const bool bits_only =
+      g16 != nullptr && A.a.b != nullptr && w2.reads_shared_input_bits_only(*ops_.compute);
   return swiglu_saved(bits_only ? nullptr : g, A.a, A.b, n, g16) ? share_in16(g, n) : Sharing{};
 }
 

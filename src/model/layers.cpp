@@ -36,9 +36,11 @@ class DenseLinear final : public LinearOp<T> {
     ops::linear_backward(cc_, dx, g ? g->ptr(weight_) : nullptr, g ? g->ptr(bias_) : nullptr, dy, x,
                          p.ptr(weight_), N, in_, out_, accumulate_dx ? T(1) : T(0));
   }
-  // Under bf16 its GEMMs read x through the context (shared bits when there are any); the bias
-  // gradient reads dy only.
-  bool reads_shared_input_bits_only() const override { return cc_.bf16(); }
+  // Under bf16 its GEMMs read x through its context (shared bits when there are any); the bias
+  // gradient reads dy only. Bits shared with another context would not be seen.
+  bool reads_shared_input_bits_only(const ops::ComputeContext& cc) const override {
+    return &cc == &cc_ && cc_.bf16();
+  }
 
  private:
   const ops::ComputeContext& cc_;

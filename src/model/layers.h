@@ -35,10 +35,13 @@ class LinearOp {
   /// (skipped when grads is nullptr).
   virtual void backward(T* dx, const T* dy, const T* x, int64_t N, const Params<T>& params,
                         Params<T>* grads, bool accumulate_dx) = 0;
-  /// Whether forward and backward read an input whose bf16 bits are shared with the compute
-  /// context (ops::SharedRoundings) through those bits only, never its floats: a producer may
-  /// then write the bits alone. The default (an op that may read the floats) is false.
-  virtual bool reads_shared_input_bits_only() const { return false; }
+  /// Whether forward and backward read an input whose bf16 bits are shared with `cc`
+  /// (ops::SharedRoundings) through those bits only, never its floats: a producer may then write
+  /// the bits alone. The default (an op that may read the floats) is false.
+  virtual bool reads_shared_input_bits_only(const ops::ComputeContext& cc) const {
+    (void)cc;
+    return false;
+  }
 };
 
 /// The gated FFN's gate and up projections, which read the same input: a[N, F] = x·W1ᵀ and
