@@ -15,10 +15,9 @@ inline constexpr int64_t kForBlock = 4096;
 /// to bf16 does it per block, while the block is in L1.
 template <typename Body>
 void for_blocks(int64_t count, Body&& body) {
-  constexpr int64_t kBlock = kForBlock;
-  const int64_t blocks = (count + kBlock - 1) / kBlock;
+  const int64_t blocks = (count + kForBlock - 1) / kForBlock;
 #pragma omp parallel for schedule(static) if (count > kParallelMinWork)
-  for (int64_t k = 0; k < blocks; ++k) body(k * kBlock, std::min(count, (k + 1) * kBlock));
+  for (int64_t k = 0; k < blocks; ++k) body(k * kForBlock, std::min(count, (k + 1) * kForBlock));
 }
 
 }  // namespace longtron

@@ -33,8 +33,8 @@ class AdamW {
 
   /// One update of `params` with `grads` (already reduced over data parallel), each read as
   /// grad · float(grad_scale) (the global-norm clip's factor), at learning rate `lr`; only this
-  /// rank's slice of `grads` is read, so a gradient reduced to the
-  /// slices (ParallelEngine::finish_gradient_slices) is enough. Increments step(). With ZeRO-1,
+  /// rank's slice of `grads` is read, so a gradient reduced to the slices
+  /// (ParallelEngine::finish_gradient_slices) is enough. Increments step(). With ZeRO-1,
   /// collective over the zero1 group. `copy` is the bf16 weight copy of the compute context the
   /// weights are read in (ParallelEngine::compute().weights()): when it mirrors `params`, the
   /// update writes each new weight's bf16 rounding into it in the same pass (the slices other
@@ -50,8 +50,9 @@ class AdamW {
   /// `grad_max_abs` bounds |g| of every gradient as the update reads it (the clipped global L2
   /// norm does): with it, what the last update wrote (ops::AdamWStats) usually proves the verdict
   /// without reading the buffers; otherwise (the first update, after load_state, an unproven
-  /// bound) the update's arithmetic is run on every element. The bound assumes the parameters were written only by update() since
-  /// the last update (a caller that writes them otherwise passes no grad_max_abs).
+  /// bound) the update's arithmetic is run on every element. The bound assumes the parameters
+  /// were written only by update() since the last update (a caller that writes them otherwise
+  /// passes no grad_max_abs).
   bool update_is_finite(const model::Params<float>& params, const model::Params<float>& grads,
                         double lr,
                         double grad_max_abs = std::numeric_limits<double>::infinity(),

@@ -137,11 +137,9 @@ StepResult train_step(parallel::ParallelEngine& engine, AdamW& optimizer,
     r.update_nonfinite = nonfinite != 0;
     r.skipped = r.update_nonfinite;
   }
-  if (!r.skipped) {
-    model::Params<float>& grads = engine.train_grads();
-    optimizer.update(engine.train_params(), grads, options.lr, engine.compute().weights(),
-                     clip.scale);
-  }
+  if (!r.skipped)
+    optimizer.update(engine.train_params(), engine.train_grads(), options.lr,
+                     engine.compute().weights(), clip.scale);
   return r;
 }
 
