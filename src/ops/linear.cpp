@@ -140,6 +140,15 @@ bool linear_pair_forward_out16(const ComputeContext& cc, uint16_t* a16, uint16_t
   return true;
 }
 
+bool linear_forward_out16(const ComputeContext& cc, uint16_t* y16, const float* x, const float* W,
+                          int64_t N, int64_t in, int64_t out) {
+  const uint16_t* w16 = cc.bf16() ? cc.weights().of(W, out * in) : nullptr;
+  if (w16 == nullptr) return false;
+  const uint16_t* x16 = bf16_operands(cc, {Bf16Operand{x, N * in}, {}, {}})[0];
+  gemm_bf16_out16(false, true, N, out, in, x16, w16, y16);
+  return true;
+}
+
 template <typename T>
 void linear_pair_backward(const ComputeContext& cc, T* dx, T* dW1, T* dbias1, T* dW3, T* dbias3,
                           const T* da, const T* db, const T* x, const T* W1, const T* W3,

@@ -156,6 +156,12 @@ bool linear_pair_forward_out16(const ComputeContext& cc, uint16_t* a16, uint16_t
                                const float* x, const float* W1, const float* bias1,
                                const float* W3, const float* bias3, int64_t N, int64_t in,
                                int64_t out);
+/// round_to_bf16 of linear_forward's y = x·Wᵀ into y16 [N, out] (bits), written by the GEMM itself
+/// (gemm_bf16_out16; the same bits), for an output read only in bf16 (a tensor-parallel gate/up
+/// shard). Only under kBFloat16 with W in the context's copy (no bias: it is added in fp32):
+/// returns false, writing nothing, otherwise.
+bool linear_forward_out16(const ComputeContext& cc, uint16_t* y16, const float* x, const float* W,
+                          int64_t N, int64_t in, int64_t out);
 /// The backward of linear_pair_forward, as linear_backward for W1 (dx overwritten) then for W3
 /// (dx accumulated): dx = da·W1 + db·W3; dW1 += daᵀ·x, dW3 += dbᵀ·x; dbias1 += Σ da, dbias3 +=
 /// Σ db (gradients may be nullptr). Under kBFloat16 with both weights in the context's copy and

@@ -103,17 +103,11 @@ void TensorParallelLinear::forward(float* y, const float* x, const float* W, con
   float* Y = scatter ? partial_.get(N * out_) : y;
   const float* X = x;
   bool computed = false;
-  if (gather) {
-    if (role_ == PairRole::kSecond) {
-      X = shared_.gathered->data();
-    } else if (spec_.overlap == Overlap2D::kAgWithMatmul) {
-      gather_input_overlapped(Y, x, N, W);
-      computed = true;
-    } else {
-      float* full = shared_.gathered->get(N * in_);
-      spec_.gather->all_gather(full, x, rows(N, *spec_.gather) * in_);
-      X = full;
-    }
+  if (gather && role_ != PairRole::kSecond && spec_.overlap == Overlap2D::kAgWithMatmul) {
+    gather_input_overlapped(Y, x, N, W);
+    computed = true;
+  } else {
+    X = gathered_input(x, N);
   }
   if (!computed && spec_.overlap == Overlap2D::kMatmulWithRs && scatter) {
     matmul_reduce_scatter_overlapped(y, X, N, W);
@@ -127,6 +121,34 @@ void TensorParallelLinear::forward(float* y, const float* x, const float* W, con
   if (bias != nullptr)
     for (int64_t n = 0; n < nR; ++n)
       for (int64_t o = 0; o < out_; ++o) y[n * out_ + o] += bias[o];
+}
+
+bool TensorParallelLinear::writes_out16(const float* W, const float* bias) const {
+  const ops::ComputeContext& cc = *spec_.compute;
+  return bias == nullptr && cc.bf16() && size_of(spec_.reduce) <= 1 &&
+         spec_.overlap == Overlap2D::kNone && cc.weights().of(W, out_ * in_) != nullptr;
+}
+
+void TensorParallelLinear::forward_out16(uint16_t* y16, const float* x, const float* W,
+                                         int64_t N) {
+  check(writes_out16(W, nullptr), "tensor parallel: forward_out16 on a linear whose output "
+        "is not its own bf16 GEMM's (a bias, a reduction, an overlapped form or an fp32 context)");
+  pair_order(shared_.pair->forward_rows, N, "forward");
+  if (sharded_input()) rows(N, *spec_.gather);
+  ops::linear_forward_out16(*spec_.compute, y16, gathered_input(x, N), W, N, in_, out_);
+}
+
+bool TensorParallelLinear::reads_input_bits_only(const ops::ComputeContext& cc) const {
+  return &cc == spec_.compute && cc.bf16() && !sharded_input() &&
+         spec_.overlap == Overlap2D::kNone;
+}
+
+const float* TensorParallelLinear::gathered_input(const float* x, int64_t N) {
+  if (!sharded_input()) return x;
+  if (role_ == PairRole::kSecond) return shared_.gathered->data();
+  float* full = shared_.gathered->get(N * in_);
+  spec_.gather->all_gather(full, x, rows(N, *spec_.gather) * in_);
+  return full;
 }
 
 void TensorParallelLinear::pair_order(int64_t& pending, int64_t N, const char* pass) const {
@@ -224,6 +246,15 @@ void TensorParallelGateUp::forward(float* a, float* b, const float* x, int64_t N
                                    const model::Params<float>& p) {
   gate_.forward(a, x, p.ptr(w1_), p.ptr(b1_), N);
   up_.forward(b, x, p.ptr(w3_), p.ptr(b3_), N);  // reuses the gate's gathered input
+}
+
+bool TensorParallelGateUp::forward_out16(uint16_t* a16, uint16_t* b16, const float* x,
+                                         int64_t N, const model::Params<float>& p) {
+  if (!gate_.writes_out16(p.ptr(w1_), p.ptr(b1_)) || !up_.writes_out16(p.ptr(w3_), p.ptr(b3_)))
+    return false;
+  gate_.forward_out16(a16, x, p.ptr(w1_), N);
+  up_.forward_out16(b16, x, p.ptr(w3_), N);  // reuses the gate's gathered input
+  return true;
 }
 
 void TensorParallelGateUp::backward(float* dx, const float* da, const float* db, const float* x,

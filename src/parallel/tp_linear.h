@@ -99,6 +99,16 @@ class TensorParallelLinear {
   int64_t out() const { return out_; }
   /// y (overwritten) from x; bias [out] or nullptr.
   void forward(float* y, const float* x, const float* W, const float* bias, int64_t N);
+  /// Whether forward_out16 applies to these weights: a bf16 context holding W's bf16 copy, no
+  /// bias, and an output that is this rank's GEMM result as it stands (no reduction over R, no
+  /// overlapped form).
+  bool writes_out16(const float* W, const float* bias) const;
+  /// round_to_bf16 of forward's y into y16 (bits), written by the GEMM itself
+  /// (ops::linear_forward_out16), no fp32 y. Error unless writes_out16(W, nullptr).
+  void forward_out16(uint16_t* y16, const float* x, const float* W, int64_t N);
+  /// Whether forward and backward read x only through its bf16 bits when `cc` shares them: x is
+  /// the GEMMs' operand as it stands (not gathered, not split into overlapped chunks).
+  bool reads_input_bits_only(const ops::ComputeContext& cc) const;
   /// dx overwritten (or += when accumulate_dx; a pair's second always overwrites, its first
   /// writes none); dW[out, in] and dbias[out] accumulate; any gradient may be nullptr. `x` is
   /// read only when the input is not gathered (A absent or kNone); kRegather gathers it again.
@@ -108,6 +118,9 @@ class TensorParallelLinear {
  private:
   bool sharded_input() const;
   bool scattered_output() const;
+  /// The input rows the GEMM reads: x itself, or the gathered copy (gathered here, or by the
+  /// first of a pair just before).
+  const float* gathered_input(const float* x, int64_t N);
   int64_t rows(int64_t N, const comm::Communicator& c) const;
   void gather_input_overlapped(float* Y, const float* x, int64_t N, const float* W);
   void matmul_reduce_scatter_overlapped(float* y, const float* X, int64_t N, const float* W);
@@ -133,6 +146,9 @@ class TensorParallelLinearOp final : public model::LinearOp<float> {
   void backward(float* dx, const float* dy, const float* x, int64_t N,
                 const model::Params<float>& p, model::Params<float>* g,
                 bool accumulate_dx) override;
+  bool reads_shared_input_bits_only(const ops::ComputeContext& cc) const override {
+    return linear_.reads_input_bits_only(cc);
+  }
 
  private:
   int weight_, bias_;
@@ -150,6 +166,9 @@ class TensorParallelGateUp final : public model::GateUpOp<float> {
   int64_t out() const override { return gate_.out(); }
   void forward(float* a, float* b, const float* x, int64_t N,
                const model::Params<float>& p) override;
+  /// Both halves' GEMMs write a and b's bits where both can (TensorParallelLinear::writes_out16).
+  bool forward_out16(uint16_t* a16, uint16_t* b16, const float* x, int64_t N,
+                     const model::Params<float>& p) override;
   void backward(float* dx, const float* da, const float* db, const float* x, int64_t N,
                 const model::Params<float>& p, model::Params<float>* g) override;
 

@@ -435,7 +435,12 @@ TEST(Gemm, LinearPairIsTwoLinearsBitwise) {
       ops::round_to_bf16(b2.data(), N * out, want_b.data());
       EXPECT_EQ(a16, want_a);
       EXPECT_EQ(b16, want_b);
+      std::vector<uint16_t> y16(N * out, 7);  // one linear alone
+      EXPECT_TRUE(ops::linear_forward_out16(*cc, y16.data(), x.data(), W3, N, in, out));
+      EXPECT_EQ(y16, want_b);
     } else {
+      EXPECT_EQ(a16, std::vector<uint16_t>(N * out, 7));
+      EXPECT_FALSE(ops::linear_forward_out16(*cc, a16.data(), x.data(), W1, N, in, out));
       EXPECT_EQ(a16, std::vector<uint16_t>(N * out, 7));
     }
     auto grads = floats(2 * out * in + 2 * out, 45), grads2 = grads;  // accumulated into
