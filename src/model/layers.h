@@ -35,6 +35,14 @@ class LinearOp {
   /// (skipped when grads is nullptr).
   virtual void backward(T* dx, const T* dy, const T* x, int64_t N, const Params<T>& params,
                         Params<T>* grads, bool accumulate_dx) = 0;
+  /// Where the op can (a float model under bf16, no bias, y whole on this rank from one GEMM):
+  /// round_to_bf16 of forward's y into y16 [N, out()] without writing y in fp32, returning true;
+  /// for an output read only in bf16. The default writes nothing and returns false. An op gives
+  /// the same answer on every call (it depends on the op, not the data).
+  virtual bool forward_out16(uint16_t* y16, const T* x, int64_t N, const Params<T>& params) {
+    (void)y16, (void)x, (void)N, (void)params;
+    return false;
+  }
   /// Whether forward and backward read an input whose bf16 bits are shared with `cc`
   /// (ops::SharedRoundings) through those bits only, never its floats: a producer may then write
   /// the bits alone. The default (an op that may read the floats) is false.
@@ -79,6 +87,13 @@ class SeparateGateUp final : public GateUpOp<T> {
   void forward(T* a, T* b, const T* x, int64_t N, const Params<T>& params) override {
     w1_->forward(a, x, N, params);
     w3_->forward(b, x, N, params);
+  }
+  bool forward_out16(uint16_t* a16, uint16_t* b16, const T* x, int64_t N,
+                     const Params<T>& params) override {
+    if (!w1_->forward_out16(a16, x, N, params)) return false;
+    check(w3_->forward_out16(b16, x, N, params),
+          "gate/up: the up projection cannot write bf16 where the gate projection did");
+    return true;
   }
   void backward(T* dx, const T* da, const T* db, const T* x, int64_t N, const Params<T>& params,
                 Params<T>* grads) override {

@@ -217,12 +217,24 @@ IspLinear::IspLinear(std::shared_ptr<IspWeightStore> store, int weight_view, int
 
 // Under bf16 the linears and the head read their weight as gathered bf16 (isp_weights.h).
 void IspLinear::forward(float* y, const float* x, int64_t N, const model::Params<float>& p) {
-  if (store_->compute().bf16()) {
+  const ops::ComputeContext& cc = store_->compute();
+  if (cc.bf16()) {
     const uint16_t* W16 = store_->acquire_bf16(id_, WeightUse::kForward, p);
-    return ops::linear_forward_bf16(y, x, W16, p.ptr(bias_view_), N, in_, out_);
+    const uint16_t* x16 = ops::bf16_operands(cc, {ops::Bf16Operand{x, N * in_}, {}, {}})[0];
+    return ops::linear_forward_bf16(y, x16, W16, p.ptr(bias_view_), N, in_, out_);
   }
   const float* W = store_->acquire(id_, WeightUse::kForward, p);
-  ops::linear_forward(store_->compute(), y, x, W, p.ptr(bias_view_), N, in_, out_);
+  ops::linear_forward(cc, y, x, W, p.ptr(bias_view_), N, in_, out_);
+}
+
+bool IspLinear::forward_out16(uint16_t* y16, const float* x, int64_t N,
+                              const model::Params<float>& p) {
+  const ops::ComputeContext& cc = store_->compute();
+  if (!cc.bf16() || p.ptr(bias_view_) != nullptr) return false;  // the bias is added in fp32
+  const uint16_t* W16 = store_->acquire_bf16(id_, WeightUse::kForward, p);
+  const uint16_t* x16 = ops::bf16_operands(cc, {ops::Bf16Operand{x, N * in_}, {}, {}})[0];
+  ops::gemm_bf16_out16(false, true, N, out_, in_, x16, W16, y16);
+  return true;
 }
 
 void IspLinear::backward(float* dx, const float* dy, const float* x, int64_t N,

@@ -146,9 +146,16 @@ class IspLinear final : public model::LinearOp<float> {
   int64_t in() const override { return in_; }
   int64_t out() const override { return out_; }
   void forward(float* y, const float* x, int64_t N, const model::Params<float>& params) override;
+  /// Under bf16 without a bias: the gathered bf16 weight's GEMM writes y's bits.
+  bool forward_out16(uint16_t* y16, const float* x, int64_t N,
+                     const model::Params<float>& params) override;
   void backward(float* dx, const float* dy, const float* x, int64_t N,
                 const model::Params<float>& params, model::Params<float>* grads,
                 bool accumulate_dx) override;
+  /// Under bf16 every GEMM takes x through ops::bf16_operands (the bits `cc` shares).
+  bool reads_shared_input_bits_only(const ops::ComputeContext& cc) const override {
+    return &cc == &store_->compute() && cc.bf16();
+  }
 
  private:
   std::shared_ptr<IspWeightStore> store_;

@@ -1,8 +1,10 @@
 // ISP's weight store (modes/isp_weights.h) on a one-rank WEIGHT group: the embedding begins every
 // pass (dropping gathered copies an optimizer step made stale); an op that gathers its weight for
 // a forward after the last pass's backward, before the embedding, is an Error at the embedding.
+// And IspLinear's bf16 forms: the output's bits written by the GEMM, the input read as bits.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -10,6 +12,8 @@
 #include "core/error.h"
 #include "model/params.h"
 #include "modes/isp_weights.h"
+#include "ops/compute_context.h"
+#include "ops/ops.h"
 
 namespace longtron::parallel {
 namespace {
@@ -53,6 +57,44 @@ TEST(IspPassOrder, AnOpBeforeTheEmbeddingIsAnError) {
     lin2.forward(y.data(), x.data(), N, params);
   }
   EXPECT_NO_THROW(emb2.forward(x.data(), ids.data(), N, params));
+}
+
+// forward_out16 is round_to_bf16 of forward's output under bf16 without a bias, and nothing
+// (false, no bits written) under fp32 or with a bias; under bf16 the input is read as bits only.
+TEST(IspLinear, Out16IsTheRoundedForward) {
+  model::ModelConfig c;
+  c.vocab_size = 11;
+  c.hidden_size = 32;
+  c.num_layers = 1;
+  c.num_attention_heads = 2;
+  c.num_kv_attention_heads = 1;
+  c.mlp_bias = true;
+  const model::ParamTable full(c);
+  model::Params<float> params(full);
+  model::init_params(params, 5);
+  const model::ParamView& w1 = full.view(full.layers[0].w1);
+  const int64_t N = 5, out = w1.shape[0], in = w1.shape[1];
+  std::vector<float> x(N * in);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.05f * static_cast<float>(i % 23) - 0.5f;
+  ops::ComputeContext fp32, bf16(ops::ComputeType::kBFloat16);
+  for (const ops::ComputeContext* cc : {&fp32, &bf16}) {
+    auto store = std::make_shared<IspWeightStore>(comm::make_local_communicator(), false, *cc);
+    IspLinear plain(store, full.layers[0].w1, -1, out, in);
+    IspLinear biased(store, full.layers[0].w1, full.layers[0].w1_bias, out, in);
+    EXPECT_EQ(plain.reads_shared_input_bits_only(*cc), cc->bf16());
+    EXPECT_FALSE(plain.reads_shared_input_bits_only(cc == &bf16 ? fp32 : bf16));
+    std::vector<uint16_t> y16(N * out, 7), want(N * out);
+    EXPECT_FALSE(biased.forward_out16(y16.data(), x.data(), N, params));
+    EXPECT_EQ(plain.forward_out16(y16.data(), x.data(), N, params), cc->bf16());
+    if (!cc->bf16()) {
+      EXPECT_EQ(y16, std::vector<uint16_t>(N * out, 7));
+      continue;
+    }
+    std::vector<float> y(N * out);
+    plain.forward(y.data(), x.data(), N, params);
+    ops::round_to_bf16(y.data(), N * out, want.data());
+    EXPECT_EQ(y16, want);
+  }
 }
 
 }  // namespace
