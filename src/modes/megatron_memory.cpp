@@ -56,9 +56,12 @@ void megatron_memory(const ModeMemoryInputs& in, ModeMemory& s) {
   if (mode == "msp" || mode == "fsp") {
     w.R = std::ceil(P / T);
     // Gathered inputs of the column linears (MSP keeps one per pair per layer, FSP one for the
-    // model), the partial dx, the embedding and head full rows, the row-linear partial output.
+    // model), then the per-call buffers all linears share: the partial dx, the row linears'
+    // partial output and gathered dy; the embedding and head full rows.
     const double gathered = mode == "msp" ? 2 * w.L : 1;
     s.layout_scratch = (gathered + 5) * P * Hid;
+  } else if (mode == "mtp") {
+    s.layout_scratch = P * Hid;  // the column linears' partial dx, all-reduced in place
   }
   s.bf16_operands = Bf16Operands::kWeightCopy;
 }

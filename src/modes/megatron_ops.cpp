@@ -123,12 +123,14 @@ ModelOps<float> megatron_ops(const ModeContext& ctx) {
   TpLinearSpec column{tp, sp, nullptr};
   TpLinearSpec row{nullptr, SequenceParallel::kNone, tp, sp != SequenceParallel::kNone};
   column.compute = row.compute = &ctx.compute;
+  // One set of per-call buffers for all linears of the model (each holds data only inside one
+  // call); the gathered inputs kept for backward are one per column linear (FSP: one in all).
+  const LinearShared model_wide;
   auto fsp_scratch = std::make_shared<Buffer>();
-  auto dx_partial = std::make_shared<Buffer>();
   const auto shared = [&] {
-    LinearShared s;
+    LinearShared s = model_wide;
     s.gathered = sp == SequenceParallel::kRegather ? fsp_scratch : std::make_shared<Buffer>();
-    s.dx_partial = dx_partial;
+    s.pair = std::make_shared<LinearShared::PairCalls>();
     return s;
   };
   for (size_t i = 0; i < L.layers.size(); ++i) {
@@ -137,10 +139,10 @@ ModelOps<float> megatron_ops(const ModeContext& ctx) {
     block.attention_norm = std::make_unique<ShardNorm>(L, b.attention_norm, sp, tp);
     block.ffn_norm = std::make_unique<ShardNorm>(L, b.ffn_norm, sp, tp);
     block.wqkv = std::make_unique<TensorParallelLinearOp>(L, b.wqkv, b.wqkv_bias, column, shared());
-    block.wo = std::make_unique<TensorParallelLinearOp>(L, b.wo, b.wo_bias, row);
+    block.wo = std::make_unique<TensorParallelLinearOp>(L, b.wo, b.wo_bias, row, shared());
     block.gate_up =
         std::make_unique<TensorParallelGateUp>(L, b.w1, b.w3, b.w1_bias, b.w3_bias, column, shared());
-    block.w2 = std::make_unique<TensorParallelLinearOp>(L, b.w2, b.w2_bias, row);
+    block.w2 = std::make_unique<TensorParallelLinearOp>(L, b.w2, b.w2_bias, row, shared());
     block.attention = std::move(dense.blocks[i].attention);
     ops.blocks.push_back(std::move(block));
   }

@@ -100,7 +100,7 @@ void TensorParallelLinear::forward(float* y, const float* x, const float* W, con
   if (gather) rows(N, *spec_.gather);
   // The product [N, out]: partial over `in` when |R| > 1; reduce-scattered from a scratch copy,
   // all-reduced (or, with no R, kept) in place.
-  float* Y = scatter ? partial_.get(N * out_) : y;
+  float* Y = scatter ? shared_.partial->get(N * out_) : y;
   const float* X = x;
   bool computed = false;
   if (gather && role_ != PairRole::kSecond && spec_.overlap == Overlap2D::kAgWithMatmul) {
@@ -181,13 +181,18 @@ void TensorParallelLinear::backward(float* dx, float* dW, float* dbias, const fl
   }
   const float* dY = dy;
   if (scatter) {
-    float* full = dy_full_.get(N * out_);
+    float* full = shared_.dy_full->get(N * out_);
     spec_.reduce->all_gather(full, dy, nR * out_);
     dY = full;
   }
   comm::Work reduce;
   float* reduced = nullptr;  // where this rank's input gradient lands
-  if (dx != nullptr) {
+  // A row linear's dX (no A) is this rank's whole input gradient: written in place, with no
+  // staging buffer held for the run and no copy.
+  const bool direct = role_ == PairRole::kAlone && size_of(spec_.gather) <= 1 && !accumulate_dx;
+  if (dx != nullptr && direct) {
+    ops::linear_input_grad(*spec_.compute, dx, dY, W, N, in_, out_, 0.0f);
+  } else if (dx != nullptr) {
     // dX = dY·W is a partial sum over the output features each rank of A holds.
     float* part = shared_.dx_partial->get(N * in_);
     ops::linear_input_grad(*spec_.compute, part, dY, W, N, in_, out_,
@@ -195,7 +200,7 @@ void TensorParallelLinear::backward(float* dx, float* dW, float* dbias, const fl
     if (role_ != PairRole::kFirst) {
       reduced = part;
       if (gather) {
-        reduced = scratch_.get(nA * in_);
+        reduced = shared_.reduced->get(nA * in_);
         reduce = spec_.gather->reduce_scatter_async(reduced, part, nA * in_);
       } else if (size_of(spec_.gather) > 1) {
         reduce = spec_.gather->all_reduce_async(part, N * in_);

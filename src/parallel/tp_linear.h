@@ -68,10 +68,14 @@ struct TpLinearSpec {
 
 /// Buffers shared by the halves of a gate/up op (Megatron's fused gate/up projection), or by all
 /// column linears of a model under FSP: the gathered input and the partial
-/// input gradient. Owned by the caller so that it can choose the sharing.
+/// input gradient. Owned by the caller so that it can choose the sharing. The last three hold
+/// data only inside one forward or backward call, so all linears of a model may share them.
 struct LinearShared {
   std::shared_ptr<Scratch> gathered = std::make_shared<Scratch>();
   std::shared_ptr<Scratch> dx_partial = std::make_shared<Scratch>();
+  std::shared_ptr<Scratch> partial = std::make_shared<Scratch>();  ///< y before reduce-scatter
+  std::shared_ptr<Scratch> dy_full = std::make_shared<Scratch>();  ///< backward: gathered dy
+  std::shared_ptr<Scratch> reduced = std::make_shared<Scratch>();  ///< backward: reduced dx
   /// The rows the first of a pair last ran forward / backward with and the second has not yet
   /// consumed (-1: none): the check that a pair is called first, then second, with the same rows.
   struct PairCalls {
@@ -132,7 +136,7 @@ class TensorParallelLinear {
   TpLinearSpec spec_;
   LinearShared shared_;
   PairRole role_;
-  Scratch partial_, recv_[2], send_[2], dy_full_, scratch_;
+  Scratch recv_[2], send_[2];
 };
 
 /// The linear as a model::LinearOp over the views `weight` and `bias` (−1 = none) of `local`.

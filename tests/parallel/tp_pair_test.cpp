@@ -39,6 +39,25 @@ TEST(TpPair, SecondWithoutFirstIsAnError) {
   for (float v : dx) EXPECT_FLOAT_EQ(v, 1.0f);
 }
 
+// A linear whose input gradient needs no reduction writes it in place (no staging buffer is
+// grown) with the values of the staged path, and adds to dx when asked.
+TEST(TpPair, UnreducedInputGradientIsWrittenInPlace) {
+  const int64_t N = 5, in = 7, out = 3;
+  std::vector<float> W(out * in), dy(N * out), x(N * in, 0.5f);
+  for (size_t i = 0; i < W.size(); ++i) W[i] = 0.1f * static_cast<float>(i % 11) - 0.4f;
+  for (size_t i = 0; i < dy.size(); ++i) dy[i] = 0.2f * static_cast<float>(i % 5) - 0.3f;
+  LinearShared shared;
+  TensorParallelLinear row(in, out, TpLinearSpec{nullptr, SequenceParallel::kNone, nullptr},
+                           shared);
+  std::vector<float> dx(N * in, 9.f), want(N * in), dW(out * in, 0.f);
+  row.backward(dx.data(), dW.data(), nullptr, dy.data(), x.data(), W.data(), N, false);
+  EXPECT_EQ(shared.dx_partial->capacity(), 0u);
+  ops::linear_input_grad<float>(want.data(), dy.data(), W.data(), N, in, out);
+  EXPECT_EQ(dx, want);
+  row.backward(dx.data(), nullptr, nullptr, dy.data(), x.data(), W.data(), N, true);
+  for (size_t i = 0; i < dx.size(); ++i) EXPECT_EQ(dx[i], want[i] + want[i]);
+}
+
 // forward_out16 writes round_to_bf16 of forward's output, only under a bf16 context holding the
 // weight's copy, with no bias and no overlapped form, and keeps the pair's order check.
 TEST(TpPair, Out16IsTheRoundedForward) {
