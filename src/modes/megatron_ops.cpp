@@ -128,9 +128,8 @@ ModelOps<float> megatron_ops(const ModeContext& ctx) {
   const LinearShared model_wide;
   auto fsp_scratch = std::make_shared<Buffer>();
   const auto shared = [&] {
-    LinearShared s = model_wide;
-    s.gathered = sp == SequenceParallel::kRegather ? fsp_scratch : std::make_shared<Buffer>();
-    s.pair = std::make_shared<LinearShared::PairCalls>();
+    LinearShared s = model_wide.for_another_linear();
+    if (sp == SequenceParallel::kRegather) s.gathered = fsp_scratch;
     return s;
   };
   for (size_t i = 0; i < L.layers.size(); ++i) {

@@ -1,6 +1,7 @@
 // The memory terms of the "2d" mode (mode_memory.h): MindSpeed's 2D tensor parallel.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -10,13 +11,18 @@
 namespace longtron::parallel {
 namespace {
 
-/// Elements one layer's 2D linears keep between calls (parallel/tp_linear.cpp): for a linear
-/// gathering its input over a group of `ag` and reduce-scattering its output over `rs`, the
-/// gathered input N × in (kept for backward; shared by w1/w3), the partial input gradient N × in
-/// (shared by w1/w3), the reduce-scattered input gradient N/ag × in, and the partial output and
-/// gathered output gradient N × out each.
-double linear_2d_elements(const model::ParamTable& local, const model::BlockParamIds& b, double N,
-                          double x, double y) {
+/// Elements the 2D linears hold between calls (parallel/tp_linear.cpp), for a linear gathering its
+/// input over a group of `ag` and reduce-scattering its output over `rs`. Per layer: the gathered
+/// input N × in of each linear that gathers (kept for backward; one for w1/w3). Once for all
+/// linears, each buffer as large as its largest use: the partial input gradient N × in (not for
+/// a linear that needs no reduction of it), the reduce-scattered input gradient N/ag × in, and
+/// the partial output and gathered output gradient N × out each.
+struct Linear2DElements {
+  double per_layer = 0, shared = 0;
+};
+
+Linear2DElements linear_2d_elements(const model::ParamTable& local, const model::BlockParamIds& b,
+                                    double N, double x, double y) {
   struct Use {
     int view;
     double ag, rs;
@@ -24,15 +30,18 @@ double linear_2d_elements(const model::ParamTable& local, const model::BlockPara
   };  // role: 0 alone, 1 first, 2 second of a pair
   const Use uses[] = {
       {b.wqkv, x, y, 0}, {b.wo, y, x, 0}, {b.w1, x, y, 1}, {b.w3, x, y, 2}, {b.w2, y, x, 0}};
-  double total = 0;
+  Linear2DElements e;
+  double dx_partial = 0, reduced = 0, out_rows = 0;
   for (const Use& u : uses) {
     const double out = static_cast<double>(local.view(u.view).shape[0]);
     const double in = static_cast<double>(local.view(u.view).shape[1]);
-    if (u.role != 2) total += N * in * (u.ag > 1 ? 2 : 1);
-    if (u.ag > 1 && u.role != 1) total += N / u.ag * in;
-    if (u.rs > 1) total += 2 * N * out;
+    if (u.ag > 1 && u.role != 2) e.per_layer += N * in;
+    if (u.ag > 1 || u.role != 0) dx_partial = std::max(dx_partial, N * in);
+    if (u.ag > 1 && u.role != 1) reduced = std::max(reduced, N / u.ag * in);
+    if (u.rs > 1) out_rows = std::max(out_rows, N * out);
   }
-  return total;
+  e.shared = dx_partial + reduced + 2 * out_rows;
+  return e;
 }
 
 }  // namespace
@@ -58,10 +67,10 @@ void tp2d_memory(const ModeMemoryInputs& in, ModeMemory& s) {
     s.attn_hkv = h.kv;
   }
   s.head_vocab = std::ceil(V / T);
-  // Every 2D linear of every layer keeps its own buffers (parallel/tp_linear.cpp); the
-  // embedding and the head hold full-row copies (N × H each: 2 and 3).
-  s.layout_scratch =
-      w.L * linear_2d_elements(in.local, in.local.layers.front(), P, x, y) + 5 * P * Hid;
+  // The 2D linears' buffers (above); the embedding and the head hold full-row copies (N × H
+  // each: 2 and 3).
+  const Linear2DElements e = linear_2d_elements(in.local, in.local.layers.front(), P, x, y);
+  s.layout_scratch = w.L * e.per_layer + e.shared + 5 * P * Hid;
   s.bf16_operands = Bf16Operands::kHeadWeight;
   s.scratch_key = "parallel.tensor_2d";
   s.sizes = fmt::format(", tensor_2d {}x{}", in.grid.layout.tensor_2d_x, in.grid.layout.tensor_2d_y);

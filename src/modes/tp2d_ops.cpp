@@ -115,6 +115,9 @@ model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
   // The embedding and head are Megatron's with the residual stream in the 2D blocks (x2×y1: MSP).
   const ActivationBlocks blocks = ActivationBlocks::grid(g.tensor, g.x, g.y);
   ops.embedding = make_tensor_parallel_embedding(ctx.full, L, L.tok_embeddings, g.tensor, blocks);
+  // One set of per-call buffers for all linears (each holds data only inside one call); each
+  // linear (the w1/w3 pair: one) keeps its own gathered input for backward.
+  const LinearShared model_wide;
   for (size_t i = 0; i < L.layers.size(); ++i) {
     const model::BlockParamIds& b = L.layers[i];
     model::BlockOps<float> block;
@@ -124,10 +127,12 @@ model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
     TpLinearSpec xy{g.X, SequenceParallel::kKeepGathered, g.Y, true, overlap};
     TpLinearSpec yx{g.Y, SequenceParallel::kKeepGathered, g.X, true, overlap};
     xy.compute = yx.compute = &ctx.compute;
-    block.wqkv = std::make_unique<TensorParallelLinearOp>(L, b.wqkv, b.wqkv_bias, xy);
-    block.wo = std::make_unique<TensorParallelLinearOp>(L, b.wo, b.wo_bias, yx);
-    block.gate_up = std::make_unique<TensorParallelGateUp>(L, b.w1, b.w3, b.w1_bias, b.w3_bias, xy);
-    block.w2 = std::make_unique<TensorParallelLinearOp>(L, b.w2, b.w2_bias, yx);
+    const auto own = [&] { return model_wide.for_another_linear(); };
+    block.wqkv = std::make_unique<TensorParallelLinearOp>(L, b.wqkv, b.wqkv_bias, xy, own());
+    block.wo = std::make_unique<TensorParallelLinearOp>(L, b.wo, b.wo_bias, yx, own());
+    block.gate_up =
+        std::make_unique<TensorParallelGateUp>(L, b.w1, b.w3, b.w1_bias, b.w3_bias, xy, own());
+    block.w2 = std::make_unique<TensorParallelLinearOp>(L, b.w2, b.w2_bias, yx, own());
     block.attention = std::make_unique<Attention2D>(heads, std::move(dense.blocks[i].attention), g,
                                                     heads.window_of(i), ctx.compute);
     ops.blocks.push_back(std::move(block));

@@ -82,6 +82,14 @@ struct LinearShared {
     int64_t forward_rows = -1, backward_rows = -1;
   };
   std::shared_ptr<PairCalls> pair = std::make_shared<PairCalls>();
+  /// For another linear (or gate/up pair) of the same model: these per-call buffers and partial
+  /// input gradient, with its own gathered input and call-order record.
+  LinearShared for_another_linear() const {
+    LinearShared s = *this;
+    s.gathered = std::make_shared<Scratch>();
+    s.pair = std::make_shared<PairCalls>();
+    return s;
+  }
 };
 
 /// kFirst/kSecond: the halves of TensorParallelGateUp, which share one gathered input (the second
