@@ -66,10 +66,11 @@ struct TpLinearSpec {
   const ops::ComputeContext* compute = &ops::ComputeContext::fp32();
 };
 
-/// Buffers shared by the halves of a gate/up op (Megatron's fused gate/up projection), or by all
-/// column linears of a model under FSP: the gathered input and the partial
-/// input gradient. Owned by the caller so that it can choose the sharing. The last three hold
-/// data only inside one forward or backward call, so all linears of a model may share them.
+/// Buffers of a tensor-parallel linear that others may share, owned by the caller so that it can
+/// choose the sharing: the gathered input (kept for backward; one for the halves of a gate/up op,
+/// Megatron's fused gate/up projection, or for all column linears under FSP), the partial input
+/// gradient (which the halves of a gate/up op add into) and three buffers that hold data only
+/// inside one call. A model shares all but the gathered input among its linears.
 struct LinearShared {
   std::shared_ptr<Scratch> gathered = std::make_shared<Scratch>();
   std::shared_ptr<Scratch> dx_partial = std::make_shared<Scratch>();
