@@ -147,9 +147,7 @@ int run_export(const ExportOptions& o) {
   hf["torch_dtype"] = dtype;
   const train::HfTensors named = train::hf_named_tensors(*m.params, "", format);
   for (const auto& t : named.tensors) {  // an export, like a checkpoint, holds finite values only
-    int64_t n = 1;
-    for (int64_t s : t.shape) n *= s;
-    for (int64_t i = 0; i < n; ++i)
+    for (int64_t i = 0, n = t.numel(); i < n; ++i)
       if (!std::isfinite(t.data[i]))
         fail("export: {}: tensor {} holds the non-finite value {} at element {}; nothing was "
              "written", m.dir.string(), t.name, t.data[i], i);

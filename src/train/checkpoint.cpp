@@ -241,6 +241,15 @@ HfTensors hf_named_tensors(const model::Params<float>& full, const std::string& 
   const auto list = model::hf_tensors(layout, format);
   out.storage.reserve(list.size());
   for (const auto& t : list) {
+    // One run of rows is contiguous in the view: no copy (the save's peak holds the full
+    // parameters and AdamW moments once, not twice).
+    if (t.rows.size() == 1) {
+      const model::ParamView& v = layout.view(t.view);
+      const int64_t row_size = v.shape.size() == 2 ? v.shape[1] : 1;  // hf_names' rows
+      out.tensors.push_back(
+          {prefix + t.name, t.shape, full.data() + v.offset + t.rows.front().first * row_size});
+      continue;
+    }
     int64_t n = 1;
     for (int64_t s : t.shape) n *= s;
     out.storage.emplace_back(static_cast<size_t>(n));

@@ -26,6 +26,12 @@ struct NamedTensor {
   std::string name;
   std::vector<int64_t> shape;
   const float* data = nullptr;
+  /// Elements: the product of shape.
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    return n;
+  }
 };
 
 /// A writable tensor view for loading.
@@ -100,8 +106,9 @@ CheckpointState read_checkpoint_state(const std::filesystem::path& step_dir);
 void load_model(const std::filesystem::path& step_dir, const std::vector<MutableTensor>& params);
 
 /// The tensors of a full-model buffer under the names of family `format` (empty = the model's
-/// type; model/hf_names.h), copied out (Llama's q/k/v are rows of the engine's wqkv), each name
-/// prefixed by `prefix`. `tensors` point into `storage`.
+/// type; model/hf_names.h), each name prefixed by `prefix`. A tensor that is one run of rows of
+/// a view points straight into `full` (which must outlive it); one made of several runs (Llama's
+/// q/k/v are rows of the engine's wqkv) is copied into `storage`.
 struct HfTensors {
   std::vector<std::vector<float>> storage;
   std::vector<NamedTensor> tensors;

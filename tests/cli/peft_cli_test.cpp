@@ -89,7 +89,7 @@ std::map<std::string, std::vector<float>> merged_in_process(const fs::path& base
   tr::merge_peft_adapter(adapter, full, "test");
   std::map<std::string, std::vector<float>> out;
   const tr::HfTensors named = tr::hf_named_tensors(full);
-  for (size_t i = 0; i < named.tensors.size(); ++i) out[named.tensors[i].name] = named.storage[i];
+  for (const auto& t : named.tensors) out[t.name] = std::vector<float>(t.data, t.data + t.numel());
   return out;
 }
 
