@@ -10,6 +10,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "model/model_testing.h"
 #include "model/params.h"
 #include "modes/isp_weights.h"
 #include "ops/compute_context.h"
@@ -62,12 +63,7 @@ TEST(IspPassOrder, AnOpBeforeTheEmbeddingIsAnError) {
 // forward_out16 is round_to_bf16 of forward's output under bf16 without a bias, and nothing
 // (false, no bits written) under fp32 or with a bias; under bf16 the input is read as bits only.
 TEST(IspLinear, Out16IsTheRoundedForward) {
-  model::ModelConfig c;
-  c.vocab_size = 11;
-  c.hidden_size = 32;
-  c.num_layers = 1;
-  c.num_attention_heads = 2;
-  c.num_kv_attention_heads = 1;
+  model::ModelConfig c = testing::tiny_config();
   c.mlp_bias = true;
   const model::ParamTable full(c);
   model::Params<float> params(full);
