@@ -282,7 +282,8 @@ struct Run {
     }
     if (!rank0) return {};
     CheckpointData d;
-    // Under the family's names (model/hf_names.h); the copies live until the save is written.
+    // Under the family's names (model/hf_names.h): views of the full buffers above, or copies
+    // (Llama's q/k/v); all of them live until the save is written.
     const HfTensors hp = hf_named_tensors(*full_params), hm = hf_named_tensors(*full_m),
                     hv = hf_named_tensors(*full_v);
     d.params = hp.tensors;
