@@ -83,6 +83,13 @@ void gather_hf(const HfTensor& t, const ParamTable& layout, const T* flat, T* ou
 }
 
 template <typename T>
+const T* hf_in_place(const HfTensor& t, const ParamTable& layout, const T* flat) {
+  if (t.rows.size() != 1) return nullptr;
+  const ParamView& v = layout.view(t.view);
+  return flat + v.offset + t.rows.front().first * row_size(v);
+}
+
+template <typename T>
 void scatter_hf(const HfTensor& t, const ParamTable& layout, const T* in, T* flat) {
   const ParamView& v = layout.view(t.view);
   const int64_t r = row_size(v);
@@ -94,6 +101,7 @@ void scatter_hf(const HfTensor& t, const ParamTable& layout, const T* in, T* fla
 
 template void gather_hf<float>(const HfTensor&, const ParamTable&, const float*, float*);
 template void gather_hf<double>(const HfTensor&, const ParamTable&, const double*, double*);
+template const float* hf_in_place<float>(const HfTensor&, const ParamTable&, const float*);
 template void scatter_hf<float>(const HfTensor&, const ParamTable&, const float*, float*);
 template void scatter_hf<double>(const HfTensor&, const ParamTable&, const double*, double*);
 

@@ -37,6 +37,11 @@ std::vector<HfTensor> hf_tensors(const ParamTable& layout, const std::string& fo
 template <typename T>
 void gather_hf(const HfTensor& t, const ParamTable& layout, const T* flat, T* out);
 
+/// Where tensor `t` lies in `flat` as it is (one run of rows of its view): a pointer to its
+/// values, which gather_hf would copy; nullptr when it is made of several runs (Llama's q/k/v).
+template <typename T>
+const T* hf_in_place(const HfTensor& t, const ParamTable& layout, const T* flat);
+
 /// The inverse of gather_hf: writes `in` into the rows of `flat` that tensor `t` covers.
 template <typename T>
 void scatter_hf(const HfTensor& t, const ParamTable& layout, const T* in, T* flat);

@@ -241,13 +241,10 @@ HfTensors hf_named_tensors(const model::Params<float>& full, const std::string& 
   const auto list = model::hf_tensors(layout, format);
   out.storage.reserve(list.size());
   for (const auto& t : list) {
-    // One run of rows is contiguous in the view: no copy (the save's peak holds the full
+    // A tensor that lies in the view as it is is not copied (the save's peak holds the full
     // parameters and AdamW moments once, not twice).
-    if (t.rows.size() == 1) {
-      const model::ParamView& v = layout.view(t.view);
-      const int64_t row_size = v.shape.size() == 2 ? v.shape[1] : 1;  // hf_names' rows
-      out.tensors.push_back(
-          {prefix + t.name, t.shape, full.data() + v.offset + t.rows.front().first * row_size});
+    if (const float* in_place = model::hf_in_place(t, layout, full.data())) {
+      out.tensors.push_back({prefix + t.name, t.shape, in_place});
       continue;
     }
     int64_t n = 1;

@@ -264,6 +264,19 @@ TEST(HfFamily, LlamaNamesSplitGroupedWqkv) {
     model::scatter_hf(t, layout, ones.data(), p.data());
   }
   for (int64_t i = 0; i < p.numel(); ++i) ASSERT_EQ(p.data()[i], 1.f) << i;
+  // A tensor of one run lies in the buffer as gather_hf copies it; q/k/v do not.
+  for (int64_t i = 0; i < p.numel(); ++i) p.data()[i] = static_cast<float>(i);
+  for (const auto& t : list) {
+    const float* in_place = model::hf_in_place(t, layout, p.data());
+    EXPECT_EQ(in_place == nullptr, t.rows.size() > 1) << t.name;
+    if (in_place == nullptr) continue;
+    int64_t n = 1;
+    for (auto s : t.shape) n *= s;
+    ones.assign(size_t(n), 0.f);
+    model::gather_hf(t, layout, p.data(), ones.data());
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(in_place[i], ones[size_t(i)]) << t.name << " " << i;
+  }
+  EXPECT_EQ(model::hf_in_place(q, layout, p.data()), nullptr);
 }
 
 TEST(HfFamily, RoundTripIsBitIdentical) {
