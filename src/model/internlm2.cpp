@@ -297,7 +297,7 @@ void InternLM2<T>::chunk_attention(int layer, int64_t slot, const AttentionBatch
   // Under bf16, wo's GEMM and the attention backward's D read the output rounded to bf16 (as
   // saved by the unchunked bf16 path), so it is kept so.
   if (ck_.bf16)
-    o.attention->forward_bf16_out(ck_.out16.data(), ck_.qkv.data(), ck_.lse.data(),
+    o.attention->forward_bf16_out(ck_.out16.data(), ck_.qkv.data(), nullptr, ck_.lse.data(),
                                   ck_.qkv.data(), ab);
   else
     o.attention->forward(ck_.out.data(), ck_.qkv.data(), ck_.lse.data(), ck_.qkv.data(), ab);
@@ -397,7 +397,8 @@ LossSum InternLM2<T>::chunked_pass(const data::MicroBatch& batch, Params<T>* gra
     backward_point(i, false);
     // In place: qkv becomes dqkv (ModelOps::token_chunks).
     if (ck_.bf16)
-      o.attention->backward_bf16_out(qkv, qkv, dout, qkv, ck_.out16.data(), ck_.lse.data(), ab);
+      o.attention->backward_bf16_out(qkv, nullptr, qkv, dout, qkv, ck_.out16.data(),
+                                     ck_.lse.data(), ab);
     else
       o.attention->backward(qkv, qkv, dout, qkv, ck_.out.data(), ck_.lse.data(), ab);
     for (int64_t n0 = 0; n0 < N; n0 += C) {
@@ -465,6 +466,12 @@ ops::SharedRoundings::Sharing InternLM2<T>::accumulate_for_gemm(T* dres, const T
 }
 
 template <typename T>
+bool InternLM2<T>::output_bits_only(const BlockOps<T>& o, const BlockActs& A) const {
+  return A.attn.b != nullptr && A.qkv.b != nullptr && o.attention->keeps_bf16_out() &&
+         o.wo->reads_shared_input_bits_only(*ops_.compute);
+}
+
+template <typename T>
 ops::SharedRoundings::Sharing InternLM2<T>::swiglu_for_gemm(T* g, const BlockActs& A, int64_t n,
                                                             const LinearOp<T>& w2, const T* a,
                                                             const T* b) {
@@ -491,12 +498,19 @@ void InternLM2<T>::block_forward(int layer, BlockActs& A, const T* x, T* y,
   }
   T* const qs = A.qkv.out(s.qs);
   T* const att = A.attn.out(s.att);
-  // Saved in bf16: the attention writes the bits of its split q, k, v as it splits them.
-  const bool saved = A.qkv.b != nullptr
-                         ? o.attention->forward_rounded(att, qs, A.qkv.b, A.lse, s.qkv, ab)
-                         : (o.attention->forward(att, qs, A.lse, s.qkv, ab), false);
+  // Saved in bf16: the attention writes the bits of its split q, k, v as it splits them, and
+  // where it can, its output as bits alone (att's floats are then never written).
+  const bool att16 = output_bits_only(o, A);
+  bool saved = false;
+  if (att16) {
+    o.attention->forward_bf16_out(A.attn.b, qs, A.qkv.b, A.lse, s.qkv, ab);
+    saved = true;
+  } else {
+    saved = A.qkv.b != nullptr ? o.attention->forward_rounded(att, qs, A.qkv.b, A.lse, s.qkv, ab)
+                               : (o.attention->forward(att, qs, A.lse, s.qkv, ab), false);
+    A.attn.save(att, N * A_);
+  }
   if (!saved) A.qkv.save(qs, sq);
-  A.attn.save(att, N * A_);
   {
     const auto bits = share_saved(*ops_.compute, A.attn, att, N * A_);  // wo reads them
     o.wo->forward(s.tmp, att, N, params_);
@@ -547,12 +561,14 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const Saved<T>& x,
   o.ffn_norm->backward(f.dh, f.dz, A.h.load(R * H_, f.h2), A.rstd2, N, params_, &grads);
   // Attention branch: h = x + wo(Attn(qkv)), qkv = wqkv(RMSNorm(x)).
   const typename Scratch::Att& t = s_.att;
+  const bool att16 = output_bits_only(o, A);  // as the forward saved it
   const T* att = nullptr;
   const T* qs = nullptr;
   {
     const auto dy = accumulate_for_gemm(dres, f.dh, R * H_);  // dres = dL/dh: wo's dy
     backward_point(layer, false);  // reduces gradients: dres and its bits stay as they are
-    att = A.attn.load(N * A_, t.att_w);
+    // Bits alone: wo and the attention read them, so att names them without being widened.
+    att = att16 ? t.att_w : A.attn.load(N * A_, t.att_w);
     qs = A.qkv.load(o.attention->saved_qkv_size(N), t.qkv_w);
     const auto bits = share_saved(*ops_.compute, A.attn, att, N * A_);
     o.wo->backward(t.datt, dres, att, N, params_, &grads, false);
@@ -562,7 +578,9 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const Saved<T>& x,
   uint16_t* const dqkv16 =
       bf16_ && o.attention->saved_qkv_size(N) == N * Q_ ? A.qkv.b : nullptr;
   const bool rounded =
-      dqkv16 != nullptr
+      att16 ? o.attention->backward_bf16_out(t.dqkv, dqkv16, t.dqs, t.datt, qs, A.attn.b, A.lse,
+                                             ab)
+      : dqkv16 != nullptr
           ? o.attention->backward_rounded(t.dqkv, dqkv16, t.dqs, t.datt, qs, att, A.lse, ab)
           : (o.attention->backward(t.dqkv, t.dqs, t.datt, qs, att, A.lse, ab), false);
   const T* const xv = x.load(R * H_, t.xw);

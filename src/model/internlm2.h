@@ -212,6 +212,9 @@ class InternLM2 {
   ops::SharedRoundings::Sharing swiglu_for_gemm(T* g, const BlockActs& A, int64_t n,
                                                 const LinearOp<T>& w2, const T* a = nullptr,
                                                 const T* b = nullptr);
+  /// Whether block `o` saves its attention output as bf16 bits alone, never in fp32 (bf16 saves
+  /// in A, an attention op that keeps its output so, and a wo that reads its input's bits only).
+  bool output_bits_only(const BlockOps<T>& o, const BlockActs& A) const;
   /// dres += d (n elements); under bf16 (unsplit rows) with dres's bits written in the same pass
   /// into s_.in16 and shared with the GEMM that reads dres next.
   ops::SharedRoundings::Sharing accumulate_for_gemm(T* dres, const T* d, int64_t n);

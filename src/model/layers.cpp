@@ -163,28 +163,33 @@ class DenseAttention final : public AttentionOp<T> {
     return dqkv16 != nullptr;
   }
 
-  void forward_bf16_out(uint16_t* out16, T* qkv_s, T* lse, const T* qkv,
+  void forward_bf16_out(uint16_t* out16, T* qkv_s, uint16_t* qkv_s16, T* lse, const T* qkv,
                         const AttentionBatch& b) override {
     if constexpr (std::is_same_v<T, float>) {
-      prepare_forward(qkv_s, qkv, b);
+      prepare_forward(qkv_s, qkv, b, qkv_s16);
       ops::varlen_attention_forward_groups_bf16_out(cc_, out16, lse, qkv_s, qkv_s + hq_ * d_,
                                                     qkv_s + (hq_ + hkv_) * d_, shape(b),
                                                     group_tokens_);
     } else {
-      AttentionOp<T>::forward_bf16_out(out16, qkv_s, lse, qkv, b);
+      AttentionOp<T>::forward_bf16_out(out16, qkv_s, qkv_s16, lse, qkv, b);
     }
   }
 
-  void backward_bf16_out(T* dqkv, T* dqkv_s, const T* dout, const T* qkv_s, const uint16_t* out16,
-                         const T* lse, const AttentionBatch& b) override {
+  bool backward_bf16_out(T* dqkv, uint16_t* dqkv16, T* dqkv_s, const T* dout, const T* qkv_s,
+                         const uint16_t* out16, const T* lse, const AttentionBatch& b) override {
     if constexpr (std::is_same_v<T, float>) {
       ops::varlen_attention_backward_groups_bf16_out(
           cc_, dqkv_s, dqkv_s + hq_ * d_, dqkv_s + (hq_ + hkv_) * d_, dout, qkv_s,
           qkv_s + hq_ * d_, qkv_s + (hq_ + hkv_) * d_, out16, lse, shape(b), group_tokens_);
-      finish_backward(dqkv, dqkv_s, b);
+      finish_backward(dqkv, dqkv_s, b, dqkv16);
+      return dqkv16 != nullptr;
     } else {
-      AttentionOp<T>::backward_bf16_out(dqkv, dqkv_s, dout, qkv_s, out16, lse, b);
+      return AttentionOp<T>::backward_bf16_out(dqkv, dqkv16, dqkv_s, dout, qkv_s, out16, lse, b);
     }
+  }
+
+  bool keeps_bf16_out() const override {
+    return std::is_same_v<T, float> && cc_.bf16() && ops::attention_bf16_runs();
   }
 
  private:

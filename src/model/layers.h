@@ -171,20 +171,30 @@ class AttentionOp {
     return false;
   }
   /// forward and backward with the output kept as bf16 bits out16 [N, Hq·d] (the forward's output
-  /// rounded by round_to_bf16, the backward reading it widened): the chunked recomputation under
-  /// a bf16 compute type, where every reader of the output reads it so rounded. Same aliasing as
-  /// the ops of ModelOps::token_chunks. Throws longtron::Error unless the op implements it (the
-  /// dense op in float).
-  virtual void forward_bf16_out(uint16_t* out16, T* saved_qkv, T* lse, const T* qkv,
-                                const AttentionBatch& b) {
-    (void)out16, (void)saved_qkv, (void)lse, (void)qkv, (void)b;
+  /// rounded by round_to_bf16, the backward reading it widened), for a bf16 compute type where
+  /// every reader of the output reads it so rounded: the chunked recomputation, and the unchunked
+  /// step where keeps_bf16_out() and the output projection reads its input's bits only. With
+  /// saved16 / dqkv16 (not null) they also round saved_qkv / dqkv into them as forward_rounded /
+  /// backward_rounded do (backward_bf16_out returns whether it did). Same aliasing as the ops of
+  /// ModelOps::token_chunks. Throw longtron::Error unless the op implements them (the dense op
+  /// in float).
+  virtual void forward_bf16_out(uint16_t* out16, T* saved_qkv, uint16_t* saved16, T* lse,
+                                const T* qkv, const AttentionBatch& b) {
+    (void)out16, (void)saved_qkv, (void)saved16, (void)lse, (void)qkv, (void)b;
     check(false, "internal: this attention op keeps no bf16 output");
   }
-  virtual void backward_bf16_out(T* dqkv, T* scratch, const T* dout, const T* saved_qkv,
-                                 const uint16_t* out16, const T* lse, const AttentionBatch& b) {
-    (void)dqkv, (void)scratch, (void)dout, (void)saved_qkv, (void)out16, (void)lse, (void)b;
+  virtual bool backward_bf16_out(T* dqkv, uint16_t* dqkv16, T* scratch, const T* dout,
+                                 const T* saved_qkv, const uint16_t* out16, const T* lse,
+                                 const AttentionBatch& b) {
+    (void)dqkv, (void)dqkv16, (void)scratch, (void)dout, (void)saved_qkv, (void)out16, (void)lse,
+        (void)b;
     check(false, "internal: this attention op keeps no bf16 output");
+    return false;
   }
+  /// Whether the ops above keep the output in bf16 without ever holding it in fp32 (the bf16
+  /// kernel stores each output row rounded and reads it widened), so that a step may save the
+  /// output as bits only. The default (no such kernel) is false; the same answer on every call.
+  virtual bool keeps_bf16_out() const { return false; }
 };
 
 /// Token embedding: x[N, H] = table[ids].

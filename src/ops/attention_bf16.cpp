@@ -100,11 +100,13 @@ struct OnlineSoftmax {
   }
 };
 
-// The call: inputs, outputs and Kᵀ words and V pairs of rows of every (key block, kv head).
+// The call: inputs, outputs (out, or its bf16 bits in out16 when that is set) and Kᵀ words and V
+// pairs of rows of every (key block, kv head).
 struct ForwardCall {
   const AttentionShape& s;
   const AttnPlan& p;
   float *out, *lse;
+  uint16_t* out16;
   const float *q, *k, *v;
   Dims m;
   uint32_t *kw_all, *vp_all;
@@ -254,17 +256,26 @@ LONGTRON_BF16_TARGET void transpose_rows(bf16_t* dst, int64_t ldd, const bf16_t*
   }
 }
 
-// Σ o[x] · g[x] over x < n, g in bf16 (widened exactly: bf16 is the top half of an fp32).
-LONGTRON_BF16_TARGET float dot_bf16(const bf16_t* g, const float* o, int64_t n) {
-  // 16-bit lane 2j + 1 takes g[j]; the even lanes (low halves) are zeroed by the mask.
+// 16 values from p (masked by m) as fp32: floats as they are, bf16 widened exactly (bf16 is the
+// top half of an fp32: 16-bit lane 2j + 1 takes p[j], the even lanes are zeroed by the mask).
+LONGTRON_BF16_TARGET inline __m512 load_widened(const float* p, __mmask16 m) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
+LONGTRON_BF16_TARGET inline __m512 load_widened(const bf16_t* p, __mmask16 m) {
   const __m512i widen = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7,
                                          0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+  return _mm512_castsi512_ps(
+      _mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, widen, _mm512_maskz_loadu_epi16(m, p)));
+}
+
+// Σ o[x] · g[x] over x < n, g in bf16, o in fp32 or bf16 (widened exactly, so a bf16 o gives
+// the bits of its widened floats).
+template <typename O>
+LONGTRON_BF16_TARGET float dot_bf16(const bf16_t* g, const O* o, int64_t n) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t x = 0; x < n; x += 16) {
     const __mmask16 m = n - x >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - x)) - 1);
-    const __m512i w = _mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, widen,
-                                                     _mm512_maskz_loadu_epi16(m, g + x));
-    acc = _mm512_fmadd_ps(_mm512_castsi512_ps(w), _mm512_maskz_loadu_ps(m, o + x), acc);
+    acc = _mm512_fmadd_ps(load_widened(g + x, m), load_widened(o + x, m), acc);
   }
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, acc);
@@ -276,10 +287,12 @@ LONGTRON_BF16_TARGET float dot_bf16(const bf16_t* g, const float* o, int64_t n) 
 // The call. Query-side tiles are packed once (BackwardCall's tile order): q and dO as bf16 rows
 // (A of S = QKᵀ, dP = dO Vᵀ) and transposed (A of dKᵀ = Qᵀ dS and dVᵀ = dOᵀ P: computing the
 // transposed gradients lets P and dS enter as B, pairs of rows, built without a transpose); lse,
-// D and the fp32 dq accumulator (dq_tiles).
+// D and the fp32 dq accumulator (dq_tiles). O is read from out, or from its bf16 bits out16
+// when that is set.
 struct Call : BackwardCall<float, float> {
   float *dk, *dv;
   const float *q, *k, *v, *dout, *out, *lse;
+  const uint16_t* out16;
   Dims m;
   bf16_t *pq, *pdout;      // [tile_rows, dp] per tile
   bf16_t *q_t, *dout_t;    // [d, tile_rows] per tile, zero column after an odd row count
@@ -289,7 +302,8 @@ struct Call : BackwardCall<float, float> {
     row_to_bf16(&pq[row * m.dp], q + n * s.q_stride + head * m.d, m.d, m.dp);
     row_to_bf16(go, dout + (n * s.num_heads + head) * m.d, m.d, m.dp);
     // D = rowsum(dO ∘ O) with the rounded dO the products use.
-    delta[row] = dot_bf16(go, out + (n * s.num_heads + head) * m.d, m.d);
+    const int64_t o = (n * s.num_heads + head) * m.d;
+    delta[row] = out16 != nullptr ? dot_bf16(go, out16 + o, m.d) : dot_bf16(go, out + o, m.d);
     lse2[row] = lse[head * s.num_tokens + n] * kLog2e;
   }
   void pack_tile(int64_t tile, int64_t base, int64_t M) {
@@ -382,21 +396,22 @@ class BackwardTile {
 
 }  // namespace
 
-void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
-                                   const float* v, const AttentionShape& s) {
+namespace {
+
+void forward(float* out, uint16_t* out16, float* lse, const float* q, const float* k,
+             const float* v, const AttentionShape& s) {
   const AttnPlan p = plan_attention(s, false);
   const Dims m(s);
   const int64_t blocks = p.k_blocks * s.num_kv_heads;
   uint32_t* kw_all = workspace<uint32_t>(Arena::kKeys, blocks * m.words_t());
   uint32_t* vp_all = workspace<uint32_t>(Arena::kValues, blocks * m.words_rows());
-  const ForwardCall call{s, p, out, lse, q, k, v, m, kw_all, vp_all};
+  const ForwardCall call{s, p, out, lse, out16, q, k, v, m, kw_all, vp_all};
   run_forward<ForwardTile>(call);
 }
 
-void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
-                                    const float* q, const float* k, const float* v,
-                                    const float* out, const float* lse, const AttentionShape& s,
-                                    bool add_dq) {
+void backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+              const float* v, const float* out, const uint16_t* out16, const float* lse,
+              const AttentionShape& s, bool add_dq) {
   const AttnPlan p = plan_attention(s, true, KB);
   const Dims m(s);
   const int64_t tile_rows = m.G * B, tiles = p.q_blocks * s.num_kv_heads;
@@ -405,11 +420,37 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
   float* floats = workspace<float>(Arena::kQueryFloats, rows * (2 + m.d));
   Call call{{s, p, tile_rows, floats + 2 * rows,
              workspace<uint8_t>(Arena::kDqWritten, static_cast<size_t>(tiles))},
-            dk, dv, q, k, v, dout, out, lse, m,
+            dk, dv, q, k, v, dout, out, lse, out16, m,
             halves, halves + rows * m.dp,
             halves + 2 * rows * m.dp, halves + 2 * rows * m.dp + rows * m.d,
             floats, floats + rows};
   run_backward<BackwardTile>(call, dq, add_dq);
+}
+
+}  // namespace
+
+void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
+                                   const float* v, const AttentionShape& s) {
+  forward(out, nullptr, lse, q, k, v, s);
+}
+
+void varlen_attention_forward_bf16_out16(uint16_t* out16, float* lse, const float* q,
+                                         const float* k, const float* v, const AttentionShape& s) {
+  forward(nullptr, out16, lse, q, k, v, s);
+}
+
+void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
+                                    const float* q, const float* k, const float* v,
+                                    const float* out, const float* lse, const AttentionShape& s,
+                                    bool add_dq) {
+  backward(dq, dk, dv, dout, q, k, v, out, nullptr, lse, s, add_dq);
+}
+
+void varlen_attention_backward_bf16_out16(float* dq, float* dk, float* dv, const float* dout,
+                                          const float* q, const float* k, const float* v,
+                                          const uint16_t* out16, const float* lse,
+                                          const AttentionShape& s) {
+  backward(dq, dk, dv, dout, q, k, v, nullptr, out16, lse, s, false);
 }
 
 }  // namespace longtron::ops::detail::LONGTRON_BF16_ISA
@@ -450,6 +491,26 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
     native::varlen_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s, add_dq);
   } else {
     emulated::varlen_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s, add_dq);
+  }
+}
+
+void varlen_attention_forward_bf16_out16(uint16_t* out16, float* lse, const float* q,
+                                         const float* k, const float* v, const AttentionShape& s) {
+  if (attention_bf16_native()) {
+    native::varlen_attention_forward_bf16_out16(out16, lse, q, k, v, s);
+  } else {
+    emulated::varlen_attention_forward_bf16_out16(out16, lse, q, k, v, s);
+  }
+}
+
+void varlen_attention_backward_bf16_out16(float* dq, float* dk, float* dv, const float* dout,
+                                          const float* q, const float* k, const float* v,
+                                          const uint16_t* out16, const float* lse,
+                                          const AttentionShape& s) {
+  if (attention_bf16_native()) {
+    native::varlen_attention_backward_bf16_out16(dq, dk, dv, dout, q, k, v, out16, lse, s);
+  } else {
+    emulated::varlen_attention_backward_bf16_out16(dq, dk, dv, dout, q, k, v, out16, lse, s);
   }
 }
 

@@ -23,6 +23,17 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
                                     const float* q, const float* k, const float* v,
                                     const float* out, const float* lse, const AttentionShape& s,
                                     bool add_dq = false);
+/// varlen_attention_forward_bf16 with the output stored as bf16 bits: out16 [N, Hq·d] holds
+/// round_to_bf16 of the out that call writes (each row rounded as the tile stores it, so no
+/// fp32 output exists anywhere).
+void varlen_attention_forward_bf16_out16(uint16_t* out16, float* lse, const float* q,
+                                         const float* k, const float* v, const AttentionShape& s);
+/// varlen_attention_backward_bf16 (without add_dq) reading the output from its bf16 bits: the
+/// gradients of that call with out = the widened out16.
+void varlen_attention_backward_bf16_out16(float* dq, float* dk, float* dv, const float* dout,
+                                          const float* q, const float* k, const float* v,
+                                          const uint16_t* out16, const float* lse,
+                                          const AttentionShape& s);
 
 // The two compilations, each with the contracts above. native needs AVX512-BF16; emulated needs
 // AVX-512F/BW/VL/DQ and gives native's bits wherever native runs vdpbf16ps (not where it runs
@@ -34,6 +45,12 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
                                     const float* q, const float* k, const float* v,
                                     const float* out, const float* lse, const AttentionShape& s,
                                     bool add_dq = false);
+void varlen_attention_forward_bf16_out16(uint16_t* out16, float* lse, const float* q,
+                                         const float* k, const float* v, const AttentionShape& s);
+void varlen_attention_backward_bf16_out16(float* dq, float* dk, float* dv, const float* dout,
+                                          const float* q, const float* k, const float* v,
+                                          const uint16_t* out16, const float* lse,
+                                          const AttentionShape& s);
 }  // namespace native
 namespace emulated {
 void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
@@ -42,6 +59,12 @@ void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float
                                     const float* q, const float* k, const float* v,
                                     const float* out, const float* lse, const AttentionShape& s,
                                     bool add_dq = false);
+void varlen_attention_forward_bf16_out16(uint16_t* out16, float* lse, const float* q,
+                                         const float* k, const float* v, const AttentionShape& s);
+void varlen_attention_backward_bf16_out16(float* dq, float* dk, float* dv, const float* dout,
+                                          const float* q, const float* k, const float* v,
+                                          const uint16_t* out16, const float* lse,
+                                          const AttentionShape& s);
 }  // namespace emulated
 
 }  // namespace longtron::ops::detail

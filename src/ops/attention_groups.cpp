@@ -1,6 +1,9 @@
 // Varlen attention called once per group of whole segments (ops/attention_groups.h).
 #include "ops/attention_groups.h"
 
+#include "ops/attention_bf16.h"
+#include "ops/compute_context.h"
+
 #include <algorithm>
 #include <vector>
 
@@ -133,6 +136,15 @@ void varlen_attention_forward_groups_bf16_out(const ComputeContext& cc, uint16_t
                                               const AttentionShape& s, int64_t group_tokens) {
   GroupLse<float> lg(s);
   const int64_t od = s.num_heads * s.head_dim;  // output features
+  if (cc.bf16() && attention_bf16_runs()) {  // the bf16 kernel stores the rounded rows itself
+    for_each_group(s, group_tokens, [&](int64_t t0, int64_t t1, const AttentionShape& g) {
+      detail::varlen_attention_forward_bf16_out16(out16 + t0 * od, lg.out(lse, t1 - t0),
+                                                  q + t0 * s.q_stride, k + t0 * s.kv_stride,
+                                                  v + t0 * s.kv_stride, g);
+      lg.store(lse, t0, t1 - t0);
+    });
+    return;
+  }
   for_each_group_out(s, group_tokens, [&](int64_t t0, int64_t n, const AttentionShape& g,
                                           float* out_g) {
     varlen_attention_forward(cc, out_g, lg.out(lse, n), q + t0 * s.q_stride,
@@ -149,6 +161,15 @@ void varlen_attention_backward_groups_bf16_out(const ComputeContext& cc, float* 
                                                const AttentionShape& s, int64_t group_tokens) {
   GroupLse<float> lg(s);
   const int64_t od = s.num_heads * s.head_dim;  // output features
+  if (cc.bf16() && attention_bf16_runs()) {  // the bf16 kernel reads the rows' bits itself
+    for_each_group(s, group_tokens, [&](int64_t t0, int64_t t1, const AttentionShape& g) {
+      const int64_t qo = t0 * s.q_stride, ko = t0 * s.kv_stride;
+      detail::varlen_attention_backward_bf16_out16(dq + qo, dk + ko, dv + ko, dout + t0 * od,
+                                                   q + qo, k + ko, v + ko, out16 + t0 * od,
+                                                   lg.in(lse, t0, t1 - t0), g);
+    });
+    return;
+  }
   for_each_group_out(s, group_tokens, [&](int64_t t0, int64_t n, const AttentionShape& g,
                                           float* out_g) {
     widen_bf16(out16 + t0 * od, n * od, out_g);

@@ -31,18 +31,20 @@ void varlen_attention_backward_groups(const ComputeContext& cc, T* dq, T* dk, T*
                                       const T* v, const T* out, const T* lse,
                                       const AttentionShape& s, int64_t group_tokens);
 
-/// varlen_attention_forward_groups in float with the output stored in bf16: each group's out is
-/// computed into a group-sized fp32 buffer and stored rounded (round_to_bf16) into out16
-/// [N, Hq·d], so no row-sized fp32 output exists (the chunked recomputation under bf16, whose
-/// consumers read the output rounded anyway). lse as varlen_attention_forward_groups.
+/// varlen_attention_forward_groups in float with the output stored in bf16: out16 [N, Hq·d]
+/// holds round_to_bf16 of the fp32 out (for a model under bf16, whose consumers read the output
+/// rounded anyway). The bf16 kernel (cc bf16 and attention_bf16_runs()) rounds each row as it
+/// stores it, so no fp32 output exists; otherwise each group's out is computed into a
+/// group-sized fp32 buffer and rounded from there. lse as varlen_attention_forward_groups.
 void varlen_attention_forward_groups_bf16_out(const ComputeContext& cc, uint16_t* out16,
                                               float* lse, const float* q,
                                               const float* k, const float* v,
                                               const AttentionShape& s, int64_t group_tokens);
 
 /// varlen_attention_backward_groups reading the output from out16 (as the function above stores
-/// it), widened one group at a time: the same gradients as varlen_attention_backward_groups with
-/// out = the widened out16. dq, dk, dv may alias q, k, v as there.
+/// it): the same gradients as varlen_attention_backward_groups with out = the widened out16 (the
+/// bf16 kernel widens each row as it reads it; otherwise a group at a time into a buffer). dq,
+/// dk, dv may alias q, k, v as there.
 void varlen_attention_backward_groups_bf16_out(const ComputeContext& cc, float* dq, float* dk,
                                                float* dv, const float* dout,
                                                const float* q, const float* k, const float* v,

@@ -9,7 +9,8 @@
 //   Tile(const C&); pack_keys(item of p.k_side); pack_query_row(row, src);
 //   begin(M, no_keys); groups() (room for 4·G RowGroups); key_block(ForwardBlock); o(), m(),
 //   l() and base2() for the output rows.
-// The call C: out, lse, q (the caller's element type T), s (AttentionShape), p (AttnPlan).
+// The call C: out, lse, q (the caller's element type T), s (AttentionShape), p (AttnPlan);
+// optionally out16 (bf16 bits; when set, the output goes there instead of out).
 // A backward policy: the call C (BackwardCall below plus pack_row(row, n, head) and
 // pack_tile(tile, base, M)), and its Tile: Tile(C&); begin(segment, item, c0, k0, bj);
 // key_range(plan, segment, r0, bi, c0, bj) → [lo, hi); products(BackwardBlock);
@@ -44,10 +45,27 @@ struct ForwardBlock {
   int64_t n_groups;
 };
 
+/// dst[x] = o[x] · inv for x < d, in the output's element type.
+template <typename T, typename A>
+void scale_output_row(T* dst, const A* o, A inv, int64_t d) {
+  for (int64_t x = 0; x < d; ++x) dst[x] = o[x] * inv;
+}
+/// The same row stored as bf16 bits: the fp32 values rounded as round_to_bf16 rounds them, so a
+/// bf16 output is bitwise the rounding of the fp32 one (64 values at a time through the stack).
+inline void scale_output_row(uint16_t* dst, const float* o, float inv, int64_t d) {
+  float row[64];
+  for (int64_t x0 = 0; x0 < d; x0 += 64) {
+    const int64_t n = std::min<int64_t>(64, d - x0);
+    for (int64_t x = 0; x < n; ++x) row[x] = o[x0 + x] * inv;
+    round_to_bf16_serial(row, n, dst + x0);
+  }
+}
+
 /// Writes an item's output rows: out = O / l (0 where l = 0, a row that saw no key) and lse =
 /// m + ln l (m · ln 2 + ln l for base-2 maxima; −inf where l = 0). o [G·bi, d], m and l per row.
-template <typename T, typename A>
-void store_output_rows(T* out, T* lse, const A* o, const A* m, const A* l, bool base2,
+/// `out` is T or, for a float kernel, bf16 bits (uint16_t).
+template <typename O, typename T, typename A>
+void store_output_rows(O* out, T* lse, const A* o, const A* m, const A* l, bool base2,
                        const AttentionShape& s, int64_t kv_head, int64_t q0, int64_t bi) {
   const int64_t d = s.head_dim, G = s.num_heads / s.num_kv_heads, N = s.num_tokens;
   for (int64_t h = 0; h < G; ++h) {
@@ -55,8 +73,7 @@ void store_output_rows(T* out, T* lse, const A* o, const A* m, const A* l, bool 
     for (int64_t r = 0; r < bi; ++r) {
       const int64_t row = h * bi + r;
       const A inv = l[row] > A(0) ? A(1) / l[row] : A(0);
-      T* orow = out + (q0 + r) * s.num_heads * d + head * d;
-      for (int64_t x = 0; x < d; ++x) orow[x] = o[row * d + x] * inv;
+      scale_output_row(out + (q0 + r) * s.num_heads * d + head * d, o + row * d, inv, d);
       const A lse_row = !(l[row] > A(0)) ? -std::numeric_limits<A>::infinity()
                         : base2          ? m[row] * A(kLn2) + std::log(l[row])
                                          : m[row] + std::log(l[row]);
@@ -95,6 +112,11 @@ void forward_item(Tile& w, const C& c, const AttnItem& it) {
                              (g.k_block0 + j) * s.num_kv_heads + it.kv_head, j == it.first,
                              full, groups, n_groups});
   }
+  // A call with out16 (the bf16 kernel's) may store its output as bf16 bits instead.
+  if constexpr (requires { c.out16; })
+    if (c.out16 != nullptr)
+      return store_output_rows(c.out16, c.lse, w.o(), w.m(), w.l(), w.base2(), s, it.kv_head, q0,
+                               bi);
   store_output_rows(c.out, c.lse, w.o(), w.m(), w.l(), w.base2(), s, it.kv_head, q0, bi);
 }
 

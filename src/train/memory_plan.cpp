@@ -18,6 +18,7 @@
 #include "modes/lora_plan.h"
 #include "ops/gemm_packing.h"
 #include "ops/lora_kernels.h"
+#include "ops/ops.h"
 #include "parallel/layout.h"
 #include "parallel/shard_plan.h"
 
@@ -300,9 +301,12 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
   double attn =
       attention_workspace_elements(s, static_cast<double>(c.model.head_dim()), segments) * kFloat;
   // The chunked bf16 path keeps the attention output in bf16 (in the activations): one group's
-  // fp32 output and lse pass through (ops/attention_groups.h).
-  if (chunked && in.bf16)
-    attn += s.attn_tokens * s.attn_hq * (static_cast<double>(c.model.head_dim()) + 1) * kFloat;
+  // lse passes through, and its fp32 output too where the bf16 kernel, which stores and reads
+  // the output's bits itself, does not run (ops/attention_groups.h).
+  if (chunked && in.bf16) {
+    const double out = ops::attention_bf16_runs() ? 0 : static_cast<double>(c.model.head_dim());
+    attn += s.attn_tokens * s.attn_hq * (out + 1) * kFloat;
+  }
   const double head = head_elements(s) * kFloat;
   // Per micro-batch: input_ids, labels, indexes (int32) of the row, as read and as fed.
   const double batches = static_cast<double>(c.data.micro_num) * P * 3 * 4 * 2;
