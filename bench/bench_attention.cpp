@@ -8,7 +8,7 @@
 // The dense baseline is credited with the same useful FLOPs (the masked half and the
 // cross-document blocks are wasted work), so its GFLOP/s is comparable.
 //
-// Also: fwd+bwd on one 16384-token document (the long-row case, fp32 and bf16); backward alone against forward alone (target: backward rate >= 0.8 × forward), the bf16
+// Also: fwd+bwd on one 16384-token document (the long-row case, fp32 and bf16); backward alone against forward alone (target: backward rate >= 0.9 × forward), the bf16
 // kernel where the CPU has AVX512-BF16 against the bf16 GEMM rate (oneDNN bf16 × bf16 → fp32 on
 // operands already in bf16) measured in the same run, and a sliding window on one long document.
 //
@@ -353,7 +353,7 @@ int main(int argc, char** argv) {
     const double ms = reporter.ms["fwdbwd" + ds], dense_ms = reporter.ms["dense" + ds];
     std::printf(
         "head_dim %3d: varlen fwd %.1f GFLOP/s, fwd+bwd %.1f GFLOP/s = %.2f x sgemm wall "
-        "(%.2f per CPU-second; target >= 0.5); fwd+bwd %.0f ms vs dense causal %.0f ms: "
+        "(%.2f per CPU-second; target >= 0.75); fwd+bwd %.0f ms vs dense causal %.0f ms: "
         "speed-up %.1fx\n",
         d, g_gflops["fwd" + ds], fb, sgemm > 0 ? fb / sgemm : 0.0,
         sgemm_cpu > 0 ? fb_cpu / sgemm_cpu : 0.0, ms, dense_ms, ms > 0 ? dense_ms / ms : 0.0);
@@ -361,17 +361,18 @@ int main(int argc, char** argv) {
     const double f_cpu = g_cpu_gflops["fwd" + ds], b_cpu = g_cpu_gflops["bwd" + ds];
     std::printf(
         "head_dim %3d: backward %.1f GFLOP/s = %.2f x forward wall (%.1f vs %.1f GFLOP per "
-        "CPU-second = %.2f; target >= 0.8)\n",
+        "CPU-second = %.2f; target >= 0.9)\n",
         d, b, f > 0 ? b / f : 0.0, b_cpu, f_cpu, f_cpu > 0 ? b_cpu / f_cpu : 0.0);
     const double hf = g_gflops["bf16fwd" + ds], hb = g_gflops["bf16bwd" + ds];
     const double hfb = g_gflops["bf16fwdbwd" + ds], hgemm = g_gflops["bf16gemm"];
     if (hfb > 0 && hgemm > 0) {
       std::printf(
           "head_dim %3d: bf16 fwd+bwd %.1f GFLOP/s = %.2f x bf16 GEMM (%.1f) wall (%.2f per "
-          "CPU-second; target >= 0.5)\n",
+          "CPU-second; target >= %.2f)\n",
           d, hfb, hfb / hgemm, hgemm,
           g_cpu_gflops["bf16gemm"] > 0 ? g_cpu_gflops["bf16fwdbwd" + ds] / g_cpu_gflops["bf16gemm"]
-                                       : 0.0);
+                                       : 0.0,
+          d == 64 ? 0.65 : 0.75);  // at 64 the softmax and dS work per score weigh twice
     }
     if (hf > 0 && hb > 0) {
       std::printf(
