@@ -506,8 +506,10 @@ void InternLM2<T>::block_forward(int layer, BlockActs& A, const T* x, T* y,
     o.attention->forward_bf16_out(A.attn.b, qs, A.qkv.b, A.lse, s.qkv, ab);
     saved = true;
   } else {
-    saved = A.qkv.b != nullptr ? o.attention->forward_rounded(att, qs, A.qkv.b, A.lse, s.qkv, ab)
-                               : (o.attention->forward(att, qs, A.lse, s.qkv, ab), false);
+    if (A.qkv.b != nullptr)
+      saved = o.attention->forward_rounded(att, qs, A.qkv.b, A.lse, s.qkv, ab);
+    else
+      o.attention->forward(att, qs, A.lse, s.qkv, ab);
     A.attn.save(att, N * A_);
   }
   if (!saved) A.qkv.save(qs, sq);
@@ -577,12 +579,14 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const Saved<T>& x,
   // where that save holds as many elements as dqkv (the dense op's [N, Q]).
   uint16_t* const dqkv16 =
       bf16_ && o.attention->saved_qkv_size(N) == N * Q_ ? A.qkv.b : nullptr;
-  const bool rounded =
-      att16 ? o.attention->backward_bf16_out(t.dqkv, dqkv16, t.dqs, t.datt, qs, A.attn.b, A.lse,
-                                             ab)
-      : dqkv16 != nullptr
-          ? o.attention->backward_rounded(t.dqkv, dqkv16, t.dqs, t.datt, qs, att, A.lse, ab)
-          : (o.attention->backward(t.dqkv, t.dqs, t.datt, qs, att, A.lse, ab), false);
+  bool rounded = false;
+  if (att16)
+    rounded = o.attention->backward_bf16_out(t.dqkv, dqkv16, t.dqs, t.datt, qs, A.attn.b, A.lse,
+                                             ab);
+  else if (dqkv16 != nullptr)
+    rounded = o.attention->backward_rounded(t.dqkv, dqkv16, t.dqs, t.datt, qs, att, A.lse, ab);
+  else
+    o.attention->backward(t.dqkv, t.dqs, t.datt, qs, att, A.lse, ab);
   const T* const xv = x.load(R * H_, t.xw);
   {
     const auto dy = rounded ? share_bits(t.dqkv, N * Q_, dqkv16) : Sharing{};

@@ -1,11 +1,11 @@
 // Varlen attention called once per group of whole segments (ops/attention_groups.h).
 #include "ops/attention_groups.h"
 
-#include "ops/attention_bf16.h"
-#include "ops/compute_context.h"
-
 #include <algorithm>
 #include <vector>
+
+#include "ops/attention_bf16.h"
+#include "ops/compute_context.h"
 
 namespace longtron::ops {
 namespace {
