@@ -38,33 +38,27 @@ void varlen_attention_backward_bf16_out16(float* dq, float* dk, float* dv, const
 // The two compilations, each with the contracts above. native needs AVX512-BF16; emulated needs
 // AVX-512F/BW/VL/DQ and gives native's bits wherever native runs vdpbf16ps (not where it runs
 // AMX tiles: TDPBF16PS sums each pair's products in another order).
+// The entry points each compilation defines (the same declarations as above).
+#define LONGTRON_ATTENTION_BF16_ENTRY_POINTS                                                    \
+  void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const float* k,    \
+                                     const float* v, const AttentionShape& s);                  \
+  void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,       \
+                                      const float* q, const float* k, const float* v,           \
+                                      const float* out, const float* lse,                       \
+                                      const AttentionShape& s, bool add_dq = false);            \
+  void varlen_attention_forward_bf16_out16(uint16_t* out16, float* lse, const float* q,         \
+                                           const float* k, const float* v,                      \
+                                           const AttentionShape& s);                            \
+  void varlen_attention_backward_bf16_out16(float* dq, float* dk, float* dv, const float* dout, \
+                                            const float* q, const float* k, const float* v,     \
+                                            const uint16_t* out16, const float* lse,            \
+                                            const AttentionShape& s);
 namespace native {
-void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
-                                   const float* v, const AttentionShape& s);
-void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
-                                    const float* q, const float* k, const float* v,
-                                    const float* out, const float* lse, const AttentionShape& s,
-                                    bool add_dq = false);
-void varlen_attention_forward_bf16_out16(uint16_t* out16, float* lse, const float* q,
-                                         const float* k, const float* v, const AttentionShape& s);
-void varlen_attention_backward_bf16_out16(float* dq, float* dk, float* dv, const float* dout,
-                                          const float* q, const float* k, const float* v,
-                                          const uint16_t* out16, const float* lse,
-                                          const AttentionShape& s);
+LONGTRON_ATTENTION_BF16_ENTRY_POINTS
 }  // namespace native
 namespace emulated {
-void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
-                                   const float* v, const AttentionShape& s);
-void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
-                                    const float* q, const float* k, const float* v,
-                                    const float* out, const float* lse, const AttentionShape& s,
-                                    bool add_dq = false);
-void varlen_attention_forward_bf16_out16(uint16_t* out16, float* lse, const float* q,
-                                         const float* k, const float* v, const AttentionShape& s);
-void varlen_attention_backward_bf16_out16(float* dq, float* dk, float* dv, const float* dout,
-                                          const float* q, const float* k, const float* v,
-                                          const uint16_t* out16, const float* lse,
-                                          const AttentionShape& s);
+LONGTRON_ATTENTION_BF16_ENTRY_POINTS
 }  // namespace emulated
+#undef LONGTRON_ATTENTION_BF16_ENTRY_POINTS
 
 }  // namespace longtron::ops::detail
