@@ -189,7 +189,7 @@ class DenseAttention final : public AttentionOp<T> {
   }
 
   bool keeps_bf16_out() const override {
-    return std::is_same_v<T, float> && cc_.bf16() && ops::attention_bf16_runs();
+    return std::is_same_v<T, float> && ops::attention_bf16_runs(cc_);
   }
 
  private:

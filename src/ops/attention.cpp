@@ -157,7 +157,7 @@ template <typename T>
 void varlen_attention_forward(const ComputeContext& cc, T* out, T* lse, const T* q, const T* k,
                               const T* v, const AttentionShape& s) {
   if constexpr (std::is_same_v<T, float>) {
-    if (cc.bf16() && attention_bf16_runs()) {
+    if (attention_bf16_runs(cc)) {
       detail::varlen_attention_forward_bf16(out, lse, q, k, v, s);
       return;
     }
@@ -168,6 +168,8 @@ void varlen_attention_forward(const ComputeContext& cc, T* out, T* lse, const T*
   const ForwardCall<T> call{s, p, out, lse, q, k, v, kt_all, kt_all + tiles};
   detail::run_forward<ForwardTile<T>>(call);
 }
+
+bool attention_bf16_runs(const ComputeContext& cc) { return cc.bf16() && attention_bf16_runs(); }
 
 template <typename T>
 void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,

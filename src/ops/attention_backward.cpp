@@ -210,7 +210,7 @@ template <typename T>
 void backward(const ComputeContext& cc, T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
               const T* v, const T* out, const T* lse, const AttentionShape& s, bool add_dq) {
   if constexpr (std::is_same_v<T, float>) {
-    if (cc.bf16() && attention_bf16_runs()) {
+    if (attention_bf16_runs(cc)) {
       detail::varlen_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s, add_dq);
       return;
     }

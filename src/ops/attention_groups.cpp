@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "ops/attention_bf16.h"
-#include "ops/compute_context.h"
 
 namespace longtron::ops {
 namespace {
@@ -136,7 +135,7 @@ void varlen_attention_forward_groups_bf16_out(const ComputeContext& cc, uint16_t
                                               const AttentionShape& s, int64_t group_tokens) {
   GroupLse<float> lg(s);
   const int64_t od = s.num_heads * s.head_dim;  // output features
-  if (cc.bf16() && attention_bf16_runs()) {  // the bf16 kernel stores the rounded rows itself
+  if (attention_bf16_runs(cc)) {  // the bf16 kernel stores the rounded rows itself
     for_each_group(s, group_tokens, [&](int64_t t0, int64_t t1, const AttentionShape& g) {
       detail::varlen_attention_forward_bf16_out16(out16 + t0 * od, lg.out(lse, t1 - t0),
                                                   q + t0 * s.q_stride, k + t0 * s.kv_stride,
@@ -161,7 +160,7 @@ void varlen_attention_backward_groups_bf16_out(const ComputeContext& cc, float* 
                                                const AttentionShape& s, int64_t group_tokens) {
   GroupLse<float> lg(s);
   const int64_t od = s.num_heads * s.head_dim;  // output features
-  if (cc.bf16() && attention_bf16_runs()) {  // the bf16 kernel reads the rows' bits itself
+  if (attention_bf16_runs(cc)) {  // the bf16 kernel reads the rows' bits itself
     for_each_group(s, group_tokens, [&](int64_t t0, int64_t t1, const AttentionShape& g) {
       const int64_t qo = t0 * s.q_stride, ko = t0 * s.kv_stride;
       detail::varlen_attention_backward_bf16_out16(dq + qo, dk + ko, dv + ko, dout + t0 * od,

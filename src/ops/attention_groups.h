@@ -33,7 +33,7 @@ void varlen_attention_backward_groups(const ComputeContext& cc, T* dq, T* dk, T*
 
 /// varlen_attention_forward_groups in float with the output stored in bf16: out16 [N, Hq·d]
 /// holds round_to_bf16 of the fp32 out (for a model under bf16, whose consumers read the output
-/// rounded anyway). The bf16 kernel (cc bf16 and attention_bf16_runs()) rounds each row as it
+/// rounded anyway). The bf16 kernel (where attention_bf16_runs(cc)) rounds each row as it
 /// stores it, so no fp32 output exists; otherwise each group's out is computed into a
 /// group-sized fp32 buffer and rounded from there. lse as varlen_attention_forward_groups.
 void varlen_attention_forward_groups_bf16_out(const ComputeContext& cc, uint16_t* out16,

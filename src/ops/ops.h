@@ -390,6 +390,9 @@ bool attention_bf16_native();
 /// attention_bf16_native(), or else the kernel with its bf16 instructions emulated in AVX-512F
 /// where bf16_emulated() (ops/precision.h; a test-only switch).
 bool attention_bf16_runs();
+/// Whether float attention under `cc` runs the bf16 kernel: cc computes in kBFloat16 and
+/// attention_bf16_runs() holds (the choice every float attention entry point makes).
+bool attention_bf16_runs(const ComputeContext& cc);
 
 // ---- Cross-entropy with ignore_index -100 -----------------------------------------------------
 /// Over logits[N,V] and labels[N] (-100 = ignored): returns Σ over valid rows of
