@@ -220,7 +220,7 @@ void IspLinear::forward(float* y, const float* x, int64_t N, const model::Params
   const ops::ComputeContext& cc = store_->compute();
   if (cc.bf16()) {
     const uint16_t* W16 = store_->acquire_bf16(id_, WeightUse::kForward, p);
-    const uint16_t* x16 = ops::bf16_operands(cc, {ops::Bf16Operand{x, N * in_}, {}, {}})[0];
+    const uint16_t* x16 = ops::bf16_operand(cc, x, N * in_);
     return ops::linear_forward_bf16(y, x16, W16, p.ptr(bias_view_), N, in_, out_);
   }
   const float* W = store_->acquire(id_, WeightUse::kForward, p);
@@ -232,7 +232,7 @@ bool IspLinear::forward_out16(uint16_t* y16, const float* x, int64_t N,
   const ops::ComputeContext& cc = store_->compute();
   if (!cc.bf16() || p.ptr(bias_view_) != nullptr) return false;  // the bias is added in fp32
   const uint16_t* W16 = store_->acquire_bf16(id_, WeightUse::kForward, p);
-  const uint16_t* x16 = ops::bf16_operands(cc, {ops::Bf16Operand{x, N * in_}, {}, {}})[0];
+  const uint16_t* x16 = ops::bf16_operand(cc, x, N * in_);
   ops::gemm_bf16_out16(false, true, N, out_, in_, x16, W16, y16);
   return true;
 }

@@ -163,6 +163,10 @@ std::array<const uint16_t*, 3> bf16_operands(const ComputeContext& cc,
   return out;
 }
 
+const uint16_t* bf16_operand(const ComputeContext& cc, const float* x, int64_t n) {
+  return bf16_operands(cc, {Bf16Operand{x, n}, {}, {}})[0];
+}
+
 void round_to_bf16(const float* x, int64_t n, uint16_t* out) {
   round_pair(x, n, out, nullptr, 0, nullptr);
 }

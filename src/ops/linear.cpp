@@ -117,7 +117,7 @@ void linear_pair_forward(const ComputeContext& cc, T* a, T* b, const T* x, const
   if constexpr (std::is_same_v<T, float>) {
     const auto w = pair_weights(cc, W1, W3, out * in);
     if (w[0] != nullptr && N > 0 && in > 0 && out > 0) {
-      const uint16_t* x16 = bf16_operands(cc, {Bf16Operand{x, N * in}, {}, {}})[0];
+      const uint16_t* x16 = bf16_operand(cc, x, N * in);
       linear_forward_bf16(a, x16, w[0], bias1, N, in, out);
       linear_forward_bf16(b, x16, w[1], bias3, N, in, out);
       return;
@@ -134,7 +134,7 @@ bool linear_pair_forward_out16(const ComputeContext& cc, uint16_t* a16, uint16_t
   if (bias1 != nullptr || bias3 != nullptr) return false;  // the bias is added in fp32
   const auto w = pair_weights(cc, W1, W3, out * in);
   if (w[0] == nullptr) return false;
-  const uint16_t* x16 = bf16_operands(cc, {Bf16Operand{x, N * in}, {}, {}})[0];
+  const uint16_t* x16 = bf16_operand(cc, x, N * in);
   gemm_bf16_out16(false, true, N, out, in, x16, w[0], a16);
   gemm_bf16_out16(false, true, N, out, in, x16, w[1], b16);
   return true;
@@ -144,7 +144,7 @@ bool linear_forward_out16(const ComputeContext& cc, uint16_t* y16, const float* 
                           int64_t N, int64_t in, int64_t out) {
   const uint16_t* w16 = cc.bf16() ? cc.weights().of(W, out * in) : nullptr;
   if (w16 == nullptr) return false;
-  const uint16_t* x16 = bf16_operands(cc, {Bf16Operand{x, N * in}, {}, {}})[0];
+  const uint16_t* x16 = bf16_operand(cc, x, N * in);
   gemm_bf16_out16(false, true, N, out, in, x16, w16, y16);
   return true;
 }

@@ -89,6 +89,8 @@ struct Bf16Operand {
 /// bf16_operands on this thread. nullptr for an absent operand.
 std::array<const uint16_t*, 3> bf16_operands(const ComputeContext& cc,
                                              std::array<Bf16Operand, 3> operands);
+/// bf16_operands of the one operand x[0..n).
+const uint16_t* bf16_operand(const ComputeContext& cc, const float* x, int64_t n);
 
 /// out[i] = the float value of the bf16 bits x[i] (exact: bf16 is the top half of an fp32);
 /// i < n. OpenMP threads. The inverse of round_to_bf16 on its outputs.
