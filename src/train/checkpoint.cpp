@@ -9,6 +9,7 @@
 #include <fstream>
 #include <regex>
 #include <set>
+#include <utility>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -243,15 +244,13 @@ HfTensors hf_named_tensors(const model::Params<float>& full, const std::string& 
   for (const auto& t : list) {
     // A tensor that lies in the view as it is is not copied (the save's peak holds the full
     // parameters and AdamW moments once, not twice).
-    if (const float* in_place = model::hf_in_place(t, layout, full.data())) {
-      out.tensors.push_back({prefix + t.name, t.shape, in_place});
-      continue;
+    NamedTensor named{prefix + t.name, t.shape, model::hf_in_place(t, layout, full.data())};
+    if (named.data == nullptr) {
+      out.storage.emplace_back(static_cast<size_t>(named.numel()));
+      model::gather_hf(t, layout, full.data(), out.storage.back().data());
+      named.data = out.storage.back().data();
     }
-    int64_t n = 1;
-    for (int64_t s : t.shape) n *= s;
-    out.storage.emplace_back(static_cast<size_t>(n));
-    model::gather_hf(t, layout, full.data(), out.storage.back().data());
-    out.tensors.push_back({prefix + t.name, t.shape, out.storage.back().data()});
+    out.tensors.push_back(std::move(named));
   }
   return out;
 }
