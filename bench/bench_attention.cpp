@@ -11,19 +11,25 @@
 // Also: fwd+bwd on one 16384-token document (the long-row case, fp32 and bf16); backward alone against forward alone (target: backward rate >= 0.9 × forward), the bf16
 // kernel where the CPU has AVX512-BF16 against the bf16 GEMM rate (oneDNN bf16 × bf16 → fp32 on
 // operands already in bf16) measured in the same run, and a sliding window on one long document.
+// Then the same targets as paired ratios (reference and kernel alternated in rounds, so the host's
+// drift between benchmarks does not enter the ratio; --paired_rounds=N, default 5, 0 skips them)
+// and the rate on rows of equal documents of 256, 1024 and 4096 tokens.
 //
 // Threads: OMP_NUM_THREADS if set (OpenMP and OpenBLAS alike), else all hardware threads.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <functional>
 #include <string>
 #include <limits>
 #include <map>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/safetensors.h"
@@ -82,6 +88,14 @@ double sum_squares(const std::vector<int32_t>& cu) {
   return s;
 }
 
+// The row of kTokens tokens cut into documents of `length` tokens.
+std::vector<int32_t> equal_cu_seqlens(int64_t length) {
+  std::vector<int32_t> cu = {0};
+  while (cu.back() < kTokens)
+    cu.push_back(static_cast<int32_t>(std::min<int64_t>(kTokens, cu.back() + length)));
+  return cu;
+}
+
 std::vector<float> random_floats(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -126,9 +140,14 @@ struct AttentionData {
   // The 8192-token row of exponential documents, or (one_document > 0) one document of that many
   // tokens.
   explicit AttentionData(int64_t head_dim, int64_t one_document = 0)
+      : AttentionData(head_dim,
+                      one_document > 0
+                          ? std::vector<int32_t>{0, static_cast<int32_t>(one_document)}
+                          : exponential_cu_seqlens(2024)) {}
+  // Any documents: cu_seqlens of the row.
+  AttentionData(int64_t head_dim, std::vector<int32_t> cu_seqlens)
       : d(head_dim),
-        cu(one_document > 0 ? std::vector<int32_t>{0, static_cast<int32_t>(one_document)}
-                            : exponential_cu_seqlens(2024)),
+        cu(std::move(cu_seqlens)),
         qkv(random_floats(cu.back() * (kHeads + 2 * kKvHeads) * head_dim, 3)),
         dqkv(qkv.size()), out(cu.back() * kHeads * head_dim), lse(kHeads * cu.back()),
         dout(random_floats(cu.back() * kHeads * head_dim, 4)) {
@@ -290,6 +309,121 @@ void BM_DenseCausalAttentionForwardBackward(benchmark::State& state) {
 
 }  // namespace
 
+// Paired ratios. This host's speed drifts by ±15% within minutes (it is shared), so the ratio of
+// two rates measured minutes apart above mostly measures the drift. Here each round times the
+// reference (a GEMM, or the forward) and then the kernel back to back, each for at least a
+// quarter of a second, and the summary takes the median of the rounds' ratios.
+struct PairedRatio {
+  double median, lo, hi;
+};
+
+// Wall seconds per call of `body`, called until `min_seconds` have passed (at least once).
+double seconds_per_call(const std::function<void()>& body, double min_seconds) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  int64_t calls = 0;
+  double elapsed = 0;
+  do {
+    body();
+    ++calls;
+    elapsed = std::chrono::duration<double>(clock::now() - t0).count();
+  } while (elapsed < min_seconds);
+  return elapsed / double(calls);
+}
+
+// (kernel FLOP/s) ÷ (reference FLOP/s) over `rounds` alternating rounds, after one warm-up call
+// of each (the kernels' workspaces grow on their first call).
+PairedRatio paired_ratio(const std::function<void()>& reference, double reference_flops,
+                         const std::function<void()>& kernel, double kernel_flops, int rounds) {
+  reference();
+  kernel();
+  std::vector<double> ratios;
+  for (int r = 0; r < rounds; ++r) {
+    const double t_ref = seconds_per_call(reference, 0.25);
+    const double t_kernel = seconds_per_call(kernel, 0.25);
+    ratios.push_back((kernel_flops / t_kernel) / (reference_flops / t_ref));
+  }
+  std::sort(ratios.begin(), ratios.end());
+  return {ratios[ratios.size() / 2], ratios.front(), ratios.back()};
+}
+
+// The 2048³ GEMMs of BM_Sgemm and BM_GemmBf16 as plain calls, for the paired rounds.
+struct GemmCalls {
+  static constexpr int64_t n = 2048;
+  std::vector<float> A = random_floats(n * n, 1), B = random_floats(n * n, 2), C{};
+  std::vector<uint16_t> Ab, Bb;
+  GemmCalls() {
+    C.resize(n * n);
+    for (size_t i = 0; i < A.size(); ++i)
+      Ab.push_back(longtron::safetensors::float_to_bf16(A[i])),
+          Bb.push_back(longtron::safetensors::float_to_bf16(B[i]));
+  }
+  double flops() const { return 2.0 * n * n * n; }
+  void sgemm() {
+    ops::gemm<float>(false, false, n, n, n, 1.0f, A.data(), B.data(), 0.0f, C.data());
+  }
+  void bf16() {
+    ops::gemm_bf16(false, false, n, n, n, 1.0f, Ab.data(), Bb.data(), 0.0f, C.data());
+  }
+};
+
+// fwd+bwd of `a` against the GEMM of its dtype, paired.
+PairedRatio paired_against_gemm(AttentionData& a, GemmCalls& g, int rounds) {
+  const bool half = a.cc.bf16();
+  return paired_ratio([&] { half ? g.bf16() : g.sgemm(); }, g.flops(),
+                      [&] { a.forward(), a.backward(); }, 3 * a.forward_flops(), rounds);
+}
+
+// One line of the paired summary; `floor` ≤ 0: no target.
+void print_paired(const char* what, const PairedRatio& r, double floor) {
+  std::printf("  %-46s %.2f  [%.2f, %.2f]", what, r.median, r.lo, r.hi);
+  if (floor > 0) std::printf("  (target >= %.2f)", floor);
+  std::printf("\n");
+}
+
+// The targets, each as a paired ratio: fwd+bwd against the same dtype's GEMM on the varlen row
+// and on one 16384-token document, and the backward against the forward on the row.
+void run_paired(int rounds) {
+  std::printf("\npaired rounds (reference and kernel alternated, %d rounds): median [min, max]\n",
+              rounds);
+  GemmCalls g;
+  const bool bf16 = ops::attention_bf16_native();
+  for (int d : {64, 128}) {
+    for (int64_t doc : {int64_t(0), kLongDocument}) {
+      for (bool half : {false, true}) {
+        if (half && !bf16) continue;
+        AttentionData a(d, doc);
+        if (half) a.cc.set_type(ops::ComputeType::kBFloat16);
+        char what[96];
+        std::snprintf(what, sizeof(what), "%s, head_dim %d: %s fwd+bwd / %s",
+                      doc > 0 ? "one 16384-token document" : "varlen row", d,
+                      half ? "bf16" : "fp32", half ? "bf16 GEMM" : "sgemm");
+        const double floor = half && d == 64 ? 0.65 : 0.75;
+        print_paired(what, paired_against_gemm(a, g, rounds), floor);
+        if (doc > 0) continue;
+        std::snprintf(what, sizeof(what), "varlen row, head_dim %d: %s backward / forward", d,
+                      half ? "bf16" : "fp32");
+        print_paired(what, paired_ratio([&] { a.forward(); }, a.forward_flops(),
+                                        [&] { a.backward(); }, 2 * a.forward_flops(), rounds),
+                     0.9);
+      }
+    }
+  }
+  // How the rate depends on the documents' length: each query block and key block costs the
+  // same packing and stores whatever the length, but meets fewer products in short documents.
+  for (int64_t length : {256, 1024, 4096}) {
+    for (bool half : {false, true}) {
+      if (half && !bf16) continue;
+      AttentionData a(128, equal_cu_seqlens(length));
+      if (half) a.cc.set_type(ops::ComputeType::kBFloat16);
+      char what[96];
+      std::snprintf(what, sizeof(what), "%ld-token documents, head_dim 128: %s fwd+bwd / GEMM",
+                    long(length), half ? "bf16" : "fp32");
+      print_paired(what, paired_against_gemm(a, g, rounds), 0);
+    }
+  }
+}
+
 BENCHMARK(BM_Sgemm)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_VarlenAttentionForward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_VarlenAttentionBackward)->Arg(64)->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -331,8 +465,25 @@ class SummaryReporter : public benchmark::ConsoleReporter {
   std::map<std::string, double> ms;
 };
 
+// Takes --paired_rounds=N (default 5; 0 skips the paired rounds) out of argv.
+int paired_rounds_flag(int& argc, char** argv) {
+  int rounds = 5;
+  const std::string flag = "--paired_rounds=";
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind(flag, 0) == 0)
+      rounds = std::max(0, std::atoi(arg.c_str() + flag.size()));
+    else
+      argv[kept++] = argv[i];
+  }
+  argc = kept;
+  return rounds;
+}
+
 int main(int argc, char** argv) {
   longtron::ensure_passive_omp_wait(argv);  // see ops/threads.h: spinning OpenMP workers starve the BLAS
+  const int paired_rounds = paired_rounds_flag(argc, argv);
   const char* env = std::getenv("OMP_NUM_THREADS");
   const int threads = longtron::set_num_threads(env != nullptr ? std::atoi(env) : 0);
   benchmark::Initialize(&argc, argv);
@@ -410,5 +561,6 @@ int main(int argc, char** argv) {
         w, reporter.ms[key], none_ms, reporter.ms[key] / none_ms,
         double(ops::visible_pairs(4096, w)) / double(ops::visible_pairs(4096)));
   }
+  if (paired_rounds > 0) run_paired(paired_rounds);
   return 0;
 }
