@@ -17,10 +17,13 @@
 // add_dq(BackwardBlock, accumulate); end(offset of the block's first key row in dk/dv, bj).
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <vector>
 
 #include "ops/attention_blocks.h"
 #include "ops/attention_dq_order.h"
@@ -226,28 +229,97 @@ void backward_item(Tile& w, DqOrder& order, uint8_t* dq_written, const Attention
   w.end(k0 * s.kv_stride + it.kv_head * s.head_dim, bj);
 }
 
-/// The parallel backward: the query tiles packed, the items claimed chain by chain in block
-/// order (ChainClaim, what DqOrder needs), then dq moved into the caller's layout. `c` is a
-/// BackwardCall (derived) whose dq_written has p.q_blocks · num_kv_heads entries.
+/// The query tiles of each chain (the query blocks of one (segment, kv head)) are packed just
+/// before the chain's first item and their dq moved out just after its last, so that the chain's
+/// products and that move find them in cache. Packed for the whole call up front (and moved out
+/// after it), the tiles of a long row, several bytes per query element and far more than the
+/// caches hold, came back from memory (docs/benchmarks.md). Shared by the threads of the region:
+/// a thread that joins a chain another is still packing waits for it.
+class ChainTiles {
+ public:
+  ChainTiles(const AttnPlan& p, int64_t num_kv_heads)
+      : p_(p),
+        heads_(num_kv_heads),
+        items_(p.segments.size() * size_t(num_kv_heads)),
+        state_(new std::atomic<int>[items_.size()]),
+        left_(new std::atomic<int64_t>[items_.size()]) {
+    for (const AttnItem& it : p.items) ++items_[key(it.seg, it.kv_head)];
+    for (size_t i = 0; i < items_.size(); ++i) {
+      state_[i].store(kUnpacked, std::memory_order_relaxed);
+      left_[i].store(items_[i], std::memory_order_relaxed);
+    }
+  }
+  /// Before item `it`: makes sure its chain is packed, pack(q_side index) for each query block
+  /// by the first thread to get here. The q_side index is the tile index (DqOrder::tile).
+  template <typename Pack>
+  void before(const AttnItem& it, Pack&& pack) {
+    std::atomic<int>& state = state_[key(it.seg, it.kv_head)];
+    int seen = state.load(std::memory_order_acquire);
+    if (seen == kPacked) return;
+    if (seen == kUnpacked &&
+        state.compare_exchange_strong(seen, kPacking, std::memory_order_acquire)) {
+      for_each_tile(it, pack);
+      state.store(kPacked, std::memory_order_release);
+      state.notify_all();
+      return;
+    }
+    for (seen = state.load(std::memory_order_acquire); seen != kPacked;
+         seen = state.load(std::memory_order_acquire))
+      state.wait(seen, std::memory_order_acquire);
+  }
+  /// After item `it`: the thread that finishes its chain's last item moves the chain's tiles
+  /// out, move(q_side index) (acquire: it sees every dQ add of the chain).
+  template <typename Move>
+  void after(const AttnItem& it, Move&& move) {
+    if (left_[key(it.seg, it.kv_head)].fetch_sub(1, std::memory_order_acq_rel) == 1)
+      for_each_tile(it, move);
+  }
+  /// Whether query tile `q` (a q_side entry) belongs to a chain with items; the tiles of the
+  /// others (queries that see no key) are left to the caller.
+  bool moved(const AttnItem& q) const { return items_[key(q.seg, q.kv_head)] > 0; }
+
+ private:
+  static constexpr int kUnpacked = 0, kPacking = 1, kPacked = 2;
+  size_t key(int64_t seg, int64_t kv_head) const { return size_t(seg * heads_ + kv_head); }
+  template <typename F>
+  void for_each_tile(const AttnItem& it, F& f) const {
+    const AttnSegment& g = p_.segments[static_cast<size_t>(it.seg)];
+    for (int64_t b = 0; b < g.q_blocks(); ++b) f((g.q_block0 + b) * heads_ + it.kv_head);
+  }
+  const AttnPlan& p_;
+  int64_t heads_;
+  std::vector<int64_t> items_;  // per chain: its number of items
+  std::unique_ptr<std::atomic<int>[]> state_;
+  std::unique_ptr<std::atomic<int64_t>[]> left_;
+};
+
+/// The parallel backward: the items claimed chain by chain in block order (ChainClaim, what
+/// DqOrder needs), each chain's query tiles packed before its first item and its dq moved into
+/// the caller's layout after its last (ChainTiles). `c` is a BackwardCall (derived) whose
+/// dq_written has p.q_blocks · num_kv_heads entries.
 template <typename Tile, typename C, typename T>
 void run_backward(C& c, T* dq, bool add_dq) {
   const AttnPlan& p = c.p;
   std::fill_n(c.dq_written, p.q_blocks * c.s.num_kv_heads, uint8_t(0));
   DqOrder order(p, c.s.num_kv_heads);
   ChainClaim items(p);  // chains in block order, largest first
+  ChainTiles chains(p, c.s.num_kv_heads);
+  const Move out = add_dq ? Move::kAdd : Move::kStore;
+  const auto pack = [&](int64_t q) { move_query_block(c, dq, p.q_side[q], Move::kPack); };
+  const auto move_out = [&](int64_t q) { move_query_block(c, dq, p.q_side[q], out); };
   const int64_t n_queries = static_cast<int64_t>(p.q_side.size());
 #pragma omp parallel
   {
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < n_queries; ++i) move_query_block(c, dq, p.q_side[i], Move::kPack);
     Tile w(c);
     int64_t chain = -1;
-    for (int64_t i = items.claim(chain); i >= 0; i = items.claim(chain))
+    for (int64_t i = items.claim(chain); i >= 0; i = items.claim(chain)) {
+      chains.before(p.items[i], pack);
       backward_item(w, order, c.dq_written, c.s, p, c.tile_rows, p.items[i]);
-#pragma omp barrier
+      chains.after(p.items[i], move_out);
+    }
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n_queries; ++i)
-      move_query_block(c, dq, p.q_side[i], add_dq ? Move::kAdd : Move::kStore);
+      if (!chains.moved(p.q_side[i])) move_out(i);
   }
 }
 
