@@ -39,8 +39,8 @@ constexpr int64_t kKeyBlock = detail::kAttnBackwardKeyBlock;
 // The call. Query-side rows are packed once per call in tile order (BackwardCall): every key
 // block of the segment reads the same tile, so packing once (instead of per key block) removes
 // the copies from the inner loop; dq is accumulated in the same layout and moved into the
-// caller's (possibly strided) dq at the end, which also makes it overwrite rather than add
-// (varlen_attention_backward_add_dq adds it there instead).
+// caller's (possibly strided) dq after the segment's last key block (ChainTiles), which also
+// makes it overwrite rather than add (varlen_attention_backward_add_dq adds it there instead).
 template <typename T>
 struct Call : detail::BackwardCall<T, T> {
   T *dk, *dv;

@@ -149,9 +149,10 @@ struct BackwardBlock {
 };
 
 /// The call-level state every backward shares: the caller's dq (element type T) and the
-/// query-side tiles packed once per call in tile order (tile (query block b, kv head g) at index
-/// b·Hkv + g, its rows at tile · tile_rows, row h·bi + r for query head g·G + h at token q0 + r):
-/// the accumulated dq [rows, d] (element type A) and per tile whether a key block has written it.
+/// query-side tiles, each packed once per call (ChainTiles), in tile order (tile (query block
+/// b, kv head g) at index b·Hkv + g, its rows at tile · tile_rows, row h·bi + r for query head
+/// g·G + h at token q0 + r): the accumulated dq [rows, d] (element type A) and per tile whether
+/// a key block has written it.
 template <typename T, typename A>
 struct BackwardCall {
   const AttentionShape& s;
