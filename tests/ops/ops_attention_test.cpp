@@ -545,6 +545,48 @@ TEST_F(Attention, BackwardAddDqAddsWhatBackwardWrites) {
   }
 }
 
+// The overwriting backward writes every element of dq it owns, also where a segment has queries
+// and no key at all (no key block: no work item writes its tiles) or where its queries see none
+// of its keys: dq filled with NaN beforehand comes out as with zeros, and 0 there.
+template <typename T>
+void expect_dq_overwritten(const Case& c, bool bf16) {
+  const ops::ComputeContext cc(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
+  const Inputs<double> ind = make_inputs(c, 61);
+  const Inputs<T> in{{ind.q.begin(), ind.q.end()}, {ind.k.begin(), ind.k.end()},
+                     {ind.v.begin(), ind.v.end()}};
+  const Vec doutd = random_vector(c.tokens() * c.heads * c.d, 62);
+  const std::vector<T> dout(doutd.begin(), doutd.end());
+  std::vector<T> out, lse;
+  forward(out, lse, in, c, cc);
+  std::vector<std::vector<T>> dq;
+  for (const T fill : {T(0), std::numeric_limits<T>::quiet_NaN()}) {
+    Inputs<T> g{std::vector<T>(c.q_size(), fill), std::vector<T>(c.k_size()),
+                std::vector<T>(c.v_size())};
+    ops::varlen_attention_backward<T>(cc, g.qp(), g.kp(c), g.vp(c), dout.data(), in.qp(),
+                                      in.kp(c), in.vp(c), out.data(), lse.data(), c.shape());
+    dq.push_back(g.q);
+  }
+  const int64_t w = c.heads * c.d;
+  for (int64_t n = 0; n < c.tokens(); ++n)
+    for (int64_t x = 0; x < w; ++x) {
+      const size_t i = static_cast<size_t>(n * c.q_stride() + x);
+      const auto bits = [](T v) { return std::bit_cast<uint64_t>(double(v)); };
+      ASSERT_EQ(bits(dq[1][i]), bits(dq[0][i])) << n << " " << x;
+      if (n < c.cu_seqlens[2]) ASSERT_EQ(dq[1][i], T(0)) << n << " " << x;
+    }
+}
+
+TEST_F(Attention, BackwardOverwritesTheDqOfQueriesWithoutKeys) {
+  // Segment 0: 5 queries and no key; segment 1: 3 queries that see none of their 10 keys
+  // (offset −3); segment 2: 70 queries that see keys.
+  Case c{{0, 5, 8, 78}, 4, 2, 8, false, {0, 0, 10, 100}};
+  c.key_offsets = {0, -3, 20};
+  const longtron::testing::Bf16Here bf16;
+  expect_dq_overwritten<double>(c, false);
+  expect_dq_overwritten<float>(c, false);
+  if (bf16.runs()) expect_dq_overwritten<float>(c, true);
+}
+
 // The pair count the FLOP and cost models use, against counting the mask pair by pair.
 TEST(AttentionPairs, VisiblePairsCountsTheMask) {
   for (int64_t len : {0, 1, 2, 7, 64, 100}) {
