@@ -446,20 +446,32 @@ TEST_F(Attention, WindowLongerThanEveryDocumentIsExact) {
   expect_long_window_is_exact<float>({{0, 30, 90}, 4, 1, 8, false, {0, 70, 200}});
 }
 
+// The inputs of a backward check: q, k, v from make_inputs(c, seed) and dO from seed + 1, in T,
+// and the forward's out and lse under the compute type (bf16 or fp32).
+template <typename T>
+struct BackwardCase {
+  ops::ComputeContext cc;
+  Inputs<T> in;
+  std::vector<T> dout, out, lse;
+  BackwardCase(const Case& c, bool bf16, uint32_t seed)
+      : cc(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32) {
+    const Inputs<double> ind = make_inputs(c, seed);
+    in = {{ind.q.begin(), ind.q.end()}, {ind.k.begin(), ind.k.end()},
+          {ind.v.begin(), ind.v.end()}};
+    const Vec doutd = random_vector(c.tokens() * c.heads * c.d, seed + 1);
+    dout.assign(doutd.begin(), doutd.end());
+    forward(out, lse, in, c, cc);
+  }
+};
+
 // The backward adds the dQ tiles of the key blocks in key-block order whatever thread runs which
 // block, so its results are bitwise the same for 1 to 4 threads and from one run to the next
 // (with adds in arrival order, two runs with 2 threads differed in the last bits).
 template <typename T>
 void expect_backward_independent_of_threads(const Case& c, bool bf16) {
-  const Inputs<double> ind = make_inputs(c, 71);
-  const Inputs<T> in{{ind.q.begin(), ind.q.end()}, {ind.k.begin(), ind.k.end()},
-                     {ind.v.begin(), ind.v.end()}};
-  const Vec doutd = random_vector(c.tokens() * c.heads * c.d, 72);
-  const std::vector<T> dout(doutd.begin(), doutd.end());
-  const ops::ComputeContext cc(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
   longtron::set_num_threads(1);
-  std::vector<T> out, lse;
-  forward(out, lse, in, c, cc);
+  const BackwardCase<T> b(c, bf16, 71);
+  const auto& [cc, in, dout, out, lse] = b;
   auto run = [&] {
     Inputs<T> g{std::vector<T>(c.q_size()), std::vector<T>(c.k_size()), std::vector<T>(c.v_size())};
     ops::varlen_attention_backward<T>(cc, g.qp(), g.kp(c), g.vp(c), dout.data(), in.qp(), in.kp(c),
@@ -496,14 +508,8 @@ TEST_F(Attention, BackwardIsBitwiseTheSameForAnyThreadCount) {
 // columns and k/v's columns of a strided q untouched, dk and dv the same; float, double, bf16.
 template <typename T>
 void expect_add_dq_adds(const Case& c, bool bf16) {
-  const ops::ComputeContext cc(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
-  const Inputs<double> ind = make_inputs(c, 51);
-  const Inputs<T> in{{ind.q.begin(), ind.q.end()}, {ind.k.begin(), ind.k.end()},
-                     {ind.v.begin(), ind.v.end()}};
-  const Vec doutd = random_vector(c.tokens() * c.heads * c.d, 52);
-  const std::vector<T> dout(doutd.begin(), doutd.end());
-  std::vector<T> out, lse;
-  forward(out, lse, in, c, cc);
+  const BackwardCase<T> b(c, bf16, 51);
+  const auto& [cc, in, dout, out, lse] = b;
   const Vec initd = random_vector(c.q_size(), 53);
   Inputs<T> over{std::vector<T>(c.q_size()), std::vector<T>(c.k_size()),
                  std::vector<T>(c.v_size())};
@@ -550,14 +556,8 @@ TEST_F(Attention, BackwardAddDqAddsWhatBackwardWrites) {
 // of its keys: dq filled with NaN beforehand comes out as with zeros, and 0 there.
 template <typename T>
 void expect_dq_overwritten(const Case& c, bool bf16) {
-  const ops::ComputeContext cc(bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32);
-  const Inputs<double> ind = make_inputs(c, 61);
-  const Inputs<T> in{{ind.q.begin(), ind.q.end()}, {ind.k.begin(), ind.k.end()},
-                     {ind.v.begin(), ind.v.end()}};
-  const Vec doutd = random_vector(c.tokens() * c.heads * c.d, 62);
-  const std::vector<T> dout(doutd.begin(), doutd.end());
-  std::vector<T> out, lse;
-  forward(out, lse, in, c, cc);
+  const BackwardCase<T> b(c, bf16, 61);
+  const auto& [cc, in, dout, out, lse] = b;
   std::vector<std::vector<T>> dq;
   for (const T fill : {T(0), std::numeric_limits<T>::quiet_NaN()}) {
     Inputs<T> g{std::vector<T>(c.q_size(), fill), std::vector<T>(c.k_size()),
