@@ -474,44 +474,44 @@ bool amx_available() {
 
 }  // namespace native
 
+namespace {
+
+// Calls the native compilation's entry point where this CPU has AVX512-BF16, else the emulated
+// one's (both declared in attention_bf16.h with the same signature).
+template <typename... P, typename... A>
+void on_this_cpu(void (*native_f)(P...), void (*emulated_f)(P...), A... args) {
+  (attention_bf16_native() ? native_f : emulated_f)(args...);
+}
+
+}  // namespace
+
 void varlen_attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
                                    const float* v, const AttentionShape& s) {
-  if (attention_bf16_native()) {
-    native::varlen_attention_forward_bf16(out, lse, q, k, v, s);
-  } else {
-    emulated::varlen_attention_forward_bf16(out, lse, q, k, v, s);
-  }
+  on_this_cpu(native::varlen_attention_forward_bf16, emulated::varlen_attention_forward_bf16, out,
+              lse, q, k, v, s);
 }
 
 void varlen_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
                                     const float* q, const float* k, const float* v,
                                     const float* out, const float* lse, const AttentionShape& s,
                                     bool add_dq) {
-  if (attention_bf16_native()) {
-    native::varlen_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s, add_dq);
-  } else {
-    emulated::varlen_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s, add_dq);
-  }
+  on_this_cpu(native::varlen_attention_backward_bf16, emulated::varlen_attention_backward_bf16,
+              dq, dk, dv, dout, q, k, v, out, lse, s, add_dq);
 }
 
 void varlen_attention_forward_bf16_out16(uint16_t* out16, float* lse, const float* q,
                                          const float* k, const float* v, const AttentionShape& s) {
-  if (attention_bf16_native()) {
-    native::varlen_attention_forward_bf16_out16(out16, lse, q, k, v, s);
-  } else {
-    emulated::varlen_attention_forward_bf16_out16(out16, lse, q, k, v, s);
-  }
+  on_this_cpu(native::varlen_attention_forward_bf16_out16,
+              emulated::varlen_attention_forward_bf16_out16, out16, lse, q, k, v, s);
 }
 
 void varlen_attention_backward_bf16_out16(float* dq, float* dk, float* dv, const float* dout,
                                           const float* q, const float* k, const float* v,
                                           const uint16_t* out16, const float* lse,
                                           const AttentionShape& s) {
-  if (attention_bf16_native()) {
-    native::varlen_attention_backward_bf16_out16(dq, dk, dv, dout, q, k, v, out16, lse, s);
-  } else {
-    emulated::varlen_attention_backward_bf16_out16(dq, dk, dv, dout, q, k, v, out16, lse, s);
-  }
+  on_this_cpu(native::varlen_attention_backward_bf16_out16,
+              emulated::varlen_attention_backward_bf16_out16, dq, dk, dv, dout, q, k, v, out16,
+              lse, s);
 }
 
 }  // namespace longtron::ops::detail
