@@ -33,10 +33,10 @@
 #include <vector>
 
 #include "core/safetensors.h"
-#include "ops/threads.h"
 #include "ops/compute_context.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
+#include "ops/threads.h"
 
 namespace ops = longtron::ops;
 

@@ -15,9 +15,9 @@
 #include <random>
 #include <string>
 
-#include "data/loader.h"
 #include "data/open.h"
 #include "length_dataset.h"
+#include "packing/loader.h"
 
 using namespace longtron::data;
 using longtron::bench::exponential;

@@ -14,11 +14,11 @@
 #include <random>
 #include <string>
 
-#include "data/context_split.h"
-#include "data/loader.h"
 #include "data/open.h"
 #include "length_dataset.h"
-#include "data/sequence_split.h"
+#include "packing/context_split.h"
+#include "packing/loader.h"
+#include "packing/sequence_split.h"
 
 using namespace longtron::data;
 using longtron::bench::exponential;

@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "core/safetensors.h"
-#include "ops/threads.h"
-#include "ops/ops.h"
 #include "ops/compute_context.h"
+#include "ops/ops.h"
+#include "ops/threads.h"
 
 using namespace longtron;
 

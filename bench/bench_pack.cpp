@@ -12,8 +12,8 @@
 
 #include "data/megatron.h"
 #include "data/memory_source.h"
-#include "data/pack.h"
-#include "data/sampler.h"
+#include "packing/pack.h"
+#include "packing/sampler.h"
 
 namespace fs = std::filesystem;
 using namespace longtron::data;

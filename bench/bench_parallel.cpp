@@ -28,13 +28,13 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "data/loader.h"
 #include "data/memory_source.h"
-#include "model/internlm2.h"
+#include "model/decoder.h"
 #include "modes/engine.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
 #include "ops/threads.h"
+#include "packing/loader.h"
 #include "parallel/layout.h"
 #include "train/optimizer.h"
 #include "train/step.h"

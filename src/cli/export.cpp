@@ -16,9 +16,9 @@
 #include "cli/registry.h"
 #include "core/error.h"
 #include "core/safetensors.h"
-#include "data/tokenizer.h"
 #include "model/hf_config.h"
 #include "ops/precision.h"
+#include "text/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/model_io.h"
 #include "train/peft.h"
@@ -174,7 +174,7 @@ int run_export(const ExportOptions& o) {
     copied = train::copy_tokenizer_files(m.dir, tmp);
     if (copied.empty() && !m.lora_base.empty()) copied = train::copy_tokenizer_files(m.lora_base, tmp);
     if (!m.tokenizer.empty())
-      for (const fs::path& file : data::tokenizer_file_set(m.tokenizer))
+      for (const fs::path& file : text::tokenizer_file_set(m.tokenizer))
         if (!fs::exists(tmp / file.filename())) {
           fs::copy_file(file, tmp / file.filename());
           copied.push_back(file.filename().string());

@@ -1,6 +1,6 @@
 // `longtron generate`: text from a checkpoint and a prompt (README, "Commands"). Greedy by default;
 // with --temperature > 0, nucleus (top-p) sampling (Holtzman et al. 2020) from a seeded generator.
-// The tokenizer is the checkpoint's tokenizer.model or tokenizer.json (data/tokenizer.h);
+// The tokenizer is the checkpoint's tokenizer.model or tokenizer.json (text/tokenizer.h);
 // --prompt-ids takes and prints token ids instead of text.
 #include <fmt/core.h>
 #include <fmt/format.h>
@@ -20,9 +20,9 @@
 #include "cli/registry.h"
 #include "core/error.h"
 #include "core/json_read.h"
-#include "data/chat_template.h"
-#include "data/tokenizer.h"
 #include "ops/threads.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 #include "train/model_io.h"
 
 namespace longtron::cli {
@@ -146,9 +146,9 @@ int run_generate(const GenerateOptions& o) {
   check(!m.tokenizer.empty(),
         "generate: no tokenizer.json or tokenizer.model in {} or next to its training data "
         "(--prompt-ids takes and prints token ids without one)", m.dir.string());
-  const data::Tokenizer tok = [&] {
+  const text::Tokenizer tok = [&] {
     try {
-      return data::Tokenizer::load(m.tokenizer);
+      return text::Tokenizer::load(m.tokenizer);
     } catch (const Error& e) {
       fail("generate: {} (--prompt-ids takes and prints token ids without a tokenizer)", e.what());
     }
@@ -157,11 +157,11 @@ int run_generate(const GenerateOptions& o) {
   std::vector<int32_t> stop = {tok.eos_id()};
   if (o.chat) {  // the template's reply prompt; the answer ends at its end-of-turn token
     check(!o.chat_template.empty(), "generate: --chat needs --chat-template NAME|FILE");
-    const auto chat = data::load_chat_template(o.chat_template);
-    const data::ChatEncoder encoder(chat, tok);
-    data::Conversation c;
-    if (!o.system.empty()) c.push_back({data::ChatMessage::Role::kSystem, o.system});
-    c.push_back({data::ChatMessage::Role::kUser, o.prompt});
+    const auto chat = text::load_chat_template(o.chat_template);
+    const text::ChatEncoder encoder(chat, tok);
+    text::Conversation c;
+    if (!o.system.empty()) c.push_back({text::ChatMessage::Role::kSystem, o.system});
+    c.push_back({text::ChatMessage::Role::kUser, o.prompt});
     ids = encoder.encode_prompt(c);
     stop = {encoder.end_of_turn_id()};
     if (chat.jinja) {  // a model's own template: also its eos_token and config.json's eos_token_id

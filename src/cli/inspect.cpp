@@ -7,10 +7,10 @@
 
 #include "cli/registry.h"
 #include "core/error.h"
-#include "data/inspect.h"
 #include "data/open.h"
-#include "data/sequence_split.h"
-#include "model/internlm2.h"
+#include "model/decoder.h"
+#include "packing/inspect.h"
+#include "packing/sequence_split.h"
 #include "train/config.h"
 #include "train/data_progress.h"
 

@@ -18,16 +18,17 @@
 #include "core/io_error.h"
 #include "core/plural.h"
 #include "core/progress.h"
-#include "ops/threads.h"
-#include "data/chat_template.h"
+#include "data/chat_documents.h"
 #include "data/internevo.h"
 #include "data/megatron.h"
 #include "data/open.h"
 #include "data/pretokenized.h"
 #include "data/raw_text.h"
-#include "data/shuffle.h"
-#include "data/tokenizer.h"
 #include "data/validate.h"
+#include "ops/threads.h"
+#include "packing/shuffle.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace longtron::cli {
 namespace {
@@ -56,7 +57,7 @@ double seconds_since(Clock::time_point start) {
 }
 
 // Encodes in chunks so the progress line moves; each chunk is encoded in parallel.
-std::vector<std::vector<int32_t>> encode_with_progress(const data::Tokenizer& tokenizer,
+std::vector<std::vector<int32_t>> encode_with_progress(const text::Tokenizer& tokenizer,
                                                        const std::vector<std::string>& documents,
                                                        bool bos_eos, int threads) {
   int64_t total_bytes = 0;
@@ -123,13 +124,13 @@ int64_t write_split(const fs::path& folder, const std::vector<std::vector<int32_
   return tokens;
 }
 
-data::Tokenizer get_tokenizer(const PrepareOptions& options, const std::vector<std::string>& documents,
-                              const data::ChatTemplate* chat = nullptr) {
-  if (!options.train_tokenizer) return data::Tokenizer::load(options.tokenizer);
+text::Tokenizer get_tokenizer(const PrepareOptions& options, const std::vector<std::string>& documents,
+                              const text::ChatTemplate* chat = nullptr) {
+  if (!options.train_tokenizer) return text::Tokenizer::load(options.tokenizer);
   const auto start = Clock::now();
   fmt::print(stderr, "prepare: training a BPE tokenizer (vocab_size {}) on {} documents\n",
              options.vocab_size, documents.size());
-  data::TokenizerTraining training;
+  text::TokenizerTraining training;
   training.vocab_size = options.vocab_size;
   training.threads = options.threads;
   if (chat) {  // the template's special tokens become single pieces; "\n" stays a newline
@@ -144,7 +145,7 @@ data::Tokenizer get_tokenizer(const PrepareOptions& options, const std::vector<s
     }
     training.keep_whitespace = true;
   }
-  auto tokenizer = data::train_bpe_tokenizer(documents, training);
+  auto tokenizer = text::train_bpe_tokenizer(documents, training);
   fmt::print(stderr, "prepare: tokenizer trained in {:.1f} s\n", seconds_since(start));
   return tokenizer;
 }
@@ -179,13 +180,13 @@ void check_options(const PrepareOptions& options) {
 // --chat: conversations of the .jsonl inputs through the template; no-loss tokens stored negative.
 std::vector<std::vector<int32_t>> encode_chat(const PrepareOptions& options,
                                               const std::vector<fs::path>& inputs,
-                                              const data::ChatTemplate& chat,
-                                              std::optional<data::Tokenizer>& tokenizer) {
-  std::vector<data::NamedConversation> conversations;
+                                              const text::ChatTemplate& chat,
+                                              std::optional<text::Tokenizer>& tokenizer) {
+  std::vector<text::NamedConversation> conversations;
   for (const auto& file : data::list_text_files(inputs)) {
     check(file.extension() == ".jsonl", "prepare --chat: {} is not a .jsonl of conversations",
           file.string());
-    auto more = data::read_conversations(file);
+    auto more = text::read_conversations(file);
     std::move(more.begin(), more.end(), std::back_inserter(conversations));
   }
   check(!conversations.empty(), "prepare: no conversations in {}", fmt::join(options.inputs, ", "));
@@ -194,9 +195,9 @@ std::vector<std::vector<int32_t>> encode_chat(const PrepareOptions& options,
              count_of(static_cast<int64_t>(inputs.size()), "input"), chat.name);
   std::vector<std::string> texts;  // tokenizer training corpus: the rendered conversations
   if (options.train_tokenizer)
-    for (const auto& c : conversations) texts.push_back(data::chat_text(chat, c.messages));
+    for (const auto& c : conversations) texts.push_back(text::chat_text(chat, c.messages));
   tokenizer.emplace(get_tokenizer(options, texts, &chat));
-  const data::ChatEncoder encoder(chat, *tokenizer);
+  const text::ChatEncoder encoder(chat, *tokenizer);
   std::vector<std::vector<int32_t>> encoded(conversations.size());
   std::string error;
   bool out_of_memory = false;
@@ -251,12 +252,12 @@ int run_prepare(const PrepareOptions& given) {
   const auto start = Clock::now();
   const int threads = set_num_threads(options.threads);
   std::vector<fs::path> inputs(options.inputs.begin(), options.inputs.end());
-  std::optional<data::Tokenizer> tokenizer;
+  std::optional<text::Tokenizer> tokenizer;
   std::vector<std::vector<int32_t>> encoded;
-  std::optional<data::ChatTemplate> chat;
+  std::optional<text::ChatTemplate> chat;
   const auto encode_start = Clock::now();
   if (options.chat) {
-    chat = data::load_chat_template(options.chat_template);
+    chat = text::load_chat_template(options.chat_template);
     encoded = encode_chat(options, inputs, *chat, tokenizer);
   } else {
     const auto documents = data::read_text_inputs(inputs, options.text_field);

@@ -9,8 +9,8 @@
 
 #include "cli/registry.h"
 #include "core/error.h"
-#include "data/chat_jinja.h"
-#include "data/chat_template.h"
+#include "text/chat_jinja.h"
+#include "text/chat_template.h"
 
 namespace longtron::cli {
 namespace {
@@ -22,16 +22,16 @@ struct RenderChatOptions {
 };
 
 int run_render_chat(const RenderChatOptions& o) {
-  const auto chat = data::load_chat_template(o.chat_template);
-  const auto conversations = data::read_conversations(o.input);
+  const auto chat = text::load_chat_template(o.chat_template);
+  const auto conversations = text::read_conversations(o.input);
   int refused = 0;
   for (const auto& c : conversations) {
     std::string text;
     try {
       if (chat.jinja) {
-        text = data::render_jinja_chat(chat, c.messages, o.add_generation_prompt, c.where);
+        text = text::render_jinja_chat(chat, c.messages, o.add_generation_prompt, c.where);
       } else {
-        for (const auto& segment : data::chat_segments(chat, c.messages, o.add_generation_prompt, c.where))
+        for (const auto& segment : text::chat_segments(chat, c.messages, o.add_generation_prompt, c.where))
           text += segment.text;
       }
     } catch (const Error& e) {

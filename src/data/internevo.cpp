@@ -12,8 +12,8 @@
 #include <string>
 
 #include "core/error.h"
-#include "core/json_read.h"
 #include "core/io_error.h"
+#include "core/json_read.h"
 #include "data/mapped_file.h"
 #include "data/npy.h"
 

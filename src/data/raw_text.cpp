@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "core/json_read.h"
-#include "data/unicode_text.h"
+#include "core/utf8.h"
 
 namespace longtron::data {
 

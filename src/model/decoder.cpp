@@ -1,5 +1,5 @@
-// InternLM2 forward and backward over the ops of model/layers.h (docs/model.md; structure after llm.c).
-#include "model/internlm2.h"
+// The decoder's forward and backward over the ops of model/layers.h (docs/model.md; structure after llm.c).
+#include "model/decoder.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,9 +7,9 @@
 
 #include "core/error.h"
 #include "model/saved.h"
-#include "ops/ops.h"
 #include "ops/compute_context.h"
 #include "ops/for_blocks.h"
+#include "ops/ops.h"
 #include "ops/threads.h"
 
 namespace longtron::model {
@@ -71,11 +71,11 @@ void check_batch(const data::MicroBatch& b, int64_t sp) {
 }  // namespace
 
 template <typename T>
-InternLM2<T>::InternLM2(const ParamTable& layout, const Params<T>& params)
-    : InternLM2(layout, params, make_dense_ops<T>(layout)) {}
+Decoder<T>::Decoder(const ParamTable& layout, const Params<T>& params)
+    : Decoder(layout, params, make_dense_ops<T>(layout)) {}
 
 template <typename T>
-InternLM2<T>::InternLM2(const ParamTable& layout, const Params<T>& params, ModelOps<T> ops)
+Decoder<T>::Decoder(const ParamTable& layout, const Params<T>& params, ModelOps<T> ops)
     : layout_(layout), params_(params), ops_(std::move(ops)),
       checkpoint_(layout.config().checkpoint) {
   check(static_cast<int64_t>(ops_.blocks.size()) == layout.config().num_layers,
@@ -89,17 +89,17 @@ InternLM2<T>::InternLM2(const ParamTable& layout, const Params<T>& params, Model
 }
 
 template <typename T>
-void InternLM2<T>::set_checkpoint(bool on) {
+void Decoder<T>::set_checkpoint(bool on) {
   checkpoint_ = on;
 }
 
 template <typename T>
-bool InternLM2<T>::bf16_mode() const {
+bool Decoder<T>::bf16_mode() const {
   return std::is_same_v<T, float> && ops_.compute->bf16();
 }
 
 template <typename T>
-WorkspaceShape InternLM2<T>::workspace_shape(int64_t N, bool want_all, bool bf16) const {
+WorkspaceShape Decoder<T>::workspace_shape(int64_t N, bool want_all, bool bf16) const {
   const AttentionOp<T>& att = *ops_.blocks.front().attention;
   // R: rows of the residual stream (N, or this rank's share under sequence parallel).
   const int64_t R = (N + ops_.residual_split - 1) / ops_.residual_split;
@@ -109,7 +109,7 @@ WorkspaceShape InternLM2<T>::workspace_shape(int64_t N, bool want_all, bool bf16
 }
 
 template <typename T>
-void InternLM2<T>::reserve(int64_t N, bool want_all, bool bf16) {
+void Decoder<T>::reserve(int64_t N, bool want_all, bool bf16) {
   if (N <= capacity_ && want_all == saved_all_ && bf16 == bf16_) return;
   ck_ = Chunked{};  // the chunked path's buffers (model.checkpoint switched off, generation)
   // Grow geometrically so generation (one token longer per call) reallocates O(log n) times.
@@ -139,7 +139,7 @@ void InternLM2<T>::reserve(int64_t N, bool want_all, bool bf16) {
 }
 
 template <typename T>
-void InternLM2<T>::bind(const WorkspaceBuffer& b, T* at, uint16_t* at16, int64_t N) {
+void Decoder<T>::bind(const WorkspaceBuffer& b, T* at, uint16_t* at16, int64_t N) {
   using S = WorkspaceSlot;
   BlockActs& a = acts_[b.slot >= S::kQkvSaved && b.slot <= S::kB16 ? size_t(b.index) : 0];
   Scratch& s = s_;
@@ -182,7 +182,7 @@ void InternLM2<T>::bind(const WorkspaceBuffer& b, T* at, uint16_t* at16, int64_t
 }
 
 template <typename T>
-void InternLM2<T>::bind_pool(T* base, int64_t N) {
+void Decoder<T>::bind_pool(T* base, int64_t N) {
   const int64_t R = (N + ops_.residual_split - 1) / ops_.residual_split;
   const int64_t sq = ops_.blocks.front().attention->saved_qkv_size(N);
   const PoolSizes<int64_t> z = pool_sizes<int64_t>(R, N, H_, Q_, F_, A_, sq);
@@ -209,7 +209,7 @@ void InternLM2<T>::bind_pool(T* base, int64_t N) {
 }
 
 template <typename T>
-void InternLM2<T>::chunk_reserve(int64_t N, bool train) {
+void Decoder<T>::chunk_reserve(int64_t N, bool train) {
   const bool bf16 = bf16_mode();
   // A forward-only call reuses a training layout (its block input slot 0); N is a capacity.
   if (ck_.N >= N && (ck_.train || !train) && ck_.bf16 == bf16 && ck_.N > 0) return;
@@ -248,7 +248,7 @@ void InternLM2<T>::chunk_reserve(int64_t N, bool train) {
 }
 
 template <typename T>
-std::vector<std::pair<WorkspaceSlot, int64_t>> InternLM2<T>::chunk_buffers() const {
+std::vector<std::pair<WorkspaceSlot, int64_t>> Decoder<T>::chunk_buffers() const {
   using S = WorkspaceSlot;
   std::vector<std::pair<WorkspaceSlot, int64_t>> r;
   const auto add = [&](S slot, const auto& v) {
@@ -262,7 +262,7 @@ std::vector<std::pair<WorkspaceSlot, int64_t>> InternLM2<T>::chunk_buffers() con
 }
 
 template <typename T>
-void InternLM2<T>::chunk_load(int64_t slot, int64_t n0, int64_t n, T* dst) const {
+void Decoder<T>::chunk_load(int64_t slot, int64_t n0, int64_t n, T* dst) const {
   const int64_t off = (slot * ck_.N + n0) * H_;
   if constexpr (std::is_same_v<T, float>) {
     if (ck_.bf16) return ops::widen_bf16(ck_.x16.data() + off, n * H_, dst);
@@ -271,7 +271,7 @@ void InternLM2<T>::chunk_load(int64_t slot, int64_t n0, int64_t n, T* dst) const
 }
 
 template <typename T>
-void InternLM2<T>::chunk_store(int64_t slot, int64_t n0, int64_t n, T* src) {
+void Decoder<T>::chunk_store(int64_t slot, int64_t n0, int64_t n, T* src) {
   const int64_t off = (slot * ck_.N + n0) * H_;
   // The forward reads the block input as stored: under bf16 the residual stream is rounded here.
   if (ck_.bf16) return keep_rounded(src, n * H_, ck_.x16.data() + off);
@@ -279,12 +279,12 @@ void InternLM2<T>::chunk_store(int64_t slot, int64_t n0, int64_t n, T* src) {
 }
 
 template <typename T>
-ops::SharedRoundings::Sharing InternLM2<T>::share_out(int64_t n0, int64_t n) const {
+ops::SharedRoundings::Sharing Decoder<T>::share_out(int64_t n0, int64_t n) const {
   return ck_.bf16 ? share_bits(ck_.ow, n * A_, ck_.out16.data() + n0 * A_) : Sharing{};
 }
 
 template <typename T>
-void InternLM2<T>::chunk_attention(int layer, int64_t slot, const AttentionBatch& ab) {
+void Decoder<T>::chunk_attention(int layer, int64_t slot, const AttentionBatch& ab) {
   BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
   const int64_t N = ab.num_tokens, C = ck_.C;
   for (int64_t n0 = 0; n0 < N; n0 += C) {
@@ -304,7 +304,7 @@ void InternLM2<T>::chunk_attention(int layer, int64_t slot, const AttentionBatch
 }
 
 template <typename T>
-void InternLM2<T>::chunk_tail(int layer, int64_t slot, int64_t n0, int64_t n, bool output) {
+void Decoder<T>::chunk_tail(int layer, int64_t slot, int64_t n0, int64_t n, bool output) {
   BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
   at_chunk(n0);  // also for the FFN and wo backward that follow in the backward pass
   chunk_load(slot, n0, n, ck_.xw);
@@ -335,7 +335,7 @@ void InternLM2<T>::chunk_tail(int layer, int64_t slot, int64_t n0, int64_t n, bo
 }
 
 template <typename T>
-LossSum InternLM2<T>::chunked_pass(const data::MicroBatch& batch, Params<T>* grads,
+LossSum Decoder<T>::chunked_pass(const data::MicroBatch& batch, Params<T>* grads,
                                    double loss_scale, double* token_losses) {
   const bool train = grads != nullptr;
   const int64_t N = static_cast<int64_t>(batch.input_ids.size());
@@ -420,19 +420,19 @@ LossSum InternLM2<T>::chunked_pass(const data::MicroBatch& batch, Params<T>* gra
 }
 
 template <typename T>
-AttentionBatch InternLM2<T>::attention_batch(const data::MicroBatch& b) const {
+AttentionBatch Decoder<T>::attention_batch(const data::MicroBatch& b) const {
   return AttentionBatch{b.indexes.data(), b.cu_seqlens.data(),
                         static_cast<int64_t>(b.cu_seqlens.size()) - 1,
                         static_cast<int64_t>(b.input_ids.size())};
 }
 
 template <typename T>
-typename InternLM2<T>::BlockActs& InternLM2<T>::acts(int layer, bool save) {
+typename Decoder<T>::BlockActs& Decoder<T>::acts(int layer, bool save) {
   return (save && saved_all_) ? acts_[static_cast<size_t>(layer)] : acts_.front();
 }
 
 template <typename T>
-ops::SharedRoundings::Sharing InternLM2<T>::share_bits(const T* v, int64_t n,
+ops::SharedRoundings::Sharing Decoder<T>::share_bits(const T* v, int64_t n,
                                                        const uint16_t* bits) const {
   if constexpr (std::is_same_v<T, float>) return ops_.compute->shared().share(v, n, bits);
   (void)v, (void)n, (void)bits;
@@ -440,12 +440,12 @@ ops::SharedRoundings::Sharing InternLM2<T>::share_bits(const T* v, int64_t n,
 }
 
 template <typename T>
-ops::SharedRoundings::Sharing InternLM2<T>::share_in16(const T* v, int64_t n) const {
+ops::SharedRoundings::Sharing Decoder<T>::share_in16(const T* v, int64_t n) const {
   return share_bits(v, n, s_.in16);
 }
 
 template <typename T>
-ops::SharedRoundings::Sharing InternLM2<T>::norm_for_gemm(NormOp<T>& norm, T* out, T* rstd,
+ops::SharedRoundings::Sharing Decoder<T>::norm_for_gemm(NormOp<T>& norm, T* out, T* rstd,
                                                           const T* x, int64_t N) {
   if (!bf16_ || s_.in16 == nullptr) return norm.forward(out, rstd, x, N, params_), Sharing{};
   const bool rounded = norm.forward_rounded(out, s_.in16, rstd, x, N, params_);
@@ -453,7 +453,7 @@ ops::SharedRoundings::Sharing InternLM2<T>::norm_for_gemm(NormOp<T>& norm, T* ou
 }
 
 template <typename T>
-ops::SharedRoundings::Sharing InternLM2<T>::accumulate_for_gemm(T* dres, const T* d, int64_t n) {
+ops::SharedRoundings::Sharing Decoder<T>::accumulate_for_gemm(T* dres, const T* d, int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
     // Split residual rows: the GEMM reads a gathered copy, not dres.
     if (bf16_ && s_.in16 != nullptr && ops_.residual_split == 1) {
@@ -466,13 +466,13 @@ ops::SharedRoundings::Sharing InternLM2<T>::accumulate_for_gemm(T* dres, const T
 }
 
 template <typename T>
-bool InternLM2<T>::output_bits_only(const BlockOps<T>& o, const BlockActs& A) const {
+bool Decoder<T>::output_bits_only(const BlockOps<T>& o, const BlockActs& A) const {
   return A.attn.b != nullptr && A.qkv.b != nullptr && o.attention->keeps_bf16_out() &&
          o.wo->reads_shared_input_bits_only(*ops_.compute);
 }
 
 template <typename T>
-ops::SharedRoundings::Sharing InternLM2<T>::swiglu_for_gemm(T* g, const BlockActs& A, int64_t n,
+ops::SharedRoundings::Sharing Decoder<T>::swiglu_for_gemm(T* g, const BlockActs& A, int64_t n,
                                                             const LinearOp<T>& w2, const T* a,
                                                             const T* b) {
   uint16_t* const g16 = bf16_ ? s_.in16 : nullptr;
@@ -485,7 +485,7 @@ ops::SharedRoundings::Sharing InternLM2<T>::swiglu_for_gemm(T* g, const BlockAct
 }
 
 template <typename T>
-void InternLM2<T>::block_forward(int layer, BlockActs& A, const T* x, T* y,
+void Decoder<T>::block_forward(int layer, BlockActs& A, const T* x, T* y,
                                  const AttentionBatch& ab) {
   BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
   const typename Scratch::Fwd& s = s_.fwd;
@@ -539,7 +539,7 @@ void InternLM2<T>::block_forward(int layer, BlockActs& A, const T* x, T* y,
 }
 
 template <typename T>
-void InternLM2<T>::block_backward(int layer, BlockActs& A, const Saved<T>& x,
+void Decoder<T>::block_backward(int layer, BlockActs& A, const Saved<T>& x,
                                   const AttentionBatch& ab, Params<T>& grads) {
   BlockOps<T>& o = ops_.blocks[static_cast<size_t>(layer)];
   T* const dres = s_.dres;
@@ -598,7 +598,7 @@ void InternLM2<T>::block_backward(int layer, BlockActs& A, const Saved<T>& x,
 }
 
 template <typename T>
-void InternLM2<T>::forward_blocks(const data::MicroBatch& batch, bool save) {
+void Decoder<T>::forward_blocks(const data::MicroBatch& batch, bool save) {
   const int64_t N = static_cast<int64_t>(batch.input_ids.size());
   // Training keeps every block's acts unless checkpointing; a forward-only call keeps whatever
   // layout exists, or the compact one.
@@ -628,7 +628,7 @@ void InternLM2<T>::forward_blocks(const data::MicroBatch& batch, bool save) {
 }
 
 template <typename T>
-LossSum InternLM2<T>::forward_backward(const data::MicroBatch& batch, Params<T>& grads,
+LossSum Decoder<T>::forward_backward(const data::MicroBatch& batch, Params<T>& grads,
                                        double loss_scale) {
   check_batch(batch, ops_.sequence_parallel_size);
   check(&grads.layout() == &layout_ || grads.numel() == layout_.numel(),
@@ -666,7 +666,7 @@ LossSum InternLM2<T>::forward_backward(const data::MicroBatch& batch, Params<T>&
 }
 
 template <typename T>
-LossSum InternLM2<T>::forward_loss(const data::MicroBatch& batch,
+LossSum Decoder<T>::forward_loss(const data::MicroBatch& batch,
                                    std::vector<double>* token_losses) {
   check_batch(batch, ops_.sequence_parallel_size);
   if (chunked()) {
@@ -684,7 +684,7 @@ LossSum InternLM2<T>::forward_loss(const data::MicroBatch& batch,
 }
 
 template <typename T>
-std::vector<T> InternLM2<T>::logits_last(std::span<const int32_t> ids) {
+std::vector<T> Decoder<T>::logits_last(std::span<const int32_t> ids) {
   check(!ids.empty(), "generation needs at least one prompt token");
   const int32_t n = static_cast<int32_t>(ids.size());
   data::MicroBatch b;
@@ -754,7 +754,7 @@ double sum_squared_segments(std::span<const int32_t> cu_seqlens) {
   return s;
 }
 
-template class InternLM2<float>;
-template class InternLM2<double>;
+template class Decoder<float>;
+template class Decoder<double>;
 
 }  // namespace longtron::model

@@ -1,4 +1,4 @@
-// The InternLM2 model (docs/model.md) with explicit forward and backward, after llm.c: embedding,
+// The decoder of every family (docs/model.md) with explicit forward and backward, after llm.c: embedding,
 // blocks h = x + wo(Attn(RoPE(split(wqkv(RMSNorm(x)))))), y = h + w2(silu(w1 z) ⊙ w3 z), z =
 // RMSNorm(h), final RMSNorm, untied output head, cross-entropy with ignore_index -100 as (loss sum,
 // count).
@@ -9,16 +9,16 @@
 #include <utility>
 #include <vector>
 
-#include "data/balance.h"
-#include "data/batch.h"
 #include "model/layers.h"
 #include "model/params.h"
 #include "model/saved.h"
 #include "model/workspace.h"
+#include "packing/balance.h"
+#include "packing/batch.h"
 
 namespace longtron::model {
 
-/// One InternLM2 model over a parameter buffer it does not own (the optimizer updates it in
+/// One decoder over a parameter buffer it does not own (the optimizer updates it in
 /// place between calls). Activations live in workspace buffers allocated on the first call and
 /// grown only when a longer micro-batch arrives; per block they are O(N·(H + Q + F)) — nothing
 /// O(N²). With config.checkpoint only each block's input is kept and the block is recomputed in
@@ -40,12 +40,12 @@ namespace longtron::model {
 /// one activation table): only the Saved helpers of model/saved.h, by which the block saves a
 /// tensor and reads it back, and the workspace layout look at the dtype.
 template <typename T>
-class InternLM2 {
+class Decoder {
  public:
   /// Dense (single-process) ops. `layout` and `params` must outlive the model.
-  InternLM2(const ParamTable& layout, const Params<T>& params);
+  Decoder(const ParamTable& layout, const Params<T>& params);
   /// Ops chosen by a parallel layout (local sizes come from the ops).
-  InternLM2(const ParamTable& layout, const Params<T>& params, ModelOps<T> ops);
+  Decoder(const ParamTable& layout, const Params<T>& params, ModelOps<T> ops);
 
   /// Forward and backward of one micro-batch. Returns (Σ token losses, valid labels) and
   /// ACCUMULATES into grads the gradient of loss_scale · loss_sum (e.g. loss_scale = 1/Σcount of
@@ -271,7 +271,7 @@ class InternLM2 {
 /// segments of the step. Used for MFU (docs/training.md).
 double model_flops(const ModelConfig& config, int64_t tokens, double sum_l2);
 
-/// The row cost model of data.balance (data/balance.h) from model_flops' two terms: per token
+/// The row cost model of data.balance (packing/balance.h) from model_flops' two terms: per token
 /// 6 × matmul parameters (the linear term), per causal pair 12 × num_layers × hidden (model_flops
 /// counts 6·layers·hidden·l² per segment, and a segment of l tokens has l(l+1)/2 ≈ l²/2 causal
 /// pairs). With a sliding window, only the pairs the window leaves visible count, in the layers it

@@ -7,8 +7,8 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
-#include "core/json_read.h"
 #include "core/io_error.h"
+#include "core/json_read.h"
 #include "model/rope_scaling.h"
 
 namespace longtron::model {

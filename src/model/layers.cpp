@@ -11,8 +11,8 @@
 #include "model/rope_scaling.h"
 #include "ops/attention_groups.h"
 #include "ops/ops.h"
-#include "ops/vocab_check.h"
 #include "ops/threads.h"
+#include "ops/vocab_check.h"
 
 namespace longtron::model {
 namespace {

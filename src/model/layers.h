@@ -1,4 +1,4 @@
-// The replaceable pieces of the InternLM2 model: linear, attention, embedding and head+loss ops.
+// The replaceable pieces of the decoder: linear, attention, embedding and head+loss ops.
 // The model is written against these interfaces only; the single-process (dense) versions live
 // here, and a parallel build passes sharded versions (column/row/ISP linears, Ulysses attention,
 // vocab-parallel embedding and cross-entropy) chosen once when the model is built.
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "model/params.h"
 #include "core/grow_buffer.h"
+#include "model/params.h"
 #include "ops/compute_context.h"
 #include "ops/gemm_packing.h"
 
@@ -359,7 +359,7 @@ struct ModelOps {
   int64_t residual_split = 1;
   /// The ops may be called on any run of a row's tokens (the norms, linears, embedding and head
   /// are token-wise and keep nothing between calls), and the attention op accepts qkv ==
-  /// saved_qkv in forward and dqkv == scratch == saved_qkv in backward: InternLM2 then recomputes
+  /// saved_qkv in forward and dqkv == scratch == saved_qkv in backward: the decoder then recomputes
   /// (model.checkpoint) over chunks of ModelConfig::chunk_tokens tokens (the dense ops).
   bool token_chunks = false;
   /// Called by the chunked recomputation with the row position of the first token of the run

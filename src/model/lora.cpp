@@ -13,8 +13,8 @@
 #include "ops/lora_kernels.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
-#include "ops/vocab_check.h"
 #include "ops/threads.h"
+#include "ops/vocab_check.h"
 
 namespace longtron::model {
 namespace {

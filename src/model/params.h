@@ -1,4 +1,4 @@
-// Parameters of an InternLM2 model: one flat buffer with named views in Hugging Face naming order
+// Parameters of a decoder model: one flat buffer with named views in Hugging Face naming order
 // (docs/model.md), so that sharding, checkpoints and optimizer state are offset arithmetic.
 // Gradients use the same layout in a second buffer.
 #pragma once

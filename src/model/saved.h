@@ -1,4 +1,4 @@
-// The dtype policy of InternLM2's one block path: how a tensor is saved for backward and read
+// The dtype policy of the decoder's one block path: how a tensor is saved for backward and read
 // back. Under float32 a saved tensor is the buffer its op wrote; under mixed precision (a
 // bfloat16 compute type) it is rounded into a bf16 slot and widened back where read, as
 // torch.autocast keeps its bf16 linears' outputs. llm.c's single forward over one activation

@@ -1,4 +1,4 @@
-// InternLM2's workspace table (model/workspace.h).
+// The decoder's workspace table (model/workspace.h).
 #include "model/workspace.h"
 
 namespace longtron::model {
@@ -9,7 +9,7 @@ double pad32(double n) { return std::ceil(n / 32) * 32; }  // 64 bytes of bf16
 
 using S = WorkspaceSlot;
 
-/// The chunked recomputation (InternLM2::chunk_reserve): row-sized buffers, then one chunk's.
+/// The chunked recomputation (Decoder::chunk_reserve): row-sized buffers, then one chunk's.
 void chunked(const WorkspaceShape& s, std::vector<WorkspaceBuffer>& t) {
   const double N = s.N, H = s.H, A = s.A, C = std::min(N, s.chunk), F = s.F;
   const double slots = s.train ? s.L : 1;
@@ -29,7 +29,7 @@ void chunked(const WorkspaceShape& s, std::vector<WorkspaceBuffer>& t) {
   if (s.bf16) t.push_back({"chunk a, b (bf16)", S::kChunkTemps16, 0, 2 * C * F, true, false});
 }
 
-/// The unchunked bf16 layout (InternLM2::reserve with bf16).
+/// The unchunked bf16 layout (Decoder::reserve with bf16).
 void unchunked_bf16(const WorkspaceShape& s, std::vector<WorkspaceBuffer>& t) {
   const double R = s.R, N = s.N, H = s.H;
   const int L = static_cast<int>(s.L), nacts = s.per_layer ? L : 1;
@@ -55,7 +55,7 @@ void unchunked_bf16(const WorkspaceShape& s, std::vector<WorkspaceBuffer>& t) {
   t.push_back({"GEMM input (bf16)", S::kGemmIn16, 0, pad32(N * std::max(H, s.F)), true, true});
 }
 
-/// The unchunked float layout (InternLM2::reserve without bf16).
+/// The unchunked float layout (Decoder::reserve without bf16).
 void unchunked(const WorkspaceShape& s, std::vector<WorkspaceBuffer>& t) {
   const double R = s.R, N = s.N, H = s.H, F = s.F, A = s.A, sq = s.saved_qkv;
   const int L = static_cast<int>(s.L), nacts = s.per_layer ? L : 1;

@@ -1,6 +1,6 @@
-// The size table of InternLM2's activation workspace (after llm.c's activation table): one list
+// The size table of the decoder's activation workspace (after llm.c's activation table): one list
 // of buffers, computed from the local sizes alone, that the model allocates and binds in order
-// (InternLM2::reserve, chunk_reserve) and the memory plan (train/memory_plan.h) sums, so the two
+// (Decoder::reserve, chunk_reserve) and the memory plan (train/memory_plan.h) sums, so the two
 // cannot drift apart.
 #pragma once
 #include <algorithm>
@@ -9,16 +9,16 @@
 
 namespace longtron::model {
 
-/// The local sizes that fix InternLM2's activation workspace (reserve): L blocks, N tokens per
+/// The local sizes that fix the decoder's activation workspace (reserve): L blocks, N tokens per
 /// call, R residual-stream rows (N, or N / residual_split under Megatron sequence parallel), local
 /// hidden H, qkv features Q, FFN width F, attention output features A, and the attention op's
 /// saved qkv / lse elements for N tokens. `per_layer` = one set of saved block state per layer
 /// (training without recomputation), else one shared set.
 /// Counted in double so a plan of an absurd length cannot overflow.
 /// `bf16` = mixed precision (a bfloat16 compute type, ops/precision.h): every tensor saved for
-/// backward but lse lives in a second arena of bf16 values (see InternLM2), and one block's fp32
+/// backward but lse lives in a second arena of bf16 values (see Decoder), and one block's fp32
 /// temporaries share one pool laid out per phase of the step.
-/// `chunk` > 0: the chunked recomputation (InternLM2::chunked(), chunks of `chunk` tokens): the L
+/// `chunk` > 0: the chunked recomputation (Decoder::chunked(), chunks of `chunk` tokens): the L
 /// block inputs (bf16 under bf16), the attention's qkv, output (bf16 under bf16) and lse, with
 /// `train` its output's gradient and dL/d(residual), and one chunk's temporaries; `train` = false
 /// keeps one block input and no gradients (forward only).
@@ -30,10 +30,10 @@ struct WorkspaceShape {
   bool train = true;
 };
 
-/// What a workspace buffer holds; InternLM2 binds each to its view. Unchunked float layout: the
+/// What a workspace buffer holds; Decoder binds each to its view. Unchunked float layout: the
 /// block inputs and per-block saved state (k*), then one block's temporaries; bf16 layout: block
 /// inputs, per-block lse and bf16 saves, the two rstd rows and the pool; chunked layout: the
-/// row-sized buffers of InternLM2::Chunked and its chunk buffers.
+/// row-sized buffers of Decoder::Chunked and its chunk buffers.
 enum class WorkspaceSlot {
   kInput, kInput16,                                                    // block inputs
   kQkvSaved, kAttn, kA, kB, kLse, kH, kRstd1, kRstd2,                 // saved per block (float)
@@ -61,12 +61,12 @@ struct WorkspaceBuffer {
 /// to 32, in the unchunked layouts; none in the chunked one).
 std::vector<WorkspaceBuffer> workspace_table(const WorkspaceShape& s);
 
-/// Elements of the float workspace arena InternLM2 allocates for `s`: the table's float buffers.
+/// Elements of the float workspace arena Decoder allocates for `s`: the table's float buffers.
 double workspace_elements(const WorkspaceShape& s);
 /// Elements of the bf16 arena (2 bytes each) for `s`: the table's bf16 buffers; 0 unless s.bf16.
 double workspace_bf16_elements(const WorkspaceShape& s);
 
-/// The bf16 mode's pool of fp32 temporaries (InternLM2::Bf16Pool), in elements, each buffer
+/// The bf16 mode's pool of fp32 temporaries (Decoder::Bf16Pool), in elements, each buffer
 /// padded to 16: rh = R×H (residual-stream rows), nq = N×Q, sq = saved qkv, na = N×A, nf = N×F.
 /// Every phase starts with dres's slot; the pool is as long as the longest phase.
 template <typename I>

@@ -2,8 +2,8 @@
 #include "modes/engine.h"
 #include "modes/lora_engine.h"
 
-#include "data/context_split.h"
-#include "data/sequence_split.h"
+#include "packing/context_split.h"
+#include "packing/sequence_split.h"
 
 #include <algorithm>
 #include <chrono>
@@ -106,7 +106,7 @@ ParallelEngine::ParallelEngine(const model::ModelConfig& config, const Grid& gri
   model::ModelOps<float> ops = factory_->make_ops(context());
   if (config.lora.enabled()) build_lora(ops);
   ops.compute = &compute_;  // the model reads its compute type (the ops were given it above)
-  model_ = std::make_unique<model::InternLM2<float>>(local_, params_, std::move(ops));
+  model_ = std::make_unique<model::Decoder<float>>(local_, params_, std::move(ops));
 }
 
 ParallelEngine::ParallelEngine(const model::ModelConfig& config, const Grid& grid,
@@ -152,7 +152,7 @@ model::LossSum ParallelEngine::forward_backward(const data::MicroBatch& row, dou
         "ParallelEngine::forward_backward: the step's last micro-batch was already run (its "
         "gradients are being reduced); call finish_gradients() first");
   struct Unhook {  // the hook never outlives the call, even when it throws
-    model::InternLM2<float>* model = nullptr;
+    model::Decoder<float>* model = nullptr;
     ~Unhook() {
       if (model) model->set_backward_hook(nullptr);
     }

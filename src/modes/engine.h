@@ -51,14 +51,14 @@
 #include <string>
 #include <vector>
 
-#include "data/batch.h"
-#include "model/internlm2.h"
+#include "model/decoder.h"
 #include "model/layers.h"
 #include "model/lora.h"
 #include "model/params.h"
 #include "modes/grad_buckets.h"
 #include "modes/mode_memory.h"
 #include "ops/compute_context.h"
+#include "packing/batch.h"
 #include "parallel/layout.h"
 #include "parallel/shard_plan.h"
 
@@ -161,7 +161,7 @@ class ParallelEngine {
   /// The compute type of every later forward and backward (eval, generation and training set it
   /// once, before the first pass).
   void set_compute_type(ops::ComputeType type) { compute_.set_type(type); }
-  model::InternLM2<float>& model() { return *model_; }
+  model::Decoder<float>& model() { return *model_; }
 
   /// The part of a full packed row this rank feeds to the model (the mode's local_batch).
   data::MicroBatch local_batch(const data::MicroBatch& row) const;
@@ -294,7 +294,7 @@ class ParallelEngine {
   bool gradients_finished_ = false;  ///< finish_gradients ran since grads_ last changed
   std::vector<float> slice_scratch_;  // the reduce-scatters' receive buffer (kept between steps)
   std::vector<int64_t> slice_counts_;  // set_gradient_slices: empty = all-reduce
-  std::unique_ptr<model::InternLM2<float>> model_;
+  std::unique_ptr<model::Decoder<float>> model_;
 
  public:
   struct Lora;  // modes/lora_engine.h

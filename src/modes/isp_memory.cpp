@@ -6,9 +6,9 @@
 #include <cmath>
 #include <string>
 
-#include "data/context_split.h"
 #include "modes/engine.h"
 #include "modes/mode_memory.h"
+#include "packing/context_split.h"
 
 namespace longtron::parallel {
 

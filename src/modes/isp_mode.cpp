@@ -5,11 +5,11 @@
 #include <vector>
 
 #include "core/error.h"
-#include "data/context_split.h"
-#include "data/sequence_split.h"
 #include "modes/engine.h"
 #include "modes/isp_ops.h"
 #include "modes/mode_memory.h"
+#include "packing/context_split.h"
+#include "packing/sequence_split.h"
 #include "parallel/layout.h"
 
 namespace longtron::parallel {

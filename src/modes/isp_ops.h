@@ -2,7 +2,7 @@
 // the sharding plan the engine needs (InternEvo's ISP; docs/isp.md).
 //
 // Data: rank r of a TENSOR group (size T) holds tokens [rP/T, (r+1)P/T) of input_ids, indexes and
-// labels; cu_seqlens stays global (data/sequence_split.h). Parameters:
+// labels; cu_seqlens stays global (packing/sequence_split.h). Parameters:
 // - every linear weight (wqkv, wo, w1, w3, w2) and the head: rows sharded over WEIGHT (size W);
 // - the embedding: hidden columns sharded over WEIGHT (a table tied to the head,
 //   tie_word_embeddings: one tensor, rows sharded as the head's);

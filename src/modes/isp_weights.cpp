@@ -8,8 +8,8 @@
 #include "core/error.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
-#include "ops/vocab_check.h"
 #include "ops/threads.h"
+#include "ops/vocab_check.h"
 
 namespace longtron::parallel {
 

@@ -4,8 +4,8 @@
 #pragma once
 #include <string>
 
+#include "model/decoder.h"
 #include "model/model_config.h"
-#include "model/internlm2.h"
 #include "model/params.h"
 
 namespace longtron::parallel {

@@ -19,9 +19,9 @@
 #include "ops/attention_rows.h"
 #include "ops/attention_skeleton.h"
 #include "ops/attention_transpose.h"
+#include "ops/compute_context.h"
 #include "ops/fast_math.h"
 #include "ops/ops.h"
-#include "ops/compute_context.h"
 #include "ops/tile_gemm.h"
 
 namespace longtron::ops {

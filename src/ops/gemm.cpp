@@ -12,9 +12,9 @@
 
 #include "core/bf16.h"
 #include "core/grow_buffer.h"
+#include "ops/compute_context.h"
 #include "ops/onednn_matmul.h"
 #include "ops/ops.h"
-#include "ops/compute_context.h"
 #include "ops/threads.h"
 
 namespace longtron::ops {

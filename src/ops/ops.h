@@ -1,4 +1,4 @@
-// Kernels of the InternLM2 model with explicit forward and backward (no autograd), after llm.c.
+// Kernels of the decoder with explicit forward and backward (no autograd), after llm.c.
 // Every kernel is a template over the scalar type T (float for training, double for the
 // finite-difference tests); explicit instantiations for float and double live in the .cpp files.
 //

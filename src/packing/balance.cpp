@@ -1,4 +1,4 @@
-#include "data/balance.h"
+#include "packing/balance.h"
 
 #include <algorithm>
 #include <cmath>

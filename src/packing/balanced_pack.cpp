@@ -1,9 +1,9 @@
-#include "data/balanced_pack.h"
+#include "packing/balanced_pack.h"
 
 #include <algorithm>
 
 #include "core/error.h"
-#include "data/row_fill.h"
+#include "packing/row_fill.h"
 
 namespace longtron::data {
 

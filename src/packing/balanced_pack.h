@@ -10,8 +10,8 @@
 #include <span>
 #include <vector>
 
-#include "data/balance.h"
-#include "data/pack.h"
+#include "packing/balance.h"
+#include "packing/pack.h"
 
 namespace longtron::data {
 

@@ -1,12 +1,12 @@
 // Context-parallel token assignment (see context_split.h).
-#include "data/context_split.h"
+#include "packing/context_split.h"
 
 #include <algorithm>
 #include <numeric>
 
 #include "core/error.h"
-#include "data/balance.h"
-#include "data/sequence_split.h"
+#include "packing/balance.h"
+#include "packing/sequence_split.h"
 
 namespace longtron::data {
 

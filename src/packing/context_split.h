@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "core/enum_names.h"
-#include "data/batch.h"
+#include "packing/batch.h"
 
 namespace longtron::data {
 

@@ -1,4 +1,4 @@
-#include "data/inspect.h"
+#include "packing/inspect.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -6,8 +6,8 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "data/sequence_split.h"
-#include "data/unpack.h"
+#include "packing/sequence_split.h"
+#include "packing/unpack.h"
 
 namespace longtron::data {
 

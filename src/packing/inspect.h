@@ -7,10 +7,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "data/context_split.h"
 #include "data/dataset.h"
 #include "data/progress_hook.h"
-#include "data/loader.h"
+#include "packing/context_split.h"
+#include "packing/loader.h"
 
 namespace longtron::data {
 

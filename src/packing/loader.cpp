@@ -1,4 +1,4 @@
-#include "data/loader.h"
+#include "packing/loader.h"
 
 #include <limits>
 

@@ -5,11 +5,11 @@
 #include <memory>
 #include <vector>
 
-#include "data/balance.h"
-#include "data/batch.h"
 #include "data/dataset.h"
-#include "data/pack.h"
-#include "data/sampler.h"
+#include "packing/balance.h"
+#include "packing/batch.h"
+#include "packing/pack.h"
+#include "packing/sampler.h"
 
 namespace longtron::data {
 

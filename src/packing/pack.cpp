@@ -1,17 +1,17 @@
 // build_pack / build_unpack (docs/data.md). The hot path copies each document piece with one
 // read_tokens call (a memcpy for mapped int32 files) and then derives inputs and labels in one
 // branch-free pass, so the cost per token is a few instructions (bench/bench_pack.cpp).
-#include "data/pack.h"
+#include "packing/pack.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
 
 #include "core/error.h"
-#include "data/balanced_pack.h"
-#include "data/row_fill.h"
-#include "data/shuffle.h"
 #include "data/validate.h"
+#include "packing/balanced_pack.h"
+#include "packing/row_fill.h"
+#include "packing/shuffle.h"
 
 namespace longtron::data {
 

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "core/enum_names.h"
-#include "data/balance.h"
-#include "data/batch.h"
 #include "data/dataset.h"
 #include "data/progress_hook.h"
+#include "packing/balance.h"
+#include "packing/batch.h"
 
 namespace longtron::data {
 

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "data/batch.h"
 #include "data/dataset.h"
+#include "packing/batch.h"
 
 namespace longtron::data::detail {
 

@@ -1,10 +1,10 @@
-#include "data/sampler.h"
+#include "packing/sampler.h"
 
 #include <numeric>
 
 #include "core/error.h"
 #include "core/json_read.h"
-#include "data/shuffle.h"
+#include "packing/shuffle.h"
 
 namespace longtron::data {
 

@@ -1,4 +1,4 @@
-#include "data/sequence_split.h"
+#include "packing/sequence_split.h"
 
 #include <algorithm>
 

@@ -5,8 +5,8 @@
 #include <span>
 #include <vector>
 
-#include "data/batch.h"
-#include "data/unpack.h"
+#include "packing/batch.h"
+#include "packing/unpack.h"
 
 namespace longtron::data {
 

@@ -1,5 +1,5 @@
 // NumPy RandomState.shuffle over mt19937 (legacy "random_interval" bounded draw).
-#include "data/shuffle.h"
+#include "packing/shuffle.h"
 
 #include <numeric>
 #include <random>

@@ -1,4 +1,4 @@
-#include "data/unpack.h"
+#include "packing/unpack.h"
 
 #include <algorithm>
 

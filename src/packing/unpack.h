@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "data/batch.h"
+#include "packing/batch.h"
 
 namespace longtron::data {
 

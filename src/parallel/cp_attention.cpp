@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "core/error.h"
-#include "parallel/kv_rows.h"
 #include "ops/threads.h"
+#include "parallel/kv_rows.h"
 
 namespace longtron::parallel {
 

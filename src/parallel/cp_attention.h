@@ -1,6 +1,6 @@
 // Context-parallel attention over a packed row, all-gather form (Llama 3's context parallelism,
 // arXiv 2407.21783 §3.3.2; ring-flash-attn's llama3_flash_attn_varlen_func), with the token
-// assignment of data/context_split.h (contiguous, zigzag or document). Each of the C ranks of the
+// assignment of packing/context_split.h (contiguous, zigzag or document). Each of the C ranks of the
 // CONTEXT group holds the queries, keys and values of its P/C positions (for its heads); forward
 // all-gathers K and V of the whole row (kv heads are few), copies for each run of its queries the
 // keys [segment start, run end) into one key buffer and runs the varlen kernel with separate key
@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "data/context_split.h"
 #include "ops/ops.h"
+#include "packing/context_split.h"
 #include "parallel/cp_ring.h"
 
 namespace longtron::parallel {

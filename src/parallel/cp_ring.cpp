@@ -8,8 +8,8 @@
 
 #include "core/error.h"
 #include "ops/attention_add_dq.h"
-#include "parallel/kv_rows.h"
 #include "ops/threads.h"
+#include "parallel/kv_rows.h"
 
 namespace longtron::parallel {
 

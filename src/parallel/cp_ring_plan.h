@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "data/context_split.h"
+#include "packing/context_split.h"
 
 namespace longtron::parallel {
 

@@ -3,10 +3,10 @@
 
 #include <algorithm>
 
-#include "data/batch.h"
 #include "ops/ops.h"
-#include "parallel/vocab_parallel.h"
+#include "packing/batch.h"
 #include "parallel/scratch.h"
+#include "parallel/vocab_parallel.h"
 
 namespace longtron::parallel {
 

@@ -8,8 +8,8 @@
 #include "core/error.h"
 #include "model/rope_scaling.h"
 #include "ops/ops.h"
-#include "parallel/mappings.h"
 #include "ops/threads.h"
+#include "parallel/mappings.h"
 
 namespace longtron::parallel {
 

@@ -12,7 +12,7 @@
 //
 // 2D-Attention (LoongTrain, arXiv 2406.18485; InternEvo sequence_2D): with a CONTEXT group of C
 // ranks the all-to-all runs over the HEAD group (T = head_size × C), so after it a rank holds its
-// context rank's share of the row (P/C positions, data/context_split.h) for Hq/head_size heads,
+// context rank's share of the row (P/C positions, packing/context_split.h) for Hq/head_size heads,
 // and the attention over the row is context parallel (cp_attention.h).
 #pragma once
 #include <cstdint>
@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "model/model_config.h"
 #include "model/layers.h"
+#include "model/model_config.h"
 #include "parallel/cp_attention.h"
 
 namespace longtron::parallel {

@@ -11,7 +11,7 @@
 
 #include "comm/process_grid.h"
 #include "core/enum_names.h"
-#include "data/context_split.h"
+#include "packing/context_split.h"
 
 namespace longtron::parallel {
 

@@ -2,7 +2,7 @@
 #include "parallel/sequence_parallel.h"
 
 #include "core/error.h"
-#include "data/sequence_split.h"
+#include "packing/sequence_split.h"
 
 namespace longtron::parallel {
 

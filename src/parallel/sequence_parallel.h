@@ -1,16 +1,16 @@
 // XTuner's sequence-parallel API under its own names (xtuner/parallel/sequence;
 // docs/isp.md), over longtron's communicator, so code written against XTuner's five calls maps one to
-// one: init_sequence_parallel → SequenceParallelGroups; SequenceParallelSampler (data/sampler.h)
+// one: init_sequence_parallel → SequenceParallelGroups; SequenceParallelSampler (packing/sampler.h)
 // built from the groups; pad_for_sequence_parallel / split_for_sequence_parallel
-// (data/sequence_split.h) applied to a row for this rank; the attention is the ISP
+// (packing/sequence_split.h) applied to a row for this rank; the attention is the ISP
 // UlyssesAttention (isp_attention.h); reduce_sequence_parallel_loss over the SP group — exact.
 #pragma once
 #include <cstdint>
 
 #include "comm/communicator.h"
-#include "data/batch.h"
-#include "data/context_split.h"
-#include "data/sampler.h"
+#include "packing/batch.h"
+#include "packing/context_split.h"
+#include "packing/sampler.h"
 
 namespace longtron::parallel {
 

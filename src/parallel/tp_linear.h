@@ -46,9 +46,9 @@
 #include "comm/communicator.h"
 #include "model/layers.h"
 #include "model/params.h"
-#include "parallel/vocab_parallel.h"
 #include "parallel/scratch.h"
 #include "parallel/tp2d_overlap.h"
+#include "parallel/vocab_parallel.h"
 
 namespace longtron::parallel {
 

@@ -12,8 +12,8 @@
 #include "core/ignore_index.h"
 #include "ops/fast_math.h"
 #include "ops/ops.h"
-#include "parallel/mappings.h"
 #include "ops/threads.h"
+#include "parallel/mappings.h"
 
 namespace longtron::parallel {
 

@@ -1,6 +1,6 @@
 // A model's own Jinja chat template (see chat_jinja.h): loading it the way transformers reads
 // tokenizer_config.json, rendering, and locating each answer for the loss mask.
-#include "data/chat_jinja.h"
+#include "text/chat_jinja.h"
 
 #include <nlohmann/json.hpp>
 
@@ -12,10 +12,10 @@
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/shorten.h"
-#include "data/jinja.h"
-#include "data/token_matcher.h"
+#include "text/jinja/jinja.h"
+#include "text/token_matcher.h"
 
-namespace longtron::data {
+namespace longtron::text {
 
 namespace {
 
@@ -312,4 +312,4 @@ std::vector<ChatSegment> jinja_chat_segments(const ChatTemplate& chat, const Con
   return out;
 }
 
-}  // namespace longtron::data
+}  // namespace longtron::text

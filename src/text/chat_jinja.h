@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "data/chat_template.h"
+#include "text/chat_template.h"
 
-namespace longtron::data {
+namespace longtron::text {
 
 /// Whether `path` names a Jinja chat template: a folder, a `.jinja` file, or a JSON file with a
 /// "chat_template" key (a tokenizer_config.json). Other JSON files are literal template files.
@@ -43,4 +43,4 @@ std::string render_jinja_chat(const ChatTemplate& chat, const Conversation& conv
 std::vector<ChatSegment> jinja_chat_segments(const ChatTemplate& chat, const Conversation& conversation,
                                              bool add_generation_prompt, const std::string& what);
 
-}  // namespace longtron::data
+}  // namespace longtron::text

@@ -2,8 +2,7 @@
 // InternLM2 and ChatML (`<|im_start|>role\n…<|im_end|>\n`, XTuner `internlm2_chat`), Llama 2
 // (`<s>[INST] <<SYS>>\n…\n<</SYS>>\n\n… [/INST] … </s>`, Meta's `chat_completion`) and Mistral
 // (`<s>[INST] … [/INST]…</s>`, the Mistral-7B-Instruct template).
-#include "data/chat_template.h"
-#include "data/dataset.h"
+#include "text/chat_template.h"
 
 #include <nlohmann/json.hpp>
 
@@ -12,10 +11,10 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "data/chat_jinja.h"
 #include "core/json_read.h"
+#include "text/chat_jinja.h"
 
-namespace longtron::data {
+namespace longtron::text {
 
 namespace {
 
@@ -291,17 +290,6 @@ std::vector<int32_t> ChatEncoder::stop_ids() const {
   return ids;
 }
 
-std::vector<int32_t> to_stored_ids(const EncodedConversation& encoded) {
-  std::vector<int32_t> stored(encoded.ids.size());
-  for (size_t i = 0; i < stored.size(); ++i) {
-    const int32_t id = encoded.ids[i];
-    // Position 0 is no target, so its sign is free: stored negative like every no-loss token.
-    const bool loss = i > 0 && encoded.loss[i];
-    stored[i] = loss ? (id == 0 ? kStoredLossZero : id) : -id;
-  }
-  return stored;
-}
-
 std::vector<NamedConversation> read_conversations(const std::filesystem::path& file) {
   std::istringstream lines(read_whole(file));
   std::vector<NamedConversation> conversations;
@@ -340,4 +328,4 @@ std::vector<NamedConversation> read_conversations(const std::filesystem::path& f
   return conversations;
 }
 
-}  // namespace longtron::data
+}  // namespace longtron::text

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "data/token_matcher.h"
-#include "data/tokenizer.h"
+#include "text/token_matcher.h"
+#include "text/tokenizer.h"
 
-namespace longtron::data {
+namespace longtron::text {
 
 namespace jinja {
 class Template;
@@ -121,11 +121,6 @@ class ChatEncoder {
   std::vector<std::string> missing_;  // special tokens of a Jinja template the vocabulary lacks
 };
 
-/// Stored ids of the InternEvo convention: a token that is a loss-carrying target stays positive,
-/// any other is stored negated; a loss-carrying id 0 is kStoredLossZero (data/dataset.h), which
-/// only a pre-tokenized .jsonl can hold on disk. Never throws.
-std::vector<int32_t> to_stored_ids(const EncodedConversation& encoded);
-
 /// A conversation and where it was read ("file.jsonl, line 3"), for error messages.
 struct NamedConversation {
   std::string where;
@@ -137,4 +132,4 @@ struct NamedConversation {
 /// file and line for invalid JSON or a row of neither shape.
 std::vector<NamedConversation> read_conversations(const std::filesystem::path& file);
 
-}  // namespace longtron::data
+}  // namespace longtron::text

@@ -1,4 +1,4 @@
-// The components of the Hugging Face tokenizer.json reader (data/hf_tokenizer.h), one file per
+// The components of the Hugging Face tokenizer.json reader (text/hf_tokenizer.h), one file per
 // kind as in Hugging Face's tokenizers crate (tokenizers/src): normalizers, pre-tokenizers,
 // decoders, and the split behaviours they share. Internal to data/.
 #pragma once
@@ -15,9 +15,9 @@
 
 #include "core/error.h"
 #include "core/shorten.h"
-#include "data/unicode_text.h"
+#include "text/unicode_text.h"
 
-namespace longtron::data::hf {
+namespace longtron::text::hf {
 
 using nlohmann::json;
 using unicode::Regex;
@@ -159,4 +159,4 @@ struct Decoder {
 /// another type is an Error.
 std::unique_ptr<Decoder> parse_decoder(const Reader& r, const json& j);
 
-}  // namespace longtron::data::hf
+}  // namespace longtron::text::hf

@@ -1,9 +1,9 @@
 // Decoders of the tokenizer.json reader (see hf_components.h).
-#include "data/hf_components.h"
+#include "text/hf_components.h"
 
 #include <algorithm>
 
-namespace longtron::data::hf {
+namespace longtron::text::hf {
 
 struct ByteLevelDecoder : Decoder {
   void apply(Tokens& tokens) const override {
@@ -186,4 +186,4 @@ std::unique_ptr<Decoder> parse_decoder(const Reader& r, const json& j) {
                                "ByteFallback, Fuse, Strip, Replace and Sequence)", type));
 }
 
-}  // namespace longtron::data::hf
+}  // namespace longtron::text::hf

@@ -1,7 +1,7 @@
 // Normalizers of the tokenizer.json reader (see hf_components.h).
-#include "data/hf_components.h"
+#include "text/hf_components.h"
 
-namespace longtron::data::hf {
+namespace longtron::text::hf {
 
 struct NfcNormalizer : Normalizer {
   void apply(std::string& text) const override { text = unicode::nfc(text); }
@@ -54,4 +54,4 @@ std::unique_ptr<Normalizer> parse_normalizer(const Reader& r, const json& j) {
                                   "and Sequence)", type));
 }
 
-}  // namespace longtron::data::hf
+}  // namespace longtron::text::hf

@@ -1,9 +1,9 @@
 // Pre-tokenizers of the tokenizer.json reader (see hf_components.h).
-#include "data/hf_components.h"
+#include "text/hf_components.h"
 
 #include <optional>
 
-namespace longtron::data::hf {
+namespace longtron::text::hf {
 
 const ByteTable& byte_table() {
   static const ByteTable table;
@@ -131,4 +131,4 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const Reader& r, const json& j
                                      "Metaspace, Digits and Sequence)", type));
 }
 
-}  // namespace longtron::data::hf
+}  // namespace longtron::text::hf

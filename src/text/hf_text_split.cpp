@@ -1,9 +1,9 @@
 // Split behaviours of the tokenizer.json reader (see hf_components.h).
-#include "data/hf_components.h"
+#include "text/hf_components.h"
 
 #include <algorithm>
 
-namespace longtron::data::hf {
+namespace longtron::text::hf {
 
 struct Span {
   size_t begin, end;
@@ -108,4 +108,4 @@ void replace_all(std::string& text, const Regex& regex, const std::string& conte
   text = std::move(out);
 }
 
-}  // namespace longtron::data::hf
+}  // namespace longtron::text::hf

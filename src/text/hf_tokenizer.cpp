@@ -1,4 +1,4 @@
-#include "data/hf_tokenizer.h"
+#include "text/hf_tokenizer.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -17,10 +17,10 @@
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/shorten.h"
-#include "data/hf_components.h"
-#include "data/unicode_text.h"
+#include "text/hf_components.h"
+#include "text/unicode_text.h"
 
-namespace longtron::data {
+namespace longtron::text {
 
 using namespace hf;  // the components (hf_components.h)
 
@@ -660,4 +660,4 @@ const std::vector<int32_t>& HfTokenizer::template_suffix() const { return impl_-
 const std::string& HfTokenizer::json_text() const { return impl_->json_text; }
 const std::string& HfTokenizer::name() const { return impl_->name; }
 
-}  // namespace longtron::data
+}  // namespace longtron::text

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-namespace longtron::data {
+namespace longtron::text {
 
 /// A loaded tokenizer.json. Encoding is const and thread-safe (each thread keeps its own word
 /// cache and regex match data).
@@ -58,4 +58,4 @@ class HfTokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace longtron::data
+}  // namespace longtron::text

@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace longtron::data {
+namespace longtron::text {
 
 /// A set of non-empty tokens with a value each (e.g. a vocabulary id).
 template <typename V>
@@ -48,4 +48,4 @@ class TokenMatcher {
   std::vector<size_t> lengths_;  // longest first
 };
 
-}  // namespace longtron::data
+}  // namespace longtron::text

@@ -1,4 +1,4 @@
-#include "data/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
@@ -16,9 +16,9 @@
 
 #include "core/error.h"
 #include "core/json_read.h"
-#include "data/hf_tokenizer.h"
+#include "text/hf_tokenizer.h"
 
-namespace longtron::data {
+namespace longtron::text {
 
 namespace {
 
@@ -354,4 +354,4 @@ Tokenizer train_bpe_tokenizer(const std::vector<std::string>& documents,
   return Tokenizer::from_serialized(model, "trained tokenizer");
 }
 
-}  // namespace longtron::data
+}  // namespace longtron::text

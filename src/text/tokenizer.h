@@ -1,5 +1,5 @@
 // Tokenizers (docs/data.md, docs/tokenizers.md): a SentencePiece .model or a Hugging Face
-// tokenizer.json (BPE, data/hf_tokenizer.h) behind one interface; encode documents in parallel;
+// tokenizer.json (BPE, text/hf_tokenizer.h) behind one interface; encode documents in parallel;
 // train a SentencePiece BPE.
 #pragma once
 #include <cstdint>
@@ -14,7 +14,7 @@ namespace sentencepiece {
 class SentencePieceProcessor;
 }
 
-namespace longtron::data {
+namespace longtron::text {
 
 struct HfParts;
 
@@ -112,4 +112,4 @@ Tokenizer train_bpe_tokenizer(const std::vector<std::string>& documents,
 /// Splits `text` into training lines < max_bytes (see train_bpe_tokenizer). Exposed for tests.
 std::vector<std::string> split_for_training(const std::string& text, size_t max_bytes);
 
-}  // namespace longtron::data
+}  // namespace longtron::text

@@ -13,8 +13,8 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
-#include "core/json_read.h"
 #include "core/io_error.h"
+#include "core/json_read.h"
 #include "core/progress.h"
 #include "core/safetensors.h"
 #include "core/shorten.h"

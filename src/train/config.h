@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "data/balance.h"
-#include "data/context_split.h"
-#include "data/pack.h"
 #include "model/model_config.h"
+#include "packing/balance.h"
+#include "packing/context_split.h"
+#include "packing/pack.h"
 #include "parallel/layout.h"
 #include "parallel/tp2d_overlap.h"
 #include "train/loss_reduction.h"

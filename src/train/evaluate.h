@@ -6,9 +6,9 @@
 
 #include "comm/communicator.h"
 #include "data/dataset.h"
-#include "data/pack.h"
-#include "model/internlm2.h"
+#include "model/decoder.h"
 #include "modes/engine.h"
+#include "packing/pack.h"
 
 namespace longtron::train {
 

@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "model/internlm2.h"
+#include "model/decoder.h"
 #include "model/lora.h"
 #include "model/params.h"
 #include "modes/engine.h"
@@ -147,7 +147,7 @@ double bf16_operand_bytes(const parallel::ModeMemory& s) {
   return 2 * (a + b);
 }
 
-/// The chunked recomputation (model::InternLM2::chunked(): the dense ops with model.checkpoint):
+/// The chunked recomputation (model::Decoder::chunked(): the dense ops with model.checkpoint):
 /// the token-wise parts, the head and the GEMMs' bf16 operands see one chunk of
 /// model.chunk_tokens rows, and the attention kernels one group of whole documents of
 /// 4 × model.chunk_tokens queries (a longer document takes its own length). Returns the chunk.

@@ -9,8 +9,8 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
-#include "core/json_read.h"
 #include "core/io_error.h"
+#include "core/json_read.h"
 
 namespace longtron::train {
 namespace fs = std::filesystem;

@@ -1,8 +1,8 @@
 #include "train/model_io.h"
 
 #include "core/error.h"
-#include "data/tokenizer.h"
 #include "model/hf_config.h"
+#include "text/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/optimizer.h"
 #include "train/peft.h"
@@ -38,7 +38,7 @@ LoadedModel load_model_dir(const fs::path& path, bool read_weights) {
     m.weights_pending = true;
   }
   for (const fs::path& folder : {m.dir, m.dir.parent_path(), m.lora_base})
-    if (const fs::path p = folder.empty() ? fs::path() : data::find_tokenizer_file(folder); !p.empty()) {
+    if (const fs::path p = folder.empty() ? fs::path() : text::find_tokenizer_file(folder); !p.empty()) {
       m.tokenizer = p;
       break;
     }

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "data/batch.h"
-#include "model/internlm2.h"
+#include "model/decoder.h"
 #include "modes/engine.h"
+#include "packing/batch.h"
 #include "train/loss_reduction.h"
 #include "train/optimizer.h"
 

@@ -14,15 +14,15 @@
 #include "core/phase.h"
 #include "core/plural.h"
 #include "core/safetensors.h"
-#include "data/context_split.h"
 #include "data/open.h"
-#include "data/tokenizer.h"
 #include "data/validate.h"
 #include "model/hf_config.h"
 #include "modes/engine.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
 #include "ops/threads.h"
+#include "packing/context_split.h"
+#include "text/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/data_progress.h"
 #include "train/evaluate.h"
@@ -84,7 +84,7 @@ void resolve_model_config(TrainConfig& config, const TrainOptions& options) {
 fs::path find_tokenizer(const fs::path& data_folder) {
   if (data_folder.empty()) return {};
   for (const fs::path& folder : {data_folder, data_folder.parent_path()})
-    if (const fs::path p = data::find_tokenizer_file(folder); !p.empty()) return p;
+    if (const fs::path p = text::find_tokenizer_file(folder); !p.empty()) return p;
   return {};
 }
 
@@ -131,7 +131,7 @@ struct Run {
   parallel::ParallelEngine engine;
   const model::Params<float>& params;  // for reading: writes go through engine.params()
   model::Params<float>& grads;
-  model::InternLM2<float>& model;
+  model::Decoder<float>& model;
   AdamW optimizer;
   LrSchedule schedule;
   data::BatchLoader loader;
@@ -247,7 +247,7 @@ struct Run {
                      {"lora", lora_state_json()}};
     const fs::path dir = save_checkpoint(config.train.checkpoint_dir, d);
     if (!tokenizer.empty())
-      for (const fs::path& file : data::tokenizer_file_set(tokenizer))
+      for (const fs::path& file : text::tokenizer_file_set(tokenizer))
         copy_file_atomically(file, dir / file.filename());
     copy_tokenizer_files(lora_base, dir);
     return dir;
@@ -301,7 +301,7 @@ struct Run {
     const fs::path dir = save_checkpoint(config.train.checkpoint_dir, d);
     // The tokenizer travels with the checkpoint so generate/export need nothing else.
     if (!tokenizer.empty())
-      for (const fs::path& file : data::tokenizer_file_set(tokenizer))
+      for (const fs::path& file : text::tokenizer_file_set(tokenizer))
         copy_file_atomically(file, dir / file.filename());
     // So do the tokenizer files of the Hugging Face folder (or checkpoint) the run started from.
     copy_tokenizer_files(options.init_from.empty() ? options.resume : options.init_from, dir);

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "data/loader.h"
-#include "model/internlm2.h"
+#include "model/decoder.h"
+#include "packing/loader.h"
 #include "train/config.h"
 #include "train/metrics.h"
 #include "train/step.h"  // combine_step_loss, micro_loss_scale
@@ -78,7 +78,7 @@ void resolve_model_config(TrainConfig& config, const TrainOptions& options);
 /// refused with it (Error); with options.dry_run only the plan is made (summary.plan_text).
 TrainSummary run_training(const TrainConfig& config, const TrainOptions& options, comm::CommPtr world);
 
-/// Finds the tokenizer file of a data folder (data::find_tokenizer_file: tokenizer.json with its
+/// Finds the tokenizer file of a data folder (text::find_tokenizer_file: tokenizer.json with its
 /// tokenizer_config.json, or tokenizer.model): in it, or in its parent (prepare writes them into
 /// DIR next to DIR/train and DIR/valid). Empty path when absent.
 std::filesystem::path find_tokenizer(const std::filesystem::path& data_folder);

@@ -84,6 +84,20 @@ struct Prepared {
   std::string config() const { return " --config " + (dir / "tiny.toml").string(); }
 };
 
+/// The folder `dir`/llama: the golden Llama fixture's weights (tests/fixtures/llama_golden) and its
+/// config.json without eos_token_id, so that generation runs to --max-new-tokens.
+inline std::filesystem::path golden_llama_without_eos(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  const fs::path folder = dir / "llama";
+  fs::create_directories(folder);
+  const fs::path fixture = fs::path(LONGTRON_SOURCE_DIR) / "tests/fixtures/llama_golden";
+  fs::copy_file(fixture / "model.safetensors", folder / "model.safetensors");
+  nlohmann::json cfg = nlohmann::json::parse(read_file(fixture / "config.json"));
+  cfg.erase("eos_token_id");
+  write_file(folder / "config.json", cfg.dump(2));
+  return folder;
+}
+
 /// `longtron ARGS` on `np` ranks under mpirun (one thread each, 120 s limit; as root and with more
 /// ranks than cores, as the test machines need), stdout and stderr together.
 inline CommandResult mpirun_longtron(int np, const std::string& args) {

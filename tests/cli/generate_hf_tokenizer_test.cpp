@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <sstream>
 
-#include "test_util.h"
+#include "cli_fixture.h"
 
 namespace fs = std::filesystem;
 using longtron::testing::read_file;
@@ -18,14 +18,8 @@ using nlohmann::json;
 
 TEST(GenerateHfTokenizer, PromptTextInTextOut) {
   TempDir dir;
-  const fs::path folder = dir / "llama";
-  fs::create_directories(folder);
-  const fs::path fixture = fs::path(LONGTRON_SOURCE_DIR) / "tests/fixtures/llama_golden";
-  fs::copy_file(fixture / "model.safetensors", folder / "model.safetensors");
-  json cfg = json::parse(read_file(fixture / "config.json"));
-  cfg.erase("eos_token_id");
-  ASSERT_EQ(cfg["vocab_size"], 32);
-  write_file(folder / "config.json", cfg.dump(2));
+  const fs::path folder = longtron::testing::golden_llama_without_eos(dir);
+  ASSERT_EQ(json::parse(read_file(folder / "config.json"))["vocab_size"], 32);
   // One token per character: 26 letters and six more, ids 0..31, no merges.
   const std::string chars = "abcdefghijklmnopqrstuvwxyz ,.!?'";
   json vocab = json::object();

@@ -182,13 +182,7 @@ TEST(HfCli, TinyConfigOfEachFamilyTrainsAndSavesItsNames) {
 // argmax of the model's logits token by token, and stops before config.json's eos_token_id.
 TEST(HfCli, GeneratePromptIdsWithoutTokenizer) {
   TempDir dir;
-  const fs::path folder = dir / "llama";
-  fs::create_directories(folder);
-  const fs::path fixture = fs::path(LONGTRON_SOURCE_DIR) / "tests/fixtures/llama_golden";
-  fs::copy_file(fixture / "model.safetensors", folder / "model.safetensors");
-  json cfg = json::parse(read_file(fixture / "config.json"));
-  cfg.erase("eos_token_id");
-  write_file(folder / "config.json", cfg.dump(2));
+  const fs::path folder = longtron::testing::golden_llama_without_eos(dir);
   write_file(folder / "tokenizer.json", "{}");
 
   auto r = run_longtron("generate --checkpoint " + folder.string() + " --prompt hello");

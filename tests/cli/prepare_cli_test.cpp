@@ -5,17 +5,18 @@
 
 #include <random>
 
+#include "cli_fixture.h"
 #include "data/internevo.h"
 #include "data/megatron.h"
 #include "data/npy.h"
 #include "data/open.h"
-#include "data/shuffle.h"
-#include "data/tokenizer.h"
-#include "cli_fixture.h"
+#include "packing/shuffle.h"
+#include "text/tokenizer.h"
 
 namespace fs = std::filesystem;
 using longtron::testing::contains;
 namespace ld = longtron::data;
+namespace lt = longtron::text;
 using longtron::testing::english_document;
 using longtron::testing::jsonl_of;
 using longtron::testing::read_file;
@@ -76,7 +77,7 @@ TEST(PrepareCli, TrainsTokenizerSplitsAndRoundTrips) {
   auto held = ld::numpy_permutation(12, 7);
   held.resize(3);
   std::sort(held.begin(), held.end());
-  const auto tokenizer = ld::Tokenizer::load(dir / "out" / "tokenizer.model");
+  const auto tokenizer = lt::Tokenizer::load(dir / "out" / "tokenizer.model");
   const auto valid = ld::open_dataset(dir / "out" / "valid");
   const auto train = ld::open_dataset(dir / "out" / "train");
   ASSERT_EQ(valid.at(0)->num_documents(), 3u);

@@ -1,5 +1,5 @@
 // `longtron prepare --tokenizer` with a Hugging Face model folder (tokenizer.json +
-// tokenizer_config.json): the ids Hugging Face's library gives (tests/data/hf_tokenizer/golden.json)
+// tokenizer_config.json): the ids Hugging Face's library gives (tests/text/hf_tokenizer/golden.json)
 // between the template's BOS and the config's EOS, the tokenizer files copied beside the data, and
 // a broken tokenizer.json refused naming the file.
 #include <gtest/gtest.h>
@@ -18,7 +18,7 @@ using longtron::testing::write_file;
 using nlohmann::json;
 
 namespace {
-const fs::path kFixtures = fs::path(LONGTRON_SOURCE_DIR) / "tests/data/hf_tokenizer";
+const fs::path kFixtures = fs::path(LONGTRON_SOURCE_DIR) / "tests/text/hf_tokenizer";
 }
 
 TEST(PrepareHfTokenizer, FolderWithTokenizerJsonGivesHuggingFaceIdsWithBosAndEos) {

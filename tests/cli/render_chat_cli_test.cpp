@@ -9,9 +9,10 @@
 #include <sstream>
 
 #include "cli_fixture.h"
-#include "data/chat_template.h"
+#include "data/chat_documents.h"
 #include "data/open.h"
-#include "data/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace fs = std::filesystem;
 using longtron::testing::contains;
@@ -23,6 +24,7 @@ using longtron::testing::TempDir;
 using longtron::testing::tiny_model_toml;
 using longtron::testing::write_file;
 namespace ld = longtron::data;
+namespace lt = longtron::text;
 
 namespace {
 
@@ -84,13 +86,13 @@ TEST(RenderChatCli, PrepareTrainGenerateWithAModelsTemplate) {
                         (dir / "chat.jsonl").string() + " --output " + (dir / "data").string() +
                         " --train-tokenizer --vocab-size 400 --threads 1");
   ASSERT_EQ(r.status, 0) << r.output;
-  const auto tok = ld::Tokenizer::load(dir / "data" / "tokenizer.model");
+  const auto tok = lt::Tokenizer::load(dir / "data" / "tokenizer.model");
   const int32_t begin = tok.piece_id("<|begin_of_text|>"), eot = tok.piece_id("<|eot_id|>");
   ASSERT_GE(begin, 0);  // the template's special tokens joined the trained vocabulary
   ASSERT_GE(eot, 0);
   // Stored ids equal the library's encoding; each starts with the template's BOS (no second one).
-  const ld::ChatEncoder encoder(ld::load_chat_template((dir / "model").string()), tok);
-  const auto conversations = ld::read_conversations(dir / "chat.jsonl");
+  const lt::ChatEncoder encoder(lt::load_chat_template((dir / "model").string()), tok);
+  const auto conversations = lt::read_conversations(dir / "chat.jsonl");
   const ld::Dataset train = ld::open_dataset(dir / "data" / "train");
   ASSERT_EQ(train[0]->num_documents(), conversations.size());
   for (size_t d = 0; d < conversations.size(); ++d) {
@@ -113,7 +115,7 @@ TEST(RenderChatCli, PrepareTrainGenerateWithAModelsTemplate) {
                    (dir / "model" / "tokenizer_config.json").string() +
                    " --prompt 'the state of the union' --max-new-tokens 3 --threads 1");
   ASSERT_EQ(r.status, 0) << r.output;
-  const auto prompt = encoder.encode_prompt({{ld::ChatMessage::Role::kUser, "the state of the union"}});
+  const auto prompt = encoder.encode_prompt({{lt::ChatMessage::Role::kUser, "the state of the union"}});
   EXPECT_EQ(prompt.front(), begin);
   EXPECT_EQ(prompt.back(), tok.encode("\n\n", false).back());  // "…assistant<|end_header_id|>\n\n"
   EXPECT_TRUE(contains(r.output, "generate: " + std::to_string(prompt.size()) + " prompt tokens")) << r.output;

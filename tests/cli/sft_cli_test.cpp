@@ -8,9 +8,10 @@
 #include <random>
 
 #include "cli_fixture.h"
-#include "data/chat_template.h"
+#include "data/chat_documents.h"
 #include "data/open.h"
-#include "data/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace fs = std::filesystem;
 using longtron::testing::contains;
@@ -21,6 +22,7 @@ using longtron::testing::TempDir;
 using longtron::testing::tiny_model_toml;
 using longtron::testing::write_file;
 namespace ld = longtron::data;
+namespace lt = longtron::text;
 
 namespace {
 
@@ -58,12 +60,12 @@ TEST(SftCli, PrepareChatStoresNoLossTokensNegative) {
   EXPECT_EQ(info["chat_template"], "chatml");
   EXPECT_EQ(info["format"], "internevo");
   EXPECT_FALSE(info["bos_eos"].get<bool>());
-  const auto tok = ld::Tokenizer::load(p.dir / "data" / "tokenizer.model");
+  const auto tok = lt::Tokenizer::load(p.dir / "data" / "tokenizer.model");
   EXPECT_GE(tok.piece_id("<|im_start|>"), 0);  // added to the trained vocabulary
   EXPECT_GE(tok.piece_id("<|im_end|>"), 0);
   // The stored ids equal the library's encoding of the same conversations with that tokenizer.
-  const auto conversations = ld::read_conversations(p.dir / "chat.jsonl");
-  const ld::ChatEncoder encoder(ld::load_chat_template("chatml"), tok);
+  const auto conversations = lt::read_conversations(p.dir / "chat.jsonl");
+  const lt::ChatEncoder encoder(lt::load_chat_template("chatml"), tok);
   std::vector<std::vector<int32_t>> all;
   for (const auto& c : conversations) all.push_back(ld::to_stored_ids(encoder.encode(c.messages, c.where)));
   const ld::Dataset train = ld::open_dataset(p.dir / "data" / "train");
@@ -109,7 +111,7 @@ TEST(SftCli, PrepareChatRefusals) {
 TEST(SftCli, InspectTrainEvalGenerateChat) {
   ChatPrepared p;
   ASSERT_EQ(p.prepared.status, 0) << p.prepared.output;
-  const auto tok = ld::Tokenizer::load(p.dir / "data" / "tokenizer.model");
+  const auto tok = lt::Tokenizer::load(p.dir / "data" / "tokenizer.model");
   const int32_t im_start = tok.piece_id("<|im_start|>");
   // Every conversation is shorter than P = 256 here: without splitting, every row starts one.
   const std::string data = (p.dir / "data" / "train").string();
@@ -151,8 +153,8 @@ TEST(SftCli, InspectTrainEvalGenerateChat) {
                    "--max-new-tokens 4 --threads 1");
   ASSERT_EQ(r.status, 0) << r.output;
   // The prompt is the template's: <|im_start|> user \n … <|im_end|> \n <|im_start|> assistant \n.
-  const ld::ChatEncoder encoder(ld::load_chat_template("chatml"), tok);
-  const auto prompt = encoder.encode_prompt({{ld::ChatMessage::Role::kUser, "the state of the union"}});
+  const lt::ChatEncoder encoder(lt::load_chat_template("chatml"), tok);
+  const auto prompt = encoder.encode_prompt({{lt::ChatMessage::Role::kUser, "the state of the union"}});
   EXPECT_TRUE(contains(r.output, "generate: " + std::to_string(prompt.size()) + " prompt tokens"))
       << r.output;
   r = run_longtron("generate --checkpoint " + (p.dir / "ckpt").string() + " --chat --prompt x");

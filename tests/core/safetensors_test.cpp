@@ -1,6 +1,6 @@
 // Safetensors: round trips, bf16/f16 bit patterns, sharded folders, corrupt files.
-#include "expect_error.h"
 #include "core/safetensors.h"
+#include "expect_error.h"
 
 #include <gtest/gtest.h>
 

@@ -6,13 +6,13 @@
 #include <fstream>
 #include <random>
 
-#include "expect_error.h"
 #include "core/error.h"
 #include "data/internevo.h"
 #include "data/megatron.h"
 #include "data/npy.h"
 #include "data/open.h"
 #include "data/validate.h"
+#include "expect_error.h"
 #include "test_util.h"
 
 namespace ld = longtron::data;

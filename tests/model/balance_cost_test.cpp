@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "model/internlm2.h"
+#include "model/decoder.h"
 
 namespace longtron::model {
 namespace {

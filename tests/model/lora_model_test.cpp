@@ -7,10 +7,10 @@
 #include <cstdio>
 #include <random>
 
-#include "core/error.h"
 #include "bf16_here.h"
+#include "core/error.h"
 #include "expect_error.h"
-#include "model/internlm2.h"
+#include "model/decoder.h"
 #include "model/lora.h"
 #include "model_testing.h"
 #include "ops/compute_context.h"
@@ -34,7 +34,7 @@ struct Adapted {
   ParamTable table;
   Params<double> params, grads, adapter;
   std::shared_ptr<LoraState<double>> state;
-  std::unique_ptr<InternLM2<double>> model;
+  std::unique_ptr<Decoder<double>> model;
 
   explicit Adapted(const ModelConfig& c)
       : base(c), modules(lora_modules(base, c.lora)), table(lora_table(base, modules, c.lora.rank)),
@@ -54,7 +54,7 @@ struct Adapted {
     ModelOps<double> ops = make_dense_ops<double>(base);
     apply_lora<double>(ops, base, modules, table, state,
                        [](int, int) { return LoraLinearSpec<double>{}; });
-    model = std::make_unique<InternLM2<double>>(base, params, std::move(ops));
+    model = std::make_unique<Decoder<double>>(base, params, std::move(ops));
   }
   ~Adapted() { delete state->grads; }
   Params<double>& adapter_grads() { return *state->grads; }
@@ -164,7 +164,7 @@ TEST(LoraModel, MergedForwardEqualsAdapted) {
               W[(first + o) * mod.in + i] += s * acc;
             }
       }
-      InternLM2<double> plain(m.base, merged);
+      Decoder<double> plain(m.base, merged);
       const double direct = plain.forward_loss(batch, &merged_tokens).sum;
       EXPECT_NEAR(adapted, direct, 1e-11 * std::abs(direct)) << type << " rslora " << rslora;
       for (size_t i = 0; i < merged_tokens.size(); ++i)
@@ -200,7 +200,7 @@ std::vector<float> float_adapter_grads(const ModelConfig& c, const ops::ComputeC
   state->compute = adapter_cc;
   ModelOps<float> ops = make_dense_ops<float>(base, base_cc);
   apply_lora<float>(ops, base, modules, table, state, [](int, int) { return LoraLinearSpec<float>{}; });
-  InternLM2<float> model(base, params, std::move(ops));
+  Decoder<float> model(base, params, std::move(ops));
   model.forward_backward(tiny_row(c.vocab_size), grads, 1.0);
   return {adapter_grads.data(), adapter_grads.data() + table.numel()};
 }

@@ -6,13 +6,13 @@
 #include <cmath>
 #include <random>
 
+#include "bf16_here.h"
 #include "core/error.h"
-#include "model/internlm2.h"
+#include "model/decoder.h"
+#include "model_testing.h"
+#include "ops/fd_check.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
-#include "model_testing.h"
-#include "bf16_here.h"
-#include "ops/fd_check.h"
 
 namespace longtron::model {
 namespace {
@@ -36,7 +36,7 @@ void check_gradients(const ModelConfig& config, bool checkpoint) {
   const ParamTable layout(c);
   Params<double> params(layout), grads(layout);
   randomize(params, 11);
-  InternLM2<double> model(layout, params);
+  Decoder<double> model(layout, params);
   const data::MicroBatch batch = tiny_row(c.vocab_size);
   const double scale = 0.37;
   const LossSum loss = model.forward_backward(batch, grads, scale);
@@ -102,7 +102,7 @@ TEST(ModelGrad, CheckpointGivesIdenticalGradients) {
   Params<double> params(layout), plain(layout), recomputed(layout);
   randomize(params, 5);
   const data::MicroBatch batch = tiny_row(c.vocab_size);
-  InternLM2<double> model(layout, params);
+  Decoder<double> model(layout, params);
   const LossSum a = model.forward_backward(batch, plain, 1.0);
   model.set_checkpoint(true);
   const LossSum b = model.forward_backward(batch, recomputed, 1.0);
@@ -126,7 +126,7 @@ TEST(ModelGrad, CheckpointGivesIdenticalGradientsInBf16) {
   for (int64_t i = 0; i < layout.numel(); ++i) params.data()[i] = float(wide.data()[i]);
   const data::MicroBatch batch = tiny_row(c.vocab_size);
   const ops::ComputeContext bf16(ops::ComputeType::kBFloat16);
-  InternLM2<float> model(layout, params, make_dense_ops<float>(layout, bf16));
+  Decoder<float> model(layout, params, make_dense_ops<float>(layout, bf16));
   const LossSum a = model.forward_backward(batch, plain, 1.0);
   EXPECT_EQ(model.forward_loss(batch).sum, a.sum);
   model.set_checkpoint(true);
@@ -183,7 +183,7 @@ TEST(ModelGrad, ChunksGiveUnchunkedValues) {
   Params<double> params(layout), plain(layout);
   randomize(params, 9);
   const data::MicroBatch batch = tiny_row(c.vocab_size);
-  InternLM2<double> reference(layout, params);
+  Decoder<double> reference(layout, params);
   const LossSum a = reference.forward_backward(batch, plain, 0.5);
   std::vector<double> want;
   reference.forward_loss(batch, &want);
@@ -193,7 +193,7 @@ TEST(ModelGrad, ChunksGiveUnchunkedValues) {
     cc.chunk_tokens = chunk;
     const ParamTable chunked_layout(cc);
     Params<double> grads(chunked_layout);
-    InternLM2<double> model(chunked_layout, params);
+    Decoder<double> model(chunked_layout, params);
     ASSERT_TRUE(model.chunked());
     const LossSum b = model.forward_backward(batch, grads, 0.5);
     EXPECT_NEAR(a.sum, b.sum, 1e-13 * std::abs(a.sum)) << "chunk " << chunk;
@@ -223,7 +223,7 @@ TEST(ModelGrad, ChunksGiveUnchunkedValuesInBf16) {
   for (int64_t i = 0; i < layout.numel(); ++i) params.data()[i] = float(wide.data()[i]);
   const data::MicroBatch batch = tiny_row(c.vocab_size);
   const ops::ComputeContext bf16(ops::ComputeType::kBFloat16);
-  InternLM2<float> reference(layout, params, make_dense_ops<float>(layout, bf16));
+  Decoder<float> reference(layout, params, make_dense_ops<float>(layout, bf16));
   const LossSum a = reference.forward_backward(batch, plain, 1.0);
   std::vector<double> want;
   reference.forward_loss(batch, &want);
@@ -233,7 +233,7 @@ TEST(ModelGrad, ChunksGiveUnchunkedValuesInBf16) {
     cc.chunk_tokens = chunk;
     const ParamTable chunked_layout(cc);
     Params<float> grads(chunked_layout);
-    InternLM2<float> model(chunked_layout, params, make_dense_ops<float>(chunked_layout, bf16));
+    Decoder<float> model(chunked_layout, params, make_dense_ops<float>(chunked_layout, bf16));
     const LossSum b = model.forward_backward(batch, grads, 1.0);
     EXPECT_NEAR(a.sum, b.sum, 1e-5 * std::abs(a.sum)) << "chunk " << chunk;
     std::vector<double> got;
@@ -256,7 +256,7 @@ TEST(ModelGrad, ChunkedForwardNeedsNoMoreThanTraining) {
   Params<double> params(layout), grads(layout);
   randomize(params, 3);
   const data::MicroBatch batch = tiny_row(c.vocab_size);
-  InternLM2<double> model(layout, params);
+  Decoder<double> model(layout, params);
   model.forward_loss(batch);
   const int64_t forward = model.workspace_bytes();
   model.forward_backward(batch, grads, 1.0);
@@ -282,7 +282,7 @@ TEST(ModelGrad, GradientsAccumulate) {
   Params<double> params(layout), once(layout), twice(layout);
   randomize(params, 9);
   const data::MicroBatch batch = tiny_row(c.vocab_size);
-  InternLM2<double> model(layout, params);
+  Decoder<double> model(layout, params);
   model.forward_backward(batch, once, 1.0);
   model.forward_backward(batch, twice, 0.5);
   model.forward_backward(batch, twice, 1.5);
@@ -298,7 +298,7 @@ TEST(ModelGrad, WorkspaceRelayoutKeepsResults) {
   Params<double> params(layout), fresh_g(layout), used_g(layout);
   randomize(params, 17);
   const data::MicroBatch batch = tiny_row(c.vocab_size);
-  InternLM2<double> fresh(layout, params), used(layout, params);
+  Decoder<double> fresh(layout, params), used(layout, params);
   const std::vector<int32_t> prompt = {5, 6, 7};
   used.logits_last(prompt);
   used.forward_loss(batch);
@@ -313,7 +313,7 @@ TEST(ModelGrad, BadBatchesAreErrors) {
   const ModelConfig c = testing::tiny_config();
   const ParamTable layout(c);
   Params<double> params(layout), grads(layout);
-  InternLM2<double> model(layout, params);
+  Decoder<double> model(layout, params);
   data::MicroBatch b = tiny_row(c.vocab_size);
   b.input_ids[3] = 32;  // outside the vocabulary
   EXPECT_THROW(model.forward_loss(b), longtron::Error);
@@ -341,7 +341,7 @@ TEST(ModelGrad, LogitsLastMatchesTokenLoss) {
   const ParamTable layout(c);
   Params<double> params(layout);
   randomize(params, 13);
-  InternLM2<double> model(layout, params);
+  Decoder<double> model(layout, params);
   const std::vector<int32_t> doc = {3, 9, 27, 4, 11};
   data::MicroBatch b;
   testing::append_document(b, doc);

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <random>
 
-#include "model/internlm2.h"
+#include "model/decoder.h"
 #include "model_testing.h"
 #include "ops/ops.h"
 
@@ -18,7 +18,7 @@ TEST(ModelLearn, LossFallsUnderAdamW) {
   const ParamTable layout(c);
   Params<float> params(layout), grads(layout), m(layout), v(layout);
   init_params(params, 3);
-  InternLM2<float> model(layout, params);
+  Decoder<float> model(layout, params);
   std::mt19937_64 rng(8);
   data::MicroBatch row;
   for (int64_t len : {12, 1, 9, 20}) {

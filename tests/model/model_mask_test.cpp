@@ -7,7 +7,7 @@
 #include <cmath>
 #include <random>
 
-#include "model/internlm2.h"
+#include "model/decoder.h"
 #include "model_testing.h"
 
 namespace longtron::model {
@@ -38,7 +38,7 @@ void randomize(Params<float>& p) {
   }
 }
 
-double loss_of(InternLM2<float>& model, const data::MicroBatch& b, int64_t begin, int64_t len) {
+double loss_of(Decoder<float>& model, const data::MicroBatch& b, int64_t begin, int64_t len) {
   std::vector<double> losses;
   model.forward_loss(b, &losses);
   double s = 0;
@@ -51,7 +51,7 @@ TEST(ModelMask, DocumentLossIndependentOfNeighbours) {
   const ParamTable layout(c);
   Params<float> params(layout);
   randomize(params);
-  InternLM2<float> model(layout, params);
+  Decoder<float> model(layout, params);
   std::mt19937_64 rng(4);
   const int64_t seq_len = 64;
   const std::vector<int32_t> doc = random_document(rng, 50, c.vocab_size);

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "model/internlm2.h"
+#include "model/decoder.h"
 #include "model/params.h"
 #include "model_testing.h"
 

@@ -4,8 +4,8 @@
 #include <random>
 #include <vector>
 
-#include "data/batch.h"
 #include "model/model_config.h"
+#include "packing/batch.h"
 
 namespace longtron::testing {
 

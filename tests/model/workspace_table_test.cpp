@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "model/internlm2.h"
 #include "bf16_here.h"
+#include "model/decoder.h"
 #include "model_testing.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
@@ -59,11 +59,11 @@ void check_chunked(bool bf16) {
   WorkspaceShape s = shape_of(c, double(batch.input_ids.size()));
   s.chunk = 5;
   s.bf16 = bf16;
-  InternLM2<T> forward_only(layout, params, make_dense_ops<T>(layout, context_of(bf16)));
+  Decoder<T> forward_only(layout, params, make_dense_ops<T>(layout, context_of(bf16)));
   forward_only.forward_loss(batch);
   s.train = false;
   EXPECT_EQ(forward_only.chunk_buffers(), table_bytes(s, sizeof(T)));
-  InternLM2<T> model(layout, params, make_dense_ops<T>(layout, context_of(bf16)));
+  Decoder<T> model(layout, params, make_dense_ops<T>(layout, context_of(bf16)));
   model.forward_backward(batch, grads, 1.0);
   s.train = true;
   EXPECT_EQ(model.chunk_buffers(), table_bytes(s, sizeof(T)));
@@ -96,10 +96,10 @@ void check_unchunked(bool bf16) {
   const auto bytes = [&] {
     return workspace_elements(s) * sizeof(T) + workspace_bf16_elements(s) * 2;
   };
-  InternLM2<T> forward_only(layout, params, make_dense_ops<T>(layout, context_of(bf16)));
+  Decoder<T> forward_only(layout, params, make_dense_ops<T>(layout, context_of(bf16)));
   forward_only.forward_loss(batch);
   EXPECT_EQ(double(forward_only.workspace_bytes()), bytes());
-  InternLM2<T> model(layout, params, make_dense_ops<T>(layout, context_of(bf16)));
+  Decoder<T> model(layout, params, make_dense_ops<T>(layout, context_of(bf16)));
   model.forward_backward(batch, grads, 1.0);
   s.per_layer = true;
   EXPECT_EQ(double(model.workspace_bytes()), bytes());

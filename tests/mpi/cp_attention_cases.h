@@ -1,12 +1,12 @@
 // 2D-Attention (head parallel × context parallel, isp_attention.h + cp_attention.h) against the
 // dense attention on the whole row: each rank of a head_size × context_size group (head groups of
 // consecutive ranks, InternEvo's head_first) holds its slice of its context share
-// (data/context_split.h); its output rows and its dqkv rows must equal the dense ones at the row
+// (packing/context_split.h); its output rows and its dqkv rows must equal the dense ones at the row
 // positions it holds, for every balance, on rows with documents longer than a share, documents of
 // length 1 and a pad segment. Errors are max-norm relative and printed.
 #pragma once
-#include "data/context_split.h"
 #include "isp_ops_cases.h"
+#include "packing/context_split.h"
 
 namespace longtron::testing {
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bf16_here.h"
 #include "core/error.h"
 #include "model/layers.h"
 #include "model/params.h"
@@ -22,7 +23,6 @@
 #include "mpi_test_main.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
-#include "bf16_here.h"
 #include "parallel/isp_attention.h"
 #include "parallel/layout.h"
 #include "parallel/mappings.h"

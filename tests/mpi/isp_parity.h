@@ -8,8 +8,8 @@
 #include <memory>
 
 #include "data/memory_source.h"
-#include "data/pack.h"
 #include "engine_parity.h"
+#include "packing/pack.h"
 
 namespace longtron::testing {
 

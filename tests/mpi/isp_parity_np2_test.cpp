@@ -1,9 +1,9 @@
 // ISP (Ulysses + weight parallel) through the engine on 2 ranks against one process on the same
 // global batch (see isp_parity.h): T=2, W != T, overlap on/off, activation recomputation,
 // unpacked rows and a row whose second sequence shard is all padding.
-#include "data/sequence_split.h"
 #include "isp_parity.h"
 #include "modes/isp_ops.h"
+#include "packing/sequence_split.h"
 
 namespace longtron::testing {
 namespace {
@@ -66,7 +66,7 @@ TEST(IspParityNp2, OverlapPrefetchesAreUsed) {
     model::init_params(params, 42);
     parallel::isp_scatter_params(local, params, parallel::isp_shard_plan(full, 2, grid.weight->rank()));
     std::shared_ptr<parallel::IspWeightStore> store;
-    model::InternLM2<float> net(full, local, parallel::make_isp_ops(full, grid, true, &store));
+    model::Decoder<float> net(full, local, parallel::make_isp_ops(full, grid, true, &store));
     const MicroBatch row = random_row(16, cfg.vocab_size, 3);
     const MicroBatch mine = data::split_for_sequence_parallel(row, 2, grid.tensor->rank());
     net.forward_backward(mine, grads, 0.1);

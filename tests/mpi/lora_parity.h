@@ -14,7 +14,7 @@
 #include "engine_parity.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
-#include "data/context_split.h"
+#include "packing/context_split.h"
 
 namespace longtron::testing {
 

@@ -3,8 +3,8 @@
 // on the fused, kv-group-split wqkv), with recomputation; ISP, 2D-Attention and 2D tensor
 // parallel.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // as engine_np2_test.cpp (GCC 12)
-#include "lora_parity.h"
 #include "bf16_here.h"
+#include "lora_parity.h"
 
 namespace longtron::testing {
 namespace {

@@ -16,9 +16,9 @@
 #include "mpi_test_main.h"
 #include "ops/ops.h"
 #include "parallel/activation_blocks.h"
-#include "parallel/vocab_parallel.h"
 #include "parallel/mappings.h"
 #include "parallel/tp_linear.h"
+#include "parallel/vocab_parallel.h"
 
 namespace longtron::parallel {
 namespace {

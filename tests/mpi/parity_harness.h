@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "model/internlm2.h"
+#include "model/decoder.h"
 #include "modes/engine.h"
 #include "mpi_test_main.h"
 #include "parallel/layout.h"

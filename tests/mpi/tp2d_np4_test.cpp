@@ -41,7 +41,7 @@ TEST(Tp2dNp4, ForwardLossTokenLosses) {
   model::ParamTable layout(m);
   model::Params<float> params(layout);
   model::init_params(params, 42);
-  model::InternLM2<float> net(layout, params);
+  model::Decoder<float> net(layout, params);
   std::vector<double> want, got;
   const model::LossSum ref = net.forward_loss(row, &want);
   parallel::Grid grid = parallel::make_grid(world(), layout_2d(2, 2));

@@ -12,11 +12,11 @@
 
 #include "core/error.h"
 #include "data/memory_source.h"
-#include "data/pack.h"
-#include "data/sequence_split.h"
-#include "model/internlm2.h"
+#include "model/decoder.h"
 #include "modes/isp_ops.h"
 #include "mpi_test_main.h"
+#include "packing/pack.h"
+#include "packing/sequence_split.h"
 #include "parallel/layout.h"
 #include "parallel/sequence_parallel.h"
 
@@ -92,7 +92,7 @@ TEST(XtunerSpNp4, EndToEnd) {
   model::Params<float> params(full), local(full);
   model::init_params(params, 9);
   parallel::isp_scatter_params(local, params, parallel::isp_shard_plan(full, 2, grid.weight->rank()));
-  model::InternLM2<float> isp(full, local, parallel::make_isp_ops(full, grid, false));
+  model::Decoder<float> isp(full, local, parallel::make_isp_ops(full, grid, false));
   std::vector<double> token_losses;
   isp.forward_loss(mine, &token_losses);
   double sum = 0;
@@ -104,7 +104,7 @@ TEST(XtunerSpNp4, EndToEnd) {
 
   data::MicroBatch padded = row;
   data::pad_for_sequence_parallel(padded, 2);
-  model::InternLM2<float> dense(full, params);
+  model::Decoder<float> dense(full, params);
   const model::LossSum want = dense.forward_loss(padded);
   const double ref = want.sum / double(want.count);
   const double err = std::abs(got - ref) / ref;
@@ -149,13 +149,13 @@ TEST(XtunerSpNp4, EndToEnd2D) {
   model::Params<float> params(full), local(full);
   model::init_params(params, 9);
   parallel::isp_scatter_params(local, params, parallel::isp_shard_plan(full, 4, grid.weight->rank()));
-  model::InternLM2<float> isp(full, local, parallel::make_isp_ops(full, grid, false));
+  model::Decoder<float> isp(full, local, parallel::make_isp_ops(full, grid, false));
   const model::LossSum ls = isp.forward_loss(mine);
   const double mean = ls.count > 0 ? ls.sum / double(ls.count) : 0.0;
   const double got = parallel::reduce_sequence_parallel_loss(mean, ls.count, *g.sp);
   data::MicroBatch padded = row;
   data::pad_for_sequence_parallel(padded, 4);
-  model::InternLM2<float> dense(full, params);
+  model::Decoder<float> dense(full, params);
   const model::LossSum want = dense.forward_loss(padded);
   const double err = std::abs(got - want.sum / double(want.count)) / (want.sum / double(want.count));
   if (world()->rank() == 0)

@@ -16,9 +16,9 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "fd_check.h"
-#include "ops/ops.h"
 #include "ops/compute_context.h"
 #include "ops/gemm_packing.h"
+#include "ops/ops.h"
 
 namespace ops = longtron::ops;
 using longtron::safetensors::bf16_to_float;

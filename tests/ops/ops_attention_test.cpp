@@ -14,15 +14,15 @@
 #include "bf16_here.h"
 #include "core/error.h"
 #include "core/safetensors.h"
-#include "ops/compute_context.h"
-#include "ops/threads.h"
 #include "fd_check.h"
 #include "ops/attention_add_dq.h"
 #include "ops/attention_bf16.h"
-#include "ops/bf16_tile_gemm.h"
 #include "ops/attention_plan.h"
+#include "ops/bf16_tile_gemm.h"
+#include "ops/compute_context.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
+#include "ops/threads.h"
 
 namespace ops = longtron::ops;
 using longtron::testing::dot;

@@ -10,12 +10,12 @@
 #include <random>
 #include <set>
 
-#include "data/balance.h"
-#include "data/balanced_pack.h"
-#include "data/loader.h"
 #include "data/memory_source.h"
-#include "data/pack.h"
 #include "expect_error.h"
+#include "packing/balance.h"
+#include "packing/balanced_pack.h"
+#include "packing/loader.h"
+#include "packing/pack.h"
 
 namespace longtron::data {
 namespace {

@@ -1,7 +1,7 @@
-// Context-parallel token assignment (data/context_split.h): golden layouts, the permutation and
+// Context-parallel token assignment (packing/context_split.h): golden layouts, the permutation and
 // share invariants of every balance, brute-force work and key ranges, and the balance goal of
 // "document" on random rows.
-#include "data/context_split.h"
+#include "packing/context_split.h"
 
 #include <gtest/gtest.h>
 
@@ -10,8 +10,8 @@
 #include <random>
 
 #include "core/error.h"
-#include "data/sequence_split.h"
 #include "expect_error.h"
+#include "packing/sequence_split.h"
 
 namespace longtron::data {
 namespace {

@@ -8,7 +8,7 @@
 #include <random>
 
 #include "data/memory_source.h"
-#include "data/pack.h"
+#include "packing/pack.h"
 
 namespace longtron::data {
 namespace {

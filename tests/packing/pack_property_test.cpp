@@ -8,10 +8,10 @@
 #include <set>
 
 #include "data/memory_source.h"
-#include "data/pack.h"
-#include "data/sampler.h"
-#include "data/sequence_split.h"
-#include "data/unpack.h"
+#include "packing/pack.h"
+#include "packing/sampler.h"
+#include "packing/sequence_split.h"
+#include "packing/unpack.h"
 
 namespace longtron::data {
 namespace {

@@ -5,14 +5,14 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "data/loader.h"
 #include "data/megatron.h"
 #include "data/memory_source.h"
 #include "data/open.h"
-#include "data/pack.h"
-#include "data/sequence_split.h"
-#include "data/shuffle.h"
-#include "data/unpack.h"
+#include "packing/loader.h"
+#include "packing/pack.h"
+#include "packing/sequence_split.h"
+#include "packing/shuffle.h"
+#include "packing/unpack.h"
 
 namespace longtron::data {
 namespace {

@@ -1,5 +1,5 @@
 // numpy_permutation against NumPy RandomState(1024).shuffle vectors (docs/data.md).
-#include "data/shuffle.h"
+#include "packing/shuffle.h"
 
 #include <gtest/gtest.h>
 

@@ -8,13 +8,13 @@
 
 #include <fstream>
 
-#include "data/chat_jinja.h"
-#include "data/chat_template.h"
-#include "data/tokenizer.h"
 #include "expect_error.h"
 #include "test_util.h"
+#include "text/chat_jinja.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
-namespace longtron::data {
+namespace longtron::text {
 namespace {
 
 using testing::expect_error;
@@ -297,4 +297,4 @@ TEST(ChatJinja, EncodesEachSpecialTokenAsOneIdAndNoSecondBos) {
 }
 
 }  // namespace
-}  // namespace longtron::data
+}  // namespace longtron::text

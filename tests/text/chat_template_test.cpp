@@ -13,17 +13,18 @@
 
 #include <unordered_map>
 
-#include "data/chat_template.h"
+#include "data/chat_documents.h"
 #include "data/internevo.h"
-#include "data/validate.h"
 #include "data/memory_source.h"
 #include "data/open.h"
-#include "data/pack.h"
 #include "data/pretokenized.h"
+#include "data/validate.h"
 #include "expect_error.h"
+#include "packing/pack.h"
 #include "test_util.h"
+#include "text/chat_template.h"
 
-namespace longtron::data {
+namespace longtron::text {
 namespace {
 
 using testing::expect_error;
@@ -336,4 +337,4 @@ TEST(Pretokenized, LossCarryingIdZero) {
 }
 
 }  // namespace
-}  // namespace longtron::data
+}  // namespace longtron::text

@@ -1,5 +1,5 @@
 // SentencePiece BPE training on a small generated corpus, then encode/decode.
-#include "data/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "test_util.h"
 
-namespace ld = longtron::data;
+namespace lt = longtron::text;
 
 namespace {
 
@@ -36,7 +36,7 @@ std::vector<std::string> corpus() {
 TEST(Tokenizer, SplitForTrainingKeepsLinesShort) {
   const auto docs = corpus();
   ASSERT_GT(docs[0].size(), 20000u);
-  const auto lines = ld::split_for_training(docs[0] + "\n\nSecond paragraph here.", 1000);
+  const auto lines = lt::split_for_training(docs[0] + "\n\nSecond paragraph here.", 1000);
   ASSERT_GT(lines.size(), 20u);
   for (const auto& line : lines) {
     EXPECT_LT(line.size(), 1000u);
@@ -44,16 +44,16 @@ TEST(Tokenizer, SplitForTrainingKeepsLinesShort) {
   }
   EXPECT_EQ(lines.back(), "Second paragraph here.");
   EXPECT_EQ(lines.front().back(), '.');  // cut at a sentence end
-  const auto unbroken = ld::split_for_training(std::string(2500, 'a'), 1000);
+  const auto unbroken = lt::split_for_training(std::string(2500, 'a'), 1000);
   EXPECT_EQ(unbroken.size(), 3u);
 }
 
 TEST(Tokenizer, TrainEncodeDecodeRoundTrip) {
   const auto docs = corpus();
-  ld::TokenizerTraining options;
+  lt::TokenizerTraining options;
   options.vocab_size = 400;
   options.threads = 2;
-  const auto tokenizer = ld::train_bpe_tokenizer(docs, options);
+  const auto tokenizer = lt::train_bpe_tokenizer(docs, options);
   EXPECT_EQ(tokenizer.vocab_size(), 400);
   EXPECT_EQ(tokenizer.bos_id(), 1);
   EXPECT_EQ(tokenizer.eos_id(), 2);
@@ -74,12 +74,12 @@ TEST(Tokenizer, TrainEncodeDecodeRoundTrip) {
   // Saved bytes load back.
   longtron::testing::TempDir dir;
   longtron::testing::write_file(dir / "t.model", tokenizer.serialized());
-  EXPECT_EQ(ld::Tokenizer::load(dir / "t.model").encode(text), ids);
+  EXPECT_EQ(lt::Tokenizer::load(dir / "t.model").encode(text), ids);
 }
 
 TEST(Tokenizer, BadModelFile) {
   longtron::testing::TempDir dir;
   longtron::testing::write_file(dir / "bad.model", "not a model");
-  EXPECT_THROW(ld::Tokenizer::load(dir / "bad.model"), longtron::Error);
-  EXPECT_THROW(ld::Tokenizer::load(dir / "missing.model"), longtron::Error);
+  EXPECT_THROW(lt::Tokenizer::load(dir / "bad.model"), longtron::Error);
+  EXPECT_THROW(lt::Tokenizer::load(dir / "missing.model"), longtron::Error);
 }

@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "data/loader.h"
 #include "data/megatron.h"
 #include "data/open.h"
-#include "data/pack.h"
 #include "data/validate.h"
+#include "packing/loader.h"
+#include "packing/pack.h"
 #include "test_util.h"
 
 namespace longtron::train {

@@ -23,9 +23,9 @@
 
 #include "core/safetensors.h"
 #include "expect_error.h"
+#include "model/decoder.h"
 #include "model/hf_config.h"
 #include "model/hf_names.h"
-#include "model/internlm2.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
 #include "train/model_io.h"
@@ -75,8 +75,8 @@ fs::path with_config(const TempDir& dir, const std::string& variant, const std::
 
 /// The loaded weights as a one-process model (the CLI goes through the engine; these checks
 /// compare the model's own numbers).
-std::unique_ptr<model::InternLM2<float>> model_of(const train::LoadedModel& m) {
-  return std::make_unique<model::InternLM2<float>>(*m.layout, *m.params);
+std::unique_ptr<model::Decoder<float>> model_of(const train::LoadedModel& m) {
+  return std::make_unique<model::Decoder<float>>(*m.layout, *m.params);
 }
 
 /// Loss (1e-5) and every gradient (max |g − ref| ≤ 1e-4 · max |ref| per tensor, by Hugging Face

@@ -8,13 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "bf16_here.h"
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "expect_error.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
 #include "test_util.h"
-#include "bf16_here.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/peft.h"

@@ -7,14 +7,14 @@
 
 #include <numeric>
 
+#include "bf16_here.h"
 #include "core/error.h"
 #include "core/phase.h"
-#include "model/internlm2.h"
+#include "model/decoder.h"
 #include "model/lora.h"
 #include "model/params.h"
 #include "ops/precision.h"
 #include "train/config.h"
-#include "bf16_here.h"
 
 using namespace longtron;
 
@@ -55,7 +55,7 @@ TEST(MemoryPlan, ActivationsAreTheModelsWorkspace) {
       model::init_params(params, 1);
       const ops::ComputeContext precision(bf16 ? ops::ComputeType::kBFloat16
                                                : ops::ComputeType::kFloat32);
-      model::InternLM2<float> m(layout, params, model::make_dense_ops<float>(layout, precision));
+      model::Decoder<float> m(layout, params, model::make_dense_ops<float>(layout, precision));
       data::MicroBatch b;
       const int32_t P = 120;
       for (int32_t i = 0; i < P; ++i) {

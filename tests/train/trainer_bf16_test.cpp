@@ -10,7 +10,6 @@
 #include <random>
 
 #include "../test_util.h"
-#include "trainer_fixture.h"
 #include "bf16_here.h"
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -22,6 +21,7 @@
 #include "train/config.h"
 #include "train/model_io.h"
 #include "train/trainer.h"
+#include "trainer_fixture.h"
 
 namespace fs = std::filesystem;
 using namespace longtron;

@@ -118,7 +118,7 @@ TEST(Trainer, MicroMeanStepLossIsTheMeanOfMicroBatchMeans) {
   model::ParamTable layout(c.model);
   model::Params<float> params(layout);
   model::init_params(params, static_cast<uint64_t>(c.train.seed));
-  model::InternLM2<float> m(layout, params);
+  model::Decoder<float> m(layout, params);
   data::BatchLoader loader(data::open_dataset(c.data.train_folder), train::loader_config(c), 1);
   std::vector<model::LossSum> micro;
   for (const auto& b : loader.step(0, 0)) micro.push_back(m.forward_loss(b));
@@ -129,7 +129,7 @@ TEST(Trainer, MicroMeanStepLossIsTheMeanOfMicroBatchMeans) {
 }
 
 /// The step loss of step 1 (token-weighted) at `params`.
-double step_loss(model::InternLM2<float>& m, const std::vector<data::MicroBatch>& batches) {
+double step_loss(model::Decoder<float>& m, const std::vector<data::MicroBatch>& batches) {
   std::vector<model::LossSum> micro;
   for (const auto& b : batches) micro.push_back(m.forward_loss(b));
   return train::combine_step_loss(micro, train::LossReduction::kToken);
@@ -145,7 +145,7 @@ TEST(Trainer, DumpGradsMatchesFiniteDifferencesOfTheStepLoss) {
   model::ParamTable layout(c.model);
   model::Params<float> params(layout);
   model::init_params(params, static_cast<uint64_t>(c.train.seed));
-  model::InternLM2<float> m(layout, params);
+  model::Decoder<float> m(layout, params);
   data::BatchLoader loader(data::open_dataset(c.data.train_folder), train::loader_config(c), 1);
   const auto batches = loader.step(0, 0);
   for (const char* name : {"output.weight", "model.layers.0.attention.wqkv.weight",

@@ -1,7 +1,7 @@
 // Operators, attributes, methods, filters and tests of the Jinja interpreter (see
 // jinja_builtins.h). Semantics follow Python 3 and Jinja2 3.x (jinja2/filters.py, jinja2/tests.py);
 // `tojson` is transformers' (json.dumps with ensure_ascii=False and the given indent).
-#include "data/jinja_builtins.h"
+#include "text/jinja/builtins.h"
 
 #include <algorithm>
 #include <cctype>
@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 
-namespace longtron::data::jinja {
+namespace longtron::text::jinja {
 
 namespace {
 
@@ -713,4 +713,4 @@ bool apply_test(const std::string& name, const Value& v, const CallArgs& a, int 
   type_error(line, fmt::format("no test named '{}'", name));
 }
 
-}  // namespace longtron::data::jinja
+}  // namespace longtron::text::jinja

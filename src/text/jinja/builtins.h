@@ -3,9 +3,9 @@
 #pragma once
 #include <string>
 
-#include "data/jinja_value.h"
+#include "text/jinja/value.h"
 
-namespace longtron::data::jinja {
+namespace longtron::text::jinja {
 
 /// Calls a template callable (a filter like map calls back into tests and filters).
 Value call(const Value& callee, const CallArgs& args, int line);
@@ -32,4 +32,4 @@ List iterate(const Value& v, int line);
 /// Error for using undefined `v` (other than printing, testing or truth).
 [[noreturn]] void undefined_error(const Value& v, int line);
 
-}  // namespace longtron::data::jinja
+}  // namespace longtron::text::jinja

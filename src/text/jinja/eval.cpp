@@ -5,11 +5,11 @@
 #include <deque>
 #include <unordered_map>
 
-#include "data/jinja.h"
-#include "data/jinja_builtins.h"
-#include "data/jinja_parser.h"
+#include "text/jinja/builtins.h"
+#include "text/jinja/jinja.h"
+#include "text/jinja/parser.h"
 
-namespace longtron::data::jinja {
+namespace longtron::text::jinja {
 
 Raised::Raised(const std::string& template_name, int line, std::string message)
     : Error(fmt::format("{}: template line {}: raise_exception: {}", template_name, line, message)),
@@ -386,4 +386,4 @@ std::string Template::render(const Dict& variables, std::time_t now) const {
   }
 }
 
-}  // namespace longtron::data::jinja
+}  // namespace longtron::text::jinja

@@ -16,9 +16,9 @@
 #include <string>
 
 #include "core/error.h"
-#include "data/jinja_value.h"
+#include "text/jinja/value.h"
 
-namespace longtron::data::jinja {
+namespace longtron::text::jinja {
 
 struct Stmt;
 
@@ -47,4 +47,4 @@ class Template {
   std::string name_;
 };
 
-}  // namespace longtron::data::jinja
+}  // namespace longtron::text::jinja

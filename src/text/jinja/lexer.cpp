@@ -1,15 +1,15 @@
 // The Jinja lexer (see jinja_lexer.h), following Jinja2's lexer: newlines normalised to "\n", one
 // trailing newline dropped (keep_trailing_newline off), whitespace control as transformers sets it.
-#include "data/jinja_lexer.h"
+#include "text/jinja/lexer.h"
 
 #include <array>
 #include <cctype>
 
 #include "core/error.h"
-#include "data/jinja_value.h"
-#include "data/unicode_text.h"
+#include "core/utf8.h"
+#include "text/jinja/value.h"
 
-namespace longtron::data::jinja {
+namespace longtron::text::jinja {
 
 namespace {
 
@@ -252,4 +252,4 @@ std::vector<Token> tokenize(const std::string& source, const std::string& name) 
   return Lexer(source, name).run();
 }
 
-}  // namespace longtron::data::jinja
+}  // namespace longtron::text::jinja

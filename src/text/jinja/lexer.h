@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-namespace longtron::data::jinja {
+namespace longtron::text::jinja {
 
 /// One token. Data is literal template text; inside tags: names, strings (escapes resolved),
 /// integers, floats and operators; tag delimiters mark statements and expressions.
@@ -20,4 +20,4 @@ struct Token {
 /// tag, comment or string, or a character that starts no token.
 std::vector<Token> tokenize(const std::string& source, const std::string& name);
 
-}  // namespace longtron::data::jinja
+}  // namespace longtron::text::jinja

@@ -1,14 +1,14 @@
 // The Jinja parser (see jinja_parser.h). Precedence, loosest first, as jinja2/parser.py:
 // conditional `x if c else y`, or, and, not, comparisons (== != < <= > >= in, not in), + -, ~,
 // * / // %, **, unary - +, then primary with postfix (.attr [item] (call)) and filters/tests.
-#include "data/jinja_parser.h"
+#include "text/jinja/parser.h"
 
 #include <algorithm>
 
 #include "core/error.h"
-#include "data/jinja_builtins.h"
+#include "text/jinja/builtins.h"
 
-namespace longtron::data::jinja {
+namespace longtron::text::jinja {
 
 namespace {
 
@@ -617,4 +617,4 @@ Body parse(const std::vector<Token>& tokens, const std::string& name) {
   return Parser(tokens, name).parse_all();
 }
 
-}  // namespace longtron::data::jinja
+}  // namespace longtron::text::jinja

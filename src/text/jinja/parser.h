@@ -6,10 +6,10 @@
 #include <utility>
 #include <vector>
 
-#include "data/jinja_lexer.h"
-#include "data/jinja_value.h"
+#include "text/jinja/lexer.h"
+#include "text/jinja/value.h"
 
-namespace longtron::data::jinja {
+namespace longtron::text::jinja {
 
 struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
@@ -80,4 +80,4 @@ struct Stmt {
 /// that does not fit the grammar (an unknown tag, a missing end tag, an unexpected token).
 Body parse(const std::vector<Token>& tokens, const std::string& name);
 
-}  // namespace longtron::data::jinja
+}  // namespace longtron::text::jinja

@@ -1,5 +1,5 @@
 // Jinja values (see jinja_value.h): Python's semantics for the operations templates use.
-#include "data/jinja_value.h"
+#include "text/jinja/value.h"
 
 #include <nlohmann/json.hpp>
 
@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdio>
 
-namespace longtron::data::jinja {
+namespace longtron::text::jinja {
 
 const Value* Dict::find(const std::string& key) const {
   for (const auto& [k, v] : items)
@@ -407,4 +407,4 @@ std::string py_strip(const std::string& s, const std::string* chars, bool left, 
   return s.substr(offsets[begin], offsets[end] - offsets[begin]);
 }
 
-}  // namespace longtron::data::jinja
+}  // namespace longtron::text::jinja

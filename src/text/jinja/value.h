@@ -14,7 +14,7 @@
 
 #include "core/error.h"
 
-namespace longtron::data::jinja {
+namespace longtron::text::jinja {
 
 struct Value;
 using List = std::vector<Value>;
@@ -105,4 +105,4 @@ std::string py_strip(const std::string& s, const std::string* chars, bool left, 
 /// True for the code points Python's str.isspace() accepts.
 bool py_isspace(char32_t c);
 
-}  // namespace longtron::data::jinja
+}  // namespace longtron::text::jinja

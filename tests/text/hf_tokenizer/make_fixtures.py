@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the small tokenizer.json fixtures of hf_tokenizer_test (each exercises a set of Hugging
 Face tokenizer components) and texts.json. Their expected ids come from Hugging Face's library:
-`node scripts/hf_tokenizer_golden.js fixtures tests/data/hf_tokenizer` writes golden.json."""
+`node scripts/hf_tokenizer_golden.js fixtures tests/text/hf_tokenizer` writes golden.json."""
 import collections
 import json
 import os

@@ -11,10 +11,10 @@
 #include <random>
 #include <sstream>
 
-#include "data/jinja.h"
 #include "expect_error.h"
+#include "text/jinja/jinja.h"
 
-namespace longtron::data::jinja {
+namespace longtron::text::jinja {
 namespace {
 
 const std::string kDir = std::string(LONGTRON_SOURCE_DIR) + "/tests/fixtures/chat_templates/";
@@ -241,4 +241,4 @@ TEST(Jinja, MutatedTemplatesFailCleanly) {
 }
 
 }  // namespace
-}  // namespace longtron::data::jinja
+}  // namespace longtron::text::jinja

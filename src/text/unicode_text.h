@@ -1,5 +1,5 @@
-// UTF-8 helpers, NFC (ICU) and Unicode regular expressions (PCRE2 with UTF and UCP) for the
-// Hugging Face tokenizer (data/hf_tokenizer.h).
+// Unicode properties, NFC (ICU) and Unicode regular expressions (PCRE2 with UTF and UCP) for the
+// Hugging Face tokenizer (text/hf_tokenizer.h); the UTF-8 primitives are core/utf8.h.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -8,17 +8,10 @@
 #include <string_view>
 #include <vector>
 
-namespace longtron::data::unicode {
+#include "core/utf8.h"
 
-/// Offset of the first byte that does not start a well-formed UTF-8 sequence, npos if none.
-size_t invalid_utf8_at(std::string_view text);
-/// `bytes` as UTF-8 with every maximal ill-formed subpart replaced by U+FFFD (the rule of
-/// Unicode 15 §3.9 that Rust's String::from_utf8_lossy follows).
-std::string utf8_lossy(std::string_view bytes);
-/// The code point starting at text[at] (valid UTF-8 assumed); `length` gets its byte count.
-char32_t decode_at(std::string_view text, size_t at, size_t* length);
-/// UTF-8 of one code point.
-void append_utf8(std::string& out, char32_t c);
+namespace longtron::unicode {
+
 /// Rust's char::is_whitespace (the White_Space property).
 bool is_whitespace(char32_t c);
 /// Rust's char::is_alphanumeric (Alphabetic, or general category Nd, Nl, No).
@@ -45,4 +38,4 @@ class Regex {
   std::string where_;
 };
 
-}  // namespace longtron::data::unicode
+}  // namespace longtron::unicode
