@@ -13,18 +13,21 @@
 #include <type_traits>
 #include <vector>
 
-#include "ops/attention_bf16.h"
 #include "ops/attention_f32_blocks.h"
 #include "ops/attention_plan.h"
 #include "ops/attention_rows.h"
 #include "ops/attention_skeleton.h"
+#include "ops/attention_kernels.h"
 #include "ops/attention_transpose.h"
 #include "ops/compute_context.h"
 #include "ops/fast_math.h"
+#include "ops/kernel_isa.h"
 #include "ops/ops.h"
 #include "ops/tile_gemm.h"
 
-namespace longtron::ops {
+// Compiled once per instruction set (ops/kernel_isa.h): attention_forward_avx512.cpp includes this file.
+LONGTRON_ISA_TARGET_BEGIN
+namespace longtron::ops::detail::LONGTRON_ISA {
 namespace {
 
 using detail::kAttnBlock;
@@ -57,7 +60,7 @@ class ForwardTile {
     const auto t = detail::scratch_tiles<T, 7>(
         {rows * d, rows * kAttnBlock, rows * d, rows, rows, rows, rows});
     q_ = t[0], s_ = t[1], o_ = t[2], m_ = t[3], l_ = t[4], alpha_ = t[5], sum_ = t[6];
-#if defined(__AVX512F__)
+#if LONGTRON_KERNEL_AVX512
     if constexpr (std::is_same_v<T, float>) blocks_ = d_ % 16 == 0;
 #endif
   }
@@ -82,7 +85,7 @@ class ForwardTile {
     std::fill(l_.begin(), l_.end(), T(0));
   }
   void key_block(const detail::ForwardBlock& b) {
-#if defined(__AVX512F__)
+#if LONGTRON_KERNEL_AVX512
     if constexpr (std::is_same_v<T, float>) {
       if (blocks_) return key_block_f32(b);
     }
@@ -123,7 +126,7 @@ class ForwardTile {
     }
   }
 
-#if defined(__AVX512F__)
+#if LONGTRON_KERNEL_AVX512
   void key_block_f32(const detail::ForwardBlock& b) {
     const int64_t d = d_, bj = b.bj;
     const float scale2 = static_cast<float>(c_.s.scale) * detail::kLog2e;
@@ -153,37 +156,21 @@ class ForwardTile {
 
 }  // namespace
 
+
 template <typename T>
-void varlen_attention_forward(const ComputeContext& cc, T* out, T* lse, const T* q, const T* k,
-                              const T* v, const AttentionShape& s) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (attention_bf16_runs(cc)) {
-      detail::varlen_attention_forward_bf16(out, lse, q, k, v, s);
-      return;
-    }
-  }
-  const detail::AttnPlan p = detail::plan_attention(s, false);
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
+                       const AttentionShape& s) {
+  const AttnPlan p = plan_attention(s, false);
   const size_t tiles = static_cast<size_t>(p.k_blocks * s.num_kv_heads * s.head_dim * kAttnBlock);
-  T* kt_all = detail::workspace<T>(detail::Arena::kKeys, 2 * tiles);
+  T* kt_all = workspace<T>(Arena::kKeys, 2 * tiles);
   const ForwardCall<T> call{s, p, out, lse, q, k, v, kt_all, kt_all + tiles};
-  detail::run_forward<ForwardTile<T>>(call);
+  run_forward<ForwardTile<T>>(call);
 }
 
-bool attention_bf16_runs(const ComputeContext& cc) { return cc.bf16() && attention_bf16_runs(); }
+template void attention_forward<float>(float*, float*, const float*, const float*, const float*,
+                                       const AttentionShape&);
+template void attention_forward<double>(double*, double*, const double*, const double*,
+                                        const double*, const AttentionShape&);
 
-template <typename T>
-void varlen_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v,
-                              const AttentionShape& s) {
-  varlen_attention_forward(ComputeContext::fp32(), out, lse, q, k, v, s);
-}
-
-#define LONGTRON_INSTANTIATE(T)                                                               \
-  template void varlen_attention_forward<T>(const ComputeContext&, T*, T*, const T*, const T*, \
-                                            const T*, const AttentionShape&);                 \
-  template void varlen_attention_forward<T>(T*, T*, const T*, const T*, const T*,             \
-                                            const AttentionShape&);
-LONGTRON_INSTANTIATE(float)
-LONGTRON_INSTANTIATE(double)
-#undef LONGTRON_INSTANTIATE
-
-}  // namespace longtron::ops
+}  // namespace longtron::ops::detail::LONGTRON_ISA
+LONGTRON_ISA_TARGET_END

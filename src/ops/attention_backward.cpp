@@ -17,20 +17,23 @@
 #include <utility>
 #include <vector>
 
-#include "ops/attention_add_dq.h"
-#include "ops/attention_bf16.h"
 #include "ops/attention_dq_order.h"
 #include "ops/attention_f32_blocks.h"
+#include "ops/attention_kernels.h"
 #include "ops/attention_plan.h"
 #include "ops/attention_rows.h"
 #include "ops/attention_skeleton.h"
 #include "ops/attention_transpose.h"
 #include "ops/compute_context.h"
 #include "ops/fast_math.h"
+#include "ops/kernel_isa.h"
 #include "ops/ops.h"
 #include "ops/tile_gemm.h"
 
-namespace longtron::ops {
+// Compiled once per instruction set (ops/kernel_isa.h): attention_backward_avx512.cpp includes
+// this file.
+LONGTRON_ISA_TARGET_BEGIN
+namespace longtron::ops::detail::LONGTRON_ISA {
 namespace {
 
 using detail::kAttnBlock;
@@ -103,7 +106,7 @@ class BackwardTile {
     T* sk = s_.data() + klo;    // columns klo.. of P (rows of stride bj)
     T* dsk = dp_.data() + klo;  // and of dS
     bool fused = false;
-#if defined(__AVX512F__)
+#if LONGTRON_KERNEL_AVX512
     if constexpr (std::is_same_v<T, float>) {
       // dP stored, then S on register blocks straight into P and dS.
       detail::tile_gemm<T>(M, nb, d, dot, d, 1, vt_.data() + klo, bj, dsk, bj, false);
@@ -206,15 +209,12 @@ class BackwardTile {
   detail::ScratchTile<T> kt_, vt_, kc_, s_, dp_, dk_, dv_;
 };
 
+}  // namespace
+
+
 template <typename T>
-void backward(const ComputeContext& cc, T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
-              const T* v, const T* out, const T* lse, const AttentionShape& s, bool add_dq) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (attention_bf16_runs(cc)) {
-      detail::varlen_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, s, add_dq);
-      return;
-    }
-  }
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                        const T* out, const T* lse, const AttentionShape& s, bool add_dq) {
   const detail::AttnPlan p = detail::plan_attention(s, true, kKeyBlock);
   const int64_t tile_rows = (s.num_heads / s.num_kv_heads) * kAttnBlock;
   const int64_t rows = p.q_blocks * s.num_kv_heads * tile_rows;  // ≤ (N + 64·segments)·Hq
@@ -230,39 +230,12 @@ void backward(const ComputeContext& cc, T* dq, T* dk, T* dv, const T* dout, cons
   detail::run_backward<BackwardTile<T>>(call, dq, add_dq);
 }
 
-}  // namespace
+template void attention_backward<float>(float*, float*, float*, const float*, const float*,
+                                        const float*, const float*, const float*, const float*,
+                                        const AttentionShape&, bool);
+template void attention_backward<double>(double*, double*, double*, const double*, const double*,
+                                         const double*, const double*, const double*,
+                                         const double*, const AttentionShape&, bool);
 
-template <typename T>
-void varlen_attention_backward(const ComputeContext& cc, T* dq, T* dk, T* dv, const T* dout,
-                               const T* q, const T* k, const T* v, const T* out, const T* lse,
-                               const AttentionShape& s) {
-  backward(cc, dq, dk, dv, dout, q, k, v, out, lse, s, false);
-}
-
-template <typename T>
-void varlen_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
-                               const T* v, const T* out, const T* lse, const AttentionShape& s) {
-  backward(ComputeContext::fp32(), dq, dk, dv, dout, q, k, v, out, lse, s, false);
-}
-
-template <typename T>
-void varlen_attention_backward_add_dq(const ComputeContext& cc, T* dq, T* dk, T* dv,
-                                      const T* dout, const T* q, const T* k, const T* v,
-                                      const T* out, const T* lse, const AttentionShape& s) {
-  backward(cc, dq, dk, dv, dout, q, k, v, out, lse, s, true);
-}
-
-#define LONGTRON_INSTANTIATE(T)                                                                 \
-  template void varlen_attention_backward<T>(const ComputeContext&, T*, T*, T*, const T*,       \
-                                             const T*, const T*, const T*, const T*, const T*,  \
-                                             const AttentionShape&);                            \
-  template void varlen_attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, \
-                                             const T*, const T*, const AttentionShape&);        \
-  template void varlen_attention_backward_add_dq<T>(const ComputeContext&, T*, T*, T*,          \
-                                                    const T*, const T*, const T*, const T*,     \
-                                                    const T*, const T*, const AttentionShape&);
-LONGTRON_INSTANTIATE(float)
-LONGTRON_INSTANTIATE(double)
-#undef LONGTRON_INSTANTIATE
-
-}  // namespace longtron::ops
+}  // namespace longtron::ops::detail::LONGTRON_ISA
+LONGTRON_ISA_TARGET_END

@@ -8,9 +8,19 @@
 // or into P and dS (bf16_tile_blocks.h, attention_rows_bf16.h). This file is compiled twice: as
 // itself (namespace native) and through attention_bf16_emulated.cpp (namespace emulated, the bf16
 // instructions emulated in AVX-512F, no AMX).
+// Which compilation this is (ops/kernel_isa.h): the kernel region below is built for AVX512-BF16,
+// or for AVX-512F alone in the emulated build, whatever the build's baseline.
+#ifdef LONGTRON_BF16_EMULATED
+#define LONGTRON_ISA avx512
+#define LONGTRON_ISA_TARGET LONGTRON_TARGET_AVX512
+#else
+#define LONGTRON_ISA avx512bf16
+#define LONGTRON_ISA_TARGET LONGTRON_TARGET_AVX512_BF16
+#endif
+#define LONGTRON_ISA_AVX512 1
+
 #include "ops/attention_bf16.h"
 
-#include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -30,8 +40,11 @@
 #include "ops/attention_transpose.h"
 #include "ops/bf16_tile_blocks.h"
 #include "ops/bf16_tile_gemm.h"
+#include "ops/cpu_features.h"
+#include "ops/kernel_isa.h"
 #include "ops/precision.h"
 
+LONGTRON_ISA_TARGET_BEGIN
 namespace longtron::ops::detail::LONGTRON_BF16_ISA {
 namespace {
 
@@ -454,6 +467,7 @@ void varlen_attention_backward_bf16_out16(float* dq, float* dk, float* dv, const
 }
 
 }  // namespace longtron::ops::detail::LONGTRON_BF16_ISA
+LONGTRON_ISA_TARGET_END
 
 #ifndef LONGTRON_BF16_EMULATED
 namespace longtron::ops::detail {
@@ -461,13 +475,10 @@ namespace longtron::ops::detail {
 namespace native {
 bool amx_available() {
   static const bool available = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
-    const bool amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
     constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;  // Linux uapi asm/prctl.h
     // Read once: the AMX tiles are chosen per tile inside the kernels' parallel loops.
-    if (cpu_feature_masked("amx_bf16")) return false;
-    return amx_bf16 && amx_tile && syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+    return cpu_has("amx_bf16") && cpu_has("amx_tile") &&
+           syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
   }();
   return available;
 }
@@ -519,8 +530,8 @@ void varlen_attention_backward_bf16_out16(float* dq, float* dk, float* dv, const
 namespace longtron::ops {
 
 bool attention_bf16_native() {
-  static const bool native = __builtin_cpu_supports("avx512bf16") && gemm_backend().native_bf16;
-  return native && cpu_has_avx512_bf16();  // the latter honours kCpuFeaturesMaskEnv
+  return kernel_isa() == KernelIsa::kAvx512 && cpu_has("avx512_bf16") &&
+         gemm_backend().native_bf16;
 }
 
 bool attention_bf16_runs() { return attention_bf16_native() || bf16_emulated(); }

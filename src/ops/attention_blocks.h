@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "ops/attention_plan.h"
+#include "ops/kernel_isa.h"
 
 // GCC 12 reports the unmasked AVX-512 intrinsics' _mm512_undefined_ps() pass-through operand as
 // maybe uninitialised where they are inlined (GCC bug 105593); it is never read.
@@ -22,7 +23,7 @@
 
 #define LONGTRON_AVX512F_TARGET __attribute__((target("avx512f")))
 
-namespace longtron::ops::detail {
+LONGTRON_ISA_BEGIN
 
 /// log2(e) and ln(2): the register-block kernels keep scores, running maxima and lse in base 2
 /// inside their row steps (exp(x) = 2^(x·log2 e)), which saves the Cody–Waite split of every exp.
@@ -183,6 +184,6 @@ struct RescaleAdd {
   }
 };
 
-}  // namespace longtron::ops::detail
+LONGTRON_ISA_END
 
 #pragma GCC diagnostic pop

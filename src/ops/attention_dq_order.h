@@ -17,8 +17,9 @@
 #include <vector>
 
 #include "ops/attention_plan.h"
+#include "ops/kernel_isa.h"
 
-namespace longtron::ops::detail {
+LONGTRON_ISA_BEGIN
 
 /// One turn counter per query tile (tile = global query block · num_kv_heads + kv head): the key
 /// block (index within its segment) whose dQ add is next. The key blocks that see a query tile
@@ -143,4 +144,4 @@ class ChainClaim {
   std::atomic<int64_t> cursor_{0};
 };
 
-}  // namespace longtron::ops::detail
+LONGTRON_ISA_END

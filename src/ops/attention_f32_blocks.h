@@ -8,9 +8,11 @@
 // the softmax over it row by row, scaled O in a separate pass and added PV into it: ~1/3 of its
 // forward at head_dim 64 went to those passes.
 #pragma once
-#if defined(__AVX512F__)
 #include <immintrin.h>
 
+#include "ops/kernel_isa.h"
+
+#if LONGTRON_KERNEL_AVX512
 #include <algorithm>
 #include <cstdint>
 
@@ -24,7 +26,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-namespace longtron::ops::detail {
+LONGTRON_ISA_BEGIN
 
 /// acc[r][v] = Σ_k A(r, k) · B[k·ldb + 16v + lane] for R rows and NV vectors of 16 columns.
 template <int R, int NV>
@@ -163,7 +165,7 @@ struct F32Dscores {
   }
 };
 
-}  // namespace longtron::ops::detail
+LONGTRON_ISA_END
 
 #pragma GCC diagnostic pop
-#endif  // __AVX512F__
+#endif  // LONGTRON_KERNEL_AVX512

@@ -8,6 +8,7 @@
 
 #include "ops/attention_plan.h"
 #include "ops/fast_math.h"
+#include "ops/kernel_isa.h"
 
 // GCC tunes Sapphire Rapids-class CPUs to auto-vectorise with 256-bit vectors; these exp loops
 // are the attention's largest non-GEMM cost, and 512-bit vectors halve their instructions.
@@ -17,7 +18,7 @@
 #define LONGTRON_WIDE_SIMD
 #endif
 
-namespace longtron::ops::detail {
+LONGTRON_ISA_BEGIN
 
 /// Online-softmax update of one score row (FlashAttention-2, Algorithm 1): p = exp(scale·s − m)
 /// over [lo, hi), 0 elsewhere, m and l updated. Returns exp(m_old − m_new), the factor by which
@@ -96,4 +97,4 @@ inline int64_t edge_row_groups(RowGroup* groups, const AttnPlan& p, const AttnSe
   return n * G;
 }
 
-}  // namespace longtron::ops::detail
+LONGTRON_ISA_END

@@ -29,9 +29,10 @@
 #include "ops/attention_dq_order.h"
 #include "ops/attention_plan.h"
 #include "ops/attention_rows.h"
+#include "ops/kernel_isa.h"
 #include "ops/ops.h"
 
-namespace longtron::ops::detail {
+LONGTRON_ISA_BEGIN
 
 /// One key block of a forward item (keys [c0, c0 + bj) of segment g against the item's query
 /// tile: queries [r0, r0 + bi), the G heads of the kv head stacked as rows h·bi + r, M = G·bi).
@@ -324,4 +325,4 @@ void run_backward(C& c, T* dq, bool add_dq) {
   }
 }
 
-}  // namespace longtron::ops::detail
+LONGTRON_ISA_END

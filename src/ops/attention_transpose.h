@@ -7,9 +7,11 @@
 
 #include <immintrin.h>
 
+#include "ops/kernel_isa.h"
+
 #define LONGTRON_AVX512_TARGET __attribute__((target("avx512f")))
 
-namespace longtron::ops::detail {
+LONGTRON_ISA_BEGIN
 
 /// Writes the 16×16 block of 32-bit words (rows r < n_rows, columns c < n_cols; 1 ≤ n ≤ 16)
 /// transposed: dst[c·ldd + r] = block[r][c]. Needs AVX-512F at run time.
@@ -57,7 +59,7 @@ LONGTRON_AVX512_TARGET inline void transpose_floats_avx512(float* dst, int64_t l
 /// with AVX-512, element by element otherwise (and for double).
 template <typename T>
 inline void transpose(T* dst, int64_t ldd, const T* src, int64_t lds, int64_t rows, int64_t cols) {
-#if defined(__AVX512F__)
+#if LONGTRON_KERNEL_AVX512
   if constexpr (sizeof(T) == 4) {
     transpose_floats_avx512(dst, ldd, src, lds, rows, cols);
     return;
@@ -67,4 +69,4 @@ inline void transpose(T* dst, int64_t ldd, const T* src, int64_t lds, int64_t ro
     for (int64_t c = 0; c < cols; ++c) dst[c * ldd + x] = src[x * lds + c];
 }
 
-}  // namespace longtron::ops::detail
+LONGTRON_ISA_END

@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include "ops/kernel_isa.h"
+
 // GCC 12 reports the pass-through operand (_mm512_undefined_*) of the unmasked AVX-512 intrinsics
 // as maybe uninitialised where they are inlined (GCC bug 105593); it is never read.
 #pragma GCC diagnostic push
@@ -23,7 +25,7 @@
 
 #define LONGTRON_AVX512_EMU_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
-namespace longtron::ops::detail {
+LONGTRON_ISA_BEGIN
 
 /// x with every denormal lane replaced by zero of the same sign (the instructions' DAZ and FTZ).
 LONGTRON_AVX512_EMU_TARGET __attribute__((always_inline)) inline __m512 flush_denormals(__m512 x) {
@@ -85,6 +87,6 @@ LONGTRON_AVX512_EMU_TARGET __attribute__((always_inline)) inline __m512i cvtne2p
   return _mm512_inserti64x4(_mm512_castsi256_si512(cvtneps_emulated(lo)), cvtneps_emulated(hi), 1);
 }
 
-}  // namespace longtron::ops::detail
+LONGTRON_ISA_END
 
 #pragma GCC diagnostic pop

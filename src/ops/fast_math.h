@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdint>
 
-namespace longtron::ops::detail {
+#include "ops/kernel_isa.h"
+
+LONGTRON_ISA_BEGIN
 
 /// e^x for float: 2^n · p(r), n = round(x·log2 e), r = x − n·ln 2 (Cody–Waite split), p a
 /// degree-6 Taylor/minimax polynomial (Cephes expf coefficients). Relative error ≈ 2 ulp for
@@ -36,4 +38,4 @@ inline float fast_exp(float x) {
 
 inline double fast_exp(double x) { return std::exp(x); }
 
-}  // namespace longtron::ops::detail
+LONGTRON_ISA_END

@@ -13,6 +13,7 @@
 #include "core/bf16.h"
 #include "core/grow_buffer.h"
 #include "ops/compute_context.h"
+#include "ops/cpu_features.h"
 #include "ops/onednn_matmul.h"
 #include "ops/ops.h"
 #include "ops/threads.h"
@@ -58,10 +59,8 @@ __attribute__((target("avx512f"))) void round_avx512(const float* x, int64_t n, 
 }
 #pragma GCC diagnostic pop
 
-bool has_avx512f() {
-  static const bool yes = __builtin_cpu_supports("avx512f");
-  return yes;
-}
+// Consults LONGTRON_CPU_FEATURES_MASK, so the suite runs the AVX2 path on an AVX-512 machine.
+bool has_avx512f() { return cpu_has("avx512f"); }
 
 /// Rounds every job in one parallel region (one fork and barrier for all of a GEMM's operands: on
 /// small GEMMs the threads' synchronisation costs more than the rounding).

@@ -2,6 +2,7 @@
 #include <fmt/core.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include "ops/cpu_features.h"
 #include "ops/ops.h"
 
 namespace longtron::ops {
@@ -25,8 +26,9 @@ const char* isa_name(dnnl_cpu_isa_t isa) {
 }  // namespace
 
 GemmBackend gemm_backend() {
+  detail::limit_onednn_isa();
   const dnnl_version_t* v = dnnl_version();
-  // The effective ISA is the CPU's, capped by ONEDNN_MAX_CPU_ISA when the environment sets it.
+  // The effective ISA is the CPU's, capped by LONGTRON_CPU_FEATURES_MASK (or ONEDNN_MAX_CPU_ISA).
   const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
   GemmBackend b;
   b.library = fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);

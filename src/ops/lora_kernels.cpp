@@ -197,6 +197,10 @@ class TileProducts {
   std::vector<Room> rooms_;
 };
 
+// In a namespace of its own: code built for AVX512-BF16 (ops/kernel_isa.h), run only where the
+// CPU has it.
+namespace native {
+
 /// AVX512-BF16 dot products (vdpbf16ps, ops/bf16_tile_gemm.h) on bf16 operands with fp32
 /// accumulation: x and dy read as bits, A, B, u and du rounded to bf16, s applied to the fp32
 /// products (as the GEMM path's alpha). A power-of-two s (alpha/r usually is) scales the rounded B
@@ -366,6 +370,8 @@ LONGTRON_BF16_TARGET void Bf16Products::backward(int thread, float* dBt, float* 
   bf16_gemm(m, in, r / 2, room.du16, r, A_, ldi_, dx + n0 * in, in, accumulate_dx, m);
 }
 
+}  // namespace native
+
 template <typename Products>
 void forward_rows(Products& p, float* y, int64_t N, const Call& c) {
   const int64_t rows = chunk_rows(N), chunks = (N + rows - 1) / rows;
@@ -426,7 +432,7 @@ double lora_kernel_scratch_bytes(int64_t in, int64_t out, int64_t r, bool bf16) 
   const Call c(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1.f, in, out, r, bf16, {});
   const int threads = omp_get_max_threads();
   // The back-end depends on each linear's widths: the larger of the two.
-  const double products = double(std::max(bf16 ? Bf16Products(c).scratch_bytes(threads) : 0,
+  const double products = double(std::max(bf16 ? native::Bf16Products(c).scratch_bytes(threads) : 0,
                                            TileProducts(c).scratch_bytes(threads)));
   return products + double(kMaxChunks * r * (in + out)) * sizeof(float);
 }
@@ -436,8 +442,8 @@ void lora_forward(float* y, const float* x, const float* A, const float* B, floa
                   const LoraOutputs& outputs) {
   if (N <= 0 || r <= 0) return;
   const Call c(x, nullptr, A, B, x16, nullptr, s, in, out, r, bf16, outputs);
-  if (Bf16Products::runs(c)) {
-    Bf16Products p(c);
+  if (native::Bf16Products::runs(c)) {
+    native::Bf16Products p(c);
     return forward_rows(p, y, N, c);
   }
   TileProducts p(c);
@@ -453,8 +459,8 @@ void lora_backward(float* dx, bool accumulate_dx, float* dA, float* dB, const fl
     return;
   }
   const Call c(x, dy, A, B, x16, dy16, s, in, out, r, bf16, outputs);
-  if (Bf16Products::runs(c)) {
-    Bf16Products p(c);
+  if (native::Bf16Products::runs(c)) {
+    native::Bf16Products p(c);
     return backward_rows(p, dx, accumulate_dx, dA, dB, N, c);
   }
   TileProducts p(c);

@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/grow_buffer.h"
+#include "ops/cpu_features.h"
 #include "ops/gemm_packing.h"
 #include "ops/ops.h"
 
@@ -123,7 +124,10 @@ class MatmulCache {
 };
 
 MatmulCache& matmul_cache() {
-  static MatmulCache cache;
+  static MatmulCache cache = [] {
+    detail::limit_onednn_isa();  // before oneDNN's first primitive fixes its instruction set
+    return MatmulCache();
+  }();
   return cache;
 }
 }  // namespace

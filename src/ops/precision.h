@@ -4,6 +4,8 @@
 #pragma once
 #include <string>
 
+#include "ops/cpu_features.h"
+
 namespace longtron::ops {
 
 /// What float GEMMs and attention compute in. kBFloat16: inputs rounded to bf16, products and
@@ -13,23 +15,8 @@ enum class ComputeType { kFloat32, kBFloat16 };
 /// "float32" or "bfloat16" (the names of model.dtype and of the metrics rows' dtype).
 const char* compute_type_name(ComputeType type);
 
-/// The environment variable that hides CPU features from cpu_has_avx512_bf16() and from the AMX
-/// attention tiles: a comma-separated list of feature names as /proc/cpuinfo spells them
-/// ("avx512_bf16", "amx_bf16"). Tests set it to play a CPU without them on one that has them.
-inline constexpr const char* kCpuFeaturesMaskEnv = "LONGTRON_CPU_FEATURES_MASK";
-
-/// Throws longtron::Error naming kCpuFeaturesMaskEnv when it lists a name that is neither
-/// "avx512_bf16", "amx_bf16" (the features longtron consults) nor a flag of this CPU's
-/// /proc/cpuinfo: a misspelling would otherwise hide nothing, silently. resolve_dtype() calls it,
-/// so every command that picks a dtype (train, eval, generate) checks it at start-up.
-void check_cpu_features_mask();
-
-/// Whether kCpuFeaturesMaskEnv lists `feature` ("avx512_bf16", "amx_bf16"). Reads the environment.
-bool cpu_feature_masked(const std::string& feature);
-
-/// Whether the CPU has AVX512-BF16 (bf16 dot products, cpuid leaf 7.1 EAX bit 5) and the operating
-/// system saves AVX-512 state, unless kCpuFeaturesMaskEnv lists "avx512_bf16". Reads the
-/// environment on every call.
+/// cpu_has("avx512_bf16"): AVX512-BF16 (bf16 dot products), AVX-512 state saved by the operating
+/// system, and neither "avx512_bf16" nor "avx512f" in kCpuFeaturesMaskEnv. Reads the environment.
 bool cpu_has_avx512_bf16();
 
 /// Test-only switch (no command or config sets it; process-wide): with it on, bf16 also runs where

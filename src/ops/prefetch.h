@@ -6,7 +6,9 @@
 
 #include <cstdint>
 
-namespace longtron::ops::detail {
+#include "ops/kernel_isa.h"
+
+LONGTRON_ISA_BEGIN
 
 /// Asks for rows [i, i + n) of X (row stride ld elements, `bytes` bytes from each row start) in
 /// L1 ahead of use. A hint only: never faults, whatever the addresses.
@@ -17,4 +19,4 @@ inline void prefetch_rows(const T* X, int64_t ld, int64_t i, int64_t n, int64_t 
       _mm_prefetch(reinterpret_cast<const char*>(X + r * ld) + b, _MM_HINT_T0);
 }
 
-}  // namespace longtron::ops::detail
+LONGTRON_ISA_END

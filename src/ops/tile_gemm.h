@@ -4,20 +4,19 @@
 // × 2 ymm (the BLIS/OpenBLAS Haswell layout). Always called from inside an OpenMP worker,
 // single-threaded.
 #pragma once
-#include <cstdint>
+#include <immintrin.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
+#include "ops/kernel_isa.h"
 #include "ops/prefetch.h"
 
-namespace longtron::ops::detail {
+LONGTRON_ISA_BEGIN
 
-#if defined(__AVX512F__)
+#if LONGTRON_KERNEL_AVX512
 constexpr int kVecBytes = 64;
 constexpr int kWideNV = 4;  // vectors per row in the widest block
 
@@ -208,4 +207,4 @@ inline void tile_gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t ars, 
   }
 }
 
-}  // namespace longtron::ops::detail
+LONGTRON_ISA_END

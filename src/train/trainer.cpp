@@ -18,6 +18,7 @@
 #include "data/validate.h"
 #include "model/hf_config.h"
 #include "modes/engine.h"
+#include "ops/cpu_features.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
 #include "ops/threads.h"
@@ -482,6 +483,19 @@ void everyone_fails_with_rank0(comm::Communicator& world, const std::function<vo
   if (failed) throw Error(message);
 }
 
+/// Why a dry run plans the dtype it does: "auto"'s resolution on this CPU, or, for an explicit
+/// "bfloat16" this CPU could not train, that it plans for another machine.
+std::string dtype_plan_note(const std::string& dtype, const std::string& auto_note) {
+  if (dtype == "auto") return " (" + auto_note + ")";
+  if (dtype != "bfloat16") return "";
+  try {
+    ops::resolve_dtype(dtype, "model.dtype");
+    return "";
+  } catch (const Error& e) {
+    return fmt::format(" (planned as given; this CPU could not train it: {})", e.what());
+  }
+}
+
 /// --dry-run: the plan of the layout on the ranks it runs on, or (as one process) on
 /// options.dry_run_ranks or the fewest the layout needs; nothing is allocated or written.
 TrainSummary dry_run(const TrainConfig& config, const TrainOptions& options, const comm::CommPtr& world) {
@@ -498,12 +512,15 @@ TrainSummary dry_run(const TrainConfig& config, const TrainOptions& options, con
   // The dtype the run would compute in: "auto" as this CPU resolves it, an explicit name as given
   // (a dry run may plan a bfloat16 run for another machine).
   const std::string dtype = ops::canonical_dtype(config.model.dtype);
+  std::string note;
   in.bf16 = dtype == "bfloat16" ||
-            (dtype == "auto" && ops::resolve_dtype(dtype, "model.dtype") == ops::ComputeType::kBFloat16);
+            (dtype == "auto" && ops::resolve_dtype(dtype, "model.dtype", &note) == ops::ComputeType::kBFloat16);
   const MemoryPlan plan = plan_memory(config, in);
   TrainSummary summary;
   summary.planned_peak_bytes = plan.peak_bytes;
-  summary.plan_text = format_plan(plan);
+  summary.plan_text = format_plan(plan) +
+                      fmt::format("  dtype: {}{}\n", in.bf16 ? "bfloat16" : "float32",
+                                  dtype_plan_note(dtype, note));
   const double available = options.memory_available >= 0 ? options.memory_available
                                                          : available_memory_bytes(in.ranks_on_node);
   if (available > 0)
@@ -712,14 +729,15 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
     const ops::GemmBackend gemm = ops::gemm_backend();
     fmt::print(stderr,
                "train: {} parameters, {} rows/epoch ({} steps), dp {}, tp {} ({}), {}, dtype {}{}\n"
-               "train: GEMM {} ({}): fp32 {:.1f} GFLOP/s, bf16 {}; mfu against {}\n",
+               "train: GEMM {} ({}): fp32 {:.1f} GFLOP/s, bf16 {}; mfu against {}\n"
+               "train: kernels: {}\n",
                run.engine.full_layout().numel(), run.loader.num_rows(), run.loader.steps_per_epoch(),
                run.dp->size(), run.grid.tp, run.engine.mode(), count_of(num_threads(), "thread"),
                summary.dtype, dtype_note.empty() ? "" : " (" + dtype_note + ")", gemm.library,
                gemm.isa, run.sgemm_flops * 1e-9,
                summary.bf16_gemm_flops > 0 ? fmt::format("{:.1f} GFLOP/s", summary.bf16_gemm_flops * 1e-9)
                                            : std::string("unavailable"),
-               compute == ops::ComputeType::kBFloat16 ? "bf16" : "fp32");
+               compute == ops::ComputeType::kBFloat16 ? "bf16" : "fp32", ops::kernels_chosen());
     fmt::print(stderr, "train: memory plan {} per rank at peak ({}; longtron train --dry-run shows it)\n",
                format_bytes(plan.peak_bytes), plan.peak_phase);
     const int64_t warmup = config.lr_scheduler.warmup_steps, total = config.train.total_steps;

@@ -87,7 +87,45 @@ TEST(DtypeCli, WithoutAvx512Bf16AutoTrainsInFloat32AndBfloat16IsAnError) {
   EXPECT_TRUE(contains(r.output, "; mfu against fp32")) << r.output;
   r = without_bf16("train" + p.config() + " --overwrite --set model.dtype=\"torch.bfloat16\"");
   EXPECT_EQ(r.status, 1) << r.output;
+  // The CPU's own AVX512-BF16 is named as hidden; on a CPU without it, as missing.
+  const std::string missing = longtron::ops::cpu_reports("avx512_bf16")
+                                  ? "AVX512-BF16 (avx512_bf16, hidden by LONGTRON_CPU_FEATURES_MASK)"
+                                  : "AVX512-BF16 (avx512_bf16)";
   EXPECT_TRUE(contains(r.output, "--set model.dtype=torch.bfloat16: \"bfloat16\" needs native bf16") &&
-              contains(r.output, "AVX512-BF16 (avx512_bf16, hidden by LONGTRON_CPU_FEATURES_MASK)"))
+              contains(r.output, missing))
       << r.output;
+}
+
+// With AVX-512 hidden (or absent) the kernels and oneDNN run their AVX2 code, the start-up line
+// says so, and the run trains; where the CPU has AVX-512 and nothing is hidden, it is used.
+TEST(DtypeCli, AvxMaskChoosesTheKernelsAndOneDnnIsa) {
+  Prepared p;
+  auto r = run_command(std::string("LONGTRON_CPU_FEATURES_MASK=avx512f ") + LONGTRON_BINARY +
+                       " train" + p.config() + " --set model.dtype=auto --set train.total_steps=1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "train: GEMM oneDNN ") && contains(r.output, " (avx2): fp32"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "train: kernels: fp32 attention, tiles, rounding avx2; bf16 "
+                                 "attention: none")) << r.output;
+  EXPECT_TRUE(contains(r.output, "dtype float32 (auto: this CPU lacks AVX512-BF16")) << r.output;
+  if (longtron::ops::kernel_isa() != longtron::ops::KernelIsa::kAvx512) return;
+  r = run_longtron("train" + p.config() + " --overwrite --set train.total_steps=1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "train: kernels: fp32 attention, tiles, rounding avx512")) << r.output;
+}
+
+// A dry run says which dtype it planned for; an explicit bfloat16 is planned (for another
+// machine) even where this CPU could not train it, and says so.
+TEST(DtypeCli, DryRunNamesThePlannedDtypeAndWhetherThisCpuCouldTrainIt) {
+  Prepared p;
+  auto r = without_bf16("train" + p.config() + " --dry-run --set model.dtype=bfloat16");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "dtype: bfloat16 (planned as given; this CPU could not train it: "
+                                 "model.dtype: \"bfloat16\" needs native bf16")) << r.output;
+  r = without_bf16("train" + p.config() + " --dry-run --set model.dtype=auto");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "dtype: float32 (auto: this CPU lacks AVX512-BF16")) << r.output;
+  r = run_longtron("train" + p.config() + " --dry-run --set model.dtype=float32");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "dtype: float32\n")) << r.output;
 }

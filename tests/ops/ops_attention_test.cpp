@@ -572,7 +572,9 @@ void expect_dq_overwritten(const Case& c, bool bf16) {
       const size_t i = static_cast<size_t>(n * c.q_stride() + x);
       const auto bits = [](T v) { return std::bit_cast<uint64_t>(double(v)); };
       ASSERT_EQ(bits(dq[1][i]), bits(dq[0][i])) << n << " " << x;
-      if (n < c.cu_seqlens[2]) ASSERT_EQ(dq[1][i], T(0)) << n << " " << x;
+      if (n < c.cu_seqlens[2]) {
+        ASSERT_EQ(dq[1][i], T(0)) << n << " " << x;
+      }
     }
 }
 
