@@ -530,8 +530,9 @@ void varlen_attention_backward_bf16_out16(float* dq, float* dk, float* dv, const
 namespace longtron::ops {
 
 bool attention_bf16_native() {
-  return kernel_isa() == KernelIsa::kAvx512 && cpu_has("avx512_bf16") &&
-         gemm_backend().native_bf16;
+  // oneDNN's instruction set is fixed at its first use (after the mask's cap): read it once.
+  static const bool gemm_bf16 = gemm_backend().native_bf16;
+  return kernel_isa() == KernelIsa::kAvx512 && cpu_has("avx512_bf16") && gemm_bf16;
 }
 
 bool attention_bf16_runs() { return attention_bf16_native() || bf16_emulated(); }

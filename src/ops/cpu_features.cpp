@@ -59,17 +59,38 @@ bool cpuid_has(const Feature& f) {
   return ((r[f.reg] >> f.bit) & 1u) && (os_state & f.xcr0) == f.xcr0;
 }
 
-/// The trimmed, non-empty names of the mask.
-std::vector<std::string> mask_names() {
+/// The trimmed, non-empty names of a mask's text (nullptr: none).
+std::vector<std::string> names_of(const char* mask) {
   std::vector<std::string> names;
-  const char* env = std::getenv(kCpuFeaturesMaskEnv);
-  if (env == nullptr) return names;
-  std::istringstream in(env);
+  if (mask == nullptr) return names;
+  std::istringstream in(mask);
   for (std::string item; std::getline(in, item, ',');) {
     const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
     if (b != std::string::npos) names.push_back(item.substr(b, e - b + 1));
   }
   return names;
+}
+
+/// The mask's names now (tests set it for a scope).
+std::vector<std::string> mask_names() { return names_of(std::getenv(kCpuFeaturesMaskEnv)); }
+
+/// The mask as the process started with it: oneDNN's cap is fixed once per process, so a test
+/// that sets the mask for a scope must not fix it for the rest of the process.
+const std::vector<std::string> kStartupMask = mask_names();
+
+/// cpu_has() under the mask `names`.
+bool has_under(const std::string& feature, const std::vector<std::string>& names) {
+  const Feature* f = find_feature(feature);
+  if (f == nullptr || !cpuid_has(*f)) return false;
+  const bool wide = feature.rfind("avx512", 0) == 0 || feature.rfind("amx", 0) == 0;
+  for (const std::string& name : names)
+    if (name == feature || (wide && name == "avx512f")) return false;
+  return true;
+}
+
+bool avx512_under(const std::vector<std::string>& names) {
+  return has_under("avx512f", names) && has_under("avx512bw", names) &&
+         has_under("avx512vl", names) && has_under("avx512dq", names);
 }
 
 /// The words of the first "flags" line of /proc/cpuinfo, with spaces around each; "" if unreadable.
@@ -94,15 +115,7 @@ bool cpu_reports(const std::string& feature) {
   return f != nullptr && cpuid_has(*f);
 }
 
-bool cpu_has(const std::string& feature) {
-  if (!cpu_reports(feature)) return false;
-  for (const std::string& name : mask_names()) {
-    if (name == feature) return false;
-    const bool wide = feature.rfind("avx512", 0) == 0 || feature.rfind("amx", 0) == 0;
-    if (wide && name == "avx512f") return false;
-  }
-  return true;
-}
+bool cpu_has(const std::string& feature) { return has_under(feature, mask_names()); }
 
 void check_cpu_features_mask() {
   const std::vector<std::string> names = mask_names();
@@ -118,9 +131,7 @@ void check_cpu_features_mask() {
 }
 
 KernelIsa kernel_isa() {
-  return cpu_has("avx512f") && cpu_has("avx512bw") && cpu_has("avx512vl") && cpu_has("avx512dq")
-             ? KernelIsa::kAvx512
-             : KernelIsa::kAvx2;
+  return avx512_under(mask_names()) ? KernelIsa::kAvx512 : KernelIsa::kAvx2;
 }
 
 const char* kernel_isa_name(KernelIsa isa) { return isa == KernelIsa::kAvx512 ? "avx512" : "avx2"; }
@@ -139,11 +150,13 @@ namespace detail {
 void limit_onednn_isa() {
   static std::once_flag once;
   std::call_once(once, [] {
-    if (mask_names().empty()) return;  // nothing hidden: oneDNN sees the whole CPU
+    const std::vector<std::string>& mask = kStartupMask;
+    if (mask.empty()) return;  // nothing hidden: oneDNN sees the whole CPU
     dnnl_cpu_isa_t cap = dnnl_cpu_isa_all;
-    if (!cpu_has("amx_bf16") || !cpu_has("amx_tile")) cap = dnnl_cpu_isa_avx512_core_bf16;
-    if (!cpu_has("avx512_bf16")) cap = dnnl_cpu_isa_avx512_core_vnni;
-    if (kernel_isa() == KernelIsa::kAvx2) cap = dnnl_cpu_isa_avx2;
+    if (!has_under("amx_bf16", mask) || !has_under("amx_tile", mask))
+      cap = dnnl_cpu_isa_avx512_core_bf16;
+    if (!has_under("avx512_bf16", mask)) cap = dnnl_cpu_isa_avx512_core_vnni;
+    if (!avx512_under(mask)) cap = dnnl_cpu_isa_avx2;
     // Fails only once oneDNN has run, i.e. never here: every oneDNN entry point calls this first.
     if (cap != dnnl_cpu_isa_all) dnnl_set_max_cpu_isa(cap);
   });

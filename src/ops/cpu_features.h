@@ -46,7 +46,8 @@ std::string kernels_chosen();
 namespace detail {
 /// Caps oneDNN's instruction set at what kCpuFeaturesMaskEnv leaves (avx512f hidden: AVX2;
 /// avx512_bf16: AVX512_CORE_VNNI; amx_bf16: AVX512_CORE_BF16), once, before oneDNN's first use
-/// (every oneDNN entry point of ops/ calls it); no cap when nothing is hidden. The mask is the one
+/// (every oneDNN entry point of ops/ calls it); no cap when nothing is hidden. The mask read is
+/// the one the process started with (oneDNN's choice is fixed for the process). The mask is the one
 /// switch: ONEDNN_MAX_CPU_ISA need not, and should not, be set beside it.
 void limit_onednn_isa();
 }  // namespace detail
