@@ -104,12 +104,6 @@ std::string cpuinfo_flags() {
 
 }  // namespace
 
-bool cpu_feature_masked(const std::string& feature) {
-  for (const std::string& name : mask_names())
-    if (name == feature) return true;
-  return false;
-}
-
 bool cpu_reports(const std::string& feature) {
   const Feature* f = find_feature(feature);
   return f != nullptr && cpuid_has(*f);

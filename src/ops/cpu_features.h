@@ -13,9 +13,6 @@ namespace longtron::ops {
 /// are AVX-512 code). Tests set it to play a smaller CPU on a larger one.
 inline constexpr const char* kCpuFeaturesMaskEnv = "LONGTRON_CPU_FEATURES_MASK";
 
-/// Whether kCpuFeaturesMaskEnv lists `feature` itself. Reads the environment on every call.
-bool cpu_feature_masked(const std::string& feature);
-
 /// Whether the CPU has `feature` (a /proc/cpuinfo name among "avx2", "fma", "avx512f",
 /// "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "amx_tile", "amx_bf16"; any other name is
 /// false), the operating system saves the registers it needs, and kCpuFeaturesMaskEnv hides
