@@ -1,7 +1,7 @@
 // The fp32 attention on register blocks (attention.cpp, attention_backward.cpp; float with
-// head_dim a multiple of 16), in the vectors the build targets: AVX-512 (zmm, 6-row × 64-key blocks)
-// or AVX2 with FMA (ymm, 6-row × 16-key blocks, attention_f32_avx2.h), chosen by the predefined
-// macros alone; LONGTRON_F32_BLOCKS is defined where one of them is.
+// head_dim a multiple of 16), in the vectors the build targets: AVX-512 (zmm, 6-row × 64-key
+// blocks) or AVX2 with FMA (ymm, 6-row × 16-key blocks, attention_f32_avx2.h), chosen by the
+// predefined macros alone; LONGTRON_F32_BLOCKS is defined where one of them is.
 //
 // AVX-512: the structure of the bf16 kernel's forward (bf16_tile_blocks.h, attention_rows_bf16.h)
 // with fp32 FMAs. Each 6-row × 64-key block of S = QKᵀ goes from the registers straight into the
