@@ -114,16 +114,49 @@ __attribute__((noinline)) void f32_rows_to(int64_t i0, int64_t M, int64_t K, con
   }
 }
 
+// AVX2: rows [i, i + R) against each 2-vector panel of the columns [0, N) in turn, so that the
+// R rows of A are read from L1 by all panels. In the panel-outer order of AVX-512 (whose 64-column
+// panel is a whole forward key block) the 16-column panels would stream the tile's A (up to
+// 256 rows × head_dim) from L2 once per panel, 4 to 8 times. The blocks are independent, so the
+// order changes no result.
+template <typename V, int R, typename Epilogue>
+__attribute__((noinline)) void f32_panels_to(int64_t i, int64_t N, int64_t K, const float* A,
+                                             int64_t lda, const float* B, int64_t ldb,
+                                             Epilogue& epi) {
+  static_assert(V::kMaxNV == 2, "the row-outer order is for 2-vector panels");
+  constexpr int64_t W = V::kLanes;
+  int64_t j = 0;
+  for (; j + 2 * W <= N; j += 2 * W) f32_block_to<V, R, 2>(K, A, lda, B + j, ldb, i, j, epi);
+  if (N - j > W)
+    f32_block_to<V, R, 2>(K, A, lda, B + j, ldb, i, j, epi);
+  else if (j < N)
+    f32_block_to<V, R, 1>(K, A, lda, B + j, ldb, i, j, epi);
+}
+
 /// Rows [i0, i1) of C = A · B (A(i, k) = A[i·lda + k], B[k·ldb + j], columns [0, N)), each
 /// register block (≤ 6 rows × kMaxNV vectors: 64 columns on AVX-512, 16 on AVX2; j a multiple of
-/// that width) handed to `epi.template block<R, NV>(i, j, acc)`. Lanes of columns at or beyond N
-/// hold what B holds there (the epilogue masks them); B must be readable up to the next multiple
-/// of 16 columns.
+/// that width) handed to `epi.template block<R, NV>(i, j, acc)`, in no particular order. Lanes of
+/// columns at or beyond N hold what B holds there (the epilogue masks them); B must be readable
+/// up to the next multiple of 16 columns.
 template <typename Epilogue>
 inline void f32_row_range_to(int64_t i0, int64_t i1, int64_t N, int64_t K, const float* A,
                              int64_t lda, const float* B, int64_t ldb, Epilogue& epi) {
   using V = F32Blocks;
   constexpr int64_t W = V::kLanes;
+  if constexpr (V::kMaxNV == 2) {
+    for (int64_t i = i0; i < i1; i += 6) {
+      prefetch_rows(A, lda, i + 6, std::min<int64_t>(6, i1 - i - 6), 4 * K);
+      switch (std::min<int64_t>(6, i1 - i)) {
+        case 6: f32_panels_to<V, 6>(i, N, K, A, lda, B, ldb, epi); break;
+        case 5: f32_panels_to<V, 5>(i, N, K, A, lda, B, ldb, epi); break;
+        case 4: f32_panels_to<V, 4>(i, N, K, A, lda, B, ldb, epi); break;
+        case 3: f32_panels_to<V, 3>(i, N, K, A, lda, B, ldb, epi); break;
+        case 2: f32_panels_to<V, 2>(i, N, K, A, lda, B, ldb, epi); break;
+        default: f32_panels_to<V, 1>(i, N, K, A, lda, B, ldb, epi); break;
+      }
+    }
+    return;
+  }
   for (int64_t j = 0; j < N; j += V::kMaxNV * W) {
     switch (std::min<int64_t>(V::kMaxNV, (N - j + W - 1) / W)) {
       case 4:
