@@ -45,6 +45,7 @@ namespace {
 constexpr int64_t kTokens = 8192, kHeads = 8, kKvHeads = 2;
 std::map<std::string, double> g_gflops;  // filled by each benchmark, summarised by main
 std::map<std::string, double> g_cpu_gflops;  // GFLOP per CPU-second of the whole process
+std::string g_paired_filter;  // --paired_filter: the paired lines to run (all when empty)
 
 // CPU seconds of all threads of this process: on a shared machine, FLOP per CPU-second compares
 // kernels fairly even when other jobs steal cores (wall-clock rates are printed too).
@@ -381,6 +382,11 @@ void print_paired(const char* what, const PairedRatio& r, double floor) {
   std::printf("\n");
 }
 
+// Whether --paired_filter selects the paired line `what`.
+bool wanted(const char* what) {
+  return g_paired_filter.empty() || std::string(what).find(g_paired_filter) != std::string::npos;
+}
+
 // The targets, each as a paired ratio: fwd+bwd against the same dtype's GEMM on the varlen row
 // and on one 16384-token document, and the backward against the forward on the row.
 void run_paired(int rounds) {
@@ -399,13 +405,14 @@ void run_paired(int rounds) {
                       doc > 0 ? "one 16384-token document" : "varlen row", d,
                       half ? "bf16" : "fp32", half ? "bf16 GEMM" : "sgemm");
         const double floor = half && d == 64 ? 0.65 : 0.75;
-        print_paired(what, paired_against_gemm(a, g, rounds), floor);
+        if (wanted(what)) print_paired(what, paired_against_gemm(a, g, rounds), floor);
         if (doc > 0) continue;
         std::snprintf(what, sizeof(what), "varlen row, head_dim %d: %s backward / forward", d,
                       half ? "bf16" : "fp32");
-        print_paired(what, paired_ratio([&] { a.forward(); }, a.forward_flops(),
-                                        [&] { a.backward(); }, 2 * a.forward_flops(), rounds),
-                     0.9);
+        if (wanted(what))
+          print_paired(what, paired_ratio([&] { a.forward(); }, a.forward_flops(),
+                                          [&] { a.backward(); }, 2 * a.forward_flops(), rounds),
+                       0.9);
       }
     }
   }
@@ -419,7 +426,7 @@ void run_paired(int rounds) {
       char what[96];
       std::snprintf(what, sizeof(what), "%ld-token documents, head_dim 128: %s fwd+bwd / GEMM",
                     long(length), half ? "bf16" : "fp32");
-      print_paired(what, paired_against_gemm(a, g, rounds), 0);
+      if (wanted(what)) print_paired(what, paired_against_gemm(a, g, rounds), 0);
     }
   }
 }
@@ -465,15 +472,19 @@ class SummaryReporter : public benchmark::ConsoleReporter {
   std::map<std::string, double> ms;
 };
 
-// Takes --paired_rounds=N (default 5; 0 skips the paired rounds) out of argv.
+// Takes --paired_rounds=N (default 5; 0 skips the paired rounds) and --paired_filter=TEXT (only
+// the paired lines whose label contains TEXT, e.g. "varlen row, head_dim 64: fp32 fwd+bwd": the
+// one-document lines take minutes on a small machine) out of argv.
 int paired_rounds_flag(int& argc, char** argv) {
   int rounds = 5;
-  const std::string flag = "--paired_rounds=";
+  const std::string flag = "--paired_rounds=", filter = "--paired_filter=";
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind(flag, 0) == 0)
       rounds = std::max(0, std::atoi(arg.c_str() + flag.size()));
+    else if (arg.rfind(filter, 0) == 0)
+      g_paired_filter = arg.substr(filter.size());
     else
       argv[kept++] = argv[i];
   }

@@ -47,10 +47,10 @@ struct ForwardCall {
 };
 
 // The tile math of the fp32/double forward, one per thread, its tiles kept in the thread's
-// workspace between calls: for float with head_dim a multiple of 16 on AVX-512 register blocks
-// (attention_f32_blocks.h: S never stored, the softmax in base 2 on the S blocks in registers,
-// the rescale of O folded into the PV product's store), else on tile_gemm with S stored and the
-// softmax run row by row.
+// workspace between calls: for float with head_dim a multiple of 16 on AVX-512 or AVX2 register
+// blocks (attention_f32_blocks.h: the softmax in base 2, on AVX-512 on the S blocks in registers,
+// on AVX2 on a row group's S just stored; the rescale of O folded into the PV product's store),
+// else on tile_gemm with S stored and the softmax run row by row.
 template <typename T>
 class ForwardTile {
  public:
@@ -60,7 +60,7 @@ class ForwardTile {
     const auto t = detail::scratch_tiles<T, 7>(
         {rows * d, rows * kAttnBlock, rows * d, rows, rows, rows, rows});
     q_ = t[0], s_ = t[1], o_ = t[2], m_ = t[3], l_ = t[4], alpha_ = t[5], sum_ = t[6];
-#if LONGTRON_KERNEL_AVX512
+#if defined(LONGTRON_F32_BLOCKS)
     if constexpr (std::is_same_v<T, float>) blocks_ = d_ % 16 == 0;
 #endif
   }
@@ -85,7 +85,7 @@ class ForwardTile {
     std::fill(l_.begin(), l_.end(), T(0));
   }
   void key_block(const detail::ForwardBlock& b) {
-#if LONGTRON_KERNEL_AVX512
+#if defined(LONGTRON_F32_BLOCKS)
     if constexpr (std::is_same_v<T, float>) {
       if (blocks_) return key_block_f32(b);
     }
@@ -126,7 +126,7 @@ class ForwardTile {
     }
   }
 
-#if LONGTRON_KERNEL_AVX512
+#if defined(LONGTRON_F32_BLOCKS)
   void key_block_f32(const detail::ForwardBlock& b) {
     const int64_t d = d_, bj = b.bj;
     const float scale2 = static_cast<float>(c_.s.scale) * detail::kLog2e;
@@ -135,11 +135,14 @@ class ForwardTile {
                                      alpha_.data(), sum_.data(), s_.data()};
     // S for each row group only up to the last 16 keys its rows see (the causal edge): the
     // lanes left out are invisible to those rows, so P, the row maxima and sums are the same.
-    for (int64_t k = 0; k < b.n_groups; ++k)
-      detail::f32_row_range_to(b.groups[k].i0, b.groups[k].i1, std::min(16 * b.groups[k].nv, bj),
-                               d, q_.data(), d, kt(b), bj, softmax);
-    detail::finish_online_softmax<5>(b.M, m_.data(), alpha_.data(), sum_.data(), l_.data());
-    detail::RescaleAdd rescale{o_.data(), d, alpha_.data(), b.first};
+    for (int64_t k = 0; k < b.n_groups; ++k) {
+      const detail::RowGroup& rg = b.groups[k];
+      detail::f32_row_range_to(rg.i0, rg.i1, std::min(16 * rg.nv, bj), d, q_.data(), d, kt(b), bj,
+                               softmax);
+      softmax.rows(rg.i0, rg.i1, rg.nv);  // AVX2: the step on the rows' stored S, still in L1
+    }
+    softmax.finish(b.M, l_.data());
+    detail::F32RescaleAdd rescale{o_.data(), d, alpha_.data(), b.first};
     for (int64_t k = 0; k < b.n_groups; ++k)
       detail::f32_row_range_to(b.groups[k].i0, b.groups[k].i1, d,
                                std::min(16 * b.groups[k].nv, bj), s_.data(), kAttnBlock, vt(b),
@@ -149,7 +152,7 @@ class ForwardTile {
 
   const ForwardCall<T>& c_;
   int64_t d_;
-  bool blocks_ = false;  // the AVX-512 register-block path
+  bool blocks_ = false;  // the register-block path (AVX-512 or AVX2)
   std::vector<detail::RowGroup> groups_;
   detail::ScratchTile<T> q_, s_, o_, m_, l_, alpha_, sum_;
 };

@@ -66,7 +66,7 @@ struct Call : detail::BackwardCall<T, T> {
 };
 
 // The tile math of one thread, its tiles kept in the thread's workspace between calls. For
-// float on AVX-512, S goes from the register blocks straight into P and dS
+// float on AVX-512 or AVX2, S goes from the register blocks straight into P and dS
 // (attention_f32_blocks.h).
 template <typename T>
 class BackwardTile {
@@ -106,7 +106,7 @@ class BackwardTile {
     T* sk = s_.data() + klo;    // columns klo.. of P (rows of stride bj)
     T* dsk = dp_.data() + klo;  // and of dS
     bool fused = false;
-#if LONGTRON_KERNEL_AVX512
+#if defined(LONGTRON_F32_BLOCKS)
     if constexpr (std::is_same_v<T, float>) {
       // dP stored, then S on register blocks straight into P and dS.
       detail::tile_gemm<T>(M, nb, d, dot, d, 1, vt_.data() + klo, bj, dsk, bj, false);

@@ -339,8 +339,9 @@ TEST_F(Attention, FloatAgreesWithDoubleKeysAndWindows) {
   }
 }
 
-// head_dim 16 and 32: the fp32 forward's AVX-512 register-block path (attention_f32_blocks.h:
-// head_dim a multiple of 16) on windows, separate keys, key offsets and odd segment lengths.
+// head_dim 16 and 32: the fp32 register-block path (attention_f32_blocks.h: head_dim a multiple
+// of 16; AVX-512 or, in a build for AVX2 + FMA, attention_f32_avx2.h) on windows, separate keys,
+// key offsets and odd segment lengths.
 TEST_F(Attention, FloatAgreesWithDoubleRegisterBlockPath) {
   std::mt19937 rng(19);
   for (int trial = 0; trial < 6; ++trial) {
