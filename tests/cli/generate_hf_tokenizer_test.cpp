@@ -18,7 +18,7 @@ using nlohmann::json;
 
 TEST(GenerateHfTokenizer, PromptTextInTextOut) {
   TempDir dir;
-  const fs::path folder = longtron::testing::golden_llama_without_eos(dir);
+  const fs::path folder = longtron::testing::golden_llama_without_eos(dir.path());
   ASSERT_EQ(json::parse(read_file(folder / "config.json"))["vocab_size"], 32);
   // One token per character: 26 letters and six more, ids 0..31, no merges.
   const std::string chars = "abcdefghijklmnopqrstuvwxyz ,.!?'";

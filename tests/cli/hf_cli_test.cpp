@@ -182,7 +182,7 @@ TEST(HfCli, TinyConfigOfEachFamilyTrainsAndSavesItsNames) {
 // argmax of the model's logits token by token, and stops before config.json's eos_token_id.
 TEST(HfCli, GeneratePromptIdsWithoutTokenizer) {
   TempDir dir;
-  const fs::path folder = longtron::testing::golden_llama_without_eos(dir);
+  const fs::path folder = longtron::testing::golden_llama_without_eos(dir.path());
   write_file(folder / "tokenizer.json", "{}");
 
   auto r = run_longtron("generate --checkpoint " + folder.string() + " --prompt hello");
@@ -221,6 +221,7 @@ TEST(HfCli, GeneratePromptIdsWithoutTokenizer) {
   EXPECT_TRUE(contains(r.output, "generate: 3 prompt tokens, 6 new")) << r.output;
 
   // eos_token_id = the third new token: the output ends before its first occurrence.
+  json cfg = json::parse(read_file(folder / "config.json"));
   cfg["eos_token_id"] = json::array({1000, want[5]});
   write_file(folder / "config.json", cfg.dump(2));
   r = run_longtron(gen);

@@ -27,6 +27,19 @@
 namespace longtron::text {
 namespace {
 
+// Chat documents through the dataset and packing layers: what the templates feed them.
+using data::build_pack;
+using data::Dataset;
+using data::InternEvoWriter;
+using data::kStoredLossZero;
+using data::MemorySource;
+using data::MicroBatch;
+using data::open_dataset;
+using data::open_pretokenized;
+using data::PackConfig;
+using data::to_stored_ids;
+using data::validate_dataset;
+using data::write_pretokenized;
 using testing::expect_error;
 
 class ZCorpus : public sentencepiece::SentenceIterator {
