@@ -16,6 +16,7 @@
 #include "cli/registry.h"
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "model/families.h"
 #include "model/hf_config.h"
 #include "ops/precision.h"
 #include "text/tokenizer.h"
@@ -84,13 +85,16 @@ int run_export_adapter(const ExportOptions& o, const fs::path& step) {
   const std::string format = o.format.empty() ? config.type : o.format;
   model::check_model_type(format, "export --format");
   model::to_hf_config(config, 0, format);  // refuses what the format cannot express
-  if (config.type == "internlm2" && format != "internlm2")
+  using model::TensorNames;
+  const TensorNames from = model::family(config.type, "model.type").names;
+  const TensorNames to = model::family(format, "export --format").names;
+  if (from == TensorNames::kFused && to == TensorNames::kSeparate)
     adapter = train::internlm2_adapter_as_llama(adapter, config);
-  else if (config.type != "internlm2" && format == "internlm2")
+  else if (from == TensorNames::kSeparate && to == TensorNames::kFused)
     try {
       adapter = train::llama_adapter_as_internlm2(adapter, config);
     } catch (const Error& e) {
-      fail("export --format internlm2 of the {} adapter {}: {}", config.type, step.string(), e.what());
+      fail("export --format {} of the {} adapter {}: {}", format, config.type, step.string(), e.what());
     }
   const fs::path tmp = out.string() + ".tmp-export";
   std::error_code ec;
@@ -200,9 +204,10 @@ Subcommand export_command(help_order::kExport, [](CLI::App& app) {
   sub->add_flag("--overwrite", o->overwrite,
                 "Replace --output if it holds files (once the new folder is complete)");
   sub->add_option("--format", o->format,
-                  "Family to write: internlm2, llama, qwen2 or mistral (default: the model's own; "
-                  "an InternLM2 model written as llama has its wqkv split into q/k/v_proj, and an "
-                  "InternLM2 LoRA adapter its wqkv adapter into q/k/v_proj adapters sharing A)");
+                  "Family to write: " + model::or_list(model::model_types()) +
+                      " (default: the model's own; an InternLM2 model written as llama has its wqkv "
+                      "split into q/k/v_proj, and an InternLM2 LoRA adapter its wqkv adapter into "
+                      "q/k/v_proj adapters sharing A)");
   sub->add_flag("--merge-lora", o->merge_lora,
                 "A LoRA checkpoint as the merged model W + s·B·A (a full Hugging Face folder of "
                 "its family) instead of its adapter (a PEFT folder)");

@@ -725,8 +725,7 @@ data::RowCost balance_cost(const ModelConfig& c) {
   cost.per_pair = 12.0 * static_cast<double>(c.num_layers) * static_cast<double>(c.attention_size());
   if (c.sliding_window > 0 && c.num_layers > 0) {  // windowed layers: only visible pairs cost
     cost.window = c.sliding_window;
-    const int64_t windowed = c.num_layers - std::min(c.first_window_layer, c.num_layers);
-    cost.windowed = static_cast<double>(windowed) / static_cast<double>(c.num_layers);
+    cost.windowed = static_cast<double>(c.windowed_layers()) / static_cast<double>(c.num_layers);
   }
   return cost;
 }

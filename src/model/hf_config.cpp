@@ -1,14 +1,18 @@
 #include "model/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <set>
+#include <string_view>
 #include <utility>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/io_error.h"
 #include "core/json_read.h"
+#include "model/families.h"
+#include "model/params.h"
 #include "model/rope_scaling.h"
 
 namespace longtron::model {
@@ -17,18 +21,9 @@ using nlohmann::json;
 
 namespace {
 
-struct Family {
-  const char* type;
-  const char* architecture;
-};
-constexpr Family kFamilies[] = {{"internlm2", "InternLM2ForCausalLM"},
-                                {"llama", "LlamaForCausalLM"},
-                                {"qwen2", "Qwen2ForCausalLM"},
-                                {"mistral", "MistralForCausalLM"}};
-
-std::string supported_list() {
+std::string architecture_list() {
   std::string s;
-  for (const auto& f : kFamilies) s += std::string(s.empty() ? "" : ", ") + f.type;
+  for (const Family& f : families()) s += std::string(s.empty() ? "" : ", ") + f.architecture;
   return s;
 }
 
@@ -62,95 +57,201 @@ bool get_bool(const json& j, const char* key, const std::string& source, bool fa
 }
 
 /// The family named by model_type and/or architectures (docs/model.md).
-std::string detect_type(const json& hf, const std::string& source) {
-  std::string from_type, from_arch;
+const Family& detect_family(const json& hf, const std::string& source) {
+  const Family* from_type = nullptr;
+  const Family* from_arch = nullptr;
   if (hf.contains("model_type")) {
     check(hf["model_type"].is_string(), "{}: model_type must be a string, got {}", source,
           json_excerpt(hf["model_type"]));
-    from_type = hf["model_type"].get<std::string>();
-    bool known = false;
-    for (const auto& f : kFamilies) known |= from_type == f.type;
-    check(known, "{}: model_type \"{}\" is not supported (supported: {})", source, from_type,
-          supported_list());
+    const std::string type = hf["model_type"].get<std::string>();
+    from_type = find_family(type);
+    check(from_type != nullptr, "{}: model_type \"{}\" is not supported (supported: {})", source,
+          type, family_list());
   }
   if (hf.contains("architectures")) {
     check(hf["architectures"].is_array(), "{}: architectures must be a list, got {}", source,
           json_excerpt(hf["architectures"]));
     for (const auto& a : hf["architectures"])
-      for (const auto& f : kFamilies)
-        if (a.is_string() && a.get<std::string>() == f.architecture && from_arch.empty())
-          from_arch = f.type;
-    check(!from_arch.empty(), "{}: architectures {} is not supported (supported: {})", source,
-          json_excerpt(hf["architectures"]), [] {
-            std::string s;
-            for (const auto& f : kFamilies) s += std::string(s.empty() ? "" : ", ") + f.architecture;
-            return s;
-          }());
+      for (const Family& f : families())
+        if (a.is_string() && a.get<std::string>() == f.architecture && from_arch == nullptr)
+          from_arch = &f;
+    check(from_arch != nullptr, "{}: architectures {} is not supported (supported: {})", source,
+          json_excerpt(hf["architectures"]), architecture_list());
   }
   // Both were read when both are set; otherwise the message is never formatted (a const json's
   // operator[] on a missing key is undefined behaviour, so no argument may touch one).
-  if (!from_type.empty() && !from_arch.empty())
+  if (from_type != nullptr && from_arch != nullptr)
     check(from_type == from_arch, "{}: model_type \"{}\" and architectures {} name different families",
-          source, from_type, json_excerpt(hf["architectures"]));
-  if (from_type.empty() && from_arch.empty()) return "internlm2";  // longtron's own default
-  return from_type.empty() ? from_arch : from_type;
+          source, from_type->model_type, json_excerpt(hf["architectures"]));
+  if (from_type == nullptr && from_arch == nullptr) return families().front();  // longtron's own
+  return from_type != nullptr ? *from_type : *from_arch;
 }
 
-/// Refuses what longtron does not train, naming the key.
-void check_supported(const json& hf, const std::string& source) {
+/// Refuses what family `f` does not train, naming the key.
+void check_supported(const json& hf, const Family& f, const std::string& source) {
   if (hf.contains("hidden_act")) {
-    check(hf["hidden_act"] == "silu", "{}: hidden_act {} is not supported (only \"silu\")", source,
-          json_excerpt(hf["hidden_act"]));
+    check(hf["hidden_act"] == f.block.hidden_act, "{}: hidden_act {} is not supported (only \"{}\")",
+          source, json_excerpt(hf["hidden_act"]), f.block.hidden_act);
+  }
+}
+
+/// "a" or "an" before `word` as messages spell it ("an internlm2", "a llama").
+const char* article(const std::string& word) {
+  return std::string_view("aeiou").find(word.front()) != std::string_view::npos ? "an" : "a";
+}
+
+/// Refuses a model whose biases family `f`'s config.json cannot state.
+void check_biases(const ModelConfig& c, const Family& f) {
+  const std::string type = f.model_type;
+  check(f.block.biases == BiasKeys::kLlama || !c.mlp_bias,
+        "cannot write {} {} config.json: only Llama's config.json has mlp_bias, and this model has "
+        "biases on its gate, up and down projections", article(type), type);
+  switch (f.block.biases) {
+    case BiasKeys::kInternLM2: break;  // any qkv_bias / o_bias pair
+    case BiasKeys::kLlama:
+      check(c.qkv_bias == c.o_bias,
+            "cannot write the {} config.json: its attention_bias covers q, k, v and o together, but "
+            "this model has qkv_bias = {} and o_bias = {}", type, c.qkv_bias, c.o_bias);
+      break;
+    case BiasKeys::kQkvOnly:
+      check(c.qkv_bias && !c.o_bias,
+            "cannot write {} {} config.json: {} has a bias on q, k, v and none on o, but this model "
+            "has qkv_bias = {} and o_bias = {}", article(type), type, f.name, c.qkv_bias, c.o_bias);
+      break;
+    case BiasKeys::kNone:
+      check(!c.qkv_bias && !c.o_bias,
+            "cannot write {} {} config.json: {} has no attention biases, but this model has "
+            "qkv_bias = {} and o_bias = {}", article(type), type, f.name, c.qkv_bias, c.o_bias);
+      break;
+  }
+}
+
+/// Qwen2's max_window_layers for `c` (sliding_window > 0): its first windowed layer, or the value
+/// config.json was read with (absent: `fallback`) when that names the same layers (e.g. 28 for a
+/// 2-layer model where no layer slides), so that config.json round-trips as read.
+int64_t max_window_layers(const ModelConfig& c, const json& source, int64_t fallback) {
+  int64_t first = 0;
+  while (first < c.num_layers && c.window_of(first) == 0) ++first;
+  const json* read = source.contains("max_window_layers") ? &source["max_window_layers"] : nullptr;
+  const int64_t as_read = read != nullptr && read->is_number_integer() ? read->get<int64_t>() : fallback;
+  return std::min(as_read, c.num_layers) == first ? as_read : first;
+}
+
+/// Refuses a window family `f`'s config.json cannot state: none at all, or not on these layers.
+void check_windows(const ModelConfig& c, const Family& f, const json& source) {
+  if (c.sliding_window == 0) return;
+  const std::string type = f.model_type;
+  check(f.block.windows != WindowKeys::kNone, "cannot write the {} config.json: the model has a "
+        "sliding window of {}", type, c.sliding_window);
+  const Family* own = find_family(c.type);
+  const int64_t first = max_window_layers(c, source, own ? own->default_window_layers : 0);
+  check(f.block.windows != WindowKeys::kEveryLayer || c.windowed_layers() == c.num_layers,
+        "cannot write {} {} config.json: its window covers every layer, this model's only layers "
+        ">= {}", article(type), type, first);
+  check(f.block.windows != WindowKeys::kFromLayer ||
+            c.windowed_layers() == c.num_layers - std::min(first, c.num_layers),
+        "cannot write {} {} config.json: its window covers the layers from max_window_layers on, "
+        "this model's are not such a range", article(type), type);
+}
+
+/// Writes the bias keys of family `f`: Hugging Face's own, plus longtron's finer InternLM2 pair
+/// when it is needed or was read; a key the source lacked is added only to say something its
+/// default does not.
+void write_biases(json& j, const ModelConfig& c, const Family& f) {
+  if (f.block.biases == BiasKeys::kInternLM2) {
+    j["bias"] = c.qkv_bias;
+    if (c.qkv_bias != c.o_bias || j.contains("qkv_bias") || j.contains("o_bias")) {
+      j["qkv_bias"] = c.qkv_bias;
+      j["o_bias"] = c.o_bias;
+    }
+  }
+  if (f.block.biases == BiasKeys::kLlama) {
+    if (c.qkv_bias || j.contains("attention_bias")) j["attention_bias"] = c.qkv_bias;
+    if (c.mlp_bias || j.contains("mlp_bias")) j["mlp_bias"] = c.mlp_bias;
+  }
+}
+
+/// Reads the biases as family `f`'s config.json states them.
+void read_biases(const json& hf, const Family& f, ModelConfig& c, const std::string& source) {
+  switch (f.block.biases) {
+    case BiasKeys::kInternLM2: {
+      const bool bias = get_bool(hf, "bias", source, false);
+      c.qkv_bias = get_bool(hf, "qkv_bias", source, bias);
+      c.o_bias = get_bool(hf, "o_bias", source, bias);
+      break;
+    }
+    case BiasKeys::kLlama:
+      c.qkv_bias = c.o_bias = get_bool(hf, "attention_bias", source, false);
+      c.mlp_bias = get_bool(hf, "mlp_bias", source, false);  // LlamaMLP: gate/up/down bias
+      break;
+    case BiasKeys::kQkvOnly:  // Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False
+      c.qkv_bias = true;
+      c.o_bias = false;
+      break;
+    case BiasKeys::kNone: break;  // MistralAttention's projections have bias=False
+  }
+}
+
+/// Reads the window and its layers as family `f`'s config.json states them.
+void read_windows(const json& hf, const Family& f, ModelConfig& c, const std::string& source) {
+  if (f.block.windows == WindowKeys::kEveryLayer) {
+    // MistralConfig: sliding_window defaults to 4096; an explicit null means full attention.
+    c.sliding_window_implicit = !hf.contains("sliding_window");
+    c.sliding_window =
+        c.sliding_window_implicit ? f.default_window : get_int(hf, "sliding_window", source, 0);
+    check(c.sliding_window >= 0, "{}: sliding_window must be >= 0, got {}", source, c.sliding_window);
+    c.window_layers.clear();  // every layer
+  }
+  if (f.block.windows == WindowKeys::kFromLayer && get_bool(hf, "use_sliding_window", source, false)) {
+    // Qwen2Config: layers from max_window_layers on slide (null sliding_window: none).
+    c.sliding_window = hf.contains("sliding_window") ? get_int(hf, "sliding_window", source, 0)
+                                                     : f.default_window;
+    const int64_t first = get_int(hf, "max_window_layers", source, f.default_window_layers);
+    check(c.sliding_window >= 0 && first >= 0,
+          "{}: sliding_window ({}) and max_window_layers ({}) must be >= 0", source, c.sliding_window,
+          first);
+    // One entry per layer: bounded first (a typo's 2^40 layers is refused later, by the layout).
+    check(c.num_layers <= kMaxLayers, "{}: num_hidden_layers = {} is too large (at most {})", source,
+          c.num_layers, kMaxLayers);
+    c.window_layers = window_layers_from(c.num_layers, first);
   }
 }
 
 }  // namespace
 
 std::string hf_architecture(const std::string& type) {
-  for (const auto& f : kFamilies)
-    if (type == f.type) return f.architecture;
-  fail("model type \"{}\" is not supported (supported: {})", type, supported_list());
+  const Family* f = find_family(type);
+  check(f != nullptr, "model type \"{}\" is not supported (supported: {})", type, family_list());
+  return f->architecture;
 }
 
-void check_model_type(const std::string& type, const std::string& what) {
-  for (const auto& f : kFamilies)
-    if (type == f.type) return;
-  fail("{} = \"{}\": unsupported model type (supported: {})", what, type, supported_list());
-}
+void check_model_type(const std::string& type, const std::string& what) { (void)family(type, what); }
 
 json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const std::string& format) {
   const std::string type = format.empty() ? c.type : format;
   const std::string arch = hf_architecture(type);
-  json j = c.hf_extra.empty() ? json::object() : parse_json(c.hf_extra, "config.json's extra keys");
+  const Family& f = *find_family(type);
+  const json source =
+      c.hf_extra.empty() ? json::object() : parse_json(c.hf_extra, "config.json's extra keys");
+  json j = source;
   if (type != c.type) {  // the source family's own keys and remote code mean nothing to another
-    for (const char* key : {"auto_map", "bias", "qkv_bias", "o_bias", "attention_bias", "mlp_bias",
-                            "use_sliding_window", "max_window_layers", "sliding_window"})
-      j.erase(key);
+    j.erase("auto_map");
+    for (const Family& other : families())
+      for (const char* key : family_keys(other)) j.erase(key);
   }
-  check(type == "llama" || !c.mlp_bias,
-        "cannot write a{} {} config.json: only Llama's config.json has mlp_bias, and this model has "
-        "biases on its gate, up and down projections", type == "internlm2" ? "n" : "", type);
-  check(type != "llama" || c.qkv_bias == c.o_bias,
-        "cannot write the {} config.json: its attention_bias covers q, k, v and o together, but this "
-        "model has qkv_bias = {} and o_bias = {}", type, c.qkv_bias, c.o_bias);
-  check(type != "mistral" || (!c.qkv_bias && !c.o_bias),
-        "cannot write a mistral config.json: Mistral has no attention biases, but this model has "
-        "qkv_bias = {} and o_bias = {}", c.qkv_bias, c.o_bias);
-  check(type != "qwen2" || (c.qkv_bias && !c.o_bias),
-        "cannot write a qwen2 config.json: Qwen2 has a bias on q, k, v and none on o, but this model "
-        "has qkv_bias = {} and o_bias = {}", c.qkv_bias, c.o_bias);
-  check(c.explicit_head_dim == 0 || type != "internlm2",
-        "cannot write an internlm2 config.json: InternLM2 has no head_dim key, and this model's "
-        "head_dim {} is not hidden_size / num_attention_heads", c.explicit_head_dim);
-  check(c.sliding_window == 0 || type == "mistral" || type == "qwen2",
-        "cannot write the {} config.json: the model has a sliding window of {}", type, c.sliding_window);
-  check(c.sliding_window == 0 || type != "mistral" || c.first_window_layer == 0,
-        "cannot write a mistral config.json: its window covers every layer, this model's only "
-        "layers >= {}", c.first_window_layer);
-  if (type == "qwen2" && c.sliding_window > 0) {
+  check_biases(c, f);
+  check(c.explicit_head_dim == 0 || f.block.head_dim,
+        "cannot write {} {} config.json: {} has no head_dim key, and this model's head_dim {} is "
+        "not hidden_size / num_attention_heads", article(type), type, f.name, c.explicit_head_dim);
+  check_windows(c, f, source);
+  check(!c.tie_word_embeddings || f.block.tie_word_embeddings,
+        "cannot write {} {} config.json: it has no tie_word_embeddings key, and this model's head is "
+        "its token embedding", article(type), type);
+  if (f.block.windows == WindowKeys::kFromLayer && c.sliding_window > 0) {
+    const Family* own = find_family(c.type);
     j["use_sliding_window"] = true;
     j["sliding_window"] = c.sliding_window;
-    j["max_window_layers"] = c.first_window_layer;
+    j["max_window_layers"] = max_window_layers(c, source, own ? own->default_window_layers : 0);
   }
   j["architectures"] = {arch};
   j["model_type"] = type;
@@ -163,23 +264,13 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
   j["rope_theta"] = c.rope_base;
   j["vocab_size"] = c.vocab_size;
   if (c.explicit_head_dim > 0) j["head_dim"] = c.explicit_head_dim;
-  // Bias keys: Hugging Face's own, plus longtron's finer InternLM2 pair when it is needed or was
-  // read; a key the source lacked is added only to say something its default does not.
-  if (type == "internlm2") {
-    j["bias"] = c.qkv_bias;
-    if (c.qkv_bias != c.o_bias || j.contains("qkv_bias") || j.contains("o_bias")) {
-      j["qkv_bias"] = c.qkv_bias;
-      j["o_bias"] = c.o_bias;
-    }
-  }
-  if (type == "llama" && (c.qkv_bias || j.contains("attention_bias"))) j["attention_bias"] = c.qkv_bias;
-  if (type == "llama" && (c.mlp_bias || j.contains("mlp_bias"))) j["mlp_bias"] = c.mlp_bias;
-  // Absent means 4096 to Hugging Face's MistralConfig, so "none" must be written as null.
-  if (type == "mistral" && !j.contains("sliding_window") &&
-      !(c.sliding_window_implicit && c.sliding_window == 4096))
+  write_biases(j, c, f);
+  // Absent means the default (4096) to Hugging Face's MistralConfig, so "none" must be written as null.
+  if (f.block.windows == WindowKeys::kEveryLayer && !j.contains("sliding_window") &&
+      !(c.sliding_window_implicit && c.sliding_window == f.default_window))
     j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
-  if (!j.contains("hidden_act")) j["hidden_act"] = "silu";
-  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  if (!j.contains("hidden_act")) j["hidden_act"] = f.block.hidden_act;
+  if (f.block.tie_word_embeddings) j["tie_word_embeddings"] = c.tie_word_embeddings;
   if (!j.contains("torch_dtype")) j["torch_dtype"] = "float32";
   if (max_position_embeddings > 0 && !j.contains("max_position_embeddings"))
     j["max_position_embeddings"] = max_position_embeddings;
@@ -189,14 +280,15 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
 ModelConfig from_hf_config(const json& hf, const std::string& source) {
   check(hf.is_object(), "{}: not a JSON object", source);
   ModelConfig c;
-  c.type = detect_type(hf, source);
-  check_supported(hf, source);
+  const Family& f = detect_family(hf, source);
+  c.type = f.model_type;
+  check_supported(hf, f, source);
   c.hidden_size = get_int(hf, "hidden_size", source);
   c.num_layers = get_int(hf, "num_hidden_layers", source);
   c.num_attention_heads = get_int(hf, "num_attention_heads", source);
   c.num_kv_attention_heads = get_int(hf, "num_key_value_heads", source,
-                                     c.type == "mistral" && !hf.contains("num_key_value_heads")
-                                         ? 8 : c.num_attention_heads);
+                                     f.default_kv_heads > 0 && !hf.contains("num_key_value_heads")
+                                         ? f.default_kv_heads : c.num_attention_heads);
   c.vocab_size = get_int(hf, "vocab_size", source);
   const int64_t inter = get_int(hf, "intermediate_size", source);
   check(c.hidden_size > 0 && inter > 0, "{}: hidden_size {} and intermediate_size {} must be > 0",
@@ -234,40 +326,16 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
   while (int64_t(double(c.hidden_size) * c.mlp_ratio) < inter)
     c.mlp_ratio = std::nextafter(c.mlp_ratio, 2 * c.mlp_ratio);
   check(c.ffn_size() == inter, "{}: cannot express intermediate_size {} (internal error)", source, inter);
-  c.norm_eps = get_double(hf, "rms_norm_eps", source, 1e-6);
-  c.rope_base = get_double(hf, "rope_theta", source, 10000.0);
+  c.norm_eps = get_double(hf, "rms_norm_eps", source, f.default_rms_norm_eps);
+  c.rope_base = get_double(hf, "rope_theta", source, f.default_rope_theta);
   check(std::isfinite(c.norm_eps) && c.norm_eps > 0, "{}: rms_norm_eps must be finite and > 0, got {}",
         source, c.norm_eps);
   check(std::isfinite(c.rope_base) && c.rope_base > 0, "{}: rope_theta must be finite and > 0, got {}",
         source, c.rope_base);
-  read_rope_scaling(hf, c, source);  // kept in hf_extra too: written back as read
-  c.tie_word_embeddings = get_bool(hf, "tie_word_embeddings", source, false);
-  if (c.type == "internlm2") {
-    const bool bias = get_bool(hf, "bias", source, false);
-    c.qkv_bias = get_bool(hf, "qkv_bias", source, bias);
-    c.o_bias = get_bool(hf, "o_bias", source, bias);
-  } else if (c.type == "qwen2") {
-    c.qkv_bias = true;  // Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False
-    c.o_bias = false;
-  } else if (c.type == "llama") {
-    c.qkv_bias = c.o_bias = get_bool(hf, "attention_bias", source, false);
-    c.mlp_bias = get_bool(hf, "mlp_bias", source, false);  // LlamaMLP: gate/up/down bias
-  }  // Mistral: no biases (MistralAttention's projections have bias=False)
-  if (c.type == "mistral") {
-    // MistralConfig: sliding_window defaults to 4096; an explicit null means full attention.
-    c.sliding_window_implicit = !hf.contains("sliding_window");
-    c.sliding_window = c.sliding_window_implicit ? 4096 : get_int(hf, "sliding_window", source, 0);
-    check(c.sliding_window >= 0, "{}: sliding_window must be >= 0, got {}", source, c.sliding_window);
-  }
-  if (c.type == "qwen2" && get_bool(hf, "use_sliding_window", source, false)) {
-    // Qwen2Config: sliding_window 4096 and max_window_layers 28 by default; layers from
-    // max_window_layers on slide (null sliding_window: none).
-    c.sliding_window = hf.contains("sliding_window") ? get_int(hf, "sliding_window", source, 0) : 4096;
-    c.first_window_layer = get_int(hf, "max_window_layers", source, 28);
-    check(c.sliding_window >= 0 && c.first_window_layer >= 0,
-          "{}: sliding_window ({}) and max_window_layers ({}) must be >= 0", source, c.sliding_window,
-          c.first_window_layer);
-  }
+  if (f.block.rope_scaling) read_rope_scaling(hf, c, source);  // kept in hf_extra too: written back as read
+  if (f.block.tie_word_embeddings) c.tie_word_embeddings = get_bool(hf, "tie_word_embeddings", source, false);
+  read_biases(hf, f, c, source);
+  read_windows(hf, f, c, source);
   json extra = json::object();
   for (const auto& [key, value] : hf.items())
     if (!modelled_keys().count(key)) extra[key] = value;

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "model/hf_config.h"
+#include "model/families.h"
 
 namespace longtron::model {
 namespace {
@@ -29,7 +29,8 @@ HfTensor qkv_part(const ParamTable& layout, int view, int part, std::string name
   return t;
 }
 
-std::vector<HfTensor> llama_tensors(const ParamTable& layout) {
+/// The tensors under Llama's names (TensorNames::kSeparate).
+std::vector<HfTensor> separate_tensors(const ParamTable& layout) {
   std::vector<HfTensor> out;
   out.push_back(whole(layout, layout.tok_embeddings, "model.embed_tokens.weight"));
   for (size_t i = 0; i < layout.layers.size(); ++i) {
@@ -64,8 +65,7 @@ std::vector<HfTensor> llama_tensors(const ParamTable& layout) {
 
 std::vector<HfTensor> hf_tensors(const ParamTable& layout, const std::string& format) {
   const std::string type = format.empty() ? layout.config().type : format;
-  check_model_type(type, "model format");
-  if (type != "internlm2") return llama_tensors(layout);
+  if (family(type, "model format").names == TensorNames::kSeparate) return separate_tensors(layout);
   std::vector<HfTensor> out;
   for (int i = 0; i < static_cast<int>(layout.views().size()); ++i)
     out.push_back(whole(layout, i, layout.view(i).name));

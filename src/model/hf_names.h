@@ -1,5 +1,5 @@
-// One name table per Hugging Face family (docs/model.md): which tensors a folder of that family
-// holds and where their rows live in the engine's parameters. The engine keeps InternLM2's fused
+// The tensor names of each naming a family uses (Family::names, model/families.h; docs/model.md):
+// which tensors a folder of that family holds and where their rows live in the engine's parameters. The engine keeps InternLM2's fused
 // layout (wqkv grouped per kv head, docs/model.md) for every family; Llama, Qwen2 and Mistral's
 // separate q/k/v projections are gathered from / scattered into it here.
 #pragma once
@@ -22,9 +22,9 @@ struct HfTensor {
   std::vector<std::pair<int64_t, int64_t>> rows;
 };
 
-/// The tensors of `layout` as family `format` names them (empty = layout.config().type), in
-/// Hugging Face's state-dict order. InternLM2: the engine's names, one tensor per view. Llama,
-/// Qwen2, Mistral (transformers' modeling_llama/qwen2/mistral): model.embed_tokens.weight;
+/// The tensors of `layout` as family `format` names them (empty = layout.config().type; its
+/// Family::names), in Hugging Face's state-dict order. kFused (InternLM2): the engine's names, one
+/// tensor per view. kSeparate (Llama, Qwen2, Mistral; transformers' modeling_llama/qwen2/mistral): model.embed_tokens.weight;
 /// per layer model.layers.{i}.input_layernorm.weight, self_attn.{q,k,v}_proj.{weight,bias}
 /// (q: for every kv group g the rows of its Hq/Hkv query heads; k, v: row block g of each group),
 /// self_attn.o_proj.{weight,bias}, post_attention_layernorm.weight, mlp.gate_proj (w1),

@@ -9,6 +9,7 @@
 
 #include "core/bf16.h"
 #include "core/error.h"
+#include "model/families.h"
 #include "model/hf_names.h"
 #include "ops/lora_kernels.h"
 #include "ops/ops.h"
@@ -18,10 +19,6 @@
 
 namespace longtron::model {
 namespace {
-
-const std::vector<std::string> kLlamaTargets = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                                "gate_proj", "up_proj", "down_proj"};
-const std::vector<std::string> kInternLM2Targets = {"wqkv", "wo", "w1", "w3", "w2"};
 
 std::string joined(const std::vector<std::string>& names) {
   std::string out;
@@ -625,9 +622,9 @@ class LoraGateUp final : public GateUpOp<T> {
 }  // namespace
 
 std::vector<std::string> lora_family_targets(const std::string& type) {
-  if (type == "internlm2") return kInternLM2Targets;
-  if (type == "llama" || type == "qwen2" || type == "mistral") return kLlamaTargets;
-  fail("lora: unknown model family '{}'", type);
+  const Family* f = find_family(type);
+  check(f != nullptr, "lora: unknown model family '{}'", type);
+  return {f->lora_targets.begin(), f->lora_targets.end()};
 }
 
 std::vector<std::string> lora_resolve_targets(const std::string& type,

@@ -25,9 +25,9 @@
 
 namespace longtron::model {
 
-/// The LoRA target names of family `type`, in block order: Llama, Qwen2, Mistral q_proj, k_proj,
-/// v_proj, o_proj, gate_proj, up_proj, down_proj; InternLM2 wqkv, wo, w1, w3, w2. Throws Error for
-/// an unknown family.
+/// The LoRA target names of family `type` (its Family::lora_targets), in block order: Llama, Qwen2,
+/// Mistral q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; InternLM2 wqkv, wo, w1,
+/// w3, w2. Throws Error for an unknown family.
 std::vector<std::string> lora_family_targets(const std::string& type);
 
 /// `requested` ("all-linear" = every one) as family `type`'s targets in block order. Throws Error

@@ -1,20 +1,17 @@
-// Model shape (docs/model.md). Key names follow InternEvo's config.py `model` section.
+// Model shape (docs/model.md). Key names follow InternEvo's config.py `model` section; the
+// families it can be read from and written as are the rows of model/families.h.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/lora_config.h"
 
 namespace longtron::model {
 
-/// The Hugging Face families longtron reads and writes (docs/model.md); every one is the same
-/// pre-norm RMSNorm / RoPE / GQA / SwiGLU decoder, they differ in tensor names, config.json keys and
-/// options (biases, windows).
-inline constexpr const char* kModelTypes[] = {"internlm2", "llama", "qwen2", "mistral"};
-
 /// The shape of a model (docs/model.md). Defaults are InternEvo's.
 struct ModelConfig {
-  std::string type = "internlm2";  ///< one of kModelTypes: tensor names and config.json keys
+  std::string type = "internlm2";  ///< a family's model_type (model/families.h): names and keys
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t num_layers = 0;
@@ -45,14 +42,24 @@ struct ModelConfig {
   double rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;  ///< llama3
   int64_t rope_original_max_position = 0;  ///< llama3: original_max_position_embeddings
   int64_t rope_max_position = 0;  ///< dynamic: max_position_embeddings (positions must stay below)
-  /// Sliding-window attention (Mistral's sliding_window, Qwen2's with use_sliding_window; 0 =
-  /// none): a query sees the last sliding_window keys of its document, in layers ≥
-  /// first_window_layer (Qwen2's max_window_layers; 0 for Mistral).
+  /// Sliding-window attention (Hugging Face's sliding_window; 0 = none): a query sees the last
+  /// sliding_window keys of its document, in the layers window_layers marks.
   int64_t sliding_window = 0;
-  int64_t first_window_layer = 0;
+  /// Per layer, whether it attends through the window (Hugging Face's layer_types:
+  /// "sliding_attention" or "full_attention"), as the family fills it from config.json (Mistral:
+  /// every layer; Qwen2: layers >= max_window_layers). Empty: every layer (model.sliding_window
+  /// of the TOML); else num_layers entries.
+  std::vector<bool> window_layers;
   /// The window of block `layer` (0 = full causal attention).
   int64_t window_of(int64_t layer) const {
-    return layer >= first_window_layer ? sliding_window : 0;
+    return window_layers.empty() || window_layers[static_cast<size_t>(layer)] ? sliding_window : 0;
+  }
+  /// Layers that attend through the window (0 without one).
+  int64_t windowed_layers() const {
+    if (sliding_window == 0) return 0;
+    int64_t n = 0;
+    for (int64_t l = 0; l < num_layers; ++l) n += window_of(l) > 0;
+    return n;
   }
   /// The config.json read had no sliding_window key (Mistral's default 4096 applies): it is
   /// written back without one, as read.

@@ -45,7 +45,7 @@ uint64_t splitmix64(uint64_t x) {
 }
 
 void check_model_limits(const ModelConfig& c) {
-  constexpr int64_t kMaxWidth = int64_t{1} << 40, kMaxLayers = 65536;
+  constexpr int64_t kMaxWidth = int64_t{1} << 40;
   constexpr double kMaxParams = 1125899906842624.0;  // 2^50
   const std::pair<const char*, int64_t> widths[] = {
       {"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},

@@ -127,6 +127,9 @@ void init_tensor(T* out, const ParamView& view, int index, uint64_t seed);
 /// splitmix64 (Steele, Lea & Flood 2014): the seed mixer of init_params.
 uint64_t splitmix64(uint64_t x);
 
+/// The most layers a model may have (check_model_limits).
+inline constexpr int64_t kMaxLayers = 65536;
+
 /// Refuses model shapes too large to lay out: a width (vocab_size, hidden_size, the FFN width,
 /// heads, multiple_of) above 2^40, more than 65536 layers, or more than 2^50 parameters (4 PiB in
 /// fp32). Such numbers are typos; without this check the size arithmetic overflows 64 bits.

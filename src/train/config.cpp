@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "model/families.h"
 #include "model/hf_config.h"
 #include "model/lora.h"
 #include "model/params.h"
@@ -226,9 +227,14 @@ void check_model_config(const model::ModelConfig& m) {
   check(m.rope_base > 0 && std::isfinite(m.rope_base),
         "model.rope_base: must be finite and > 0, got {}", m.rope_base);
   check(m.explicit_head_dim >= 0, "model.head_dim: must be >= 0, got {}", m.explicit_head_dim);
-  check(m.sliding_window == 0 || m.type == "mistral" || m.type == "qwen2",
-        "model.sliding_window: {} needs model.type = \"mistral\" or \"qwen2\" (the families whose "
-        "config.json has a window), got \"{}\"", m.sliding_window, m.type);
+  check(m.sliding_window == 0 || model::family(m.type, "model.type").block.windows !=
+                                     model::WindowKeys::kNone,
+        "model.sliding_window: {} needs model.type = {} (the families whose config.json has a "
+        "window), got \"{}\"", m.sliding_window, model::or_list(model::window_families(), true),
+        m.type);
+  check(m.window_layers.empty() || int64_t(m.window_layers.size()) == m.num_layers,
+        "model.sliding_window: the window is given for {} layers, the model has {}",
+        m.window_layers.size(), m.num_layers);
   model::check_model_limits(m);
   try {  // what the family's config.json cannot say (e.g. a Qwen2 without q/k/v bias); last, as
          // it computes the FFN width from the checked sizes

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "model/families.h"
 #include "ops/precision.h"
 #include "train/config_binding.h"
 
@@ -273,9 +274,9 @@ const char* kRequiredShape = "required unless `--init-from` or `--resume` gives 
 const std::vector<ConfigKey> kConfigKeys = {
     // [model]: InternEvo's config.py `model` names (docs/model.md).
     {"model.type", "\"internlm2\"", "",
-     "Model family: internlm2, llama, qwen2 or mistral (docs/model.md). It chooses the tensor names "
-     "and config.json keys of checkpoints, --dump-grads and export; with --init-from it comes from "
-     "config.json.",
+     "Model family: " + model::or_list(model::model_types()) +
+         " (docs/families.md). It chooses the tensor names and config.json keys of checkpoints, "
+         "--dump-grads and export; with --init-from it comes from config.json.",
      text(AT(model.type))},
     {"model.vocab_size", "", kRequiredShape,
      "Vocabulary size: rows of the token embedding and of the output head (more than the largest "
@@ -296,8 +297,9 @@ const std::vector<ConfigKey> kConfigKeys = {
      "head_dim); 0: hidden_size / num_attention_heads.",
      integer(AT(model.explicit_head_dim))},
     {"model.sliding_window", "0", "",
-     "Sliding-window attention (mistral, qwen2): a query sees the last sliding_window keys of its "
-     "document; 0: none. With --init-from it comes from config.json.",
+     "Sliding-window attention (" + model::or_list(model::window_families()) +
+         "): a query sees the last sliding_window keys of its document, in every layer; 0: none. "
+         "With --init-from it comes from config.json (Qwen2: only layers >= max_window_layers).",
      integer(AT(model.sliding_window))},
     {"model.mlp_ratio", "\"8/3\"", "",
      "FFN width = multiple_of × ceil(int(hidden_size × mlp_ratio) / multiple_of); a fraction is "

@@ -30,7 +30,7 @@ struct LoadedModel {
 
 /// Loads `path`: a checkpoint root (its latest step), a step folder, or a Hugging Face folder
 /// (config.json + safetensors, f32/bf16/f16, single or sharded) of any family of
-/// model::kModelTypes, by that family's tensor names (model/hf_names.h). The tokenizer is looked up in the
+/// a family of model/families.h, by that family's tensor names (model/hf_names.h). The tokenizer is looked up in the
 /// folder, its parent, then next to the run's data.train_folder. Throws Error naming the path when
 /// nothing loadable is there or a tensor is missing or mis-shaped. With `read_weights` false only
 /// the shape, settings and tokenizer are read (weights_pending; params stays null) and the tensors

@@ -20,6 +20,7 @@
 #include "core/json_read.h"
 #include "core/safetensors.h"
 #include "core/shorten.h"
+#include "model/families.h"
 #include "model/hf_config.h"
 #include "model/hf_names.h"
 #include "model/lora.h"
@@ -449,8 +450,10 @@ void check_adapter_fits(const PeftAdapter& adapter, const model::ParamTable& lay
       if (std::find(names.begin(), names.end(), target) == names.end())
         fail("{}: tensor {}: {} is not a linear layer of a {} model (its targets: {}){}", where, a,
              target, family, join(names),
-             family == "internlm2" ? "" : (target == "wqkv" ? " — an InternLM2 adapter on a " + family +
-                                               " model? export it with --format llama" : ""));
+             model::family(family, "model.type").names == model::TensorNames::kFused
+                 ? ""
+                 : (target == "wqkv" ? " — an InternLM2 adapter on a " + family +
+                                           " model? export it with --format llama" : ""));
       fail("{}: tensor {}: the model has no module {} (layer {} of {})", where, a, m.module, layer,
            layout.layers.size());
     }
@@ -523,10 +526,15 @@ std::vector<std::string> targets_of(const std::vector<PeftModuleAdapter>& module
   return out;
 }
 
+/// The families whose names the conversions below go between: InternLM2's fused wqkv, wo, w1,
+/// w3, w2 and Llama's separate q/k/v/o_proj, gate/up/down_proj (model/families.h).
+const std::string kFused = model::names_family(model::TensorNames::kFused);
+const std::string kSeparate = model::names_family(model::TensorNames::kSeparate);
+
 /// The model's layout as the family of each conversion needs (the view rows are the same).
 model::ParamTable layout_of(const model::ModelConfig& config) {
   model::ModelConfig c = config;
-  c.type = "internlm2";
+  c.type = kFused;
   return model::ParamTable(c);
 }
 
@@ -537,11 +545,11 @@ PeftAdapter internlm2_adapter_as_llama(const PeftAdapter& adapter, const model::
   check_adapter_fits(adapter, layout, "converting an InternLM2 adapter to Llama's names");
   std::map<int, const PeftModuleAdapter*> by_view;  // engine view → InternLM2 module (whole view)
   std::map<std::string, int> view_of;
-  for (const auto& l : linears(layout, "internlm2")) view_of[l.module] = l.weight.view;
+  for (const auto& l : linears(layout, kFused)) view_of[l.module] = l.weight.view;
   for (const auto& m : adapter.modules) by_view[view_of.at(m.module)] = &m;
   PeftAdapter out;
   out.config = adapter.config;
-  for (const auto& l : linears(layout, "llama")) {
+  for (const auto& l : linears(layout, kSeparate)) {
     const auto it = by_view.find(l.weight.view);
     if (it == by_view.end()) continue;
     const PeftModuleAdapter& src = *it->second;
@@ -554,14 +562,14 @@ PeftAdapter internlm2_adapter_as_llama(const PeftAdapter& adapter, const model::
     out.modules.push_back(std::move(m));
   }
   out.config.target_is_regex = false;
-  out.config.target_modules = targets_of(out.modules, "llama");
+  out.config.target_modules = targets_of(out.modules, kSeparate);
   return out;
 }
 
 PeftAdapter llama_adapter_as_internlm2(const PeftAdapter& adapter, const model::ModelConfig& config,
                                        bool allow_rank_growth) {
   model::ModelConfig llama = config;
-  llama.type = "llama";
+  llama.type = kSeparate;
   const model::ParamTable layout(llama);
   check_adapter_fits(adapter, layout, "converting a Llama adapter to InternLM2's names");
   const int64_t r = adapter.config.r;
@@ -569,7 +577,7 @@ PeftAdapter llama_adapter_as_internlm2(const PeftAdapter& adapter, const model::
   for (const auto& m : adapter.modules) by_module[m.module] = &m;
   // Llama linears per engine view, in order (q, k, v of one wqkv).
   std::map<int, std::vector<Linear>> parts;
-  for (auto& l : linears(layout, "llama"))
+  for (auto& l : linears(layout, kSeparate))
     if (by_module.count(l.module)) parts[l.weight.view].push_back(std::move(l));
   // Whether every fused view's parts share A (then rank r stays exact).
   bool shared = true;
@@ -592,7 +600,7 @@ PeftAdapter llama_adapter_as_internlm2(const PeftAdapter& adapter, const model::
   // s'·B' must equal s·B: B' = B · s / s'.
   const double ratio = lora_scale(adapter.config) / lora_scale(out.config);
   const model::ParamTable fused = layout_of(config);
-  for (const auto& l : linears(fused, "internlm2")) {
+  for (const auto& l : linears(fused, kFused)) {
     const auto it = parts.find(l.weight.view);
     if (it == parts.end()) continue;
     const auto& list = it->second;
@@ -620,7 +628,7 @@ PeftAdapter llama_adapter_as_internlm2(const PeftAdapter& adapter, const model::
     out.modules.push_back(std::move(m));
   }
   out.config.target_is_regex = false;
-  out.config.target_modules = targets_of(out.modules, "internlm2");
+  out.config.target_modules = targets_of(out.modules, kFused);
   return out;
 }
 

@@ -42,7 +42,7 @@ TEST(BalanceCost, CountsOnlyTheWindowsVisiblePairs) {
   // l = 10, window 4: 4·5/2 + 6·4 = 34 visible pairs (of 55); l = 3: all 6.
   EXPECT_DOUBLE_EQ(cost.of(cu), 34.0 + 6.0);
   c.type = "qwen2";
-  c.first_window_layer = 1;  // layer 0 full (55 + 6), layer 1 windowed (34 + 6): mean 50.5
+  c.window_layers = {false, true};  // layer 0 full (55 + 6), layer 1 windowed (34 + 6): mean 50.5
   cost = balance_cost(c);
   EXPECT_DOUBLE_EQ(cost.of(cu) - cost.per_token * 13, cost.per_pair * 50.5);
   c.sliding_window = 0;  // no window: every causal pair

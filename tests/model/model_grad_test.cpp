@@ -91,7 +91,7 @@ TEST(ModelGrad, FiniteDifferencesWithBiasesAndOneKvHead) {
 TEST(ModelGrad, FiniteDifferencesWithWindowAndHeadDim) {
   ModelConfig c = testing::tiny_config();
   c.sliding_window = 3;
-  c.first_window_layer = 1;
+  c.window_layers = {false, true};  // layer 1 only
   c.explicit_head_dim = 6;
   check_gradients(c, false);
 }
@@ -156,7 +156,7 @@ TEST(ModelGrad, FiniteDifferencesThroughChunksWithWindowAndBiases) {
   ModelConfig c = testing::tiny_config();
   c.chunk_tokens = 2;
   c.sliding_window = 3;
-  c.first_window_layer = 1;
+  c.window_layers = {false, true};  // layer 1 only
   c.explicit_head_dim = 6;
   c.qkv_bias = c.o_bias = c.mlp_bias = true;
   c.num_kv_attention_heads = 1;

@@ -171,7 +171,7 @@ TEST(ModelFlops, WindowCountsOnlyVisiblePairs) {
   // 49·(1 + 22/28)/2 + 1 + 25·(1 + 14/15)/2 + 1 + 36·(1 + 18/21)/2 + 16.
   ModelConfig c = testing::tiny_config();
   c.sliding_window = 4;
-  c.first_window_layer = 1;
+  c.window_layers = {false, true};  // layer 1 only
   const std::vector<int32_t> cu = {0, 7, 8, 13, 14, 20, 24};
   const double expected =
       49.0 * (1 + 22.0 / 28) / 2 + 1 + 25.0 * (1 + 14.0 / 15) / 2 + 1 + 36.0 * (1 + 18.0 / 21) / 2 + 16;
