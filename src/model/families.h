@@ -3,8 +3,9 @@
 // keys and their defaults, what its config.json can express, how its tensors are named, which
 // linears PEFT adapts, and its block's options. Import (model/hf_config), export (model/hf_names,
 // cli/export), the LoRA targets (model/lora, train/peft) and the docs read these rows; other
-// code asks a family's row what it can do instead of comparing its name. Every family runs the same pre-norm RMSNorm / RoPE / GQA / GLU decoder;
-// docs/model.md says which fields a new family (Qwen3, Gemma 3) would add.
+// code asks a family's row what it can do instead of comparing its name. Every family runs the
+// same pre-norm RMSNorm / RoPE / GQA / GLU decoder; docs/model.md says which fields a new family
+// (Qwen3, Gemma 3) would add.
 #pragma once
 #include <cstdint>
 #include <span>
