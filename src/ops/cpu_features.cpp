@@ -52,11 +52,22 @@ uint64_t xcr0() {
   return (uint64_t{hi} << 32) | lo;
 }
 
-bool cpuid_has(const Feature& f) {
-  static const uint64_t os_state = xcr0();
+bool query_cpuid(const Feature& f, uint64_t os_state) {
   unsigned r[4] = {0, 0, 0, 0};
   if (!__get_cpuid_count(f.leaf, f.subleaf, &r[0], &r[1], &r[2], &r[3])) return false;
   return ((r[f.reg] >> f.bit) & 1u) && (os_state & f.xcr0) == f.xcr0;
+}
+
+/// What cpuid reports, asked once: under a hypervisor each cpuid instruction traps (tens of
+/// microseconds), and the dispatch points ask on every call.
+bool cpuid_has(const Feature& f) {
+  static const std::vector<bool> reported = [] {
+    const uint64_t os_state = xcr0();
+    std::vector<bool> has;
+    for (const Feature& g : kFeatures) has.push_back(query_cpuid(g, os_state));
+    return has;
+  }();
+  return reported[static_cast<size_t>(&f - kFeatures)];
 }
 
 /// The trimmed, non-empty names of a mask's text (nullptr: none).
