@@ -36,8 +36,8 @@ KernelIsa kernel_isa();
 /// "avx2" or "avx512".
 const char* kernel_isa_name(KernelIsa isa);
 
-/// The kernels this process would run, in words for the start-up line, e.g. "attention and tiles
-/// avx512, bf16 attention avx512_bf16 + amx_bf16".
+/// The kernels this process would run, in words for the start-up line, e.g. "fp32 attention,
+/// tiles, rounding avx512; bf16 attention avx512_bf16 + amx_bf16".
 std::string kernels_chosen();
 
 namespace detail {

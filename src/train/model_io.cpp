@@ -56,7 +56,9 @@ ops::ComputeType loaded_compute_type(const LoadedModel& m, const std::string& dt
   const nlohmann::json& c = m.train_config;
   if (c.contains("model") && c["model"].contains("dtype") && c["model"]["dtype"].is_string())
     return ops::resolve_dtype(c["model"]["dtype"].get<std::string>(),
-                              (m.dir / "state.json").string() + ": config.model.dtype", note);
+                              (m.dir / "state.json").string() +
+                                  ": config.model.dtype (the run's dtype; --dtype overrides it)",
+                              note);
   return ops::ComputeType::kFloat32;
 }
 

@@ -28,13 +28,40 @@ bool wide_instruction(const std::string& line) {
     if (b == "62") return true;
     break;
   }
-  return line.find("%tmm", tab2) != std::string::npos || line.find("tilecfg", tab2) != std::string::npos;
+  // AMX (VEX-encoded: by name), and anything objdump cannot decode.
+  const std::string insn = line.substr(tab2 + 1);
+  return insn.rfind("tile", 0) == 0 || insn.rfind("tdp", 0) == 0 || insn.rfind("ldtilecfg", 0) == 0 ||
+         insn.rfind("sttilecfg", 0) == 0 || insn.find("%tmm") != std::string::npos ||
+         insn.rfind("(bad)", 0) == 0;
+}
+
+/// The function's own qualified name: the demangled name without its template arguments and
+/// parameter lists, so that a baseline function taking an AVX-512 namespace's type, or a
+/// template instantiated with one, is not taken for AVX-512 code.
+std::string own_name(const std::string& demangled) {
+  std::string out;
+  int angle = 0, paren = 0;
+  for (size_t i = 0; i < demangled.size(); ++i) {
+    const char ch = demangled[i];
+    if (demangled.compare(i, 8, "operator") == 0) {  // operator() / operator< are names
+      out += "operator";
+      i += 7;
+      continue;
+    }
+    if (ch == '<') ++angle;
+    else if (ch == '>' && angle > 0) --angle;
+    else if (ch == '(') ++paren;
+    else if (ch == ')' && paren > 0) --paren;
+    else if (angle == 0 && paren == 0) out += ch;
+  }
+  return out;
 }
 
 /// Whether a demangled function name belongs to code compiled for AVX-512 (or AMX).
 bool avx512_code(const std::string& name) {
+  const std::string own = own_name(name);
   for (const char* mark : {"::avx512::", "::avx512bf16::", "::native::", "::emulated::", "_avx512"})
-    if (name.find(mark) != std::string::npos) return true;
+    if (own.find(mark) != std::string::npos) return true;
   return false;
 }
 

@@ -150,7 +150,7 @@ TEST(TrainerBf16, ResumeGivesTheLossesOfAnUninterruptedRun) {
     train::loaded_compute_type(m, "");
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("state.json: config.model.dtype: \"bfloat16\" needs"),
+    EXPECT_NE(std::string(e.what()).find("state.json: config.model.dtype (the run's dtype; --dtype overrides it): \"bfloat16\" needs"),
               std::string::npos) << e.what();
   }
 }
