@@ -59,13 +59,10 @@ __attribute__((target("avx512f"))) void round_avx512(const float* x, int64_t n, 
 }
 #pragma GCC diagnostic pop
 
-// Consults LONGTRON_CPU_FEATURES_MASK, so the suite runs the AVX2 path on an AVX-512 machine.
-bool has_avx512f() { return cpu_has("avx512f"); }
-
 /// Rounds every job in one parallel region (one fork and barrier for all of a GEMM's operands: on
 /// small GEMMs the threads' synchronisation costs more than the rounding).
 void round_jobs(std::span<const Bf16Rounding> jobs) {
-  const auto round = has_avx512f() ? round_avx512<> : round_scalar<>;
+  const auto round = cpu_has("avx512f") ? round_avx512<> : round_scalar<>;
   constexpr int64_t kChunk = int64_t{1} << 16;
   int64_t chunks = 0;
   for (const Bf16Rounding& j : jobs) chunks += (j.n + kChunk - 1) / kChunk;
@@ -175,11 +172,11 @@ void round_to_bf16_all(std::initializer_list<Bf16Rounding> jobs) {
 }
 
 void round_to_bf16_serial(const float* x, int64_t n, uint16_t* out) {
-  (has_avx512f() ? round_avx512<> : round_scalar<>)(x, n, out, nullptr);
+  (cpu_has("avx512f") ? round_avx512<> : round_scalar<>)(x, n, out, nullptr);
 }
 
 void round_to_bf16_widened(const float* x, int64_t n, uint16_t* bits, float* wide) {
-  const auto round = has_avx512f() ? round_avx512<true> : round_scalar<true>;
+  const auto round = cpu_has("avx512f") ? round_avx512<true> : round_scalar<true>;
   constexpr int64_t kChunk = int64_t{1} << 14;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (n > kParallelMinWorkLarge)

@@ -1,7 +1,6 @@
 #include "ops/precision.h"
 
 #include <atomic>
-#include <cstdlib>
 
 #include "core/error.h"
 #include "ops/ops.h"

@@ -50,14 +50,11 @@ __attribute__((target("avx512f"))) double block_avx512(const float* x, int64_t n
 }
 #pragma GCC diagnostic pop
 
-// Consults LONGTRON_CPU_FEATURES_MASK, so the suite runs the AVX2 path on an AVX-512 machine.
-bool has_avx512f() { return cpu_has("avx512f"); }
-
 }  // namespace
 
 double sum_squares(const float* x, int64_t n) {
   if (n <= 0) return 0.0;
-  const auto block = has_avx512f() ? block_avx512 : block_scalar;
+  const auto block = cpu_has("avx512f") ? block_avx512 : block_scalar;
   const int64_t blocks = (n + kSumSquaresBlock - 1) / kSumSquaresBlock;
   if (blocks == 1) return block(x, n);
   std::vector<double> sums(static_cast<size_t>(blocks));
