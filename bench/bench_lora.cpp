@@ -1,9 +1,10 @@
 // LoRA against full fine-tuning (docs/lora.md, "Memory and speed"), one process:
 //   bench_lora speed [--rounds 6] [--threads 2] [--dtype fp32|bf16] [--only full|lora]
+//                    [--dropout P]
 //     configs/small.toml's model (V 8192, H 384, 6 layers, 6 / 2 heads, P = 4 × 512), LoRA rank 16
 //     on every linear against full fine-tuning, fp32 and bf16 (if the CPU has native bf16): each
 //     round times one full step then one LoRA step (train::train_step, the trainer's step, in the
-//     trainer's scopes), on the same rows; prints the median step times and their ratio, the
+//     trainer's scopes), on the same rows (LoRA dropout P, default 0); prints the median step times and their ratio, the
 //     median CPU time of each (all threads; includes OpenMP's idle spinning unless
 //     OMP_WAIT_POLICY=passive) and the ratio of the fastest rounds. --dtype fp32|bf16 runs one
 //     type, --only full|lora times one kind (for a profiler).
@@ -143,6 +144,7 @@ int main(int argc, char** argv) {
       model::ModelConfig l = c;
       l.lora.rank = 16;
       l.lora.alpha = 32;
+      l.lora.dropout = std::stod(arg_str(argc, argv, "--dropout", "0"));
       Job full = make_job(c, bf16), lora = make_job(l, bf16);
       const bool run_full = only != "lora", run_lora = only != "full";
       if (run_full) step(full, rows, bf16);  // warm-up (workspaces, primitives)
@@ -152,9 +154,9 @@ int main(int argc, char** argv) {
         tf.push_back(run_full ? step(full, rows, bf16, &cf[size_t(r)]) : 0.0);
         tl.push_back(run_lora ? step(lora, rows, bf16, &cl[size_t(r)]) : 0.0);
       }
-      std::printf("%s: full fine-tuning %.3f s/step, LoRA r16 all linears %.3f s/step (median of "
-                  "%d alternating rounds): ratio %.3f\n",
-                  bf16 ? "bf16" : "fp32", median(tf), median(tl), rounds, median(tl) / median(tf));
+      std::printf("%s: full fine-tuning %.3f s/step, LoRA r16 all linears (dropout %g) %.3f "
+                  "s/step (median of %d alternating rounds): ratio %.3f\n",
+                  bf16 ? "bf16" : "fp32", median(tf), l.lora.dropout, median(tl), rounds, median(tl) / median(tf));
       std::printf("  CPU time: full %.3f s/step, LoRA %.3f s/step (medians): ratio %.3f; fastest "
                   "rounds: ratio %.3f\n",
                   median(cf), median(cl), median(cl) / median(cf),

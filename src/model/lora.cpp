@@ -404,22 +404,16 @@ class Adapters {
   /// out = (or +=) mask ⊙ in / (1 − p) over [nx, in_] local rows and columns.
   void apply_mask(T* out, const T* src, int64_t nx, int64_t N, const Piece& p, bool accumulate) {
     const LoraState<T>& st = *state_;
-    const double prob = st.config.dropout;
-    const T keep_scale = T(1.0 / (1.0 - prob));
     const uint64_t key = lora_dropout_key(st.config.seed, st.step, p.layer, p.id);
     const int64_t pos0 = spec_.x_position ? spec_.x_position(N) : 0;
     const int32_t* positions = st.positions.empty() ? nullptr : st.positions.data();
-    const int64_t col0 = spec_.col0, in = in_;
-    const T* x = src;
+    const int64_t in = in_;
 #pragma omp parallel for schedule(static) if (nx * in > kParallelMinWork)
     for (int64_t n = 0; n < nx; ++n) {
-      for (int64_t j = 0; j < in; ++j) {
-        const int64_t k = st.token_offset + n;
-        const int64_t position = positions ? int64_t(positions[k]) : pos0 + k;
-        const T v = lora_keep(key, position, col0 + j, prob) ? x[n * in + j] * keep_scale : T(0);
-        if (accumulate) out[n * in + j] += v;
-        else out[n * in + j] = v;
-      }
+      const int64_t k = st.token_offset + n;
+      const int64_t position = positions ? int64_t(positions[k]) : pos0 + k;
+      lora_dropout_row(out + n * in, src + n * in, in, key, position, spec_.col0,
+                       st.config.dropout, accumulate);
     }
   }
 
@@ -749,6 +743,35 @@ bool lora_keep(uint64_t key, int64_t position, int64_t feature, double p) {
   return double(h >> 11) * 0x1.0p-53 >= p;
 }
 
+namespace {
+
+/// The smallest 53-bit draw lora_keep keeps: (h >> 11)·2⁻⁵³ ≥ p ⟺ (h >> 11) ≥ ⌈p·2⁵³⌉, both
+/// sides exact in double (a draw is below 2⁵³; scaling by 2⁵³ rounds nothing).
+uint64_t keep_threshold(double p) { return uint64_t(std::ceil(std::ldexp(p, 53))); }
+
+template <typename T, bool kAccumulate>
+void dropout_row(T* out, const T* src, int64_t n, uint64_t row_hash, int64_t col0,
+                 uint64_t threshold, T keep_scale) {
+  for (int64_t j = 0; j < n; ++j) {
+    const uint64_t h = splitmix64(row_hash + uint64_t(col0 + j));
+    const T v = (h >> 11) >= threshold ? src[j] * keep_scale : T(0);
+    if constexpr (kAccumulate) out[j] += v;
+    else out[j] = v;
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void lora_dropout_row(T* out, const T* src, int64_t n, uint64_t key, int64_t position,
+                      int64_t col0, double p, bool accumulate) {
+  const uint64_t row_hash = splitmix64(key + uint64_t(position));
+  const uint64_t threshold = keep_threshold(p);
+  const T keep_scale = T(1.0 / (1.0 - p));
+  if (accumulate) dropout_row<T, true>(out, src, n, row_hash, col0, threshold, keep_scale);
+  else dropout_row<T, false>(out, src, n, row_hash, col0, threshold, keep_scale);
+}
+
 template <typename T>
 void apply_lora(ModelOps<T>& ops, const ParamTable& base_local, const std::vector<LoraModule>& modules,
                 const ParamTable& adapter_local, std::shared_ptr<LoraState<T>> state,
@@ -826,6 +849,10 @@ void apply_lora(ModelOps<T>& ops, const ParamTable& base_local, const std::vecto
 
 template void lora_init_tensor<float>(float*, const ParamView&, int, uint64_t);
 template void lora_init_tensor<double>(double*, const ParamView&, int, uint64_t);
+template void lora_dropout_row<float>(float*, const float*, int64_t, uint64_t, int64_t, int64_t,
+                                     double, bool);
+template void lora_dropout_row<double>(double*, const double*, int64_t, uint64_t, int64_t, int64_t,
+                                      double, bool);
 template void apply_lora<float>(ModelOps<float>&, const ParamTable&, const std::vector<LoraModule>&,
                                 const ParamTable&, std::shared_ptr<LoraState<float>>,
                                 const std::function<LoraLinearSpec<float>(int, int)>&);

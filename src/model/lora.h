@@ -70,6 +70,14 @@ uint64_t lora_dropout_key(uint64_t seed, int64_t step, int layer, int module);
 /// Whether feature `feature` of the token at global row position `position` is kept (drop
 /// probability p): splitmix64 twice over (key + position, + feature), uniform (bits >> 11)·2⁻⁵³ ≥ p.
 bool lora_keep(uint64_t key, int64_t position, int64_t feature, double p);
+/// Dropout over one token's features [col0, col0 + n): out[j] = src[j] / (1 − p) where
+/// lora_keep(key, position, col0 + j, p), else 0 — added to out with `accumulate`. The same mask
+/// as lora_keep, made fast: the row's hash once, the draw compared as an integer, no call per
+/// element (the masks of a step's adapters hash every element of their inputs, three times with
+/// the backward's recomputation).
+template <typename T>
+void lora_dropout_row(T* out, const T* src, int64_t n, uint64_t key, int64_t position,
+                      int64_t col0, double p, bool accumulate);
 
 /// What every wrapped op of one model shares: the settings, whether the current call trains
 /// (dropout on) and the step (dropout's mask), and scratch.

@@ -37,13 +37,6 @@ void check_config(const ModelConfig& c) {
 
 }  // namespace
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 void check_model_limits(const ModelConfig& c) {
   constexpr int64_t kMaxWidth = int64_t{1} << 40;
   constexpr double kMaxParams = 1125899906842624.0;  // 2^50

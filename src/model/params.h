@@ -124,8 +124,14 @@ void init_params(Params<T>& params, uint64_t seed);
 template <typename T>
 void init_tensor(T* out, const ParamView& view, int index, uint64_t seed);
 
-/// splitmix64 (Steele, Lea & Flood 2014): the seed mixer of init_params.
-uint64_t splitmix64(uint64_t x);
+/// splitmix64 (Steele, Lea & Flood 2014): the seed mixer of init_params and of LoRA dropout's
+/// mask (inline: the mask hashes every element of the adapters' inputs).
+constexpr uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
 
 /// The most layers a model may have (check_model_limits).
 inline constexpr int64_t kMaxLayers = 65536;

@@ -268,6 +268,38 @@ TEST(LoraModel, InitAndDropoutMask) {
   EXPECT_NEAR(same_module, 5000, 300);
 }
 
+// The step's masks run through lora_dropout_row (row hash hoisted, integer comparison): it must
+// drop exactly the elements lora_keep drops, also for a p equal to a draw (kept: draw ≥ p) or
+// one ulp beside it, and scale the kept ones by 1/(1 − p), with or without accumulation.
+TEST(LoraModel, DropoutRowIsLoraKeep) {
+  const uint64_t key = lora_dropout_key(7, 3, 1, 2);
+  const int64_t position = 41, col0 = 5, n = 300;
+  const uint64_t draw = splitmix64(splitmix64(key + uint64_t(position)) + uint64_t(col0 + 17)) >> 11;
+  const double at_draw = std::ldexp(double(draw), -53);
+  const auto rows = static_cast<size_t>(n);
+  std::vector<double> src(rows), out(rows), acc(rows, 1.0);
+  for (int64_t j = 0; j < n; ++j) src[size_t(j)] = 0.25 + double(j);
+  for (double p : {0.0, 0.05, 0.5, 0.9, at_draw, std::nextafter(at_draw, 0.0),
+                   std::nextafter(at_draw, 1.0)}) {
+    lora_dropout_row(out.data(), src.data(), n, key, position, col0, p, false);
+    lora_dropout_row(acc.data(), src.data(), n, key, position, col0, p, true);
+    int kept = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const bool keep = lora_keep(key, position, col0 + j, p);
+      kept += keep;
+      const double want = keep ? src[size_t(j)] * (1.0 / (1.0 - p)) : 0.0;
+      ASSERT_EQ(out[size_t(j)], want) << "p " << p << " feature " << col0 + j;
+      ASSERT_EQ(acc[size_t(j)], 1.0 + want) << "p " << p << " feature " << col0 + j;
+      acc[size_t(j)] = 1.0;
+    }
+    if (p == 0.0) {
+      EXPECT_EQ(kept, n);
+    }
+  }
+  EXPECT_TRUE(lora_keep(key, position, col0 + 17, at_draw));
+  EXPECT_FALSE(lora_keep(key, position, col0 + 17, std::nextafter(at_draw, 1.0)));
+}
+
 TEST(LoraModel, BadTargets) {
   testing::expect_error([] { lora_resolve_targets("llama", {"wqkv"}); }, {"'wqkv' is not a linear"});
   testing::expect_error([] { lora_resolve_targets("internlm2", {"q_proj"}); }, {"lora.targets"});
