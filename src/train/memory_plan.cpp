@@ -436,6 +436,14 @@ std::string format_bytes(double b) {
   return fmt::format("{:.1f} {}", b, units[u]);
 }
 
+std::string compare_to_plan(double measured, double planned) {
+  const double percent = 100.0 * (measured / planned - 1.0);
+  const long whole = std::lround(std::fabs(percent));
+  const std::string plan = format_bytes(planned);
+  if (whole == 0) return fmt::format("at the plan ({})", plan);
+  return fmt::format("{}% {} the plan ({})", whole, percent > 0 ? "above" : "below", plan);
+}
+
 std::string format_plan(const MemoryPlan& p) {
   std::string s = fmt::format("layout: {}\n", p.layout);
   s += fmt::format("parameters: {} ({} on this rank)\n", p.params_full, p.params_local);

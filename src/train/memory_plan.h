@@ -104,6 +104,11 @@ double peak_resident_bytes();
 /// change. `available` <= 0 skips the check.
 void check_memory(const MemoryPlan& plan, double available);
 
+/// A measured peak against the plan in words, the measurement as the reference: "3% above the
+/// plan (844.3 MiB)" when `measured` exceeds `planned` by 3% of the plan, "12% below the plan
+/// (…)", or "at the plan (…)" within half a percent. `planned` > 0.
+std::string compare_to_plan(double measured, double planned);
+
 /// "12.3 MiB" style.
 std::string format_bytes(double bytes);
 

@@ -190,6 +190,15 @@ TEST(MemoryPlan, ResumeAndSaveTransients) {
   EXPECT_GT(saved.peak_bytes, train::plan_memory(tiny(), small).peak_bytes);
 }
 
+// The end-of-run line reads the measured peak against the plan in words: a peak over the plan
+// is "above" it by a share of the plan.
+TEST(MemoryPlan, ComparesThePeakToThePlanInWords) {
+  const double mib = 1024.0 * 1024.0;
+  EXPECT_EQ(train::compare_to_plan(867.7 * mib, 844.3 * mib), "3% above the plan (844.3 MiB)");
+  EXPECT_EQ(train::compare_to_plan(704.0 * mib, 800.0 * mib), "12% below the plan (800.0 MiB)");
+  EXPECT_EQ(train::compare_to_plan(800.5 * mib, 800.0 * mib), "at the plan (800.0 MiB)");
+}
+
 TEST(MemoryPlan, OutOfMemoryNamesThePhase) {
   EXPECT_EQ(out_of_memory_message(), "out of memory (a memory allocation failed)");
   {
