@@ -194,8 +194,11 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
     return a;
   };
   std::map<std::pair<int, int>, std::pair<std::vector<float>, comm::Work>> incoming;
-  std::vector<std::vector<float>> outgoing;
-  std::vector<comm::Work> outgoing_work;
+  // The dK/dV sums sent at this step and at the last one: a sum sent at the end of step k is
+  // received at the end of step k (its receive was posted then), so it is waited for and freed
+  // at the end of step k + 1, and at most two steps' sums are in flight, not all C − 1.
+  std::vector<std::vector<float>> outgoing, outgoing_before;
+  std::vector<comm::Work> outgoing_work, outgoing_work_before;
   bool first = true;
   for (int step = 0; step < p.steps_backward; ++step) {
     if (step < C) {
@@ -245,8 +248,13 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
       buf.resize(size_t(row_count(m.rows) * row));
       work = comm_->recv_async(buf.data(), int64_t(buf.size()), m.peer, C + m.block);
     }
+    for (comm::Work& w : outgoing_work_before) w.wait();
+    outgoing_before = std::move(outgoing);
+    outgoing_work_before = std::move(outgoing_work);
+    outgoing.clear();
+    outgoing_work.clear();
   }
-  for (comm::Work& w : outgoing_work) w.wait();
+  for (comm::Work& w : outgoing_work_before) w.wait();
   split_kv(dk, dv, sum_of(me).data(), M, kv, s.kv_stride);
   bytes_.kv_sent += uint64_t(p.kv_rows_sent * row * 4);
   bytes_.kv_skipped += uint64_t(p.kv_rows_skipped * row * 4);

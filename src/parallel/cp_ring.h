@@ -10,8 +10,9 @@
 // computed; the communicator counts both (Kind::kSend bytes and skipped bytes).
 //
 // Memory per rank: its own K/V, at most two blocks in flight per peer, the key buffer of one
-// kernel call and (backward) the dK/dV sums of the blocks in transit: O(P/C), where the all-gather
-// form holds the whole row's K/V, O(P).
+// kernel call and (backward) the dK/dV sums of the blocks in transit, each freed one step after it
+// is sent (two in flight on one ring): O(P/C), where the all-gather form holds the whole row's
+// K/V, O(P).
 #pragma once
 #include <cstdint>
 #include <map>

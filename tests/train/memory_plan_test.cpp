@@ -139,9 +139,10 @@ TEST(MemoryPlan, LoraAdaptersAsEachRankHoldsThem) {
   EXPECT_GT(item(tp2d.resident, "gradients"), double(adapters.numel()) * 4 / 2);
 }
 
-// 2D-Attention (hp1 x cp4) holds the gathered row's K/V, the key buffer and its gradient on top
-// of what Ulysses over the same 4 ranks holds; the layout line names the split.
-TEST(MemoryPlan, ContextParallelAddsTheGatheredKeys) {
+// 2D-Attention (hp1 x cp4) holds ring attention's K/V blocks where Ulysses over the same 4 ranks
+// holds its all-to-all staging; at head size 1 there is no all-to-all and so no staging. The
+// gathered weights are the same in both. The layout line names the split.
+TEST(MemoryPlan, ContextParallelHoldsTheRingNotTheStaging) {
   train::MemoryPlanInputs four;
   four.world_size = 4;
   const std::string isp = "parallel.tensor={size = 4, mode = \"isp\"}";
@@ -152,8 +153,13 @@ TEST(MemoryPlan, ContextParallelAddsTheGatheredKeys) {
       four);
   EXPECT_NE(cp.layout.find("2D-Attention head 1 x context 4 (zigzag)"), std::string::npos)
       << cp.layout;
-  const double P = 120, kv = 2 * 8;  // 2 kv heads of dim 8, K and V
-  EXPECT_GT(item(cp.step, "layout buffers"), item(ulysses.step, "layout buffers") + P * kv * 4);
+  // P = 120 tokens, 30 a rank; q/k/v features 64 (4 + 2 × 2 heads of 8); Ulysses over 4 ranks
+  // holds 1 q and 1 (repeated) kv head a rank: split [30, 64] and packed [30, 4 × 3 × 8], twice.
+  const double staging = 30.0 * (64 + 4 * 3 * 8) * 2;
+  // The ring: 6 blocks and the 2 dK/dV sums in flight, each 30 rows of K and V (2 kv heads of 8).
+  const double ring = 8 * 30.0 * (2 * 2 * 8);
+  EXPECT_DOUBLE_EQ(item(cp.step, "layout buffers") - item(ulysses.step, "layout buffers"),
+                   (ring - staging) * 4);
 }
 
 // A billion-token row is refused with the breakdown and the key; a run that fits is not.
