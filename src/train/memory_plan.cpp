@@ -167,18 +167,27 @@ double chunked_bf16_operand_bytes(const parallel::ModeMemory& s) {
   return bf16_operand_bytes(c);
 }
 
+/// The packed B of the start-up GEMM timing (train/flops.cpp): its fp32 n × n B, packed when it
+/// fits kGemmPackedBMaxBytes. The buffer is kept at the largest B seen, so it stays this size for
+/// the whole run. Bytes.
+double timing_packed_b_bytes(double n) {
+  const double bytes = n * n * kFloat;
+  return bytes <= double(ops::kGemmPackedBMaxBytes) ? bytes : 0.0;
+}
+
 /// The GEMMs' packed B (ops/gemm_packing.h): one call's, in a buffer kept at the largest seen (a
 /// weight, at most the head's, or a weight gradient's activations: the rows the GEMMs see times
-/// the widest feature count), in the compute type, at most kGemmPackedBMaxBytes; under bf16 also
-/// the head weight packed for its two GEMMs (model::HeadChunks), each at most that. Bytes.
-double packed_b_bytes(const parallel::ModeMemory& s, bool bf16) {
+/// the widest feature count, or the start-up timing's B, `timing_bytes`), in the compute type, at
+/// most kGemmPackedBMaxBytes; under bf16 also the head weight packed for its two GEMMs
+/// (model::HeadChunks), each at most that. Bytes.
+double packed_b_bytes(const parallel::ModeMemory& s, bool bf16, double timing_bytes) {
   const model::WorkspaceShape& w = s.ws;
   const double cap = double(ops::kGemmPackedBMaxBytes);
   const double rows = w.chunk > 0 ? std::min(w.N, w.chunk) : w.N;
   const double widest = std::max({w.H, w.Q, w.A, w.F});
   const double elements = std::max(rows * widest, s.head_vocab * w.H);
   const double head = bf16 ? 2 * std::min(cap, s.head_vocab * w.H * 2) : 0.0;
-  return std::min(elements * (bf16 ? 2.0 : kFloat), cap) + head;
+  return std::max(std::min(elements * (bf16 ? 2.0 : kFloat), cap), timing_bytes) + head;
 }
 
 std::string layout_text(const parallel::Grid& g, const std::string& mode,
@@ -344,7 +353,8 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
     p.step.push_back({"bf16 GEMM operands (rounded activations)",
                       chunked_bf16_operand_bytes(s),
                       "data.seq_len, data.micro_bsz"});
-  p.step.push_back({"GEMM packed B operands", packed_b_bytes(s, in.bf16),
+  const double timing_packed = timing_packed_b_bytes(static_cast<double>(in.sgemm_size));
+  p.step.push_back({"GEMM packed B operands", packed_b_bytes(s, in.bf16, timing_packed),
                     "data.seq_len, data.micro_bsz"});
   if (s.layout_scratch > 0)
     p.step.push_back({"layout buffers (gathers, all-to-all)", s.layout_scratch * kFloat,
@@ -354,8 +364,10 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
     p.step.push_back({"data-parallel all-reduce buffer", grad_bytes, ""});
 
   const double full_bytes = static_cast<double>(p.params_full) * kFloat;
+  // The timing's A, B and C, and B packed for the kernel.
   const double sgemm =
-      3.0 * static_cast<double>(in.sgemm_size) * static_cast<double>(in.sgemm_size) * kFloat;
+      3.0 * static_cast<double>(in.sgemm_size) * static_cast<double>(in.sgemm_size) * kFloat +
+      timing_packed;
   const double save = c.train.checkpoint_dir.empty() ? 0 : save_bytes;
   (void)full_bytes;
   // The random init draws a split tensor at its full size (one at a time; an unsplit one in

@@ -162,6 +162,19 @@ TEST(MemoryPlan, ContextParallelHoldsTheRingNotTheStaging) {
                    (ring - staging) * 4);
 }
 
+// The start-up GEMM timing packs its n × n fp32 B (16 MiB at n = 2048, the largest packed B kept):
+// counted in the timing's phase and, since the buffer is kept at the largest B seen, in the step.
+TEST(MemoryPlan, TheTimingsPackedBStaysForTheRun) {
+  train::MemoryPlanInputs timing, small;
+  small.sgemm_size = 8;
+  const auto p = train::plan_memory(tiny(), timing);
+  const auto q = train::plan_memory(tiny(), small);
+  const double n2 = 2048.0 * 2048.0 * 4;
+  EXPECT_EQ(item(p.transient, "start-up: sgemm timing"), 4 * n2);
+  EXPECT_EQ(item(p.step, "GEMM packed B operands"), n2);
+  EXPECT_LT(item(q.step, "GEMM packed B operands"), n2 / 8);  // the tiny model's own
+}
+
 // A billion-token row is refused with the breakdown and the key; a run that fits is not.
 TEST(MemoryPlan, RefusesWhatCannotFitNamingTheKey) {
   const auto huge = train::plan_memory(tiny({"data.seq_len=1000000000"}), {});
