@@ -32,7 +32,11 @@ void isp_memory(const ModeMemoryInputs& in, ModeMemory& s) {
   w.saved_lse = N * Hq;
   s.attn_hq = h.q;
   s.attn_hkv = h.kv;
-  s.attn_tokens = N * Th;
+  // Ring attention runs the kernels over groups of whole query runs (cp_attention.h).
+  const bool ring = l.seq2d && l.seq2d_context > 1 && l.seq2d_ring;
+  s.attn_tokens =
+      ring ? std::min(N * Th, static_cast<double>(model::attention_group_tokens(m))) : N * Th;
+  s.attn_groups = ring;
   s.head_rows = N;
   // Gathered weights: the largest tensor (the head or the embedding) once, twice with prefetch,
   // its full gradient before the reduce-scatter, and the send/receive staging; plus Ulysses'

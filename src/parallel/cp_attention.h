@@ -50,6 +50,10 @@ struct ContextOptions {
   bool interleaved = false;
   /// The precision of the attention kernels (the engine's context; it must outlive the op).
   const ops::ComputeContext* compute = &ops::ComputeContext::fp32();
+  /// Ring form: the kernels run over groups of whole query runs of at most this many queries
+  /// (ops/attention_groups.h; model::attention_group_tokens), so their packed copies hold a
+  /// group, not the rank's share; 0 = one call over the share.
+  int64_t group_tokens = 0;
 };
 
 /// Attention of this rank's M = P/C queries [M, hq, d] against the causal keys of the whole row.

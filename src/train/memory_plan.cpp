@@ -330,14 +330,16 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
                      : "activations saved for backward (every layer)");
   const std::string chunked_name =
       fmt::format("activations (recomputed in chunks of {} tokens)", chunk);
+  const bool groups = chunked || s.attn_groups;
   const std::string attn_name =
-      chunked ? fmt::format("attention workspace (groups of {} tokens)",
-                            std::min(P, static_cast<double>(model::attention_group_tokens(c.model))))
-              : std::string("attention workspace (packed tiles)");
+      groups ? fmt::format("attention workspace (groups of {} tokens)",
+                           std::min(chunked ? P : s.attn_tokens,
+                                    static_cast<double>(model::attention_group_tokens(c.model))))
+             : std::string("attention workspace (packed tiles)");
   p.step = {
       {chunked ? chunked_name : std::string(acts_name), acts,
        chunked ? "data.seq_len, data.micro_bsz, model.chunk_tokens" : act_key},
-      {attn_name, attn, chunked ? "model.chunk_tokens" : "data.seq_len, data.micro_bsz"},
+      {attn_name, attn, groups ? "model.chunk_tokens" : "data.seq_len, data.micro_bsz"},
       {"head logits (chunked)", head, "model.vocab_size"},
       {"micro-batches", batches, "data.micro_num, data.seq_len, data.micro_bsz"},
   };

@@ -36,7 +36,9 @@ inline std::string describe(const CpOpCase& k, int C) {
          (k.options.form == parallel::ContextForm::kRing ? " ring" : " all-gather") +
          (k.options.window_size > 1 ? " ws" + std::to_string(k.options.window_size) : "") +
          (k.options.interleaved ? " interleaved" : "") +
-         (k.window > 0 ? " window " + std::to_string(k.window) : "") + " P/rank " +
+         (k.window > 0 ? " window " + std::to_string(k.window) : "") +
+         (k.options.group_tokens > 0 ? " groups " + std::to_string(k.options.group_tokens) : "") +
+         " P/rank " +
          std::to_string(k.tokens_per_rank);
 }
 
@@ -128,6 +130,11 @@ inline void check_context_attention_forms(int head_size, int kv_heads, int windo
         k.window = window;
         k.tokens_per_rank = tokens;
         check_context_attention(k);
+        if (tokens == 160) {  // the ring's kernels over groups of at most 40 queries
+          CpOpCase g = k;
+          g.options.group_tokens = 40;
+          check_context_attention(g);
+        }
         if (window_size == 1 && window == 0 && tokens == 160) {
           k.options.form = parallel::ContextForm::kAllGather;
           check_context_attention(k);
