@@ -32,11 +32,12 @@ void isp_memory(const ModeMemoryInputs& in, ModeMemory& s) {
   w.saved_lse = N * Hq;
   s.attn_hq = h.q;
   s.attn_hkv = h.kv;
-  // Ring attention runs the kernels over groups of whole query runs (cp_attention.h).
-  const bool ring = l.seq2d && l.seq2d_context > 1 && l.seq2d_ring;
+  // The kernels run over groups of whole query runs (cp_attention.h), but for the all-gather
+  // form of context parallelism, one call.
+  const bool groups = !(l.seq2d && l.seq2d_context > 1 && !l.seq2d_ring);
   s.attn_tokens =
-      ring ? std::min(N * Th, static_cast<double>(model::attention_group_tokens(m))) : N * Th;
-  s.attn_groups = ring;
+      groups ? std::min(N * Th, static_cast<double>(model::attention_group_tokens(m))) : N * Th;
+  s.attn_groups = groups;
   s.head_rows = N;
   // Gathered weights: the largest tensor (the head or the embedding) once, twice with prefetch,
   // its full gradient before the reduce-scatter, and the send/receive staging; plus Ulysses'
