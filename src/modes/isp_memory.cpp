@@ -32,12 +32,10 @@ void isp_memory(const ModeMemoryInputs& in, ModeMemory& s) {
   w.saved_lse = N * Hq;
   s.attn_hq = h.q;
   s.attn_hkv = h.kv;
-  // The kernels run over groups of whole query runs (cp_attention.h), but for the all-gather
-  // form of context parallelism, one call.
-  const bool groups = !(l.seq2d && l.seq2d_context > 1 && !l.seq2d_ring);
-  s.attn_tokens =
-      groups ? std::min(N * Th, static_cast<double>(model::attention_group_tokens(m))) : N * Th;
-  s.attn_groups = groups;
+  // The kernels run over groups of whole query runs (cp_attention.h; the plan sizes one), but
+  // for the all-gather form of context parallelism, one call.
+  s.attn_tokens = N * Th;
+  s.attn_groups = !(l.seq2d && l.seq2d_context > 1 && !l.seq2d_ring);
   s.head_rows = N;
   // Gathered weights: the largest tensor (the head or the embedding) once, twice with prefetch,
   // its full gradient before the reduce-scatter, and the send/receive staging; plus Ulysses'

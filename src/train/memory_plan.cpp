@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "data/open.h"
 #include "model/decoder.h"
 #include "model/lora.h"
 #include "model/params.h"
@@ -147,15 +148,34 @@ double bf16_operand_bytes(const parallel::ModeMemory& s) {
   return 2 * (a + b);
 }
 
+/// The attention kernels' queries per call when they run over groups of whole documents (or
+/// query runs) of 4 × model.chunk_tokens queries (ops/attention_groups.h): a group, or the
+/// longest document where it is longer (`longest`: tokens, 0 = unknown), at most what the
+/// kernels see in all (s.attn_tokens).
+void apply_groups(parallel::ModeMemory& s, const model::ModelConfig& m, double longest) {
+  const double group = static_cast<double>(model::attention_group_tokens(m));
+  s.attn_tokens = std::min(s.attn_tokens, std::max(group, longest));
+}
+
+/// The attention workspace's line under groups of `tokens` queries: "(groups of 16384 tokens)",
+/// or where the longest document makes a group longer "(groups of 16384 tokens, the longest
+/// document 45039)".
+std::string attention_groups_name(double tokens, const model::ModelConfig& m) {
+  const double group = static_cast<double>(model::attention_group_tokens(m));
+  if (tokens <= group) return fmt::format("attention workspace (groups of {} tokens)", tokens);
+  return fmt::format("attention workspace (groups of {} tokens, the longest document {})", group,
+                     tokens);
+}
+
 /// The chunked recomputation (model::Decoder::chunked(): the dense ops with model.checkpoint):
 /// the token-wise parts, the head and the GEMMs' bf16 operands see one chunk of
-/// model.chunk_tokens rows, and the attention kernels one group of whole documents of
-/// 4 × model.chunk_tokens queries (a longer document takes its own length). Returns the chunk.
-double apply_chunks(parallel::ModeMemory& s, const model::ModelConfig& m) {
+/// model.chunk_tokens rows, and the attention kernels one group (apply_groups). Returns the
+/// chunk.
+double apply_chunks(parallel::ModeMemory& s, const model::ModelConfig& m, double longest = 0) {
   const double C = std::min(s.ws.N, static_cast<double>(model::chunk_tokens(m)));
   s.ws.chunk = C;
   s.head_rows = std::min(s.head_rows, C);
-  s.attn_tokens = std::min(s.attn_tokens, static_cast<double>(model::attention_group_tokens(m)));
+  apply_groups(s, m, longest);
   return C;
 }
 
@@ -304,7 +324,10 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
 
   s.ws.bf16 = in.bf16;
   const bool chunked = c.model.checkpoint && mode == "dense";
-  const double chunk = chunked ? apply_chunks(s, c.model) : 0;
+  // A document longer than seq_len is cut into rows of seq_len (data.md).
+  const double longest = std::min(in.longest_document, static_cast<double>(c.data.seq_len));
+  const double chunk = chunked ? apply_chunks(s, c.model, longest) : 0;
+  if (!chunked && s.attn_groups) apply_groups(s, c.model, longest);
   const double acts = activation_bytes(s.ws);
   const double segments = static_cast<double>(c.data.micro_bsz);
   double attn =
@@ -332,9 +355,7 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
       fmt::format("activations (recomputed in chunks of {} tokens)", chunk);
   const bool groups = chunked || s.attn_groups;
   const std::string attn_name =
-      groups ? fmt::format("attention workspace (groups of {} tokens)",
-                           std::min(chunked ? P : s.attn_tokens,
-                                    static_cast<double>(model::attention_group_tokens(c.model))))
+      groups ? attention_groups_name(s.attn_tokens, c.model)
              : std::string("attention workspace (packed tiles)");
   p.step = {
       {chunked ? chunked_name : std::string(acts_name), acts,
@@ -505,6 +526,19 @@ double read_number(const std::string& file) {
 }
 
 }  // namespace
+
+double longest_document(const std::string& folder) {
+  if (folder.empty()) return 0;
+  try {
+    size_t longest = 0;
+    for (const auto& source : data::open_dataset(folder))
+      for (size_t i = 0; i < source->num_documents(); ++i)
+        longest = std::max(longest, source->document_length(i));
+    return static_cast<double>(longest);
+  } catch (const Error&) {
+    return 0;  // no dataset yet (a dry run of a config): the plan assumes groups
+  }
+}
 
 double resident_bytes() {
   const double kb = read_field("/proc/self/status", "VmRSS:");

@@ -175,6 +175,24 @@ TEST(MemoryPlan, TheTimingsPackedBStaysForTheRun) {
   EXPECT_LT(item(q.step, "GEMM packed B operands"), n2 / 8);  // the tiny model's own
 }
 
+// The attention kernels run over groups of whole documents of 4 × model.chunk_tokens queries
+// (64 here): a longer document is a group of its own, up to data.seq_len (400 here).
+TEST(MemoryPlan, TheLongestDocumentSizesTheAttentionGroup) {
+  const auto config = tiny({"model.checkpoint=true", "model.chunk_tokens=16", "data.seq_len=400"});
+  train::MemoryPlanInputs unknown, longest;
+  longest.longest_document = 1000;
+  const auto groups = train::plan_memory(config, unknown);
+  const auto document = train::plan_memory(config, longest);
+  EXPECT_GT(item(document.step, "attention workspace"), item(groups.step, "attention workspace"));
+  const auto named = [](const train::MemoryPlan& p) {
+    for (const auto& i : p.step)
+      if (i.name.rfind("attention workspace", 0) == 0) return i.name;
+    return std::string();
+  };
+  EXPECT_EQ(named(groups), "attention workspace (groups of 64 tokens)");
+  EXPECT_EQ(named(document), "attention workspace (groups of 64 tokens, the longest document 400)");
+}
+
 // A billion-token row is refused with the breakdown and the key; a run that fits is not.
 TEST(MemoryPlan, RefusesWhatCannotFitNamingTheKey) {
   const auto huge = train::plan_memory(tiny({"data.seq_len=1000000000"}), {});
