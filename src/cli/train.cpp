@@ -117,9 +117,8 @@ int run_train(const TrainCliOptions& o) {
     }
     if (world->rank() == 0) {
       print_summary(s, world->size());
-      fmt::print("train: peak memory {} on rank 0 (planned {}, {:+.0f}%)\n",
-                 train::format_bytes(s.measured_peak_bytes), train::format_bytes(s.planned_peak_bytes),
-                 100.0 * (s.planned_peak_bytes / s.measured_peak_bytes - 1.0));
+      fmt::print("train: peak memory {} on rank 0, {}\n", train::format_bytes(s.measured_peak_bytes),
+                 train::compare_to_plan(s.measured_peak_bytes, s.planned_peak_bytes));
     }
     return 0;
   });

@@ -32,11 +32,14 @@ void isp_memory(const ModeMemoryInputs& in, ModeMemory& s) {
   w.saved_lse = N * Hq;
   s.attn_hq = h.q;
   s.attn_hkv = h.kv;
+  // The kernels run over groups of whole query runs (cp_attention.h; the plan sizes one), but
+  // for the all-gather form of context parallelism, one call.
   s.attn_tokens = N * Th;
+  s.attn_groups = !(l.seq2d && l.seq2d_context > 1 && !l.seq2d_ring);
   s.head_rows = N;
   // Gathered weights: the largest tensor (the head or the embedding) once, twice with prefetch,
   // its full gradient before the reduce-scatter, and the send/receive staging; plus Ulysses'
-  // split and packed token buffers. Under bf16 a gathered weight other than the embedding
+  // split and packed token buffers where there is an all-to-all (Th > 1). Under bf16 a gathered weight other than the embedding
   // (gathered in fp32 for its fp32 lookup) holds 2 bytes an element: half a float.
   double largest = 0, gathered = 0;
   for (const auto& v : full.views()) {
@@ -46,15 +49,20 @@ void isp_memory(const ModeMemoryInputs& in, ModeMemory& s) {
     gathered = std::max(gathered, fp32 ? numel : 0.5 * numel);
   }
   const double slots = l.weight_overlap ? 2 : 1;
-  s.layout_scratch = slots * gathered + 3 * largest + N * (w.Q + Th * local_heads * d) * 2;
+  const double staging = Th > 1 ? N * (w.Q + Th * local_heads * d) * 2 : 0;
+  s.layout_scratch = slots * gathered + 3 * largest + staging;
   // Context parallel over C ranks, M = N·Th local tokens, K/V rows of 2·kv·d floats.
   const double M = N * Th, kv_row = 2 * h.kv * d;
   if (C > 1 && l.seq2d_ring) {
     // Ring attention (cp_ring.h), backward (the larger pass): this rank's packed K/V, the block
     // received, one pass's key rows and their gradient, its own dK/dV sum and the one it adds
-    // into, one incoming sum, and the sums it sent (kept until the pass ends; at most C − 1),
-    // each at most M rows.
-    s.layout_scratch += (6 + (C - 1)) * M * kv_row;
+    // into, one incoming sum, and the sums in flight, each at most M rows. A sum sent at step k
+    // is freed at the end of step k + 1: on one ring (window 1 or C) a rank sends one sum a step,
+    // so two are in flight; the double ring's sums may wait for their inner ring, bounded by the
+    // C − 1 a rank sends in all.
+    const bool one_ring = l.seq2d_window == 1 || l.seq2d_window == l.seq2d_context;
+    const double in_flight = one_ring ? std::min(2.0, C - 1) : C - 1;
+    s.layout_scratch += (6 + in_flight) * M * kv_row;
   } else if (C > 1) {
     // The all-gather form (cp_attention.h): this rank's K/V, the gathered row's, the key buffer
     // and its gradient (at most about twice the row: a rank's two zigzag pieces of a document

@@ -97,7 +97,8 @@ model::ModelOps<float> make_isp_ops(const model::ParamTable& full, const Grid& g
     block.attention = std::make_unique<UlyssesAttention>(
         c, head, scratch, grid.context, balance, c.window_of(&b - full.layers.data()),
         ContextOptions{grid.layout.seq2d_ring ? ContextForm::kRing : ContextForm::kAllGather,
-                       grid.layout.seq2d_window, grid.layout.seq2d_interleaved, &cc});
+                       grid.layout.seq2d_window, grid.layout.seq2d_interleaved, &cc,
+                       model::attention_group_tokens(c)});
     ops.blocks.push_back(std::move(block));
   }
   ops.norm = model::make_dense_norm<float>(full, full.norm);

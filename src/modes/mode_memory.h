@@ -33,6 +33,7 @@ enum class Bf16Operands { kWeightCopy, kHeadWeight, kHeadRows };
 struct ModeMemory {
   model::WorkspaceShape ws;                           ///< the model's arena
   double attn_tokens = 0, attn_hq = 0, attn_hkv = 0;  ///< what the attention kernel sees
+  bool attn_groups = false;  ///< the kernels run over groups of attn_tokens (the plan sizes one)
   double head_vocab = 0;                              ///< vocabulary columns of one head chunk
   double head_rows = 0;                               ///< rows the head sees
   double layout_scratch = 0;  ///< the mode's gather / reduce / all-to-all buffers

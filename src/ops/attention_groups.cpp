@@ -45,6 +45,36 @@ AttentionShape sub_shape(const AttentionShape& s, int64_t t0, int64_t t1,
   return g;
 }
 
+/// Segment indexes [b[j], b[j + 1]) of the groups of a shape with key segments: whole segments,
+/// at most `limit` queries each unless one segment is longer.
+std::vector<int64_t> key_group_bounds(const AttentionShape& s, int64_t limit) {
+  std::vector<int64_t> b{0};
+  for (int64_t i = 1; i <= s.num_segments; ++i) {
+    const int64_t start = s.cu_seqlens[b.back()];
+    if (s.cu_seqlens[i] - start > limit && s.cu_seqlens[i - 1] > start) b.push_back(i - 1);
+  }
+  b.push_back(s.num_segments);
+  return b;
+}
+
+/// The group of segments [i0, i1) of a shape with key segments; its rebased offsets in cu, cu_k.
+AttentionGroup key_group(const AttentionShape& s, int64_t i0, int64_t i1,
+                         std::vector<int32_t>& cu, std::vector<int32_t>& cu_k) {
+  AttentionGroup g{s.cu_seqlens[i0], s.cu_seqlens[i1] - s.cu_seqlens[i0], s.cu_seqlens_k[i0], s};
+  cu.clear(), cu_k.clear();
+  for (int64_t i = i0; i <= i1; ++i) {
+    cu.push_back(static_cast<int32_t>(s.cu_seqlens[i] - g.t0));
+    cu_k.push_back(static_cast<int32_t>(s.cu_seqlens_k[i] - g.k0));
+  }
+  g.shape.num_tokens = g.n;
+  g.shape.cu_seqlens = cu.data();
+  g.shape.num_segments = i1 - i0;
+  g.shape.cu_seqlens_k = cu_k.data();
+  g.shape.num_kv_tokens = cu_k.back();
+  if (s.key_offsets != nullptr) g.shape.key_offsets = s.key_offsets + i0;
+  return g;
+}
+
 /// Calls f(t0, t1, shape) for each group [t0, t1) of `s`, in order (the whole shape itself when
 /// it is one group).
 template <typename F>
@@ -66,39 +96,20 @@ void for_each_group_out(const AttentionShape& s, int64_t group_tokens, F&& f) {
   });
 }
 
-/// The lse of one group [t0, t0 + n) of a row whose lse is head-major [Hq, N]: the row's own
-/// when the group is the whole row, else a [Hq, n] buffer that is copied from the row before a
-/// backward reads it (in) or into the row after a forward wrote it (out, then store).
-template <typename T>
-class GroupLse {
- public:
-  explicit GroupLse(const AttentionShape& s) : Hq_(s.num_heads), N_(s.num_tokens) {}
-  /// Where a forward writes the group's lse; store() then puts it in the row.
-  T* out(T* row, int64_t n) { return n == N_ ? row : sized(n); }
-  void store(T* row, int64_t t0, int64_t n) const {
-    if (n == N_) return;
-    for (int64_t h = 0; h < Hq_; ++h)
-      std::copy(buf_.data() + h * n, buf_.data() + (h + 1) * n, row + h * N_ + t0);
-  }
-  /// The group's lse as a backward reads it.
-  const T* in(const T* row, int64_t t0, int64_t n) {
-    if (n == N_) return row;
-    T* const g = sized(n);
-    for (int64_t h = 0; h < Hq_; ++h)
-      std::copy(row + h * N_ + t0, row + h * N_ + t0 + n, g + h * n);
-    return g;
-  }
-
- private:
-  T* sized(int64_t n) {
-    buf_.resize(static_cast<size_t>(Hq_ * n));
-    return buf_.data();
-  }
-  int64_t Hq_, N_;
-  std::vector<T> buf_;
-};
-
 }  // namespace
+
+void for_each_attention_group(const AttentionShape& s, int64_t group_tokens,
+                              const std::function<void(const AttentionGroup&)>& f) {
+  if (s.cu_seqlens_k == nullptr || group_tokens <= 0 || s.num_tokens <= group_tokens) {
+    if (s.cu_seqlens_k != nullptr) return f(AttentionGroup{0, s.num_tokens, 0, s});
+    return for_each_group(s, group_tokens, [&](int64_t t0, int64_t t1, const AttentionShape& g) {
+      f(AttentionGroup{t0, t1 - t0, t0, g});
+    });
+  }
+  const std::vector<int64_t> b = key_group_bounds(s, group_tokens);
+  std::vector<int32_t> cu, cu_k;
+  for (size_t j = 0; j + 1 < b.size(); ++j) f(key_group(s, b[j], b[j + 1], cu, cu_k));
+}
 
 template <typename T>
 void varlen_attention_forward_groups(const ComputeContext& cc, T* out, T* lse, const T* q,

@@ -18,7 +18,7 @@ ContextAttention::ContextAttention(comm::CommPtr context, data::ContextBalance b
   if (options.form == ContextForm::kRing && comm_->size() > 1)
     ring_ = std::make_unique<RingAttention>(
         comm_, balance_, RingSchedule(comm_->size(), options.window_size, options.interleaved),
-        scratch_->ring, *compute_);
+        scratch_->ring, *compute_, options.group_tokens);
 }
 
 const ContextPlan& ContextAttention::plan(const ops::AttentionShape& s) const {

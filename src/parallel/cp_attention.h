@@ -50,6 +50,11 @@ struct ContextOptions {
   bool interleaved = false;
   /// The precision of the attention kernels (the engine's context; it must outlive the op).
   const ops::ComputeContext* compute = &ops::ComputeContext::fp32();
+  /// The kernels run over groups of whole query runs (whole documents without context
+  /// parallelism) of at most this many queries (ops/attention_groups.h;
+  /// model::attention_group_tokens), so their packed copies hold a group, not the rank's share
+  /// or the row; 0 = one call. The all-gather form runs one call.
+  int64_t group_tokens = 0;
 };
 
 /// Attention of this rank's M = P/C queries [M, hq, d] against the causal keys of the whole row.

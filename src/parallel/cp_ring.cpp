@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "ops/attention_add_dq.h"
+#include "ops/attention_groups.h"
 #include "ops/threads.h"
 #include "parallel/kv_rows.h"
 
@@ -63,8 +64,9 @@ void RingScratch::release() {
 
 RingAttention::RingAttention(comm::CommPtr context, data::ContextBalance balance,
                              RingSchedule schedule, std::shared_ptr<RingScratch> scratch,
-                             const ops::ComputeContext& cc)
+                             const ops::ComputeContext& cc, int64_t group_tokens)
     : comm_(std::move(context)), balance_(balance), schedule_(schedule), cc_(cc),
+      group_tokens_(group_tokens),
       scratch_(scratch ? std::move(scratch) : std::make_shared<RingScratch>()) {
   check(schedule_.size() == comm_->size(), "ring attention: schedule of {} ranks on a group of {}",
         schedule_.size(), comm_->size());
@@ -144,6 +146,40 @@ ops::AttentionShape RingAttention::pass_shape(const RingPass& pass, const float*
   return ks;
 }
 
+void RingAttention::forward_pass(float* out, float* lse, const float* q,
+                                 const ops::AttentionShape& ks) {
+  const float* keys = scratch_->keys.data();
+  const int64_t od = ks.num_heads * ks.head_dim, kv = ks.num_kv_heads * ks.head_dim;
+  ops::GroupLse<float> lg(ks);
+  ops::for_each_attention_group(ks, group_tokens_, [&](const ops::AttentionGroup& g) {
+    const float* k = keys + g.k0 * ks.kv_stride;
+    ops::varlen_attention_forward(cc_, out + g.t0 * od, lg.out(lse, g.n), q + g.t0 * ks.q_stride,
+                                  k, k + kv, g.shape);
+    lg.store(lse, g.t0, g.n);
+  });
+}
+
+void RingAttention::backward_pass(bool add_dq, float* dq, const float* dout, const float* q,
+                                  const float* out, const float* lse,
+                                  const ops::AttentionShape& ks) {
+  RingScratch& b = *scratch_;
+  b.dkeys.resize(b.keys.size());
+  const int64_t od = ks.num_heads * ks.head_dim, kv = ks.num_kv_heads * ks.head_dim;
+  ops::GroupLse<float> lg(ks);
+  ops::for_each_attention_group(ks, group_tokens_, [&](const ops::AttentionGroup& g) {
+    const int64_t qo = g.t0 * ks.q_stride, oo = g.t0 * od, ko = g.k0 * ks.kv_stride;
+    const float* k = b.keys.data() + ko;
+    float* dk = b.dkeys.data() + ko;
+    const float* l = lg.in(lse, g.t0, g.n);
+    if (add_dq)
+      ops::varlen_attention_backward_add_dq(cc_, dq + qo, dk, dk + kv, dout + oo, q + qo, k,
+                                            k + kv, out + oo, l, g.shape);
+    else
+      ops::varlen_attention_backward(cc_, dq + qo, dk, dk + kv, dout + oo, q + qo, k, k + kv,
+                                     out + oo, l, g.shape);
+  });
+}
+
 void RingAttention::forward(float* out, float* lse, const float* q, const float* k,
                             const float* v, const ops::AttentionShape& s) {
   check(s.cu_seqlens_k == nullptr, "context parallel: the local shape must not have key segments");
@@ -157,15 +193,14 @@ void RingAttention::forward(float* out, float* lse, const float* q, const float*
     const float* block = kv_step(step, row);
     for (const RingPass& pass : p.passes[size_t(step)]) {
       const ops::AttentionShape ks = pass_shape(pass, block, p.source[size_t(step)], s);
-      const float* keys = b.keys.data();
       if (first) {
-        ops::varlen_attention_forward(cc_, out, lse, q, keys, keys + kv, ks);
+        forward_pass(out, lse, q, ks);
         first = false;
         continue;
       }
       b.out.resize(size_t(M * H * d));
       b.lse.resize(size_t(H * M));
-      ops::varlen_attention_forward(cc_, b.out.data(), b.lse.data(), q, keys, keys + kv, ks);
+      forward_pass(b.out.data(), b.lse.data(), q, ks);
       merge(out, lse, b.out.data(), b.lse.data(), M, H, d);
     }
     finish_kv_step(step);
@@ -194,8 +229,11 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
     return a;
   };
   std::map<std::pair<int, int>, std::pair<std::vector<float>, comm::Work>> incoming;
-  std::vector<std::vector<float>> outgoing;
-  std::vector<comm::Work> outgoing_work;
+  // The dK/dV sums sent at this step and at the last one: a sum sent at the end of step k is
+  // received at the end of step k (its receive was posted then), so it is waited for and freed
+  // at the end of step k + 1, and at most two steps' sums are in flight, not all C − 1.
+  std::vector<std::vector<float>> outgoing, outgoing_before;
+  std::vector<comm::Work> outgoing_work, outgoing_work_before;
   bool first = true;
   for (int step = 0; step < p.steps_backward; ++step) {
     if (step < C) {
@@ -203,17 +241,8 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
       const float* block = kv_step(step, row);
       for (const RingPass& pass : p.passes[size_t(step)]) {
         const ops::AttentionShape ks = pass_shape(pass, block, source, s);
-        const float* keys = b.keys.data();
-        b.dkeys.resize(b.keys.size());
         // The first pass writes dq, the others add to it in place (no q-sized scratch).
-        if (first)
-          ops::varlen_attention_backward(cc_, dq, b.dkeys.data(), b.dkeys.data() + kv, dout, q,
-                                         keys,
-                                         keys + kv, out, lse, ks);
-        else
-          ops::varlen_attention_backward_add_dq(cc_, dq, b.dkeys.data(), b.dkeys.data() + kv, dout,
-                                                q,
-                                                keys, keys + kv, out, lse, ks);
+        backward_pass(!first, dq, dout, q, out, lse, ks);
         first = false;
         add_rows(sum_of(source).data(), b.dkeys.data(), pass.key_rows, row);
       }
@@ -245,8 +274,13 @@ void RingAttention::backward(float* dq, float* dk, float* dv, const float* dout,
       buf.resize(size_t(row_count(m.rows) * row));
       work = comm_->recv_async(buf.data(), int64_t(buf.size()), m.peer, C + m.block);
     }
+    for (comm::Work& w : outgoing_work_before) w.wait();
+    outgoing_before = std::move(outgoing);
+    outgoing_work_before = std::move(outgoing_work);
+    outgoing.clear();
+    outgoing_work.clear();
   }
-  for (comm::Work& w : outgoing_work) w.wait();
+  for (comm::Work& w : outgoing_work_before) w.wait();
   split_kv(dk, dv, sum_of(me).data(), M, kv, s.kv_stride);
   bytes_.kv_sent += uint64_t(p.kv_rows_sent * row * 4);
   bytes_.kv_skipped += uint64_t(p.kv_rows_skipped * row * 4);

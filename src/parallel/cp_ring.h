@@ -10,8 +10,9 @@
 // computed; the communicator counts both (Kind::kSend bytes and skipped bytes).
 //
 // Memory per rank: its own K/V, at most two blocks in flight per peer, the key buffer of one
-// kernel call and (backward) the dK/dV sums of the blocks in transit: O(P/C), where the all-gather
-// form holds the whole row's K/V, O(P).
+// kernel call and (backward) the dK/dV sums of the blocks in transit, each freed one step after it
+// is sent (two in flight on one ring): O(P/C), where the all-gather form holds the whole row's
+// K/V, O(P).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -44,10 +45,12 @@ struct RingScratch {
 /// Ring attention of this rank's M queries (see the header comment); shapes as ContextAttention.
 class RingAttention {
  public:
-  /// `cc`: the precision of the kernels (it must outlive the op).
+  /// `cc`: the precision of the kernels (it must outlive the op); `group_tokens`: the kernels
+  /// run over groups of whole query runs of at most that many queries (0 = one call a pass).
   RingAttention(comm::CommPtr context, data::ContextBalance balance, RingSchedule schedule,
                 std::shared_ptr<RingScratch> scratch = nullptr,
-                const ops::ComputeContext& cc = ops::ComputeContext::fp32());
+                const ops::ComputeContext& cc = ops::ComputeContext::fp32(),
+                int64_t group_tokens = 0);
   /// out [M, hq, d] dense, lse [hq, M].
   void forward(float* out, float* lse, const float* q, const float* k, const float* v,
                const ops::AttentionShape& local);
@@ -67,11 +70,19 @@ class RingAttention {
   /// The kernel shape and key buffer of `pass` against `block` (received layout).
   ops::AttentionShape pass_shape(const RingPass& pass, const float* block, int source,
                                  const ops::AttentionShape& local);
+  /// The kernels of one pass (`ks` of pass_shape, keys in the key buffer), group by group: out
+  /// [M, hq, d] and lse [hq, M] written.
+  void forward_pass(float* out, float* lse, const float* q, const ops::AttentionShape& ks);
+  /// The backward kernels of one pass, group by group: dq written (or added to, `add_dq`), the
+  /// key buffer's gradient written into scratch dkeys.
+  void backward_pass(bool add_dq, float* dq, const float* dout, const float* q, const float* out,
+                     const float* lse, const ops::AttentionShape& ks);
 
   comm::CommPtr comm_;
   data::ContextBalance balance_;
   RingSchedule schedule_;
   const ops::ComputeContext& cc_;
+  int64_t group_tokens_;
   std::shared_ptr<RingScratch> scratch_;
   RingBytes bytes_;
   std::map<int, std::vector<float>> blocks_;  // received K/V blocks by owner

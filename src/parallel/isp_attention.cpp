@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "model/rope_scaling.h"
+#include "ops/attention_groups.h"
 #include "ops/ops.h"
 #include "ops/threads.h"
 #include "parallel/mappings.h"
@@ -36,7 +37,7 @@ UlyssesAttention::UlyssesAttention(const model::ModelConfig& c, comm::CommPtr te
       d_(c.head_dim()), q_(c.qkv_size()), local_(h_.hq_local + 2 * h_.hkv_local),
       config_(c), inv_freq_(model::rope_inv_freq(c)), window_(window),
       scratch_(scratch ? std::move(scratch) : std::make_shared<Scratch>()),
-      compute_(options.compute) {
+      compute_(options.compute), group_tokens_(options.group_tokens) {
   if (context && context->size() > 1) {
     C_ = context->size();
     context_ = std::make_unique<ContextAttention>(std::move(context), balance, scratch_->context,
@@ -112,18 +113,24 @@ void UlyssesAttention::forward(float* out, float* saved, float* lse, const float
                                const model::AttentionBatch& b) {
   const int64_t N = b.num_tokens;
   const model::AttentionBatch g = check_batch(b);
-  std::vector<float>& split = scratch_->split;
-  std::vector<float>& packed = scratch_->packed;
-  split.resize(static_cast<size_t>(N * q_));
-  packed.resize(static_cast<size_t>(N * T_ * local_ * d_));
-  permute(split.data(), qkv, N, /*to_split=*/true);
-  // RoPE is per token, so the local (split) indexes rotate q and k before the swap.
-  model::check_rope_positions(config_, b.indexes, N);
-  ops::rope_forward(split.data(), b.indexes, N, h_.hq + h_.hkv, d_, q_, inv_freq_.data());
-  pack(packed.data(), split.data(), N);
   float* qkv_g = saved;                         // [T·N, local, d]
   float* out_g = saved + T_ * N * local_ * d_;  // [T·N, hq_local, d]
-  ulysses_scatter_heads(qkv_g, packed.data(), N, T_ * local_, d_, *comm_);
+  model::check_rope_positions(config_, b.indexes, N);
+  if (T_ == 1) {
+    // No all-to-all (head size 1, e.g. pure context parallel): the split order is the saved one.
+    permute(qkv_g, qkv, N, /*to_split=*/true);
+    ops::rope_forward(qkv_g, b.indexes, N, h_.hq + h_.hkv, d_, q_, inv_freq_.data());
+  } else {
+    std::vector<float>& split = scratch_->split;
+    std::vector<float>& packed = scratch_->packed;
+    split.resize(static_cast<size_t>(N * q_));
+    packed.resize(static_cast<size_t>(N * T_ * local_ * d_));
+    permute(split.data(), qkv, N, /*to_split=*/true);
+    // RoPE is per token, so the local (split) indexes rotate q and k before the swap.
+    ops::rope_forward(split.data(), b.indexes, N, h_.hq + h_.hkv, d_, q_, inv_freq_.data());
+    pack(packed.data(), split.data(), N);
+    ulysses_scatter_heads(qkv_g, packed.data(), N, T_ * local_, d_, *comm_);
+  }
   const int64_t stride = local_ * d_;
   ops::AttentionShape s{g.num_tokens, h_.hq_local, h_.hkv_local, d_, stride, stride,
                         g.cu_seqlens, g.num_segments, 1.0 / std::sqrt(double(d_))};
@@ -132,8 +139,9 @@ void UlyssesAttention::forward(float* out, float* saved, float* lse, const float
     context_->forward(out_g, lse, qkv_g, qkv_g + h_.hq_local * d_,
                       qkv_g + (h_.hq_local + h_.hkv_local) * d_, s);
   else
-    ops::varlen_attention_forward(*compute_, out_g, lse, qkv_g, qkv_g + h_.hq_local * d_,
-                                  qkv_g + (h_.hq_local + h_.hkv_local) * d_, s);
+    ops::varlen_attention_forward_groups(*compute_, out_g, lse, qkv_g, qkv_g + h_.hq_local * d_,
+                                         qkv_g + (h_.hq_local + h_.hkv_local) * d_, s,
+                                         group_tokens_);
   ulysses_gather_heads(out, out_g, N, h_.hq, d_, *comm_);
 }
 
@@ -157,10 +165,16 @@ void UlyssesAttention::backward(float* dqkv, float* scratch, const float* dout, 
                        qkv_g + h_.hq_local * d_, qkv_g + (h_.hq_local + h_.hkv_local) * d_, out_g,
                        lse, s);
   else
-    ops::varlen_attention_backward(*compute_, dqkv_g, dqkv_g + h_.hq_local * d_,
-                                   dqkv_g + (h_.hq_local + h_.hkv_local) * d_, dout_g, qkv_g,
-                                   qkv_g + h_.hq_local * d_,
-                                   qkv_g + (h_.hq_local + h_.hkv_local) * d_, out_g, lse, s);
+    ops::varlen_attention_backward_groups(*compute_, dqkv_g, dqkv_g + h_.hq_local * d_,
+                                          dqkv_g + (h_.hq_local + h_.hkv_local) * d_, dout_g,
+                                          qkv_g, qkv_g + h_.hq_local * d_,
+                                          qkv_g + (h_.hq_local + h_.hkv_local) * d_, out_g, lse, s,
+                                          group_tokens_);
+  if (T_ == 1) {  // no all-to-all: the gradient is in split order already (forward's adjoint)
+    ops::rope_backward(dqkv_g, b.indexes, N, h_.hq + h_.hkv, d_, q_, inv_freq_.data());
+    permute(dqkv, dqkv_g, N, /*to_split=*/false);
+    return;
+  }
   std::vector<float>& split = scratch_->split;
   std::vector<float>& packed = scratch_->packed;
   split.resize(static_cast<size_t>(N * q_));

@@ -49,7 +49,8 @@ class UlyssesAttention final : public model::AttentionOp<float> {
   /// `scratch` nullptr = buffers of its own. `tensor` is the HEAD group under 2D-Attention;
   /// `context` (nullptr = none) its CONTEXT group, whose ranks hold the shares of `balance`;
   /// `window`: the block's sliding window (0 = none); `options`: ring or all-gather context
-  /// parallelism, the ring's layout and the kernels' precision (cp_attention.h).
+  /// parallelism, the ring's layout, the kernels' precision and their query groups, which also
+  /// apply without a context group (cp_attention.h).
   UlyssesAttention(const model::ModelConfig& config, comm::CommPtr tensor,
                    std::shared_ptr<Scratch> scratch = nullptr, comm::CommPtr context = nullptr,
                    data::ContextBalance balance = data::ContextBalance::kZigzag,
@@ -83,6 +84,7 @@ class UlyssesAttention final : public model::AttentionOp<float> {
   int64_t window_;
   std::shared_ptr<Scratch> scratch_;
   const ops::ComputeContext* compute_;  // the kernels' precision (options.compute)
+  int64_t group_tokens_;                // the kernels' query groups (options.group_tokens)
   int64_t C_ = 1;                                  // context ranks
   std::unique_ptr<ContextAttention> context_;      // nullptr when C = 1
 };

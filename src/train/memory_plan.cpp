@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "data/open.h"
 #include "model/decoder.h"
 #include "model/lora.h"
 #include "model/params.h"
@@ -147,15 +148,34 @@ double bf16_operand_bytes(const parallel::ModeMemory& s) {
   return 2 * (a + b);
 }
 
+/// The attention kernels' queries per call when they run over groups of whole documents (or
+/// query runs) of 4 × model.chunk_tokens queries (ops/attention_groups.h): a group, or the
+/// longest document where it is longer (`longest`: tokens, 0 = unknown), at most what the
+/// kernels see in all (s.attn_tokens).
+void apply_groups(parallel::ModeMemory& s, const model::ModelConfig& m, double longest) {
+  const double group = static_cast<double>(model::attention_group_tokens(m));
+  s.attn_tokens = std::min(s.attn_tokens, std::max(group, longest));
+}
+
+/// The attention workspace's line under groups of `tokens` queries: "(groups of 16384 tokens)",
+/// or where the longest document makes a group longer "(groups of 16384 tokens, the longest
+/// document 45039)".
+std::string attention_groups_name(double tokens, const model::ModelConfig& m) {
+  const double group = static_cast<double>(model::attention_group_tokens(m));
+  if (tokens <= group) return fmt::format("attention workspace (groups of {} tokens)", tokens);
+  return fmt::format("attention workspace (groups of {} tokens, the longest document {})", group,
+                     tokens);
+}
+
 /// The chunked recomputation (model::Decoder::chunked(): the dense ops with model.checkpoint):
 /// the token-wise parts, the head and the GEMMs' bf16 operands see one chunk of
-/// model.chunk_tokens rows, and the attention kernels one group of whole documents of
-/// 4 × model.chunk_tokens queries (a longer document takes its own length). Returns the chunk.
-double apply_chunks(parallel::ModeMemory& s, const model::ModelConfig& m) {
+/// model.chunk_tokens rows, and the attention kernels one group (apply_groups). Returns the
+/// chunk.
+double apply_chunks(parallel::ModeMemory& s, const model::ModelConfig& m, double longest = 0) {
   const double C = std::min(s.ws.N, static_cast<double>(model::chunk_tokens(m)));
   s.ws.chunk = C;
   s.head_rows = std::min(s.head_rows, C);
-  s.attn_tokens = std::min(s.attn_tokens, static_cast<double>(model::attention_group_tokens(m)));
+  apply_groups(s, m, longest);
   return C;
 }
 
@@ -167,18 +187,27 @@ double chunked_bf16_operand_bytes(const parallel::ModeMemory& s) {
   return bf16_operand_bytes(c);
 }
 
+/// The packed B of the start-up GEMM timing (train/flops.cpp): its fp32 n × n B, packed when it
+/// fits kGemmPackedBMaxBytes. The buffer is kept at the largest B seen, so it stays this size for
+/// the whole run. Bytes.
+double timing_packed_b_bytes(double n) {
+  const double bytes = n * n * kFloat;
+  return bytes <= double(ops::kGemmPackedBMaxBytes) ? bytes : 0.0;
+}
+
 /// The GEMMs' packed B (ops/gemm_packing.h): one call's, in a buffer kept at the largest seen (a
 /// weight, at most the head's, or a weight gradient's activations: the rows the GEMMs see times
-/// the widest feature count), in the compute type, at most kGemmPackedBMaxBytes; under bf16 also
-/// the head weight packed for its two GEMMs (model::HeadChunks), each at most that. Bytes.
-double packed_b_bytes(const parallel::ModeMemory& s, bool bf16) {
+/// the widest feature count, or the start-up timing's B, `timing_bytes`), in the compute type, at
+/// most kGemmPackedBMaxBytes; under bf16 also the head weight packed for its two GEMMs
+/// (model::HeadChunks), each at most that. Bytes.
+double packed_b_bytes(const parallel::ModeMemory& s, bool bf16, double timing_bytes) {
   const model::WorkspaceShape& w = s.ws;
   const double cap = double(ops::kGemmPackedBMaxBytes);
   const double rows = w.chunk > 0 ? std::min(w.N, w.chunk) : w.N;
   const double widest = std::max({w.H, w.Q, w.A, w.F});
   const double elements = std::max(rows * widest, s.head_vocab * w.H);
   const double head = bf16 ? 2 * std::min(cap, s.head_vocab * w.H * 2) : 0.0;
-  return std::min(elements * (bf16 ? 2.0 : kFloat), cap) + head;
+  return std::max(std::min(elements * (bf16 ? 2.0 : kFloat), cap), timing_bytes) + head;
 }
 
 std::string layout_text(const parallel::Grid& g, const std::string& mode,
@@ -295,7 +324,10 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
 
   s.ws.bf16 = in.bf16;
   const bool chunked = c.model.checkpoint && mode == "dense";
-  const double chunk = chunked ? apply_chunks(s, c.model) : 0;
+  // A document longer than seq_len is cut into rows of seq_len (data.md).
+  const double longest = std::min(in.longest_document, static_cast<double>(c.data.seq_len));
+  const double chunk = chunked ? apply_chunks(s, c.model, longest) : 0;
+  if (!chunked && s.attn_groups) apply_groups(s, c.model, longest);
   const double acts = activation_bytes(s.ws);
   const double segments = static_cast<double>(c.data.micro_bsz);
   double attn =
@@ -321,14 +353,14 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
                      : "activations saved for backward (every layer)");
   const std::string chunked_name =
       fmt::format("activations (recomputed in chunks of {} tokens)", chunk);
+  const bool groups = chunked || s.attn_groups;
   const std::string attn_name =
-      chunked ? fmt::format("attention workspace (groups of {} tokens)",
-                            std::min(P, static_cast<double>(model::attention_group_tokens(c.model))))
-              : std::string("attention workspace (packed tiles)");
+      groups ? attention_groups_name(s.attn_tokens, c.model)
+             : std::string("attention workspace (packed tiles)");
   p.step = {
       {chunked ? chunked_name : std::string(acts_name), acts,
        chunked ? "data.seq_len, data.micro_bsz, model.chunk_tokens" : act_key},
-      {attn_name, attn, chunked ? "model.chunk_tokens" : "data.seq_len, data.micro_bsz"},
+      {attn_name, attn, groups ? "model.chunk_tokens" : "data.seq_len, data.micro_bsz"},
       {"head logits (chunked)", head, "model.vocab_size"},
       {"micro-batches", batches, "data.micro_num, data.seq_len, data.micro_bsz"},
   };
@@ -344,7 +376,8 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
     p.step.push_back({"bf16 GEMM operands (rounded activations)",
                       chunked_bf16_operand_bytes(s),
                       "data.seq_len, data.micro_bsz"});
-  p.step.push_back({"GEMM packed B operands", packed_b_bytes(s, in.bf16),
+  const double timing_packed = timing_packed_b_bytes(static_cast<double>(in.sgemm_size));
+  p.step.push_back({"GEMM packed B operands", packed_b_bytes(s, in.bf16, timing_packed),
                     "data.seq_len, data.micro_bsz"});
   if (s.layout_scratch > 0)
     p.step.push_back({"layout buffers (gathers, all-to-all)", s.layout_scratch * kFloat,
@@ -354,8 +387,10 @@ MemoryPlan plan_memory(const TrainConfig& c, const MemoryPlanInputs& in) {
     p.step.push_back({"data-parallel all-reduce buffer", grad_bytes, ""});
 
   const double full_bytes = static_cast<double>(p.params_full) * kFloat;
+  // The timing's A, B and C, and B packed for the kernel.
   const double sgemm =
-      3.0 * static_cast<double>(in.sgemm_size) * static_cast<double>(in.sgemm_size) * kFloat;
+      3.0 * static_cast<double>(in.sgemm_size) * static_cast<double>(in.sgemm_size) * kFloat +
+      timing_packed;
   const double save = c.train.checkpoint_dir.empty() ? 0 : save_bytes;
   (void)full_bytes;
   // The random init draws a split tensor at its full size (one at a time; an unsplit one in
@@ -436,6 +471,14 @@ std::string format_bytes(double b) {
   return fmt::format("{:.1f} {}", b, units[u]);
 }
 
+std::string compare_to_plan(double measured, double planned) {
+  const double percent = 100.0 * (measured / planned - 1.0);
+  const long whole = std::lround(std::fabs(percent));
+  const std::string plan = format_bytes(planned);
+  if (whole == 0) return fmt::format("at the plan ({})", plan);
+  return fmt::format("{}% {} the plan ({})", whole, percent > 0 ? "above" : "below", plan);
+}
+
 std::string format_plan(const MemoryPlan& p) {
   std::string s = fmt::format("layout: {}\n", p.layout);
   s += fmt::format("parameters: {} ({} on this rank)\n", p.params_full, p.params_local);
@@ -483,6 +526,19 @@ double read_number(const std::string& file) {
 }
 
 }  // namespace
+
+double longest_document(const std::string& folder) {
+  if (folder.empty()) return 0;
+  try {
+    size_t longest = 0;
+    for (const auto& source : data::open_dataset(folder))
+      for (size_t i = 0; i < source->num_documents(); ++i)
+        longest = std::max(longest, source->document_length(i));
+    return static_cast<double>(longest);
+  } catch (const Error&) {
+    return 0;  // no dataset yet (a dry run of a config): the plan assumes groups
+  }
+}
 
 double resident_bytes() {
   const double kb = read_field("/proc/self/status", "VmRSS:");

@@ -71,7 +71,13 @@ struct MemoryPlanInputs {
   bool resume = false;        ///< --resume: the checkpoint's tensors are loaded at start-up
   bool init_from = false;     ///< --init-from: the weights are loaded, none is drawn
   bool bf16 = false;          ///< the run computes in bfloat16 (model.dtype as resolved)
+  /// Tokens of the longest document of the training data (0 = unknown): the attention kernels'
+  /// groups of whole documents are at least that long (up to data.seq_len).
+  double longest_document = 0;
 };
+
+/// The longest document of the dataset in `folder`, tokens; 0 when it cannot be read.
+double longest_document(const std::string& folder);
 
 /// Plans `config` on `inputs.world_size` ranks. Throws Error (naming the parallel.* key) when the
 /// layout does not fit the world or the model, as the engine would.
@@ -103,6 +109,11 @@ double peak_resident_bytes();
 /// exceeds `available` bytes (> 0): the message gives the estimate broken down and the keys to
 /// change. `available` <= 0 skips the check.
 void check_memory(const MemoryPlan& plan, double available);
+
+/// A measured peak against the plan in words, the measurement as the reference: "3% above the
+/// plan (844.3 MiB)" when `measured` exceeds `planned` by 3% of the plan, "12% below the plan
+/// (…)", or "at the plan (…)" within half a percent. `planned` > 0.
+std::string compare_to_plan(double measured, double planned);
 
 /// "12.3 MiB" style.
 std::string format_bytes(double bytes);

@@ -509,6 +509,7 @@ TrainSummary dry_run(const TrainConfig& config, const TrainOptions& options, con
   in.sgemm_size = options.sgemm_size;
   in.resume = !options.resume.empty();
   in.init_from = !options.init_from.empty();
+  in.longest_document = longest_document(config.data.train_folder);
   // The dtype the run would compute in: "auto" as this CPU resolves it, an explicit name as given
   // (a dry run may plan a bfloat16 run for another machine).
   const std::string dtype = ops::canonical_dtype(config.model.dtype);
@@ -609,6 +610,7 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
   plan_in.resume = !options.resume.empty();
   plan_in.init_from = !options.init_from.empty();
   plan_in.bf16 = compute == ops::ComputeType::kBFloat16;
+  plan_in.longest_document = longest_document(config.data.train_folder);
   const MemoryPlan plan = plan_memory(config, plan_in);
   check_memory(plan, options.memory_available >= 0 ? options.memory_available
                                                    : available_memory_bytes(plan_in.ranks_on_node));

@@ -156,15 +156,19 @@ inline void make_segments(int64_t P, std::vector<int32_t>& cu, std::vector<int32
     for (int32_t i = 0; i < cu[s] - cu[s - 1]; ++i) idx.push_back(i);
 }
 
-/// Ulysses attention (TENSOR group) against the dense attention on the whole row.
-inline void check_attention(const Layout& layout, int kv_heads) {
+/// Ulysses attention (TENSOR group) against the dense attention on the whole row; with
+/// `group_tokens` > 0 its kernels run over groups of whole documents of that many queries.
+inline void check_attention(const Layout& layout, int kv_heads, int64_t group_tokens = 0) {
   parallel::Grid grid = parallel::make_grid(world(), layout);
   const int T = grid.tensor->size(), t = grid.tensor->rank();
   const model::ModelConfig c = op_model(kv_heads);
   model::ParamTable full(c);
   auto dense = model::make_dense_ops<float>(full);
   model::AttentionOp<float>& ref = *dense.blocks[0].attention;
-  parallel::UlyssesAttention isp(c, grid.tensor);
+  parallel::ContextOptions options;
+  options.group_tokens = group_tokens;
+  parallel::UlyssesAttention isp(c, grid.tensor, nullptr, nullptr, data::ContextBalance::kZigzag,
+                                 0, options);
   const int64_t n = 5, P = T * n, Q = c.qkv_size(), A = c.hidden_size;
   std::vector<int32_t> cu, idx;
   make_segments(P, cu, idx);
@@ -181,7 +185,8 @@ inline void check_attention(const Layout& layout, int kv_heads) {
   Vec dq(size_t(n * Q)), sc2(size_t(isp.saved_qkv_size(n)));
   isp.forward(o.data(), s2.data(), l2.data(), q.data(), lb);
   isp.backward(dq.data(), sc2.data(), dy.data(), s2.data(), o.data(), l2.data(), lb);
-  const std::string tag = name_of(layout) + " ulysses attention kv=" + std::to_string(kv_heads);
+  const std::string tag = name_of(layout) + " ulysses attention kv=" + std::to_string(kv_heads) +
+                          (group_tokens > 0 ? " groups " + std::to_string(group_tokens) : "");
   report(tag + " out", world_max(rel_err(o.data(), out.data() + t * n * A, n * A)), 1e-5);
   report(tag + " dqkv", world_max(rel_err(dq.data(), dqkv.data() + t * n * Q, n * Q)), 1e-5);
 }

@@ -27,6 +27,7 @@ TEST(IspOpsNp2, Attention) {
   check_attention(isp_layout(2, 2), 2);
   check_attention(isp_layout(2, 2), 1);  // T > kv heads: the kv head is repeated
   check_attention(isp_layout(2, 2), 4);
+  check_attention(isp_layout(2, 2), 2, 4);  // the kernels over groups of whole documents
 }
 
 TEST(IspOpsNp2, Embedding) {

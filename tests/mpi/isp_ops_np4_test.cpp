@@ -23,6 +23,7 @@ TEST(IspOpsNp4, Attention) {
   check_attention(isp_layout(4, 4), 4);
   check_attention(isp_layout(4, 4), 2);  // each kv head repeated twice
   check_attention(isp_layout(4, 4), 1);  // repeated 4 times
+  check_attention(isp_layout(4, 4), 2, 8);  // the kernels over groups of whole documents
   check_attention(isp_layout(2, 2), 2);  // two sequence-parallel groups
 }
 

@@ -139,9 +139,10 @@ TEST(MemoryPlan, LoraAdaptersAsEachRankHoldsThem) {
   EXPECT_GT(item(tp2d.resident, "gradients"), double(adapters.numel()) * 4 / 2);
 }
 
-// 2D-Attention (hp1 x cp4) holds the gathered row's K/V, the key buffer and its gradient on top
-// of what Ulysses over the same 4 ranks holds; the layout line names the split.
-TEST(MemoryPlan, ContextParallelAddsTheGatheredKeys) {
+// 2D-Attention (hp1 x cp4) holds ring attention's K/V blocks where Ulysses over the same 4 ranks
+// holds its all-to-all staging; at head size 1 there is no all-to-all and so no staging. The
+// gathered weights are the same in both. The layout line names the split.
+TEST(MemoryPlan, ContextParallelHoldsTheRingNotTheStaging) {
   train::MemoryPlanInputs four;
   four.world_size = 4;
   const std::string isp = "parallel.tensor={size = 4, mode = \"isp\"}";
@@ -152,8 +153,44 @@ TEST(MemoryPlan, ContextParallelAddsTheGatheredKeys) {
       four);
   EXPECT_NE(cp.layout.find("2D-Attention head 1 x context 4 (zigzag)"), std::string::npos)
       << cp.layout;
-  const double P = 120, kv = 2 * 8;  // 2 kv heads of dim 8, K and V
-  EXPECT_GT(item(cp.step, "layout buffers"), item(ulysses.step, "layout buffers") + P * kv * 4);
+  // P = 120 tokens, 30 a rank; q/k/v features 64 (4 + 2 × 2 heads of 8); Ulysses over 4 ranks
+  // holds 1 q and 1 (repeated) kv head a rank: split [30, 64] and packed [30, 4 × 3 × 8], twice.
+  const double staging = 30.0 * (64 + 4 * 3 * 8) * 2;
+  // The ring: 6 blocks and the 2 dK/dV sums in flight, each 30 rows of K and V (2 kv heads of 8).
+  const double ring = 8 * 30.0 * (2 * 2 * 8);
+  EXPECT_DOUBLE_EQ(item(cp.step, "layout buffers") - item(ulysses.step, "layout buffers"),
+                   (ring - staging) * 4);
+}
+
+// The start-up GEMM timing packs its n × n fp32 B (16 MiB at n = 2048, the largest packed B kept):
+// counted in the timing's phase and, since the buffer is kept at the largest B seen, in the step.
+TEST(MemoryPlan, TheTimingsPackedBStaysForTheRun) {
+  train::MemoryPlanInputs timing, small;
+  small.sgemm_size = 8;
+  const auto p = train::plan_memory(tiny(), timing);
+  const auto q = train::plan_memory(tiny(), small);
+  const double n2 = 2048.0 * 2048.0 * 4;
+  EXPECT_EQ(item(p.transient, "start-up: sgemm timing"), 4 * n2);
+  EXPECT_EQ(item(p.step, "GEMM packed B operands"), n2);
+  EXPECT_LT(item(q.step, "GEMM packed B operands"), n2 / 8);  // the tiny model's own
+}
+
+// The attention kernels run over groups of whole documents of 4 × model.chunk_tokens queries
+// (64 here): a longer document is a group of its own, up to data.seq_len (400 here).
+TEST(MemoryPlan, TheLongestDocumentSizesTheAttentionGroup) {
+  const auto config = tiny({"model.checkpoint=true", "model.chunk_tokens=16", "data.seq_len=400"});
+  train::MemoryPlanInputs unknown, longest;
+  longest.longest_document = 1000;
+  const auto groups = train::plan_memory(config, unknown);
+  const auto document = train::plan_memory(config, longest);
+  EXPECT_GT(item(document.step, "attention workspace"), item(groups.step, "attention workspace"));
+  const auto named = [](const train::MemoryPlan& p) {
+    for (const auto& i : p.step)
+      if (i.name.rfind("attention workspace", 0) == 0) return i.name;
+    return std::string();
+  };
+  EXPECT_EQ(named(groups), "attention workspace (groups of 64 tokens)");
+  EXPECT_EQ(named(document), "attention workspace (groups of 64 tokens, the longest document 400)");
 }
 
 // A billion-token row is refused with the breakdown and the key; a run that fits is not.
@@ -188,6 +225,15 @@ TEST(MemoryPlan, ResumeAndSaveTransients) {
   EXPECT_EQ(item(saved.transient, "checkpoint save"), 5 * full);
   EXPECT_EQ(saved.peak_phase, "checkpoint save");
   EXPECT_GT(saved.peak_bytes, train::plan_memory(tiny(), small).peak_bytes);
+}
+
+// The end-of-run line reads the measured peak against the plan in words: a peak over the plan
+// is "above" it by a share of the plan.
+TEST(MemoryPlan, ComparesThePeakToThePlanInWords) {
+  const double mib = 1024.0 * 1024.0;
+  EXPECT_EQ(train::compare_to_plan(867.7 * mib, 844.3 * mib), "3% above the plan (844.3 MiB)");
+  EXPECT_EQ(train::compare_to_plan(704.0 * mib, 800.0 * mib), "12% below the plan (800.0 MiB)");
+  EXPECT_EQ(train::compare_to_plan(800.5 * mib, 800.0 * mib), "at the plan (800.0 MiB)");
 }
 
 TEST(MemoryPlan, OutOfMemoryNamesThePhase) {
