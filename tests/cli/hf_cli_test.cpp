@@ -145,10 +145,11 @@ TEST(HfCli, InternLM2CheckpointExportedAsLlamaTrainsFurther) {
       << r.output;
 }
 
-// configs/tiny_{llama,qwen2,mistral}.toml train from scratch and save under their family's names.
+// configs/tiny_{llama,qwen2,mistral,qwen3}.toml train from scratch and save under their family's
+// names.
 TEST(HfCli, TinyConfigOfEachFamilyTrainsAndSavesItsNames) {
   Prepared p;
-  for (const std::string family : {"llama", "qwen2", "mistral"}) {
+  for (const std::string family : {"llama", "qwen2", "mistral", "qwen3"}) {
     const fs::path out = p.dir / family;
     const auto r = run_longtron(
         "train --config " + std::string(LONGTRON_SOURCE_DIR) + "/configs/tiny_" + family +
@@ -169,6 +170,22 @@ TEST(HfCli, TinyConfigOfEachFamilyTrainsAndSavesItsNames) {
     if (family == "mistral") {
       EXPECT_EQ(cfg["sliding_window"], 32);
     }
+    const bool has_qk_norm = std::find(names.begin(), names.end(),
+                                       "model.layers.1.self_attn.k_norm.weight") != names.end();
+    EXPECT_EQ(has_qk_norm, family == "qwen3") << family;
+    if (family != "qwen3") continue;
+    EXPECT_EQ(cfg["head_dim"], 32);
+    // Trained further from its folder ([model] from config.json), and refused as a Llama folder.
+    write_fine_tune_toml(p, "ft_qwen3.toml", "ft_qwen3");
+    auto again = run_longtron("train --config " + (p.dir / "ft_qwen3.toml").string() +
+                              " --init-from " + step.string() + " --overwrite");
+    ASSERT_EQ(again.status, 0) << again.output;
+    EXPECT_EQ(json::parse(read_file(p.dir / "ft_qwen3" / "step_1" / "config.json"))["model_type"],
+              "qwen3");
+    again = run_longtron("export --checkpoint " + step.string() + " --output " +
+                         (p.dir / "as_llama").string() + " --format llama");
+    EXPECT_NE(again.status, 0);
+    EXPECT_TRUE(contains(again.output, "q_norm and k_norm")) << again.output;
   }
   // A Qwen2 without its q/k/v bias cannot be written as Qwen2: refused before training.
   const auto r = run_longtron("train --config " + std::string(LONGTRON_SOURCE_DIR) +

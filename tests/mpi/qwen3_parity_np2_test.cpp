@@ -1,0 +1,64 @@
+// Qwen3 (per-head q/k norms) on 2 ranks against one process: data parallel, every Megatron mode
+// (with and without recomputation), ISP with weight sharding, 2D-Attention's context split, and
+// 2D tensor parallel x2×y1 and x1×y2 (see qwen3_parity.h).
+#include "qwen3_parity.h"
+
+#include <tuple>
+#include <utility>
+
+namespace longtron::testing {
+namespace {
+
+using parallel::TensorMode;
+
+TEST(Qwen3Np2, QkNormsChangeTheReference) { expect_qk_norms_matter(qwen3_model()); }
+
+TEST(Qwen3Np2, Dp2) {
+  ParityCase c{"qwen3 dp2", layout(1, TensorMode::kMtp, 1)};
+  c.model = qwen3_model();
+  check_parity(c);
+}
+
+TEST(Qwen3Np2, Tp2EveryMegatronMode) {
+  for (auto [name, mode] : {std::pair{"qwen3 tp2 mtp", TensorMode::kMtp},
+                            std::pair{"qwen3 tp2 msp", TensorMode::kMsp},
+                            std::pair{"qwen3 tp2 fsp", TensorMode::kFsp}}) {
+    ParityCase c{name, layout(2, mode)};
+    c.model = qwen3_model();
+    check_parity(c);
+  }
+}
+
+TEST(Qwen3Np2, Tp2MspCheckpointedTied) {
+  ParityCase c{"qwen3 tp2 msp ckpt tied", layout(2, TensorMode::kMsp)};
+  c.model = qwen3_model();
+  c.model.checkpoint = true;
+  c.model.tie_word_embeddings = true;
+  check_parity(c);
+}
+
+TEST(Qwen3Np2, IspWeight2) {
+  IspCase c{"qwen3 isp2 w2", isp(2, 2)};
+  c.model = qwen3_model();
+  check_isp_parity(c);
+  c.name += " ckpt";
+  c.model.checkpoint = true;
+  check_isp_parity(c);
+}
+
+TEST(Qwen3Np2, Cp2Zigzag) {
+  IspCase c{"qwen3 cp2 zigzag", seq2d(2, 2, 1, "zigzag")};
+  c.model = qwen3_model();
+  check_isp_parity(c);
+}
+
+TEST(Qwen3Np2, TwoD) {
+  for (auto [name, x, y] : {std::tuple{"qwen3 2d x2 y1", 2, 1}, std::tuple{"qwen3 2d x1 y2", 1, 2}}) {
+    ParityCase c{name, layout_2d(x, y)};
+    c.model = qwen3_model();
+    check_parity(c);
+  }
+}
+
+}  // namespace
+}  // namespace longtron::testing
