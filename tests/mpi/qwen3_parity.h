@@ -4,6 +4,7 @@
 // gradients are partial sums that the layout must add up.
 #pragma once
 #include "cp_parity.h"
+#include "lora_parity.h"
 #include "tp2d_cases.h"
 
 namespace longtron::testing {

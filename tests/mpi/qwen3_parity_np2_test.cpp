@@ -1,6 +1,6 @@
 // Qwen3 (per-head q/k norms) on 2 ranks against one process: data parallel, every Megatron mode
 // (with and without recomputation), ISP with weight sharding, 2D-Attention's context split, and
-// 2D tensor parallel x2×y1 and x1×y2 (see qwen3_parity.h).
+// 2D tensor parallel x2×y1 and x1×y2, and LoRA (see qwen3_parity.h).
 #include "qwen3_parity.h"
 
 #include <tuple>
@@ -58,6 +58,13 @@ TEST(Qwen3Np2, TwoD) {
     c.model = qwen3_model();
     check_parity(c);
   }
+}
+
+// LoRA on Qwen3: the q/k norms stay frozen with the base under Megatron, ISP and 2D.
+TEST(Qwen3Np2, LoraMsp2Isp2And2D) {
+  check_lora_parity(lora_case("qwen3 lora msp2", layout(2, TensorMode::kMsp), "qwen3"));
+  check_lora_parity(lora_case("qwen3 lora isp2 w2", lora_isp(2, 2), "qwen3"));
+  check_lora_parity(lora_case("qwen3 lora 2d x1 y2", lora_2d(1, 2), "qwen3"));
 }
 
 }  // namespace
