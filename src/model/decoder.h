@@ -1,7 +1,7 @@
 // The decoder of every family (docs/model.md) with explicit forward and backward, after llm.c: embedding,
 // blocks h = x + wo(Attn(RoPE(split(wqkv(RMSNorm(x)))))), y = h + w2(silu(w1 z) ⊙ w3 z), z =
-// RMSNorm(h), final RMSNorm, untied output head, cross-entropy with ignore_index -100 as (loss sum,
-// count).
+// RMSNorm(h) (Qwen3: the q and k heads of wqkv's output RMS-normalised before RoPE, QkNorm),
+// final RMSNorm, untied output head, cross-entropy with ignore_index -100 as (loss sum, count).
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -4,6 +4,7 @@
 // `generate --prompt-ids` on a folder whose only tokenizer is a tokenizer.json.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -182,6 +183,14 @@ TEST(HfCli, TinyConfigOfEachFamilyTrainsAndSavesItsNames) {
     ASSERT_EQ(again.status, 0) << again.output;
     EXPECT_EQ(json::parse(read_file(p.dir / "ft_qwen3" / "step_1" / "config.json"))["model_type"],
               "qwen3");
+    // eval and generate read the Qwen3 folder (the q/k norms run in their forward).
+    again = run_longtron("eval --checkpoint " + step.string() + " --data " +
+                         (p.dir / "data" / "valid").string() + " --json");
+    ASSERT_EQ(again.status, 0) << again.output;
+    EXPECT_TRUE(std::isfinite(json::parse(again.output)["loss"].get<double>())) << again.output;
+    again = run_longtron("generate --checkpoint " + step.string() +
+                         " --prompt-ids 5,6,7 --max-new-tokens 3");
+    ASSERT_EQ(again.status, 0) << again.output;
     again = run_longtron("export --checkpoint " + step.string() + " --output " +
                          (p.dir / "as_llama").string() + " --format llama");
     EXPECT_NE(again.status, 0);
