@@ -182,6 +182,30 @@ TEST(HfFamily, Qwen3ConfigAndNames) {
   EXPECT_EQ(w.window_of(1), 4);
 }
 
+// The keys of Qwen3-0.6B's published config.json (rope_scaling and sliding_window null, the
+// window off): its shape, and the same JSON written back.
+TEST(HfFamily, Qwen3PublishedConfigShape) {
+  const json hub = json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+    "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+    "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})");
+  const model::ModelConfig c = model::from_hf_config(hub, "Qwen3-0.6B");
+  EXPECT_EQ(c.head_dim(), 128);
+  EXPECT_EQ(c.attention_size(), 2048);
+  EXPECT_EQ(c.num_kv_attention_heads, 8);
+  EXPECT_EQ(c.ffn_size(), 3072);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.qkv_bias || c.o_bias || c.mlp_bias);
+  EXPECT_EQ(c.sliding_window, 0);
+  EXPECT_EQ(model::ParamTable(c).numel(), 596049920);  // Qwen3-0.6B's 0.6B (0.44B non-embedding)
+  EXPECT_EQ(model::to_hf_config(c), hub);
+}
+
 // A family without q/k norms cannot hold Qwen3's, nor Qwen3's names a model without them.
 TEST(HfFamily, Qwen3NormsAreRefusedWhereTheFormatHasNone) {
   const model::ModelConfig q = model::read_hf_config(kFixture.parent_path() / "qwen3_golden");
