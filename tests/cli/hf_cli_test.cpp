@@ -205,7 +205,8 @@ TEST(HfCli, TinyConfigOfEachFamilyTrainsAndSavesItsNames) {
 
 // A Llama folder whose only tokenizer is a broken tokenizer.json: --prompt is refused naming the
 // file and --prompt-ids; --prompt-ids prints the prompt's ids then the greedy continuation, which equals the
-// argmax of the model's logits token by token, and stops before config.json's eos_token_id.
+// argmax of the model's logits token by token, and stops before config.json's or
+// generation_config.json's eos_token_id.
 TEST(HfCli, GeneratePromptIdsWithoutTokenizer) {
   TempDir dir;
   const fs::path folder = longtron::testing::golden_llama_without_eos(dir.path());
@@ -256,6 +257,16 @@ TEST(HfCli, GeneratePromptIdsWithoutTokenizer) {
   while (want[stop] != want[5]) ++stop;
   EXPECT_EQ(ids_of(r.output), std::vector<int32_t>(want.begin(), want.begin() + long(stop)))
       << r.output;
+
+  // generation_config.json's eos_token_id (Transformers' GenerationConfig) stops it too: the
+  // first new token there, nothing is generated.
+  write_file(folder / "generation_config.json",
+             json({{"eos_token_id", json::array({want[3], 1001})}}).dump(2));
+  r = run_longtron(gen);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(ids_of(r.output), prompt) << r.output;
+  EXPECT_TRUE(contains(r.output, "generate: 3 prompt tokens, 0 new")) << r.output;
+  std::filesystem::remove(folder / "generation_config.json");
 
   r = run_longtron("generate --checkpoint " + folder.string() + " --prompt-ids 3,x,7");
   EXPECT_NE(r.status, 0);
