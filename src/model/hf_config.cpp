@@ -338,11 +338,9 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
     c.mlp_ratio = std::nextafter(c.mlp_ratio, 2 * c.mlp_ratio);
   check(c.ffn_size() == inter, "{}: cannot express intermediate_size {} (internal error)", source, inter);
   c.norm_eps = get_double(hf, "rms_norm_eps", source, f.default_rms_norm_eps);
-  c.rope_base = get_double(hf, "rope_theta", source, f.default_rope_theta);
+  c.rope_base = read_rope_theta(hf, f.default_rope_theta, source);
   check(std::isfinite(c.norm_eps) && c.norm_eps > 0, "{}: rms_norm_eps must be finite and > 0, got {}",
         source, c.norm_eps);
-  check(std::isfinite(c.rope_base) && c.rope_base > 0, "{}: rope_theta must be finite and > 0, got {}",
-        source, c.rope_base);
   if (f.block.rope_scaling) read_rope_scaling(hf, c, source);  // kept in hf_extra too: written back as read
   if (f.block.tie_word_embeddings) c.tie_word_embeddings = get_bool(hf, "tie_word_embeddings", source, false);
   read_biases(hf, f, c, source);

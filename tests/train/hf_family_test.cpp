@@ -206,6 +206,38 @@ TEST(HfFamily, Qwen3PublishedConfigShape) {
   EXPECT_EQ(model::to_hf_config(c), hub);
 }
 
+// Transformers 5 writes RoPE as rope_parameters (rope_type, rope_theta and the scaling's keys in
+// one object) instead of rope_theta and rope_scaling: read the same, written back with both.
+TEST(HfFamily, RopeParametersOfTransformers5) {
+  json hf = read_json(kFixture.parent_path() / "qwen3_golden" / "config.json");
+  hf.erase("rope_theta");
+  hf["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  model::ModelConfig c = model::from_hf_config(hf, "v5");
+  EXPECT_DOUBLE_EQ(c.rope_base, 1e6);
+  EXPECT_EQ(c.rope_scaling_type, "");
+  const json back = model::to_hf_config(c);
+  EXPECT_EQ(back["rope_parameters"], hf["rope_parameters"]);
+  EXPECT_EQ(back["rope_theta"], 1e6);
+  EXPECT_DOUBLE_EQ(model::from_hf_config(back, "back").rope_base, 1e6);
+  // Absent: the family's default; llama3 scaling inside rope_parameters.
+  hf["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 16}};
+  c = model::from_hf_config(hf, "v5");
+  EXPECT_DOUBLE_EQ(c.rope_base, 10000.0);
+  EXPECT_EQ(c.rope_scaling_type, "llama3");
+  EXPECT_DOUBLE_EQ(c.rope_factor, 8.0);
+  // Both keys disagreeing, and one RoPE per layer type, are refused.
+  hf["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500.0}};
+  hf["rope_theta"] = 600.0;
+  expect_error([&] { model::from_hf_config(hf, "v5"); },
+               {"v5", "rope_theta = 600", "rope_parameters.rope_theta = 500"});
+  hf.erase("rope_theta");
+  hf["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 1e6}}},
+                           {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 1e4}}}};
+  expect_error([&] { model::from_hf_config(hf, "v5"); },
+               {"v5", "rope_parameters.full_attention", "per layer type"});
+}
+
 // A family without q/k norms cannot hold Qwen3's, nor Qwen3's names a model without them.
 TEST(HfFamily, Qwen3NormsAreRefusedWhereTheFormatHasNone) {
   const model::ModelConfig q = model::read_hf_config(kFixture.parent_path() / "qwen3_golden");
