@@ -49,7 +49,7 @@ std::string window_text(const Family& f) {
 std::string other_keys(const Family& f) {
   std::string s = fmt::format("`hidden_act` (only `{}`)", f.block.hidden_act);
   if (f.block.head_dim) s += ", `head_dim`";
-  if (f.block.rope_scaling) s += ", `rope_scaling`";
+  if (f.block.rope_scaling) s += ", `rope_scaling` (or `rope_parameters`, with `rope_theta`)";
   if (f.block.tie_word_embeddings) s += ", `tie_word_embeddings`";
   return s;
 }
