@@ -39,7 +39,8 @@ int main(int argc, char** argv) {
   }
   const fs::path out = argv[1];
   // The family first: it sets the other options' defaults.
-  const bool qwen3 = argc > 3 && std::string(argv[2]) == "--family" && std::string(argv[3]) == "qwen3";
+  const bool qwen3 =
+      argc > 3 && std::string(argv[2]) == "--family" && std::string(argv[3]) == "qwen3";
   int64_t hidden = 896, layers = 24, heads = 14, kv = 2, inter = 4864, vocab = 151936, dim = 0;
   if (qwen3) hidden = 1024, layers = 28, heads = 16, kv = 8, inter = 3072, dim = 128;
   uint64_t seed = 1;
@@ -52,7 +53,10 @@ int main(int argc, char** argv) {
     };
     if (a == "--family") {
       const std::string f = i + 1 < argc ? argv[++i] : "";
-      if (f != "qwen2" && f != "qwen3") { fmt::print(stderr, "--family qwen2 or qwen3\n"); return 2; }
+      if (f != "qwen2" && f != "qwen3") {
+        fmt::print(stderr, "--family qwen2 or qwen3\n");
+        return 2;
+      }
       if ((f == "qwen3") != qwen3 || i != 3) {
         fmt::print(stderr, "--family must come first, right after OUT_DIR\n");
         return 2;

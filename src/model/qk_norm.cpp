@@ -12,7 +12,8 @@ template <typename T>
 QkNorm<T>::QkNorm(const ParamTable& layout, const BlockParamIds& b, int64_t q_heads,
                   int64_t kv_heads, int64_t row_split)
     : q_norm_(b.q_norm), k_norm_(b.k_norm), hq_(q_heads), hkv_(kv_heads),
-      d_(layout.config().head_dim()), split_(row_split), eps_(static_cast<T>(layout.config().norm_eps)) {
+      d_(layout.config().head_dim()), split_(row_split),
+      eps_(static_cast<T>(layout.config().norm_eps)) {
   check(b.q_norm >= 0 && b.k_norm >= 0, "internal: a q/k norm without its weights");
   check(kv_heads > 0 && q_heads % kv_heads == 0,
         "internal: q/k norm over {} query heads and {} kv heads", q_heads, kv_heads);

@@ -55,7 +55,8 @@ const nlohmann::json* rope_parameters(const nlohmann::json& hf, const std::strin
 
 double read_rope_theta(const nlohmann::json& hf, double fallback, const std::string& source) {
   const nlohmann::json* params = rope_parameters(hf, source);
-  const auto number_or_null = [&](const nlohmann::json& j, const char* key) -> const nlohmann::json* {
+  using Json = nlohmann::json;
+  const auto number_or_null = [&](const Json& j, const char* key) -> const Json* {
     if (!j.contains(key) || j[key].is_null()) return nullptr;
     check(j[key].is_number(), "{}: {} must be a number, got {}", source, key, json_excerpt(j[key]));
     return &j[key];

@@ -53,7 +53,8 @@ TEST(Qwen3Np2, Cp2Zigzag) {
 }
 
 TEST(Qwen3Np2, TwoD) {
-  for (auto [name, x, y] : {std::tuple{"qwen3 2d x2 y1", 2, 1}, std::tuple{"qwen3 2d x1 y2", 1, 2}}) {
+  for (auto [name, x, y] :
+       {std::tuple{"qwen3 2d x2 y1", 2, 1}, std::tuple{"qwen3 2d x1 y2", 1, 2}}) {
     ParityCase c{name, layout_2d(x, y)};
     c.model = qwen3_model();
     check_parity(c);

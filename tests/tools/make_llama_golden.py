@@ -89,7 +89,8 @@ def weights(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False):
             vec(p + "self_attn.o_proj.bias", H)
         if qk_norm:
             for name in ("q_norm", "k_norm"):
-                w[p + f"self_attn.{name}.weight"] = (1.0 + 0.2 * torch.randn(HD, dtype=D)).float().double()
+                w[p + f"self_attn.{name}.weight"] = (
+                    1.0 + 0.2 * torch.randn(HD, dtype=D)).float().double()
         mat(p + "mlp.gate_proj.weight", F, H)
         mat(p + "mlp.up_proj.weight", F, H)
         mat(p + "mlp.down_proj.weight", H, F)

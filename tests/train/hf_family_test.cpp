@@ -163,8 +163,9 @@ TEST(HfFamily, Qwen3ConfigAndNames) {
   EXPECT_EQ(layout.view(layout.layers[1].q_norm).shape, std::vector<int64_t>{8});
   std::vector<std::string> names;
   for (const auto& t : model::hf_tensors(layout)) names.push_back(t.name);
-  for (const char* n : {"model.layers.1.self_attn.q_norm.weight",
-                        "model.layers.1.self_attn.k_norm.weight", "model.layers.0.self_attn.o_proj.bias"})
+  for (const char* n :
+       {"model.layers.1.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight",
+        "model.layers.0.self_attn.o_proj.bias"})
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   // Absent keys take Qwen3Config's defaults: head_dim 128, 32 kv heads.
   json bare = read_json(dir / "config.json");
