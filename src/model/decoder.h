@@ -24,7 +24,7 @@ namespace longtron::model {
 /// O(N²). With config.checkpoint only each block's input is kept and the block is recomputed in
 /// backward (InternEvo's activation checkpointing); gradients are identical.
 /// Under a bfloat16 compute type (float model, ops/precision.h) every tensor saved for backward
-/// but the attention lse is kept as bf16: the block inputs and post-attention residuals (read by
+/// but the attention lse (and Qwen3's q/k norm input and rstd, QkNorm) is kept as bf16: the block inputs and post-attention residuals (read by
 /// the RMSNorm backward and its recomputed forward), the split qkv after RoPE, the attention
 /// output and the FFN's a = w1 z and b = w3 z (torch.autocast saves its bf16 linears' outputs
 /// so; the GEMMs and the bf16 attention kernel round these inputs to bf16 anyway). Backward
