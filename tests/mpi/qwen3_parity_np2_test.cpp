@@ -3,6 +3,7 @@
 // 2D tensor parallel x2×y1 and x1×y2, and LoRA (see qwen3_parity.h).
 #include "qwen3_parity.h"
 
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -50,6 +51,27 @@ TEST(Qwen3Np2, Cp2Zigzag) {
   IspCase c{"qwen3 cp2 zigzag", seq2d(2, 2, 1, "zigzag")};
   c.model = qwen3_model();
   check_isp_parity(c);
+}
+
+// use_sliding_window with max_window_layers 1: layer 0 full, layer 1 a window of 3 (shorter than
+// most documents), under 2D-Attention's context split in each balance and under Megatron.
+TEST(Qwen3Np2, SlidingLayer1OnlyUnderContextAndTensorParallel) {
+  model::ModelConfig m = qwen3_model();
+  m.sliding_window = 3;
+  m.window_layers = {false, true};
+  IspCase full{"qwen3 window", seq2d(2, 2, 1, "zigzag")};
+  full.model = m;
+  const RunResult windowed = isp_reference(full);
+  full.model.window_layers = {false, false};
+  EXPECT_NE(isp_reference(full).losses[0], windowed.losses[0]) << "the window changes nothing";
+  for (const char* b : kBalances) {
+    IspCase c{std::string("qwen3 window layer 1 cp2 ") + b, seq2d(2, 2, 1, b)};
+    c.model = m;
+    check_isp_parity(c);
+  }
+  ParityCase t{"qwen3 window layer 1 tp2 msp", layout(2, TensorMode::kMsp)};
+  t.model = m;
+  check_parity(t);
 }
 
 TEST(Qwen3Np2, TwoD) {
