@@ -292,6 +292,16 @@ void swiglu_backward_bf16(float* da, float* db, const float* dout, const uint16_
                           const uint16_t* b, int64_t count, uint16_t* da16 = nullptr,
                           uint16_t* db16 = nullptr);
 
+// ---- GeGLU (tanh GELU) --------------------------------------------------------------------------
+/// out[i] = gelu_tanh(a[i]) · b[i], gelu_tanh(x) = ½x(1 + tanh(√(2/π)(x + 0.044715x³))): the FFN
+/// down(gelu_tanh(gate(z)) ⊙ up(z)) of Gemma (Transformers' GemmaMLP / Gemma3MLP with
+/// hidden_activation "gelu_pytorch_tanh", i.e. torch's gelu(approximate="tanh"); Shazeer 2020).
+template <typename T>
+void geglu_tanh_forward(T* out, const T* a, const T* b, int64_t count);
+/// da, db (overwritten; either may be nullptr) from dout.
+template <typename T>
+void geglu_tanh_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_t count);
+
 // ---- Varlen causal attention (document-masked, flash-style) -----------------------------------
 /// Shapes of one attention call. Query tokens are the rows of a packed sequence of N tokens,
 /// split into segments by cu_seqlens[0..num_segments] (cu_seqlens[0] = 0, cu_seqlens[num_segments]
@@ -415,5 +425,15 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
 double cross_entropy_forward_backward_bf16(uint16_t* dlogits16, float* lse, int64_t* count,
                                            const float* logits, const int32_t* labels, int64_t N,
                                            int64_t V, float scale);
+
+// ---- Logit soft-capping ----------------------------------------------------------------------
+/// x[i] = cap · tanh(x[i] / cap) in place (cap > 0; Error otherwise): the final logit
+/// soft-capping of Gemma 2 and Gemma 3 (Transformers' Gemma3ForCausalLM, final_logit_softcapping).
+template <typename T>
+void logit_softcap_forward(T* x, int64_t count, T cap);
+/// dx[i] ·= 1 − (c[i] / cap)² in place, c the capped values logit_softcap_forward wrote (the
+/// derivative of cap · tanh(x / cap) is 1 − tanh²(x / cap)). Error if cap <= 0.
+template <typename T>
+void logit_softcap_backward(T* dx, const T* capped, int64_t count, T cap);
 
 }  // namespace longtron::ops
