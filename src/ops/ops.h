@@ -210,16 +210,18 @@ template <typename T>
 void embedding_backward(T* dtable, const T* dout, const int32_t* ids, int64_t N, int64_t H);
 
 // ---- RMSNorm ------------------------------------------------------------------------------------
-/// out[N,H] = x / sqrt(mean(x²) + eps) ⊙ weight[H]; rstd[N] saved for backward. With out16
-/// (float only), also round_to_bf16 of out into out16[N,H], each row while it is in cache: the
-/// bits a bf16 GEMM reading out would make.
+/// out[N,H] = x / sqrt(mean(x²) + eps) ⊙ (offset + weight[H]); rstd[N] saved for backward.
+/// offset 0 is Llama's RMSNorm; offset 1 is Gemma's, which scales by 1 + w with w stored as
+/// Transformers stores it (Gemma3RMSNorm: zeros at init). With out16 (float only), also
+/// round_to_bf16 of out into out16[N,H], each row while it is in cache: the bits a bf16 GEMM
+/// reading out would make.
 template <typename T>
 void rms_norm_forward(T* out, T* rstd, const T* x, const T* weight, int64_t N, int64_t H, T eps,
-                      uint16_t* out16 = nullptr);
-/// dx[N,H] (overwritten), dweight[H] (+=).
+                      uint16_t* out16 = nullptr, T offset = T(0));
+/// dx[N,H] (overwritten), dweight[H] (+=), for the forward with the same offset.
 template <typename T>
 void rms_norm_backward(T* dx, T* dweight, const T* dout, const T* x, const T* weight,
-                       const T* rstd, int64_t N, int64_t H);
+                       const T* rstd, int64_t N, int64_t H, T offset = T(0));
 
 // ---- RoPE (Hugging Face rotate_half), in place ------------------------------------------------
 /// x[N, heads, d] rotated at positions indexes[N]: angle(n, i) = indexes[n] · base^(-2i/d),

@@ -97,6 +97,39 @@ TEST(RmsNorm, ForwardValueAndBackwardFiniteDifferences) {
   expect_fd(w, dw, loss, "dweight");
 }
 
+// Gemma's RMSNorm (offset 1): x · rsqrt(mean(x²) + eps) · (1 + w), Transformers' Gemma3RMSNorm;
+// its backward the finite differences, and the same as offset 0 with the weight 1 + w.
+TEST(RmsNorm, OnePlusWeightMatchesFiniteDifferencesAndTheShiftedWeight) {
+  const int64_t N = 3, H = 7;
+  Vec x = random_vector(N * H, 21), w = random_vector(H, 22, 0.2);
+  const Vec dout = random_vector(N * H, 23);
+  const double eps = 1e-6;
+  Vec out(N * H), rstd(N);
+  ops::rms_norm_forward<double>(out.data(), rstd.data(), x.data(), w.data(), N, H, eps, nullptr,
+                                1.0);
+  double ms = 0;
+  for (int64_t i = 0; i < H; ++i) ms += x[H + i] * x[H + i] / H;
+  EXPECT_NEAR(out[H + 4], x[H + 4] / std::sqrt(ms + eps) * (1.0 + w[4]), 1e-12);
+  auto loss = [&] {
+    Vec o(N * H), r(N);
+    ops::rms_norm_forward<double>(o.data(), r.data(), x.data(), w.data(), N, H, eps, nullptr, 1.0);
+    return dot(o, dout);
+  };
+  Vec dx(N * H), dw(H, 0.0);
+  ops::rms_norm_backward<double>(dx.data(), dw.data(), dout.data(), x.data(), w.data(),
+                                 rstd.data(), N, H, 1.0);
+  expect_fd(x, dx, loss, "dx");
+  expect_fd(w, dw, loss, "dweight");
+  // The same as Llama's form with the weight 1 + w (float, vectorised path included).
+  std::vector<float> xf(x.begin(), x.end()), wf(w.begin(), w.end()), shifted(H);
+  for (int64_t i = 0; i < H; ++i) shifted[i] = 1.0f + wf[i];
+  std::vector<float> o1(N * H), o2(N * H), r1(N), r2(N);
+  ops::rms_norm_forward<float>(o1.data(), r1.data(), xf.data(), wf.data(), N, H, 1e-6f, nullptr,
+                               1.0f);
+  ops::rms_norm_forward<float>(o2.data(), r2.data(), xf.data(), shifted.data(), N, H, 1e-6f);
+  EXPECT_EQ(o1, o2);
+}
+
 TEST(Rope, RotatesPairsAndBackwardIsTheAdjoint) {
   const int64_t N = 4, heads = 2, d = 6, stride = 17;  // strided rows inside a wider buffer
   const std::vector<int32_t> indexes = {0, 1, 5, 0};
