@@ -89,15 +89,28 @@ std::vector<int32_t> parse_prompt_ids(const std::string& text, int64_t vocab) {
   return ids;
 }
 
-/// config.json's eos_token_id (an id or a list of ids, kept in ModelConfig::hf_extra), or none.
-std::vector<int32_t> config_eos_ids(const model::ModelConfig& c) {
-  if (c.hf_extra.empty()) return {};
-  const auto extra = parse_json(c.hf_extra, "config.json's extra keys");
-  if (!extra.contains("eos_token_id")) return {};
+/// The eos_token_id (an id or a list of ids) of config.json (kept in ModelConfig::hf_extra) and of
+/// generation_config.json beside it (or beside a LoRA step's base), where Transformers'
+/// GenerationConfig takes the ids generate() stops at (Llama 3.1 Instruct lists three there); none
+/// when neither states one.
+std::vector<int32_t> model_eos_ids(const train::LoadedModel& m) {
   std::vector<int32_t> out;
-  const auto& e = extra["eos_token_id"];
-  for (const auto& v : e.is_array() ? e : nlohmann::json::array({e}))
-    if (v.is_number_integer()) out.push_back(v.get<int32_t>());
+  const auto add = [&out](const nlohmann::json& j) {
+    if (!j.is_object() || !j.contains("eos_token_id")) return;
+    const auto& e = j["eos_token_id"];
+    for (const auto& v : e.is_array() ? e : nlohmann::json::array({e}))
+      if (v.is_number_integer() && std::find(out.begin(), out.end(), v.get<int32_t>()) == out.end())
+        out.push_back(v.get<int32_t>());
+  };
+  const model::ModelConfig& c = m.layout->config();
+  if (!c.hf_extra.empty()) add(parse_json(c.hf_extra, "config.json's extra keys"));
+  for (const std::filesystem::path& dir : {m.dir, m.lora_base}) {
+    const std::filesystem::path g = dir / "generation_config.json";
+    if (!dir.empty() && std::filesystem::exists(g)) {
+      add(read_json_file(g));
+      break;
+    }
+  }
   return out;
 }
 
@@ -113,12 +126,13 @@ void decode(const GenerateOptions& o, parallel::ParallelEngine& engine, std::vec
   }
 }
 
-/// --prompt-ids: greedy or sampled ids until config.json's eos_token_id; prints the prompt's and
-/// the new ids, comma-separated (as --prompt-ids takes them).
-int generate_ids(const GenerateOptions& o, parallel::ParallelEngine& engine) {
+/// --prompt-ids: greedy or sampled ids until an eos id of the model's folder (model_eos_ids);
+/// prints the prompt's and the new ids, comma-separated (as --prompt-ids takes them).
+int generate_ids(const GenerateOptions& o, parallel::ParallelEngine& engine,
+                 const std::vector<int32_t>& eos) {
   std::vector<int32_t> ids = parse_prompt_ids(o.prompt_ids, engine.full_layout().config().vocab_size);
   const size_t prompt_len = ids.size();
-  decode(o, engine, ids, config_eos_ids(engine.full_layout().config()));
+  decode(o, engine, ids, eos);
   fmt::print("{}\n", fmt::join(ids, ","));
   std::fflush(stdout);
   fmt::print(stderr, "generate: {} prompt tokens, {} new\n", prompt_len, ids.size() - prompt_len);
@@ -134,6 +148,7 @@ int run_generate(const GenerateOptions& o) {
         "generate: --temperature must be a finite number >= 0 (0 = greedy), got {}", o.temperature);
   set_num_threads(o.compute.threads);
   train::LoadedModel m = train::load_model_dir(o.checkpoint, /*read_weights=*/false);
+  const std::vector<int32_t> eos = model_eos_ids(m);
   const ops::ComputeType compute = train::loaded_compute_type(m, o.compute.dtype);
   // One process: the engine's dense mode (the one way into the model).
   const auto engine = train::load_into_engine(
@@ -142,7 +157,7 @@ int run_generate(const GenerateOptions& o) {
   // No bf16 weight copy: each GEMM rounds its weight (the forward pass's memory plan).
   engine->compute().weights().attach(nullptr, 0);
   check(!o.use_prompt_ids || !o.chat, "generate: --chat takes --prompt, not --prompt-ids");
-  if (o.use_prompt_ids) return generate_ids(o, *engine);
+  if (o.use_prompt_ids) return generate_ids(o, *engine, eos);
   check(!m.tokenizer.empty(),
         "generate: no tokenizer.json or tokenizer.model in {} or next to its training data "
         "(--prompt-ids takes and prints token ids without one)", m.dir.string());
@@ -164,11 +179,12 @@ int run_generate(const GenerateOptions& o) {
     c.push_back({text::ChatMessage::Role::kUser, o.prompt});
     ids = encoder.encode_prompt(c);
     stop = {encoder.end_of_turn_id()};
-    if (chat.jinja) {  // a model's own template: also its eos_token and config.json's eos_token_id
+    if (chat.jinja) {  // a model's own template: also its eos_token and the folder's eos ids
       stop = encoder.stop_ids();
-      for (const int32_t id : config_eos_ids(engine->full_layout().config())) stop.push_back(id);
+      for (const int32_t id : eos) stop.push_back(id);
       check(!stop.empty(), "generate: the chat template {} names no end-of-turn or eos_token in the "
-            "vocabulary and config.json has no eos_token_id: nothing would end the reply", chat.name);
+            "vocabulary and neither config.json nor generation_config.json has an eos_token_id: "
+            "nothing would end the reply", chat.name);
     }
   } else {
     ids = tok.encode(o.prompt, /*bos_eos=*/false);
@@ -193,8 +209,8 @@ Subcommand generate_command(help_order::kGenerate, [](CLI::App& app) {
   auto* prompt = sub->add_option("--prompt", o->prompt, "Prompt text");
   auto* ids = sub->add_option("--prompt-ids", o->prompt_ids,
                               "Prompt token ids, e.g. 1,2,3 (no tokenizer needed; prints the ids "
-                              "of the prompt and of the new tokens; stops at config.json's "
-                              "eos_token_id)");
+                              "of the prompt and of the new tokens; stops at the eos_token_id of "
+                              "config.json or generation_config.json)");
   prompt->excludes(ids);
   sub->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate (default 64)");
   sub->add_option("--temperature", o->temperature, "0 = greedy (default); > 0 samples; finite, >= 0");

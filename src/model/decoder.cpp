@@ -101,11 +101,16 @@ bool Decoder<T>::bf16_mode() const {
 template <typename T>
 WorkspaceShape Decoder<T>::workspace_shape(int64_t N, bool want_all, bool bf16) const {
   const AttentionOp<T>& att = *ops_.blocks.front().attention;
+  const QkNorm<T>* qk = ops_.blocks.front().qk_norm.get();
   // R: rows of the residual stream (N, or this rank's share under sequence parallel).
   const int64_t R = (N + ops_.residual_split - 1) / ops_.residual_split;
-  return WorkspaceShape{double(ops_.blocks.size()), double(N), double(R), double(H_), double(Q_),
-                        double(F_), double(A_), double(att.saved_qkv_size(N)),
-                        double(att.saved_lse_size(N)), want_all, bf16};
+  WorkspaceShape shape{double(ops_.blocks.size()), double(N), double(R), double(H_), double(Q_),
+                       double(F_), double(A_), double(att.saved_qkv_size(N)),
+                       double(att.saved_lse_size(N)), want_all, bf16};
+  if (qk != nullptr && N > 0)  // per token of the call (a layout may hold fewer qkv rows)
+    shape.qk = double(qk->saved_size(N)) / double(N),
+    shape.qk_heads = double(qk->rstd_size(N)) / double(N);
+  return shape;
 }
 
 template <typename T>
@@ -141,7 +146,7 @@ void Decoder<T>::reserve(int64_t N, bool want_all, bool bf16) {
 template <typename T>
 void Decoder<T>::bind(const WorkspaceBuffer& b, T* at, uint16_t* at16, int64_t N) {
   using S = WorkspaceSlot;
-  BlockActs& a = acts_[b.slot >= S::kQkvSaved && b.slot <= S::kB16 ? size_t(b.index) : 0];
+  BlockActs& a = acts_[b.slot >= S::kQkvSaved && b.slot <= S::kQkRstd ? size_t(b.index) : 0];
   Scratch& s = s_;
   switch (b.slot) {
     case S::kInput: xs_[size_t(b.index)] = at; break;
@@ -159,6 +164,8 @@ void Decoder<T>::bind(const WorkspaceBuffer& b, T* at, uint16_t* at16, int64_t N
     case S::kAttn16: a.attn.b = at16; break;
     case S::kA16: a.a.b = at16; break;
     case S::kB16: a.b.b = at16; break;
+    case S::kQkIn: a.qk_in = at; break;
+    case S::kQkRstd: a.qk_rstd = at; break;
     // The float layout's temporaries; a name shares a buffer where its life fits in a gap.
     case S::kXn: s.fwd.xn = s.ffn.z = s.att.xn = at; break;
     case S::kQkv: s.fwd.qkv = s.att.dqkv = at; break;
@@ -233,6 +240,8 @@ void Decoder<T>::chunk_reserve(int64_t N, bool train) {
       case WorkspaceSlot::kChunkDres: ck_.dres.resize(n); break;
       case WorkspaceSlot::kChunkTemps: ck_.c.resize(n); break;
       case WorkspaceSlot::kChunkTemps16: ck_.c16.resize(n); break;
+      case WorkspaceSlot::kChunkQkIn: ck_.qk_in.resize(n); break;
+      case WorkspaceSlot::kChunkQkRstd: ck_.qk_rstd.resize(n); break;
       default: check(false, "internal: {} is not a buffer of the chunked workspace", b.name);
     }
   }
@@ -257,7 +266,8 @@ std::vector<std::pair<WorkspaceSlot, int64_t>> Decoder<T>::chunk_buffers() const
   add(S::kChunkInputs, ck_.x), add(S::kChunkInputs16, ck_.x16), add(S::kChunkQkv, ck_.qkv);
   add(S::kChunkOut, ck_.out), add(S::kChunkOut16, ck_.out16), add(S::kChunkLse, ck_.lse);
   add(S::kChunkDout, ck_.dout), add(S::kChunkDres, ck_.dres), add(S::kChunkTemps, ck_.c);
-  add(S::kChunkTemps16, ck_.c16);
+  add(S::kChunkTemps16, ck_.c16), add(S::kChunkQkIn, ck_.qk_in);
+  add(S::kChunkQkRstd, ck_.qk_rstd);
   return r;
 }
 
@@ -293,6 +303,9 @@ void Decoder<T>::chunk_attention(int layer, int64_t slot, const AttentionBatch& 
     chunk_load(slot, n0, n, ck_.xw);
     o.attention_norm->forward(ck_.xn, ck_.rstd, ck_.xw, n, params_);
     o.wqkv->forward(ck_.qkv.data() + n0 * Q_, ck_.xn, n, params_);
+    if (o.qk_norm)
+      o.qk_norm->forward(ck_.qkv.data() + n0 * Q_, ck_.qk_in.data() + o.qk_norm->saved_size(n0),
+                         ck_.qk_rstd.data() + o.qk_norm->rstd_size(n0), n, params_);
   }
   // Under bf16, wo's GEMM and the attention backward's D read the output rounded to bf16 (as
   // saved by the unchunked bf16 path), so it is kept so.
@@ -407,6 +420,9 @@ LossSum Decoder<T>::chunked_pass(const data::MicroBatch& batch, Params<T>* grads
       at_chunk(n0);
       chunk_load(i, n0, n, ck_.xw);
       o.attention_norm->forward(ck_.xn, ck_.rstd, ck_.xw, n, params_);
+      if (o.qk_norm)
+        o.qk_norm->backward(qkv + n0 * Q_, ck_.qk_in.data() + o.qk_norm->saved_size(n0),
+                            ck_.qk_rstd.data() + o.qk_norm->rstd_size(n0), n, params_, grads);
       o.wqkv->backward(ck_.t, qkv + n0 * Q_, ck_.xn, n, params_, grads, false);
       o.attention_norm->backward(ck_.xn, ck_.t, ck_.xw, ck_.rstd, n, params_, grads);
       accumulate(dr, ck_.xn, n * H_);  // dres = dL/dx
@@ -496,6 +512,7 @@ void Decoder<T>::block_forward(int layer, BlockActs& A, const T* x, T* y,
     const auto bits = norm_for_gemm(*o.attention_norm, s.xn, A.rstd1, x, N);
     o.wqkv->forward(s.qkv, s.xn, N, params_);
   }
+  if (o.qk_norm) o.qk_norm->forward(s.qkv, A.qk_in, A.qk_rstd, N, params_);
   T* const qs = A.qkv.out(s.qs);
   T* const att = A.attn.out(s.att);
   // Saved in bf16: the attention writes the bits of its split q, k, v as it splits them, and
@@ -577,8 +594,9 @@ void Decoder<T>::block_backward(int layer, BlockActs& A, const Saved<T>& x,
   }
   // Under bf16 the bits of dqkv go over the save of q, k, v (read above: spent) for wqkv's GEMMs,
   // where that save holds as many elements as dqkv (the dense op's [N, Q]).
+  // Not with q/k norms: their backward rewrites dqkv after the attention's.
   uint16_t* const dqkv16 =
-      bf16_ && o.attention->saved_qkv_size(N) == N * Q_ ? A.qkv.b : nullptr;
+      bf16_ && !o.qk_norm && o.attention->saved_qkv_size(N) == N * Q_ ? A.qkv.b : nullptr;
   bool rounded = false;
   if (att16)
     rounded = o.attention->backward_bf16_out(t.dqkv, dqkv16, t.dqs, t.datt, qs, A.attn.b, A.lse,
@@ -587,6 +605,7 @@ void Decoder<T>::block_backward(int layer, BlockActs& A, const Saved<T>& x,
     rounded = o.attention->backward_rounded(t.dqkv, dqkv16, t.dqs, t.datt, qs, att, A.lse, ab);
   else
     o.attention->backward(t.dqkv, t.dqs, t.datt, qs, att, A.lse, ab);
+  if (o.qk_norm) o.qk_norm->backward(t.dqkv, A.qk_in, A.qk_rstd, N, params_, &grads);
   const T* const xv = x.load(R * H_, t.xw);
   {
     const auto dy = rounded ? share_bits(t.dqkv, N * Q_, dqkv16) : Sharing{};

@@ -1,7 +1,7 @@
 // The decoder of every family (docs/model.md) with explicit forward and backward, after llm.c: embedding,
 // blocks h = x + wo(Attn(RoPE(split(wqkv(RMSNorm(x)))))), y = h + w2(silu(w1 z) ⊙ w3 z), z =
-// RMSNorm(h), final RMSNorm, untied output head, cross-entropy with ignore_index -100 as (loss sum,
-// count).
+// RMSNorm(h) (Qwen3: the q and k heads of wqkv's output RMS-normalised before RoPE, QkNorm),
+// final RMSNorm, untied output head, cross-entropy with ignore_index -100 as (loss sum, count).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -24,7 +24,7 @@ namespace longtron::model {
 /// O(N²). With config.checkpoint only each block's input is kept and the block is recomputed in
 /// backward (InternEvo's activation checkpointing); gradients are identical.
 /// Under a bfloat16 compute type (float model, ops/precision.h) every tensor saved for backward
-/// but the attention lse is kept as bf16: the block inputs and post-attention residuals (read by
+/// but the attention lse (and Qwen3's q/k norm input and rstd, QkNorm) is kept as bf16: the block inputs and post-attention residuals (read by
 /// the RMSNorm backward and its recomputed forward), the split qkv after RoPE, the attention
 /// output and the FFN's a = w1 z and b = w3 z (torch.autocast saves its bf16 linears' outputs
 /// so; the GEMMs and the bf16 attention kernel round these inputs to bf16 anyway). Backward
@@ -107,6 +107,7 @@ class Decoder {
     std::vector<uint16_t> x16;  ///< [L][N, H] block inputs (bf16)
     std::vector<T> x;           ///< [L][N, H] block inputs (not bf16)
     std::vector<T> qkv, out, lse, dout, dres;
+    std::vector<T> qk_in, qk_rstd;  ///< [N, …] the q/k norms' saves (model::QkNorm; else empty)
     std::vector<uint16_t> out16;  ///< [N, A] the attention output (bf16; else `out`)
     std::vector<T> c;           ///< chunk buffers (views below)
     std::vector<uint16_t> c16;  ///< bf16 chunk buffers: a, b rounded
@@ -118,7 +119,7 @@ class Decoder {
       return static_cast<int64_t>(
           (x16.size() + out16.size() + c16.size()) * sizeof(uint16_t) +
           (x.size() + qkv.size() + out.size() + lse.size() + dout.size() + dres.size() +
-           c.size()) * sizeof(T));
+           qk_in.size() + qk_rstd.size() + c.size()) * sizeof(T));
     }
   };
   /// Lays out ck_ for N tokens (train: the backward's buffers and every block's input; else one
@@ -159,6 +160,7 @@ class Decoder {
   struct BlockActs {
     Saved<T> qkv, attn, h, a, b;
     T *lse, *rstd1, *rstd2;
+    T *qk_in = nullptr, *qk_rstd = nullptr;  ///< the q/k norms' input and rstd (fp32), if any
   };
   /// One block's temporaries by phase, under the names the one block path uses. The float
   /// layout gives them their own buffers (names whose lives do not overlap share one); the bf16

@@ -47,6 +47,18 @@ constexpr Family kFamilies[] = {
                .rope_scaling = true, .tie_word_embeddings = true},
      .default_kv_heads = 8,
      .default_window = 4096},
+    {.name = "Qwen3",
+     .model_type = "qwen3",
+     .architecture = "Qwen3ForCausalLM",
+     .source = "models/qwen3/modeling_qwen3.py, configuration_qwen3.py",
+     .lora_targets = kSeparateTargets,
+     .block = {.biases = BiasKeys::kAttentionOnly, .windows = WindowKeys::kFromLayer,
+               .head_dim = true, .rope_scaling = true, .tie_word_embeddings = true,
+               .qk_norm = true},
+     .default_kv_heads = 32,
+     .default_head_dim = 128,
+     .default_window = 4096,
+     .default_window_layers = 28},
 };
 
 }  // namespace
@@ -100,6 +112,7 @@ std::vector<const char*> family_keys(const Family& f) {
   switch (f.block.biases) {
     case BiasKeys::kInternLM2: keys = {"bias", "qkv_bias", "o_bias"}; break;
     case BiasKeys::kLlama: keys = {"attention_bias", "mlp_bias"}; break;
+    case BiasKeys::kAttentionOnly: keys = {"attention_bias"}; break;
     case BiasKeys::kQkvOnly:
     case BiasKeys::kNone: break;
   }
@@ -113,6 +126,11 @@ const char* names_family(TensorNames names) {
   for (const Family& f : kFamilies)
     if (f.names == names) return f.model_type;
   fail("no family names its tensors this way");  // every TensorNames value has a row
+}
+
+bool has_qk_norm(std::string_view type) {
+  const Family* f = find_family(type);
+  return f != nullptr && f->block.qk_norm;
 }
 
 std::vector<bool> window_layers_from(int64_t num_layers, int64_t first) {

@@ -4,8 +4,8 @@
 // linears PEFT adapts, and its block's options. Import (model/hf_config), export (model/hf_names,
 // cli/export), the LoRA targets (model/lora, train/peft) and the docs read these rows; other
 // code asks a family's row what it can do instead of comparing its name. Every family runs the
-// same pre-norm RMSNorm / RoPE / GQA / GLU decoder; docs/model.md says which fields a new family
-// (Qwen3, Gemma 3) would add.
+// same pre-norm RMSNorm / RoPE / GQA / GLU decoder (Qwen3 adds its per-head q/k norms);
+// docs/model.md says which fields a new family (Gemma 3) would add.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -37,6 +37,8 @@ enum class BiasKeys {
   kQkvOnly,
   /// No key: no bias anywhere (MistralAttention, MistralMLP: bias=False).
   kNone,
+  /// "attention_bias" (q, k, v and o together); the MLP never has one (Qwen3Attention, Qwen3MLP).
+  kAttentionOnly,
 };
 
 /// How a family's config.json states which layers attend through a sliding window.
@@ -59,6 +61,9 @@ struct BlockOptions {
   bool head_dim = false;  ///< a "head_dim" key may differ from hidden_size / num_attention_heads
   bool rope_scaling = false;         ///< "rope_scaling" (model/rope_scaling.h) is read
   bool tie_word_embeddings = false;  ///< "tie_word_embeddings" (written always)
+  /// RMSNorm of each query and key head over head_dim after the projections, before RoPE, one
+  /// weight [head_dim] for q and one for k shared by all heads (Qwen3Attention's q_norm, k_norm).
+  bool qk_norm = false;
 };
 
 /// One family: a row of families().
@@ -76,24 +81,25 @@ struct Family {
   double default_rms_norm_eps = 1e-6;
   double default_rope_theta = 10000.0;
   int64_t default_kv_heads = 0;  ///< num_key_value_heads (0: num_attention_heads)
+  int64_t default_head_dim = 0;  ///< head_dim (0: hidden_size / num_attention_heads)
   int64_t default_window = 0;    ///< sliding_window (kEveryLayer, kFromLayer)
   int64_t default_window_layers = 0;  ///< max_window_layers (kFromLayer)
 };
 
-/// Every family, in the order messages list them (internlm2, llama, qwen2, mistral).
+/// Every family, in the order messages list them (internlm2, llama, qwen2, mistral, qwen3).
 std::span<const Family> families();
 
 /// The row whose model_type is `type`; nullptr when there is none.
 const Family* find_family(std::string_view type);
 
 /// The row whose model_type is `type`. Throws Error "<what> = "<type>": unsupported model type
-/// (supported: internlm2, llama, qwen2, mistral)" when there is none.
+/// (supported: internlm2, llama, qwen2, mistral, qwen3)" when there is none.
 const Family& family(std::string_view type, std::string_view what);
 
 /// Every model type, in table order.
 std::vector<std::string> model_types();
 
-/// The model types, ", "-separated in table order ("internlm2, llama, qwen2, mistral").
+/// The model types, ", "-separated in table order ("internlm2, llama, qwen2, mistral, qwen3").
 std::string family_list();
 
 /// The config.json keys that belong to family `f`'s options (its bias and window keys, e.g.
@@ -101,7 +107,7 @@ std::string family_list();
 std::vector<const char*> family_keys(const Family& f);
 
 /// The model types of the families whose config.json can state a sliding window, in alphabetical
-/// order ("mistral", "qwen2").
+/// order ("mistral", "qwen2", "qwen3").
 std::vector<std::string> window_families();
 
 /// `items` as a sentence lists them: "a", "a or b", "a, b or c"; `quoted`: each in double quotes.
@@ -111,6 +117,10 @@ std::string or_list(const std::vector<std::string>& items, bool quoted = false);
 /// kSeparate: "llama"): the family that stands for a naming where only the naming matters (the
 /// adapter conversions of train/peft.h).
 const char* names_family(TensorNames names);
+
+/// Whether a model of type `type` normalises each query and key head (BlockOptions::qk_norm of
+/// its family; false for a type that is no family's).
+bool has_qk_norm(std::string_view type);
 
 /// The windowed layers of a model of `num_layers` layers whose window starts at layer `first`
 /// (Qwen2's max_window_layers; 0: every layer, >= num_layers: none), for ModelConfig::window_layers.

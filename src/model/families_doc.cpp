@@ -29,6 +29,7 @@ std::string bias_text(BiasKeys biases) {
     case BiasKeys::kLlama: return "`attention_bias` (q, k, v and o together), `mlp_bias` (gate, up, down)";
     case BiasKeys::kQkvOnly: return "no key: q, k, v always have a bias, o never";
     case BiasKeys::kNone: return "no key: no biases";
+    case BiasKeys::kAttentionOnly: return "`attention_bias` (q, k, v and o together; no MLP bias)";
   }
   return "";
 }
@@ -48,16 +49,18 @@ std::string window_text(const Family& f) {
 std::string other_keys(const Family& f) {
   std::string s = fmt::format("`hidden_act` (only `{}`)", f.block.hidden_act);
   if (f.block.head_dim) s += ", `head_dim`";
-  if (f.block.rope_scaling) s += ", `rope_scaling`";
+  if (f.block.rope_scaling) s += ", `rope_scaling` (or `rope_parameters`, with `rope_theta`)";
   if (f.block.tie_word_embeddings) s += ", `tie_word_embeddings`";
   return s;
 }
 
 std::string defaults_text(const Family& f) {
-  return fmt::format("`rms_norm_eps` {}, `rope_theta` {}, `num_key_value_heads` {}",
-                     f.default_rms_norm_eps, f.default_rope_theta,
-                     f.default_kv_heads > 0 ? std::to_string(f.default_kv_heads)
-                                            : std::string("= `num_attention_heads`"));
+  std::string s = fmt::format("`rms_norm_eps` {}, `rope_theta` {}, `num_key_value_heads` {}",
+                               f.default_rms_norm_eps, f.default_rope_theta,
+                               f.default_kv_heads > 0 ? std::to_string(f.default_kv_heads)
+                                                      : std::string("= `num_attention_heads`"));
+  if (f.default_head_dim > 0) s += fmt::format(", `head_dim` {}", f.default_head_dim);
+  return s;
 }
 
 std::string targets_text(const Family& f) {
@@ -83,8 +86,12 @@ std::string families_markdown() {
       "| `model_type` | `architectures` | tensor names | LoRA `targets` (PEFT `target_modules`) | "
       "Hugging Face Transformers |\n|---|---|---|---|---|\n";
   for (const Family& f : families())
-    md += fmt::format("| `{}` | `{}` | {} | {} | {} |\n", f.model_type, f.architecture,
-                      names_text(f.names), targets_text(f), f.source);
+    md += fmt::format("| `{}` | `{}` | {}{} | {} | {} |\n", f.model_type, f.architecture,
+                      names_text(f.names),
+                      f.block.qk_norm ? "; per layer also `self_attn.{q,k}_norm` (an RMSNorm of "
+                                        "each q and k head before RoPE, weight [head_dim])"
+                                      : "",
+                      targets_text(f), f.source);
   md +=
       "\n## config.json\n\n"
       "Keys longtron does not model pass through unchanged; writing a model as another family drops "

@@ -109,6 +109,7 @@ void check_biases(const ModelConfig& c, const Family& f) {
   switch (f.block.biases) {
     case BiasKeys::kInternLM2: break;  // any qkv_bias / o_bias pair
     case BiasKeys::kLlama:
+    case BiasKeys::kAttentionOnly:
       check(c.qkv_bias == c.o_bias,
             "cannot write the {} config.json: its attention_bias covers q, k, v and o together, but "
             "this model has qkv_bias = {} and o_bias = {}", type, c.qkv_bias, c.o_bias);
@@ -165,10 +166,10 @@ void write_biases(json& j, const ModelConfig& c, const Family& f) {
       j["o_bias"] = c.o_bias;
     }
   }
-  if (f.block.biases == BiasKeys::kLlama) {
+  if (f.block.biases == BiasKeys::kLlama || f.block.biases == BiasKeys::kAttentionOnly)
     if (c.qkv_bias || j.contains("attention_bias")) j["attention_bias"] = c.qkv_bias;
+  if (f.block.biases == BiasKeys::kLlama)
     if (c.mlp_bias || j.contains("mlp_bias")) j["mlp_bias"] = c.mlp_bias;
-  }
 }
 
 /// Reads the biases as family `f`'s config.json states them.
@@ -189,6 +190,9 @@ void read_biases(const json& hf, const Family& f, ModelConfig& c, const std::str
       c.o_bias = false;
       break;
     case BiasKeys::kNone: break;  // MistralAttention's projections have bias=False
+    case BiasKeys::kAttentionOnly:  // Qwen3Attention: q/k/v/o_proj bias=attention_bias
+      c.qkv_bias = c.o_bias = get_bool(hf, "attention_bias", source, false);
+      break;
   }
 }
 
@@ -244,6 +248,10 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
         "cannot write {} {} config.json: {} has no head_dim key, and this model's head_dim {} is "
         "not hidden_size / num_attention_heads", article(type), type, f.name, c.explicit_head_dim);
   check_windows(c, f, source);
+  check(has_qk_norm(c.type) == f.block.qk_norm,
+        "cannot write {} {} config.json: {} q_norm and k_norm (per-head RMSNorm of q and k), this "
+        "model {}", article(type), type, f.block.qk_norm ? "it has" : "it has no",
+        f.block.qk_norm ? "has none" : "has them");
   check(!c.tie_word_embeddings || f.block.tie_word_embeddings,
         "cannot write {} {} config.json: it has no tie_word_embeddings key, and this model's head is "
         "its token embedding", article(type), type);
@@ -264,6 +272,8 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
   j["rope_theta"] = c.rope_base;
   j["vocab_size"] = c.vocab_size;
   if (c.explicit_head_dim > 0) j["head_dim"] = c.explicit_head_dim;
+  // Absent, head_dim means the family's default (Qwen3Config: 128), not hidden / heads.
+  if (f.default_head_dim > 0 && !j.contains("head_dim")) j["head_dim"] = c.head_dim();
   write_biases(j, c, f);
   // Absent means the default (4096) to Hugging Face's MistralConfig, so "none" must be written as null.
   if (f.block.windows == WindowKeys::kEveryLayer && !j.contains("sliding_window") &&
@@ -311,8 +321,9 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
       {"num_attention_heads", c.num_attention_heads}, {"vocab_size", c.vocab_size}};
   for (const auto& [key, v] : widths)
     check(v <= kMaxModelWidth, "{}: {} = {} is too large (at most 2^40)", source, key, v);
-  if (hf.contains("head_dim") && !hf["head_dim"].is_null()) {  // kept in hf_extra as read
-    const int64_t d = get_int(hf, "head_dim", source);
+  const bool head_dim_key = hf.contains("head_dim") && !hf["head_dim"].is_null();
+  if (head_dim_key || f.default_head_dim > 0) {  // kept in hf_extra as read
+    const int64_t d = head_dim_key ? get_int(hf, "head_dim", source) : f.default_head_dim;
     check(d > 0 && d % 2 == 0 && d <= kMaxModelWidth,
           "{}: head_dim must be even, > 0 and at most 2^40, got {}", source, d);
     if (c.hidden_size % c.num_attention_heads != 0 || c.hidden_size / c.num_attention_heads != d)
@@ -327,11 +338,9 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
     c.mlp_ratio = std::nextafter(c.mlp_ratio, 2 * c.mlp_ratio);
   check(c.ffn_size() == inter, "{}: cannot express intermediate_size {} (internal error)", source, inter);
   c.norm_eps = get_double(hf, "rms_norm_eps", source, f.default_rms_norm_eps);
-  c.rope_base = get_double(hf, "rope_theta", source, f.default_rope_theta);
+  c.rope_base = read_rope_theta(hf, f.default_rope_theta, source);
   check(std::isfinite(c.norm_eps) && c.norm_eps > 0, "{}: rms_norm_eps must be finite and > 0, got {}",
         source, c.norm_eps);
-  check(std::isfinite(c.rope_base) && c.rope_base > 0, "{}: rope_theta must be finite and > 0, got {}",
-        source, c.rope_base);
   if (f.block.rope_scaling) read_rope_scaling(hf, c, source);  // kept in hf_extra too: written back as read
   if (f.block.tie_word_embeddings) c.tie_word_embeddings = get_bool(hf, "tie_word_embeddings", source, false);
   read_biases(hf, f, c, source);

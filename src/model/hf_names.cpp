@@ -44,6 +44,10 @@ std::vector<HfTensor> separate_tensors(const ParamTable& layout) {
     }
     out.push_back(whole(layout, b.wo, p + "self_attn.o_proj.weight"));
     if (b.wo_bias >= 0) out.push_back(whole(layout, b.wo_bias, p + "self_attn.o_proj.bias"));
+    if (b.q_norm >= 0) {  // Qwen3Attention's q_norm, k_norm
+      out.push_back(whole(layout, b.q_norm, p + "self_attn.q_norm.weight"));
+      out.push_back(whole(layout, b.k_norm, p + "self_attn.k_norm.weight"));
+    }
     out.push_back(whole(layout, b.w1, p + "mlp.gate_proj.weight"));
     out.push_back(whole(layout, b.w3, p + "mlp.up_proj.weight"));
     out.push_back(whole(layout, b.w2, p + "mlp.down_proj.weight"));
@@ -65,7 +69,12 @@ std::vector<HfTensor> separate_tensors(const ParamTable& layout) {
 
 std::vector<HfTensor> hf_tensors(const ParamTable& layout, const std::string& format) {
   const std::string type = format.empty() ? layout.config().type : format;
-  if (family(type, "model format").names == TensorNames::kSeparate) return separate_tensors(layout);
+  const Family& f = family(type, "model format");
+  check(f.block.qk_norm == has_qk_norm(layout.config().type),
+        "cannot name the tensors of a {} model as {}: {} q_norm and k_norm, this model {}",
+        layout.config().type, type, f.block.qk_norm ? "it has" : "it has no",
+        f.block.qk_norm ? "has none" : "has them");
+  if (f.names == TensorNames::kSeparate) return separate_tensors(layout);
   std::vector<HfTensor> out;
   for (int i = 0; i < static_cast<int>(layout.views().size()); ++i)
     out.push_back(whole(layout, i, layout.view(i).name));

@@ -511,6 +511,8 @@ ModelOps<T> make_dense_ops(const ParamTable& layout, const ops::ComputeContext& 
     block.ffn_norm = std::make_unique<DenseNorm<T>>(layout, b.ffn_norm);
     block.wqkv = std::make_unique<DenseLinear<T>>(cc, layout, b.wqkv, b.wqkv_bias);
     block.wo = std::make_unique<DenseLinear<T>>(cc, layout, b.wo, b.wo_bias);
+    block.qk_norm = make_qk_norm<T>(layout, b, layout.config().num_attention_heads,
+                                    layout.config().num_kv_attention_heads);
     block.gate_up = std::make_unique<DenseGateUp<T>>(cc, layout, b);
     block.w2 = std::make_unique<DenseLinear<T>>(cc, layout, b.w2, b.w2_bias);
     const int64_t layer = &b - layout.layers.data();

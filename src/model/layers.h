@@ -127,6 +127,51 @@ class NormOp {
                         const Params<T>& params, Params<T>* grads) = 0;
 };
 
+/// Per-head RMSNorm of the query and key heads of the grouped qkv rows (Qwen3Attention's q_norm
+/// and k_norm, Transformers' modeling_qwen3.py): after the wqkv projection, before RoPE, each q
+/// head becomes q / sqrt(mean(q²) + eps) ⊙ w_q and each k head likewise with w_k (one weight
+/// [head_dim] each, shared by all heads); v is left as it is. It acts on the local rows of
+/// whole heads, [Hkv_local, Hq/Hkv + 2, d] per token (docs/model.md), so every layout's qkv
+/// (all heads of local tokens, or local heads of all tokens) takes the same op; a layout whose
+/// heads or tokens are split sums the weight gradients over that group.
+template <typename T>
+class QkNorm {
+ public:
+  /// Weights q_norm, k_norm of `layout` (eps model.norm_eps); q_heads, kv_heads: the local heads;
+  /// row_split: a call of N tokens holds N / row_split qkv rows (2D tensor parallel's y split).
+  QkNorm(const ParamTable& layout, const BlockParamIds& b, int64_t q_heads, int64_t kv_heads,
+         int64_t row_split = 1);
+  /// Elements of saved state per call of N tokens: the q and k heads before the norm, and their
+  /// rstd.
+  int64_t saved_size(int64_t N) const { return rows(N) * (hq_ + hkv_) * d_; }
+  int64_t rstd_size(int64_t N) const { return rows(N) * (hq_ + hkv_); }
+  /// qkv[rows(N), (hq + 2 hkv)·d] normalised in place; saved[saved_size(N)] and
+  /// rstd[rstd_size(N)] written for backward.
+  void forward(T* qkv, T* saved, T* rstd, int64_t N, const Params<T>& params) const;
+  /// dqkv[N, Q] (the gradient of the normalised rows) becomes the gradient of the rows before
+  /// the norm, in place (v rows untouched); the weight gradients += (skipped when grads is
+  /// nullptr or the op is frozen).
+  void backward(T* dqkv, const T* saved, const T* rstd, int64_t N, const Params<T>& params,
+                Params<T>* grads) const;
+  /// LoRA: the weights stay as loaded, backward computes no weight gradient.
+  void freeze() { frozen_ = true; }
+
+ private:
+  int64_t rows(int64_t N) const { return N / split_; }
+  int q_norm_, k_norm_;
+  int64_t hq_, hkv_, d_, split_;
+  T eps_;
+  bool frozen_ = false;
+};
+
+/// The QkNorm of block `b` over the local heads, or nullptr when the model has no q/k norms.
+template <typename T>
+std::unique_ptr<QkNorm<T>> make_qk_norm(const ParamTable& layout, const BlockParamIds& b,
+                                        int64_t q_heads, int64_t kv_heads, int64_t row_split = 1) {
+  if (b.q_norm < 0) return nullptr;
+  return std::make_unique<QkNorm<T>>(layout, b, q_heads, kv_heads, row_split);
+}
+
 /// Inputs of one attention call besides q/k/v: per-token RoPE positions and the row's segments.
 struct AttentionBatch {
   const int32_t* indexes;     ///< [N] RoPE position of each (local) token
@@ -334,6 +379,7 @@ template <typename T>
 struct BlockOps {
   std::unique_ptr<NormOp<T>> attention_norm, ffn_norm;
   std::unique_ptr<LinearOp<T>> wqkv, wo;
+  std::unique_ptr<QkNorm<T>> qk_norm;  ///< between wqkv and the attention; nullptr: none
   std::unique_ptr<GateUpOp<T>> gate_up;  ///< w1 (gate) and w3 (up)
   std::unique_ptr<LinearOp<T>> w2;
   std::unique_ptr<AttentionOp<T>> attention;

@@ -830,6 +830,7 @@ void apply_lora(ModelOps<T>& ops, const ParamTable& base_local, const std::vecto
     const int layer = int(i);
     o.attention_norm = std::make_unique<FrozenNorm<T>>(std::move(o.attention_norm));
     o.ffn_norm = std::make_unique<FrozenNorm<T>>(std::move(o.ffn_norm));
+    if (o.qk_norm) o.qk_norm->freeze();  // Qwen3's q/k norms: frozen like the other norms
     auto wrap = [&](std::unique_ptr<LinearOp<T>>& op, int view, int bias) {
       Adapters<T> a = adapters_of(layer, view, op->in(), op->out());
       FrozenLinear<T> frozen(std::move(op), state.get(), view, bias);

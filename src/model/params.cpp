@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "model/families.h"
 
 namespace longtron::model {
 namespace {
@@ -54,8 +55,8 @@ void check_model_limits(const ModelConfig& c) {
         "model.mlp_ratio: {} gives an FFN width of {:g} from hidden_size {} (at most 2^40)",
         c.mlp_ratio, raw_ffn, c.hidden_size);
   const double V = double(c.vocab_size), H = double(c.hidden_size), F = double(c.ffn_size());
-  const double per_layer =
-      double(c.qkv_size()) * H + double(c.attention_size()) * H + 3 * F * H + 2 * F + 5 * H;
+  const double per_layer = double(c.qkv_size()) * H + double(c.attention_size()) * H +
+                           3 * F * H + 2 * F + 5 * H + 2 * double(c.head_dim());
   const double params = 2 * V * H + double(c.num_layers) * per_layer + H;
   check(params <= kMaxParams, "model.hidden_size: the model would have {:.3g} parameters (at most "
         "2^50): check model.vocab_size, hidden_size, num_layers and mlp_ratio", params);
@@ -75,6 +76,11 @@ ParamTable::ParamTable(const ModelConfig& config) : config_(config) {
     if (config.qkv_bias) b.wqkv_bias = add(p + "attention.wqkv.bias", {Q}, i, 0.0, false, true, false);
     b.wo = add(p + "attention.wo.weight", {H, config.attention_size()}, i, out_std, false, false, false);
     if (config.o_bias) b.wo_bias = add(p + "attention.wo.bias", {H}, i, 0.0, false, true, false);
+    if (has_qk_norm(config.type)) {
+      const int64_t d = config.head_dim();
+      b.q_norm = add(p + "attention.q_norm.weight", {d}, i, 0.0, true, false, false);
+      b.k_norm = add(p + "attention.k_norm.weight", {d}, i, 0.0, true, false, false);
+    }
     b.ffn_norm = add(p + "ffn_norm.weight", {H}, i, 0.0, true, false, false);
     b.w1 = add(p + "feed_forward.w1.weight", {F, H}, i, 0.02, false, false, false);
     if (config.mlp_bias) b.w1_bias = add(p + "feed_forward.w1.bias", {F}, i, 0.0, false, true, false);

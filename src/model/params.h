@@ -31,12 +31,14 @@ struct BlockParamIds {
   int attention_norm = -1, wqkv = -1, wqkv_bias = -1, wo = -1, wo_bias = -1;
   int ffn_norm = -1, w1 = -1, w3 = -1, w2 = -1;
   int w1_bias = -1, w3_bias = -1, w2_bias = -1;  ///< mlp_bias
+  int q_norm = -1, k_norm = -1;  ///< per-head q and k RMSNorm weights [head_dim] (has_qk_norm)
 };
 
 /// The tensors of a model and where each lives in the flat buffer. Order (HF naming order):
 /// model.tok_embeddings.weight [V,H]; per layer i: attention_norm.weight [H],
 /// attention.wqkv.weight [(Hq+2Hkv)·d, H] (grouped rows, docs/model.md), attention.wqkv.bias
-/// (qkv_bias), attention.wo.weight [H,H], attention.wo.bias (o_bias), ffn_norm.weight [H],
+/// (qkv_bias), attention.wo.weight [H,H], attention.wo.bias (o_bias), attention.q_norm.weight and
+/// attention.k_norm.weight [d] (families with per-head q/k norms, has_qk_norm), ffn_norm.weight [H],
 /// feed_forward.w1.weight [F,H] (then feed_forward.w1.bias [F] with mlp_bias), feed_forward.w3.weight
 /// [F,H] (w3.bias [F]), feed_forward.w2.weight [H,F] (w2.bias [H]);
 /// then model.norm.weight [H], output.weight [V,H] (absent with tie_word_embeddings: output is

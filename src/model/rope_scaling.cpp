@@ -37,13 +37,50 @@ double number(const nlohmann::json& r, const char* key, const std::string& where
         key, r.contains(key) ? json_excerpt(r[key]) : "nothing");
   return r[key].get<double>();
 }
+
+/// config.json's `rope_parameters` (Transformers 5), or nullptr when absent or null. Refuses one
+/// keyed by layer type ({"full_attention": {…}, "sliding_attention": {…}}).
+const nlohmann::json* rope_parameters(const nlohmann::json& hf, const std::string& source) {
+  if (!hf.contains("rope_parameters") || hf["rope_parameters"].is_null()) return nullptr;
+  const nlohmann::json& r = hf["rope_parameters"];
+  check(r.is_object(), "{}: rope_parameters must be an object or null, got {}", source,
+        json_excerpt(r));
+  for (const auto& [key, value] : r.items())
+    check(!value.is_object(), "{}: rope_parameters.{} is an object: one RoPE per layer type is not "
+          "supported (only one rope_type and rope_theta for every layer)", source, key);
+  return &r;
+}
+
 }  // namespace
+
+double read_rope_theta(const nlohmann::json& hf, double fallback, const std::string& source) {
+  const nlohmann::json* params = rope_parameters(hf, source);
+  using Json = nlohmann::json;
+  const auto number_or_null = [&](const Json& j, const char* key) -> const Json* {
+    if (!j.contains(key) || j[key].is_null()) return nullptr;
+    check(j[key].is_number(), "{}: {} must be a number, got {}", source, key, json_excerpt(j[key]));
+    return &j[key];
+  };
+  const nlohmann::json* top = number_or_null(hf, "rope_theta");
+  const nlohmann::json* inner = params ? number_or_null(*params, "rope_theta") : nullptr;
+  check(top == nullptr || inner == nullptr || top->get<double>() == inner->get<double>(),
+        "{}: rope_theta = {} but rope_parameters.rope_theta = {}", source, top ? top->dump() : "",
+        inner ? inner->dump() : "");
+  const double theta = top ? top->get<double>() : inner ? inner->get<double>() : fallback;
+  check(std::isfinite(theta) && theta > 0, "{}: rope_theta must be finite and > 0, got {}", source,
+        theta);
+  return theta;
+}
 
 void read_rope_scaling(const nlohmann::json& hf, ModelConfig& c, const std::string& source) {
   c.rope_scaling_type.clear();
-  if (!hf.contains("rope_scaling") || hf["rope_scaling"].is_null()) return;
-  const nlohmann::json& r = hf["rope_scaling"];
+  const bool own = hf.contains("rope_scaling") && !hf["rope_scaling"].is_null();
+  const nlohmann::json* found = own ? &hf["rope_scaling"] : rope_parameters(hf, source);
+  if (found == nullptr) return;
+  const nlohmann::json& r = *found;
   check(r.is_object(), "{}: rope_scaling must be an object or null, got {}", source, json_excerpt(r));
+  // rope_parameters may hold rope_theta alone: no rope_type is the default RoPE.
+  if (!own && !r.contains("rope_type") && !r.contains("type")) return;
   // transformers reads "rope_type", falling back to the older "type".
   const char* key = r.contains("rope_type") ? "rope_type" : "type";
   check(r.contains(key) && r[key].is_string(), "{}: rope_scaling has no rope_type", source);

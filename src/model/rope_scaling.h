@@ -22,9 +22,17 @@ namespace longtron::model {
 std::vector<double> rope_inv_freq(const ModelConfig& c);
 
 /// Reads config.json's `rope_scaling` (null or absent: none) into `c`; `max_position_embeddings`
-/// is the config's (dynamic needs it). Throws Error naming the type when it is not linear, llama3
-/// or dynamic ("default" is none), and naming the key when a parameter is missing or invalid.
+/// is the config's (dynamic needs it). Without `rope_scaling`, the same keys are read from
+/// `rope_parameters` (Transformers 5 writes RoPE there: rope_type, rope_theta and the scaling's
+/// keys in one object). Throws Error naming the type when it is not linear, llama3 or dynamic
+/// ("default" is none), and naming the key when a parameter is missing or invalid.
 void read_rope_scaling(const nlohmann::json& hf, ModelConfig& c, const std::string& source);
+
+/// config.json's RoPE base: `rope_theta`, or (Transformers 5) `rope_parameters.rope_theta`, or
+/// `fallback` when neither is there. Throws Error when both are there and differ, when
+/// rope_parameters is keyed by layer type (one RoPE per kind of layer, which no family here has)
+/// or when the value is not a finite number > 0.
+double read_rope_theta(const nlohmann::json& hf, double fallback, const std::string& source);
 
 /// Dynamic scaling is plain RoPE while positions stay below max_position_embeddings; beyond, Hugging
 /// Face would change the frequencies with the sequence length, which longtron does not do: throws

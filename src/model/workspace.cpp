@@ -19,6 +19,10 @@ void chunked(const WorkspaceShape& s, std::vector<WorkspaceBuffer>& t) {
   if (s.bf16) t.push_back({"attention output (bf16)", S::kChunkOut16, 0, N * A, true, true});
   else t.push_back({"attention output", S::kChunkOut, 0, N * A, false, true});
   t.push_back({"attention lse", S::kChunkLse, 0, s.saved_lse, false, true});
+  if (s.qk > 0) {
+    t.push_back({"q, k before their norms", S::kChunkQkIn, 0, N * s.qk, false, true});
+    t.push_back({"q, k norm rstd", S::kChunkQkRstd, 0, N * s.qk_heads, false, true});
+  }
   if (s.train) {
     t.push_back({"attention output gradient", S::kChunkDout, 0, N * A, false, true});
     t.push_back({"dL/d(residual)", S::kChunkDres, 0, N * H, false, true});
@@ -27,6 +31,13 @@ void chunked(const WorkspaceShape& s, std::vector<WorkspaceBuffer>& t) {
   t.push_back({"chunk temporaries", S::kChunkTemps, 0,
                5 * C * H + C + 4 * C * F + (s.bf16 ? C * A : 0), false, false});
   if (s.bf16) t.push_back({"chunk a, b (bf16)", S::kChunkTemps16, 0, 2 * C * F, true, false});
+}
+
+/// The per-block saves of the q/k norms (none without them).
+void qk_saves(const WorkspaceShape& s, int block, std::vector<WorkspaceBuffer>& t) {
+  if (s.qk <= 0) return;
+  t.push_back({"q, k before their norms", S::kQkIn, block, pad16(s.N * s.qk), false, true});
+  t.push_back({"q, k norm rstd", S::kQkRstd, block, pad16(s.N * s.qk_heads), false, true});
 }
 
 /// The unchunked bf16 layout (Decoder::reserve with bf16).
@@ -46,6 +57,7 @@ void unchunked_bf16(const WorkspaceShape& s, std::vector<WorkspaceBuffer>& t) {
     t.push_back({"attention output (bf16)", S::kAttn16, i, pad32(N * s.A), true, true});
     t.push_back({"FFN a (bf16)", S::kA16, i, pad32(N * s.F), true, true});
     t.push_back({"FFN b (bf16)", S::kB16, i, pad32(N * s.F), true, true});
+    qk_saves(s, i, t);
   }
   t.push_back({"final norm rstd", S::kRstdF, 0, pad16(R), false, true});
   t.push_back({"norm rstd (recomputed)", S::kRstdScratch, 0, pad16(R), false, true});
@@ -70,6 +82,7 @@ void unchunked(const WorkspaceShape& s, std::vector<WorkspaceBuffer>& t) {
     t.push_back({"residual after attention", S::kH, i, pad16(R * H), false, true});
     t.push_back({"attention norm rstd", S::kRstd1, i, pad16(R), false, true});
     t.push_back({"FFN norm rstd", S::kRstd2, i, pad16(R), false, true});
+    qk_saves(s, i, t);
   }
   const struct { const char* name; S slot; double n; } temps[] = {
       {"norm output", S::kXn, R * H},         {"qkv", S::kQkv, N * s.Q},

@@ -28,6 +28,10 @@ struct WorkspaceShape {
   bool bf16 = false;
   double chunk = 0;
   bool train = true;
+  /// Per-head q/k norms (model::QkNorm; 0 = none): the elements of their saved input and of
+  /// their rstd per token (local (Hq + Hkv)·d and Hq + Hkv), kept per block like the other saves
+  /// (in fp32 under bf16 too), row-sized under the chunked recomputation.
+  double qk = 0, qk_heads = 0;
 };
 
 /// What a workspace buffer holds; Decoder binds each to its view. Unchunked float layout: the
@@ -38,11 +42,13 @@ enum class WorkspaceSlot {
   kInput, kInput16,                                                    // block inputs
   kQkvSaved, kAttn, kA, kB, kLse, kH, kRstd1, kRstd2,                 // saved per block (float)
   kH16, kQkv16, kAttn16, kA16, kB16,                                  // saved per block (bf16)
+  kQkIn, kQkRstd,                                                     // saved per block (q/k norm)
   kXn, kQkv, kTmp, kG, kXf, kRstdF, kRstdScratch,                     // forward temporaries
   kDres, kDtmp, kDxn, kDg, kDa, kDb, kDattn, kDqkvSaved,              // backward temporaries
   kPool, kGemmIn16,                                                   // bf16: pool, GEMM input bits
   kChunkInputs, kChunkInputs16, kChunkQkv, kChunkOut, kChunkOut16, kChunkLse, kChunkDout,
   kChunkDres, kChunkTemps, kChunkTemps16,                             // chunked recomputation
+  kChunkQkIn, kChunkQkRstd,                                           // chunked: q/k norm
 };
 
 /// One buffer of the workspace: its slot, the block (or block input) it belongs to (0 for the

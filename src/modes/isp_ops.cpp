@@ -91,6 +91,9 @@ model::ModelOps<float> make_isp_ops(const model::ParamTable& full, const Grid& g
     block.ffn_norm = model::make_dense_norm<float>(full, b.ffn_norm);
     block.wqkv = linear(b.wqkv, b.wqkv_bias);
     block.wo = linear(b.wo, b.wo_bias);
+    // Every head of the local tokens (before Ulysses' all-to-all), weights replicated likewise.
+    block.qk_norm = model::make_qk_norm<float>(full, b, c.num_attention_heads,
+                                               c.num_kv_attention_heads);
     block.gate_up = std::make_unique<model::SeparateGateUp<float>>(linear(b.w1, b.w1_bias),
                                                                    linear(b.w3, b.w3_bias));
     block.w2 = linear(b.w2, b.w2_bias);

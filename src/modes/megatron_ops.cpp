@@ -87,6 +87,9 @@ void megatron_plan(ShardPlan& plan) {
     plan.split(b.w3, 0, Group::kTensor);
     plan.split(b.w3_bias, 0, Group::kTensor);
     plan.split(b.w2, 1, Group::kTensor);
+    // Each rank normalises its own heads: the q/k norm weights' gradients are partial sums.
+    plan.sum_gradient(b.q_norm, Group::kTensor);
+    plan.sum_gradient(b.k_norm, Group::kTensor);
     if (sp) {
       plan.sum_gradient(b.attention_norm, Group::kTensor);
       plan.sum_gradient(b.ffn_norm, Group::kTensor);
@@ -139,6 +142,8 @@ ModelOps<float> megatron_ops(const ModeContext& ctx) {
     block.ffn_norm = std::make_unique<ShardNorm>(L, b.ffn_norm, sp, tp);
     block.wqkv = std::make_unique<TensorParallelLinearOp>(L, b.wqkv, b.wqkv_bias, column, shared());
     block.wo = std::make_unique<TensorParallelLinearOp>(L, b.wo, b.wo_bias, row, shared());
+    block.qk_norm = model::make_qk_norm<float>(L, b, local_config.num_attention_heads,
+                                               local_config.num_kv_attention_heads);
     block.gate_up =
         std::make_unique<TensorParallelGateUp>(L, b.w1, b.w3, b.w1_bias, b.w3_bias, column, shared());
     block.w2 = std::make_unique<TensorParallelLinearOp>(L, b.w2, b.w2_bias, row, shared());

@@ -66,6 +66,10 @@ void tp2d_memory(const ModeMemoryInputs& in, ModeMemory& s) {
     s.attn_hq = h.q;
     s.attn_hkv = h.kv;
   }
+  if (in.local.layers.front().q_norm >= 0) {  // the q/k norms' saves: N/y rows of x's heads
+    w.qk_heads = (hqx + hkvx) / y;
+    w.qk = w.qk_heads * d;
+  }
   s.head_vocab = std::ceil(V / T);
   // The 2D linears' buffers (above); the embedding and the head hold full-row copies (N × H
   // each: 2 and 3).

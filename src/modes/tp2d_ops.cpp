@@ -130,6 +130,9 @@ model::ModelOps<float> make_tp2d_ops(const ModeContext& ctx) {
     const auto own = [&] { return model_wide.for_another_linear(); };
     block.wqkv = std::make_unique<TensorParallelLinearOp>(L, b.wqkv, b.wqkv_bias, xy, own());
     block.wo = std::make_unique<TensorParallelLinearOp>(L, b.wo, b.wo_bias, yx, own());
+    // The x rank's heads of its N/y rows (the qkv the attention reads).
+    block.qk_norm = model::make_qk_norm<float>(L, b, heads.num_attention_heads,
+                                               heads.num_kv_attention_heads, g.y);
     block.gate_up =
         std::make_unique<TensorParallelGateUp>(L, b.w1, b.w3, b.w1_bias, b.w3_bias, xy, own());
     block.w2 = std::make_unique<TensorParallelLinearOp>(L, b.w2, b.w2_bias, yx, own());
@@ -170,6 +173,10 @@ void tp2d_plan(ShardPlan& plan) {
     for (int norm : {b.attention_norm, b.ffn_norm}) {
       plan.split(norm, 0, Group::kY);
       plan.sum_gradient(norm, Group::kX);
+    }
+    for (int norm : {b.q_norm, b.k_norm}) {  // heads split over X, rows over Y: partial sums
+      plan.sum_gradient(norm, Group::kX);
+      plan.sum_gradient(norm, Group::kY);
     }
   }
   plan.split(full.norm, 0, Group::kY);

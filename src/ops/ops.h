@@ -210,16 +210,18 @@ template <typename T>
 void embedding_backward(T* dtable, const T* dout, const int32_t* ids, int64_t N, int64_t H);
 
 // ---- RMSNorm ------------------------------------------------------------------------------------
-/// out[N,H] = x / sqrt(mean(x²) + eps) ⊙ weight[H]; rstd[N] saved for backward. With out16
-/// (float only), also round_to_bf16 of out into out16[N,H], each row while it is in cache: the
-/// bits a bf16 GEMM reading out would make.
+/// out[N,H] = x / sqrt(mean(x²) + eps) ⊙ (offset + weight[H]); rstd[N] saved for backward.
+/// offset 0 is Llama's RMSNorm; offset 1 is Gemma's, which scales by 1 + w with w stored as
+/// Transformers stores it (Gemma3RMSNorm: zeros at init). With out16 (float only), also
+/// round_to_bf16 of out into out16[N,H], each row while it is in cache: the bits a bf16 GEMM
+/// reading out would make.
 template <typename T>
 void rms_norm_forward(T* out, T* rstd, const T* x, const T* weight, int64_t N, int64_t H, T eps,
-                      uint16_t* out16 = nullptr);
-/// dx[N,H] (overwritten), dweight[H] (+=).
+                      uint16_t* out16 = nullptr, T offset = T(0));
+/// dx[N,H] (overwritten), dweight[H] (+=), for the forward with the same offset.
 template <typename T>
 void rms_norm_backward(T* dx, T* dweight, const T* dout, const T* x, const T* weight,
-                       const T* rstd, int64_t N, int64_t H);
+                       const T* rstd, int64_t N, int64_t H, T offset = T(0));
 
 // ---- RoPE (Hugging Face rotate_half), in place ------------------------------------------------
 /// x[N, heads, d] rotated at positions indexes[N]: angle(n, i) = indexes[n] · base^(-2i/d),
@@ -291,6 +293,16 @@ void swiglu_forward_saving_bf16(float* out, const float* a, const float* b, uint
 void swiglu_backward_bf16(float* da, float* db, const float* dout, const uint16_t* a,
                           const uint16_t* b, int64_t count, uint16_t* da16 = nullptr,
                           uint16_t* db16 = nullptr);
+
+// ---- GeGLU (tanh GELU) --------------------------------------------------------------------------
+/// out[i] = gelu_tanh(a[i]) · b[i], gelu_tanh(x) = ½x(1 + tanh(√(2/π)(x + 0.044715x³))): the FFN
+/// down(gelu_tanh(gate(z)) ⊙ up(z)) of Gemma (Transformers' GemmaMLP / Gemma3MLP with
+/// hidden_activation "gelu_pytorch_tanh", i.e. torch's gelu(approximate="tanh"); Shazeer 2020).
+template <typename T>
+void geglu_tanh_forward(T* out, const T* a, const T* b, int64_t count);
+/// da, db (overwritten; either may be nullptr) from dout.
+template <typename T>
+void geglu_tanh_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_t count);
 
 // ---- Varlen causal attention (document-masked, flash-style) -----------------------------------
 /// Shapes of one attention call. Query tokens are the rows of a packed sequence of N tokens,
@@ -415,5 +427,15 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
 double cross_entropy_forward_backward_bf16(uint16_t* dlogits16, float* lse, int64_t* count,
                                            const float* logits, const int32_t* labels, int64_t N,
                                            int64_t V, float scale);
+
+// ---- Logit soft-capping ----------------------------------------------------------------------
+/// x[i] = cap · tanh(x[i] / cap) in place (cap > 0; Error otherwise): the final logit
+/// soft-capping of Gemma 2 and Gemma 3 (Transformers' Gemma3ForCausalLM, final_logit_softcapping).
+template <typename T>
+void logit_softcap_forward(T* x, int64_t count, T cap);
+/// dx[i] ·= 1 − (c[i] / cap)² in place, c the capped values logit_softcap_forward wrote (the
+/// derivative of cap · tanh(x / cap) is 1 − tanh²(x / cap)). Error if cap <= 0.
+template <typename T>
+void logit_softcap_backward(T* dx, const T* capped, int64_t count, T cap);
 
 }  // namespace longtron::ops

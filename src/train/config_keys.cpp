@@ -299,7 +299,8 @@ const std::vector<ConfigKey> kConfigKeys = {
     {"model.sliding_window", "0", "",
      "Sliding-window attention (" + model::or_list(model::window_families()) +
          "): a query sees the last sliding_window keys of its document, in every layer; 0: none. "
-         "With --init-from it comes from config.json (Qwen2: only layers >= max_window_layers).",
+         "With --init-from it comes from config.json (Qwen2, Qwen3: only layers >= "
+         "max_window_layers).",
      integer(AT(model.sliding_window))},
     {"model.mlp_ratio", "\"8/3\"", "",
      "FFN width = multiple_of × ceil(int(hidden_size × mlp_ratio) / multiple_of); a fraction is "

@@ -96,6 +96,13 @@ parallel::ModeMemory step_terms(const parallel::ModeFactory& factory, const mode
   const parallel::ModeMemoryInputs in{m, full, local, grid, packed_length, bf16};
   parallel::ModeMemory s = parallel::ModeMemory::defaults(in);
   if (factory.memory) factory.memory(in, s);
+  if (full.layers.front().q_norm >= 0 && s.ws.qk == 0) {
+    // The q/k norms' saves (model::QkNorm): the q and k heads of the local qkv rows, whole heads.
+    const double d = double(m.head_dim()), Hq = double(m.num_attention_heads);
+    const double Hkv = double(m.num_kv_attention_heads);
+    s.ws.qk_heads = s.ws.Q / d * (Hq + Hkv) / (Hq + 2 * Hkv);
+    s.ws.qk = s.ws.qk_heads * d;
+  }
   return s;
 }
 

@@ -4,6 +4,7 @@
 // `generate --prompt-ids` on a folder whose only tokenizer is a tokenizer.json.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -145,10 +146,11 @@ TEST(HfCli, InternLM2CheckpointExportedAsLlamaTrainsFurther) {
       << r.output;
 }
 
-// configs/tiny_{llama,qwen2,mistral}.toml train from scratch and save under their family's names.
+// configs/tiny_{llama,qwen2,mistral,qwen3}.toml train from scratch and save under their family's
+// names.
 TEST(HfCli, TinyConfigOfEachFamilyTrainsAndSavesItsNames) {
   Prepared p;
-  for (const std::string family : {"llama", "qwen2", "mistral"}) {
+  for (const std::string family : {"llama", "qwen2", "mistral", "qwen3"}) {
     const fs::path out = p.dir / family;
     const auto r = run_longtron(
         "train --config " + std::string(LONGTRON_SOURCE_DIR) + "/configs/tiny_" + family +
@@ -169,6 +171,30 @@ TEST(HfCli, TinyConfigOfEachFamilyTrainsAndSavesItsNames) {
     if (family == "mistral") {
       EXPECT_EQ(cfg["sliding_window"], 32);
     }
+    const bool has_qk_norm = std::find(names.begin(), names.end(),
+                                       "model.layers.1.self_attn.k_norm.weight") != names.end();
+    EXPECT_EQ(has_qk_norm, family == "qwen3") << family;
+    if (family != "qwen3") continue;
+    EXPECT_EQ(cfg["head_dim"], 32);
+    // Trained further from its folder ([model] from config.json), and refused as a Llama folder.
+    write_fine_tune_toml(p, "ft_qwen3.toml", "ft_qwen3");
+    auto again = run_longtron("train --config " + (p.dir / "ft_qwen3.toml").string() +
+                              " --init-from " + step.string() + " --overwrite");
+    ASSERT_EQ(again.status, 0) << again.output;
+    EXPECT_EQ(json::parse(read_file(p.dir / "ft_qwen3" / "step_1" / "config.json"))["model_type"],
+              "qwen3");
+    // eval and generate read the Qwen3 folder (the q/k norms run in their forward).
+    again = run_longtron("eval --checkpoint " + step.string() + " --data " +
+                         (p.dir / "data" / "valid").string() + " --json");
+    ASSERT_EQ(again.status, 0) << again.output;
+    EXPECT_TRUE(std::isfinite(json::parse(again.output)["loss"].get<double>())) << again.output;
+    again = run_longtron("generate --checkpoint " + step.string() +
+                         " --prompt-ids 5,6,7 --max-new-tokens 3");
+    ASSERT_EQ(again.status, 0) << again.output;
+    again = run_longtron("export --checkpoint " + step.string() + " --output " +
+                         (p.dir / "as_llama").string() + " --format llama");
+    EXPECT_NE(again.status, 0);
+    EXPECT_TRUE(contains(again.output, "q_norm and k_norm")) << again.output;
   }
   // A Qwen2 without its q/k/v bias cannot be written as Qwen2: refused before training.
   const auto r = run_longtron("train --config " + std::string(LONGTRON_SOURCE_DIR) +
@@ -179,7 +205,8 @@ TEST(HfCli, TinyConfigOfEachFamilyTrainsAndSavesItsNames) {
 
 // A Llama folder whose only tokenizer is a broken tokenizer.json: --prompt is refused naming the
 // file and --prompt-ids; --prompt-ids prints the prompt's ids then the greedy continuation, which equals the
-// argmax of the model's logits token by token, and stops before config.json's eos_token_id.
+// argmax of the model's logits token by token, and stops before config.json's or
+// generation_config.json's eos_token_id.
 TEST(HfCli, GeneratePromptIdsWithoutTokenizer) {
   TempDir dir;
   const fs::path folder = longtron::testing::golden_llama_without_eos(dir.path());
@@ -230,6 +257,16 @@ TEST(HfCli, GeneratePromptIdsWithoutTokenizer) {
   while (want[stop] != want[5]) ++stop;
   EXPECT_EQ(ids_of(r.output), std::vector<int32_t>(want.begin(), want.begin() + long(stop)))
       << r.output;
+
+  // generation_config.json's eos_token_id (Transformers' GenerationConfig) stops it too: the
+  // first new token there, nothing is generated.
+  write_file(folder / "generation_config.json",
+             json({{"eos_token_id", json::array({want[3], 1001})}}).dump(2));
+  r = run_longtron(gen);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(ids_of(r.output), prompt) << r.output;
+  EXPECT_TRUE(contains(r.output, "generate: 3 prompt tokens, 0 new")) << r.output;
+  std::filesystem::remove(folder / "generation_config.json");
 
   r = run_longtron("generate --checkpoint " + folder.string() + " --prompt-ids 3,x,7");
   EXPECT_NE(r.status, 0);

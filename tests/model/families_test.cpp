@@ -20,7 +20,7 @@ namespace longtron::model {
 namespace {
 
 TEST(Families, LookupByModelTypeAndErrorListingThem) {
-  EXPECT_EQ(family_list(), "internlm2, llama, qwen2, mistral");
+  EXPECT_EQ(family_list(), "internlm2, llama, qwen2, mistral, qwen3");
   EXPECT_EQ(std::string(family("qwen2", "model.type").architecture), "Qwen2ForCausalLM");
   EXPECT_EQ(find_family("gpt2"), nullptr);
   try {
@@ -28,11 +28,11 @@ TEST(Families, LookupByModelTypeAndErrorListingThem) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "model.type = \"gpt2\": unsupported model type (supported: internlm2, "
-                           "llama, qwen2, mistral)");
+                           "llama, qwen2, mistral, qwen3)");
   }
   EXPECT_STREQ(names_family(TensorNames::kFused), "internlm2");
   EXPECT_STREQ(names_family(TensorNames::kSeparate), "llama");
-  EXPECT_EQ(or_list(window_families(), true), "\"mistral\" or \"qwen2\"");
+  EXPECT_EQ(or_list(window_families(), true), "\"mistral\", \"qwen2\" or \"qwen3\"");
 }
 
 // Each row's LoRA targets are exactly the block linears of its tensor names, in block order.

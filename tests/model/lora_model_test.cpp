@@ -106,6 +106,18 @@ TEST(LoraModel, FiniteDifferencesLlamaWithDropout) {
 TEST(LoraModel, FiniteDifferencesRsLoraDropoutCheckpoint) {
   check_adapter_gradients(lora_config("llama", 0.2, true), true);
 }
+// Qwen3: PEFT's q/k/v/o_proj, gate/up/down_proj targets; its q/k norms stay frozen with the rest
+// of the base (no gradient), through the chunked recomputation too.
+TEST(LoraModel, FiniteDifferencesQwen3WithFrozenQkNorms) {
+  const ModelConfig c = lora_config("qwen3", 0.2, false);
+  Adapted probe(c);
+  ASSERT_EQ(probe.modules.size(), 7u * size_t(c.num_layers));
+  EXPECT_EQ(probe.modules[0].module, "model.layers.0.self_attn.q_proj");
+  EXPECT_EQ(probe.modules[6].module, "model.layers.0.mlp.down_proj");
+  ASSERT_GE(probe.base.layers[0].q_norm, 0);
+  check_adapter_gradients(c, false);
+  check_adapter_gradients(c, true);
+}
 TEST(LoraModel, FiniteDifferencesSomeTargets) {
   ModelConfig c = lora_config("llama", 0.1, false);
   c.lora.targets = {"v_proj", "q_proj", "down_proj"};

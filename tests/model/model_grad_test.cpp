@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 
 #include "bf16_here.h"
 #include "core/error.h"
@@ -96,6 +97,28 @@ TEST(ModelGrad, FiniteDifferencesWithWindowAndHeadDim) {
   check_gradients(c, false);
 }
 
+// Qwen3's per-head q/k RMSNorm (QkNorm) between wqkv and RoPE, with an explicit head_dim 6 (heads
+// of 6 features over hidden 16) and a window in layer 1: the q/k norm weights' gradients too.
+TEST(ModelGrad, FiniteDifferencesWithQkNorm) {
+  ModelConfig c = testing::tiny_config();
+  c.type = "qwen3";
+  c.explicit_head_dim = 6;
+  c.sliding_window = 3;
+  c.window_layers = {false, true};
+  check_gradients(c, false);
+}
+
+// The q/k norms through the chunked recomputation (chunks of 5 tokens), one kv head, biases on
+// q, k, v and o (Qwen3's attention_bias), and through the unchunked recomputation.
+TEST(ModelGrad, FiniteDifferencesWithQkNormThroughChunks) {
+  ModelConfig c = testing::tiny_config();
+  c.type = "qwen3";
+  c.chunk_tokens = 5;
+  c.num_kv_attention_heads = 1;
+  c.qkv_bias = c.o_bias = true;
+  check_gradients(c, true);
+}
+
 TEST(ModelGrad, CheckpointGivesIdenticalGradients) {
   ModelConfig c = testing::tiny_config();
   const ParamTable layout(c);
@@ -115,10 +138,10 @@ TEST(ModelGrad, CheckpointGivesIdenticalGradients) {
 // Under bf16 mixed precision the block inputs are saved in bf16 without checkpoint and in fp32
 // with it (so the recomputed block matches its forward); both round x the same way for the
 // norm's backward, so the gradients agree bitwise, and forward_loss runs the same forward.
-TEST(ModelGrad, CheckpointGivesIdenticalGradientsInBf16) {
-  const longtron::testing::Bf16Here bf16_here;
-  if (!bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
+/// The body of CheckpointGivesIdenticalGradientsInBf16 for a model of family `type`.
+void expect_bf16_checkpoint_identical(const std::string& type) {
   ModelConfig c = testing::tiny_config();
+  c.type = type;
   const ParamTable layout(c);
   Params<double> wide(layout);
   randomize(wide, 5);
@@ -139,6 +162,13 @@ TEST(ModelGrad, CheckpointGivesIdenticalGradientsInBf16) {
     norm += double(plain.data()[i]) * plain.data()[i];
   }
   EXPECT_GT(norm, 0);
+}
+
+TEST(ModelGrad, CheckpointGivesIdenticalGradientsInBf16) {
+  const longtron::testing::Bf16Here bf16_here;
+  if (!bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  expect_bf16_checkpoint_identical("internlm2");
+  expect_bf16_checkpoint_identical("qwen3");  // the q/k norms between wqkv and RoPE
 }
 
 // The chunked recomputation (model.checkpoint with model.chunk_tokens): chunks of 5 tokens put
@@ -212,10 +242,10 @@ TEST(ModelGrad, ChunksGiveUnchunkedValues) {
 // Under bf16 the chunked recomputation keeps the block inputs in bf16, as the forward reads them:
 // every chunk size gives the gradients and token losses of the unchunked bf16 path (no
 // recomputation) within float rounding of the sums' order.
-TEST(ModelGrad, ChunksGiveUnchunkedValuesInBf16) {
-  const longtron::testing::Bf16Here bf16_here;
-  if (!bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
+/// The body of ChunksGiveUnchunkedValuesInBf16 for a model of family `type`.
+void expect_bf16_chunks_match(const std::string& type) {
   ModelConfig c = testing::tiny_config();
+  c.type = type;
   const ParamTable layout(c);
   Params<double> wide(layout);
   randomize(wide, 5);
@@ -244,6 +274,13 @@ TEST(ModelGrad, ChunksGiveUnchunkedValuesInBf16) {
     EXPECT_LT(relative_max_error(grads.data(), plain.data(), layout.numel()), 1e-5)
         << "chunk " << chunk;
   }
+}
+
+TEST(ModelGrad, ChunksGiveUnchunkedValuesInBf16) {
+  const longtron::testing::Bf16Here bf16_here;
+  if (!bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  expect_bf16_chunks_match("internlm2");
+  expect_bf16_chunks_match("qwen3");  // the q/k norms between wqkv and RoPE
 }
 
 // A forward-only call after training reuses the training buffers, and one before it allocates

@@ -97,6 +97,39 @@ TEST(RmsNorm, ForwardValueAndBackwardFiniteDifferences) {
   expect_fd(w, dw, loss, "dweight");
 }
 
+// Gemma's RMSNorm (offset 1): x · rsqrt(mean(x²) + eps) · (1 + w), Transformers' Gemma3RMSNorm;
+// its backward the finite differences, and the same as offset 0 with the weight 1 + w.
+TEST(RmsNorm, OnePlusWeightMatchesFiniteDifferencesAndTheShiftedWeight) {
+  const int64_t N = 3, H = 7;
+  Vec x = random_vector(N * H, 21), w = random_vector(H, 22, 0.2);
+  const Vec dout = random_vector(N * H, 23);
+  const double eps = 1e-6;
+  Vec out(N * H), rstd(N);
+  ops::rms_norm_forward<double>(out.data(), rstd.data(), x.data(), w.data(), N, H, eps, nullptr,
+                                1.0);
+  double ms = 0;
+  for (int64_t i = 0; i < H; ++i) ms += x[H + i] * x[H + i] / H;
+  EXPECT_NEAR(out[H + 4], x[H + 4] / std::sqrt(ms + eps) * (1.0 + w[4]), 1e-12);
+  auto loss = [&] {
+    Vec o(N * H), r(N);
+    ops::rms_norm_forward<double>(o.data(), r.data(), x.data(), w.data(), N, H, eps, nullptr, 1.0);
+    return dot(o, dout);
+  };
+  Vec dx(N * H), dw(H, 0.0);
+  ops::rms_norm_backward<double>(dx.data(), dw.data(), dout.data(), x.data(), w.data(),
+                                 rstd.data(), N, H, 1.0);
+  expect_fd(x, dx, loss, "dx");
+  expect_fd(w, dw, loss, "dweight");
+  // The same as Llama's form with the weight 1 + w (float, vectorised path included).
+  std::vector<float> xf(x.begin(), x.end()), wf(w.begin(), w.end()), shifted(H);
+  for (int64_t i = 0; i < H; ++i) shifted[i] = 1.0f + wf[i];
+  std::vector<float> o1(N * H), o2(N * H), r1(N), r2(N);
+  ops::rms_norm_forward<float>(o1.data(), r1.data(), xf.data(), wf.data(), N, H, 1e-6f, nullptr,
+                               1.0f);
+  ops::rms_norm_forward<float>(o2.data(), r2.data(), xf.data(), shifted.data(), N, H, 1e-6f);
+  EXPECT_EQ(o1, o2);
+}
+
 TEST(Rope, RotatesPairsAndBackwardIsTheAdjoint) {
   const int64_t N = 4, heads = 2, d = 6, stride = 17;  // strided rows inside a wider buffer
   const std::vector<int32_t> indexes = {0, 1, 5, 0};
@@ -176,6 +209,73 @@ TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
   std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end()), of(count);
   ops::swiglu_forward<float>(of.data(), af.data(), bf.data(), count);
   for (int64_t i = 0; i < count; ++i) EXPECT_NEAR(of[i], o[i], 1e-5 * std::max(1.0, std::abs(o[i])));
+}
+
+// GeGLU's GELU is torch's gelu(x, approximate="tanh") (the values below are torch 1.13's in
+// float64), its backward the finite differences of its forward, and float agrees with double.
+TEST(GeGluTanh, MatchesTorchAndFiniteDifferences) {
+  const Vec x = {-6.0, -2.5, -1.0, -0.3, 0.0, 0.2, 0.7, 1.5, 3.0, 8.0};
+  const Vec torch_gelu = {-8.43964897967453e-11, -0.015084266089998577, -0.15880800939172329,
+                          -0.11462907645724074,  0.0,                   0.11585142978210627,
+                          0.53057013470511671,   1.3995715769802328,    2.9963626079182268,
+                          8.0};
+  const Vec ones(x.size(), 1.0);
+  Vec gelu(x.size());
+  ops::geglu_tanh_forward<double>(gelu.data(), x.data(), ones.data(), std::ssize(x));
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(gelu[i], torch_gelu[i], 1e-15) << x[i];
+
+  const int64_t count = 40;
+  Vec a = random_vector(count, 11, 2.5), b = random_vector(count, 12);
+  const Vec dout = random_vector(count, 13);
+  auto loss = [&] {
+    Vec o(count);
+    ops::geglu_tanh_forward<double>(o.data(), a.data(), b.data(), count);
+    return dot(o, dout);
+  };
+  Vec da(count), db(count);
+  ops::geglu_tanh_backward<double>(da.data(), db.data(), dout.data(), a.data(), b.data(), count);
+  expect_fd(a, da, loss, "da");
+  expect_fd(b, db, loss, "db");
+
+  Vec o(count);
+  ops::geglu_tanh_forward<double>(o.data(), a.data(), b.data(), count);
+  std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end()), df(dout.begin(), dout.end());
+  std::vector<float> of(count), daf(count), dbf(count);
+  ops::geglu_tanh_forward<float>(of.data(), af.data(), bf.data(), count);
+  ops::geglu_tanh_backward<float>(daf.data(), dbf.data(), df.data(), af.data(), bf.data(), count);
+  for (int64_t i = 0; i < count; ++i) {
+    EXPECT_NEAR(of[i], o[i], 1e-5 * std::max(1.0, std::abs(o[i]))) << i;
+    EXPECT_NEAR(daf[i], da[i], 1e-5 * std::max(1.0, std::abs(da[i]))) << i;
+    EXPECT_NEAR(dbf[i], db[i], 1e-5 * std::max(1.0, std::abs(db[i]))) << i;
+  }
+}
+
+// Soft-capping bounds the logits to (−cap, cap), is the identity near 0, and its backward is the
+// finite differences of Σ dout ∘ cap · tanh(x / cap).
+TEST(LogitSoftcap, BoundsAndMatchesFiniteDifferences) {
+  const double cap = 30.0;
+  const int64_t count = 40;
+  Vec x = random_vector(count, 14, 40.0);
+  x[0] = 1e-6, x[1] = 1e6, x[2] = -1e6;
+  const Vec dout = random_vector(count, 15);
+  Vec c = x;
+  ops::logit_softcap_forward<double>(c.data(), count, cap);
+  EXPECT_NEAR(c[0], 1e-6, 1e-18);
+  EXPECT_EQ(c[1], cap);
+  EXPECT_EQ(c[2], -cap);
+  for (int64_t i = 3; i < count; ++i) EXPECT_NEAR(c[i], cap * std::tanh(x[i] / cap), 1e-12);
+  auto loss = [&] {
+    Vec y = x;
+    ops::logit_softcap_forward<double>(y.data(), count, cap);
+    return dot(y, dout);
+  };
+  Vec dx = dout;
+  ops::logit_softcap_backward<double>(dx.data(), c.data(), count, cap);
+  expect_fd(x, dx, loss, "dx");
+  std::vector<float> xf(x.begin(), x.end());
+  ops::logit_softcap_forward<float>(xf.data(), count, static_cast<float>(cap));
+  for (int64_t i = 0; i < count; ++i) EXPECT_NEAR(xf[i], c[i], 1e-5 * std::max(1.0, std::abs(c[i])));
+  EXPECT_THROW(ops::logit_softcap_forward<double>(c.data(), count, 0.0), longtron::Error);
 }
 
 // The bf16-input SwiGLU (a, b saved as bf16 under mixed precision) is the float kernel on the

@@ -11,7 +11,10 @@ the embedding, whose gradient is the sum of both uses), llama_attention_bias
 (q/k/v and o bias) and mistral_golden (sliding_window null), each with its own weights;
 mistral_window / qwen2_window (config.json and golden only: the weights of mistral_golden /
 qwen2_golden) with windows shorter than the documents; and llama_mlp_bias (mlp_bias: biases on
-gate/up/down_proj, LlamaMLP's nn.Linear(..., bias=config.mlp_bias)) with its own weights.
+gate/up/down_proj, LlamaMLP's nn.Linear(..., bias=config.mlp_bias)) with its own weights; then
+qwen3_golden and qwen3_tied (Qwen3: modeling_qwen3.py's q_norm / k_norm, a Qwen3RMSNorm over
+head_dim of each query and key head after the projections and before RoPE), each with its own
+weights.
 
 The reference below is written from transformers' modeling_llama.py (LlamaRMSNorm, LlamaRotary-
 Embedding with the default rope type, rotate_half/apply_rotary_pos_emb, repeat_kv, eager attention
@@ -61,8 +64,9 @@ L, HQ, HKV = CONFIG["num_hidden_layers"], CONFIG["num_attention_heads"], CONFIG[
 HD = H // HQ  # head_dim; main() sets it to config.json's head_dim for that variant
 
 
-def weights(qkv_bias=False, o_bias=False, mlp_bias=False):
-    """Random weights far from init scale (so every nonlinearity matters), rounded to float32."""
+def weights(qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False):
+    """Random weights far from init scale (so every nonlinearity matters), rounded to float32.
+    qk_norm: Qwen3's self_attn.q_norm / k_norm weights [head_dim] too."""
     w = {}
     def vec(name, n):
         w[name] = (torch.randn(n, dtype=D) * 0.3).float().double()
@@ -83,6 +87,10 @@ def weights(qkv_bias=False, o_bias=False, mlp_bias=False):
             vec(p + "self_attn.v_proj.bias", HKV * HD)
         if o_bias:
             vec(p + "self_attn.o_proj.bias", H)
+        if qk_norm:
+            for name in ("q_norm", "k_norm"):
+                w[p + f"self_attn.{name}.weight"] = (
+                    1.0 + 0.2 * torch.randn(HD, dtype=D)).float().double()
         mat(p + "mlp.gate_proj.weight", F, H)
         mat(p + "mlp.up_proj.weight", F, H)
         mat(p + "mlp.down_proj.weight", H, F)
@@ -159,7 +167,7 @@ def forward(w, ids, labels, pos, cu, config):
         # Sliding window (Mistral; Qwen2 with use_sliding_window from layer max_window_layers on):
         # key j visible to query i when i - W < j <= i.
         window = config.get("sliding_window") if config["model_type"] == "mistral" else None
-        if config["model_type"] == "qwen2" and config.get("use_sliding_window"):
+        if config["model_type"] in ("qwen2", "qwen3") and config.get("use_sliding_window"):
             if layer >= config["max_window_layers"]:
                 window = config["sliding_window"]
         keep = allowed if window is None else allowed & (i[:, None] - i[None, :] < window)
@@ -175,6 +183,9 @@ def forward(w, ids, labels, pos, cu, config):
         q = proj("q_proj").view(n, HQ, HD)
         k = proj("k_proj").view(n, HKV, HD)
         v = proj("v_proj").view(n, HKV, HD)
+        if p + "self_attn.q_norm.weight" in w:  # Qwen3Attention: RMSNorm of each head before RoPE
+            q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         rep = HQ // HKV  # repeat_kv: query head j uses kv head j // rep
@@ -318,6 +329,25 @@ def main(root):
     w = weights(mlp_bias=True)
     loss = write_fixture(root, "llama_mlp_bias", w, config)
     print(f"llama_mlp_bias: loss {loss:.17g}, {len(w)} tensors")
+    # Qwen3 (q_norm / k_norm over head_dim before RoPE, Qwen3Attention): head_dim 8 with hidden 24
+    # and 4 heads (explicit, as Qwen3-0.6B's 128 with hidden 1024 and 16 heads), its sliding
+    # fields present but off (use_sliding_window false); untied without biases, and tied with
+    # attention_bias (q, k, v and o), each with its own weights.
+    HD = 8
+    base = {k: v for k, v in CONFIG.items() if k not in ("attention_bias", "mlp_bias")}
+    qwen3 = dict(base, architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=HD,
+                 attention_bias=False, use_sliding_window=False, sliding_window=4,
+                 max_window_layers=1)
+    for name, config, bias in (("qwen3_golden", qwen3, False),
+                               ("qwen3_tied", dict(qwen3, attention_bias=True,
+                                                   tie_word_embeddings=True), True)):
+        torch.manual_seed(len(name) * 7 + 3)
+        w = weights(bias, bias, qk_norm=True)
+        if config.get("tie_word_embeddings"):
+            del w["lm_head.weight"]
+        loss = write_fixture(root, name, w, config, grad=f64)
+        print(f"{name}: loss {loss:.17g}, {len(w)} tensors")
+    HD = H // HQ
 
 
 if __name__ == "__main__":

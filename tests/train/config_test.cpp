@@ -164,7 +164,7 @@ TEST(Config, SetErrorsBlameTheSetArgument) {
            {"parallel.tensor.mode=xyz", "is not one of"},
            {"data.seq_len=0", "must be > 0"},
            {"model.vocab_size=0", "must be > 0"},
-           {"model.sliding_window=16", "needs model.type = \"mistral\" or \"qwen2\""},
+           {"model.sliding_window=16", "needs model.type = \"mistral\", \"qwen2\" or \"qwen3\""},
            {"train.max_skipped_steps=0", "must be > 0"}}) {
     try {
       parse({set});

@@ -3,6 +3,9 @@
 // detection and pass-through, name tables, round trips and bad input.
 //
 // What was checked against Hugging Face's published code (transformers, read with code search):
+// modeling_qwen3.py — Qwen3Attention: q_norm / k_norm (Qwen3RMSNorm over head_dim) of each head of
+// q_proj / k_proj's output, before RoPE; q/k/v/o_proj bias=attention_bias. configuration_qwen3.py —
+// head_dim (default 128), num_key_value_heads (default 32), use_sliding_window, max_window_layers.
 // modeling_llama.py — LlamaForCausalLM state-dict names model.embed_tokens, model.layers.{i}.
 // self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj, input_layernorm, post_attention_layernorm,
 // model.norm, lm_head; q_proj [Hq·d, H], k/v_proj [Hkv·d, H], o_proj [H, Hq·d], gate/up [F, H],
@@ -80,18 +83,25 @@ std::unique_ptr<model::Decoder<float>> model_of(const train::LoadedModel& m) {
 }
 
 /// Loss (1e-5) and every gradient (max |g − ref| ≤ 1e-4 · max |ref| per tensor, by Hugging Face
-/// name) of `variant` against its float64 reference.
+/// name) of `variant` against its float64 reference; chunk > 0: through the chunked
+/// recomputation (model.checkpoint) in chunks of that many tokens.
 void expect_golden(const std::string& variant, const std::string& type = "llama",
-                   const std::string& base = "llama_golden") {
+                   const std::string& base = "llama_golden", int64_t chunk = 0) {
   TempDir dir;
   const train::LoadedModel m = train::load_model_dir(with_config(dir, variant, base));
   ASSERT_EQ(m.layout->config().type, type);
+  model::ModelConfig recomputed = m.layout->config();
+  recomputed.checkpoint = chunk > 0;
+  recomputed.chunk_tokens = chunk > 0 ? chunk : recomputed.chunk_tokens;
+  const model::ParamTable layout(recomputed);
+  model::Decoder<float> decoder(layout, *m.params);
+  ASSERT_EQ(decoder.chunked(), chunk > 0);
   const safetensors::Reader golden(kFixture.parent_path() / variant / "golden.safetensors");
   const data::MicroBatch b = golden_row(golden);
   int64_t count = 0;
   for (int32_t l : b.labels) count += l != data::kIgnoreIndex;
   model::Params<float> grads(*m.layout);
-  const model::LossSum ls = model_of(m)->forward_backward(b, grads, 1.0 / double(count));
+  const model::LossSum ls = decoder.forward_backward(b, grads, 1.0 / double(count));
   const double ref_loss = golden.file_of("loss").read_doubles("loss").at(0);
   EXPECT_NEAR(ls.sum / double(ls.count), ref_loss, 1e-5 * std::abs(ref_loss)) << variant;
   double worst = 0;  // max over tensors of max |g − ref| / max |ref|
@@ -127,6 +137,116 @@ TEST(HfFamily, Qwen2Golden) { expect_golden("qwen2_golden", "qwen2"); }
 TEST(HfFamily, MistralGolden) { expect_golden("mistral_golden", "mistral"); }
 // tie_word_embeddings: one tensor serves as embedding and head; its gradient is the sum of both.
 TEST(HfFamily, Qwen2TiedGolden) { expect_golden("qwen2_tied", "qwen2"); }
+// Qwen3: q_norm / k_norm (per-head RMSNorm before RoPE) with head_dim 8 over hidden 24; untied
+// without biases, and tied with attention_bias; also through the chunked recomputation, chunks of
+// 5 tokens (boundaries inside documents).
+TEST(HfFamily, Qwen3Golden) { expect_golden("qwen3_golden", "qwen3"); }
+TEST(HfFamily, Qwen3TiedGolden) { expect_golden("qwen3_tied", "qwen3"); }
+TEST(HfFamily, Qwen3GoldenThroughChunks) {
+  expect_golden("qwen3_golden", "qwen3", "llama_golden", 5);
+  expect_golden("qwen3_tied", "qwen3", "llama_golden", 5);
+}
+
+// Qwen3's config.json: head_dim, attention_bias on q, k, v and o, the sliding fields ignored while
+// use_sliding_window is false (and written back as read), q/k norm tensors under Qwen3's names.
+TEST(HfFamily, Qwen3ConfigAndNames) {
+  const fs::path dir = kFixture.parent_path() / "qwen3_tied";
+  const model::ModelConfig c = model::read_hf_config(dir);
+  EXPECT_EQ(c.type, "qwen3");
+  EXPECT_EQ(c.head_dim(), 8);
+  EXPECT_EQ(c.explicit_head_dim, 8);
+  EXPECT_TRUE(c.qkv_bias && c.o_bias && !c.mlp_bias);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.sliding_window, 0) << "use_sliding_window is false";
+  EXPECT_EQ(model::to_hf_config(c), read_json(dir / "config.json"));
+  const model::ParamTable layout(c);
+  EXPECT_EQ(layout.view(layout.layers[1].q_norm).shape, std::vector<int64_t>{8});
+  std::vector<std::string> names;
+  for (const auto& t : model::hf_tensors(layout)) names.push_back(t.name);
+  for (const char* n :
+       {"model.layers.1.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight",
+        "model.layers.0.self_attn.o_proj.bias"})
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+  // Absent keys take Qwen3Config's defaults: head_dim 128, 32 kv heads.
+  json bare = read_json(dir / "config.json");
+  bare.erase("head_dim");
+  bare.erase("num_key_value_heads");
+  bare["num_attention_heads"] = 32;
+  const model::ModelConfig d = model::from_hf_config(bare, "bare");
+  EXPECT_EQ(d.head_dim(), 128);
+  EXPECT_EQ(d.num_kv_attention_heads, 32);
+  // With use_sliding_window: the window from max_window_layers on, as Qwen2.
+  json sliding = read_json(dir / "config.json");
+  sliding["use_sliding_window"] = true;
+  const model::ModelConfig w = model::from_hf_config(sliding, "sliding");
+  EXPECT_EQ(w.window_of(0), 0);
+  EXPECT_EQ(w.window_of(1), 4);
+}
+
+// The keys of Qwen3-0.6B's published config.json (rope_scaling and sliding_window null, the
+// window off): its shape, and the same JSON written back.
+TEST(HfFamily, Qwen3PublishedConfigShape) {
+  const json hub = json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+    "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+    "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})");
+  const model::ModelConfig c = model::from_hf_config(hub, "Qwen3-0.6B");
+  EXPECT_EQ(c.head_dim(), 128);
+  EXPECT_EQ(c.attention_size(), 2048);
+  EXPECT_EQ(c.num_kv_attention_heads, 8);
+  EXPECT_EQ(c.ffn_size(), 3072);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.qkv_bias || c.o_bias || c.mlp_bias);
+  EXPECT_EQ(c.sliding_window, 0);
+  EXPECT_EQ(model::ParamTable(c).numel(), 596049920);  // Qwen3-0.6B's 0.6B (0.44B non-embedding)
+  EXPECT_EQ(model::to_hf_config(c), hub);
+}
+
+// Transformers 5 writes RoPE as rope_parameters (rope_type, rope_theta and the scaling's keys in
+// one object) instead of rope_theta and rope_scaling: read the same, written back with both.
+TEST(HfFamily, RopeParametersOfTransformers5) {
+  json hf = read_json(kFixture.parent_path() / "qwen3_golden" / "config.json");
+  hf.erase("rope_theta");
+  hf["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  model::ModelConfig c = model::from_hf_config(hf, "v5");
+  EXPECT_DOUBLE_EQ(c.rope_base, 1e6);
+  EXPECT_EQ(c.rope_scaling_type, "");
+  const json back = model::to_hf_config(c);
+  EXPECT_EQ(back["rope_parameters"], hf["rope_parameters"]);
+  EXPECT_EQ(back["rope_theta"], 1e6);
+  EXPECT_DOUBLE_EQ(model::from_hf_config(back, "back").rope_base, 1e6);
+  // Absent: the family's default; llama3 scaling inside rope_parameters.
+  hf["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 16}};
+  c = model::from_hf_config(hf, "v5");
+  EXPECT_DOUBLE_EQ(c.rope_base, 10000.0);
+  EXPECT_EQ(c.rope_scaling_type, "llama3");
+  EXPECT_DOUBLE_EQ(c.rope_factor, 8.0);
+  // Both keys disagreeing, and one RoPE per layer type, are refused.
+  hf["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500.0}};
+  hf["rope_theta"] = 600.0;
+  expect_error([&] { model::from_hf_config(hf, "v5"); },
+               {"v5", "rope_theta = 600", "rope_parameters.rope_theta = 500"});
+  hf.erase("rope_theta");
+  hf["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 1e6}}},
+                           {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 1e4}}}};
+  expect_error([&] { model::from_hf_config(hf, "v5"); },
+               {"v5", "rope_parameters.full_attention", "per layer type"});
+}
+
+// A family without q/k norms cannot hold Qwen3's, nor Qwen3's names a model without them.
+TEST(HfFamily, Qwen3NormsAreRefusedWhereTheFormatHasNone) {
+  const model::ModelConfig q = model::read_hf_config(kFixture.parent_path() / "qwen3_golden");
+  expect_error([&] { model::to_hf_config(q, 0, "llama"); }, {"llama", "q_norm and k_norm"});
+  expect_error([&] { model::hf_tensors(model::ParamTable(q), "llama"); }, {"q_norm and k_norm"});
+  const model::ModelConfig l = model::read_hf_config(kFixture);
+  expect_error([&] { model::to_hf_config(l, 0, "qwen3"); }, {"qwen3", "q_norm and k_norm", "none"});
+}
 
 // Tied: the layout has no output tensor (the head reads the embedding), the files no lm_head, the
 // head still counts in matmul_numel, and config.json says so on the way back.
@@ -203,7 +323,7 @@ TEST(HfFamily, EachFamilyRoundTripsItsNamesAndConfig) {
   TempDir dir;
   for (const std::string variant :
        {"llama_golden", "llama_head_dim", "llama_attention_bias", "qwen2_golden", "mistral_golden",
-        "qwen2_tied", "llama_mlp_bias"}) {
+        "qwen2_tied", "llama_mlp_bias", "qwen3_golden", "qwen3_tied"}) {
     const fs::path src = kFixture.parent_path() / variant;
     const train::LoadedModel a = train::load_model_dir(src);
     const fs::path out = dir / variant;

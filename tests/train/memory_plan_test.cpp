@@ -42,11 +42,14 @@ double item(const std::vector<train::MemoryItem>& items, const std::string& pref
 TEST(MemoryPlan, ActivationsAreTheModelsWorkspace) {
   double fp32_bytes = 0;
   const longtron::testing::Bf16Here bf16_here;
+  // Qwen3: the q/k norms' saves too (model::QkNorm).
+  for (const std::string type : {"internlm2", "qwen3"})
   for (const bool bf16 : {false, true}) {
     for (const bool recompute : {false, true}) {
       if (bf16 && !bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
       const train::TrainConfig c =
-          tiny({std::string("model.checkpoint=") + (recompute ? "true" : "false")});
+          tiny({std::string("model.checkpoint=") + (recompute ? "true" : "false"),
+                "model.type=\"" + type + "\""});
       train::MemoryPlanInputs in;
       in.bf16 = bf16;
       const train::MemoryPlan plan = train::plan_memory(c, in);
@@ -67,7 +70,7 @@ TEST(MemoryPlan, ActivationsAreTheModelsWorkspace) {
     b.max_seqlen = 50;
     m.forward_backward(b, grads, 1.0);
     EXPECT_EQ(item(plan.step, "activations"), static_cast<double>(m.workspace_bytes()))
-        << "checkpoint " << recompute << " bf16 " << bf16;
+        << type << " checkpoint " << recompute << " bf16 " << bf16;
     if (!recompute && !bf16) fp32_bytes = item(plan.step, "activations");
     if (!recompute && bf16) {
       EXPECT_LT(item(plan.step, "activations"), 0.8 * fp32_bytes);

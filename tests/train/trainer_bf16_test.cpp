@@ -8,6 +8,7 @@
 #include <cmath>
 #include <optional>
 #include <random>
+#include <string>
 
 #include "../test_util.h"
 #include "bf16_here.h"
@@ -15,6 +16,7 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "data/megatron.h"
+#include "model/hf_names.h"
 #include "model/params.h"
 #include "ops/ops.h"
 #include "ops/precision.h"
@@ -60,12 +62,15 @@ class MaskedFeatures {
   ~MaskedFeatures() { unsetenv(ops::kCpuFeaturesMaskEnv); }
 };
 
+/// Every tensor of `dir` (--dump-grads), by the family's names (model/hf_names.h), in order.
 std::vector<float> read_all(const fs::path& dir, const model::ParamTable& layout) {
   safetensors::Reader r(dir);
   std::vector<float> all;
-  for (const auto& v : layout.views()) {
-    std::vector<float> g(static_cast<size_t>(v.numel));
-    r.read_floats(v.name, v.shape, g.data());
+  for (const auto& t : model::hf_tensors(layout)) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    std::vector<float> g(static_cast<size_t>(n));
+    r.read_floats(t.name, t.shape, g.data());
     all.insert(all.end(), g.begin(), g.end());
   }
   return all;
@@ -90,36 +95,41 @@ TEST(TrainerBf16, ConfigSpellingsAndBadValue) {
 }
 
 // Mixed precision's contract: the first step's loss within 1e-3 relative and its gradients within
-// 2e-2 relative (‖g_bf16 − g_fp32‖ / ‖g_fp32‖) of the fp32 run on the same batch and weights.
+// 2e-2 relative (‖g_bf16 − g_fp32‖ / ‖g_fp32‖) of the fp32 run on the same batch and weights; for
+// InternLM2 and for Qwen3 (its q/k norms run in fp32 between the bf16 GEMMs).
 TEST(TrainerBf16, FirstStepLossAndGradientsNearFp32) {
   const longtron::testing::Bf16Here bf16_here;
   if (!bf16_here.runs()) GTEST_SKIP() << "no AVX-512 on this CPU";
   Small s;
-  train::TrainSummary runs[2];
-  std::vector<float> grads[2];
-  const char* dtypes[2] = {"float32", "bfloat16"};
-  const model::ParamTable layout(s.config().model);
-  for (int k = 0; k < 2; ++k) {
-    auto o = quiet();
-    o.dump_grads = s.dir / dtypes[k];
-    runs[k] = train_run(s.config({"train.total_steps=1", std::string("model.dtype=") + dtypes[k]}), o);
-    grads[k] = read_all(o.dump_grads, layout);
+  for (const std::string type : {"internlm2", "qwen3"}) {
+    const std::string type_key = "model.type=\"" + type + "\"";
+    train::TrainSummary runs[2];
+    std::vector<float> grads[2];
+    const char* dtypes[2] = {"float32", "bfloat16"};
+    const model::ParamTable layout(s.config({type_key}).model);
+    for (int k = 0; k < 2; ++k) {
+      auto o = quiet();
+      o.dump_grads = s.dir / (type + "_" + dtypes[k]);
+      runs[k] = train_run(
+          s.config({"train.total_steps=1", std::string("model.dtype=") + dtypes[k], type_key}), o);
+      grads[k] = read_all(o.dump_grads, layout);
+    }
+    EXPECT_EQ(runs[0].dtype, "float32");
+    EXPECT_EQ(runs[1].dtype, "bfloat16");
+    EXPECT_EQ(runs[1].rows.at(0).dtype, "bfloat16");
+    const double loss_rel = std::abs(runs[1].losses[0] - runs[0].losses[0]) / runs[0].losses[0];
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      diff += std::pow(double(grads[1][i]) - grads[0][i], 2);
+      norm += std::pow(double(grads[0][i]), 2);
+    }
+    const double grad_rel = std::sqrt(diff / norm);
+    std::printf("[bf16 vs fp32] %s: step-1 loss %.6f vs %.6f (rel %.2e), gradients rel %.2e\n",
+                type.c_str(), runs[1].losses[0], runs[0].losses[0], loss_rel, grad_rel);
+    EXPECT_LT(loss_rel, 1e-3) << type;
+    EXPECT_LT(grad_rel, 2e-2) << type;
+    EXPECT_GT(grad_rel, 1e-5) << type << ": the bf16 run computed in fp32";
   }
-  EXPECT_EQ(runs[0].dtype, "float32");
-  EXPECT_EQ(runs[1].dtype, "bfloat16");
-  EXPECT_EQ(runs[1].rows.at(0).dtype, "bfloat16");
-  const double loss_rel = std::abs(runs[1].losses[0] - runs[0].losses[0]) / runs[0].losses[0];
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < grads[0].size(); ++i) {
-    diff += std::pow(double(grads[1][i]) - grads[0][i], 2);
-    norm += std::pow(double(grads[0][i]), 2);
-  }
-  const double grad_rel = std::sqrt(diff / norm);
-  std::printf("[bf16 vs fp32] step-1 loss %.6f vs %.6f (rel %.2e), gradients rel %.2e\n",
-              runs[1].losses[0], runs[0].losses[0], loss_rel, grad_rel);
-  EXPECT_LT(loss_rel, 1e-3);
-  EXPECT_LT(grad_rel, 2e-2);
-  EXPECT_GT(grad_rel, 1e-5) << "the bf16 run computed in fp32";
 }
 
 // A resumed bf16 run reproduces the uninterrupted one exactly (the bf16 copies are made from the
