@@ -97,6 +97,8 @@ class Decoder {
   using TokenWeights =
       std::function<void(const std::vector<double>& token_losses, std::vector<double>& token_scale)>;
   void set_token_weights(TokenWeights weights) { token_weights_ = std::move(weights); }
+  /// Whether this model's head takes per-token factors (set_token_weights can be used).
+  bool takes_token_weights() const { return ops_.head->supports_token_scale(); }
 
   /// Activation recomputation (starts as config.checkpoint); switching re-lays the workspace on
   /// the next forward_backward.

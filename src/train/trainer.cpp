@@ -426,9 +426,10 @@ struct Run {
 void setup_preference(Run& run, const TrainOptions& options, ops::ComputeType compute) {
   if (!run.loader.has_pairs()) return;
   const TrainConfig& c = run.config;
-  check(run.engine.mode() == "dense",
-        "preference training runs in one process or data parallel for now; this layout is \"{}\" "
-        "(parallel.tensor, parallel.weight and parallel.tensor_2d must be 1)", run.engine.mode());
+  check(run.engine.model().takes_token_weights(),
+        "preference training does not run under layout \"{}\" yet (parallel.tensor.mode = "
+        "\"isp\": its head holds a slice of the row, and a pair's log-prob needs the whole "
+        "sequence); use mtp, msp, fsp, 2D or data parallel", run.engine.mode());
   check(!run.engine.has_lora(), "preference training with [lora] is not supported yet "
         "(lora.rank = {})", c.model.lora.rank);
   check(!c.model.checkpoint, "preference training needs model.checkpoint = false (the head's "

@@ -1,11 +1,12 @@
-// Preference training under data parallelism (dp 2, with and without ZeRO-1) against one process
-// on the same global batch: rows of packed pairs, a reference model unlike the policy, the step
+// Preference training under data parallelism (dp 2, with and without ZeRO-1), MTP, MSP, FSP and 2D
+// tensor parallelism against one process on the same global batch: rows of packed pairs, a reference model unlike the policy, the step
 // loss as the mean over all pairs of the step (and orpo's NLL as a token mean over it), through
 // train::train_step — the step-1 loss, gradients and three steps' losses (the parity contract).
 #include <cstdio>
 
 #include "data/preference_pairs.h"
 #include "engine_parity.h"
+#include "tp2d_cases.h"
 #include "packing/pair_pack.h"
 #include "train/preference.h"
 
@@ -67,14 +68,14 @@ RunResult run(const parallel::Grid& grid, train::PreferenceLoss loss,
   return out;
 }
 
-void check(const std::string& name, train::PreferenceLoss loss, int zero1) {
+void check(const std::string& name, train::PreferenceLoss loss, const parallel::Layout& l) {
   const std::vector<MicroBatch> rows = all_rows(tiny_model().vocab_size);
   // Rows differ in their pair counts, so a mean of per-rank means would differ from the step's.
   ASSERT_NE(rows[0].pairs.size(), rows[1].pairs.size());
   const RunResult ref =
       run(parallel::make_grid(comm::make_local_communicator(), parallel::Layout{}), loss, rows);
   const RunResult got =
-      run(parallel::make_grid(world(), layout(1, parallel::TensorMode::kMtp, zero1)), loss, rows);
+      run(parallel::make_grid(world(), l), loss, rows);
   model::ParamTable full(tiny_model());
   const ParityErrors e = parity_errors(full, got, ref);
   if (world()->rank() == 0)
@@ -84,11 +85,20 @@ void check(const std::string& name, train::PreferenceLoss loss, int zero1) {
   expect_parity(e, name);
 }
 
+using parallel::TensorMode;
 using train::PreferenceLoss;
-TEST(PreferenceParityNp2, Dp2Sigmoid) { check("dp2 sigmoid", PreferenceLoss::kSigmoid, 1); }
-TEST(PreferenceParityNp2, Dp2Zero1Sigmoid) { check("dp2 zero1 sigmoid", PreferenceLoss::kSigmoid, -1); }
-TEST(PreferenceParityNp2, Dp2Ipo) { check("dp2 ipo", PreferenceLoss::kIpo, 1); }
-TEST(PreferenceParityNp2, Dp2Zero1Orpo) { check("dp2 zero1 orpo", PreferenceLoss::kOrpo, -1); }
+const parallel::Layout kDp2 = layout(1, TensorMode::kMtp), kDp2Zero1 = layout(1, TensorMode::kMtp, -1);
+TEST(PreferenceParityNp2, Dp2Sigmoid) { check("dp2 sigmoid", PreferenceLoss::kSigmoid, kDp2); }
+TEST(PreferenceParityNp2, Dp2Zero1Sigmoid) {
+  check("dp2 zero1 sigmoid", PreferenceLoss::kSigmoid, kDp2Zero1);
+}
+TEST(PreferenceParityNp2, Dp2Ipo) { check("dp2 ipo", PreferenceLoss::kIpo, kDp2); }
+TEST(PreferenceParityNp2, Dp2Zero1Orpo) { check("dp2 zero1 orpo", PreferenceLoss::kOrpo, kDp2Zero1); }
+// Tensor parallel: the vocabulary-parallel head takes the per-token factors over the whole row.
+TEST(PreferenceParityNp2, Tp2Mtp) { check("tp2 mtp sigmoid", PreferenceLoss::kSigmoid, layout(2, TensorMode::kMtp)); }
+TEST(PreferenceParityNp2, Tp2Msp) { check("tp2 msp orpo", PreferenceLoss::kOrpo, layout(2, TensorMode::kMsp)); }
+TEST(PreferenceParityNp2, Tp2Fsp) { check("tp2 fsp ipo", PreferenceLoss::kIpo, layout(2, TensorMode::kFsp)); }
+TEST(PreferenceParityNp2, TwoD) { check("2d x1 y2 simpo", PreferenceLoss::kSimpo, layout_2d(1, 2)); }
 
 }  // namespace
 }  // namespace longtron::testing
