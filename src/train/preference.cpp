@@ -186,6 +186,32 @@ void preference_token_factors(const PreferenceConfig& c, const data::MicroBatch&
 
 namespace {
 
+/// Throws unless a reference-based loss has a reference: `reference`, or the base under LoRA.
+void check_reference(const PreferenceConfig& c, const parallel::ParallelEngine& engine,
+                     const parallel::ParallelEngine* reference) {
+  check(!uses_reference(c.loss_type) || reference != nullptr || engine.has_lora(),
+        "preference.loss_type = \"{}\" needs a reference model",
+        enum_name(kPreferenceLossNames, c.loss_type));
+}
+
+/// The reference's token losses of `row`: `reference`'s forward, or (nullptr, LoRA) the policy's
+/// with its adapters off.
+void reference_forward(parallel::ParallelEngine& engine, parallel::ParallelEngine* reference,
+                       const data::MicroBatch& row, std::vector<double>& token_losses) {
+  if (reference) {
+    reference->forward_loss(row, &token_losses);
+    return;
+  }
+  engine.set_lora_adapters_off(true);
+  try {
+    engine.forward_loss(row, &token_losses);
+  } catch (...) {
+    engine.set_lora_adapters_off(false);
+    throw;
+  }
+  engine.set_lora_adapters_off(false);
+}
+
 /// The data-parallel sum of stats.
 PreferenceStats reduce_stats(const PreferenceStats& s, comm::Communicator& dp) {
   double v[10] = {s.loss,         s.nll,    s.pairs,        s.nll_tokens,   s.rewards_chosen,
@@ -200,8 +226,7 @@ PreferenceStats preference_evaluate(parallel::ParallelEngine& engine,
                                     parallel::ParallelEngine* reference,
                                     const PreferenceConfig& c, const data::RowSource& rows) {
   const bool uses = uses_reference(c.loss_type), average = averages_logps(c.loss_type);
-  check(!uses || reference != nullptr, "preference.loss_type = \"{}\" needs a reference model",
-        enum_name(kPreferenceLossNames, c.loss_type));
+  check_reference(c, engine, reference);
   comm::Communicator& dp = *engine.grid().data;
   PreferenceStats stats;
   data::MicroBatch row;
@@ -211,7 +236,7 @@ PreferenceStats preference_evaluate(parallel::ParallelEngine& engine,
     engine.forward_loss(row, &tl);
     std::vector<double> ref;
     if (uses) {
-      reference->forward_loss(row, &rl);
+      reference_forward(engine, reference, row, rl);
       ref = pair_logps(row, rl, average);
     }
     // The factors are not needed; the totals only scale them.
@@ -224,9 +249,7 @@ void preference_gradients(parallel::ParallelEngine& engine,
                           const std::vector<data::MicroBatch>& rows, PreferenceStep& step) {
   const PreferenceConfig& c = step.config;
   const bool reference = uses_reference(c.loss_type);
-  check(!reference || step.reference != nullptr,
-        "preference.loss_type = \"{}\" needs a reference model",
-        enum_name(kPreferenceLossNames, c.loss_type));
+  check_reference(c, engine, step.reference);
   comm::Communicator& dp = *engine.grid().data;
   // The step's totals first: every pair's factor divides by them.
   PreferenceTotals totals = preference_totals(rows);
@@ -241,7 +264,7 @@ void preference_gradients(parallel::ParallelEngine& engine,
   for (size_t i = 0; i < rows.size(); ++i) {
     const data::MicroBatch& row = rows[i];
     if (reference) {
-      step.reference->forward_loss(row, &reference_losses);
+      reference_forward(engine, step.reference, row, reference_losses);
       reference_logps = pair_logps(row, reference_losses, averages_logps(c.loss_type));
     }
     model.set_token_weights([&](const std::vector<double>& tl, std::vector<double>& scale) {

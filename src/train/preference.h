@@ -89,7 +89,9 @@ void preference_token_factors(const PreferenceConfig& config, const data::MicroB
                               PreferenceStats& stats);
 
 /// What the engine needs for one preference step: the loss and the reference (nullptr for
-/// reference-free losses; any weights: "initial" is a frozen copy of the starting weights).
+/// reference-free losses; any weights: "initial" is a frozen copy of the starting weights). Under
+/// LoRA a null reference means the policy's frozen base, its adapters switched off for the
+/// reference's forward (no second copy).
 struct PreferenceStep {
   PreferenceConfig config;
   parallel::ParallelEngine* reference = nullptr;
@@ -101,14 +103,14 @@ struct PreferenceStep {
 /// micro-batch the reference's log-probs (its forward_loss) and the policy's forward and backward
 /// with the per-token factors of the step loss (loss_scale 1). Fills step.stats (reduced over the
 /// data-parallel group) and leaves the gradients for finish_gradients. Throws Error for a row
-/// without pairs, a reference-based loss without a reference, or a layout whose head takes no
-/// per-token factors. Collective over the engine's grid.
+/// without pairs, a reference-based loss without a reference (or LoRA), or a layout whose head
+/// takes no per-token factors. Collective over the engine's grid.
 void preference_gradients(parallel::ParallelEngine& engine,
                           const std::vector<data::MicroBatch>& rows, PreferenceStep& step);
 
 /// The held-out pairs of `rows` (each row's MicroBatch::pairs), loss only: dp rank r scores rows
-/// r, r + D, …; the policy's and the reference's (nullptr for reference-free losses) forward_loss
-/// give the log-probs. Returns the stats over all rows (reduced over the data-parallel group), so
+/// r, r + D, …; the policy's and the reference's forward_loss give the log-probs (reference as
+/// PreferenceStep::reference: nullptr is reference-free, or under LoRA the base). Returns the stats over all rows (reduced over the data-parallel group), so
 /// step_loss() is the mean pair loss over the set (orpo: plus its NLL token mean). Collective.
 PreferenceStats preference_evaluate(parallel::ParallelEngine& engine,
                                     parallel::ParallelEngine* reference,

@@ -430,8 +430,6 @@ void setup_preference(Run& run, const TrainOptions& options, ops::ComputeType co
         "preference training does not run under layout \"{}\" yet (parallel.tensor.mode = "
         "\"isp\": its head holds a slice of the row, and a pair's log-prob needs the whole "
         "sequence); use mtp, msp, fsp, 2D or data parallel", run.engine.mode());
-  check(!run.engine.has_lora(), "preference training with [lora] is not supported yet "
-        "(lora.rank = {})", c.model.lora.rank);
   check(!c.model.checkpoint, "preference training needs model.checkpoint = false (the head's "
         "two passes read the final hidden states of the whole row)");
   check(!run.valid_rows || run.valid_rows->has_pairs(),
@@ -442,9 +440,14 @@ void setup_preference(Run& run, const TrainOptions& options, ops::ComputeType co
         "--resume of a preference run with loss_type \"{}\" is not supported yet (its reference "
         "is the starting weights, which the checkpoint does not hold)",
         enum_name(kPreferenceLossNames, c.preference.loss_type));
+  check(!reference || !run.engine.has_lora() || options.init_adapter.empty(),
+        "--init-adapter with preference.loss_type \"{}\": the reference would be the base plus "
+        "that adapter, which is not supported yet (the reference under [lora] is the base alone)",
+        enum_name(kPreferenceLossNames, c.preference.loss_type));
   run.preference.emplace();
   run.preference->config = c.preference;
-  if (!reference) return;
+  // Under [lora] the reference is the frozen base: the adapters switched off, no copy.
+  if (!reference || run.engine.has_lora()) return;
   model::Params<float> full(run.engine.full_layout());
   run.engine.gather_full(full, run.engine.params());
   run.reference = std::make_unique<parallel::ParallelEngine>(

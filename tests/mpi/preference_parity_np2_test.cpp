@@ -7,6 +7,7 @@
 #include "data/preference_pairs.h"
 #include "engine_parity.h"
 #include "tp2d_cases.h"
+#include "model/lora.h"
 #include "packing/pair_pack.h"
 #include "train/preference.h"
 
@@ -35,23 +36,45 @@ std::vector<MicroBatch> all_rows(int64_t vocab) {
   return out;
 }
 
+/// tiny_model with adapters on every linear (rank 3): the reference is then the base.
+model::ModelConfig lora_model() {
+  model::ModelConfig c = tiny_model();
+  c.lora.rank = 3;
+  c.lora.alpha = 6.0;
+  c.lora.targets = {"all-linear"};
+  return c;
+}
+
+/// B drawn away from 0 (as every layout holds it), so the policy is not its base at step 1.
+void set_b(parallel::ParallelEngine& engine) {
+  model::Params<float> full(engine.train_full_layout());
+  engine.gather_train_full(full, engine.train_params());
+  std::mt19937_64 rng(17);
+  std::normal_distribution<double> normal(0.0, 0.1);
+  for (const model::LoraModule& m : engine.lora_modules())
+    for (int64_t i = 0; i < full.layout().view(m.b_view).numel; ++i)
+      full.ptr(m.b_view)[i] = float(normal(rng));
+  engine.scatter_train_full(engine.train_params(), full);
+}
+
 RunResult run(const parallel::Grid& grid, train::PreferenceLoss loss,
-              const std::vector<MicroBatch>& rows) {
-  const model::ModelConfig m = tiny_model();
-  parallel::ParallelEngine engine(m, grid, 42, 24), reference(m, grid, 7, 24);
-  train::AdamW adam(engine.local_layout(), parity_optimizer(), grid.zero1);
+              const std::vector<MicroBatch>& rows, bool lora = false) {
+  const model::ModelConfig m = lora ? lora_model() : tiny_model();
+  parallel::ParallelEngine engine(m, grid, 42, 24), reference(tiny_model(), grid, 7, 24);
+  if (lora) set_b(engine);
+  train::AdamW adam(engine.train_layout(), parity_optimizer(), grid.zero1);
   train::PreferenceStep step;
   step.config.loss_type = loss;
   step.config.beta = 0.5;
-  step.reference = &reference;
+  step.reference = lora ? nullptr : &reference;  // under LoRA: the base, adapters off
   RunResult out;
   for (int s = 0; s < 3; ++s) {
     train::StepOptions options = parity_step_options();
     options.preference = &step;
     if (s == 0)
       options.on_gradients = [&out](parallel::ParallelEngine& e) {
-        model::Params<float> full(e.full_layout());
-        e.gather_full(full, e.grads());
+        model::Params<float> full(e.train_full_layout());
+        e.gather_train_full(full, e.train_grads());
         out.step1_grads.assign(full.data(), full.data() + full.numel());
       };
     const std::vector<MicroBatch> global(rows.begin() + 4 * s, rows.begin() + 4 * s + 4);
@@ -68,15 +91,19 @@ RunResult run(const parallel::Grid& grid, train::PreferenceLoss loss,
   return out;
 }
 
-void check(const std::string& name, train::PreferenceLoss loss, const parallel::Layout& l) {
+void check(const std::string& name, train::PreferenceLoss loss, const parallel::Layout& l,
+           bool lora = false) {
   const std::vector<MicroBatch> rows = all_rows(tiny_model().vocab_size);
   // Rows differ in their pair counts, so a mean of per-rank means would differ from the step's.
   ASSERT_NE(rows[0].pairs.size(), rows[1].pairs.size());
   const RunResult ref =
-      run(parallel::make_grid(comm::make_local_communicator(), parallel::Layout{}), loss, rows);
+      run(parallel::make_grid(comm::make_local_communicator(), parallel::Layout{}), loss, rows, lora);
   const RunResult got =
-      run(parallel::make_grid(world(), l), loss, rows);
-  model::ParamTable full(tiny_model());
+      run(parallel::make_grid(world(), l), loss, rows, lora);
+  const model::ModelConfig m = lora ? lora_model() : tiny_model();
+  parallel::ParallelEngine probe(m, parallel::make_grid(comm::make_local_communicator(),
+                                                        parallel::Layout{}), 42, 24);
+  const model::ParamTable& full = probe.train_full_layout();
   const ParityErrors e = parity_errors(full, got, ref);
   if (world()->rank() == 0)
     std::printf("[preference-parity] %-16s: step-1 loss %.6f rel err %.2e, max grad err %.2e, "
@@ -98,6 +125,13 @@ TEST(PreferenceParityNp2, Dp2Zero1Orpo) { check("dp2 zero1 orpo", PreferenceLoss
 TEST(PreferenceParityNp2, Tp2Mtp) { check("tp2 mtp sigmoid", PreferenceLoss::kSigmoid, layout(2, TensorMode::kMtp)); }
 TEST(PreferenceParityNp2, Tp2Msp) { check("tp2 msp orpo", PreferenceLoss::kOrpo, layout(2, TensorMode::kMsp)); }
 TEST(PreferenceParityNp2, Tp2Fsp) { check("tp2 fsp ipo", PreferenceLoss::kIpo, layout(2, TensorMode::kFsp)); }
+// [lora]: the reference is the base with the adapters off; adapter gradients compared.
+TEST(PreferenceParityNp2, Dp2Zero1Lora) {
+  check("dp2 zero1 lora sigmoid", PreferenceLoss::kSigmoid, kDp2Zero1, true);
+}
+TEST(PreferenceParityNp2, Tp2MtpLora) {
+  check("tp2 mtp lora ipo", PreferenceLoss::kIpo, layout(2, TensorMode::kMtp), true);
+}
 TEST(PreferenceParityNp2, TwoD) { check("2d x1 y2 simpo", PreferenceLoss::kSimpo, layout_2d(1, 2)); }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "data/preference_pairs.h"
 #include "model/decoder.h"
 #include "model/model_testing.h"
+#include "model/lora.h"
 #include "modes/engine.h"
 #include "ops/fd_check.h"
 #include "packing/pair_pack.h"
@@ -272,6 +273,59 @@ TEST_P(PreferenceModel, EngineStepIsTrlsLossAndGradientInDouble) {
   ASSERT_GT(norm, 0);
   EXPECT_LT(std::sqrt(diff / norm), 1e-4) << "gradient norm " << std::sqrt(norm);
   EXPECT_EQ(step.stats.pairs, 7);
+}
+
+// Under [lora] the reference is the frozen base: the policy with its adapters switched off.
+TEST(PreferenceLora, TheReferenceIsTheBaseWithAdaptersOff) {
+  PairModel pm;
+  model::Params<float> w(pm.layout);
+  for (int64_t i = 0; i < pm.layout.numel(); ++i) w.data()[i] = float(pm.policy.data()[i]);
+  model::ModelConfig lc = pm.config;
+  lc.lora.rank = 2;
+  lc.lora.alpha = 4.0;
+  lc.lora.targets = {"all-linear"};
+  parallel::Grid grid = parallel::make_grid(comm::make_local_communicator(), parallel::Layout{});
+  parallel::ParallelEngine lora(lc, grid, w), base(pm.config, grid, w);
+  {  // B away from 0, so that the adapters change the log-probs
+    model::Params<float> full(lora.train_full_layout());
+    lora.gather_train_full(full, lora.train_params());
+    std::mt19937_64 rng(9);
+    std::normal_distribution<double> normal(0.0, 0.2);
+    for (const model::LoraModule& m : lora.lora_modules())
+      for (int64_t i = 0; i < full.layout().view(m.b_view).numel; ++i)
+        full.ptr(m.b_view)[i] = float(normal(rng));
+    lora.scatter_train_full(lora.train_params(), full);
+  }
+  // Expected: β(π − ρ) with π from the LoRA model and ρ from the base alone.
+  double want_chosen = 0, want_rejected = 0;
+  for (const data::MicroBatch& row : pm.rows) {
+    std::vector<double> tp, tr;
+    lora.forward_loss(row, &tp);
+    base.forward_loss(row, &tr);
+    const std::vector<double> p = pair_logps(row, tp, false), r = pair_logps(row, tr, false);
+    for (size_t i = 0; i < p.size(); i += 2) {
+      want_chosen += 0.1 * (p[i] - r[i]);
+      want_rejected += 0.1 * (p[i + 1] - r[i + 1]);
+    }
+  }
+  ASSERT_GT(std::abs(want_chosen), 1e-3);  // the adapters matter
+  PreferenceStep step;  // no reference model: the base
+  StepOptions o;
+  o.preference = &step;
+  step_gradients(lora, pm.rows, o);
+  EXPECT_NEAR(step.stats.rewards_chosen, want_chosen, 1e-5 * std::abs(want_chosen));
+  EXPECT_NEAR(step.stats.rewards_rejected, want_rejected, 1e-5 * std::abs(want_rejected));
+  // The adapters are on again afterwards.
+  std::vector<double> again;
+  lora.forward_loss(pm.rows[0], &again);
+  std::vector<double> before;
+  lora.set_lora_adapters_off(true);
+  lora.forward_loss(pm.rows[0], &before);
+  lora.set_lora_adapters_off(false);
+  EXPECT_NE(pair_logps(pm.rows[0], again, false), pair_logps(pm.rows[0], before, false));
+  // A reference-based loss without LoRA and without a reference is refused.
+  parallel::ParallelEngine dense(pm.config, grid, w);
+  EXPECT_THROW(step_gradients(dense, pm.rows, o), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllLosses, PreferenceModel,
