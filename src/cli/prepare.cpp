@@ -22,6 +22,7 @@
 #include "data/internevo.h"
 #include "data/megatron.h"
 #include "data/open.h"
+#include "data/preference_text.h"
 #include "data/pretokenized.h"
 #include "data/raw_text.h"
 #include "data/validate.h"
@@ -49,6 +50,7 @@ struct PrepareOptions {
   bool no_bos_eos = false;
   int threads = 0;
   bool chat = false;          // conversations -> SFT documents (no-loss tokens stored negative)
+  bool preference = false;    // TRL preference pairs -> pairs.jsonl (data/preference_text.h)
   std::string chat_template;  // built-in name or template file
 };
 
@@ -165,8 +167,18 @@ void check_options(const PrepareOptions& options) {
   check(!options.chat || options.format != "megatron",
         "prepare: --chat writes InternEvo .bin (no-loss tokens are stored as negative ids) or a "
         "pre-tokenized .jsonl with labels; --format {} cannot hold them", options.format);
-  check(options.chat == !options.chat_template.empty(),
+  check(!options.chat || !options.preference, "prepare: --chat and --preference exclude each "
+        "other (--preference renders conversational pairs with --chat-template alone)");
+  check(options.chat == !options.chat_template.empty() || options.preference,
         "prepare: --chat and --chat-template NAME|FILE go together");
+  check(!options.preference || !options.train_tokenizer,
+        "prepare: --preference encodes with a given --tokenizer (no --train-tokenizer)");
+  check(!options.preference || options.format.empty() || options.format == "jsonl",
+        "prepare: --preference writes TRL's tokenized columns as a .jsonl; --format {} cannot "
+        "hold pairs", options.format);
+  check(!options.preference || !options.no_bos_eos,
+        "prepare: --no-bos-eos has no meaning with --preference (BOS and EOS go where TRL puts "
+        "them)");
   check(!options.chat || !options.no_bos_eos,
         "prepare: --no-bos-eos has no meaning with --chat (the chat template places BOS/EOS)");
   check(options.valid_fraction >= 0.0 && options.valid_fraction < 1.0,
@@ -246,8 +258,75 @@ std::string output_format(const PrepareOptions& options,
   return "internevo";
 }
 
+// --preference: TRL's preference formats -> train/pairs.jsonl [valid/pairs.jsonl], pairs held out
+// whole by the seeded shuffle of --valid-fraction.
+int run_prepare_preference(const PrepareOptions& options, const fs::path& output) {
+  const auto start = Clock::now();
+  const text::Tokenizer tokenizer = text::Tokenizer::load(options.tokenizer);
+  std::optional<text::ChatTemplate> chat;
+  if (!options.chat_template.empty()) chat = text::load_chat_template(options.chat_template);
+  std::vector<data::PairIds> pairs;
+  for (const auto& file : data::list_text_files({options.inputs.begin(), options.inputs.end()})) {
+    check(file.extension() == ".jsonl", "prepare --preference: {} is not a .jsonl of pairs",
+          file.string());
+    auto more = data::read_preference_text(file, tokenizer, chat ? &*chat : nullptr);
+    std::move(more.begin(), more.end(), std::back_inserter(pairs));
+  }
+  check(!pairs.empty(), "prepare: no preference pairs in {}", fmt::join(options.inputs, ", "));
+  const auto n = static_cast<int64_t>(pairs.size());
+  const auto valid = choose_valid(n, options.valid_fraction, options.seed);
+  std::vector<data::PairIds> split[2];  // train, valid
+  for (int64_t i = 0, v = 0; i < n; ++i) {
+    const bool held = v < static_cast<int64_t>(valid.size()) && valid[size_t(v)] == i;
+    v += held;
+    split[held].push_back(std::move(pairs[size_t(i)]));
+  }
+  const auto tokens = [](const std::vector<data::PairIds>& ps) {
+    int64_t t = 0;
+    for (const auto& p : ps) t += int64_t(2 * p.prompt.size() + p.chosen.size() + p.rejected.size());
+    return t;
+  };
+  nlohmann::json info;
+  write_atomically(output, [&](const fs::path& tmp) {
+    const int64_t vocab = tokenizer.vocab_size();
+    info = {{"format", "preference"}, {"pairs", n}, {"documents", 2 * n}, {"tokens", 0},
+            {"vocab_size", vocab}, {"bos_id", tokenizer.bos_id()},
+            {"eos_id", tokenizer.eos_id()}, {"tokenizer", tokenizer.files().front().first}};
+    if (chat) info["chat_template"] = chat->name;
+    for (int s = 0; s < (valid.empty() ? 1 : 2); ++s) {
+      const fs::path folder = tmp / (s == 0 ? "train" : "valid");
+      fs::create_directories(folder);
+      data::write_preference_pairs(folder / "pairs.jsonl", split[s]);
+      data::validate_dataset(data::open_dataset(folder), vocab);  // read back, ids in range
+      if (!valid.empty())
+        info[s == 0 ? "train" : "valid"] = {{"pairs", split[s].size()}, {"tokens", tokens(split[s])}};
+    }
+    info["tokens"] = tokens(split[0]) + tokens(split[1]);
+    if (!valid.empty()) info["valid_fraction"] = options.valid_fraction, info["seed"] = options.seed;
+    auto files = tokenizer.files();
+    files.emplace_back("dataset.json", info.dump(2) + "\n");
+    for (const auto& [name, text] : files) {
+      std::ofstream out(tmp / name, std::ios::binary);
+      out << text;
+      out.close();
+      check(out.good(), "{}: write failed ({})", (tmp / name).string(), io_error_text());
+    }
+  });
+  fmt::print("prepare: wrote {} (preference pairs): {} pairs ({} train, {} valid), {} tokens, "
+             "vocab_size {}; total {:.1f} s\n", options.output, n, split[0].size(),
+             split[1].size(), info["tokens"].get<int64_t>(), tokenizer.vocab_size(),
+             seconds_since(start));
+  return 0;
+}
+
 int run_prepare(const PrepareOptions& given) {
   check_options(given);
+  if (given.preference) {
+    fs::path output = fs::path(given.output).lexically_normal();
+    if (output.filename().empty()) output = output.parent_path();
+    set_num_threads(given.threads);
+    return run_prepare_preference(given, output);
+  }
   PrepareOptions options = given;
   const auto start = Clock::now();
   const int threads = set_num_threads(options.threads);
@@ -336,8 +415,12 @@ Subcommand prepare_command(help_order::kPrepare, [](CLI::App& app) {
   sub->add_flag("--chat", options->chat,
                 "Inputs are .jsonl conversations (messages or XTuner conversation); writes an "
                 "InternEvo .bin where only assistant answers carry loss");
+  sub->add_flag("--preference", options->preference,
+                "Inputs are .jsonl preference pairs in TRL's formats (prompt/chosen/rejected as "
+                "text or messages, or chosen/rejected conversations sharing the prompt); writes "
+                "train/pairs.jsonl of prompt_input_ids, chosen_input_ids, rejected_input_ids");
   sub->add_option("--chat-template", options->chat_template,
-                  "With --chat: internlm2 | chatml | llama2 | mistral | a model folder, its "
+                  "With --chat or --preference: internlm2 | chatml | llama2 | mistral | a model folder, its "
                   "tokenizer_config.json or a .jinja file (the model's own template) | a template "
                   "file (JSON)");
   sub->add_option("--format", options->format,

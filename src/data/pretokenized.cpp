@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/json_read.h"
 #include "data/memory_source.h"
+#include "data/preference_pairs.h"
 
 namespace longtron::data {
 
@@ -52,6 +53,8 @@ std::unique_ptr<DocumentSource> open_pretokenized(const std::filesystem::path& f
   std::string line;
   for (size_t number = 1; std::getline(in, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    // A file whose first row is a preference pair holds pairs (preference_pairs.h).
+    if (documents.empty() && is_pair_row(line)) return open_preference_pairs(file);
     const std::string where = file.string() + ", line " + std::to_string(number);
     documents.push_back(stored_row(parse_json(line, where), where));
   }

@@ -16,7 +16,8 @@ namespace longtron::data {
 /// stored id i, -100 when <= 0) gives labels[i] as the target of position i-1. Without "labels"
 /// every token but the first is a target. Throws Error naming the file and line for a row without
 /// "input_ids" (raw text belongs to `prepare`), an empty row, a label that is neither -100 nor its
-/// input id, or a negative id. A loss-carrying id 0 is served as kStoredLossZero.
+/// input id, or a negative id. A loss-carrying id 0 is served as kStoredLossZero. A file whose
+/// first row holds "chosen_input_ids" is a file of preference pairs: open_preference_pairs.
 std::unique_ptr<DocumentSource> open_pretokenized(const std::filesystem::path& file);
 
 /// Writes `documents` (stored ids, as a DocumentSource serves them) as the rows that

@@ -647,19 +647,49 @@ void Decoder<T>::forward_blocks(const data::MicroBatch& batch, bool save) {
 }
 
 template <typename T>
+LossSum Decoder<T>::head_pass(const data::MicroBatch& batch, int64_t N, Params<T>& grads,
+                              double loss_scale) {
+  HeadLossOp<T>& head = *ops_.head;
+  if (!token_weights_)
+    return head.forward_backward(s_.head.dxf, s_.head.xf, batch.labels.data(), N, params_, &grads,
+                                 loss_scale, nullptr);
+  check(head.supports_token_scale(),
+        "per-token loss weights (preference training) are not supported by this layout's head");
+  // Pass 1: every token's loss, so that the weights can depend on whole sequences.
+  token_losses_.assign(static_cast<size_t>(N), 0.0);
+  const LossSum loss = head.forward_backward(nullptr, s_.head.xf, batch.labels.data(), N, params_,
+                                             nullptr, 0.0, token_losses_.data());
+  token_weights_(token_losses_, token_scale_);
+  check(token_scale_.size() == static_cast<size_t>(N), "token weights: {} for {} tokens",
+        token_scale_.size(), N);
+  // Pass 2: the backward with one factor per token.
+  head.set_token_scale(token_scale_.data());
+  try {
+    head.forward_backward(s_.head.dxf, s_.head.xf, batch.labels.data(), N, params_, &grads,
+                          loss_scale, nullptr);
+  } catch (...) {
+    head.set_token_scale(nullptr);
+    throw;
+  }
+  head.set_token_scale(nullptr);
+  return loss;
+}
+
+template <typename T>
 LossSum Decoder<T>::forward_backward(const data::MicroBatch& batch, Params<T>& grads,
                                        double loss_scale) {
   check_batch(batch, ops_.sequence_parallel_size);
   check(&grads.layout() == &layout_ || grads.numel() == layout_.numel(),
         "gradient buffer has {} elements, the model {}", grads.numel(), layout_.numel());
+  check(!token_weights_ || !chunked(),
+        "per-token loss weights (preference training) need model.checkpoint = false");
   if (chunked()) return chunked_pass(batch, &grads, loss_scale, nullptr);
   const int64_t N = static_cast<int64_t>(batch.input_ids.size());
   const int L = static_cast<int>(ops_.blocks.size());
   forward_blocks(batch, true);
   const AttentionBatch ab = attention_batch(batch);
   ops_.norm->forward(s_.head.xf, rstdf_, final_residual(), N, params_);
-  const LossSum loss = ops_.head->forward_backward(s_.head.dxf, s_.head.xf, batch.labels.data(),
-                                                   N, params_, &grads, loss_scale, nullptr);
+  const LossSum loss = head_pass(batch, N, grads, loss_scale);
   ops_.norm->backward(s_.dres, s_.head.dxf, final_residual(), rstdf_, N, params_, &grads);
   backward_point(L, true);
   const int64_t RH = N / ops_.residual_split * H_;

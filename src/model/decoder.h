@@ -87,6 +87,19 @@ class Decoder {
     backward_hook_ = std::move(hook);
   }
 
+  /// Per-token gradient factors (preference losses, docs/preference.md): when set, forward_backward
+  /// runs the head in two passes over the same final hidden states: a forward giving each token's
+  /// loss (N of them, 0 where the label is -100), then `weights(token_losses, token_scale)` fills
+  /// token_scale[N], then the head's backward of Σₙ loss_scale · token_scale[n] · lossₙ
+  /// (HeadLossOp::set_token_scale). The returned LossSum is the plain cross-entropy's. Empty: one
+  /// pass. forward_backward throws Error when set under the chunked recomputation (chunked()) or
+  /// with a head that takes no per-token factors.
+  using TokenWeights =
+      std::function<void(const std::vector<double>& token_losses, std::vector<double>& token_scale)>;
+  void set_token_weights(TokenWeights weights) { token_weights_ = std::move(weights); }
+  /// Whether this model's head takes per-token factors (set_token_weights can be used).
+  bool takes_token_weights() const { return ops_.head->supports_token_scale(); }
+
   /// Activation recomputation (starts as config.checkpoint); switching re-lays the workspace on
   /// the next forward_backward.
   bool checkpoint() const { return checkpoint_; }
@@ -242,6 +255,11 @@ class Decoder {
   const Params<T>& params_;
   ModelOps<T> ops_;
   std::function<void(int, bool)> backward_hook_;  ///< set_backward_hook
+  TokenWeights token_weights_;                     ///< set_token_weights
+  std::vector<double> token_losses_, token_scale_;  // its two passes' per-token values
+  /// The head's loss and (with grads) its backward into s_.head.dxf, with the token weights'
+  /// two passes when set.
+  LossSum head_pass(const data::MicroBatch& batch, int64_t N, Params<T>& grads, double loss_scale);
   void backward_point(int layer, bool complete) {
     if (backward_hook_) backward_hook_(layer, complete);
   }

@@ -292,8 +292,9 @@ class DenseHeadLoss final : public HeadLossOp<T> {
     ops::check_labels(labels, N, V_);
     return chunked_head_loss(cc_, chunks_, dxf, dxf && g ? g->ptr(weight_) : nullptr, xf,
                              p.ptr(weight_), labels, N, V_, H_, head_chunk_rows(V_, N),
-                             loss_scale, token_losses);
+                             loss_scale, token_losses, nullptr, this->token_scale_);
   }
+  bool supports_token_scale() const override { return true; }
 
   void logits_row(T* logits, const T* xf, const Params<T>& p) override {
     ops::gemm<T>(cc_, false, true, 1, V_, H_, T(1), xf, p.ptr(weight_), T(0), logits);
@@ -387,7 +388,19 @@ struct HeadStepArgs {
   T* logits;
   T* lse;
   double loss_scale;
+  const double* token_scale;  ///< [N] per-row gradient factors, or nullptr
 };
+
+/// dlogits[rows, V] row r *= token_scale[n0 + r] (no-op without token_scale).
+template <typename T>
+void scale_rows(T* dlogits, const double* token_scale, int64_t n0, int64_t rows, int64_t V) {
+  if (!token_scale) return;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T f = static_cast<T>(token_scale[n0 + r]);
+    T* row = dlogits + r * V;
+    for (int64_t v = 0; v < V; ++v) row[v] *= f;
+  }
+}
 
 /// The chunk step in T's own precision (or the float GEMMs of `cc` rounding per call): logits =
 /// xf·Wᵀ (or from W16), dxf = dlogits·W, dW += dlogitsᵀ·xf.
@@ -410,6 +423,7 @@ struct PlainHeadStep {
   bool fused_forward_backward(double*, int64_t*, const int32_t*, int64_t) { return false; }
   void backward(int64_t n0, int64_t rows, const int32_t* labels, bool) {
     a.ce.backward(dlogits, a.logits, a.lse, labels, rows, static_cast<T>(a.loss_scale));
+    scale_rows(dlogits, a.token_scale, n0, rows, a.V);
     weight_gemm(false, rows, a.H, a.V, dlogits, a.dxf + n0 * a.H);
     if (a.dW) ops::linear_weight_grad(a.cc, a.dW, dlogits, a.xf + n0 * a.H, rows, a.H, a.V);
   }
@@ -446,6 +460,7 @@ struct Bf16HeadStep {
     w_logits->gemm(rows, x16, w16, a.logits);
   }
   bool fused_forward_backward(double* sum, int64_t* count, const int32_t* labels, int64_t rows) {
+    if (a.token_scale) return false;  // the rows are scaled before rounding (backward)
     return a.ce.forward_backward_bf16(sum, dlogits16, a.lse, count, a.logits, labels, rows,
                                       static_cast<float>(a.loss_scale));
   }
@@ -454,6 +469,7 @@ struct Bf16HeadStep {
     if (!fused) {
       float* const dlogits = s.dlogits.get(C * V + 1);
       a.ce.backward(dlogits, a.logits, a.lse, labels, rows, static_cast<float>(a.loss_scale));
+      scale_rows(dlogits, a.token_scale, n0, rows, V);
       ops::round_to_bf16(dlogits, rows * V, dlogits16);
     }
     w_dxf->gemm(rows, dlogits16, w16, a.dxf + n0 * H);
@@ -466,10 +482,10 @@ template <typename T>
 LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s, T* dxf, T* dW,
                           const T* xf, const T* W, const int32_t* labels, int64_t N, int64_t V,
                           int64_t H, int64_t chunk, double loss_scale, double* token_losses,
-                          const uint16_t* W16) {
+                          const uint16_t* W16, const double* token_scale) {
   DenseChunkCrossEntropy<T> ce(V);
   return chunked_head_loss(cc, s, ce, dxf, dW, xf, W, labels, N, V, H, chunk, loss_scale,
-                           token_losses, W16);
+                           token_losses, W16, token_scale);
 }
 
 template <typename T>
@@ -477,14 +493,15 @@ LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s,
                           ChunkCrossEntropy<T>& ce, T* dxf, T* dW,
                           const T* xf, const T* W, const int32_t* labels, int64_t N, int64_t V,
                           int64_t H, int64_t chunk, double loss_scale, double* token_losses,
-                          const uint16_t* W16) {
+                          const uint16_t* W16, const double* token_scale) {
   // Every rank of a vocabulary-parallel group takes the same chunks (each issues collectives).
   const int64_t C = std::max<int64_t>(1, std::min(chunk, N));
   // + 1: a rank holding no vocabulary column (Vc = 0) still gets a pointer.
   T* const logits = s.logits.get(C * V + 1);
   T* const lse = s.lse.get(C);
   const bool backward = dxf != nullptr;
-  const HeadStepArgs<T> args{cc, ce, dxf, dW, xf, W, W16, V, H, logits, lse, loss_scale};
+  const HeadStepArgs<T> args{cc,  ce, dxf,    dW,  xf,         W,
+                             W16, V,  H,      logits, lse, loss_scale, token_scale};
   if constexpr (std::is_same_v<T, float>) {
     if (cc.bf16() && N > 0 && H > 0) {
       Bf16HeadStep step{args, s, C, backward ? s.dlogits16.get(C * V + 1) : nullptr};
@@ -531,11 +548,12 @@ ModelOps<T> make_dense_ops(const ParamTable& layout, const ops::ComputeContext& 
   template LossSum chunked_head_loss<T>(const ops::ComputeContext&, HeadChunks<T>&, T*, T*,      \
                                         const T*, const T*,                                      \
                                         const int32_t*, int64_t, int64_t, int64_t, int64_t,      \
-                                        double, double*, const uint16_t*);                       \
+                                        double, double*, const uint16_t*, const double*);        \
   template LossSum chunked_head_loss<T>(const ops::ComputeContext&, HeadChunks<T>&,              \
                                         ChunkCrossEntropy<T>&, T*, T*,                          \
                                         const T*, const T*, const int32_t*, int64_t, int64_t,    \
-                                        int64_t, int64_t, double, double*, const uint16_t*);
+                                        int64_t, int64_t, double, double*, const uint16_t*,      \
+                                        const double*);
 LONGTRON_INSTANTIATE(float)
 LONGTRON_INSTANTIATE(double)
 #undef LONGTRON_INSTANTIATE

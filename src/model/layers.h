@@ -273,6 +273,15 @@ class HeadLossOp {
                                    double* token_losses) = 0;
   /// logits[V] of one normalised row xf[H] (generation).
   virtual void logits_row(T* logits, const T* xf, const Params<T>& params) = 0;
+  /// Per-token factors of the gradient (preference losses, docs/preference.md): while set, the
+  /// next forward_backward writes the gradient of Σₙ loss_scale · token_scale[n] · lossₙ, one
+  /// factor per row of its xf. nullptr (the default): every factor 1. Read only by heads whose
+  /// supports_token_scale() is true.
+  void set_token_scale(const double* token_scale) { token_scale_ = token_scale; }
+  virtual bool supports_token_scale() const { return false; }
+
+ protected:
+  const double* token_scale_ = nullptr;
 };
 
 /// Rows per chunk of a chunked head over V vocabulary columns (the whole vocabulary, or the largest
@@ -357,13 +366,14 @@ class DenseChunkCrossEntropy final : public ChunkCrossEntropy<T> {
 /// (ops::check_labels) by the caller. W16 (float only; nullptr: none) is W already rounded to
 /// bf16 (raw bits, e.g. ISP's bf16 all-gather): the GEMMs that read the weight then use it
 /// directly (ops::gemm_bf16_weight) and W may be nullptr. The other GEMMs run in the precision of
-/// `cc` (ops/compute_context.h).
+/// `cc` (ops/compute_context.h). token_scale[N] (nullptr: none) multiplies each row's gradient
+/// (HeadLossOp::set_token_scale).
 template <typename T>
 LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s,
                           ChunkCrossEntropy<T>& ce, T* dxf, T* dW,
                           const T* xf, const T* W, const int32_t* labels, int64_t N, int64_t Vc,
                           int64_t H, int64_t chunk, double loss_scale, double* token_losses,
-                          const uint16_t* W16 = nullptr);
+                          const uint16_t* W16 = nullptr, const double* token_scale = nullptr);
 
 /// chunked_head_loss over the whole vocabulary V (DenseChunkCrossEntropy): the dense and the
 /// weight-parallel (ISP) heads. token_losses as HeadLossOp.
@@ -372,7 +382,7 @@ LossSum chunked_head_loss(const ops::ComputeContext& cc, HeadChunks<T>& s, T* dx
                           const T* xf, const T* W,
                           const int32_t* labels, int64_t N, int64_t V, int64_t H, int64_t chunk,
                           double loss_scale, double* token_losses,
-                          const uint16_t* W16 = nullptr);
+                          const uint16_t* W16 = nullptr, const double* token_scale = nullptr);
 
 /// The ops of one block, in the order the block calls them.
 template <typename T>

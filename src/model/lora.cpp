@@ -113,10 +113,19 @@ class FrozenHead final : public HeadLossOp<T> {
                                             ? *state_->compute
                                             : ops::ComputeContext::fp32();
         return chunked_head_loss<T>(cc, chunks_, dxf, nullptr, xf, nullptr, labels, N, V_, H_,
-                                    head_chunk_rows(V_, N), loss_scale, token_losses, W16);
+                                    head_chunk_rows(V_, N), loss_scale, token_losses, W16,
+                                    this->token_scale_);
       }
     }
-    return base_->forward_backward(dxf, xf, labels, N, p, nullptr, loss_scale, token_losses);
+    // The wrapped head reads the same factors (set on every call, so never left stale).
+    base_->set_token_scale(this->token_scale_);
+    const LossSum loss =
+        base_->forward_backward(dxf, xf, labels, N, p, nullptr, loss_scale, token_losses);
+    base_->set_token_scale(nullptr);
+    return loss;
+  }
+  bool supports_token_scale() const override {
+    return bf16_weight() != nullptr || base_->supports_token_scale();
   }
   void logits_row(T* logits, const T* xf, const Params<T>& p) override {
     if constexpr (std::is_same_v<T, float>) {
@@ -165,7 +174,7 @@ class Adapters {
   /// y += the adapters' outputs. x_rounded: x16 already holds x's bf16 bits (under bf16 compute,
   /// rounded by the caller for the base's GEMM too).
   void forward(T* y, const T* x, int64_t N, bool x_rounded = false) {
-    if (pieces_.empty()) return;
+    if (pieces_.empty() || state_->adapters_off) return;
     // Under bf16 compute the GEMMs read bf16 operands (torch.autocast's rule): x is rounded once
     // for all of the linear's adapters (once per adapter under dropout), A, B and u at each use.
     LoraState<T>& st = *state_;

@@ -86,6 +86,9 @@ struct LoraState {
   LoraConfig config;
   int64_t step = 0;       ///< the optimizer step being computed (dropout's mask)
   bool training = false;  ///< forward_backward (dropout applies); false in eval and generate
+  /// The adapters add nothing to the forward: the frozen base alone (a preference run's reference
+  /// model under LoRA, docs/preference.md). Forward only: no backward runs while it is set.
+  bool adapters_off = false;
   const Params<T>* params = nullptr;  ///< the adapter table's (local) values
   Params<T>* grads = nullptr;         ///< their gradients (accumulated, +=)
   /// The global row position of each token of the current call when the model sees a slice or a

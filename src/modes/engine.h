@@ -268,6 +268,9 @@ class ParallelEngine {
   void scatter_train_full(model::Params<float>& local, const model::Params<float>& full) const;
   /// The optimizer step whose gradients the next forward_backward computes (LoRA dropout's mask).
   void set_lora_step(int64_t step);
+  /// Switches the adapters off (`off`: the frozen base alone computes) or back on, for forwards
+  /// only (forward_loss): the reference model of a preference run under LoRA. No-op without LoRA.
+  void set_lora_adapters_off(bool off);
   /// After the base weights are loaded: holds them as `storage` says (model/lora.h). kBFloat16
   /// makes one bf16 copy of every matrix (linear weights, embedding, head), which the ops then
   /// read, and gives the fp32 matrices' pages back to the system (params() then reads 0 there);

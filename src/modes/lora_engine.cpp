@@ -252,6 +252,10 @@ void ParallelEngine::set_lora_step(int64_t step) {
   if (lora_) lora_->state->step = step;
 }
 
+void ParallelEngine::set_lora_adapters_off(bool off) {
+  if (lora_) lora_->state->adapters_off = off;
+}
+
 void ParallelEngine::freeze_lora_base(model::LoraBaseStorage storage) {
   if (!lora_ || storage == model::LoraBaseStorage::kFloat32) return;
   check(mode_ == "dense", "lora.base_dtype = \"bfloat16\": a bf16-only base is held by one process "

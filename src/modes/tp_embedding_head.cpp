@@ -113,13 +113,17 @@ class VocabParallelHead final : public model::HeadLossOp<float> {
     if (dxf != nullptr) dX = blocks_ ? dx_full_.get(N * H_) : dxf;
     float* dW = g != nullptr ? g->ptr(weight_) : nullptr;
     const model::LossSum loss = loss_.forward_backward(dX, dW, X, p.ptr(weight_), labels, N,
-                                                       loss_scale, token_losses, *comm_);
+                                                       loss_scale, token_losses, *comm_,
+                                                       this->token_scale_);
     if (dX != nullptr) {
       if (blocks_) blocks_->reduce_scatter(dxf, scratch_, dX, N, H_);
       else comm_->all_reduce(dX, N * H_);
     }
     return loss;
   }
+
+  /// The head sees the whole row (N of its rows), so per-token factors are the row's.
+  bool supports_token_scale() const override { return true; }
 
   /// Whole-vocabulary logits of one full (replicated) row: local logits, all-gathered unevenly.
   void logits_row(float* logits, const float* xf, const Params<float>& p) override {

@@ -42,6 +42,13 @@ nlohmann::json micro_batch_json(const MicroBatch& row, const InspectOptions& o) 
                    {"cu_seqlens", s.cu_seqlens}, {"indexes", s.indexes},
                    {"max_seqlen", s.max_seqlen}};
   if (o.cp_size > 1) add_context_ranks(j, m, o);
+  if (!row.pairs.empty()) {  // preference pairs: where each pair's sequences and answers lie
+    j["pairs"] = nlohmann::json::array();
+    for (const PairInRow& p : row.pairs)
+      j["pairs"].push_back({{"id", p.id},
+                            {"chosen", {p.chosen_begin, p.chosen_answer, p.chosen_end}},
+                            {"rejected", {p.rejected_begin, p.rejected_answer, p.rejected_end}}});
+  }
   if (!o.data.pack.use_packed_dataset) {
     UnpackedBatch u = unpack_data(m, o.data.pack.micro_bsz, o.data.pack.seq_len);
     u = split_for_sequence_parallel(u, o.sp_size, o.sp_rank);

@@ -58,6 +58,8 @@ class BatchLoader {
   int64_t num_rows() const { return rows_->num_rows(); }
   int64_t steps_per_epoch() const { return sampler_->steps_per_epoch(); }
   const RowSource& rows() const { return *rows_; }
+  /// Whether the rows hold preference pairs (MicroBatch::pairs; DatasetRows::has_pairs).
+  bool has_pairs() const { return rows_->has_pairs(); }
   const StaticBatchSampler& sampler() const { return *sampler_; }
   const DataConfig& config() const { return config_; }
 

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "data/validate.h"
 #include "packing/balanced_pack.h"
+#include "packing/pair_pack.h"
 #include "packing/row_fill.h"
 #include "packing/shuffle.h"
 
@@ -279,6 +280,22 @@ std::unique_ptr<UnpackedRows> build_unpack(const DocumentSource& source,
   return std::make_unique<UnpackedRows>(source, std::move(order), config);
 }
 
+namespace {
+// The data settings that would cut, drop or regroup a pair's sequences are refused with pairs
+// (docs/preference.md): a pair is two documents of one row, always.
+void check_pair_settings(const PairSource& file, const PackConfig& config, int64_t min_length) {
+  const std::string name = file.path().string();
+  check(config.use_packed_dataset, "{}: preference pairs need packed rows "
+        "(data.use_packed_dataset = true): each row holds whole pairs", name);
+  check(!config.pack_sample_into_one, "{}: preference pairs cannot use "
+        "data.pack_sample_into_one = true (attention would cross the pair's sequences)", name);
+  check(config.balance_window_rows == 0, "{}: data.balance = \"documents\" would separate a "
+        "pair's sequences; use \"rows\" or \"none\" with preference pairs", name);
+  check(min_length == 0, "{}: data.min_length would drop one sequence of a pair; it must be 0 "
+        "with preference pairs (preference.max_length truncates instead)", name);
+}
+}  // namespace
+
 DatasetRows::DatasetRows(const Dataset& dataset, const PackConfig& config, int64_t min_length,
                          bool shuffle, uint32_t seed, ProgressHook* progress)
     : config_(config) {
@@ -290,6 +307,22 @@ DatasetRows::DatasetRows(const Dataset& dataset, const PackConfig& config, int64
   for (const auto& file : dataset) {
     // The balanced packer's windows take most of its time: it reports, the scan does not.
     const bool balanced = config_.balance_window_rows > 0;
+    if (const auto* pairs = dynamic_cast<const PairSource*>(file.get())) {
+      check(pairs_ || documents == 0, "{}: a dataset of preference pairs holds pair files only "
+            "(an earlier file holds documents)", file->path().string());
+      check_pair_settings(*pairs, config_, min_length);
+      pairs_ = true;
+      auto rows = std::make_unique<PairRows>(*pairs, pair_order(*pairs, shuffle, seed), config_);
+      documents += static_cast<int64_t>(pairs->num_documents());
+      scanned += static_cast<int64_t>(file->num_documents());
+      if (progress) progress->update(scanned);
+      if (rows->num_rows() == 0) continue;
+      row_starts_.push_back(row_starts_.back() + rows->num_rows());
+      files_.push_back(std::move(rows));
+      continue;
+    }
+    check(!pairs_, "{}: a dataset of preference pairs holds pair files only (this file holds "
+          "documents)", file->path().string());
     auto order = document_order(*file, min_length, shuffle, seed, balanced ? nullptr : progress,
                                 scanned);
     documents += static_cast<int64_t>(order.size());
@@ -319,6 +352,7 @@ DatasetRows::DatasetRows(const Dataset& dataset, const PackConfig& config, int64
 
 void DatasetRows::row_into(int64_t k, MicroBatch& out) const {
   check(k >= 0 && k < num_rows(), "row {} out of range (the dataset has {} rows)", k, num_rows());
+  out.pairs.clear();
   const auto f = std::upper_bound(row_starts_.begin(), row_starts_.end(), k) - row_starts_.begin() - 1;
   files_[f]->row_into(k - row_starts_[f], out);
 }

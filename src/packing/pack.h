@@ -45,6 +45,10 @@ struct PackConfig {
   /// How "documents" counts a segment's attention pairs (RowCost::pairs: with the model's sliding
   /// window only the visible ones; the loader passes data.balance's cost).
   RowCost balance_pairs;
+  /// Preference pairs (pair_pack.h): TRL's max_length per sequence (0: none; a longer sequence
+  /// is refused) and its truncation_mode (true: "keep_end", false: "keep_start").
+  int64_t pair_max_length = 0;
+  bool pair_keep_end = false;
   /// Throws Error ("data.seq_len must be > 0, got 0") for seq_len or micro_bsz <= 0 or P > 2^31-1,
   /// and, with balance_window_rows > 0, for unpacked rows, pack_sample_into_one or
   /// split_documents = false (naming the keys).
@@ -158,7 +162,8 @@ std::unique_ptr<UnpackedRows> build_unpack(const DocumentSource& source,
 class DatasetRows : public RowSource {
  public:
   /// One RowSource per file (packed or unpacked per config.use_packed_dataset), document order
-  /// from document_order(file, min_length, shuffle, seed). Throws Error if no row results
+  /// from document_order(file, min_length, shuffle, seed); a file of preference pairs gives
+  /// PairRows (pair_pack.h; settings that would separate a pair are an Error naming the key). Throws Error if no row results
   /// ("dataset has no rows: N tokens < packed_length P with pack_tail=drop" or no documents).
   /// `progress` (may be null) sees one pass "building the row index" counted in documents
   /// (updated while each file's documents are scanned and when its rows are built).
@@ -168,9 +173,12 @@ class DatasetRows : public RowSource {
   void row_into(int64_t k, MicroBatch& out) const override;
   int64_t packed_length() const override { return config_.packed_length(); }
   void segments_into(int64_t k, std::vector<int32_t>& cu_seqlens) const override;
+  /// Whether the dataset holds preference pairs (pair_pack.h): its rows carry MicroBatch::pairs.
+  bool has_pairs() const { return pairs_; }
 
  private:
   PackConfig config_;
+  bool pairs_ = false;
   std::vector<std::unique_ptr<RowSource>> files_;
   std::vector<int64_t> row_starts_;  // [files+1]
 };

@@ -47,11 +47,13 @@ model::LossSum VocabParallelHeadLoss::forward_backward(float* dX, float* dW, con
                                                        const float* W, const int32_t* labels,
                                                        int64_t N, double loss_scale,
                                                        double* token_losses,
-                                                       comm::Communicator& comm) {
+                                                       comm::Communicator& comm,
+                                                       const double* token_scale) {
   // Chunked by the largest shard and the rows, which every rank of the group shares.
   ShardCrossEntropy ce(V_local_, vocab_start_, comm);
   return model::chunked_head_loss(*cc_, chunks_, ce, dX, dW, X, W, labels, N, V_local_, H_,
-                                  model::head_chunk_rows(V_shard_, N), loss_scale, token_losses);
+                                  model::head_chunk_rows(V_shard_, N), loss_scale, token_losses,
+                                  nullptr, token_scale);
 }
 
 void ShardCrossEntropy::token_losses(double* out, const float* logits, const float* lse,

@@ -32,11 +32,13 @@ class VocabParallelHeadLoss {
   /// is not nullptr: dX[N, H] = this rank's PARTIAL d(loss_scale · loss_sum)/dX over its
   /// vocabulary shard (overwritten; the caller reduces it over the group), and dW[V_local, H] is
   /// accumulated when not nullptr. When token_losses is not nullptr, writes each row's loss (0
-  /// where ignored; one extra SUM all-reduce per chunk). Throws Error (on every rank) for a label
-  /// outside [0, V) other than -100.
+  /// where ignored; one extra SUM all-reduce per chunk). token_scale[N] (nullptr: none) scales
+  /// each row's gradient (model::HeadLossOp::set_token_scale). Throws Error (on every rank) for a
+  /// label outside [0, V) other than -100.
   model::LossSum forward_backward(float* dX, float* dW, const float* X, const float* W,
                                   const int32_t* labels, int64_t N, double loss_scale,
-                                  double* token_losses, comm::Communicator& comm);
+                                  double* token_losses, comm::Communicator& comm,
+                                  const double* token_scale = nullptr);
 
  private:
   int64_t V_local_, H_, vocab_start_, V_shard_;

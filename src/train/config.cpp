@@ -15,6 +15,7 @@
 #include "model/families.h"
 #include "model/hf_config.h"
 #include "model/lora.h"
+#include "train/preference.h"
 #include "model/params.h"
 #include "ops/precision.h"
 #include "parallel/tp2d_overlap.h"
@@ -326,6 +327,8 @@ void check_config(const TrainConfig& c, const ConfigNeeds& needs) {
       fail("{}: {}", at("lora.targets"), std::string(e.what()).substr(std::string("lora.targets: ").size()));
     }
   }
+
+  check_preference_config(c.preference);  // its messages name the preference.* key
 
   const auto& p = c.parallel;
   positive("parallel.tensor.size", p.tensor.size);

@@ -17,6 +17,7 @@
 #include "parallel/layout.h"
 #include "parallel/tp2d_overlap.h"
 #include "train/loss_reduction.h"
+#include "train/preference_config.h"
 
 namespace longtron::train {
 
@@ -128,6 +129,7 @@ struct TrainConfig {
   LrSchedulerConfig lr_scheduler;
   ParallelConfig parallel;
   TrainSection train;
+  PreferenceConfig preference;  ///< `[preference]`: used when the data holds preference pairs
   std::set<std::string> model_keys_given;
   std::string source;  ///< the config file path, for messages
   /// Keys given by --set (e.g. "data.seq_len") → the whole argument ("data.seq_len=0"), so that

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "model/families.h"
 #include "ops/precision.h"
+#include "packing/pair_pack.h"
 #include "train/config_binding.h"
 
 namespace longtron::train {
@@ -527,6 +528,30 @@ const std::vector<ConfigKey> kConfigKeys = {
      choice(AT(model.lora.base_dtype), model::kLoraBaseDtypeNames)},
     {"lora.seed", "0", "", "Seed of A's initialisation and of dropout's masks.",
      integer(AT(model.lora.seed))},
+    // [preference]: TRL's DPOConfig / ORPOConfig / CPOConfig names, docs/preference.md. Read
+    // when the training data holds preference pairs.
+    {"preference.loss_type", "\"sigmoid\"", "",
+     "The pair loss when data.train_folder holds preference pairs, as TRL computes it "
+     "(docs/preference.md): \"sigmoid\" (DPO), \"ipo\", \"hinge\" and \"robust\" against the "
+     "reference model (the starting weights, frozen); \"orpo\" (ORPOTrainer) and \"simpo\" "
+     "(CPOTrainer, no NLL term) need none.",
+     choice(AT(preference.loss_type), kPreferenceLossNames)},
+    {"preference.beta", "0.1", "",
+     "β: the temperature of the log-ratios (orpo: the weight of the odds-ratio term).",
+     real(AT(preference.beta))},
+    {"preference.label_smoothing", "0.0", "",
+     "ε in [0, 0.5): the label noise of cDPO (sigmoid), robust and simpo.",
+     real(AT(preference.label_smoothing))},
+    {"preference.simpo_gamma", "0.5", "", "SimPO's target reward margin γ (simpo).",
+     real(AT(preference.simpo_gamma))},
+    {"preference.max_length", "0", "",
+     "Longest sequence (prompt + answer) in tokens, cut per truncation_mode; 0: none, and a "
+     "sequence longer than data.seq_len is an error.",
+     integer(AT(preference.max_length))},
+    {"preference.truncation_mode", "\"keep_start\"", "",
+     "How max_length cuts a sequence: \"keep_start\" keeps its first tokens, \"keep_end\" its "
+     "last (the prompt loses its head).",
+     choice(AT(preference.truncation_keep_end), data::kTruncationModeNames)},
 };
 
 std::string table_of(const std::string& key) { return key.substr(0, key.rfind('.')); }

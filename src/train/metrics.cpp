@@ -28,11 +28,24 @@ std::string to_json_line(const TrainRow& r) {
             {"dtype", r.dtype},     {"imbalance", number(r.imbalance)}};
   if (r.cp_imbalance > 0) j["cp_imbalance"] = number(r.cp_imbalance);
   if (r.sent_mb > 0) j["sent_mb"] = number(r.sent_mb);
+  if (r.preference) {
+    j["rewards_chosen"] = number(r.rewards_chosen);
+    j["rewards_rejected"] = number(r.rewards_rejected);
+    j["reward_accuracy"] = number(r.reward_accuracy);
+    j["reward_margin"] = number(r.reward_margin);
+    j["logps_chosen"] = number(r.logps_chosen);
+    j["logps_rejected"] = number(r.logps_rejected);
+  }
   return j.dump();
 }
 
 std::string to_json_line(const ValidRow& r) {
-  return json{{"step", r.step}, {"valid_loss", number(r.valid_loss)}}.dump();
+  json j{{"step", r.step}, {"valid_loss", number(r.valid_loss)}};
+  if (r.preference) {
+    j["valid_reward_accuracy"] = number(r.valid_reward_accuracy);
+    j["valid_reward_margin"] = number(r.valid_reward_margin);
+  }
+  return j.dump();
 }
 
 void read_metrics(const fs::path& path, std::vector<TrainRow>& train, std::vector<ValidRow>& valid) {
@@ -60,6 +73,15 @@ void read_metrics(const fs::path& path, std::vector<TrainRow>& train, std::vecto
       r.imbalance = as_double(j.value("imbalance", json(1.0)));
       r.cp_imbalance = as_double(j.value("cp_imbalance", json(0.0)));
       r.sent_mb = as_double(j.value("sent_mb", json(0.0)));
+      r.preference = j.contains("reward_accuracy");
+      if (r.preference) {
+        r.rewards_chosen = as_double(j.value("rewards_chosen", json()));
+        r.rewards_rejected = as_double(j.value("rewards_rejected", json()));
+        r.reward_accuracy = as_double(j["reward_accuracy"]);
+        r.reward_margin = as_double(j.value("reward_margin", json()));
+        r.logps_chosen = as_double(j.value("logps_chosen", json()));
+        r.logps_rejected = as_double(j.value("logps_rejected", json()));
+      }
       train.push_back(r);
     } else {
       fail("{}:{}: row has neither 'loss' nor 'valid_loss'", path.string(), n);
@@ -147,7 +169,14 @@ void MetricsWriter::train(const TrainRow& r) {
                      "mfu {:.3f}  step_time_s {:.3f}  imbalance {:.3f}  {}{}", r.step,
                      options_.total_steps, r.loss, r.grad_norm, r.lr, r.tokens, r.tgs, r.mfu,
                      r.step_time_s, r.imbalance, r.dtype,
-                     r.sent_mb > 0 ? fmt::format("  sent_mb {:.1f}", r.sent_mb) : ""),
+                     r.sent_mb > 0 ? fmt::format("  sent_mb {:.1f}", r.sent_mb) : "") +
+             (r.preference
+                  ? fmt::format("  rewards_chosen {:.4f}  rewards_rejected {:.4f}  "
+                                "reward_accuracy {:.3f}  reward_margin {:.4f}  logps_chosen {:.3f}"
+                                "  logps_rejected {:.3f}", r.rewards_chosen, r.rewards_rejected,
+                                r.reward_accuracy, r.reward_margin, r.logps_chosen,
+                                r.logps_rejected)
+                  : std::string()),
          to_json_line(r));
   }
   if (tty_) {
@@ -167,7 +196,11 @@ void MetricsWriter::train(const TrainRow& r) {
 
 void MetricsWriter::valid(const ValidRow& r) {
   valid_rows_.push_back(r);
-  emit(r.step, fmt::format("step {}/{}  valid_loss {:.4f}", r.step, options_.total_steps, r.valid_loss),
+  emit(r.step,
+       fmt::format("step {}/{}  valid_loss {:.4f}", r.step, options_.total_steps, r.valid_loss) +
+           (r.preference ? fmt::format("  valid_reward_accuracy {:.3f}  valid_reward_margin {:.4f}",
+                                       r.valid_reward_accuracy, r.valid_reward_margin)
+                         : std::string()),
        to_json_line(r));
 }
 

@@ -36,12 +36,21 @@ struct TrainRow {
   /// Bytes rank 0 sent in the step's collectives, in MB (1e6 bytes), counted as a ring algorithm
   /// sends them (comm::CommStats::sent); 0 = one process (not written).
   double sent_mb = 0;
+  /// Preference training (docs/preference.md; written only when `preference`): means over the
+  /// step's pairs of the rewards, their accuracy and margin, and the sequences' log-probs.
+  bool preference = false;
+  double rewards_chosen = 0, rewards_rejected = 0, reward_accuracy = 0, reward_margin = 0;
+  double logps_chosen = 0, logps_rejected = 0;
 };
 
 /// A validation row: token-weighted loss over the valid set.
 struct ValidRow {
   int64_t step = 0;
   double valid_loss = 0;
+  /// Preference training (written only when `preference`): the held-out pairs' reward accuracy
+  /// and margin (valid_loss is then their mean pair loss).
+  bool preference = false;
+  double valid_reward_accuracy = 0, valid_reward_margin = 0;
 };
 
 struct MetricsOptions {

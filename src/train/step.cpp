@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "core/error.h"
+#include "train/preference.h"
 #include "train/schedule.h"
 
 namespace longtron::train {
@@ -69,7 +71,12 @@ static StepResult gradients(parallel::ParallelEngine& engine, const std::vector<
   engine.zero_grads();
   engine.set_gradient_slices(slices ? *slices : std::vector<int64_t>{});
   double loss_part = 0;  // token: Σ loss_sum; micro_mean: Σ micro-batch means
-  for (size_t i = 0; i < rows.size(); ++i) {
+  if (options.preference) {
+    check(!micro_mean, "train.loss_reduction = \"micro_mean\" does not apply to preference "
+          "training (its step loss is the mean over the step's pairs)");
+    preference_gradients(engine, rows, *options.preference);
+  }
+  for (size_t i = 0; i < rows.size() && !options.preference; ++i) {
     const data::MicroBatch& b = rows[i];
     const double scale = micro_loss_scale(options.loss_reduction, count_labels(b), counts[0],
                                           micro_num, dp.size());
@@ -88,7 +95,8 @@ static StepResult gradients(parallel::ParallelEngine& engine, const std::vector<
     engine.finish_gradients();  // the layout's SUMs, then over data parallel
   if (dp.size() > 1) dp.all_reduce(&loss_part, 1);
   StepResult r;
-  r.loss = micro_mean ? loss_part / static_cast<double>(micro_num * dp.size())
+  r.loss = options.preference ? options.preference->stats.step_loss()
+         : micro_mean ? loss_part / static_cast<double>(micro_num * dp.size())
                       : (counts[0] > 0 ? loss_part / static_cast<double>(counts[0]) : 0.0);
   r.labels = counts[0];
   r.tokens = counts[1];

@@ -21,6 +21,8 @@
 
 namespace longtron::train {
 
+struct PreferenceStep;  // train/preference.h
+
 /// How the step loss combines micro-batches (docs/training.md, train.loss_reduction):
 /// kToken: Σ loss_sum / Σ count over the step (all dp ranks);
 /// kMicroMean: InternEvo's mean over micro-batches (and dp ranks) of each micro-batch's mean.
@@ -42,6 +44,10 @@ struct StepOptions {
   /// Called on every rank after the gradients are finished (reduced, not yet clipped), before
   /// the norm: e.g. --dump-grads. May be collective (every rank calls it at the same point).
   std::function<void(parallel::ParallelEngine&)> on_gradients;
+  /// Preference training (train/preference.h; nullptr: the token-weighted cross-entropy): the
+  /// step's gradients and loss are those of its pairs' loss (preference_gradients), and its
+  /// stats are filled. Needs loss_reduction kToken (the step loss is a mean over pairs).
+  PreferenceStep* preference = nullptr;
 };
 
 /// What a step measured (the same on every rank).

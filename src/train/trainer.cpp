@@ -31,6 +31,7 @@
 #include "train/lora_train.h"
 #include "train/memory_plan.h"
 #include "train/metrics.h"
+#include "train/preference.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
 #include "train/step.h"
@@ -52,6 +53,8 @@ data::DataConfig loader_config(const TrainConfig& config) {
   d.shuffle = config.data.shuffle;
   d.seed = static_cast<uint32_t>(config.data.seed);
   d.min_length = config.data.min_length;
+  d.pack.pair_max_length = config.preference.max_length;
+  d.pack.pair_keep_end = config.preference.truncation_keep_end;
   d.balance.mode = config.data.balance;
   d.balance.window = config.data.balance_window;
   d.balance.cost = model::balance_cost(config.model);  // a given [a, b] keeps the model's window
@@ -139,6 +142,10 @@ struct Run {
   data::Dataset valid_dataset;
   std::unique_ptr<data::DatasetRows> valid_rows;
   std::unique_ptr<MetricsWriter> metrics;
+  /// Preference training (the data holds pairs): the loss, and the reference model of the
+  /// losses that compare with one (the starting weights, frozen; setup_preference).
+  std::optional<PreferenceStep> preference;
+  std::unique_ptr<parallel::ParallelEngine> reference;
   fs::path tokenizer;
   double sgemm_flops = 0;
   ops::ComputeType compute = ops::ComputeType::kFloat32;  // model.dtype on this CPU
@@ -173,6 +180,19 @@ struct Run {
                                                        static_cast<uint32_t>(c.data.seed), &progress);
     }
     tokenizer = find_tokenizer(c.data.train_folder);
+  }
+
+  /// The held-out row of `step` (rank 0 writes it): the loss through the engine (evaluate_rows:
+  /// dp rank r scores rows r, r+D, …), or for pairs the preference loss and rewards.
+  ValidRow validate_row(int64_t step) {
+    if (!preference) return {step, validate()};
+    const PreferenceStats s =
+        preference_evaluate(engine, reference.get(), preference->config, *valid_rows);
+    ValidRow row{step, s.step_loss()};
+    row.preference = true;
+    row.valid_reward_accuracy = s.pairs > 0 ? s.accuracy / s.pairs : 0.0;
+    row.valid_reward_margin = s.pairs > 0 ? s.margin / s.pairs : 0.0;
+    return row;
   }
 
   /// The held-out loss through the engine (evaluate_rows: dp rank r scores rows r, r+D, …).
@@ -363,6 +383,7 @@ struct Run {
     so.lr = schedule.at(step);
     so.clip_grad_norm = config.optimizer.clip_grad_norm;
     if (dump) so.on_gradients = [this](parallel::ParallelEngine&) { dump_grads(options.dump_grads); };
+    if (preference) so.preference = &*preference;
     // The GEMMs of forward and backward in the engine's compute context (the run's dtype; the
     // reductions and AdamW have no GEMM). bf16: one bf16 copy of this rank's weights, which the
     // update refreshes in its own pass.
@@ -387,6 +408,7 @@ struct Run {
     row.tgs = static_cast<double>(r.tokens) / static_cast<double>(grid.world_size) / seconds;
     row.cp_imbalance = cp_imbalance(batches);
     row.sent_mb = double(sent) * 1e-6;
+    if (preference) set_preference_metrics(preference->stats, row);
     // Model FLOPs of every position the ranks computed (pad included: it is computed) over the
     // GEMM speed of the step's dtype on all ranks together.
     const double flops = model::model_flops(config.model, processed, r.sum_l2) / seconds /
@@ -397,6 +419,42 @@ struct Run {
     return row;
   }
 };
+
+/// Preference training when the data holds pairs (docs/preference.md): the settings it cannot
+/// run with are refused naming the key; the reference of sigmoid/ipo/hinge/robust is a frozen
+/// copy of the weights the run starts from (after --init-from), in the run's compute type.
+void setup_preference(Run& run, const TrainOptions& options, ops::ComputeType compute) {
+  if (!run.loader.has_pairs()) return;
+  const TrainConfig& c = run.config;
+  check(run.engine.model().takes_token_weights(),
+        "preference training does not run under layout \"{}\" yet (parallel.tensor.mode = "
+        "\"isp\": its head holds a slice of the row, and a pair's log-prob needs the whole "
+        "sequence); use mtp, msp, fsp, 2D or data parallel", run.engine.mode());
+  check(!c.model.checkpoint, "preference training needs model.checkpoint = false (the head's "
+        "two passes read the final hidden states of the whole row)");
+  check(!run.valid_rows || run.valid_rows->has_pairs(),
+        "data.valid_folder = {} holds documents, data.train_folder pairs: validation of a "
+        "preference run needs pairs", c.data.valid_folder);
+  const bool reference = uses_reference(c.preference.loss_type);
+  check(!reference || options.resume.empty(),
+        "--resume of a preference run with loss_type \"{}\" is not supported yet (its reference "
+        "is the starting weights, which the checkpoint does not hold)",
+        enum_name(kPreferenceLossNames, c.preference.loss_type));
+  check(!reference || !run.engine.has_lora() || options.init_adapter.empty(),
+        "--init-adapter with preference.loss_type \"{}\": the reference would be the base plus "
+        "that adapter, which is not supported yet (the reference under [lora] is the base alone)",
+        enum_name(kPreferenceLossNames, c.preference.loss_type));
+  run.preference.emplace();
+  run.preference->config = c.preference;
+  // Under [lora] the reference is the frozen base: the adapters switched off, no copy.
+  if (!reference || run.engine.has_lora()) return;
+  model::Params<float> full(run.engine.full_layout());
+  run.engine.gather_full(full, run.engine.params());
+  run.reference = std::make_unique<parallel::ParallelEngine>(
+      c.model, run.grid, full, run.loader.rows().packed_length());
+  run.reference->set_compute_type(compute);
+  run.preference->reference = run.reference.get();
+}
 
 /// Rank 0, before any work: removes leftovers of interrupted saves (checkpoint_dir and the
 /// --resume root), and refuses a fresh run into a checkpoint_dir that holds files unless
@@ -714,6 +772,7 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
         "--init-adapter {}: needs [lora] with rank > 0 (lora.rank is 0)", options.init_adapter.string());
   check(options.init_adapter.empty() || options.resume.empty(),
         "--init-adapter and --resume cannot be used together (a resumed run loads its adapter)");  // else: the engine drew train.seed's parameters (init_params of the full model, sliced)
+  setup_preference(run, options, compute);
   summary.start_step = start;
   if (run.rank0) {
     // Found now rather than at the first save, which by default is the end of the run.
@@ -751,9 +810,9 @@ TrainSummary run_training(const TrainConfig& config, const TrainOptions& options
   auto valid = [&](int64_t step) {
     if (!run.valid_rows) return;
     Phase p(fmt::format("validating at step {}", step));
-    const double v = run.validate();
-    summary.valid.emplace_back(step, v);
-    if (run.metrics) run.metrics->valid({step, v});
+    const ValidRow row = run.validate_row(step);
+    summary.valid.emplace_back(step, row.valid_loss);
+    if (run.metrics) run.metrics->valid(row);
   };
   if (rank0) fmt::print(stderr, "train: start-up took {:.1f} s\n", elapsed());
   const auto t0 = std::chrono::steady_clock::now();

@@ -225,7 +225,7 @@ TEST(ContextSplit, BadInputIsAnError) {
                {"parallel.sequence_2D.balance must be \"contiguous\", \"zigzag\" or \"document\""});
   expect_error([] { context_segments(V{0, 8}, V{3, 2}); }, {"must ascend"});
   expect_error([] { attention_work(V{0, 8}, V{8}); }, {"outside the row"});
-  MicroBatch row{{1, 2}, {2, -100}, {0, 1}, {0, 2}, 2};
+  MicroBatch row{{1, 2}, {2, -100}, {0, 1}, {0, 2}, 2, {}};
   expect_error([&] { split_for_context_parallel(row, 1, 0, 2, 2, ContextBalance::kZigzag); },
                {"context parallel rank 2 out of range"});
 }
