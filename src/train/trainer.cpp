@@ -436,9 +436,10 @@ void setup_preference(Run& run, const TrainOptions& options, ops::ComputeType co
         "data.valid_folder = {} holds documents, data.train_folder pairs: validation of a "
         "preference run needs pairs", c.data.valid_folder);
   const bool reference = uses_reference(c.preference.loss_type);
-  check(!reference || options.resume.empty(),
-        "--resume of a preference run with loss_type \"{}\" is not supported yet (its reference "
-        "is the starting weights, which the checkpoint does not hold)",
+  check(!reference || options.resume.empty() || run.engine.has_lora(),
+        "--resume of a full fine-tuning preference run with loss_type \"{}\" is not supported "
+        "yet (its reference is the starting weights, which the checkpoint does not hold; under "
+        "[lora] the reference is the base, and resuming works)",
         enum_name(kPreferenceLossNames, c.preference.loss_type));
   check(!reference || !run.engine.has_lora() || options.init_adapter.empty(),
         "--init-adapter with preference.loss_type \"{}\": the reference would be the base plus "

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "bf16_here.h"
 #include "data/preference_pairs.h"
 #include "model/decoder.h"
 #include "model/model_testing.h"
@@ -273,6 +274,41 @@ TEST_P(PreferenceModel, EngineStepIsTrlsLossAndGradientInDouble) {
   ASSERT_GT(norm, 0);
   EXPECT_LT(std::sqrt(diff / norm), 1e-4) << "gradient norm " << std::sqrt(norm);
   EXPECT_EQ(step.stats.pairs, 7);
+}
+
+// Under bf16 compute the head's backward scales each row before rounding its gradient (the fused
+// cross-entropy step is skipped): the step stays within the bf16 bounds of the fp32 step.
+TEST(PreferenceBf16, StepWithinTheBf16BoundsOfFp32) {
+  testing::Bf16Here here;
+  if (!here.runs()) GTEST_SKIP() << "no bf16 on this CPU";
+  PairModel pm;
+  model::Params<float> wp(pm.layout), wr(pm.layout);
+  for (int64_t i = 0; i < pm.layout.numel(); ++i)
+    wp.data()[i] = float(pm.policy.data()[i]), wr.data()[i] = float(pm.reference.data()[i]);
+  parallel::Grid grid = parallel::make_grid(comm::make_local_communicator(), parallel::Layout{});
+  double loss[2], norm[2];
+  std::vector<float> grads[2];
+  for (int bf16 = 0; bf16 < 2; ++bf16) {
+    parallel::ParallelEngine engine(pm.config, grid, wp), ref(pm.config, grid, wr);
+    const auto type = bf16 ? ops::ComputeType::kBFloat16 : ops::ComputeType::kFloat32;
+    engine.set_compute_type(type);
+    ref.set_compute_type(type);
+    PreferenceStep step;
+    step.config = config_of(PreferenceLoss::kSigmoid);
+    step.reference = &ref;
+    StepOptions o;
+    o.preference = &step;
+    loss[bf16] = step_gradients(engine, pm.rows, o).loss;
+    norm[bf16] = engine.grad_norm();
+    grads[bf16].assign(engine.grads().data(), engine.grads().data() + pm.layout.numel());
+  }
+  EXPECT_NEAR(loss[1], loss[0], 1e-3 * std::abs(loss[0]));
+  EXPECT_NEAR(norm[1], norm[0], 1e-2 * norm[0]);
+  double cos = 0, a = 0, b = 0;
+  for (size_t i = 0; i < grads[0].size(); ++i)
+    cos += double(grads[0][i]) * grads[1][i], a += double(grads[0][i]) * grads[0][i],
+        b += double(grads[1][i]) * grads[1][i];
+  EXPECT_GT(cos / std::sqrt(a * b), 0.999);
 }
 
 // Under [lora] the reference is the frozen base: the policy with its adapters switched off.
