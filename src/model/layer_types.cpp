@@ -14,8 +14,8 @@ std::vector<bool> window_layers_from_types(const std::vector<std::string>& layer
   for (size_t i = 0; i < layer_types.size(); ++i) {
     const std::string& t = layer_types[i];
     check(t == "sliding_attention" || t == "full_attention",
-          "{}: layer_types[{}] is \"{}\" (only \"sliding_attention\" or \"full_attention\")", source,
-          i, t);
+          "{}: layer_types[{}] is \"{}\" (only \"sliding_attention\" or \"full_attention\")",
+          source, i, t);
     out.push_back(t == "sliding_attention");
   }
   return out;

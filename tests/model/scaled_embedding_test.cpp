@@ -39,7 +39,8 @@ TEST(ScaledEmbedding, RowsTimesTheScaleAndBackwardMatchesFiniteDifferences) {
   Params<double> g(layout);
   g.zero();
   op.backward(dx.data(), ids.data(), N, &g);
-  Vec t(table, table + V * H), dt(g.ptr(layout.tok_embeddings), g.ptr(layout.tok_embeddings) + V * H);
+  const double* gt = g.ptr(layout.tok_embeddings);
+  Vec t(table, table + V * H), dt(gt, gt + V * H);
   auto loss = [&] {
     std::copy(t.begin(), t.end(), p.ptr(layout.tok_embeddings));
     Vec out(N * H);
