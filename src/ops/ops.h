@@ -303,6 +303,16 @@ void geglu_tanh_forward(T* out, const T* a, const T* b, int64_t count);
 /// da, db (overwritten; either may be nullptr) from dout.
 template <typename T>
 void geglu_tanh_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_t count);
+/// The same over a and b saved as bf16 bits, as swiglu_forward_bf16,
+/// swiglu_forward_saving_bf16 and swiglu_backward_bf16 (the same arguments, aliasing and
+/// errors), with the tanh GELU for silu.
+void geglu_tanh_forward_bf16(float* out, const uint16_t* a, const uint16_t* b, int64_t count,
+                             uint16_t* out16 = nullptr);
+void geglu_tanh_forward_saving_bf16(float* out, const float* a, const float* b, uint16_t* a16,
+                                    uint16_t* b16, int64_t count, uint16_t* out16 = nullptr);
+void geglu_tanh_backward_bf16(float* da, float* db, const float* dout, const uint16_t* a,
+                              const uint16_t* b, int64_t count, uint16_t* da16 = nullptr,
+                              uint16_t* db16 = nullptr);
 
 // ---- Varlen causal attention (document-masked, flash-style) -----------------------------------
 /// Shapes of one attention call. Query tokens are the rows of a packed sequence of N tokens,

@@ -29,8 +29,8 @@ void rms_norm_forward(T* out, T* rstd, const T* x, const T* weight, int64_t N, i
   }
 }
 
-// With x̂ = x·r: dx = r·(g − x̂·mean(g ⊙ x̂)), g = dout ⊙ (offset + weight); dweight += Σ_n dout ⊙ x̂
-// (d(offset + w)/dw = 1).
+// With x̂ = x·r: dx = r·(g − x̂·mean(g ⊙ x̂)), g = dout ⊙ (offset + weight);
+// dweight += Σ_n dout ⊙ x̂ (d(offset + w)/dw = 1).
 template <typename T>
 void rms_norm_backward(T* dx, T* dweight, const T* dout, const T* x, const T* weight,
                        const T* rstd, int64_t N, int64_t H, T offset) {
@@ -42,7 +42,8 @@ void rms_norm_backward(T* dx, T* dweight, const T* dout, const T* x, const T* we
       const T r = rstd[n];
       double dot = 0.0;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t i = 0; i < H; ++i) dot += static_cast<double>(gr[i]) * (weight[i] + offset) * xr[i];
+      for (int64_t i = 0; i < H; ++i)
+        dot += static_cast<double>(gr[i]) * (weight[i] + offset) * xr[i];
       const T c = static_cast<T>(dot / static_cast<double>(H)) * r * r;
       T* d = dx + n * H;
 #pragma omp simd

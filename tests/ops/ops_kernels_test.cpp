@@ -250,6 +250,45 @@ TEST(GeGluTanh, MatchesTorchAndFiniteDifferences) {
   }
 }
 
+// GeGLU's bf16-input kernels are its float kernel on the widened a, b, also when da and db
+// overwrite dout; the saving forward rounds a and b as round_to_bf16 does and writes out's bits.
+TEST(GeGluTanh, Bf16InputsAreTheFloatKernelOnWidenedValues) {
+  const int64_t count = 1000;
+  const Vec a = random_vector(count, 16, 4.0), b = random_vector(count, 17),
+            dout = random_vector(count, 18);
+  const std::vector<float> a0(a.begin(), a.end()), b0(b.begin(), b.end());
+  std::vector<float> af = a0, bf = b0;
+  std::vector<uint16_t> a16(count), b16(count);
+  ops::round_to_bf16(af.data(), count, a16.data());
+  ops::round_to_bf16(bf.data(), count, b16.data());
+  ops::widen_bf16(a16.data(), count, af.data());
+  ops::widen_bf16(b16.data(), count, bf.data());
+  std::vector<float> df(dout.begin(), dout.end());
+  std::vector<float> o(count), o16(count), da(count), db(count), da16(count), db16 = df;
+  ops::geglu_tanh_forward<float>(o.data(), af.data(), bf.data(), count);
+  ops::geglu_tanh_forward_bf16(o16.data(), a16.data(), b16.data(), count);
+  ops::geglu_tanh_backward<float>(da.data(), db.data(), df.data(), af.data(), bf.data(), count);
+  ops::geglu_tanh_backward_bf16(da16.data(), db16.data(), db16.data(), a16.data(), b16.data(),
+                                count);
+  const auto near = [](float x, float y) {
+    return std::abs(x - y) <= 1e-6f * std::max(1.0f, std::abs(y));
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    ASSERT_TRUE(near(o16[i], o[i])) << i << ": " << o16[i] << " vs " << o[i];
+    ASSERT_TRUE(near(da16[i], da[i])) << i << ": " << da16[i] << " vs " << da[i];
+    ASSERT_TRUE(near(db16[i], db[i])) << i << ": " << db16[i] << " vs " << db[i];
+  }
+  std::vector<uint16_t> s16a(count), s16b(count), out16(count), expect16(count);
+  std::vector<float> o2(count);
+  ops::geglu_tanh_forward_saving_bf16(o2.data(), a0.data(), b0.data(), s16a.data(), s16b.data(),
+                                      count, out16.data());
+  EXPECT_EQ(s16a, a16);
+  EXPECT_EQ(s16b, b16);
+  EXPECT_EQ(o2, o16);
+  ops::round_to_bf16(o16.data(), count, expect16.data());
+  EXPECT_EQ(out16, expect16);
+}
+
 // Soft-capping bounds the logits to (−cap, cap), is the identity near 0, and its backward is the
 // finite differences of Σ dout ∘ cap · tanh(x / cap).
 TEST(LogitSoftcap, BoundsAndMatchesFiniteDifferences) {
@@ -274,7 +313,8 @@ TEST(LogitSoftcap, BoundsAndMatchesFiniteDifferences) {
   expect_fd(x, dx, loss, "dx");
   std::vector<float> xf(x.begin(), x.end());
   ops::logit_softcap_forward<float>(xf.data(), count, static_cast<float>(cap));
-  for (int64_t i = 0; i < count; ++i) EXPECT_NEAR(xf[i], c[i], 1e-5 * std::max(1.0, std::abs(c[i])));
+  for (int64_t i = 0; i < count; ++i)
+    EXPECT_NEAR(xf[i], c[i], 1e-5 * std::max(1.0, std::abs(c[i])));
   EXPECT_THROW(ops::logit_softcap_forward<double>(c.data(), count, 0.0), longtron::Error);
 }
 

@@ -35,7 +35,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_llama_golden import f32, f64, i64, packed_row, rotate_half, write_config, write_safetensors  # noqa: E402
+from make_llama_golden import (  # noqa: E402
+    f32, f64, i64, packed_row, rotate_half, write_config, write_safetensors)
 
 D = torch.float64
 # Three layers, the first and last sliding (window 4, shorter than the documents of 9, 6 and 8
@@ -132,7 +133,8 @@ def forward(w, ids, labels, pos, cu, config):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos()[:, None, :], emb.sin()[:, None, :]
     def mask_of(sliding):
-        keep = allowed & (i[:, None] - i[None, :] < config["sliding_window"]) if sliding else allowed
+        window = config["sliding_window"]
+        keep = allowed & (i[:, None] - i[None, :] < window) if sliding else allowed
         return torch.zeros(n, n, dtype=D).masked_fill(~keep, float("-inf"))
     embed = w["model.embed_tokens.weight"]
     scale = torch.tensor(H ** 0.5, dtype=torch.float32).double()  # embed_scale.to(float32)
