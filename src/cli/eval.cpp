@@ -14,6 +14,7 @@
 #include "core/phase.h"
 #include "core/plural.h"
 #include "data/open.h"
+#include "data/preference_pairs.h"
 #include "data/validate.h"
 #include "modes/engine.h"
 #include "ops/threads.h"
@@ -62,6 +63,13 @@ int eval_on(const EvalOptions& o, const comm::CommPtr& world) {
   train::check_memory(plan, train::available_memory_bytes(1));
   Phase phase(fmt::format("evaluating {} (planned peak {})", o.data, train::format_bytes(plan.peak_bytes)));
   const data::Dataset dataset = data::open_dataset(o.data);
+  // Its loss would score each chosen and rejected sequence as a document, prompts included: a
+  // number that reads valid and is no preference metric.
+  for (const auto& file : dataset)
+    check(dynamic_cast<const data::PairSource*>(file.get()) == nullptr,
+          "eval: {} holds preference pairs; eval scores documents (a preference run's validation "
+          "reports reward accuracy and margin on held-out pairs: data.valid_folder)",
+          file->path().string());
   // eval reads every token anyway: check ids first so the error names the file and document.
   {
     train::DataProgress progress("--data " + o.data, world->rank() == 0);

@@ -12,6 +12,7 @@
 #include "core/io_error.h"
 #include "core/json_read.h"
 #include "model/families.h"
+#include "model/layer_types.h"
 #include "model/params.h"
 #include "model/rope_scaling.h"
 
@@ -149,7 +150,7 @@ void check_windows(const ModelConfig& c, const Family& f, const json& source) {
   check(f.block.windows != WindowKeys::kEveryLayer || c.windowed_layers() == c.num_layers,
         "cannot write {} {} config.json: its window covers every layer, this model's only layers "
         ">= {}", article(type), type, first);
-  check(f.block.windows != WindowKeys::kFromLayer ||
+  check(f.block.windows != WindowKeys::kFromLayer || source.contains("layer_types") ||
             c.windowed_layers() == c.num_layers - std::min(first, c.num_layers),
         "cannot write {} {} config.json: its window covers the layers from max_window_layers on, "
         "this model's are not such a range", article(type), type);
@@ -219,6 +220,19 @@ void read_windows(const json& hf, const Family& f, ModelConfig& c, const std::st
           c.num_layers, kMaxLayers);
     c.window_layers = window_layers_from(c.num_layers, first);
   }
+  // Transformers' Qwen2/Qwen3 configs: layer_types, when given, names the sliding layers itself
+  // (max_window_layers then only fills it in when absent); checked even without a window.
+  if (f.block.windows == WindowKeys::kFromLayer && hf.contains("layer_types") &&
+      !hf["layer_types"].is_null()) {
+    check(hf["layer_types"].is_array(), "{}: layer_types must be a list", source);
+    std::vector<std::string> types;
+    for (const json& t : hf["layer_types"]) {
+      check(t.is_string(), "{}: layer_types must be a list of strings", source);
+      types.push_back(t.get<std::string>());
+    }
+    const std::vector<bool> sliding = window_layers_from_types(types, c.num_layers, source);
+    if (c.sliding_window > 0) c.window_layers = sliding;
+  }
 }
 
 }  // namespace
@@ -260,6 +274,12 @@ json to_hf_config(const ModelConfig& c, int64_t max_position_embeddings, const s
     j["use_sliding_window"] = true;
     j["sliding_window"] = c.sliding_window;
     j["max_window_layers"] = max_window_layers(c, source, own ? own->default_window_layers : 0);
+    if (source.contains("layer_types")) {  // read so: written back from the model's layers
+      json types = json::array();
+      for (int64_t l = 0; l < c.num_layers; ++l)
+        types.push_back(c.window_of(l) > 0 ? "sliding_attention" : "full_attention");
+      j["layer_types"] = types;
+    }
   }
   j["architectures"] = {arch};
   j["model_type"] = type;

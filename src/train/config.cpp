@@ -76,16 +76,16 @@ void apply(const toml::table& table, const std::string& prefix, TrainConfig& c, 
     const bool dotted = k.str().find('.') != std::string_view::npos;  // "a.b" = 1: one odd name
     if (dotted) {
       if (prefix.empty())
-        fail("{}: unknown section (expected model, data, optimizer, lr_scheduler, parallel or train)",
-             at);
+        fail("{}: unknown section (expected model, data, optimizer, lr_scheduler, parallel, "
+             "train, lora or preference)", at);
       fail("{}: unknown key", at);
     }
     if (const ConfigKey* key = find_config_key(full)) {
       key->member->read(c, node, {at, loc.origin(full)});
     } else if (!is_config_key(full)) {
       if (prefix.empty())
-        fail("{}: unknown section (expected model, data, optimizer, lr_scheduler, parallel or train)",
-             at);
+        fail("{}: unknown section (expected model, data, optimizer, lr_scheduler, parallel, "
+             "train, lora or preference)", at);
       fail("{}: unknown key", at);
     } else {
       const ConfigTable* rule = find_config_table(full);
@@ -188,6 +188,7 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
   apply(root, "", c, loc, present);
   for (const std::string& key : present)
     if (key.rfind("model.", 0) == 0) c.model_keys_given.insert(key.substr(6));
+  c.preference_given = present.count("preference") > 0;
   if (!present.count("lr_scheduler.min_lr")) c.lr_scheduler.min_lr = 0.1 * c.optimizer.lr;
   if (needs.model_shape)
     require(present, "model", {"vocab_size", "hidden_size", "num_layers",

@@ -131,6 +131,8 @@ struct TrainConfig {
   TrainSection train;
   PreferenceConfig preference;  ///< `[preference]`: used when the data holds preference pairs
   std::set<std::string> model_keys_given;
+  /// Whether the TOML or --set gave a `[preference]` key (data without pairs then is an error).
+  bool preference_given = false;
   std::string source;  ///< the config file path, for messages
   /// Keys given by --set (e.g. "data.seq_len") → the whole argument ("data.seq_len=0"), so that
   /// messages blame the --set rather than the file.

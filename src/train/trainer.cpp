@@ -424,8 +424,13 @@ struct Run {
 /// run with are refused naming the key; the reference of sigmoid/ipo/hinge/robust is a frozen
 /// copy of the weights the run starts from (after --init-from), in the run's compute type.
 void setup_preference(Run& run, const TrainOptions& options, ops::ComputeType compute) {
-  if (!run.loader.has_pairs()) return;
   const TrainConfig& c = run.config;
+  if (!run.loader.has_pairs()) {
+    check(!c.preference_given, "[preference] is set, but data.train_folder = {} holds documents, "
+          "not preference pairs (make them with longtron prepare --preference)",
+          c.data.train_folder);
+    return;
+  }
   check(run.engine.model().takes_token_weights(),
         "preference training does not run under layout \"{}\" yet (parallel.tensor.mode = "
         "\"isp\": its head holds a slice of the row, and a pair's log-prob needs the whole "

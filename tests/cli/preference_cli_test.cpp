@@ -128,7 +128,8 @@ TEST(PreferenceCli, TrainReportsRewardsAndStartsAtLog2) {
                tiny_model_toml(32) + "[data]\ntrain_folder = \"" + (t.dir / "data" / "train").string() +
                    "\"\nvalid_folder = \"" + (t.dir / "data" / "valid").string() + "\"\nseq_len = 64\nmicro_bsz = 2\nmicro_num = 2\n[optimizer]\nlr = 1e-3\n"
                    "[train]\ntotal_steps = 3\nnum_threads = 1\nmetrics_file = \"" +
-                   metrics.string() + "\"\n[preference]\nloss_type = \"" + loss + "\"\n");
+                   metrics.string() + "\"\ncheckpoint_dir = \"" + (t.dir / loss).string() +
+                   "\"\n[preference]\nloss_type = \"" + loss + "\"\n");
     r = run_longtron("train --config " + (t.dir / "dpo.toml").string());
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_TRUE(contains(r.output, "reward_accuracy")) << r.output;
@@ -140,8 +141,9 @@ TEST(PreferenceCli, TrainReportsRewardsAndStartsAtLog2) {
       const json j = json::parse(line);
       if (j.contains("valid_loss")) {  // held-out pairs: at step 0 and the end
         EXPECT_TRUE(j.contains("valid_reward_accuracy") && j.contains("valid_reward_margin")) << line;
-        if (valid++ == 0 && loss == "sigmoid")  // before any update: the reference itself
+        if (valid++ == 0 && loss == "sigmoid") {  // before any update: the reference itself
           EXPECT_NEAR(j["valid_loss"].get<double>(), std::log(2.0), 1e-6);
+        }
         continue;
       }
       for (const char* key : {"rewards_chosen", "rewards_rejected", "reward_accuracy",
@@ -157,6 +159,20 @@ TEST(PreferenceCli, TrainReportsRewardsAndStartsAtLog2) {
     EXPECT_EQ(n, 3);
     EXPECT_EQ(valid, 2);
   }
+  // eval scores documents: a folder of pairs is refused, not scored as sequences.
+  r = run_longtron("eval --checkpoint " + (t.dir / "sigmoid").string() + " --data " +
+                   (t.dir / "data" / "valid").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "holds preference pairs")) << r.output;
+  // [preference] over a folder of documents is an error, not a silent language-model run.
+  write_file(t.dir / "docs.toml",
+             tiny_model_toml(32) + "[data]\ntrain_folder = \"" + (t.dir / "tok").string() +
+                 "\"\nseq_len = 64\nmicro_bsz = 2\n[train]\ntotal_steps = 1\n"
+                 "[preference]\nbeta = 0.2\n");
+  r = run_longtron("train --config " + (t.dir / "docs.toml").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "[preference] is set") && contains(r.output, "prepare --preference"))
+      << r.output;
 }
 
 }  // namespace

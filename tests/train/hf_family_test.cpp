@@ -181,6 +181,22 @@ TEST(HfFamily, Qwen3ConfigAndNames) {
   const model::ModelConfig w = model::from_hf_config(sliding, "sliding");
   EXPECT_EQ(w.window_of(0), 0);
   EXPECT_EQ(w.window_of(1), 4);
+  // layer_types, when given, names the sliding layers itself (max_window_layers then does not),
+  // is written back from the model's layers, and is checked even while the window is off.
+  json typed = sliding;
+  typed["max_window_layers"] = 0;
+  typed["layer_types"] = {"sliding_attention", "full_attention"};
+  const model::ModelConfig t = model::from_hf_config(typed, "typed");
+  EXPECT_EQ(t.window_of(0), 4);
+  EXPECT_EQ(t.window_of(1), 0);
+  EXPECT_EQ(model::to_hf_config(t)["layer_types"], typed["layer_types"]);
+  typed["use_sliding_window"] = false;
+  EXPECT_EQ(model::from_hf_config(typed, "off").windowed_layers(), 0);
+  typed["layer_types"] = {"full_attention"};
+  testing::expect_error([&] { model::from_hf_config(typed, "short"); },
+                        {"short: layer_types has 1 entries, num_hidden_layers is 2"});
+  typed["layer_types"] = {"full_attention", "chunked_attention"};
+  testing::expect_error([&] { model::from_hf_config(typed, "odd"); }, {"layer_types[1]"});
 }
 
 // The keys of Qwen3-0.6B's published config.json (rope_scaling and sliding_window null, the
