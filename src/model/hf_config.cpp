@@ -330,8 +330,10 @@ ModelConfig from_hf_config(const json& hf, const std::string& source) {
   check(c.num_layers > 0, "{}: num_hidden_layers must be > 0, got {}", source, c.num_layers);
   check(c.vocab_size > 0, "{}: vocab_size must be > 0, got {}", source, c.vocab_size);
   check(c.num_kv_attention_heads > 0 && c.num_attention_heads % c.num_kv_attention_heads == 0,
-        "{}: num_key_value_heads must be > 0 and divide num_attention_heads {}, got {}", source,
-        c.num_attention_heads, c.num_kv_attention_heads);
+        "{}: num_key_value_heads must be > 0 and divide num_attention_heads {}, got {}{}", source,
+        c.num_attention_heads, c.num_kv_attention_heads,
+        hf.contains("num_key_value_heads") ? "" : fmt::format(" (the key is absent: {}'s default)",
+                                                              f.name));
   // Bounded before the arithmetic below: a product of two of them would overflow int64, and an
   // intermediate_size near 2^63 would make the mlp_ratio search convert 2^63 back to int64.
   // 2^40 is check_model_limits' bound (model/params.h), which the layout applies later anyway.

@@ -175,6 +175,9 @@ TEST(HfFamily, Qwen3ConfigAndNames) {
   const model::ModelConfig d = model::from_hf_config(bare, "bare");
   EXPECT_EQ(d.head_dim(), 128);
   EXPECT_EQ(d.num_kv_attention_heads, 32);
+  bare["num_attention_heads"] = 4;  // the default 32 kv heads cannot divide 4 heads: say so
+  testing::expect_error([&] { model::from_hf_config(bare, "bare"); },
+                        {"num_key_value_heads", "got 32 (the key is absent: Qwen3's default)"});
   // With use_sliding_window: the window from max_window_layers on, as Qwen2.
   json sliding = read_json(dir / "config.json");
   sliding["use_sliding_window"] = true;
